@@ -1,0 +1,194 @@
+"""Stream throughput, connection setup and ping RTT: ours vs raw trio TCP vs py-libp2p, in one run.
+
+    .venv/bin/python benchmarks/stream_throughput.py [--size-mib 64] [--skip-pylibp2p]
+
+Every figure comes from a client in this process talking to a server in a subprocess on loopback
+(two processes, as two real peers would be). Echo throughput counts both directions. Ratios are
+what to read: this machine is shared and noisy, so absolute figures drift between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from volunteer.net.host import open_host  # noqa: E402
+from volunteer.net.perf import PERF, perf_stream  # noqa: E402
+from volunteer.net.ping import PING, Pinger  # noqa: E402
+
+ECHO = "/echo/1.0.0"
+INTEROP = Path(os.environ.get("VOLUNTEER_INTEROP_DIR", ROOT / ".interop"))
+PYLIBP2P_PYTHON = INTEROP / "pylibp2p" / "bin" / "python"
+
+
+class Subprocess:
+    """A server process that prints `READY <addr>` and exits when stdin closes."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            self.close()
+            raise RuntimeError(f"{argv} did not start: {line!r}")
+        self.addr = line.split()[1]
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (subprocess.TimeoutExpired, OSError):
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def echo_through(stream, size: int) -> float:
+    """Send ``size`` bytes and read them back concurrently; returns seconds."""
+    payload = memoryview(os.urandom(1 << 20))
+    started = trio.current_time()
+    received = 0
+
+    async def writer():
+        left = size
+        while left:
+            chunk = payload[: min(left, len(payload))]
+            await stream.send_all(chunk)
+            left -= len(chunk)
+        await stream.send_eof()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        while data := await stream.receive_some(1 << 20):
+            received += len(data)
+    if received != size:
+        raise RuntimeError(f"echo returned {received} of {size} bytes")
+    return trio.current_time() - started
+
+
+async def bench_raw_tcp(size: int) -> dict:
+    server = Subprocess([sys.executable, "-c", RAW_TCP_SERVER])
+    try:
+        port = int(server.addr)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        seconds = await echo_through(stream, size)
+        await stream.aclose()
+    finally:
+        server.close()
+    return {"echo_MBps": 2 * size / seconds / 1e6}
+
+
+RAW_TCP_SERVER = """
+import sys, trio
+async def serve(stream):
+    while data := await stream.receive_some(1 << 20):
+        await stream.send_all(data)
+    await stream.send_eof()
+async def main():
+    async with trio.open_nursery() as n:
+        listeners = await n.start(trio.serve_tcp, serve, 0)
+        print("READY", listeners[0].socket.getsockname()[1], flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+        n.cancel_scope.cancel()
+trio.run(main)
+"""
+
+
+async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int = 500) -> dict:
+    """Our client against a server at ``addr`` (ours or py-libp2p)."""
+    result: dict = {}
+    async with open_host() as client:
+        times = []
+        for _ in range(setups):
+            started = trio.current_time()
+            conn = await client.connect(addr)
+            times.append(trio.current_time() - started)
+            await conn.aclose()
+            while client.connections():
+                await trio.sleep(0)
+        result["setup_ms_p50"] = statistics.median(times) * 1000
+        conn = await client.connect(addr)
+        pinger = Pinger(await conn.new_stream([PING]))
+        rtts = sorted([await pinger.ping() for _ in range(pings)])
+        result["ping_ms_p50"] = rtts[len(rtts) // 2] * 1000
+        result["ping_ms_p99"] = rtts[int(len(rtts) * 0.99)] * 1000
+        stream = await conn.new_stream([ECHO])
+        result["echo_MBps"] = 2 * size / await echo_through(stream, size) / 1e6
+        try:
+            stream = await conn.new_stream([PERF])
+            up, down = await perf_stream(stream, size, size)
+            result["perf_MBps"] = 2 * size / (up + down) / 1e6
+        except Exception as exc:  # a peer without perf: report, don't fail the whole table
+            result["perf_error"] = repr(exc)
+    return result
+
+
+def run_pylibp2p_pair(size: int) -> dict | None:
+    script = ROOT / "benchmarks" / "_pylibp2p_echo.py"
+    if not PYLIBP2P_PYTHON.exists() or not script.exists():
+        return None
+    out = subprocess.run([str(PYLIBP2P_PYTHON), str(script), "--size-mib", str(size >> 20)],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        print(f"py-libp2p benchmark failed: {out.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
+
+
+async def main_async(args) -> None:
+    size = args.size_mib << 20
+    rows: dict[str, dict] = {}
+    rows["raw trio TCP"] = await bench_raw_tcp(size)
+    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
+    try:
+        rows["ours ↔ ours"] = await bench_ours_against(ours.addr, size)
+    finally:
+        ours.close()
+    if not args.skip_pylibp2p and PYLIBP2P_PYTHON.exists():
+        peer = Subprocess([str(PYLIBP2P_PYTHON), str(ROOT / "tests" / "interop" / "peers" / "pylibp2p_peer.py"), "serve"])
+        try:
+            rows["ours → py-libp2p"] = await bench_ours_against(peer.addr, size, setups=10, pings=200)
+        finally:
+            peer.close()
+        pair = run_pylibp2p_pair(size)
+        if pair:
+            rows["py-libp2p ↔ py-libp2p"] = pair
+    print_table(rows, args.size_mib)
+
+
+def print_table(rows: dict[str, dict], size_mib: int) -> None:
+    base = rows.get("py-libp2p ↔ py-libp2p", {})
+    cols = [("echo_MBps", "echo MB/s"), ("perf_MBps", "perf MB/s"), ("setup_ms_p50", "setup ms"),
+            ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms")]
+    print(f"\n{size_mib} MiB over one stream, loopback, both directions counted")
+    print(f"{'':24}" + "".join(f"{title:>14}" for _, title in cols))
+    for name, row in rows.items():
+        print(f"{name:24}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
+    ours = rows.get("ours ↔ ours", {})
+    if base:
+        print("\nratios, ours ↔ ours over py-libp2p ↔ py-libp2p (throughput: higher is better; time: lower):")
+        for key, title in cols:
+            if key in ours and key in base and base[key]:
+                print(f"  {title:12} {ours[key] / base[key]:6.2f}x")
+    if "raw trio TCP" in rows and "echo_MBps" in ours:
+        print(f"ours echo / raw TCP echo: {ours['echo_MBps'] / rows['raw trio TCP']['echo_MBps']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--skip-pylibp2p", action="store_true")
+    trio.run(main_async, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Shared test configuration.
+
+Every async test runs under a ``trio.fail_after`` bound (DESIGN.md: no test may hang). Tests set
+tighter bounds of their own; this is the safety net. With an autojump MockClock the bound is in
+virtual time, so it still catches a test that never finishes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import pytest
+import trio
+
+ASYNC_TEST_TIMEOUT = 120.0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = getattr(item, "obj", None)
+        if inspect.iscoroutinefunction(test) and not getattr(test, "_volunteer_bounded", False):
+            limit = ASYNC_TEST_TIMEOUT
+            marker = item.get_closest_marker("timeout")
+            if marker and marker.args:
+                limit = float(marker.args[0])
+
+            @functools.wraps(test)
+            async def bounded(*args, __test=test, __limit=limit, **kwargs):
+                with trio.fail_after(__limit):
+                    return await __test(*args, **kwargs)
+
+            bounded._volunteer_bounded = True
+            item.obj = bounded

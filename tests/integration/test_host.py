@@ -1,0 +1,223 @@
+"""Host end to end on the in-memory transport and on loopback TCP: upgrade, streams, identify, ping,
+connection reuse, and hostile peers that must only hurt their own connection."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import trio
+
+from volunteer.errors import DialError, HandshakeError, NegotiationError, PeerIDMismatch
+from volunteer.net.events import PeerConnected, PeerDisconnected, PeerIdentified
+from volunteer.net.host import HostConfig, open_host
+from volunteer.net.identity import KeyPair
+from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.net.transport.tcp import TcpTransport
+
+ECHO = "/test/echo/1.0.0"
+
+
+async def echo(stream) -> None:
+    while True:
+        data = await stream.receive_some(65536)
+        if not data:
+            break
+        await stream.send_all(data)
+    await stream.send_eof()
+
+
+async def read_all(stream) -> bytes:
+    chunks = []
+    while True:
+        data = await stream.receive_some(1 << 20)
+        if not data:
+            return b"".join(chunks)
+        chunks.append(data)
+
+
+async def roundtrip(stream, payload: bytes) -> bytes:
+    async with trio.open_nursery() as nursery:
+        async def writer():
+            await stream.send_all(payload)
+            await stream.send_eof()
+
+        nursery.start_soon(writer)
+        return await read_all(stream)
+
+
+@pytest.fixture(params=["memory", "tcp"])
+def listen_addr(request):
+    return "/memory/0" if request.param == "memory" else "/ip4/127.0.0.1/tcp/0"
+
+
+def transports():
+    return [TcpTransport(), MemoryTransport(NETWORK)]
+
+
+NETWORK = MemoryNetwork()
+
+
+async def test_echo_identify_ping(listen_addr):
+    with trio.fail_after(20):
+        async with open_host(listen=[listen_addr], transports=transports()) as server, open_host(
+            transports=transports()
+        ) as client:
+            server.set_handler(ECHO, echo)
+            addr = server.full_addrs()[0]
+            payload = os.urandom(300_000)
+            stream = await client.new_stream(addr, [ECHO])
+            assert stream.protocol == ECHO
+            assert await roundtrip(stream, payload) == payload
+
+            info = await client.identify(server.peer_id)
+            assert info.peer_id == server.peer_id
+            assert ECHO in info.protocols and "/ipfs/ping/1.0.0" in info.protocols
+            assert info.agent_version.startswith("volunteer/")
+            assert info.observed_addr is not None
+            assert client.peerstore.info(server.peer_id).agent_version == info.agent_version
+
+            pinger = await client.open_pinger(server.peer_id)
+            rtts = [await pinger.ping() for _ in range(3)]
+            assert all(0 <= rtt < 5 for rtt in rtts)
+            await pinger.aclose()
+
+
+async def test_connection_reused_for_streams_and_peer_id_dials():
+    with trio.fail_after(20):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+            server.set_handler(ECHO, echo)
+            first = await client.connect(server.full_addrs()[0])
+            # Dial by peer ID: addresses come from the peerstore, and the open connection is reused.
+            streams = [await client.new_stream(server.peer_id, [ECHO]) for _ in range(5)]
+            assert all(s.connection is first for s in streams)
+            assert len(client.connections(server.peer_id)) == 1
+            for s in streams:
+                assert await roundtrip(s, b"abc") == b"abc"
+
+
+async def test_wrong_peer_id_is_refused_and_server_keeps_serving():
+    with trio.fail_after(20):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+            server.set_handler(ECHO, echo)
+            impostor = KeyPair.generate().peer_id
+            wrong = server.addrs[0].with_peer_id(impostor)
+            with pytest.raises(DialError) as excinfo:
+                await client.connect(wrong)
+            assert any(isinstance(c, PeerIDMismatch) for c in excinfo.value.causes.values())
+            stream = await client.new_stream(server.full_addrs()[0], [ECHO])
+            assert await roundtrip(stream, b"still here") == b"still here"
+
+
+async def test_unknown_protocol_is_refused():
+    with trio.fail_after(20):
+        async with open_host(listen=["/memory/0"], transports=transports()) as server, open_host(
+            transports=transports()
+        ) as client:
+            stream = await client.new_stream(server.full_addrs()[0], ["/nobody/1.0.0"])
+            with pytest.raises(NegotiationError):
+                await stream.send_all(b"hi")
+                await stream.receive_some()
+            with pytest.raises(NegotiationError):
+                await client.new_stream(server.peer_id, ["/nobody/1.0.0", "/nobody/2.0.0"])
+
+
+async def test_garbage_and_slowloris_only_close_their_connection():
+    config = HostConfig(handshake_timeout=1.0)
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=config) as server, open_host() as client:
+            server.set_handler(ECHO, echo)
+            host, port = str(server.addrs[0]).split("/")[2], int(str(server.addrs[0]).split("/")[4])
+            garbage = await trio.open_tcp_stream(host, port)
+            await garbage.send_all(os.urandom(5000))
+            silent = await trio.open_tcp_stream(host, port)  # never says anything
+            # The server closes both without hurting anyone else.
+            with trio.fail_after(5):
+                while await garbage.receive_some(65536):
+                    pass
+                while await silent.receive_some(65536):
+                    pass
+            stream = await client.new_stream(server.full_addrs()[0], [ECHO])
+            assert await roundtrip(stream, b"ok") == b"ok"
+            await garbage.aclose()
+            await silent.aclose()
+
+
+async def test_handler_crash_resets_stream_but_not_connection():
+    async def broken(stream):
+        raise RuntimeError("bug in a handler")
+
+    with trio.fail_after(20):
+        async with open_host(listen=["/memory/0"], transports=transports()) as server, open_host(
+            transports=transports()
+        ) as client:
+            server.set_handler("/broken/1", broken)
+            server.set_handler(ECHO, echo)
+            stream = await client.new_stream(server.full_addrs()[0], ["/broken/1"])
+            with pytest.raises(trio.BrokenResourceError):
+                await stream.send_all(b"x")
+                await read_all(stream)
+            stream = await client.new_stream(server.peer_id, [ECHO])
+            assert await roundtrip(stream, b"fine") == b"fine"
+
+
+async def test_events_and_clean_close():
+    with trio.fail_after(20):
+        async with open_host(listen=["/memory/0"], transports=transports()) as server:
+            events = server.events.subscribe()
+            async with open_host(transports=transports()) as client:
+                await client.connect(server.full_addrs()[0])
+                kinds = set()
+                while not {PeerConnected, PeerIdentified} <= kinds:
+                    kinds.add(type(await events.receive()))
+            # The client closed: the server sees the disconnect.
+            while True:
+                event = await events.receive()
+                if isinstance(event, PeerDisconnected):
+                    break
+            assert not server.connections()
+
+
+async def test_dial_nobody_fails_fast():
+    with trio.fail_after(10):
+        async with open_host(transports=transports()) as client:
+            with pytest.raises(DialError):
+                await client.connect(Multiaddr("/ip4/127.0.0.1/tcp/1"))
+            with pytest.raises(DialError):
+                await client.connect(KeyPair.generate().peer_id)
+
+
+async def test_thousand_concurrent_streams_on_one_connection():
+    with trio.fail_after(60):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+            server.set_handler(ECHO, echo)
+            conn = await client.connect(server.full_addrs()[0])
+            results = {}
+
+            async def one(i):
+                stream = await conn.new_stream([ECHO])
+                payload = i.to_bytes(4, "big") * 1000
+                results[i] = await roundtrip(stream, payload) == payload
+
+            async with trio.open_nursery() as nursery:
+                for i in range(1000):
+                    nursery.start_soon(one, i)
+            assert len(results) == 1000 and all(results.values())
+            assert len(client.connections(server.peer_id)) == 1
+
+
+async def test_handshake_error_type_for_non_libp2p_listener():
+    async def not_libp2p(stream):
+        await stream.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        await stream.aclose()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(trio.serve_tcp, not_libp2p, 0, )
+            port = listeners[0].socket.getsockname()[1]
+            async with open_host() as client:
+                with pytest.raises(DialError) as excinfo:
+                    await client.connect(Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"))
+                assert any(isinstance(c, HandshakeError) for c in excinfo.value.causes.values()) or "handshake" in str(excinfo.value).lower()
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,121 @@
+"""``volunteer perf``: measure a link to any libp2p peer with the perf protocol."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import trio
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from ..errors import DialError, HandshakeError, NegotiationError, VolunteerError
+from ..net.host import open_host
+from ..net.multiaddr import Multiaddr
+from ..net.perf import PERF, PerfResult, format_size, parse_size, perf_stream
+from .netcmds import add_identity_flag, load_identity
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "perf",
+        help="measure throughput to any libp2p peer (/perf/1.0.0)",
+        description=(
+            "Measure a link with the libp2p perf protocol: connection setup time, upload and download "
+            "throughput, and the path taken (direct or relayed). Works against any peer that serves "
+            "/perf/1.0.0 (every volunteer node and relay does, within per-peer limits)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  volunteer perf /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...\n"
+            "  volunteer perf --upload 16MiB --download 64MiB --streams 4 /ip4/198.51.100.1/tcp/4001/p2p/12D3KooW...\n"
+            "  volunteer perf --json /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... | jq .download_MBps"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("addr", metavar="MULTIADDR", help="the peer's multiaddr, ideally ending in /p2p/PEER_ID")
+    p.add_argument("--upload", type=_size, default=parse_size("16MiB"), metavar="SIZE", help="bytes to upload (default 16MiB)")
+    p.add_argument("--download", type=_size, default=parse_size("16MiB"), metavar="SIZE", help="bytes to download (default 16MiB)")
+    p.add_argument("--streams", type=int, default=1, metavar="N", help="parallel perf streams (default 1)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole measurement (default 120)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_identity_flag(p)
+    p.set_defaults(run=run_perf)
+
+
+def run_perf(args: argparse.Namespace) -> int:
+    if args.streams < 1:
+        raise VolunteerError("--streams must be at least 1")
+    target = Multiaddr(args.addr)
+    keypair = load_identity(args)
+    result = trio.run(measure, target, keypair, args.upload, args.download, args.streams, args.timeout, not args.json)
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print_result(result)
+    return 0
+
+
+async def measure(target, keypair, upload: int, download: int, streams: int, timeout: float, show_progress: bool) -> PerfResult:
+    """Connect to ``target`` and run ``streams`` perf exchanges in parallel."""
+    async with open_host(keypair) as host:
+        try:
+            with trio.fail_after(timeout):
+                started = trio.current_time()
+                try:
+                    conn = await host.connect(target)
+                except (DialError, HandshakeError) as exc:
+                    raise VolunteerError(f"unreachable: {exc}") from None
+                setup = trio.current_time() - started
+                up_times: list[float] = []
+                down_times: list[float] = []
+                progress = Progress(
+                    TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    console=Console(stderr=True), transient=True, disable=not (show_progress and sys.stderr.isatty()),
+                )
+                with progress:
+                    up_task = progress.add_task("upload  ", total=upload * streams)
+                    down_task = progress.add_task("download", total=download * streams)
+
+                    async def one() -> None:
+                        stream = await conn.new_stream([PERF])
+                        try:
+                            up, down = await perf_stream(
+                                stream, upload, download,
+                                lambda n: progress.advance(up_task, n), lambda n: progress.advance(down_task, n),
+                            )
+                        except NegotiationError:
+                            raise VolunteerError(f"{conn.remote_peer} does not speak {PERF}") from None
+                        except trio.BrokenResourceError:
+                            raise VolunteerError(f"{conn.remote_peer} refused or reset the perf stream (its perf limits?)") from None
+                        up_times.append(up)
+                        down_times.append(down)
+
+                    began = trio.current_time()
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(streams):
+                            nursery.start_soon(one)
+                    total = trio.current_time() - began
+        except trio.TooSlowError:
+            raise VolunteerError(f"timeout: perf did not finish within {timeout:g}s") from None
+        return PerfResult(
+            peer=str(conn.remote_peer), path=conn.describe_path(), setup_seconds=setup,
+            upload_bytes=upload * streams, download_bytes=download * streams,
+            upload_seconds=max(up_times), download_seconds=max(down_times), streams=streams, total_seconds=total,
+        )
+
+
+def print_result(result: PerfResult) -> None:
+    console = Console()
+    console.print(f"perf to [bold]{result.peer}[/] via {result.path}, {result.streams} stream(s)")
+    console.print(f"  connection setup  {result.setup_seconds * 1000:8.1f} ms")
+    console.print(f"  upload   {format_size(result.upload_bytes):>10}  {result.upload_seconds:7.3f} s  {result.upload_mbps:9.1f} MB/s")
+    console.print(f"  download {format_size(result.download_bytes):>10}  {result.download_seconds:7.3f} s  {result.download_mbps:9.1f} MB/s")

@@ -1,0 +1,126 @@
+"""One error hierarchy for the whole project (see DESIGN.md, "Errors")."""
+
+from __future__ import annotations
+
+import trio
+
+
+class VolunteerError(Exception):
+    """Root of every error raised on purpose by volunteer."""
+
+
+# --- protocol violations -------------------------------------------------
+
+
+class ProtocolError(VolunteerError):
+    """A protocol was violated; see the two subclasses for who did it."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to do something the protocol forbids (a bug on our side or a misuse of the API)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the protocol. ``hint`` is what to tell it before closing, if anything."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# --- network ---------------------------------------------------------------
+
+
+class MultiaddrError(VolunteerError, ValueError):
+    """A multiaddr could not be parsed or encoded."""
+
+
+class PeerIDError(VolunteerError, ValueError):
+    """A peer ID or key could not be parsed, or a key file is unsafe."""
+
+
+class KeyFileError(PeerIDError):
+    """An identity key file is missing, unreadable, malformed or readable by others."""
+
+
+class DialError(VolunteerError):
+    """Every address we tried for a peer failed. ``causes`` maps each address to its error."""
+
+    def __init__(self, message: str, causes: dict[str, BaseException] | None = None) -> None:
+        self.causes = dict(causes or {})
+        if self.causes:
+            detail = "; ".join(f"{addr}: {describe(exc)}" for addr, exc in self.causes.items())
+            message = f"{message} ({detail})"
+        super().__init__(message)
+
+
+class HandshakeError(VolunteerError):
+    """A security or muxer handshake failed: bad signature, wrong peer ID, refused protocol, timeout."""
+
+
+class PeerIDMismatch(HandshakeError):
+    """The peer authenticated as someone other than the peer we dialled."""
+
+
+class NegotiationError(HandshakeError):
+    """multistream-select found no protocol both sides speak."""
+
+
+class StreamReset(VolunteerError, trio.BrokenResourceError):
+    """The stream was reset by the peer or because its connection died."""
+
+
+class ConnectionClosed(VolunteerError, trio.ClosedResourceError):
+    """The connection was closed locally; nothing more can be sent or opened on it."""
+
+
+class ResourceLimitExceeded(VolunteerError):
+    """A configured bound (streams, pending handshakes, buffer size) would be exceeded."""
+
+
+# --- experts -----------------------------------------------------------------
+
+
+class ExpertError(VolunteerError):
+    """Base for failures of remote expert calls."""
+
+
+class RemoteExpertError(ExpertError):
+    """The expert raised on the server. Carries the remote type, message and traceback."""
+
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        remote_traceback: str = "",
+        expert_uid: str = "",
+        peer_id: str = "",
+    ) -> None:
+        self.error_type = error_type
+        self.remote_message = message
+        self.remote_traceback = remote_traceback
+        self.expert_uid = expert_uid
+        self.peer_id = peer_id
+        text = f"{error_type}: {message} (expert {expert_uid!r} on {peer_id})"
+        if remote_traceback:
+            text += "\n\nRemote traceback (most recent call last, on the server):\n" + remote_traceback.rstrip()
+        super().__init__(text)
+
+
+class ExpertTimeoutError(ExpertError, TimeoutError):
+    """A forward or backward call did not answer within its timeout."""
+
+
+class ExpertUnavailableError(ExpertError):
+    """The expert's peer could not be reached, or the connection died mid-call."""
+
+
+class ExpertBusyError(ExpertUnavailableError):
+    """The expert's queue is full; the server answered BUSY at once."""
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of an exception, for CLI messages and logs."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name

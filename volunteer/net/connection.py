@@ -1,0 +1,204 @@
+"""A libp2p connection (raw transport → multistream → Noise → yamux) and the streams opened on it.
+
+``upgrade`` turns a RawConnection into a secured, multiplexed ``Connection``: multistream-select
+picks `/noise`, Noise authenticates the peer (and, when both sides list yamux in the handshake's
+stream-muxer extension, also settles the muxer: "inlined muxer negotiation", one round trip less),
+otherwise multistream-select picks `/yamux/1.0.0` inside the secure channel.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Sequence
+
+import trio
+
+from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
+from .identity import KeyPair, PeerID
+from .multiaddr import Multiaddr
+from .multistream import lazy_outbound, select_inbound, select_outbound
+from .noise import NoiseConnection, secure_inbound, secure_outbound
+from .streams import BufferedStream
+from .transport.base import RawConnection
+from .yamux import YamuxConnection, YamuxStream
+
+NOISE = "/noise"
+YAMUX = "/yamux/1.0.0"
+MUXERS = (YAMUX,)
+
+
+class Direction(enum.Enum):
+    INBOUND = "inbound"
+    OUTBOUND = "outbound"
+
+
+class Path(enum.Enum):
+    """How a connection reaches its peer; the TUI and `volunteer ping` show it."""
+
+    DIRECT = "direct"
+    RELAYED = "relayed"
+    HOLE_PUNCHED = "hole-punched"
+
+
+_connection_ids = itertools.count(1)
+
+
+class NetStream(trio.abc.HalfCloseableStream):
+    """A negotiated stream: a yamux stream that knows its protocol and connection."""
+
+    def __init__(self, inner: trio.abc.HalfCloseableStream, protocol: str, connection: "Connection") -> None:
+        self._inner = inner
+        self.protocol = protocol
+        self.connection = connection
+
+    @property
+    def remote_peer(self) -> PeerID:
+        return self.connection.remote_peer
+
+    async def send_all(self, data) -> None:
+        await self._inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self._inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self._inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def reset(self) -> None:
+        """Abort the stream in both directions (yamux RST)."""
+        await self._inner.reset()
+
+
+class Connection:
+    """A secured, multiplexed connection to one peer."""
+
+    def __init__(
+        self,
+        raw: RawConnection,
+        secure: NoiseConnection,
+        muxer: YamuxConnection,
+        direction: Direction,
+        path: Path = Path.DIRECT,
+    ) -> None:
+        self.id = next(_connection_ids)
+        self.raw = raw
+        self.secure = secure
+        self.muxer = muxer
+        self.direction = direction
+        self.path = path
+        self.opened_at = trio.current_time()
+        # The relay's peer ID, for relayed connections (set by the relay transport).
+        self.relay_peer: PeerID | None = getattr(raw, "relay_peer", None)
+
+    @property
+    def remote_peer(self) -> PeerID:
+        return self.secure.remote_peer
+
+    @property
+    def local_addr(self) -> Multiaddr:
+        return self.raw.local_addr
+
+    @property
+    def remote_addr(self) -> Multiaddr:
+        return self.raw.remote_addr
+
+    @property
+    def is_closed(self) -> bool:
+        return self.muxer.closed.is_set()
+
+    @property
+    def rtt(self) -> float | None:
+        return self.muxer.rtt
+
+    async def new_stream(self, protocols: Sequence[str], *, lazy: bool = True) -> NetStream:
+        """Open a stream and negotiate one of ``protocols`` (first preferred).
+
+        With a single protocol and ``lazy``, negotiation rides along with the first write (0-RTT);
+        a refusal then surfaces as NegotiationError on the first read.
+        """
+        if not protocols:
+            raise ValueError("new_stream needs at least one protocol")
+        inner = await self.muxer.open_stream()
+        buffered = BufferedStream(inner)
+        try:
+            if lazy and len(protocols) == 1:
+                return NetStream(lazy_outbound(buffered, protocols[0]), protocols[0], self)
+            protocol = await select_outbound(buffered, protocols)
+        except BaseException:
+            await _reset_quietly(inner)
+            raise
+        return NetStream(buffered, protocol, self)
+
+    async def negotiate_inbound(self, inner: YamuxStream, supported) -> NetStream:
+        """Negotiate the protocol of a stream the peer opened (``supported``: a predicate or a set)."""
+        buffered = BufferedStream(inner)
+        try:
+            protocol = await select_inbound(buffered, supported)
+        except BaseException:
+            await _reset_quietly(inner)
+            raise
+        return NetStream(buffered, protocol, self)
+
+    async def aclose(self) -> None:
+        await self.muxer.aclose()
+
+    def describe_path(self) -> str:
+        if self.path is Path.RELAYED and self.relay_peer is not None:
+            return f"relayed via {self.relay_peer.short()}"
+        return self.path.value
+
+    def __repr__(self) -> str:
+        return f"<Connection #{self.id} {self.direction.value} {self.remote_peer.short()} {self.describe_path()} {self.remote_addr}>"
+
+
+async def _reset_quietly(stream: YamuxStream) -> None:
+    try:
+        await stream.reset()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def upgrade(
+    raw: RawConnection,
+    identity: KeyPair,
+    direction: Direction,
+    expected_peer: PeerID | None = None,
+) -> tuple[NoiseConnection, bool]:
+    """Secure ``raw`` with Noise. Returns the secure channel and whether yamux still needs
+    multistream negotiation (False when it was inlined in the Noise handshake).
+
+    The caller bounds the time this takes; any failure is raised as HandshakeError.
+    """
+    stream = BufferedStream(raw.stream)
+    try:
+        if direction is Direction.OUTBOUND:
+            await select_outbound(stream, [NOISE])
+            secure = await secure_outbound(stream, identity, expected_peer, MUXERS)
+        else:
+            await select_inbound(stream, {NOISE})
+            secure = await secure_inbound(stream, identity, MUXERS)
+    except HandshakeError:
+        raise
+    except (RemoteProtocolError, NegotiationError, trio.BrokenResourceError) as exc:
+        raise HandshakeError(f"security handshake failed: {exc}") from exc
+    return secure, YAMUX not in secure.remote_muxers
+
+
+async def negotiate_muxer(secure: NoiseConnection, direction: Direction) -> trio.abc.Stream:
+    """multistream-select `/yamux/1.0.0` inside the secure channel (when it was not inlined)."""
+    stream = BufferedStream(secure)
+    try:
+        if direction is Direction.OUTBOUND:
+            await select_outbound(stream, [YAMUX])
+        else:
+            await select_inbound(stream, {YAMUX})
+    except (RemoteProtocolError, NegotiationError, trio.BrokenResourceError) as exc:
+        raise HandshakeError(f"muxer negotiation failed: {exc}") from exc
+    return stream

@@ -1,0 +1,514 @@
+"""The libp2p Host: listens, dials, upgrades, keeps one connection per peer, routes streams to handlers.
+
+    async with open_host(keypair, listen=["/ip4/0.0.0.0/tcp/4001"]) as host:
+        host.set_handler("/echo/1.0.0", echo)
+        stream = await host.new_stream(peer_id, ["/echo/1.0.0"])
+
+The host owns one nursery. Each connection runs in a task of its own (muxer reader + accept loop);
+each inbound stream gets a task that negotiates its protocol and runs the handler. A peer's bad
+bytes close that peer's connection and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import trio
+
+from .. import __version__
+from ..errors import (
+    ConnectionClosed,
+    DialError,
+    HandshakeError,
+    NegotiationError,
+    PeerIDMismatch,
+    RemoteProtocolError,
+    VolunteerError,
+    describe,
+)
+from . import limits
+from .connection import Connection, Direction, NetStream, Path, negotiate_muxer, upgrade
+from .events import EventBus, HostEvent, PeerConnected, PeerDisconnected, PeerIdentified
+from .identify import IDENTIFY, IDENTIFY_PUSH, IdentifyInfo, read_identify, write_identify
+from .identity import KeyPair, PeerID
+from .multiaddr import Multiaddr
+from .peerstore import Peerstore
+from .perf import PERF, PerfLimits, PerfServer
+from .ping import PING, Pinger, serve_ping
+from .transport.base import RawConnection, Transport
+from .transport.memory import MemoryTransport
+from .transport.tcp import TcpTransport
+from .yamux import YamuxConnection
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[NetStream], Awaitable[None]]
+AGENT_VERSION = f"volunteer/{__version__}"
+
+
+@dataclass
+class HostConfig:
+    """Tunable bounds of a Host (defaults from volunteer.net.limits)."""
+
+    agent_version: str = AGENT_VERSION
+    handshake_timeout: float = limits.HANDSHAKE_TIMEOUT
+    dial_timeout: float = limits.DIAL_TIMEOUT
+    stream_negotiation_timeout: float = limits.STREAM_NEGOTIATION_TIMEOUT
+    max_pending_handshakes: int = limits.MAX_PENDING_HANDSHAKES
+    max_connections: int = limits.MAX_CONNECTIONS
+    identify_on_connect: bool = True
+    # Serve /perf/1.0.0 (bounded per peer) so anyone can measure a link to us.
+    enable_perf: bool = True
+    perf_limits: PerfLimits = field(default_factory=PerfLimits)
+    # Addresses to advertise instead of the listen addresses (a relay behind a port forward, say).
+    announce: list[Multiaddr] = field(default_factory=list)
+
+
+class Host:
+    """A libp2p node. Create it with ``open_host``; see the module docstring."""
+
+    def __init__(self, keypair: KeyPair, transports: Sequence[Transport], config: HostConfig) -> None:
+        self.keypair = keypair
+        self.peer_id: PeerID = keypair.peer_id
+        self.transports = list(transports)
+        self.config = config
+        self.peerstore = Peerstore()
+        self.events = EventBus()
+        self.listen_addrs: list[Multiaddr] = []
+        self._handlers: dict[str, Handler] = {}
+        self._connections: dict[PeerID, list[Connection]] = {}
+        self._pending_dials: dict[PeerID, trio.Event] = {}
+        self._handshake_slots = trio.Semaphore(config.max_pending_handshakes)
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+        # Hooks the NAT layer uses to add addresses (relay circuits, observed) to what we advertise.
+        self.extra_addrs: Callable[[], list[Multiaddr]] = lambda: []
+        self.set_handler(IDENTIFY, self._serve_identify)
+        self.set_handler(IDENTIFY_PUSH, self._serve_identify_push)
+        self.set_handler(PING, serve_ping)
+        self.perf = PerfServer(config.perf_limits)
+        if config.enable_perf:
+            self.set_handler(PERF, self.perf.handle)
+
+    # --- handlers -------------------------------------------------------------------------------
+    def set_handler(self, protocol: str, handler: Handler) -> None:
+        """Serve ``protocol``: ``handler(stream)`` runs in its own task for each inbound stream."""
+        self._handlers[protocol] = handler
+
+    def remove_handler(self, protocol: str) -> None:
+        self._handlers.pop(protocol, None)
+
+    @property
+    def protocols(self) -> list[str]:
+        return sorted(self._handlers)
+
+    # --- addresses ------------------------------------------------------------------------------
+    @property
+    def addrs(self) -> list[Multiaddr]:
+        """Addresses we advertise (without /p2p): announce list, or listen addresses made concrete."""
+        if self.config.announce:
+            base = list(self.config.announce)
+        else:
+            base = []
+            for addr in self.listen_addrs:
+                for concrete in _expand_unspecified(addr):
+                    if concrete not in base:
+                        base.append(concrete)
+        for extra in self.extra_addrs():
+            if extra not in base:
+                base.append(extra)
+        return base
+
+    def full_addrs(self) -> list[Multiaddr]:
+        """Advertised addresses with our /p2p/ID appended: what to give to someone who wants to dial us."""
+        return [addr.with_peer_id(self.peer_id) for addr in self.addrs]
+
+    async def listen(self, addr: Multiaddr | str) -> list[Multiaddr]:
+        """Start listening on ``addr``; returns the bound addresses (real port for /tcp/0)."""
+        addr = Multiaddr(addr)
+        transport = self._transport_for(addr, listening=True)
+        bound = await self._nursery.start(transport.listen, addr, self.handle_inbound)
+        self.listen_addrs.extend(bound)
+        return bound
+
+    def _transport_for(self, addr: Multiaddr, listening: bool = False) -> Transport:
+        for transport in self.transports:
+            if (transport.can_listen(addr) if listening else transport.can_dial(addr)):
+                return transport
+        raise DialError(f"no transport for {addr}")
+
+    # --- connections ----------------------------------------------------------------------------
+    def connections(self, peer: PeerID | None = None) -> list[Connection]:
+        if peer is None:
+            return [c for conns in self._connections.values() for c in conns]
+        return list(self._connections.get(peer, ()))
+
+    def connection_to(self, peer: PeerID) -> Connection | None:
+        """The best open connection to ``peer``: direct before relayed, then the oldest."""
+        live = [c for c in self._connections.get(peer, ()) if not c.is_closed]
+        if not live:
+            return None
+        return min(live, key=lambda c: (c.path is Path.RELAYED, c.opened_at))
+
+    def is_connected(self, peer: PeerID) -> bool:
+        return self.connection_to(peer) is not None
+
+    async def connect(self, target: PeerID | Multiaddr | str) -> Connection:
+        """A connection to ``target`` (a PeerID with known addresses, or a multiaddr), reusing one if open."""
+        if isinstance(target, str):
+            target = PeerID.from_string(target) if not target.startswith("/") else Multiaddr(target)
+        if isinstance(target, Multiaddr):
+            peer = target.peer_id
+            if peer is not None:
+                existing = self.connection_to(peer)
+                if existing is not None:
+                    return existing
+                self.peerstore.add_addrs(peer, [target])
+                return await self._dial_peer(peer, [target])
+            try:
+                return await self._dial_addr(target, None)
+            except DialError:
+                raise
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                raise DialError(f"could not connect to {target}", {str(target): exc}) from exc
+        if target == self.peer_id:
+            raise DialError("refusing to dial ourselves")
+        existing = self.connection_to(target)
+        if existing is not None:
+            return existing
+        return await self._dial_peer(target, self.peerstore.addrs(target))
+
+    async def _dial_peer(self, peer: PeerID, addrs: list[Multiaddr]) -> Connection:
+        # One dial per peer at a time: concurrent callers wait for the first one's result.
+        while peer in self._pending_dials:
+            await self._pending_dials[peer].wait()
+            existing = self.connection_to(peer)
+            if existing is not None:
+                return existing
+        done = self._pending_dials[peer] = trio.Event()
+        try:
+            if not addrs:
+                raise DialError(f"no known addresses for {peer}")
+            causes: dict[str, BaseException] = {}
+            # Direct addresses first: a relay is the fallback, not the preference.
+            for addr in sorted(addrs, key=lambda a: a.is_relayed()):
+                try:
+                    return await self._dial_addr(addr, peer)
+                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                    causes[str(addr)] = exc
+                    log.debug("dial %s via %s failed: %s", peer.short(), addr, describe(exc))
+            raise DialError(f"could not reach {peer}", causes)
+        finally:
+            del self._pending_dials[peer]
+            done.set()
+
+    async def _dial_addr(self, addr: Multiaddr, peer: PeerID | None) -> Connection:
+        return await self.dial_addr(addr, peer)
+
+    async def dial_addr(
+        self,
+        addr: Multiaddr,
+        peer: PeerID | None = None,
+        *,
+        role: Direction = Direction.OUTBOUND,
+        path: Path | None = None,
+        **dial_options,
+    ) -> Connection:
+        """Dial one address and upgrade it, without connection reuse or dial deduplication.
+
+        ``role`` picks our side of the upgrade: hole punching (TCP simultaneous open) dials from
+        both ends, and one of them must then act as the responder. ``dial_options`` go to the
+        transport (``local_port=`` for TCP).
+        """
+        if self._closed:
+            raise ConnectionClosed("host is closed")
+        transport = self._transport_for(addr)
+        dial_target = addr.without_peer_id() if not addr.is_relayed() else addr
+        try:
+            with trio.fail_after(self.config.dial_timeout):
+                raw = await transport.dial(dial_target, **dial_options)
+        except trio.TooSlowError:
+            raise DialError(f"timed out connecting to {addr}") from None
+        except OSError as exc:
+            raise DialError(f"cannot connect to {addr}: {exc.strerror or exc}") from exc
+        if path is not None:
+            raw.path = path
+        expected = peer if role is Direction.OUTBOUND else None
+        conn = await self._nursery.start(self._run_connection, raw, role, expected)
+        if peer is not None and conn.remote_peer != peer:
+            await conn.aclose()
+            raise PeerIDMismatch(f"dialled {peer} but {conn.remote_peer} answered")
+        return conn
+
+    async def handle_inbound(self, raw: RawConnection) -> None:
+        """Upgrade and serve a raw connection someone opened to us (transports and the relay
+        stop handler call this, in a task of their own; it returns when the connection closes)."""
+        await self._run_connection(raw, Direction.INBOUND, None)
+
+    async def _run_connection(
+        self,
+        raw: RawConnection,
+        direction: Direction,
+        expected_peer: PeerID | None,
+        *,
+        task_status=trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Upgrade ``raw``, then serve it until it closes. Outbound: started() with the Connection."""
+        try:
+            conn = await self._upgrade(raw, direction, expected_peer)
+        except BaseException as exc:
+            await trio.aclose_forcefully(raw.stream)
+            accepted = task_status is trio.TASK_STATUS_IGNORED  # nobody waits for this connection
+            if accepted and isinstance(exc, Exception):
+                # A stranger's failed handshake must never take the listener down.
+                known = isinstance(exc, (VolunteerError, OSError, trio.BrokenResourceError))
+                log.log(logging.INFO if known else logging.WARNING, "inbound connection from %s failed: %s",
+                        raw.remote_addr, describe(exc), exc_info=not known)
+                return
+            raise
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(conn.muxer.run)
+                self._register(conn)
+                task_status.started(conn)
+                if self.config.identify_on_connect:
+                    nursery.start_soon(self._identify_quietly, conn)
+                try:
+                    while True:
+                        inner = await conn.muxer.accept_stream()
+                        nursery.start_soon(self._serve_stream, conn, inner)
+                except (ConnectionClosed, trio.ClosedResourceError, trio.BrokenResourceError):
+                    pass
+                nursery.cancel_scope.cancel()
+        finally:
+            self._unregister(conn)
+            with trio.CancelScope(shield=True):
+                await conn.muxer.aclose()
+
+    async def _upgrade(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
+        if direction is Direction.INBOUND and not self._try_acquire_handshake_slot():
+            raise HandshakeError(f"too many pending handshakes (limit {self.config.max_pending_handshakes})")
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                secure, needs_muxer_negotiation = await upgrade(raw, self.keypair, direction, expected_peer)
+                muxed_stream = secure
+                if needs_muxer_negotiation:
+                    muxed_stream = await negotiate_muxer(secure, direction)
+        except trio.TooSlowError:
+            raise HandshakeError(f"handshake with {raw.remote_addr} timed out after {self.config.handshake_timeout}s") from None
+        finally:
+            if direction is Direction.INBOUND:
+                self._handshake_slots.release()
+        if len(self.connections()) >= self.config.max_connections:
+            await trio.aclose_forcefully(secure)
+            raise HandshakeError(f"connection limit reached ({self.config.max_connections})")
+        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND)
+        path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
+        return Connection(raw, secure, muxer, direction, path)
+
+    def _try_acquire_handshake_slot(self) -> bool:
+        try:
+            self._handshake_slots.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        return True
+
+    def _register(self, conn: Connection) -> None:
+        peer = conn.remote_peer
+        self._connections.setdefault(peer, []).append(conn)
+        if conn.direction is Direction.OUTBOUND and not conn.remote_addr.is_relayed():
+            self.peerstore.add_addrs(peer, [conn.remote_addr])
+        self.peerstore.info(peer).public_key = conn.secure.remote_public_key
+        log.debug("connected %r", conn)
+        self.events.publish(PeerConnected(peer, conn))
+
+    def _unregister(self, conn: Connection) -> None:
+        conns = self._connections.get(conn.remote_peer, [])
+        if conn in conns:
+            conns.remove(conn)
+            if not conns:
+                del self._connections[conn.remote_peer]
+            log.debug("disconnected %r", conn)
+            self.events.publish(PeerDisconnected(conn.remote_peer, conn))
+
+    # --- streams --------------------------------------------------------------------------------
+    async def new_stream(self, target: PeerID | Multiaddr | str, protocols: Sequence[str]) -> NetStream:
+        """Open a stream to ``target`` speaking the first of ``protocols`` the peer accepts."""
+        conn = await self.connect(target)
+        return await conn.new_stream(list(protocols))
+
+    async def _serve_stream(self, conn: Connection, inner) -> None:
+        try:
+            with trio.fail_after(self.config.stream_negotiation_timeout):
+                stream = await conn.negotiate_inbound(inner, self._handlers.__contains__)
+        except (trio.TooSlowError, NegotiationError, RemoteProtocolError, trio.BrokenResourceError) as exc:
+            log.debug("stream negotiation with %s failed: %s", conn.remote_peer.short(), describe(exc))
+            return
+        handler = self._handlers.get(stream.protocol)
+        if handler is None:  # removed while negotiating
+            await stream.reset()
+            return
+        try:
+            await handler(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("%s handler: stream with %s broke: %s", stream.protocol, conn.remote_peer.short(), describe(exc))
+        except VolunteerError as exc:
+            log.info("%s handler failed for %s: %s", stream.protocol, conn.remote_peer.short(), describe(exc))
+            await _reset_quietly(stream)
+        except Exception:
+            log.exception("%s handler crashed for %s", stream.protocol, conn.remote_peer.short())
+            await _reset_quietly(stream)
+        else:
+            with trio.move_on_after(1):
+                await _close_quietly(stream)
+
+    # --- identify and ping ----------------------------------------------------------------------
+    def identify_info(self, conn: Connection | None = None) -> IdentifyInfo:
+        """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
+        return IdentifyInfo(
+            public_key=self.keypair.public_key,
+            listen_addrs=self.addrs,
+            protocols=self.protocols,
+            observed_addr=conn.remote_addr if conn is not None and not conn.remote_addr.is_relayed() else None,
+            agent_version=self.config.agent_version,
+        )
+
+    async def _serve_identify(self, stream: NetStream) -> None:
+        await write_identify(stream, self.identify_info(stream.connection))
+
+    async def _serve_identify_push(self, stream: NetStream) -> None:
+        info = await read_identify(stream)
+        self._apply_identify(stream.connection, info)
+
+    async def identify(self, target: PeerID | Multiaddr | str) -> IdentifyInfo:
+        """Ask a peer who it is (and where it sees us); updates the peerstore."""
+        conn = await self.connect(target)
+        return await self._identify(conn)
+
+    async def _identify(self, conn: Connection) -> IdentifyInfo:
+        stream = await conn.new_stream([IDENTIFY])
+        try:
+            info = await read_identify(stream)
+        finally:
+            await _close_quietly(stream)
+        self._apply_identify(conn, info)
+        return info
+
+    async def _identify_quietly(self, conn: Connection) -> None:
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                await self._identify(conn)
+        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("identify with %s failed: %s", conn.remote_peer.short(), describe(exc))
+
+    def _apply_identify(self, conn: Connection, info: IdentifyInfo) -> None:
+        peer = conn.remote_peer
+        if info.public_key is not None and info.peer_id != peer:
+            log.info("identify from %s carries another peer's key; ignored", peer.short())
+            return
+        entry = self.peerstore.info(peer)
+        entry.protocols = info.protocols
+        entry.agent_version = info.agent_version
+        entry.protocol_version = info.protocol_version
+        if info.observed_addr is not None:
+            entry.observed_addr = info.observed_addr
+        if info.listen_addrs:
+            self.peerstore.replace_addrs(peer, info.listen_addrs)
+        self.events.publish(PeerIdentified(peer, conn, info))
+
+    async def push_identify(self) -> None:
+        """Tell every connected peer our current addresses and protocols (identify push)."""
+        async with trio.open_nursery() as nursery:
+            for conn in self.connections():
+                nursery.start_soon(self._push_to, conn)
+
+    async def _push_to(self, conn: Connection) -> None:
+        try:
+            with trio.fail_after(self.config.handshake_timeout):
+                stream = await conn.new_stream([IDENTIFY_PUSH])
+                await write_identify(stream, self.identify_info(conn))
+                await _close_quietly(stream)
+        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("identify push to %s failed: %s", conn.remote_peer.short(), describe(exc))
+
+    async def open_pinger(self, target: PeerID | Multiaddr | str) -> Pinger:
+        """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
+        return Pinger(await self.new_stream(target, [PING]))
+
+    # --- lifetime -----------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Say GoAway on every connection and stop every task the host started."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            async with trio.open_nursery() as nursery:
+                for conn in self.connections():
+                    nursery.start_soon(conn.aclose)
+        self.events.close()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+
+def default_transports() -> list[Transport]:
+    return [TcpTransport(), MemoryTransport()]
+
+
+@asynccontextmanager
+async def open_host(
+    keypair: KeyPair | None = None,
+    listen: Sequence[Multiaddr | str] = (),
+    *,
+    transports: Sequence[Transport] | None = None,
+    config: HostConfig | None = None,
+):
+    """Run a Host for the duration of the ``async with`` block."""
+    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config or HostConfig())
+    async with trio.open_nursery() as nursery:
+        host._nursery = nursery
+        try:
+            for addr in listen:
+                await host.listen(addr)
+            yield host
+        finally:
+            await host.aclose()
+
+
+def _expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
+    """Replace 0.0.0.0 / :: with this machine's addresses (loopback and the hostname's)."""
+    components = addr.components
+    if not components or components[0][1] not in ("0.0.0.0", "::"):
+        return [addr]
+    family = socket.AF_INET if components[0][0] == "ip4" else socket.AF_INET6
+    loopback = "127.0.0.1" if family == socket.AF_INET else "::1"
+    hosts = [loopback]
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, family, socket.SOCK_STREAM):
+            ip = info[4][0]
+            if ip not in hosts:
+                hosts.append(ip)
+    except OSError:
+        pass
+    rest = str(addr)[len(f"/{components[0][0]}/{components[0][1]}") :]
+    return [Multiaddr(f"/{components[0][0]}/{ip}{rest}") for ip in hosts]
+
+
+async def _close_quietly(stream) -> None:
+    try:
+        await stream.aclose()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def _reset_quietly(stream) -> None:
+    try:
+        await stream.reset()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+__all__ = ["Host", "HostConfig", "HostEvent", "open_host", "AGENT_VERSION"]

@@ -1,0 +1,164 @@
+"""multistream-select 1.0 (`/multistream/1.0.0`): agree on a protocol for a connection or stream.
+
+Messages are a uvarint length, UTF-8 text and a trailing newline. The dialer proposes protocols
+one by one; the listener echoes a protocol it speaks or answers ``na``. ``lazy_outbound`` is the
+0-RTT form: header, protocol and the first data leave in one write, and the echo is checked on
+the first read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+
+import trio
+
+from ..errors import NegotiationError, RemoteProtocolError
+from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
+from .streams import BufferedStream
+from .varint import decode_uvarint, encode_uvarint
+
+PROTOCOL_ID = "/multistream/1.0.0"
+NA = "na"
+LS = "ls"
+
+
+def encode_message(text: str) -> bytes:
+    """One multistream message: uvarint(len) + text + '\\n'."""
+    body = text.encode("utf-8") + b"\n"
+    if len(body) > MAX_MULTISTREAM_MESSAGE:
+        raise ValueError(f"multistream message longer than {MAX_MULTISTREAM_MESSAGE} bytes")
+    return encode_uvarint(len(body)) + body
+
+
+def decode_message(buffer: bytes | bytearray) -> tuple[str, int] | None:
+    """Decode one message at the start of ``buffer``: (text, bytes used), or None if incomplete."""
+    decoded = decode_uvarint(buffer)
+    if decoded is None:
+        return None
+    length, start = decoded
+    if length > MAX_MULTISTREAM_MESSAGE:
+        raise RemoteProtocolError(f"multistream message of {length} bytes exceeds {MAX_MULTISTREAM_MESSAGE}")
+    if len(buffer) < start + length:
+        return None
+    body = bytes(buffer[start : start + length])
+    if not body.endswith(b"\n"):
+        raise RemoteProtocolError("multistream message does not end with a newline")
+    try:
+        return body[:-1].decode("utf-8"), start + length
+    except UnicodeDecodeError:
+        raise RemoteProtocolError("multistream message is not UTF-8") from None
+
+
+async def read_message(stream: BufferedStream) -> str:
+    """Read one message; the peer closing first is a RemoteProtocolError."""
+    length = await stream.receive_uvarint("multistream message")
+    if length > MAX_MULTISTREAM_MESSAGE:
+        raise RemoteProtocolError(f"multistream message of {length} bytes exceeds {MAX_MULTISTREAM_MESSAGE}")
+    body = await stream.receive_exactly(length, "multistream message")
+    text, _ = decode_message(encode_uvarint(length) + body)
+    return text
+
+
+async def _expect_header(stream: BufferedStream) -> None:
+    header = await read_message(stream)
+    if header != PROTOCOL_ID:
+        raise RemoteProtocolError(f"expected {PROTOCOL_ID}, got {header[:64]!r}")
+
+
+async def select_outbound(stream: BufferedStream, protocols: Sequence[str]) -> str:
+    """Dialer: propose each protocol in turn until the listener echoes one."""
+    if not protocols:
+        raise ValueError("no protocols to propose")
+    # Header and first proposal in one write (what go-libp2p does too).
+    await stream.send_all(encode_message(PROTOCOL_ID) + encode_message(protocols[0]))
+    await _expect_header(stream)
+    for index, protocol in enumerate(protocols[:MAX_MULTISTREAM_ROUNDS]):
+        if index:
+            await stream.send_all(encode_message(protocol))
+        answer = await read_message(stream)
+        if answer == protocol:
+            return protocol
+        if answer != NA:
+            raise RemoteProtocolError(f"unexpected multistream answer {answer[:64]!r} to {protocol!r}")
+    raise NegotiationError(f"peer supports none of {list(protocols)}")
+
+
+async def select_inbound(stream: BufferedStream, supported: Callable[[str], bool] | Collection[str]) -> str:
+    """Listener: answer the header, then echo the first proposal we support (``na`` to others)."""
+    accepts = supported if callable(supported) else supported.__contains__
+    await _expect_header(stream)
+    await stream.send_all(encode_message(PROTOCOL_ID))
+    for _ in range(MAX_MULTISTREAM_ROUNDS):
+        proposal = await read_message(stream)
+        if proposal != LS and accepts(proposal):
+            await stream.send_all(encode_message(proposal))
+            return proposal
+        await stream.send_all(encode_message(NA))
+    raise RemoteProtocolError(f"peer proposed more than {MAX_MULTISTREAM_ROUNDS} protocols")
+
+
+class LazyStream(trio.abc.HalfCloseableStream):
+    """A stream whose protocol negotiation rides along with its first write (0-RTT).
+
+    The first write carries header + protocol + data; the first read checks the listener's echo
+    (NegotiationError on ``na``). After that, calls go straight to the wrapped stream.
+    """
+
+    def __init__(self, stream: BufferedStream, protocol: str) -> None:
+        self._stream = stream
+        self.protocol = protocol
+        self._pending_request: bytes | None = encode_message(PROTOCOL_ID) + encode_message(protocol)
+        self._confirmed = False
+        self._confirm_lock = trio.Lock()
+
+    async def _flush_request(self, data: bytes | bytearray | memoryview = b"") -> None:
+        request, self._pending_request = self._pending_request, None
+        await self._stream.send_all(request + bytes(data) if len(data) < 65536 else request)
+        if len(data) >= 65536:
+            await self._stream.send_all(data)
+
+    async def _confirm(self) -> None:
+        async with self._confirm_lock:
+            if self._confirmed:
+                return
+            if self._pending_request is not None:
+                await self._flush_request()
+            await _expect_header(self._stream)
+            answer = await read_message(self._stream)
+            if answer == NA:
+                raise NegotiationError(f"peer does not support {self.protocol}")
+            if answer != self.protocol:
+                raise RemoteProtocolError(f"unexpected multistream answer {answer[:64]!r} to {self.protocol!r}")
+            self._confirmed = True
+
+    async def send_all(self, data) -> None:
+        if self._pending_request is not None:
+            await self._flush_request(data)
+        else:
+            await self._stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if not self._confirmed:
+            await self._confirm()
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        if self._pending_request is not None:
+            await self._flush_request()
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def __getattr__(self, name: str):
+        if name == "_stream":
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
+def lazy_outbound(stream: BufferedStream, protocol: str) -> LazyStream:
+    """Negotiate ``protocol`` lazily on ``stream`` (see LazyStream)."""
+    return LazyStream(stream, protocol)

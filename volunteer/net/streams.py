@@ -1,0 +1,107 @@
+"""Byte-stream helpers shared by every protocol driver.
+
+A ``BufferedStream`` wraps any trio stream (a TCP socket, a Noise session, a yamux stream) and lets
+length-prefixed protocols read exact amounts without losing the bytes they read too far: the
+leftover is handed to whoever reads next (the next protocol on the same stream).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from ..errors import RemoteProtocolError
+from .limits import READ_CHUNK
+from .varint import decode_uvarint, encode_uvarint
+
+
+class BufferedStream(trio.abc.HalfCloseableStream):
+    """A trio stream with a read buffer: ``receive_exactly``, ``receive_uvarint``, length-prefixed reads."""
+
+    def __init__(self, stream: trio.abc.Stream, initial: bytes = b"") -> None:
+        self.stream = stream
+        self._buffer = bytearray(initial)
+
+    # --- reading ---------------------------------------------------------------------------
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._buffer:
+            if max_bytes is None or max_bytes >= len(self._buffer):
+                data = bytes(self._buffer)
+                self._buffer.clear()
+            else:
+                data = bytes(self._buffer[:max_bytes])
+                del self._buffer[:max_bytes]
+            return data
+        return await self.stream.receive_some(max_bytes)
+
+    async def _fill(self, context: str) -> None:
+        chunk = await self.stream.receive_some(READ_CHUNK)
+        if not chunk:
+            raise RemoteProtocolError(f"connection closed by peer while reading {context}")
+        self._buffer += chunk
+
+    async def receive_exactly(self, count: int, context: str = "data") -> bytes:
+        """Read exactly ``count`` bytes; end of stream first is a RemoteProtocolError."""
+        while len(self._buffer) < count:
+            await self._fill(context)
+        data = bytes(self._buffer[:count])
+        del self._buffer[:count]
+        return data
+
+    async def receive_uvarint(self, context: str = "varint") -> int:
+        while True:
+            decoded = decode_uvarint(self._buffer)
+            if decoded is not None:
+                value, used = decoded
+                del self._buffer[:used]
+                return value
+            await self._fill(context)
+
+    async def receive_length_prefixed(self, max_length: int, context: str = "message") -> bytes:
+        """Read a uvarint length prefix and that many bytes, refusing lengths over ``max_length``."""
+        length = await self.receive_uvarint(context)
+        if length > max_length:
+            raise RemoteProtocolError(f"{context} of {length} bytes exceeds limit {max_length}")
+        return await self.receive_exactly(length, context)
+
+    async def receive_until_eof(self, max_length: int, context: str = "message") -> bytes:
+        """Read everything until the peer closes its side, refusing more than ``max_length`` bytes."""
+        while True:
+            if len(self._buffer) > max_length:
+                raise RemoteProtocolError(f"{context} exceeds limit {max_length}")
+            chunk = await self.stream.receive_some(READ_CHUNK)
+            if not chunk:
+                data = bytes(self._buffer)
+                self._buffer.clear()
+                return data
+            self._buffer += chunk
+
+    def take_buffered(self) -> bytes:
+        """Remove and return whatever has been read but not consumed."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+    # --- writing / closing: pass through -------------------------------------------------
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.stream.send_all(data)
+
+    async def send_length_prefixed(self, payload: bytes) -> None:
+        await self.stream.send_all(encode_uvarint(len(payload)) + payload)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        send_eof = getattr(self.stream, "send_eof", None)
+        if send_eof is None:
+            raise trio.ClosedResourceError("underlying stream cannot half-close")
+        await send_eof()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    def __getattr__(self, name: str):
+        # Expose the wrapped stream's extras (protocol, connection, reset, ...).
+        if name == "stream":
+            raise AttributeError(name)
+        return getattr(self.stream, name)

@@ -1,0 +1,45 @@
+"""What every transport gives the Host: raw, unauthenticated byte streams with their addresses."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from ..multiaddr import Multiaddr
+
+
+class RawConnection:
+    """A raw (not yet secured) connection and where it goes.
+
+    ``path`` and ``relay_peer`` are set by transports that know better than DIRECT (the relay
+    transport, hole punching).
+    """
+
+    def __init__(self, stream: trio.abc.HalfCloseableStream, local_addr: Multiaddr, remote_addr: Multiaddr, transport: Any) -> None:
+        self.stream = stream
+        self.local_addr = local_addr
+        self.remote_addr = remote_addr
+        self.transport = transport
+        self.relay_peer = None
+        self.path = None
+
+    def __repr__(self) -> str:
+        return f"<RawConnection {self.local_addr} -> {self.remote_addr}>"
+
+
+InboundHandler = Callable[[RawConnection], Awaitable[None]]
+
+
+class Transport(Protocol):
+    """Dial and listen for one family of multiaddrs."""
+
+    def can_dial(self, addr: Multiaddr) -> bool: ...
+
+    def can_listen(self, addr: Multiaddr) -> bool: ...
+
+    async def dial(self, addr: Multiaddr, **options) -> RawConnection: ...
+
+    async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status.started(bound_addrs)`` once listening."""

@@ -1,0 +1,150 @@
+"""TCP on trio, with port reuse: outgoing connections leave from the listen port.
+
+Hole punching needs it (both peers dial each other from the port the NAT mapped, a TCP
+simultaneous open), and it makes identify's observed address meaningful: an endpoint-independent
+NAT shows every peer the same external port, the one others can dial.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+
+import trio
+
+from ...errors import MultiaddrError
+from ..multiaddr import Multiaddr
+from .base import InboundHandler, RawConnection
+
+log = logging.getLogger(__name__)
+
+LISTEN_BACKLOG = 256
+
+
+def tcp_endpoint(addr: Multiaddr) -> tuple[str, int]:
+    """(host, port) of /ip4|ip6|dns|dns4|dns6/…/tcp/N; MultiaddrError for anything else."""
+    components = addr.components
+    if len(components) < 2 or components[0][0] not in ("ip4", "ip6", "dns", "dns4", "dns6") or components[1][0] != "tcp":
+        raise MultiaddrError(f"{addr} is not a TCP address")
+    return components[0][1], int(components[1][1])
+
+
+def _is_plain_tcp(addr: Multiaddr) -> bool:
+    names = addr.protocols()
+    return len(names) >= 2 and names[0] in ("ip4", "ip6", "dns", "dns4", "dns6") and names[1] == "tcp" and (
+        len(names) == 2 or (len(names) == 3 and names[2] == "p2p")
+    )
+
+
+def sockaddr_to_multiaddr(sockaddr) -> Multiaddr:
+    host, port = sockaddr[0], sockaddr[1]
+    family = "ip6" if ":" in host else "ip4"
+    if family == "ip6" and host.startswith("::ffff:") and "." in host:
+        family, host = "ip4", host[7:]
+    return Multiaddr(f"/{family}/{host}/tcp/{port}")
+
+
+def _enable_reuse(sock: trio.socket.SocketType) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if hasattr(socket, "SO_REUSEPORT"):  # not on Windows
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+
+
+class TcpTransport:
+    """Dial and listen on TCP multiaddrs."""
+
+    def __init__(self, reuse_port: bool = True) -> None:
+        self.reuse_port = reuse_port and hasattr(socket, "SO_REUSEPORT")
+        # (family, bound ip, port) of every listener: dials reuse the port of the same family.
+        self.listen_endpoints: list[tuple[int, str, int]] = []
+
+    @property
+    def listen_ports(self) -> list[int]:
+        return [port for _, _, port in self.listen_endpoints]
+
+    def can_dial(self, addr: Multiaddr) -> bool:
+        return _is_plain_tcp(addr)
+
+    def can_listen(self, addr: Multiaddr) -> bool:
+        return _is_plain_tcp(addr) and addr.protocols()[0] in ("ip4", "ip6")
+
+    async def dial(self, addr: Multiaddr, *, local_port: int | None = None) -> RawConnection:
+        """Connect; from ``local_port`` (default: our listen port) when port reuse is on."""
+        host, port = tcp_endpoint(addr)
+        infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(errno.EHOSTUNREACH, f"cannot resolve {host}")
+        family, _, _, _, sockaddr = infos[0]
+        bind = self._bind_endpoint(family, local_port)
+        sock = None
+        if bind is not None:
+            try:
+                sock = await self._connect(family, sockaddr, bind)
+            except OSError as exc:
+                # The 4-tuple may be taken (we already talk to that peer from this port): use an ephemeral port.
+                log.debug("dial %s from port %s failed (%s); retrying from an ephemeral port", addr, bind[1], exc)
+        if sock is None:
+            sock = await self._connect(family, sockaddr, None)
+        stream = trio.SocketStream(sock)
+        return RawConnection(stream, sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername()), self)
+
+    def _bind_endpoint(self, family: int, local_port: int | None) -> tuple[str, int] | None:
+        if not self.reuse_port:
+            return None
+        for listen_family, ip, port in self.listen_endpoints:
+            if listen_family == family:
+                return ip, local_port or port
+        if local_port:
+            return ("::" if family == socket.AF_INET6 else "0.0.0.0"), local_port
+        return None
+
+    @staticmethod
+    async def _connect(family: int, sockaddr, bind: tuple[str, int] | None) -> trio.socket.SocketType:
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if bind is not None:
+                _enable_reuse(sock)
+                sock.bind(bind)
+            await sock.connect(sockaddr)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        host, port = tcp_endpoint(addr)
+        family = socket.AF_INET6 if addr.protocols()[0] == "ip6" else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            _enable_reuse(sock) if self.reuse_port else sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            await sock.bind((host, port))
+            sock.listen(LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        bound_ip, bound_port = sock.getsockname()[:2]
+        endpoint = (family, bound_ip, bound_port)
+        self.listen_endpoints.append(endpoint)
+        listener = trio.SocketListener(sock)
+        local = sockaddr_to_multiaddr((bound_ip, bound_port))
+
+        async def serve_one(stream: trio.SocketStream) -> None:
+            try:
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                remote = sockaddr_to_multiaddr(stream.socket.getpeername())
+            except OSError:
+                await trio.aclose_forcefully(stream)
+                return
+            await handler(RawConnection(stream, local, remote, self))
+
+        try:
+            async with listener:
+                async with trio.open_nursery() as nursery:
+                    task_status.started([local])
+                    await trio.serve_listeners(serve_one, [listener], handler_nursery=nursery)
+        finally:
+            self.listen_endpoints.remove(endpoint)

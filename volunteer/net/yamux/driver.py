@@ -1,0 +1,370 @@
+"""trio driver for yamux: one reader task, one writer path under a lock, streams as trio streams."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+
+import trio
+
+from ...errors import ConnectionClosed, LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
+from ...errors import StreamReset as StreamResetError
+from ..limits import READ_CHUNK
+from .frames import GO_AWAY_NORMAL
+from .session import (
+    ConnectionTerminated,
+    DataReceived,
+    GoAwayReceived,
+    PingAcked,
+    Session,
+    StreamEOF,
+    StreamOpened,
+    StreamReset,
+    WindowUpdated,
+    YamuxConfig,
+)
+
+log = logging.getLogger(__name__)
+
+
+class YamuxStream(trio.abc.HalfCloseableStream):
+    """One yamux stream: ``receive_some`` returns b"" after the peer's FIN; StreamReset after RST."""
+
+    def __init__(self, conn: "YamuxConnection", stream_id: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._eof = False
+        self._reset = False
+        self._write_closed = False
+        self._read_closed = False
+        self._readable = trio.lowlevel.ParkingLot()
+        self._writable = trio.lowlevel.ParkingLot()
+        self._send_conflict = trio.StrictFIFOLock()
+
+    # --- reading ----------------------------------------------------------------------------
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while not self._chunks:
+            if self._reset:
+                raise StreamResetError(f"yamux stream {self.stream_id} was reset")
+            if self._eof or self._read_closed:
+                await trio.lowlevel.checkpoint()
+                return b""
+            await self._readable.park()
+        chunk = self._chunks.popleft()
+        if max_bytes is not None and len(chunk) > max_bytes:
+            self._chunks.appendleft(chunk[max_bytes:])
+            chunk = chunk[:max_bytes]
+        self._buffered -= len(chunk)
+        self._conn._consumed(self.stream_id, len(chunk))
+        await trio.lowlevel.checkpoint()
+        return chunk
+
+    # --- writing ----------------------------------------------------------------------------
+    async def send_all(self, data) -> None:
+        async with self._send_conflict:
+            view = memoryview(data)
+            if not len(view):
+                await trio.lowlevel.checkpoint()
+                self._check_writable()
+            while len(view):
+                self._check_writable()
+                sent = self._conn._queue_data(self.stream_id, view)
+                if sent:
+                    view = view[sent:]
+                    await self._conn._flush()
+                else:
+                    await self._writable.park()
+
+    def _check_writable(self) -> None:
+        if self._reset:
+            raise StreamResetError(f"yamux stream {self.stream_id} was reset")
+        if self._write_closed:
+            raise trio.ClosedResourceError("stream closed for writing")
+        self._conn._check_open()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        while not self._reset and not self._write_closed and self._conn.session.send_window(self.stream_id) <= 0:
+            await self._writable.park()
+
+    async def send_eof(self) -> None:
+        async with self._send_conflict:
+            if self._write_closed or self._reset:
+                await trio.lowlevel.checkpoint()
+                return
+            self._write_closed = True
+            if not self._conn.closed.is_set():
+                self._conn.session.close_write(self.stream_id)
+                await self._conn._flush()
+            self._conn._maybe_forget(self)
+
+    async def aclose(self) -> None:
+        """Close our side (FIN) and stop reading (go's Close)."""
+        try:
+            if not self._reset and not self._conn.closed.is_set():
+                await self.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self._read_closed = True
+        if self._buffered:
+            # Unread data will never be read: give the peer its window back.
+            self._conn._consumed(self.stream_id, self._buffered)
+        self._chunks.clear()
+        self._buffered = 0
+        self._readable.unpark_all()
+        self._conn._forget(self.stream_id)
+        await trio.lowlevel.checkpoint()
+
+    async def reset(self) -> None:
+        """Abort both directions (RST)."""
+        if not self._reset:
+            self._reset = True
+            self._conn.session.reset(self.stream_id)
+            self._wake()
+            self._conn._forget(self.stream_id)
+            try:
+                await self._conn._flush()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        await trio.lowlevel.checkpoint()
+
+    def _wake(self) -> None:
+        self._readable.unpark_all()
+        self._writable.unpark_all()
+
+
+class YamuxConnection:
+    """A yamux session over a secure stream. Start it with ``await nursery.start(conn.run)``."""
+
+    def __init__(self, secure: trio.abc.Stream, is_client: bool, config: YamuxConfig | None = None, clock=trio.current_time) -> None:
+        self.secure = secure
+        self.config = config or YamuxConfig()
+        self.clock = clock
+        self.session = Session(is_client, self.config)
+        self.streams: dict[int, YamuxStream] = {}
+        self._accept_send, self._accept_receive = trio.open_memory_channel(float("inf"))
+        self._send_lock = trio.StrictFIFOLock()
+        self._control_pending = trio.Event()
+        self._ping_waiters: list[trio.Event] = []
+        self._open_waiters = trio.lowlevel.ParkingLot()
+        self.closed = trio.Event()
+        self.close_reason: BaseException | None = None
+        self.rtt: float | None = None
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    @property
+    def num_streams(self) -> int:
+        return len(self.streams)
+
+    # --- lifetime ------------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Read frames, write control frames, keep the connection alive, until it closes."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._control_writer)
+            nursery.start_soon(self._keepalive)
+            task_status.started()
+            try:
+                await self._reader()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _reader(self) -> None:
+        session = self.session
+        try:
+            while not self.closed.is_set():
+                data = await self.secure.receive_some(READ_CHUNK)
+                if not data:
+                    self._terminate(None if session.remote_go_away or session.local_go_away else ConnectionClosed("peer closed the connection"))
+                    return
+                self.bytes_received += len(data)
+                events = session.receive_data(data, self.clock())
+                for event in events:
+                    self._dispatch(event)
+                if session.has_output:
+                    self._control_pending.set()
+                if session.terminated:
+                    await self._flush_quietly()
+                    self._terminate(self.close_reason)
+                    await trio.aclose_forcefully(self.secure)
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError) as exc:
+            self._terminate(exc if not isinstance(exc, trio.ClosedResourceError) or not self.closed.is_set() else None)
+
+    def _dispatch(self, event) -> None:
+        kind = type(event)
+        if kind is DataReceived:
+            stream = self.streams.get(event.stream_id)
+            if stream is None or stream._read_closed:
+                # Nobody will read it: credit the window back so the peer is not stalled forever.
+                self.session.consume(event.stream_id, len(event.data), self.clock())
+                return
+            stream._chunks.append(event.data)
+            stream._buffered += len(event.data)
+            stream._readable.unpark_all()
+        elif kind is WindowUpdated:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream._writable.unpark_all()
+            self._open_waiters.unpark_all()
+        elif kind is StreamOpened:
+            stream = YamuxStream(self, event.stream_id)
+            self.streams[event.stream_id] = stream
+            self._accept_send.send_nowait(stream)
+        elif kind is StreamEOF:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream._eof = True
+                stream._wake()
+                self._maybe_forget(stream)
+        elif kind is StreamReset:
+            stream = self.streams.pop(event.stream_id, None)
+            if stream is not None:
+                stream._reset = True
+                stream._wake()
+        elif kind is PingAcked:
+            self.rtt = event.rtt
+            waiters, self._ping_waiters = self._ping_waiters, []
+            for waiter in waiters:
+                waiter.set()
+        elif kind is GoAwayReceived:
+            self._open_waiters.unpark_all()
+        elif kind is ConnectionTerminated:
+            self.close_reason = event.error
+
+    def _maybe_forget(self, stream: YamuxStream) -> None:
+        if stream._eof and stream._write_closed and stream.stream_id not in self.session.streams:
+            self.streams.pop(stream.stream_id, None)
+
+    def _forget(self, stream_id: int) -> None:
+        self.streams.pop(stream_id, None)
+
+    def _terminate(self, reason: BaseException | None) -> None:
+        if self.closed.is_set():
+            return
+        if reason is not None and self.close_reason is None:
+            self.close_reason = reason
+        self.session.terminated = True
+        self.closed.set()
+        for stream in list(self.streams.values()):
+            if not (stream._eof and stream._write_closed):
+                stream._reset = True
+            stream._wake()
+        self.streams.clear()
+        self._open_waiters.unpark_all()
+        for waiter in self._ping_waiters:
+            waiter.set()
+        self._accept_send.close()
+
+    def _check_open(self) -> None:
+        if self.closed.is_set():
+            raise ConnectionClosed("yamux connection is closed") if self.close_reason is None else StreamResetError(
+                f"connection died: {self.close_reason}"
+            )
+
+    async def aclose(self) -> None:
+        """GoAway, flush, close the secure stream; every stream fails from now on."""
+        if self.closed.is_set():
+            await trio.lowlevel.checkpoint()
+            return
+        self.session.go_away(GO_AWAY_NORMAL)
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            await self._flush_quietly()
+        self._terminate(None)
+        await trio.aclose_forcefully(self.secure)
+
+    # --- writing -----------------------------------------------------------------------------
+    def _queue_data(self, stream_id: int, view: memoryview) -> int:
+        try:
+            return self.session.send_data(stream_id, view)
+        except LocalProtocolError as exc:
+            self._check_open()
+            raise StreamResetError(str(exc)) from None
+
+    async def _flush(self) -> None:
+        async with self._send_lock:
+            chunks = self.session.take_outbox()
+            if not chunks:
+                return
+            data = b"".join(chunks)
+            self.bytes_sent += len(data)
+            try:
+                await self.secure.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self._terminate(exc)
+                raise StreamResetError(f"connection broke: {exc}") from exc
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self._flush()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _control_writer(self) -> None:
+        # Window updates, acks and pongs queued by the reader go out here, so the reader never
+        # blocks on a peer that is not reading.
+        while True:
+            await self._control_pending.wait()
+            self._control_pending = trio.Event()
+            await self._flush_quietly()
+
+    async def _keepalive(self) -> None:
+        interval, timeout = self.config.keepalive_interval, self.config.ping_timeout
+        while True:
+            await trio.sleep(interval)
+            try:
+                with trio.fail_after(timeout):
+                    await self.ping()
+            except trio.TooSlowError:
+                log.info("yamux keepalive: no pong within %ss; closing", timeout)
+                self._terminate(ConnectionClosed(f"keepalive ping timed out after {timeout}s"))
+                await trio.aclose_forcefully(self.secure)
+                return
+            except (StreamResetError, ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+
+    def _consumed(self, stream_id: int, count: int) -> None:
+        self.session.consume(stream_id, count, self.clock())
+        if self.session.has_output:
+            self._control_pending.set()
+
+    # --- API ------------------------------------------------------------------------------------
+    async def open_stream(self) -> YamuxStream:
+        while True:
+            self._check_open()
+            try:
+                stream_id = self.session.open_stream(self.clock())
+                break
+            except ResourceLimitExceeded:
+                if len(self.session.streams) >= self.config.max_streams:
+                    raise
+                await self._open_waiters.park()  # wait for acks of earlier streams
+            except LocalProtocolError as exc:
+                raise ConnectionClosed(str(exc)) from None
+        stream = YamuxStream(self, stream_id)
+        self.streams[stream_id] = stream
+        await self._flush()
+        return stream
+
+    async def accept_stream(self) -> YamuxStream:
+        try:
+            stream = await self._accept_receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise ConnectionClosed("yamux connection is closed") from None
+        self.session.accept_stream(stream.stream_id)
+        if self.session.has_output:
+            self._control_pending.set()
+        return stream
+
+    async def ping(self) -> float:
+        """Round-trip time of one yamux ping, in seconds."""
+        self._check_open()
+        waiter = trio.Event()
+        self._ping_waiters.append(waiter)
+        self.session.ping(self.clock())
+        await self._flush()
+        await waiter.wait()
+        self._check_open()
+        return self.rtt

@@ -1,0 +1,440 @@
+"""yamux session state machine (sans-I/O): bytes and ``now`` in, events and bytes out.
+
+Flow control follows go-yamux: each stream grants the peer a receive window (256 KiB at first);
+when the application has consumed half of it we send a window update, and if that happens in
+less than two round trips the window doubles, up to 16 MiB, so a fast link is not throttled by a
+small window. A peer that sends beyond the window it was granted breaks the protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
+from .. import limits
+from .frames import (
+    ACK,
+    DATA,
+    FIN,
+    GO_AWAY,
+    GO_AWAY_NORMAL,
+    GO_AWAY_PROTOCOL_ERROR,
+    HEADER,
+    HEADER_SIZE,
+    PING,
+    RST,
+    SYN,
+    WINDOW_UPDATE,
+    decode_header,
+    encode_header,
+)
+
+
+@dataclass
+class YamuxConfig:
+    """Bounds of one yamux session (defaults from volunteer.net.limits)."""
+
+    initial_window: int = limits.YAMUX_INITIAL_WINDOW
+    max_window: int = limits.YAMUX_MAX_WINDOW
+    max_streams: int = limits.YAMUX_MAX_STREAMS
+    accept_backlog: int = limits.YAMUX_ACCEPT_BACKLOG
+    max_unacked_outbound: int = limits.YAMUX_ACCEPT_BACKLOG
+    keepalive_interval: float = limits.YAMUX_KEEPALIVE_INTERVAL
+    ping_timeout: float = limits.YAMUX_PING_TIMEOUT
+    max_frame_payload: int = 1 << 20  # our data frames: at most this much per frame
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+class Event:
+    __slots__ = ("stream_id",)
+
+    def __init__(self, stream_id: int = 0) -> None:
+        self.stream_id = stream_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.stream_id})"
+
+
+class StreamOpened(Event):
+    """The peer opened a stream (SYN)."""
+
+
+class DataReceived(Event):
+    __slots__ = ("data",)
+
+    def __init__(self, stream_id: int, data: bytes) -> None:
+        super().__init__(stream_id)
+        self.data = data
+
+
+class StreamEOF(Event):
+    """The peer finished sending on this stream (FIN)."""
+
+
+class StreamReset(Event):
+    """The peer reset this stream (RST), or refused to open it."""
+
+
+class WindowUpdated(Event):
+    """We may send more on this stream (or it was acknowledged)."""
+
+
+class PingAcked(Event):
+    __slots__ = ("rtt",)
+
+    def __init__(self, rtt: float) -> None:
+        super().__init__(0)
+        self.rtt = rtt
+
+
+class GoAwayReceived(Event):
+    __slots__ = ("code",)
+
+    def __init__(self, code: int) -> None:
+        super().__init__(0)
+        self.code = code
+
+
+class ConnectionTerminated(Event):
+    """The session is over (our protocol error detection, or GoAway with an error)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None) -> None:
+        super().__init__(0)
+        self.error = error
+
+
+# --- streams --------------------------------------------------------------------------------
+
+
+class StreamState:
+    __slots__ = (
+        "stream_id", "send_window", "recv_window", "recv_credit", "consumed", "last_update",
+        "local_fin", "remote_fin", "reset", "acked", "accepted", "need_flags",
+    )
+
+    def __init__(self, stream_id: int, window: int, now: float) -> None:
+        self.stream_id = stream_id
+        self.send_window = limits.YAMUX_INITIAL_WINDOW  # the peer's grant to us (spec default)
+        self.recv_window = window  # the window we currently grant
+        self.recv_credit = limits.YAMUX_INITIAL_WINDOW  # what the peer may still send us
+        self.consumed = 0  # bytes the application read since our last window update
+        self.last_update = now
+        self.local_fin = False
+        self.remote_fin = False
+        self.reset = False
+        self.acked = False  # outbound: the peer acknowledged; inbound: we acknowledged
+        self.accepted = False
+        self.need_flags = 0  # SYN or ACK to put on our next frame for this stream
+
+    @property
+    def closed(self) -> bool:
+        return self.reset or (self.local_fin and self.remote_fin)
+
+
+class Session:
+    """One side of a yamux connection. ``is_client`` picks odd stream IDs."""
+
+    def __init__(self, is_client: bool, config: YamuxConfig | None = None, now: float = 0.0) -> None:
+        self.is_client = is_client
+        self.config = config or YamuxConfig()
+        self.streams: dict[int, StreamState] = {}
+        self._next_id = 1 if is_client else 2
+        self._outbox: list[bytes] = []
+        self._inbound = bytearray()
+        self._pending_accept = 0  # inbound streams not yet accepted by the application
+        self._unacked_outbound = 0
+        self._pings: dict[int, float] = {}
+        self._ping_ids = 0
+        self.rtt: float | None = None
+        self.local_go_away = False
+        self.remote_go_away = False
+        self.terminated = False
+        self.dropped_frames = 0  # frames for streams we no longer know (after RST): counted, ignored
+
+    # --- output ------------------------------------------------------------------------------
+    def data_to_send(self) -> bytes:
+        if not self._outbox:
+            return b""
+        out = b"".join(self._outbox)
+        self._outbox.clear()
+        return out
+
+    def take_outbox(self) -> list[bytes]:
+        """The pending output as a list (avoids one copy of big payloads)."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._outbox)
+
+    def _emit(self, frame_type: int, flags: int, stream_id: int, length: int, payload=None) -> None:
+        self._outbox.append(HEADER.pack(0, frame_type, flags, stream_id, length))
+        if payload is not None:
+            self._outbox.append(payload)
+
+    # --- streams -----------------------------------------------------------------------------
+    def open_stream(self, now: float) -> int:
+        if self.terminated:
+            raise LocalProtocolError("yamux session is closed")
+        if self.local_go_away or self.remote_go_away:
+            raise LocalProtocolError("yamux session is going away: no new streams")
+        if len(self.streams) >= self.config.max_streams:
+            raise ResourceLimitExceeded(f"too many yamux streams ({self.config.max_streams})")
+        if self._unacked_outbound >= self.config.max_unacked_outbound:
+            raise ResourceLimitExceeded("too many streams waiting for the peer's acknowledgement")
+        stream_id = self._next_id
+        self._next_id += 2
+        if stream_id >= 1 << 32:
+            raise LocalProtocolError("yamux stream IDs exhausted")
+        state = StreamState(stream_id, self.config.initial_window, now)
+        state.accepted = True
+        self.streams[stream_id] = state
+        self._unacked_outbound += 1
+        # Announce at once (go-yamux does): SYN on a window update carrying any window growth.
+        self._emit(WINDOW_UPDATE, SYN, stream_id, state.recv_window - limits.YAMUX_INITIAL_WINDOW)
+        state.recv_credit = state.recv_window
+        return stream_id
+
+    def can_open_stream(self) -> bool:
+        return self._unacked_outbound < self.config.max_unacked_outbound
+
+    def accept_stream(self, stream_id: int) -> None:
+        """The application took an inbound stream: acknowledge it."""
+        state = self.streams.get(stream_id)
+        if state is None or state.accepted:
+            return
+        state.accepted = True
+        self._pending_accept -= 1
+        if not state.reset:
+            state.acked = True
+            grow = state.recv_window - limits.YAMUX_INITIAL_WINDOW
+            state.recv_credit += grow
+            self._emit(WINDOW_UPDATE, ACK, stream_id, grow)
+
+    def send_window(self, stream_id: int) -> int:
+        state = self.streams.get(stream_id)
+        return state.send_window if state is not None else 0
+
+    def send_data(self, stream_id: int, data) -> int:
+        """Queue as much of ``data`` as the peer's window allows; returns bytes accepted."""
+        state = self._writable(stream_id)
+        count = min(len(data), state.send_window)
+        if count <= 0 and len(data):
+            return 0
+        max_frame = self.config.max_frame_payload
+        view = memoryview(data)
+        sent = 0
+        while sent < count:
+            size = min(count - sent, max_frame)
+            self._emit(DATA, 0, stream_id, size, view[sent : sent + size])
+            sent += size
+        state.send_window -= count
+        return count
+
+    def _writable(self, stream_id: int) -> StreamState:
+        state = self.streams.get(stream_id)
+        if state is None or state.reset:
+            raise LocalProtocolError(f"yamux stream {stream_id} is reset or unknown")
+        if state.local_fin:
+            raise LocalProtocolError(f"yamux stream {stream_id} is closed for writing")
+        if self.terminated:
+            raise LocalProtocolError("yamux session is closed")
+        return state
+
+    def close_write(self, stream_id: int) -> None:
+        state = self.streams.get(stream_id)
+        if state is None or state.reset or state.local_fin:
+            return
+        state.local_fin = True
+        self._emit(WINDOW_UPDATE, FIN, stream_id, 0)
+        self._maybe_forget(state)
+
+    def reset(self, stream_id: int) -> None:
+        state = self.streams.get(stream_id)
+        if state is None or state.reset:
+            return
+        self._emit(WINDOW_UPDATE, RST, stream_id, 0)
+        self._drop(state)
+
+    def consume(self, stream_id: int, count: int, now: float) -> None:
+        """The application read ``count`` bytes of this stream: grant the peer more window."""
+        state = self.streams.get(stream_id)
+        if state is None or state.reset or state.remote_fin:
+            return
+        state.consumed += count
+        if state.consumed < state.recv_window // 2:
+            return
+        grow = 0
+        rtt = self.rtt
+        if rtt is not None and now - state.last_update < 2 * rtt and state.recv_window < self.config.max_window:
+            # The window drained within two round trips: it is what limits throughput. Double it.
+            new_window = min(state.recv_window * 2, self.config.max_window)
+            grow = new_window - state.recv_window
+            state.recv_window = new_window
+        delta = state.consumed + grow
+        state.consumed = 0
+        state.recv_credit += delta
+        state.last_update = now
+        self._emit(WINDOW_UPDATE, 0, stream_id, delta)
+
+    def _drop(self, state: StreamState) -> None:
+        state.reset = True
+        self._forget(state)
+
+    def _maybe_forget(self, state: StreamState) -> None:
+        if state.closed:
+            self._forget(state)
+
+    def _forget(self, state: StreamState) -> None:
+        if self.streams.pop(state.stream_id, None) is None:
+            return
+        if not state.accepted:
+            self._pending_accept -= 1
+        if self._is_ours(state.stream_id) and not state.acked:
+            self._unacked_outbound -= 1
+
+    def _is_ours(self, stream_id: int) -> bool:
+        return (stream_id % 2 == 1) == self.is_client
+
+    # --- ping / go away ---------------------------------------------------------------------
+    def ping(self, now: float) -> int:
+        self._ping_ids = (self._ping_ids + 1) & 0xFFFFFFFF
+        self._pings[self._ping_ids] = now
+        if len(self._pings) > 16:  # unanswered pings: keep only the newest few
+            del self._pings[min(self._pings)]
+        self._emit(PING, SYN, 0, self._ping_ids)
+        return self._ping_ids
+
+    def go_away(self, code: int = GO_AWAY_NORMAL) -> None:
+        if self.local_go_away:
+            return
+        self.local_go_away = True
+        self._emit(GO_AWAY, 0, 0, code)
+
+    # --- input -------------------------------------------------------------------------------
+    def receive_data(self, data, now: float) -> list[Event]:
+        """Parse frames; a protocol violation queues GoAway(protocol error) and ends the session."""
+        if self.terminated:
+            return []
+        buffer = self._inbound
+        buffer += data
+        events: list[Event] = []
+        pos = 0
+        end = len(buffer)
+        try:
+            while end - pos >= HEADER_SIZE:
+                frame_type, flags, stream_id, length = decode_header(buffer, pos)
+                if frame_type == DATA:
+                    if length > self.config.max_window:
+                        raise RemoteProtocolError(f"yamux data frame of {length} bytes exceeds any window")
+                    if end - pos - HEADER_SIZE < length:
+                        break
+                    payload = bytes(buffer[pos + HEADER_SIZE : pos + HEADER_SIZE + length])
+                    pos += HEADER_SIZE + length
+                    self._on_data(stream_id, flags, payload, now, events)
+                else:
+                    pos += HEADER_SIZE
+                    if frame_type == WINDOW_UPDATE:
+                        self._on_window_update(stream_id, flags, length, now, events)
+                    elif frame_type == PING:
+                        self._on_ping(flags, length, now, events)
+                    else:
+                        self._on_go_away(length, events)
+                if self.terminated:
+                    break
+        except RemoteProtocolError as exc:
+            self.go_away(GO_AWAY_PROTOCOL_ERROR)
+            self.terminated = True
+            events.append(ConnectionTerminated(exc))
+        finally:
+            if pos:
+                del buffer[:pos]
+        # Bounded: a partial frame is at most a header plus one max-window payload.
+        return events
+
+    def _on_stream_flags(self, stream_id: int, flags: int, now: float, events: list[Event]) -> StreamState | None:
+        """Handle SYN/ACK/RST common to DATA and WINDOW_UPDATE. Returns the live stream or None."""
+        if stream_id == 0:
+            raise RemoteProtocolError("yamux stream frame with stream id 0")
+        state = self.streams.get(stream_id)
+        if flags & SYN:
+            if state is not None or self._is_ours(stream_id):
+                raise RemoteProtocolError(f"yamux SYN for stream {stream_id} which exists or has our parity")
+            if self.local_go_away or self.remote_go_away or len(self.streams) >= self.config.max_streams or (
+                self._pending_accept >= self.config.accept_backlog
+            ):
+                # Refuse: the backlog of streams nobody accepted yet is full (or we are going away).
+                self._emit(WINDOW_UPDATE, RST, stream_id, 0)
+                return None
+            state = StreamState(stream_id, self.config.initial_window, now)
+            self.streams[stream_id] = state
+            self._pending_accept += 1
+            events.append(StreamOpened(stream_id))
+        if state is None:
+            self.dropped_frames += 1
+            return None
+        if flags & ACK and self._is_ours(stream_id) and not state.acked:
+            state.acked = True
+            self._unacked_outbound -= 1
+            events.append(WindowUpdated(stream_id))
+        if flags & RST:
+            self._drop(state)
+            events.append(StreamReset(stream_id))
+            return None
+        return state
+
+    def _on_data(self, stream_id: int, flags: int, payload: bytes, now: float, events: list[Event]) -> None:
+        state = self._on_stream_flags(stream_id, flags, now, events)
+        if state is None:
+            return
+        if payload:
+            if state.remote_fin:
+                raise RemoteProtocolError(f"yamux data on stream {stream_id} after FIN")
+            if len(payload) > state.recv_credit:
+                raise RemoteProtocolError(
+                    f"yamux window violation on stream {stream_id}: {len(payload)} bytes > {state.recv_credit} granted"
+                )
+            state.recv_credit -= len(payload)
+            events.append(DataReceived(stream_id, payload))
+        if flags & FIN:
+            self._on_fin(state, events)
+
+    def _on_window_update(self, stream_id: int, flags: int, delta: int, now: float, events: list[Event]) -> None:
+        state = self._on_stream_flags(stream_id, flags, now, events)
+        if state is None:
+            return
+        if delta:
+            state.send_window += delta
+            if state.send_window > 1 << 32:
+                raise RemoteProtocolError("yamux send window overflow")
+            events.append(WindowUpdated(stream_id))
+        if flags & FIN:
+            self._on_fin(state, events)
+
+    def _on_fin(self, state: StreamState, events: list[Event]) -> None:
+        if state.remote_fin:
+            return
+        state.remote_fin = True
+        events.append(StreamEOF(state.stream_id))
+        self._maybe_forget(state)
+
+    def _on_ping(self, flags: int, opaque: int, now: float, events: list[Event]) -> None:
+        if flags & SYN:
+            self._emit(PING, ACK, 0, opaque)
+        elif flags & ACK:
+            sent = self._pings.pop(opaque, None)
+            if sent is not None:
+                self.rtt = now - sent
+                events.append(PingAcked(self.rtt))
+
+    def _on_go_away(self, code: int, events: list[Event]) -> None:
+        self.remote_go_away = True
+        events.append(GoAwayReceived(code))
+        if code != GO_AWAY_NORMAL:
+            self.terminated = True
+            events.append(ConnectionTerminated(RemoteProtocolError(f"peer sent GoAway with error code {code}")))
