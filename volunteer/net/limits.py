@@ -50,4 +50,4 @@ PING_PAYLOAD = 32
 PING_TIMEOUT = 10.0
 
 # --- reading buffered streams ---------------------------------------------------------
-READ_CHUNK = 256 * 1024
+READ_CHUNK = 1024 * 1024

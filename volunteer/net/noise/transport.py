@@ -39,10 +39,13 @@ class NoiseTransport:
 
     def receive_data(self, data) -> bytes:
         """Add bytes from the wire; return the plaintext of every frame now complete."""
-        buffer = self._inbound
-        buffer += data
-        view = memoryview(buffer)
-        end = len(buffer)
+        if self._inbound:
+            self._inbound += data
+            source = self._inbound
+        else:
+            source = data  # the common case: decrypt straight from what the socket gave us
+        view = memoryview(source)
+        end = len(source)
         pos = 0
         cipher = self._receive
         aead = cipher.aead
@@ -50,7 +53,7 @@ class NoiseTransport:
         out = []
         try:
             while end - pos >= 2:
-                length = (buffer[pos] << 8) | buffer[pos + 1]
+                length = (source[pos] << 8) | source[pos + 1]
                 if end - pos - 2 < length:
                     break
                 if length < NOISE_TAG_LEN:
@@ -65,9 +68,15 @@ class NoiseTransport:
                 pos += 2 + length
         finally:
             cipher.n = n
-            view.release()
-            if pos:
-                del buffer[:pos]
+            rest = view[pos:]
+            if source is self._inbound:
+                rest.release()
+                view.release()
+                del self._inbound[:pos]
+            else:
+                self._inbound = bytearray(rest)
+                rest.release()
+                view.release()
         return b"".join(out) if len(out) != 1 else out[0]
 
     @property

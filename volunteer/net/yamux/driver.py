@@ -312,8 +312,12 @@ class YamuxConnection:
 
     async def _keepalive(self) -> None:
         interval, timeout = self.config.keepalive_interval, self.config.ping_timeout
+        first = True
         while True:
-            await trio.sleep(interval)
+            # Measure the RTT at once (window auto-tuning needs it), then every ``interval``.
+            if not first:
+                await trio.sleep(interval)
+            first = False
             try:
                 with trio.fail_after(timeout):
                     await self.ping()

@@ -2,7 +2,7 @@
 
 Flow control follows go-yamux: each stream grants the peer a receive window (256 KiB at first);
 when the application has consumed half of it we send a window update, and if that happens in
-less than two round trips the window doubles, up to 16 MiB, so a fast link is not throttled by a
+less than four round trips the window doubles, up to 16 MiB, so a fast link is not throttled by a
 small window. A peer that sends beyond the window it was granted breaks the protocol.
 """
 
@@ -271,8 +271,9 @@ class Session:
             return
         grow = 0
         rtt = self.rtt
-        if rtt is not None and now - state.last_update < 2 * rtt and state.recv_window < self.config.max_window:
-            # The window drained within two round trips: it is what limits throughput. Double it.
+        if rtt is not None and now - state.last_update < 4 * rtt and state.recv_window < self.config.max_window:
+            # Half the window drained within a few round trips (go-yamux uses 4): the window is what
+            # limits throughput. Double it.
             new_window = min(state.recv_window * 2, self.config.max_window)
             grow = new_window - state.recv_window
             state.recv_window = new_window
@@ -321,21 +322,26 @@ class Session:
         """Parse frames; a protocol violation queues GoAway(protocol error) and ends the session."""
         if self.terminated:
             return []
-        buffer = self._inbound
-        buffer += data
+        if self._inbound:
+            self._inbound += data
+            source = self._inbound
+        else:
+            source = data  # parse straight from the input; only a partial frame is kept
         events: list[Event] = []
         pos = 0
-        end = len(buffer)
+        end = len(source)
+        max_window = self.config.max_window
         try:
             while end - pos >= HEADER_SIZE:
-                frame_type, flags, stream_id, length = decode_header(buffer, pos)
+                frame_type, flags, stream_id, length = decode_header(source, pos)
                 if frame_type == DATA:
-                    if length > self.config.max_window:
+                    if length > max_window:
                         raise RemoteProtocolError(f"yamux data frame of {length} bytes exceeds any window")
                     if end - pos - HEADER_SIZE < length:
                         break
-                    payload = bytes(buffer[pos + HEADER_SIZE : pos + HEADER_SIZE + length])
-                    pos += HEADER_SIZE + length
+                    start = pos + HEADER_SIZE
+                    payload = source[start : start + length] if source is data else bytes(source[start : start + length])
+                    pos = start + length
                     self._on_data(stream_id, flags, payload, now, events)
                 else:
                     pos += HEADER_SIZE
@@ -352,9 +358,12 @@ class Session:
             self.terminated = True
             events.append(ConnectionTerminated(exc))
         finally:
-            if pos:
-                del buffer[:pos]
-        # Bounded: a partial frame is at most a header plus one max-window payload.
+            # Bounded: what stays is at most a header plus one max-window payload.
+            if source is self._inbound:
+                if pos:
+                    del self._inbound[:pos]
+            elif pos < end:
+                self._inbound = bytearray(source[pos:])
         return events
 
     def _on_stream_flags(self, stream_id: int, flags: int, now: float, events: list[Event]) -> StreamState | None:
