@@ -80,6 +80,19 @@ def _split_delimited(data: bytes) -> list[bytes] | None:
     return parts
 
 
+def _parse_delimited(data: bytes):
+    parts = _split_delimited(data)
+    if parts is None:
+        return None
+    msg = identify_pb2.Identify()
+    try:
+        for part in parts:
+            msg.MergeFromString(part)
+    except DecodeError:
+        return None
+    return msg
+
+
 def decode_identify(data: bytes) -> IdentifyInfo:
     """Decode what an identify responder sent before closing.
 
@@ -88,16 +101,13 @@ def decode_identify(data: bytes) -> IdentifyInfo:
     """
     if len(data) > MAX_IDENTIFY_MESSAGE:
         raise RemoteProtocolError(f"identify message of {len(data)} bytes exceeds {MAX_IDENTIFY_MESSAGE}")
-    msg = identify_pb2.Identify()
-    parts = _split_delimited(data)
-    try:
-        if parts is None:
+    msg = _parse_delimited(data)
+    if msg is None:
+        msg = identify_pb2.Identify()
+        try:
             msg.ParseFromString(data)
-        else:
-            for part in parts:
-                msg.MergeFromString(part)
-    except DecodeError as exc:
-        raise RemoteProtocolError(f"malformed identify message: {exc}") from None
+        except DecodeError as exc:
+            raise RemoteProtocolError(f"malformed identify message: {exc}") from None
 
     info = IdentifyInfo(
         agent_version=msg.agentVersion[:256],

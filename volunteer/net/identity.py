@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from google.protobuf.message import DecodeError
 
-from ..errors import KeyFileError, PeerIDError
+from ..errors import KeyFileError, PeerIDError, RemoteProtocolError
 from .limits import MAX_PEER_ID_BYTES, MAX_PUBLIC_KEY_BYTES
 from .pb import keys_pb2
 from .varint import decode_uvarint, encode_uvarint
@@ -178,13 +178,15 @@ class PeerID:
         data = bytes(data)
         if not data or len(data) > MAX_PEER_ID_BYTES:
             raise PeerIDError(f"peer ID of {len(data)} bytes is out of bounds")
+        header = decoded = None
         try:
-            code, pos = decode_uvarint(data) or (None, 0)
-            decoded = decode_uvarint(data, pos) if code is not None else None
-        except Exception:
-            decoded = None
-        if code is None or decoded is None:
+            header = decode_uvarint(data)
+            decoded = decode_uvarint(data, header[1]) if header is not None else None
+        except RemoteProtocolError:
+            pass
+        if header is None or decoded is None:
             raise PeerIDError("peer ID is not a multihash")
+        code = header[0]
         length, pos = decoded
         if pos + length != len(data):
             raise PeerIDError("peer ID multihash length does not match its digest")

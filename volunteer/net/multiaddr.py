@@ -203,7 +203,7 @@ class Multiaddr:
         return None
 
     def __str__(self) -> str:
-        return _format(self._components)
+        return _format(self._components) or "/"
 
     def __repr__(self) -> str:
         return f"Multiaddr({str(self)!r})"

@@ -403,7 +403,11 @@ class Session:
             return
         if payload:
             if state.remote_fin:
-                raise RemoteProtocolError(f"yamux data on stream {stream_id} after FIN")
+                # The peer broke this stream, not the connection: reset the stream alone.
+                self._emit(WINDOW_UPDATE, RST, stream_id, 0)
+                self._drop(state)
+                events.append(StreamReset(stream_id))
+                return
             if len(payload) > state.recv_credit:
                 raise RemoteProtocolError(
                     f"yamux window violation on stream {stream_id}: {len(payload)} bytes > {state.recv_credit} granted"
