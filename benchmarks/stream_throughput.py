@@ -2,8 +2,10 @@
 
     .venv/bin/python benchmarks/stream_throughput.py [--size-mib 64] [--skip-pylibp2p]
 
-Every figure comes from a client in this process talking to a server in a subprocess on loopback
-(two processes, as two real peers would be). Echo throughput counts both directions. Ratios are
+Our figures and raw TCP come from a client in this process talking to a server in a subprocess on
+loopback (two processes, as two real peers would be); py-libp2p ↔ py-libp2p is measured by
+py-libp2p itself with both hosts in one process (its pair-bench; that is how its figure of
+reference was taken). Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
 what to read: this machine is shared and noisy, so absolute figures drift between runs.
 """
 
@@ -22,13 +24,14 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from volunteer.net.host import open_host  # noqa: E402
-from volunteer.net.perf import PERF, perf_stream  # noqa: E402
+from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.perf import PERF, PerfLimits, perf_stream  # noqa: E402
 from volunteer.net.ping import PING, Pinger  # noqa: E402
 
 ECHO = "/echo/1.0.0"
 INTEROP = Path(os.environ.get("VOLUNTEER_INTEROP_DIR", ROOT / ".interop"))
 PYLIBP2P_PYTHON = INTEROP / "pylibp2p" / "bin" / "python"
+PEER_SCRIPT = ROOT / "tests" / "interop" / "peers" / "pylibp2p_peer.py"
 
 
 class Subprocess:
@@ -131,11 +134,34 @@ async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int 
     return result
 
 
+async def bench_ours_in_process(size: int) -> dict:
+    """Both of our hosts in this one process: the same setting as py-libp2p's pair-bench."""
+    async def echo(stream):
+        while data := await stream.receive_some(1 << 20):
+            await stream.send_all(data)
+        await stream.send_eof()
+
+    unlimited = HostConfig(perf_limits=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
+    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=unlimited) as server, open_host() as client:
+        server.set_handler(ECHO, echo)
+        started = trio.current_time()
+        conn = await client.connect(server.full_addrs()[0])
+        result = {"setup_ms_p50": (trio.current_time() - started) * 1000}
+        pinger = Pinger(await conn.new_stream([PING]))
+        rtts = sorted([await pinger.ping() for _ in range(200)])
+        result["ping_ms_p50"] = rtts[len(rtts) // 2] * 1000
+        result["ping_ms_p99"] = rtts[int(len(rtts) * 0.99)] * 1000
+        result["echo_MBps"] = 2 * size / await echo_through(await conn.new_stream([ECHO]), size) / 1e6
+        up, down = await perf_stream(await conn.new_stream([PERF]), size, size)
+        result["perf_MBps"] = 2 * size / (up + down) / 1e6
+    return result
+
+
 def run_pylibp2p_pair(size: int) -> dict | None:
-    script = ROOT / "benchmarks" / "_pylibp2p_echo.py"
-    if not PYLIBP2P_PYTHON.exists() or not script.exists():
+    """py-libp2p ↔ py-libp2p figures, measured by py-libp2p itself (tests/interop/peers)."""
+    if not PYLIBP2P_PYTHON.exists():
         return None
-    out = subprocess.run([str(PYLIBP2P_PYTHON), str(script), "--size-mib", str(size >> 20)],
+    out = subprocess.run([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "pair-bench", "--size-mib", str(size >> 20)],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -148,13 +174,14 @@ async def main_async(args) -> None:
     size = args.size_mib << 20
     rows: dict[str, dict] = {}
     rows["raw trio TCP"] = await bench_raw_tcp(size)
+    rows["ours ↔ ours, one process"] = await bench_ours_in_process(size)
     ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
     try:
         rows["ours ↔ ours"] = await bench_ours_against(ours.addr, size)
     finally:
         ours.close()
     if not args.skip_pylibp2p and PYLIBP2P_PYTHON.exists():
-        peer = Subprocess([str(PYLIBP2P_PYTHON), str(ROOT / "tests" / "interop" / "peers" / "pylibp2p_peer.py"), "serve"])
+        peer = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
         try:
             rows["ours → py-libp2p"] = await bench_ours_against(peer.addr, size, setups=10, pings=200)
         finally:
@@ -175,10 +202,11 @@ def print_table(rows: dict[str, dict], size_mib: int) -> None:
         print(f"{name:24}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
     ours = rows.get("ours ↔ ours", {})
     if base:
-        print("\nratios, ours ↔ ours over py-libp2p ↔ py-libp2p (throughput: higher is better; time: lower):")
-        for key, title in cols:
-            if key in ours and key in base and base[key]:
-                print(f"  {title:12} {ours[key] / base[key]:6.2f}x")
+        for name in ("ours ↔ ours, one process", "ours ↔ ours"):
+            print(f"\nratios, {name} over py-libp2p ↔ py-libp2p (throughput: higher is better; time: lower is better):")
+            for key, title in cols:
+                if key in rows[name] and key in base and base[key]:
+                    print(f"  {title:12} {rows[name][key] / base[key]:6.2f}x")
     if "raw trio TCP" in rows and "echo_MBps" in ours:
         print(f"ours echo / raw TCP echo: {ours['echo_MBps'] / rows['raw trio TCP']['echo_MBps']:.2f}")
 
