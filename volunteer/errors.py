@@ -54,6 +54,10 @@ class DialError(VolunteerError):
         super().__init__(message)
 
 
+class ListenError(VolunteerError):
+    """We could not listen on an address (port in use, address not ours)."""
+
+
 class HandshakeError(VolunteerError):
     """A security or muxer handshake failed: bad signature, wrong peer ID, refused protocol, timeout."""
 

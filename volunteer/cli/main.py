@@ -12,16 +12,17 @@ import logging
 import sys
 
 from ..errors import VolunteerError, describe
-from . import netcmds, perfcmd
+from . import netcmds, perfcmd, relaycmd
 
 EXAMPLES = """\
 examples:
   volunteer id                                  print this machine's peer ID (created on first use)
   volunteer ping /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   ping any libp2p peer
   volunteer perf --download 64MiB /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   measure a link
+  volunteer relay --listen /ip4/0.0.0.0/tcp/4001 --metrics 127.0.0.1:9100      run a public relay
 """
 
-COMMAND_MODULES = [netcmds, perfcmd]
+COMMAND_MODULES = [netcmds, perfcmd, relaycmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

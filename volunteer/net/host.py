@@ -11,6 +11,7 @@ bytes close that peer's connection and nothing else.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +25,7 @@ from ..errors import (
     ConnectionClosed,
     DialError,
     HandshakeError,
+    ListenError,
     NegotiationError,
     PeerIDMismatch,
     RemoteProtocolError,
@@ -131,7 +133,12 @@ class Host:
         """Start listening on ``addr``; returns the bound addresses (real port for /tcp/0)."""
         addr = Multiaddr(addr)
         transport = self._transport_for(addr, listening=True)
-        bound = await self._nursery.start(transport.listen, addr, self.handle_inbound)
+        try:
+            bound = await self._nursery.start(transport.listen, addr, self.handle_inbound)
+        except* OSError as group:
+            exc = group.exceptions[0]
+            reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ListenError(f"cannot listen on {addr}: {reason}") from None
         self.listen_addrs.extend(bound)
         return bound
 

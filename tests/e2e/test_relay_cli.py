@@ -1,0 +1,98 @@
+"""`volunteer relay` run as a stranger would: addresses printed, reservations work, /metrics, clean exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import trio
+
+from volunteer.net.host import open_host
+from volunteer.net.nat.relay_client import install_relay_client, reserve
+
+
+def start_relay(tmp_path, *extra):
+    env = {**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "relay.key")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "volunteer", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", "127.0.0.1:0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    lines = [proc.stdout.readline().strip() for _ in range(3)]
+    assert lines[0].startswith("relay 12D3KooW"), (lines, proc.stderr.read() if proc.poll() is not None else "")
+    addr = lines[1].split()[-1]
+    metrics = lines[2].split()[-1]
+    return proc, addr, metrics
+
+
+async def http_get(url: str) -> str:
+    host_port = url.split("//")[1].split("/")[0]
+    host, port = host_port.split(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+    data = b""
+    while chunk := await stream.receive_some(65536):
+        data += chunk
+    await stream.aclose()
+    return data.decode()
+
+
+async def test_relay_serves_reservations_and_metrics_and_exits_cleanly(tmp_path):
+    proc, addr, metrics_url = start_relay(tmp_path, "--max-reservations", "5")
+    try:
+        with trio.fail_after(30):
+            async with open_host() as client:
+                install_relay_client(client)
+                reservation = await reserve(client, addr)
+                assert str(reservation.relay) == addr.rsplit("/", 1)[1]
+                text = await http_get(metrics_url)
+                assert text.startswith("HTTP/1.0 200 OK")
+                assert "volunteer_relay_reservations 1" in text and "# TYPE volunteer_relay_bytes_total counter" in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert "relay stopped" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_relay_port_in_use_is_one_line(tmp_path):
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    port = sock.getsockname()[1]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "volunteer", "relay", "--no-dashboard", "--listen", f"/ip4/127.0.0.1/tcp/{port}"],
+            capture_output=True, text=True, timeout=30, env={**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "k")},
+        )
+    finally:
+        sock.close()
+    assert result.returncode == 1
+    assert "address already in use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_relay_dashboard_renders_headless():
+    from rich.console import Console
+
+    from relay.dashboard import render
+    from relay.node import open_relay_node
+    from volunteer.net.identity import KeyPair
+
+    async def main():
+        async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"]) as node:
+            with open(os.devnull, "w") as sink:
+                console = Console(width=80, record=True, file=sink)
+                console.print(render(node, 3723))
+                return console.export_text()
+
+    text = trio.run(main)
+    for panel in ("volunteer relay", "load", "circuits", "refusals by reason", "reservations", "1h 02m 03s"):
+        assert panel in text
+    assert max(len(line) for line in text.splitlines()) <= 80

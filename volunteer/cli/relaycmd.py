@@ -1,0 +1,122 @@
+"""``volunteer relay``: run a public relay node (circuit relay v2) as a stranger would."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import trio
+
+from ..errors import VolunteerError
+from ..net.multiaddr import Multiaddr
+from ..net.perf import parse_size
+from .netcmds import add_identity_flag, load_identity
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from relay.limits import RelayLimits
+
+    defaults = RelayLimits()
+    p = sub.add_parser(
+        "relay",
+        help="run a public relay node (circuit relay v2) for volunteers behind NAT",
+        description=(
+            "Run a public relay: volunteers behind NAT reserve a slot here and are reachable through it "
+            "until hole punching gives them a direct connection. Needs a public IP (or a forwarded port). "
+            "Shows a live status view in a terminal, Prometheus metrics with --metrics."
+        ),
+        epilog=(
+            "examples:\n"
+            "  volunteer relay\n"
+            "  volunteer relay --listen /ip4/0.0.0.0/tcp/4001 --announce /ip4/203.0.113.7/tcp/4001 --metrics 127.0.0.1:9100\n"
+            "  volunteer relay --max-reservations 4096 --circuit-data 1GiB --circuit-duration 1800\n"
+            "defaults: circuits may last 10 minutes and carry 512 MiB each way, enough for a trainer's\n"
+            "expert calls while hole punching is tried (go-libp2p's 2 min / 128 KiB only carry the punch)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001)")
+    p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
+    p.add_argument("--metrics", type=_host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP here")
+    p.add_argument("--no-dashboard", action="store_true", help="plain log lines instead of the live status view")
+    add_identity_flag(p)
+    limits = p.add_argument_group("limits")
+    limits.add_argument("--reservation-ttl", type=float, default=defaults.reservation_ttl, metavar="SECONDS")
+    limits.add_argument("--max-reservations", type=int, default=defaults.max_reservations, metavar="N")
+    limits.add_argument("--max-reservations-per-ip", type=int, default=defaults.max_reservations_per_ip, metavar="N")
+    limits.add_argument("--max-circuits", type=int, default=defaults.max_circuits, metavar="N")
+    limits.add_argument("--max-circuits-per-peer", type=int, default=defaults.max_circuits_per_peer, metavar="N")
+    limits.add_argument("--circuit-duration", type=float, default=defaults.circuit_duration, metavar="SECONDS")
+    limits.add_argument("--circuit-data", type=_size, default=defaults.circuit_data, metavar="SIZE", help="per direction, e.g. 512MiB")
+    limits.add_argument("--buffer-size", type=_size, default=defaults.buffer_size, metavar="SIZE")
+    p.set_defaults(run=run_relay)
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    from relay.limits import RelayLimits
+
+    limits = RelayLimits(
+        reservation_ttl=args.reservation_ttl,
+        max_reservations=args.max_reservations,
+        max_reservations_per_ip=args.max_reservations_per_ip,
+        max_circuits=args.max_circuits,
+        max_circuits_per_peer=args.max_circuits_per_peer,
+        circuit_duration=args.circuit_duration,
+        circuit_data=args.circuit_data,
+        buffer_size=args.buffer_size,
+    )
+    listen = [Multiaddr(a) for a in (args.listen or ["/ip4/0.0.0.0/tcp/4001"])]
+    announce = [Multiaddr(a) for a in args.announce]
+    keypair = load_identity(args)
+    dashboard = not args.no_dashboard and sys.stdout.isatty()
+    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard)
+
+
+async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool) -> int:
+    from relay.node import open_relay_node
+
+    try:
+        async with open_relay_node(keypair, listen, announce, limits, metrics) as node:
+            print(f"relay {node.host.peer_id}", flush=True)
+            for addr in node.host.full_addrs():
+                print(f"listening on {addr}", flush=True)
+            if node.metrics_addr:
+                print(f"metrics on http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics", flush=True)
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async with trio.open_nursery() as nursery:
+                    if dashboard:
+                        nursery.start_soon(_show_dashboard, node)
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        break
+            print("relay stopped", flush=True)
+    except OSError as exc:
+        raise VolunteerError(f"cannot start the relay: {exc.strerror or exc}") from None
+    return 0
+
+
+async def _show_dashboard(node) -> None:
+    from rich.live import Live
+
+    from relay.dashboard import render
+
+    started = trio.current_time()
+    with Live(render(node, 0), refresh_per_second=2, screen=False) as live:
+        while True:
+            await trio.sleep(0.5)
+            live.update(render(node, trio.current_time() - started))
