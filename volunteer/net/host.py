@@ -65,6 +65,8 @@ class HostConfig:
     identify_on_connect: bool = True
     # Serve /perf/1.0.0 (bounded per peer) so anyone can measure a link to us.
     enable_perf: bool = True
+    # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
+    enable_relay_client: bool = True
     perf_limits: PerfLimits = field(default_factory=PerfLimits)
     # Addresses to advertise instead of the listen addresses (a relay behind a port forward, say).
     announce: list[Multiaddr] = field(default_factory=list)
@@ -475,6 +477,10 @@ async def open_host(
 ):
     """Run a Host for the duration of the ``async with`` block."""
     host = Host(keypair or KeyPair.generate(), transports or default_transports(), config or HostConfig())
+    if host.config.enable_relay_client:
+        from .nat.relay_client import install_relay_client
+
+        install_relay_client(host)
     async with trio.open_nursery() as nursery:
         host._nursery = nursery
         try:

@@ -1,0 +1,92 @@
+"""Volunteer nodes for the NAT rig scenarios, run inside namespaces with the project's Python.
+
+    listen-via-relay RELAY_MULTIADDR   listen on 0.0.0.0:4001, keep a reservation on the relay,
+                                       serve /echo/1.0.0; prints `READY <circuit multiaddr>`,
+                                       then `RESERVED <circuit multiaddr>` after each new
+                                       reservation; runs until stdin closes
+    echo-client TARGET [--size N]      dial TARGET, echo N random bytes, print one JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import trio
+
+from volunteer.net.host import open_host
+from volunteer.net.nat.relay_client import ReservationManager, install_relay_client
+
+ECHO = "/echo/1.0.0"
+
+
+async def echo(stream) -> None:
+    while data := await stream.receive_some(1 << 20):
+        await stream.send_all(data)
+    await stream.send_eof()
+
+
+async def listen_via_relay(args) -> None:
+    async with open_host(listen=[args.listen]) as host, trio.open_nursery() as nursery:
+        host.set_handler(ECHO, echo)
+        manager = ReservationManager(host, [args.relay], want=1, max_backoff=2.0)
+        await nursery.start(manager.run)
+        announced = None
+        stdin_closed = trio.Event()
+
+        async def watch_stdin():
+            await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+            stdin_closed.set()
+
+        nursery.start_soon(watch_stdin)
+        while not stdin_closed.is_set():
+            reservations = manager.reservations
+            current = reservations[0] if reservations else None
+            if current is not None and current is not announced:
+                addr = current.circuit_addrs[0].encapsulate(f"/p2p/{host.peer_id}")
+                print("READY" if announced is None else "RESERVED", addr, flush=True)
+                announced = current
+            with trio.move_on_after(0.2):
+                await stdin_closed.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def echo_client(args) -> dict:
+    async with open_host() as host:
+        install_relay_client(host)
+        stream = await host.new_stream(args.target, [ECHO])
+        payload = os.urandom(args.size)
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            async def send():
+                await stream.send_all(payload)
+                await stream.send_eof()
+
+            nursery.start_soon(send)
+            while data := await stream.receive_some(1 << 20):
+                received += data
+        return {"ok": bytes(received) == payload, "bytes": len(received), "path": stream.connection.describe_path()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("listen-via-relay")
+    p.add_argument("relay")
+    p.add_argument("--listen", default="/ip4/0.0.0.0/tcp/4001")
+    p = sub.add_parser("echo-client")
+    p.add_argument("target")
+    p.add_argument("--size", type=int, default=1_000_000)
+    args = parser.parse_args()
+    if args.command == "listen-via-relay":
+        trio.run(listen_via_relay, args)
+        return 0
+    result = trio.run(echo_client, args)
+    print(json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""NAT traversal scenarios on the namespace rig: volunteers behind home NATs reach each other
+through our public relay (issue: reach volunteers behind NAT)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.nat.rig import read_line
+
+pytestmark = pytest.mark.nat
+PY = sys.executable
+RUNNER = ["-m", "tests.nat.node_runner"]
+
+
+def start_relay(rig, node="relay"):
+    proc = rig.popen(node, [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
+                            "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce", f"/ip4/{rig.addr(node)}/tcp/4001"],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert read_line(proc, timeout=20).startswith("relay ")
+    addr = read_line(proc, timeout=5).split()[-1]
+    return proc, addr
+
+
+def start_listener(rig, node, relay_addr):
+    proc = rig.popen(node, [PY, *RUNNER, "listen-via-relay", relay_addr], stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = read_line(proc, timeout=30)
+    assert line.startswith("READY "), line
+    return proc, line.split()[1]
+
+
+def echo_from(rig, node, target, size=2_000_000):
+    result = rig.run(node, [PY, *RUNNER, "echo-client", target, "--size", str(size)], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_nat_a_reaches_nat_b_through_our_relay(easy_rig):
+    rig = easy_rig
+    _, relay_addr = start_relay(rig)
+    _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    assert "/p2p-circuit/p2p/" in circuit_addr and rig.addr("relay") in circuit_addr
+    report = echo_from(rig, "peer_a", circuit_addr)
+    assert report["ok"] and report["bytes"] == 2_000_000
+    assert report["path"].startswith("relayed via")
+    # `volunteer ping` through the relayed address shows the path it took.
+    result = rig.run("peer_a", [PY, "-m", "volunteer", "ping", "--identity", f"/tmp/{rig.tag}-a.key",
+                                "-c", "2", "-i", "0.2", circuit_addr], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "path=relayed via" in result.stdout
+
+
+def test_symmetric_nat_side_still_works_through_the_relay(symmetric_rig):
+    rig = symmetric_rig
+    _, relay_addr = start_relay(rig)
+    _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    report = echo_from(rig, "peer_a", circuit_addr)  # peer_a is behind the symmetric NAT
+    assert report["ok"] and report["path"].startswith("relayed via")
+    _, circuit_a = start_listener(rig, "peer_a", relay_addr)
+    assert echo_from(rig, "peer_b", circuit_a)["ok"]
+
+
+def test_double_nat_side_reaches_and_is_reached(double_nat_rig):
+    rig = double_nat_rig
+    _, relay_addr = start_relay(rig)
+    _, circuit_a = start_listener(rig, "peer_a", relay_addr)  # behind CGNAT + home NAT
+    assert echo_from(rig, "peer_b", circuit_a)["ok"]
+    _, circuit_b = start_listener(rig, "peer_b", relay_addr)
+    assert echo_from(rig, "peer_a", circuit_b)["ok"]
+
+
+def test_relay_restart_brings_reservations_back(easy_rig):
+    rig = easy_rig
+    relay, relay_addr = start_relay(rig)
+    listener, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]
+    relay.send_signal(signal.SIGTERM)
+    relay.wait(timeout=15)
+    relay, relay_addr_again = start_relay(rig)  # same identity file, same address
+    assert relay_addr_again == relay_addr
+    line = read_line(listener, timeout=60)
+    assert line.startswith("RESERVED "), line
+    assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]
