@@ -4,7 +4,8 @@
                                        serve /echo/1.0.0; prints `READY <circuit multiaddr>`,
                                        then `RESERVED <circuit multiaddr>` after each new
                                        reservation; runs until stdin closes
-    echo-client TARGET [--size N]      dial TARGET, echo N random bytes, print one JSON line
+    echo-client TARGET [--size N] [--listen A] [--wait-direct S]
+                                       dial TARGET, echo N random bytes, print one JSON line
 """
 
 from __future__ import annotations
@@ -54,8 +55,20 @@ async def listen_via_relay(args) -> None:
 
 
 async def echo_client(args) -> dict:
-    async with open_host() as host:
+    async with open_host(listen=args.listen) as host:
         install_relay_client(host)
+        result: dict = {}
+        if args.wait_direct:
+            # Connect (relayed, at first), then give hole punching its chance before sending data.
+            started = trio.current_time()
+            first = await host.connect(args.target)
+            result["first_path"] = first.describe_path()
+            peer = first.remote_peer
+            with trio.move_on_after(args.wait_direct):
+                while host.connection_to(peer).describe_path().startswith("relayed"):
+                    await trio.sleep(0.01)
+            result["seconds_to_direct"] = trio.current_time() - started
+            result["relay_rtt"] = first.rtt
         stream = await host.new_stream(args.target, [ECHO])
         payload = os.urandom(args.size)
         received = bytearray()
@@ -67,7 +80,8 @@ async def echo_client(args) -> dict:
             nursery.start_soon(send)
             while data := await stream.receive_some(1 << 20):
                 received += data
-        return {"ok": bytes(received) == payload, "bytes": len(received), "path": stream.connection.describe_path()}
+        result.update(ok=bytes(received) == payload, bytes=len(received), path=stream.connection.describe_path())
+        return result
 
 
 def main() -> int:
@@ -79,6 +93,8 @@ def main() -> int:
     p = sub.add_parser("echo-client")
     p.add_argument("target")
     p.add_argument("--size", type=int, default=1_000_000)
+    p.add_argument("--listen", action="append", default=[], help="listen too (hole punching needs a listen port)")
+    p.add_argument("--wait-direct", type=float, default=0.0, metavar="SECONDS", help="wait this long for a direct connection first")
     args = parser.parse_args()
     if args.command == "listen-via-relay":
         trio.run(listen_via_relay, args)

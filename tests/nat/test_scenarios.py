@@ -34,8 +34,8 @@ def start_listener(rig, node, relay_addr):
     return proc, line.split()[1]
 
 
-def echo_from(rig, node, target, size=2_000_000):
-    result = rig.run(node, [PY, *RUNNER, "echo-client", target, "--size", str(size)], timeout=60)
+def echo_from(rig, node, target, size=2_000_000, *extra):
+    result = rig.run(node, [PY, *RUNNER, "echo-client", target, "--size", str(size), *extra], timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -86,3 +86,45 @@ def test_relay_restart_brings_reservations_back(easy_rig):
     line = read_line(listener, timeout=60)
     assert line.startswith("RESERVED "), line
     assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]
+
+
+def relay_bytes(rig) -> int:
+    """The relay's bytes-relayed counter, read from its /metrics inside its namespace."""
+    code = "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"
+    text = rig.run("relay", [PY, "-c", code], timeout=20).stdout
+    return int(next(line.split()[-1] for line in text.splitlines() if line.startswith("volunteer_relay_bytes_total")))
+
+
+def start_relay_with_metrics(rig):
+    proc = rig.popen("relay", [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
+                               "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce", f"/ip4/{rig.addr('relay')}/tcp/4001",
+                               "--metrics", "127.0.0.1:9100"],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert read_line(proc, timeout=20).startswith("relay ")
+    return proc, read_line(proc, timeout=5).split()[-1]
+
+
+def test_pair_ends_on_a_direct_hole_punched_connection(easy_rig):
+    rig = easy_rig
+    _, relay_addr = start_relay_with_metrics(rig)
+    _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    before = relay_bytes(rig)
+    report = echo_from(rig, "peer_a", circuit_addr, 4_000_000, "--listen", "/ip4/0.0.0.0/tcp/4001", "--wait-direct", "10")
+    assert report["ok"] and report["first_path"].startswith("relayed via")
+    assert report["path"] == "hole-punched", report
+    # The bytes went direct: the relay carried only the handshake and the DCUtR exchange.
+    assert relay_bytes(rig) - before < 200_000
+    # `volunteer ping` through the relayed address shows the switch from relayed to direct.
+    result = rig.run("peer_a", [PY, "-m", "volunteer", "ping", "--identity", f"/tmp/{rig.tag}-a.key", "--listen",
+                                "/ip4/0.0.0.0/tcp/4002", "-c", "8", "-i", "0.5", circuit_addr], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    paths = [line.split("path=")[1] for line in result.stdout.splitlines() if "path=" in line]
+    assert paths[0].startswith("relayed via") and paths[-1] == "hole-punched", result.stdout
+
+
+def test_symmetric_nat_stays_relayed_and_works(symmetric_rig):
+    rig = symmetric_rig
+    _, relay_addr = start_relay(rig)
+    _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    report = echo_from(rig, "peer_a", circuit_addr, 1_000_000, "--listen", "/ip4/0.0.0.0/tcp/4001", "--wait-direct", "8")
+    assert report["ok"] and report["path"].startswith("relayed via"), report

@@ -27,6 +27,16 @@ def add_identity_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_listen_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen",
+        metavar="MULTIADDR",
+        action="append",
+        default=[],
+        help="also listen here (e.g. /ip4/0.0.0.0/tcp/4001): lets hole punching turn a relayed path into a direct one",
+    )
+
+
 def load_identity(args: argparse.Namespace) -> KeyPair:
     keypair, _created = load_or_create_keypair(args.identity or default_identity_path())
     return keypair
@@ -55,6 +65,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             "examples:\n"
             "  volunteer ping /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...\n"
             "  volunteer ping -c 10 -i 0.2 /ip4/198.51.100.1/tcp/4001/p2p/RELAY/p2p-circuit/p2p/PEER\n"
+            "  volunteer ping --listen /ip4/0.0.0.0/tcp/4001 -c 20 /ip4/198.51.100.1/tcp/4001/p2p/RELAY/p2p-circuit/p2p/PEER\n"
+            "      (listening lets hole punching move the path from relayed to direct while it pings)\n"
             "exit status: 0 if every ping was answered, 1 otherwise (unreachable, wrong peer ID, handshake refused, timeout)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -63,6 +75,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--count", type=int, default=4, help="number of pings (default 4)")
     p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between pings (default 1)")
     p.add_argument("-W", "--timeout", type=float, default=10.0, help="seconds to wait for the connection and each reply")
+    add_listen_flag(p)
     add_identity_flag(p)
     p.set_defaults(run=run_ping)
 
@@ -82,7 +95,7 @@ def run_ping(args: argparse.Namespace) -> int:
 
 
 async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -> int:
-    async with open_host(keypair) as host:
+    async with open_host(keypair, args.listen) as host:
         started = trio.current_time()
         try:
             with trio.fail_after(args.timeout):

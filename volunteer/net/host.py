@@ -67,6 +67,8 @@ class HostConfig:
     enable_perf: bool = True
     # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
     enable_relay_client: bool = True
+    # Run DCUtR: upgrade relayed connections to direct, hole-punched ones.
+    enable_hole_punching: bool = True
     perf_limits: PerfLimits = field(default_factory=PerfLimits)
     # Addresses to advertise instead of the listen addresses (a relay behind a port forward, say).
     announce: list[Multiaddr] = field(default_factory=list)
@@ -91,6 +93,10 @@ class Host:
         self._closed = False
         # Hooks the NAT layer uses to add addresses (relay circuits, observed) to what we advertise.
         self.extra_addrs: Callable[[], list[Multiaddr]] = lambda: []
+        # Hole punching: an inbound connection from one of these addresses is the punch we expect
+        # from that peer, and we take the initiator's role on it (DCUtR: the puncher is the client).
+        self.expected_punches: dict[Multiaddr, PeerID] = {}
+        self.hole_puncher = None  # set by open_host when hole punching is enabled
         self.set_handler(IDENTIFY, self._serve_identify)
         self.set_handler(IDENTIFY_PUSH, self._serve_identify_push)
         self.set_handler(PING, serve_ping)
@@ -247,7 +253,11 @@ class Host:
         if path is not None:
             raw.path = path
         expected = peer if role is Direction.OUTBOUND else None
-        conn = await self._nursery.start(self._run_connection, raw, role, expected)
+        try:
+            conn = await self._nursery.start(self._run_connection, raw, role, expected)
+        except BaseException:
+            await trio.aclose_forcefully(raw.stream)  # cancelled before the connection task owned it
+            raise
         if peer is not None and conn.remote_peer != peer:
             await conn.aclose()
             raise PeerIDMismatch(f"dialled {peer} but {conn.remote_peer} answered")
@@ -256,6 +266,12 @@ class Host:
     async def handle_inbound(self, raw: RawConnection) -> None:
         """Upgrade and serve a raw connection someone opened to us (transports and the relay
         stop handler call this, in a task of their own; it returns when the connection closes)."""
+        punch_peer = self.expected_punches.get(raw.remote_addr)
+        if punch_peer is not None:
+            # Our punch's SYN lost the race to theirs and the listener got it: same connection, same roles.
+            raw.path = Path.HOLE_PUNCHED
+            await self._run_connection(raw, Direction.OUTBOUND, punch_peer)
+            return
         await self._run_connection(raw, Direction.INBOUND, None)
 
     async def _run_connection(
@@ -486,6 +502,11 @@ async def open_host(
         try:
             for addr in listen:
                 await host.listen(addr)
+            if host.config.enable_hole_punching:
+                from .nat.dcutr import HolePuncher
+
+                host.hole_puncher = HolePuncher(host)
+                await nursery.start(host.hole_puncher.run)
             yield host
         finally:
             await host.aclose()

@@ -69,8 +69,11 @@ class TcpTransport:
     def can_listen(self, addr: Multiaddr) -> bool:
         return _is_plain_tcp(addr) and addr.protocols()[0] in ("ip4", "ip6")
 
-    async def dial(self, addr: Multiaddr, *, local_port: int | None = None) -> RawConnection:
-        """Connect; from ``local_port`` (default: our listen port) when port reuse is on."""
+    async def dial(self, addr: Multiaddr, *, local_port: int | None = None, reuse_port_only: bool = False) -> RawConnection:
+        """Connect; from ``local_port`` (default: our listen port) when port reuse is on.
+
+        ``reuse_port_only``: fail rather than fall back to an ephemeral port (hole punching).
+        """
         host, port = tcp_endpoint(addr)
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not infos:
@@ -82,8 +85,12 @@ class TcpTransport:
             try:
                 sock = await self._connect(family, sockaddr, bind)
             except OSError as exc:
+                if reuse_port_only:
+                    raise
                 # The 4-tuple may be taken (we already talk to that peer from this port): use an ephemeral port.
                 log.debug("dial %s from port %s failed (%s); retrying from an ephemeral port", addr, bind[1], exc)
+        elif reuse_port_only:
+            raise OSError(errno.EADDRNOTAVAIL, "no listen port to dial from")
         if sock is None:
             sock = await self._connect(family, sockaddr, None)
         stream = trio.SocketStream(sock)
@@ -106,7 +113,7 @@ class TcpTransport:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if bind is not None:
                 _enable_reuse(sock)
-                sock.bind(bind)
+                await sock.bind(bind)
             await sock.connect(sockaddr)
         except BaseException:
             sock.close()

@@ -266,7 +266,8 @@ class YamuxConnection:
     async def aclose(self) -> None:
         """GoAway, flush, close the secure stream; every stream fails from now on."""
         if self.closed.is_set():
-            await trio.lowlevel.checkpoint()
+            # Already terminated (peer EOF, protocol error): the socket underneath still needs closing.
+            await trio.aclose_forcefully(self.secure)
             return
         self.session.go_away(GO_AWAY_NORMAL)
         with trio.move_on_after(1) as scope:

@@ -1,0 +1,83 @@
+"""DCUtR on loopback: a relayed connection is upgraded to a direct one, and the relay is dropped."""
+
+from __future__ import annotations
+
+import trio
+
+from relay.service import HopService
+from volunteer.net.connection import Direction, Path
+from volunteer.net.host import open_host
+from volunteer.net.nat.dcutr import attempt_roles, punchable
+from volunteer.net.nat.observed import MappingType, ObservedAddrs
+from volunteer.net.nat.relay_client import reserve
+from volunteer.net.identity import KeyPair
+from volunteer.net.multiaddr import Multiaddr
+
+ECHO = "/test/echo/1.0.0"
+
+
+async def echo(stream):
+    while data := await stream.receive_some(1 << 20):
+        await stream.send_all(data)
+    await stream.send_eof()
+
+
+async def test_relayed_connection_upgrades_to_direct():
+    with trio.fail_after(60):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_host(
+            listen=["/ip4/127.0.0.1/tcp/0"]
+        ) as a, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as b, trio.open_nursery() as nursery:
+            service = HopService(relay)
+            await nursery.start(service.run)
+            b.set_handler(ECHO, echo)
+            reservation = await reserve(b, relay.full_addrs()[0])
+            await a.connect(relay.full_addrs()[0])
+            await a.identify(relay.peer_id)  # A learns its observed address from the relay
+            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+            assert relayed.path is Path.RELAYED
+            # B punches: soon A has a direct connection to B and the relayed one goes away.
+            while a.connection_to(b.peer_id) is None or a.connection_to(b.peer_id).path is Path.RELAYED:
+                await trio.sleep(0.01)
+            direct = a.connection_to(b.peer_id)
+            assert direct.path in (Path.HOLE_PUNCHED, Path.DIRECT)
+            stream = await a.new_stream(b.peer_id, [ECHO])
+            assert stream.connection is direct
+            await stream.send_all(b"direct now")
+            await stream.send_eof()
+            assert await stream.receive_some() == b"direct now"
+            while not relayed.is_closed:
+                await trio.sleep(0.05)
+            outcome = b.hole_puncher.outcomes[-1]
+            assert outcome.success and outcome.attempts == 1 and outcome.rtt is not None
+            nursery.cancel_scope.cancel()
+
+
+def test_roles_follow_the_spec_then_swap_on_the_last_attempt():
+    assert attempt_roles(1) == (Direction.OUTBOUND, Direction.INBOUND)
+    assert attempt_roles(2) == (Direction.OUTBOUND, Direction.INBOUND)
+    assert attempt_roles(3) == (Direction.INBOUND, Direction.OUTBOUND)
+
+
+def test_punchable_addresses_are_bounded_and_direct():
+    peer = KeyPair.generate().peer_id
+    raw = [Multiaddr(f"/ip4/203.0.113.{i}/tcp/4001").to_bytes() for i in range(10)]
+    raw.append(Multiaddr(f"/ip4/203.0.113.9/tcp/1/p2p/{peer}/p2p-circuit").to_bytes())
+    raw.append(b"\xff\xff garbage")
+    addrs = punchable(raw)
+    assert len(addrs) == 4 and all(not a.is_relayed() for a in addrs)
+
+
+def test_mapping_type_from_observations():
+    observed = ObservedAddrs()
+    relay, other = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+    local = Multiaddr("/ip4/192.0.2.2/tcp/4001")
+    observed.record(relay, Multiaddr("/ip4/203.0.113.10/tcp/4001"), local, Multiaddr("/ip4/203.0.113.101/tcp/4001"), 0)
+    assert observed.mapping(1, 4001) is MappingType.UNKNOWN  # one observer is not evidence enough
+    observed.record(other, Multiaddr("/ip4/203.0.113.20/tcp/4001"), local, Multiaddr("/ip4/203.0.113.101/tcp/4001"), 1)
+    assert observed.mapping(2, 4001) is MappingType.ENDPOINT_INDEPENDENT
+    assert observed.candidates(2, 4001) == [Multiaddr("/ip4/203.0.113.101/tcp/4001")]
+    observed.record(other, Multiaddr("/ip4/203.0.113.20/tcp/4001"), local, Multiaddr("/ip4/203.0.113.101/tcp/5555"), 3)
+    assert observed.mapping(4, 4001) is MappingType.ENDPOINT_DEPENDENT
+    # Relayed observations say nothing about our NAT; stale ones are forgotten.
+    observed.record(other, Multiaddr(f"/ip4/203.0.113.10/tcp/1/p2p/{relay}/p2p-circuit"), local, Multiaddr("/ip4/1.2.3.4/tcp/9"), 5)
+    assert observed.mapping(10_000, 4001) is MappingType.UNKNOWN
