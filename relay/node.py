@@ -1,7 +1,7 @@
 """The public relay node: a Host with the circuit relay v2 hop service and metrics.
 
-Other services that a relay also runs (AutoNAT dial-back, DHT bootstrap) plug in through
-``RelayNode.nursery`` once they exist.
+It also answers AutoNAT dial-back requests; the DHT bootstrap role plugs in through
+``RelayNode.nursery`` once the DHT exists.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import trio
 from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.nat.autonat import AutoNATServer
 
 from .limits import RelayLimits
 from .service import HopService
@@ -41,6 +42,8 @@ async def open_relay_node(
     async with open_host(keypair, listen, config=config) as host, trio.open_nursery() as nursery:
         hop = HopService(host, limits)
         await nursery.start(hop.run)
+        # Relays have public addresses: they answer AutoNAT dial-back requests for volunteers.
+        AutoNATServer(host).install()
         node = RelayNode(host, hop, nursery)
         if metrics is not None:
             from .metrics import serve_metrics

@@ -4,6 +4,7 @@
                                        serve /echo/1.0.0; prints `READY <circuit multiaddr>`,
                                        then `RESERVED <circuit multiaddr>` after each new
                                        reservation; runs until stdin closes
+    autonat SERVER                     listen on 0.0.0.0:4001, ask SERVER to dial back; print the verdict
     echo-client TARGET [--size N] [--listen A] [--wait-direct S]
                                        dial TARGET, echo N random bytes, print one JSON line
 """
@@ -84,6 +85,17 @@ async def echo_client(args) -> dict:
         return result
 
 
+async def autonat(args) -> dict:
+    from volunteer.net.nat.manager import NatManager
+
+    async with open_host(listen=args.listen) as host:
+        await host.connect(args.server)
+        await host.identify(args.server.rsplit("/p2p/", 1)[1])  # learn our observed address first
+        manager = NatManager(host, [args.server])
+        await manager.probe_round()
+        return manager.snapshot()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -95,7 +107,13 @@ def main() -> int:
     p.add_argument("--size", type=int, default=1_000_000)
     p.add_argument("--listen", action="append", default=[], help="listen too (hole punching needs a listen port)")
     p.add_argument("--wait-direct", type=float, default=0.0, metavar="SECONDS", help="wait this long for a direct connection first")
+    p = sub.add_parser("autonat")
+    p.add_argument("server")
+    p.add_argument("--listen", action="append", default=["/ip4/0.0.0.0/tcp/4001"])
     args = parser.parse_args()
+    if args.command == "autonat":
+        print(json.dumps(trio.run(autonat, args)), flush=True)
+        return 0
     if args.command == "listen-via-relay":
         trio.run(listen_via_relay, args)
         return 0

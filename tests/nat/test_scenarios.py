@@ -128,3 +128,13 @@ def test_symmetric_nat_stays_relayed_and_works(symmetric_rig):
     _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
     report = echo_from(rig, "peer_a", circuit_addr, 1_000_000, "--listen", "/ip4/0.0.0.0/tcp/4001", "--wait-direct", "8")
     assert report["ok"] and report["path"].startswith("relayed via"), report
+
+
+def test_autonat_tells_natted_from_public(easy_rig):
+    rig = easy_rig
+    _, relay_addr = start_relay(rig)
+    behind = json.loads(rig.run("peer_a", [PY, *RUNNER, "autonat", relay_addr], timeout=60).stdout.splitlines()[-1])
+    assert behind["reachability"] == "private", behind
+    assert behind["observed_addrs"] == [f"/ip4/{rig.public_addr_of('peer_a')}/tcp/4001"]
+    public = json.loads(rig.run("public", [PY, *RUNNER, "autonat", relay_addr], timeout=60).stdout.splitlines()[-1])
+    assert public["reachability"] == "public", public

@@ -97,7 +97,7 @@ class TcpTransport:
         return RawConnection(stream, sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername()), self)
 
     def _bind_endpoint(self, family: int, local_port: int | None) -> tuple[str, int] | None:
-        if not self.reuse_port:
+        if not self.reuse_port or local_port == 0:  # 0: an ephemeral port on purpose (AutoNAT dial-back)
             return None
         for listen_family, ip, port in self.listen_endpoints:
             if listen_family == family:

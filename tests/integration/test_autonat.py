@@ -1,0 +1,80 @@
+"""AutoNAT v1 over loopback: dial-back verdicts, the server's safety rules, the evidence rule."""
+
+from __future__ import annotations
+
+import trio
+
+from volunteer.net.host import open_host
+from volunteer.net.identity import KeyPair
+from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.nat.autonat import (
+    AutoNATServer,
+    RateLimit,
+    Reachability,
+    ReachabilityTracker,
+    dialable_addrs,
+    probe,
+)
+from volunteer.net.nat.manager import NatManager
+
+
+async def test_listening_client_is_reachable_and_silent_one_is_not():
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(
+            listen=["/ip4/127.0.0.1/tcp/0"]
+        ) as client, open_host() as closed:
+            AutoNATServer(server).install()
+            result = await probe(client, server.full_addrs()[0], client.addrs)
+            assert result.reachable is True and result.addr == client.addrs[0]
+            # An address nobody listens on: the dial back fails (E_DIAL_ERROR).
+            result = await probe(closed, server.full_addrs()[0], [Multiaddr("/ip4/127.0.0.1/tcp/1")])
+            assert result.reachable is False
+            # Addresses on another IP than the one the server sees are never dialed.
+            result = await probe(closed, server.full_addrs()[0], [Multiaddr("/ip4/203.0.113.9/tcp/4001")])
+            assert result.reachable is None and "observed IP" in result.text
+
+
+async def test_rate_limit_refuses():
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+            AutoNATServer(server, RateLimit(per_peer=1)).install()
+            assert (await probe(client, server.full_addrs()[0], client.addrs)).reachable is True
+            result = await probe(client, server.full_addrs()[0], client.addrs)
+            assert result.reachable is None and "rate" in result.text
+
+
+async def test_nat_manager_decides_public():
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+            AutoNATServer(server).install()
+            manager = NatManager(client, [server.full_addrs()[0]])
+            assert await manager.probe_round() is Reachability.PUBLIC
+            snapshot = manager.snapshot()
+            assert snapshot["reachability"] == "public" and snapshot["evidence"]["required"] == 1
+
+
+def test_tracker_needs_agreeing_distinct_servers_and_does_not_flap():
+    peers = [KeyPair.generate().peer_id for _ in range(5)]
+    tracker = ReachabilityTracker(required=3)
+    assert tracker.record(peers[0], True) is Reachability.UNKNOWN
+    assert tracker.record(peers[0], True) is Reachability.UNKNOWN  # the same server twice is one voice
+    tracker.record(peers[1], True)
+    assert tracker.record(peers[2], True) is Reachability.PUBLIC
+    assert tracker.record(peers[3], False) is Reachability.PUBLIC  # one dissent does not flip it
+    tracker.record(peers[4], False)
+    tracker.record(peers[0], False)
+    assert tracker.record(peers[1], False) is Reachability.PRIVATE
+
+
+def test_dial_back_filter():
+    peer = KeyPair.generate().peer_id
+    requested = [
+        Multiaddr("/ip4/198.51.100.7/tcp/4001"),
+        Multiaddr(f"/ip4/198.51.100.7/tcp/4002/p2p/{peer}"),
+        Multiaddr("/ip4/192.0.2.1/tcp/4001"),  # not the observed IP
+        Multiaddr(f"/ip4/198.51.100.7/tcp/4001/p2p/{peer}/p2p-circuit"),  # relayed
+        Multiaddr("/ip4/198.51.100.7/udp/4001/quic-v1"),  # not TCP
+    ] + [Multiaddr(f"/ip4/198.51.100.7/tcp/{5000 + i}") for i in range(10)]
+    addrs = dialable_addrs(requested, "198.51.100.7")
+    assert addrs[:2] == [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/tcp/4002")]
+    assert len(addrs) == 4 and all(a.value_for("ip4") == "198.51.100.7" for a in addrs)
