@@ -85,6 +85,73 @@ async def echo_client(args) -> dict:
         return result
 
 
+async def hold_direct(args) -> None:
+    """Connect, wait for the hole punch, then echo on request (one JSON line per stdin line)."""
+    async with open_host(listen=args.listen) as host:
+        first = await host.connect(args.target)
+        peer = first.remote_peer
+        with trio.move_on_after(15):
+            while host.connection_to(peer).describe_path().startswith("relayed"):
+                await trio.sleep(0.01)
+        print("DIRECT" if host.connection_to(peer).describe_path() == "hole-punched" else "RELAYED", flush=True)
+        receive = trio.wrap_file(sys.stdin)
+        async for _line in receive:
+            conn = host.connection_to(peer)
+            stream = await conn.new_stream([ECHO])
+            await stream.send_all(b"still there?")
+            await stream.send_eof()
+            reply = b""
+            while data := await stream.receive_some():
+                reply += data
+            print(json.dumps({"ok": reply == b"still there?", "path": conn.describe_path(), "connection": conn.id}), flush=True)
+
+
+async def punch_loop(args) -> dict:
+    """Benchmark: ``count`` fresh dialers, each reaching TARGET through the relay and punching."""
+    from volunteer.net.identity import KeyPair
+
+    results = []
+    for attempt in range(args.count):
+        # A fresh identity and listen port each time: no earlier connection or mapping helps.
+        port = args.base_port + attempt
+        async with open_host(KeyPair.generate(), listen=[f"/ip4/0.0.0.0/tcp/{port}"]) as host:
+            started = trio.current_time()
+            first = await host.connect(args.target)
+            peer = first.remote_peer
+            relay_rtt = None
+            with trio.move_on_after(args.timeout):
+                while host.connection_to(peer).describe_path().startswith("relayed"):
+                    if relay_rtt is None and first.rtt:
+                        relay_rtt = first.rtt
+                    await trio.sleep(0.005)
+            conn = host.connection_to(peer)
+            direct = not conn.describe_path().startswith("relayed")
+            entry = {"direct": direct, "seconds": trio.current_time() - started, "relay_rtt": relay_rtt or first.rtt}
+            if attempt == 0:
+                entry["direct_rtt"] = (await (await host.open_pinger(peer)).ping()) if direct else None
+                entry["throughput"] = await _throughput(host, conn, args.size)
+                if direct and not first.is_closed:
+                    entry["relayed_throughput"] = await _throughput(host, first, args.size)
+            results.append(entry)
+    return {"results": results}
+
+
+async def _throughput(host, conn, size: int) -> float:
+    stream = await conn.new_stream([ECHO])
+    payload = bytes(size)
+    started = trio.current_time()
+    received = 0
+    async with trio.open_nursery() as nursery:
+        async def send():
+            await stream.send_all(payload)
+            await stream.send_eof()
+
+        nursery.start_soon(send)
+        while data := await stream.receive_some(1 << 20):
+            received += len(data)
+    return 2 * received / (trio.current_time() - started) / 1e6
+
+
 async def autonat(args) -> dict:
     from volunteer.net.nat.manager import NatManager
 
@@ -107,10 +174,25 @@ def main() -> int:
     p.add_argument("--size", type=int, default=1_000_000)
     p.add_argument("--listen", action="append", default=[], help="listen too (hole punching needs a listen port)")
     p.add_argument("--wait-direct", type=float, default=0.0, metavar="SECONDS", help="wait this long for a direct connection first")
+    p = sub.add_parser("punch-loop")
+    p.add_argument("target")
+    p.add_argument("--count", type=int, default=50)
+    p.add_argument("--base-port", type=int, default=20000)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--size", type=int, default=4_000_000)
+    p = sub.add_parser("hold-direct")
+    p.add_argument("target")
+    p.add_argument("--listen", action="append", default=["/ip4/0.0.0.0/tcp/4001"])
     p = sub.add_parser("autonat")
     p.add_argument("server")
     p.add_argument("--listen", action="append", default=["/ip4/0.0.0.0/tcp/4001"])
     args = parser.parse_args()
+    if args.command == "punch-loop":
+        print(json.dumps(trio.run(punch_loop, args)), flush=True)
+        return 0
+    if args.command == "hold-direct":
+        trio.run(hold_direct, args)
+        return 0
     if args.command == "autonat":
         print(json.dumps(trio.run(autonat, args)), flush=True)
         return 0

@@ -74,18 +74,28 @@ def test_double_nat_side_reaches_and_is_reached(double_nat_rig):
     assert echo_from(rig, "peer_a", circuit_b)["ok"]
 
 
-def test_relay_restart_brings_reservations_back(easy_rig):
+def test_relay_restart_brings_reservations_back_and_direct_survives(easy_rig):
     rig = easy_rig
     relay, relay_addr = start_relay(rig)
     listener, circuit_addr = start_listener(rig, "peer_b", relay_addr)
-    assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]
+    holder = rig.popen("peer_a", [PY, *RUNNER, "hold-direct", circuit_addr], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert read_line(holder, timeout=30).strip() == "DIRECT"
+    holder.stdin.write("echo\n")
+    holder.stdin.flush()
+    before = json.loads(read_line(holder, timeout=15))
+    assert before["ok"] and before["path"] == "hole-punched"
     relay.send_signal(signal.SIGTERM)
     relay.wait(timeout=15)
     relay, relay_addr_again = start_relay(rig)  # same identity file, same address
     assert relay_addr_again == relay_addr
     line = read_line(listener, timeout=60)
-    assert line.startswith("RESERVED "), line
-    assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]
+    assert line.startswith("RESERVED "), line  # the reservation came back by itself
+    holder.stdin.write("echo\n")
+    holder.stdin.flush()
+    after = json.loads(read_line(holder, timeout=15))
+    assert after == before  # the same direct connection, untouched by the relay's restart
+    assert echo_from(rig, "peer_a", circuit_addr, 100_000)["ok"]  # and the relay path works again
 
 
 def relay_bytes(rig) -> int:
@@ -138,3 +148,31 @@ def test_autonat_tells_natted_from_public(easy_rig):
     assert behind["observed_addrs"] == [f"/ip4/{rig.public_addr_of('peer_a')}/tcp/4001"]
     public = json.loads(rig.run("public", [PY, *RUNNER, "autonat", relay_addr], timeout=60).stdout.splitlines()[-1])
     assert public["reachability"] == "public", public
+
+
+def test_our_natted_peers_use_a_go_libp2p_relay(easy_rig):
+    """Scenario 6: a go-libp2p relay (p2pd v0.32) instead of ours."""
+    import os
+
+    from tests.interop.conftest import interop_dir
+
+    p2pd = interop_dir() / "bin" / "p2pd"
+    if not p2pd.exists():
+        if os.environ.get("VOLUNTEER_REQUIRE_INTEROP") == "1":
+            pytest.fail("p2pd is not installed: run bash .ci/install_peers.sh")
+        pytest.skip("p2pd is not installed: run bash .ci/install_peers.sh")
+    rig = easy_rig
+    control = f"/tmp/{rig.tag}-p2pd.sock"
+    proc = rig.popen("relay", [str(p2pd), "-hostAddrs", "/ip4/0.0.0.0/tcp/4001", "-listen", f"/unix{control}",
+                               "-quic=false", "-b=false", "-natPortMap=false", "-relayService", "-forceReachabilityPublic"],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    read_line(proc, timeout=20)  # Control socket: …
+    peer_id = read_line(proc, timeout=5).split(": ", 1)[1]
+    relay_addr = f"/ip4/{rig.addr('relay')}/tcp/4001/p2p/{peer_id}"
+    _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
+    # go-libp2p's relay limits a circuit to 128 KiB per direction (its default): stay below.
+    report = echo_from(rig, "peer_a", circuit_addr, 60_000)
+    assert report["ok"] and report["path"].startswith("relayed via"), report
+    # And the pair still punches through to a direct connection, coordinated over go's relay.
+    report = echo_from(rig, "peer_a", circuit_addr, 1_000_000, "--listen", "/ip4/0.0.0.0/tcp/4001", "--wait-direct", "10")
+    assert report["ok"] and report["path"] == "hole-punched", report
