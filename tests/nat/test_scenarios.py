@@ -144,7 +144,7 @@ def test_autonat_tells_natted_from_public(easy_rig):
     rig = easy_rig
     _, relay_addr = start_relay(rig)
     behind = json.loads(rig.run("peer_a", [PY, *RUNNER, "autonat", relay_addr], timeout=60).stdout.splitlines()[-1])
-    assert behind["reachability"] == "private", behind
+    assert behind["reachability"] == "private", json.dumps(behind)
     assert behind["observed_addrs"] == [f"/ip4/{rig.public_addr_of('peer_a')}/tcp/4001"]
     public = json.loads(rig.run("public", [PY, *RUNNER, "autonat", relay_addr], timeout=60).stdout.splitlines()[-1])
     assert public["reachability"] == "public", public

@@ -194,7 +194,7 @@ class AutoNATServer:
         addrs = dialable_addrs(requested, _ip(conn.remote_addr))
         if not addrs:
             self.refused += 1
-            await _write(stream, _response(E_DIAL_REFUSED, "no dialable address on your observed IP"))
+            await _write(stream, _response(E_DIAL_REFUSED, f"no dialable address on your observed IP {_ip(conn.remote_addr)}"))
             return
         self.served += 1
         reached = await self._dial_back(peer, addrs)

@@ -61,6 +61,12 @@ class NatManager:
     def our_addrs(self) -> list[Multiaddr]:
         """Addresses to have checked: observed external ones first, then our listen addresses."""
         addrs = list(self.host.hole_puncher.our_addrs()) if self.host.hole_puncher else []
+        # What connected peers told us in identify, even if the hole puncher has not seen it yet.
+        for conn in self.host.connections():
+            info = self.host.peerstore.get(conn.remote_peer)
+            observed = info.observed_addr if info else None
+            if observed is not None and not conn.remote_addr.is_relayed() and observed not in addrs:
+                addrs.append(observed)
         return addrs + [a for a in self.host.addrs if not a.is_relayed() and a not in addrs]
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -128,5 +134,9 @@ class NatManager:
                 for status in (self.reservations.relays if self.reservations else [])
             ],
             "hole_punches": [vars(o) for o in (puncher.outcomes[-10:] if puncher else [])],
+            "probes": [
+                {"server": str(r.server), "reachable": r.reachable, "addr": str(r.addr) if r.addr else None, "text": r.text}
+                for r in self.last_results
+            ],
             "last_error": self.last_error,
         }
