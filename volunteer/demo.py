@@ -1,55 +1,56 @@
 """The local demo: a small swarm on loopback, shown step by step.
 
-Until the DHT and experts land this is two nodes: one serves an echo protocol, the other dials it
-over Noise + yamux, sends data through, and pings it.
+A public relay, a volunteer that keeps a reservation on it (as one behind NAT would), and a
+trainer that reaches the volunteer through the relay, watches hole punching move the connection
+to a direct one, and measures it. (Experts and the DHT join the demo as they land.)
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
 import trio
 
-from .net.host import open_host
-from .net.ping import PING, Pinger
+from relay.node import open_relay_node
+from volunteer.net.host import open_host
+from volunteer.net.identity import KeyPair
+from volunteer.net.nat.relay_client import ReservationManager
+from volunteer.net.perf import PERF, perf_stream
+from volunteer.net.ping import PING, Pinger
 
-ECHO = "/volunteer/demo/echo/1.0.0"
-
-
-async def _echo(stream) -> None:
-    while data := await stream.receive_some(1 << 16):
-        await stream.send_all(data)
-    await stream.send_eof()
+LOCALHOST = "/ip4/127.0.0.1/tcp/0"
 
 
-async def run_demo(size: int = 8 * 1024 * 1024) -> None:
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
-        server.set_handler(ECHO, _echo)
-        addr = server.full_addrs()[0]
-        print(f"node A listening on {addr}")
+async def run_demo(size: int = 32 * 1024 * 1024) -> None:
+    async with open_relay_node(KeyPair.generate(), [LOCALHOST]) as relay, open_host(listen=[LOCALHOST]) as volunteer, open_host(
+        listen=[LOCALHOST]
+    ) as trainer, trio.open_nursery() as nursery:
+        relay_addr = relay.host.full_addrs()[0]
+        print(f"relay      {relay_addr}")
+        reservations = ReservationManager(volunteer, [relay_addr], want=1)
+        await nursery.start(reservations.run)
+        while not reservations.reservations:
+            await trio.sleep(0.01)
+        circuit = reservations.circuit_addrs()[0].encapsulate(f"/p2p/{volunteer.peer_id}")
+        print(f"volunteer  reserved a slot: reachable at {circuit}")
+
         started = trio.current_time()
-        conn = await client.connect(addr)
-        print(f"node B connected to A in {(trio.current_time() - started) * 1000:.1f} ms ({conn.describe_path()}, Noise + yamux)")
-        payload = os.urandom(size)
-        stream = await client.new_stream(server.peer_id, [ECHO])
-        received = bytearray()
-        started = trio.current_time()
-        async with trio.open_nursery() as nursery:
-            async def send():
-                await stream.send_all(payload)
-                await stream.send_eof()
-
-            nursery.start_soon(send)
-            while data := await stream.receive_some(1 << 20):
-                received += data
-        elapsed = trio.current_time() - started
-        assert bytes(received) == payload, "echo mismatch"
-        print(f"echoed {size / 2**20:.0f} MiB byte-exact in {elapsed * 1000:.0f} ms ({2 * size / elapsed / 1e6:.0f} MB/s both ways)")
-        pinger = Pinger(await conn.new_stream([PING]))
-        for seq in range(1, 4):
-            print(f"ping seq={seq} rtt={await pinger.ping() * 1000:.2f} ms")
-        await pinger.aclose()
+        conn = await trainer.connect(circuit)
+        print(f"trainer    connected in {(trio.current_time() - started) * 1000:.1f} ms, path: {conn.describe_path()}")
+        await trainer.identify(relay.host.peer_id)
+        pinger, pinger_conn = None, None
+        for seq in range(1, 7):
+            best = trainer.connection_to(volunteer.peer_id)
+            if best is not pinger_conn:
+                pinger, pinger_conn = Pinger(await best.new_stream([PING])), best
+            rtt = await pinger.ping()
+            print(f"trainer    ping seq={seq} rtt={rtt * 1000:.2f} ms path={best.describe_path()}")
+            await trio.sleep(0.2)
+        best = trainer.connection_to(volunteer.peer_id)
+        up, down = await perf_stream(await best.new_stream([PERF]), size, size)
+        print(f"trainer    perf over {best.describe_path()}: {size / up / 1e6:.0f} MB/s up, {size / down / 1e6:.0f} MB/s down")
+        print(f"relay      carried {relay.hop.resources.bytes_relayed} bytes (the rest went direct)")
+        nursery.cancel_scope.cancel()
     print("demo done")
 
 
