@@ -19,7 +19,7 @@ from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
 from .multistream import lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
-from .streams import BufferedStream
+from .streams import BufferedStream, reset_quietly
 from .transport.base import RawConnection
 from .yamux import YamuxConnection, YamuxStream
 
@@ -132,7 +132,7 @@ class Connection:
                 return NetStream(lazy_outbound(buffered, protocols[0]), protocols[0], self)
             protocol = await select_outbound(buffered, protocols)
         except BaseException:
-            await _reset_quietly(inner)
+            await reset_quietly(inner)
             raise
         return NetStream(buffered, protocol, self)
 
@@ -142,7 +142,7 @@ class Connection:
         try:
             protocol = await select_inbound(buffered, supported)
         except BaseException:
-            await _reset_quietly(inner)
+            await reset_quietly(inner)
             raise
         return NetStream(buffered, protocol, self)
 
@@ -157,12 +157,6 @@ class Connection:
     def __repr__(self) -> str:
         return f"<Connection #{self.id} {self.direction.value} {self.remote_peer.short()} {self.describe_path()} {self.remote_addr}>"
 
-
-async def _reset_quietly(stream: YamuxStream) -> None:
-    try:
-        await stream.reset()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
 
 
 async def upgrade(

@@ -45,6 +45,7 @@ from .transport.base import RawConnection, Transport
 from .transport.memory import MemoryTransport
 from .transport.tcp import TcpTransport
 from .yamux import YamuxConnection
+from .streams import close_quietly, reset_quietly
 
 log = logging.getLogger(__name__)
 
@@ -383,13 +384,13 @@ class Host:
             log.debug("%s handler: stream with %s broke: %s", stream.protocol, conn.remote_peer.short(), describe(exc))
         except VolunteerError as exc:
             log.info("%s handler failed for %s: %s", stream.protocol, conn.remote_peer.short(), describe(exc))
-            await _reset_quietly(stream)
+            await reset_quietly(stream)
         except Exception:
             log.exception("%s handler crashed for %s", stream.protocol, conn.remote_peer.short())
-            await _reset_quietly(stream)
+            await reset_quietly(stream)
         else:
             with trio.move_on_after(1):
-                await _close_quietly(stream)
+                await close_quietly(stream)
 
     # --- identify and ping ----------------------------------------------------------------------
     def identify_info(self, conn: Connection | None = None) -> IdentifyInfo:
@@ -419,7 +420,7 @@ class Host:
         try:
             info = await read_identify(stream)
         finally:
-            await _close_quietly(stream)
+            await close_quietly(stream)
         self._apply_identify(conn, info)
         return info
 
@@ -456,7 +457,7 @@ class Host:
             with trio.fail_after(self.config.handshake_timeout):
                 stream = await conn.new_stream([IDENTIFY_PUSH])
                 await write_identify(stream, self.identify_info(conn))
-                await _close_quietly(stream)
+                await close_quietly(stream)
         except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push to %s failed: %s", conn.remote_peer.short(), describe(exc))
 
@@ -531,18 +532,6 @@ def _expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
     return [Multiaddr(f"/{components[0][0]}/{ip}{rest}") for ip in hosts]
 
 
-async def _close_quietly(stream) -> None:
-    try:
-        await stream.aclose()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
-async def _reset_quietly(stream) -> None:
-    try:
-        await stream.reset()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
 
 
 __all__ = ["Host", "HostConfig", "HostEvent", "open_host", "AGENT_VERSION"]

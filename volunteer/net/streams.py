@@ -105,3 +105,19 @@ class BufferedStream(trio.abc.HalfCloseableStream):
         if name == "stream":
             raise AttributeError(name)
         return getattr(self.stream, name)
+
+
+async def close_quietly(stream) -> None:
+    """Close ``stream``, ignoring that it may already be closed or broken."""
+    try:
+        await stream.aclose()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+async def reset_quietly(stream) -> None:
+    """Reset ``stream`` (yamux RST), ignoring that it may already be gone."""
+    try:
+        await stream.reset()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass

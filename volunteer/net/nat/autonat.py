@@ -21,7 +21,7 @@ from ...errors import RemoteProtocolError, VolunteerError, describe
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..pb import autonat_pb2
-from ..streams import BufferedStream
+from ..streams import BufferedStream, close_quietly
 from ..varint import encode_uvarint
 
 log = logging.getLogger(__name__)
@@ -240,10 +240,7 @@ async def probe(host, server: PeerID | Multiaddr | str, addrs: list[Multiaddr]) 
             await _write(stream, request)
             reply = await _read(stream)
         finally:
-            try:
-                await stream.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+            await close_quietly(stream)
     status = reply.dialResponse.status
     text = reply.dialResponse.statusText
     if status == OK:

@@ -22,7 +22,7 @@ from ..connection import Connection, Direction, Path
 from ..events import PeerConnected, PeerIdentified
 from ..multiaddr import Multiaddr
 from ..pb import dcutr_pb2
-from ..streams import BufferedStream
+from ..streams import BufferedStream, close_quietly
 from ..varint import encode_uvarint
 from .observed import ObservedAddrs
 
@@ -163,7 +163,7 @@ class HolePuncher:
                                 outcome.success = True
                                 break
                     finally:
-                        await _close_quietly(stream)
+                        await close_quietly(stream)
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 outcome.error = describe(exc)
         outcome.seconds = trio.current_time() - started
@@ -245,10 +245,3 @@ class HolePuncher:
 
 def _is_direct(conn: Connection | None) -> bool:
     return conn is not None and conn.path is not Path.RELAYED
-
-
-async def _close_quietly(stream) -> None:
-    try:
-        await stream.aclose()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass

@@ -20,7 +20,7 @@ from ..connection import Path
 from ..events import PeerDisconnected
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
-from ..streams import BufferedStream
+from ..streams import BufferedStream, close_quietly, reset_quietly
 from ..transport.base import RawConnection
 from . import circuit
 from .circuit import HopMessage, Limit, StopMessage
@@ -63,7 +63,7 @@ async def reserve(host, relay: PeerID | Multiaddr | str, wall_clock: Callable[[]
             await circuit.write_message(stream, HopMessage(type=HopMessage.RESERVE))
             reply = await circuit.read_message(stream, HopMessage)
         finally:
-            await _close_quietly(stream)
+            await close_quietly(stream)
     relay_peer = conn.remote_peer
     if reply.type != HopMessage.STATUS or reply.status != circuit.OK:
         raise DialError(f"relay {relay_peer} refused the reservation: {circuit.status_name(reply.status)}")
@@ -113,10 +113,10 @@ class CircuitTransport:
             await circuit.write_message(stream, request)
             reply = await circuit.read_message(stream, HopMessage)
         except BaseException:
-            await _reset_quietly(stream)
+            await reset_quietly(stream)
             raise
         if reply.type != HopMessage.STATUS or reply.status != circuit.OK:
-            await _close_quietly(stream)
+            await close_quietly(stream)
             raise DialError(f"relay {relay_conn.remote_peer.short()} could not connect us: {circuit.status_name(reply.status)}")
         local = relay_conn.remote_addr.with_peer_id(relay_conn.remote_peer).encapsulate("/p2p-circuit")
         remote = relay_conn.remote_addr.with_peer_id(relay_conn.remote_peer).encapsulate(f"/p2p-circuit/p2p/{target}")
@@ -261,17 +261,3 @@ class ReservationManager:
             await self.host.push_identify()
         except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push failed: %s", describe(exc))
-
-
-async def _close_quietly(stream) -> None:
-    try:
-        await stream.aclose()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-
-
-async def _reset_quietly(stream) -> None:
-    try:
-        await stream.reset()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
