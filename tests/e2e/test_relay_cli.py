@@ -96,3 +96,23 @@ def test_relay_dashboard_renders_headless():
     for panel in ("volunteer relay", "load", "circuits", "refusals by reason", "reservations", "1h 02m 03s"):
         assert panel in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_doctor_against_a_relay(tmp_path):
+    proc, addr, _ = start_relay(tmp_path)
+    env = {**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "doctor.key")}
+    try:
+        result = subprocess.run([sys.executable, "-m", "volunteer", "doctor", addr], capture_output=True, text=True, timeout=90, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        for name in ("reach", "reachability", "NAT mapping", "relay", "perf"):
+            assert any(line.split(None, 1)[1].startswith(name) for line in lines if line[:4] in ("OK  ", "WARN")), (name, result.stdout)
+        assert any(line.startswith("OK    perf") and "MB/s up" in line for line in lines)
+        bad = subprocess.run([sys.executable, "-m", "volunteer", "doctor", "/ip4/127.0.0.1/tcp/1/p2p/" + addr.rsplit("/", 1)[1]],
+                             capture_output=True, text=True, timeout=90, env=env)
+        assert bad.returncode == 1 and "FAIL" in bad.stdout and "→" in bad.stdout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+        proc.stdout.close()
+        proc.stderr.close()

@@ -18,7 +18,7 @@ RUNNER = ["-m", "tests.nat.node_runner"]
 
 
 def start_relay(rig, node="relay"):
-    proc = rig.popen(node, [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
+    proc = rig.popen(node, [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-{node}.key",
                             "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce", f"/ip4/{rig.addr(node)}/tcp/4001"],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert read_line(proc, timeout=20).startswith("relay ")
@@ -176,3 +176,27 @@ def test_our_natted_peers_use_a_go_libp2p_relay(easy_rig):
     # And the pair still punches through to a direct connection, coordinated over go's relay.
     report = echo_from(rig, "peer_a", circuit_addr, 1_000_000, "--listen", "/ip4/0.0.0.0/tcp/4001", "--wait-direct", "10")
     assert report["ok"] and report["path"] == "hole-punched", report
+
+
+def doctor_from(rig, node, peers):
+    result = rig.run(node, [PY, "-m", "volunteer", "doctor", "--identity", f"/tmp/{rig.tag}-{node}-doctor.key",
+                            "--listen", "/ip4/0.0.0.0/tcp/4001", "--json", *peers], timeout=90)
+    return {c["name"].split()[0]: c for c in json.loads(result.stdout)}
+
+
+def test_doctor_tells_nat_mapping_and_reachability(easy_rig):
+    rig = easy_rig
+    _, relay_addr = start_relay(rig)
+    _, second = start_relay(rig, "public")
+    checks = doctor_from(rig, "peer_a", [relay_addr, second])
+    assert checks["reachability"]["status"] == "WARN" and "private" in checks["reachability"]["detail"]
+    assert checks["NAT"]["status"] == "OK" and "endpoint-independent" in checks["NAT"]["detail"]
+    assert checks["relay"]["status"] == "OK" and checks["perf"]["status"] == "OK"
+
+
+def test_doctor_spots_a_symmetric_nat(symmetric_rig):
+    rig = symmetric_rig
+    _, relay_addr = start_relay(rig)
+    _, second = start_relay(rig, "public")
+    checks = doctor_from(rig, "peer_a", [relay_addr, second])
+    assert checks["NAT"]["status"] == "WARN" and "symmetric" in checks["NAT"]["detail"], checks

@@ -12,7 +12,7 @@ import logging
 import sys
 
 from ..errors import VolunteerError, describe
-from . import netcmds, perfcmd, relaycmd
+from . import doctor, netcmds, perfcmd, relaycmd
 
 EXAMPLES = """\
 examples:
@@ -20,9 +20,10 @@ examples:
   volunteer ping /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   ping any libp2p peer
   volunteer perf --download 64MiB /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   measure a link
   volunteer relay --listen /ip4/0.0.0.0/tcp/4001 --metrics 127.0.0.1:9100      run a public relay
+  volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...                   check connectivity
 """
 
-COMMAND_MODULES = [netcmds, perfcmd, relaycmd]
+COMMAND_MODULES = [netcmds, perfcmd, relaycmd, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:
