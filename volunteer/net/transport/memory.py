@@ -6,7 +6,6 @@ import errno
 import itertools
 
 import trio
-import trio.testing
 
 from ..multiaddr import Multiaddr
 from .base import InboundHandler, RawConnection
@@ -59,6 +58,8 @@ class MemoryTransport:
         channel = self.network._listeners.get(number)
         if channel is None:
             raise OSError(errno.ECONNREFUSED, f"nobody listens on /memory/{number}")
+        import trio.testing  # imported on first use: it pulls in test tooling a CLI start does not need
+
         ours, theirs = trio.testing.memory_stream_pair()
         local = Multiaddr(f"/memory/{next(self.network._clients)}")
         remote = Multiaddr(f"/memory/{number}")
