@@ -2,10 +2,9 @@
 
     .venv/bin/python benchmarks/stream_throughput.py [--size-mib 64] [--skip-pylibp2p]
 
-Our figures and raw TCP come from a client in this process talking to a server in a subprocess on
-loopback (two processes, as two real peers would be); py-libp2p ↔ py-libp2p is measured by
-py-libp2p itself with both hosts in one process (its pair-bench; that is how its figure of
-reference was taken). Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
+Rows without "one process" are a client and a server in two processes on loopback (as two
+real peers would be); "one process" rows put both hosts in one process (py-libp2p's pair-bench,
+and ours the same way). Ratios compare like with like. Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
 what to read: this machine is shared and noisy, so absolute figures drift between runs.
 """
 
@@ -156,6 +155,23 @@ async def bench_ours_in_process(size: int) -> dict:
     return result
 
 
+def run_pylibp2p_two_processes(size: int) -> dict:
+    """py-libp2p client and server in two processes, like our two-process row."""
+    server = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
+    row: dict = {}
+    try:
+        for command, key in (("dial-echo", "echo_MBps"), ("dial-perf", "perf_MBps")):
+            args = [str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), command, server.addr]
+            args += ["--size", str(size)] if command == "dial-echo" else ["--upload", str(size), "--download", str(size)]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT)
+            report = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+            if report.get("ok"):
+                row[key] = 2 * size / report["seconds"] / 1e6
+    finally:
+        server.close()
+    return row
+
+
 def run_pylibp2p_pair(size: int) -> dict | None:
     """py-libp2p ↔ py-libp2p figures, measured by py-libp2p itself (tests/interop/peers)."""
     if not PYLIBP2P_PYTHON.exists():
@@ -187,12 +203,14 @@ async def main_async(args) -> None:
             peer.close()
         pair = run_pylibp2p_pair(size)
         if pair:
-            rows["py-libp2p ↔ py-libp2p"] = pair
+            rows["py-libp2p ↔ py-libp2p, one process"] = pair
+        rows["py-libp2p ↔ py-libp2p"] = run_pylibp2p_two_processes(size)
     print_table(rows, args.size_mib)
 
 
 def print_table(rows: dict[str, dict], size_mib: int) -> None:
     base = rows.get("py-libp2p ↔ py-libp2p", {})
+    one_process_base = rows.get("py-libp2p ↔ py-libp2p, one process", {})
     cols = [("echo_MBps", "echo MB/s"), ("perf_MBps", "perf MB/s"), ("setup_ms_p50", "setup ms"),
             ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms")]
     print(f"\n{size_mib} MiB over one stream, loopback, both directions counted")
@@ -200,12 +218,12 @@ def print_table(rows: dict[str, dict], size_mib: int) -> None:
     for name, row in rows.items():
         print(f"{name:24}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
     ours = rows.get("ours ↔ ours", {})
-    if base:
-        for name in ("ours ↔ ours, one process", "ours ↔ ours"):
-            print(f"\nratios, {name} over py-libp2p ↔ py-libp2p (throughput: higher is better; time: lower is better):")
+    for name, reference in (("ours ↔ ours", base), ("ours ↔ ours, one process", one_process_base)):
+        if reference and name in rows:
+            print(f"\nratios, {name} over the same setting with py-libp2p (throughput: higher is better; time: lower is better):")
             for key, title in cols:
-                if key in rows[name] and key in base and base[key]:
-                    print(f"  {title:12} {rows[name][key] / base[key]:6.2f}x")
+                if key in rows[name] and key in reference and reference[key]:
+                    print(f"  {title:12} {rows[name][key] / reference[key]:6.2f}x")
     if "raw trio TCP" in rows and "echo_MBps" in ours:
         print(f"ours echo / raw TCP echo: {ours['echo_MBps'] / rows['raw trio TCP']['echo_MBps']:.2f}")
 

@@ -115,8 +115,8 @@ async def punch_loop(args) -> dict:
         # A fresh identity and listen port each time: no earlier connection or mapping helps.
         port = args.base_port + attempt
         async with open_host(KeyPair.generate(), listen=[f"/ip4/0.0.0.0/tcp/{port}"]) as host:
-            started = trio.current_time()
             first = await host.connect(args.target)
+            started = trio.current_time()  # from the relayed connection being up to the direct one
             peer = first.remote_peer
             relay_rtt = None
             with trio.move_on_after(args.timeout):

@@ -112,8 +112,8 @@ async def dial_echo(args) -> dict:
 
         async def writer():
             view = memoryview(payload)
-            for start in range(0, len(view), 1 << 16):
-                await stream.write(bytes(view[start : start + (1 << 16)]))
+            for start in range(0, len(view), 1 << 20):
+                await stream.write(bytes(view[start : start + (1 << 20)]))
             await stream.close()
 
         async with trio.open_nursery() as nursery:
