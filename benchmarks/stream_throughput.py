@@ -214,9 +214,9 @@ def print_table(rows: dict[str, dict], size_mib: int) -> None:
     cols = [("echo_MBps", "echo MB/s"), ("perf_MBps", "perf MB/s"), ("setup_ms_p50", "setup ms"),
             ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms")]
     print(f"\n{size_mib} MiB over one stream, loopback, both directions counted")
-    print(f"{'':24}" + "".join(f"{title:>14}" for _, title in cols))
+    print(f"{'':36}" + "".join(f"{title:>14}" for _, title in cols))
     for name, row in rows.items():
-        print(f"{name:24}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
+        print(f"{name:36}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
     ours = rows.get("ours ↔ ours", {})
     for name, reference in (("ours ↔ ours", base), ("ours ↔ ours, one process", one_process_base)):
         if reference and name in rows:
