@@ -73,3 +73,12 @@ def test_volunteer_ping_cli_reaches_go_libp2p(p2pd, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "2 sent, 2 received" in result.stdout and "path=direct" in result.stdout
+
+
+def test_volunteer_perf_says_when_a_peer_does_not_speak_perf(p2pd, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "volunteer", "perf", "--upload", "1MiB", "--download", "1MiB", p2pd.full_addr()],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "id.key")},
+    )
+    assert result.returncode == 1
+    assert "does not speak /perf/1.0.0" in result.stderr and "Traceback" not in result.stderr

@@ -134,7 +134,7 @@ async def diagnose(keypair, listen: Multiaddr, peers: list[Multiaddr], perf_size
                 try:
                     with trio.fail_after(60):
                         conn = await host.connect(addr)
-                        up, down = await perf_stream(await conn.new_stream([PERF]), perf_size, perf_size)
+                        up, down = await perf_stream(await conn.new_stream([PERF], lazy=False), perf_size, perf_size)
                     checks.append(Check("OK", f"perf {conn.remote_peer.short()}",
                                         f"{perf_size / up / 1e6:.1f} MB/s up, {perf_size / down / 1e6:.1f} MB/s down ({format_size(perf_size)} each way)"))
                 except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:

@@ -86,7 +86,11 @@ async def measure(target, keypair, upload: int, download: int, streams: int, tim
                     down_task = progress.add_task("download", total=download * streams)
 
                     async def one() -> None:
-                        stream = await conn.new_stream([PERF])
+                        try:
+                            # Negotiated up front (not lazily): a refusal must not look like a reset upload.
+                            stream = await conn.new_stream([PERF], lazy=False)
+                        except NegotiationError:
+                            raise VolunteerError(f"{conn.remote_peer} does not speak {PERF}") from None
                         try:
                             up, down = await perf_stream(
                                 stream, upload, download,
