@@ -221,3 +221,21 @@ async def test_handshake_error_type_for_non_libp2p_listener():
                     await client.connect(Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"))
                 assert any(isinstance(c, HandshakeError) for c in excinfo.value.causes.values()) or "handshake" in str(excinfo.value).lower()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_silent_address_does_not_hold_up_the_others():
+    """Peers behind NAT advertise addresses that never answer: dials are staggered, not serial."""
+    config = HostConfig(handshake_timeout=600, dial_timeout=600)  # a serial dial would hang here
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            async def silent(stream):
+                await trio.sleep_forever()
+
+            listeners = await nursery.start(trio.serve_tcp, silent, 0)
+            silent_port = listeners[0].socket.getsockname()[1]
+            async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(config=config) as client:
+                server.set_handler(ECHO, echo)
+                client.peerstore.add_addrs(server.peer_id, [server.addrs[0], Multiaddr(f"/ip4/127.0.0.1/tcp/{silent_port}")])
+                conn = await client.connect(server.peer_id)
+                assert conn.remote_addr == server.addrs[0]
+            nursery.cancel_scope.cancel()

@@ -209,18 +209,41 @@ class Host:
         try:
             if not addrs:
                 raise DialError(f"no known addresses for {peer}")
-            causes: dict[str, BaseException] = {}
-            # Direct addresses first: a relay is the fallback, not the preference.
-            for addr in sorted(addrs, key=lambda a: a.is_relayed()):
-                try:
-                    return await self._dial_addr(addr, peer)
-                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                    causes[str(addr)] = exc
-                    log.debug("dial %s via %s failed: %s", peer.short(), addr, describe(exc))
-            raise DialError(f"could not reach {peer}", causes)
+            return await self._dial_staggered(peer, addrs)
         finally:
             del self._pending_dials[peer]
             done.set()
+
+    async def _dial_staggered(self, peer: PeerID, addrs: list[Multiaddr]) -> Connection:
+        """Dial all addresses, each a little after the previous one ("happy eyeballs"): a peer
+        behind NAT advertises LAN addresses that never answer, and waiting for each to time out
+        would delay the relay for tens of seconds. Direct addresses go first, relayed ones after."""
+        ordered = sorted(dict.fromkeys(addrs), key=lambda a: a.is_relayed())[: limits.MAX_DIAL_ADDRS]
+        causes: dict[str, BaseException] = {}
+        winners: list[Connection] = []
+        async with trio.open_nursery() as nursery:
+            go_on = [trio.Event() for _ in ordered]  # set when an attempt fails: the next need not wait
+
+            async def attempt(index: int, addr: Multiaddr) -> None:
+                if index:
+                    delay = limits.DIAL_STAGGER + (limits.RELAY_DIAL_DELAY if addr.is_relayed() else 0.0)
+                    with trio.move_on_after(delay):
+                        await go_on[index - 1].wait()
+                try:
+                    conn = await self._dial_addr(addr, peer)
+                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                    causes[str(addr)] = exc
+                    log.debug("dial %s via %s failed: %s", peer.short(), addr, describe(exc))
+                    go_on[index].set()
+                    return
+                winners.append(conn)
+                nursery.cancel_scope.cancel()
+
+            for index, addr in enumerate(ordered):
+                nursery.start_soon(attempt, index, addr)
+        if winners:
+            return min(winners, key=lambda c: c.path is Path.RELAYED)
+        raise DialError(f"could not reach {peer}", causes)
 
     async def _dial_addr(self, addr: Multiaddr, peer: PeerID | None) -> Connection:
         return await self.dial_addr(addr, peer)

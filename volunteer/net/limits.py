@@ -39,6 +39,9 @@ HANDSHAKE_TIMEOUT = 10.0  # whole upgrade: multistream + noise + muxer, per conn
 DIAL_TIMEOUT = 10.0  # per address
 MAX_PENDING_HANDSHAKES = 64  # inbound connections being upgraded at once
 MAX_CONNECTIONS = 1024
+MAX_DIAL_ADDRS = 16  # addresses tried per peer dial
+DIAL_STAGGER = 0.25  # seconds between starting dials to a peer's addresses (unless one failed already)
+RELAY_DIAL_DELAY = 0.5  # extra wait before relayed addresses: a direct path is preferred
 STREAM_NEGOTIATION_TIMEOUT = 10.0  # multistream on a new stream
 MAX_INBOUND_STREAMS_PER_PROTOCOL = 512
 
