@@ -54,3 +54,8 @@ PING_TIMEOUT = 10.0
 
 # --- reading buffered streams ---------------------------------------------------------
 READ_CHUNK = 1024 * 1024
+
+# --- noise handshake payload and transport reads -------------------------------------
+NOISE_MAX_MUXERS = 32  # muxer ids in the handshake's stream_muxers extension
+NOISE_MAX_MUXER_NAME = 256  # bytes per muxer id (multistream ids are short)
+NOISE_READ_CHUNK = 1024 * 1024  # socket reads of the transport phase: big reads keep per-frame Python work low

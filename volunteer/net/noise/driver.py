@@ -1,4 +1,8 @@
-"""trio driver for Noise: run the handshake over a stream, then encrypt and decrypt on it."""
+"""trio driver for Noise: run the handshake over a stream, then encrypt and decrypt on it.
+
+No timeouts here: the Host bounds the whole connection upgrade. Memory is bounded by the
+frame size and the read chunk.
+"""
 
 from __future__ import annotations
 
@@ -8,99 +12,173 @@ import trio
 
 from ...errors import HandshakeError, RemoteProtocolError
 from ..identity import KeyPair, PeerID, PublicKey
-from ..limits import READ_CHUNK
-from ..streams import BufferedStream
+from ..limits import NOISE_MAX_MESSAGE, NOISE_READ_CHUNK
 from .handshake import Handshake
 from .transport import NoiseTransport
 
 
 class NoiseConnection(trio.abc.HalfCloseableStream):
-    """An authenticated, encrypted stream to ``remote_peer``."""
+    """An authenticated, encrypted stream to ``remote_peer`` over ``raw``.
+
+    ``send_all`` encrypts under one lock and writes once to ``raw``; ``receive_some`` returns
+    decrypted bytes, b"" at a clean end of stream. A frame that fails to decrypt raises
+    RemoteProtocolError and closes ``raw``; the peer vanishing mid-frame raises
+    trio.BrokenResourceError.
+    """
 
     def __init__(self, raw: trio.abc.Stream, handshake: Handshake, local_peer: PeerID, initial: bytes = b"") -> None:
         self.raw = raw
         self.remote_peer: PeerID = handshake.remote_peer
         self.remote_public_key: PublicKey = handshake.remote_public_key
-        self.remote_muxers: list[str] = handshake.remote_muxers
+        self.remote_muxers: list[str] = list(handshake.remote_muxers)
         self.local_peer = local_peer
-        send, receive = handshake.split()
-        self._transport = NoiseTransport(send, receive)
-        self._plaintext = b""
-        self._initial = initial
+        self._transport: NoiseTransport = handshake.transport()
+        self._initial = initial  # transport bytes that arrived with the last handshake message
+        self._plain = b""  # decrypted; bytes before _plain_pos were returned already
+        self._plain_pos = 0
         self._send_lock = trio.StrictFIFOLock()
+        self._receiving = False
         self._eof = False
+        self._closed = False
+        self._send_broken: str | None = None
+        self._receive_broken: str | None = None
 
+    # --- sending -------------------------------------------------------------------------------
     async def send_all(self, data) -> None:
+        """Encrypt ``data`` (any size; empty sends nothing) and write it in one piece."""
         async with self._send_lock:
-            if len(data):
-                await self.raw.send_all(self._transport.encrypt(data))
+            self._check_send()
+            if not len(data):
+                await trio.lowlevel.checkpoint()
+                return
+            wire = self._transport.encrypt(data)
+            try:
+                await self.raw.send_all(wire)
+            except BaseException as exc:
+                # Part of a frame may be on the wire: nothing sent after it would decrypt.
+                self._send_broken = f"an earlier send failed ({type(exc).__name__})"
+                raise
 
     async def wait_send_all_might_not_block(self) -> None:
+        """Pass through to the raw stream."""
         await self.raw.wait_send_all_might_not_block()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        while not self._plaintext:
-            if self._eof:
-                return b""
-            if self._initial:
-                chunk, self._initial = self._initial, b""
-            else:
-                chunk = await self.raw.receive_some(READ_CHUNK)
-            if not chunk:
-                self._eof = True
-                if self._transport.pending:
-                    raise trio.BrokenResourceError("peer closed the connection in the middle of a Noise frame")
-                return b""
-            self._plaintext = self._transport.receive_data(chunk)
-        data = self._plaintext
-        if max_bytes is not None and len(data) > max_bytes:
-            self._plaintext = data[max_bytes:]
-            return data[:max_bytes]
-        self._plaintext = b""
-        return data
-
     async def send_eof(self) -> None:
-        send_eof = getattr(self.raw, "send_eof", None)
-        if send_eof is None:
-            raise trio.ClosedResourceError("the underlying stream cannot half-close")
+        """Half-close: the peer reads b"" once it has read everything sent before."""
         async with self._send_lock:
+            self._check_send()
+            send_eof = getattr(self.raw, "send_eof", None)
+            if send_eof is None:
+                raise trio.ClosedResourceError("the stream under Noise cannot half-close")
             await send_eof()
 
+    def _check_send(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the Noise connection is closed")
+        if self._send_broken is not None:
+            raise trio.BrokenResourceError(self._send_broken)
+
+    # --- receiving -----------------------------------------------------------------------------
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Decrypted bytes (at most ``max_bytes``); b"" once the peer has closed cleanly."""
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this Noise connection")
+        self._receiving = True
+        try:
+            return await self._receive(max_bytes)
+        finally:
+            self._receiving = False
+
+    async def _receive(self, max_bytes: int | None) -> bytes:
+        if self._closed:
+            raise trio.ClosedResourceError("the Noise connection is closed")
+        if not self._plain:
+            await self._fill()
+        data, pos = self._plain, self._plain_pos
+        if max_bytes is not None and len(data) - pos > max_bytes:
+            # Hand out a slice and keep an offset: copying the remainder each time would be quadratic.
+            self._plain_pos = pos + max_bytes
+            return data[pos : pos + max_bytes]
+        self._plain, self._plain_pos = b"", 0
+        return data[pos:] if pos else data
+
+    async def _fill(self) -> None:
+        """Read until some plaintext is ready (frames may carry none) or the stream ends."""
+        if self._receive_broken is not None:
+            raise trio.BrokenResourceError(self._receive_broken)
+        transport = self._transport
+        while not self._plain:
+            if self._eof:
+                await trio.lowlevel.checkpoint()
+                return
+            if self._initial:
+                chunk, self._initial = self._initial, b""
+                await trio.lowlevel.checkpoint()
+            else:
+                chunk = await self.raw.receive_some(NOISE_READ_CHUNK)
+            if not chunk:
+                self._eof = True
+                if transport.pending:
+                    self._receive_broken = "the peer closed the connection in the middle of a Noise frame"
+                    raise trio.BrokenResourceError(self._receive_broken)
+                return
+            try:
+                self._plain = transport.receive_data(chunk)
+            except RemoteProtocolError as exc:
+                self._receive_broken = self._send_broken = f"Noise connection failed: {exc}"
+                # The peer's bytes cannot be trusted any more: this connection is over.
+                await trio.aclose_forcefully(self.raw)
+                raise
+
+    # --- closing -------------------------------------------------------------------------------
     async def aclose(self) -> None:
+        """Close the raw stream (idempotent)."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
         await self.raw.aclose()
 
-
-async def _read_frame(stream: BufferedStream) -> bytes:
-    length = int.from_bytes(await stream.receive_exactly(2, "Noise handshake"), "big")
-    return await stream.receive_exactly(length, "Noise handshake")
+    @property
+    def transport(self) -> NoiseTransport:
+        """The sans-I/O cipher pair (nonce counters, for diagnostics)."""
+        return self._transport
 
 
 async def _run_handshake(stream: trio.abc.Stream, handshake: Handshake, local: KeyPair) -> NoiseConnection:
-    buffered = stream if isinstance(stream, BufferedStream) else BufferedStream(stream)
     try:
-        if handshake.initiator:
-            await buffered.send_all(handshake.write_message())
-            handshake.read_message(await _read_frame(buffered))
-            await buffered.send_all(handshake.write_message())
-        else:
-            handshake.read_message(await _read_frame(buffered))
-            await buffered.send_all(handshake.write_message())
-            handshake.read_message(await _read_frame(buffered))
-    except RemoteProtocolError as exc:
-        raise HandshakeError(f"Noise handshake failed: {exc}") from None
+        while not handshake.complete:
+            if handshake.our_turn:
+                await stream.send_all(handshake.write_message())
+                continue
+            while True:
+                # Small reads: a handshake message is at most 64 KiB, and what follows the
+                # last one is handed to the connection anyway.
+                chunk = await stream.receive_some(NOISE_MAX_MESSAGE + 2)
+                if not chunk:
+                    raise HandshakeError("the peer closed the connection during the Noise handshake")
+                if handshake.receive_data(chunk):
+                    break
     except trio.BrokenResourceError as exc:
-        raise HandshakeError(f"connection broke during the Noise handshake: {exc}") from None
-    # Bytes the peer sent right after its last handshake message belong to the transport phase.
-    return NoiseConnection(buffered.stream, handshake, local.peer_id, buffered.take_buffered())
+        raise HandshakeError(f"the connection broke during the Noise handshake: {exc}") from exc
+    except RemoteProtocolError as exc:  # from a stream underneath (e.g. a relayed circuit)
+        raise HandshakeError(f"Noise handshake failed: {exc}") from exc
+    return NoiseConnection(stream, handshake, local.peer_id, handshake.take_buffered())
 
 
 async def secure_outbound(
     stream: trio.abc.Stream, identity: KeyPair, remote_peer: PeerID | None, muxers: Sequence[str] = ()
 ) -> NoiseConnection:
-    """Run Noise as the initiator; PeerIDMismatch if the peer is not ``remote_peer``."""
+    """Run Noise as the initiator over ``stream``.
+
+    PeerIDMismatch when ``remote_peer`` is given and someone else answers; HandshakeError for
+    any other failure (including the connection breaking).
+    """
     return await _run_handshake(stream, Handshake(True, identity, muxers, remote_peer), identity)
 
 
 async def secure_inbound(stream: trio.abc.Stream, identity: KeyPair, muxers: Sequence[str] = ()) -> NoiseConnection:
-    """Run Noise as the responder."""
+    """Run Noise as the responder over ``stream``; HandshakeError on any failure."""
     return await _run_handshake(stream, Handshake(False, identity, muxers), identity)
