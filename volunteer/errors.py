@@ -128,3 +128,75 @@ def describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
+
+
+# --- DHT -------------------------------------------------------------------------
+
+
+class DHTError(VolunteerError):
+    """Base for DHT failures: malformed messages, refused records, error replies."""
+
+
+class DHTMessageError(DHTError, RemoteProtocolError):
+    """A DHT message was malformed: bad msgpack, wrong types, or a bound exceeded."""
+
+
+class DHTRecordError(DHTError, ValueError):
+    """A record was refused. ``code`` is a short machine-readable reason sent back in STORE replies."""
+
+    def __init__(self, message: str, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DHTRemoteError(DHTError):
+    """The peer answered with an ERROR reply (``code``, message)."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class ExpertUIDError(VolunteerError, ValueError):
+    """An expert uid or grid prefix does not follow the ``prefix.i.j`` grammar."""
+
+
+class ConnectionLost(VolunteerError, trio.BrokenResourceError):
+    """A multiplexed connection ended from the peer's side or the network's: EOF, GoAway, a broken
+    socket. ``code`` is the yamux GoAway code when the peer sent one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KeepaliveTimeout(ConnectionLost):
+    """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
+
+
+# --- experts: wire format, inputs, runtime state (helper G) -------------------------------
+
+
+class ExpertProtocolError(ExpertError, RemoteProtocolError):
+    """An expert call's message was malformed (tensor payload, error reply, request header)."""
+
+
+class TensorFormatError(ExpertProtocolError):
+    """Serialized tensors were malformed: unknown dtype or compression, wrong or truncated lengths,
+    a shape or total size beyond the configured bounds."""
+
+
+class ExpertInputError(ExpertError, ValueError):
+    """A request's tensors do not match the expert's schema (count, shape, dtype) or hold NaN/inf."""
+
+
+class ExpertConfigError(VolunteerError, ValueError):
+    """An expert cannot be built or restored: unknown class, bad custom-expert file, bad checkpoint."""
+
+
+class ExpertPausedError(ExpertUnavailableError):
+    """The volunteer paused its experts; new requests are refused until it resumes."""
+
+
+class UnknownExpertError(ExpertUnavailableError):
+    """This server does not host an expert with that uid (any more)."""

@@ -1,0 +1,380 @@
+"""Lookup iterators: unit behaviour, then a simulated network of 250 pure nodes (no trio, virtual time)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import pickle
+import random
+
+import pytest
+
+from volunteer.dht.config import DHTConfig
+from volunteer.dht.messages import FindValue, Nodes, Store, Values
+from volunteer.dht.query import Lookup, State, ValueLookup
+from volunteer.dht.records import owned_subkey, sign
+from volunteer.dht.routing import Contact, key_id, node_id
+from volunteer.dht.state import NodeState
+from volunteer.net.identity import KeyPair, PeerID
+
+CONFIG = DHTConfig()
+
+
+def make_peer(rng: random.Random) -> PeerID:
+    return PeerID(b"\x12\x20" + rng.randbytes(32))
+
+
+def contacts(n: int, rng: random.Random) -> list[Contact]:
+    return [Contact(make_peer(rng)) for _ in range(n)]
+
+
+# --- the iterator alone -----------------------------------------------------------------------
+def test_alpha_in_flight_closest_first() -> None:
+    rng = random.Random(1)
+    target = rng.getrandbits(256)
+    seeds = contacts(10, rng)
+    lookup = Lookup(target, seeds, CONFIG, 0.0, count=3)
+    first = lookup.next(0.0)
+    by_distance = sorted(seeds, key=lambda c: c.id ^ target)
+    assert first == by_distance[:3]
+    assert lookup.next(0.0) == []  # alpha reached
+    lookup.on_failure(first[0].peer, 0.1)
+    assert lookup.next(0.1) == [by_distance[3]]
+    for c in (first[1], first[2], by_distance[3]):
+        lookup.on_success(c.peer, [], 0.2)
+    # the 3 closest that could answer did: finished without asking the rest
+    assert lookup.next(0.2) == [] and lookup.finished
+    assert lookup.result() == [first[1], first[2], by_distance[3]]
+
+
+def test_timeouts_free_slots_and_late_answers_still_count() -> None:
+    rng = random.Random(2)
+    seeds = contacts(6, rng)
+    lookup = Lookup(0, seeds, CONFIG, 0.0, count=2)
+    asked = lookup.next(0.0)
+    assert lookup.next_deadline() == CONFIG.slot_timeout
+    more = lookup.next(CONFIG.slot_timeout)  # the first three free their slots but are still awaited
+    assert len(more) == 3 and not set(more) & set(asked)
+    assert lookup.state_of(asked[0].peer) is State.SLOW
+    assert lookup.next_deadline() == 2 * CONFIG.slot_timeout  # the second batch's slots
+    assert lookup.next(CONFIG.request_timeout) == []
+    assert lookup.state_of(asked[0].peer) is State.UNRESPONSIVE
+    lookup.on_success(asked[0].peer, [], 5.5)  # late, but welcome
+    lookup.on_success(more[0].peer, [], 5.6)
+    lookup.next(5.6)
+    assert lookup.finished and {c.peer for c in lookup.result()} == {asked[0].peer, more[0].peer}
+
+
+def test_slow_close_peer_is_waited_for() -> None:
+    rng = random.Random(8)
+    seeds = contacts(4, rng)
+    target = 0
+    closest, *others = sorted(seeds, key=lambda c: c.id ^ target)
+    lookup = Lookup(target, seeds, CONFIG, 0.0, count=1)
+    asked = lookup.next(0.0)
+    assert asked[0] == closest
+    for c in asked[1:]:
+        lookup.on_success(c.peer, [], 0.1)
+    assert lookup.next(0.1) == [] and not lookup.finished  # the closest may still answer
+    assert lookup.next(CONFIG.slot_timeout) == [others[-1]] or not lookup.finished
+    lookup.on_success(closest.peer, [], 3.0)
+    lookup.next(3.0)
+    assert lookup.finished and lookup.result() == [closest]
+
+
+def test_deadline_ends_a_lookup_where_everyone_hangs() -> None:
+    rng = random.Random(3)
+    lookup = Lookup(0, contacts(50, rng), CONFIG, 0.0)
+    now = 0.0
+    for _ in range(1000):
+        lookup.next(now)
+        if lookup.finished:
+            break
+        now = lookup.next_deadline()
+    assert lookup.finished and now <= CONFIG.lookup_deadline
+    assert lookup.result() == [] and lookup.next_deadline() is None
+
+
+def test_everyone_failing_ends_at_once() -> None:
+    rng = random.Random(4)
+    lookup = Lookup(0, contacts(30, rng), CONFIG, 0.0)
+    while not lookup.finished:
+        for c in lookup.next(0.0):
+            lookup.on_failure(c.peer, 0.0)
+    assert lookup.queried == 30 and lookup.result() == []
+
+
+def test_unknown_and_repeated_answers_ignored() -> None:
+    rng = random.Random(5)
+    seeds = contacts(3, rng)
+    me = make_peer(rng)
+    lookup = Lookup(0, seeds + [Contact(me)], CONFIG, 0.0, local=me)
+    asked = lookup.next(0.0)
+    assert me not in {c.peer for c in asked}
+    lookup.on_success(make_peer(rng), contacts(5, rng), 0.1)  # never asked: ignored
+    lookup.on_success(asked[0].peer, [], 0.1)
+    lookup.on_failure(asked[0].peer, 0.2)  # already succeeded: stays succeeded
+    assert lookup.state_of(asked[0].peer) is State.SUCCEEDED
+    assert len(lookup._candidates) == 3
+
+
+def test_reporters_of_failing_contacts_are_distrusted() -> None:
+    rng = random.Random(9)
+    honest, liar = contacts(2, rng)
+    lookup = Lookup(0, [honest, liar], CONFIG, 0.0, count=5)
+    lookup.next(0.0)
+    garbage = contacts(10, rng)
+    lookup.on_success(liar.peer, garbage, 0.1)
+    lookup.on_success(honest.peer, [], 0.1)
+    asked = lookup.next(0.1)
+    assert set(asked) <= set(garbage) and len(asked) == CONFIG.alpha
+    for c in asked[:2]:
+        lookup.on_failure(c.peer, 0.2)
+    # two misses and no hit: the rest of the liar's contacts are neither asked nor waited for
+    assert lookup.next(0.2) == []
+    lookup.on_failure(asked[2].peer, 0.3)
+    assert lookup.next(0.3) == [] and lookup.finished
+    assert lookup.result() == sorted([honest, liar], key=lambda c: c.id)
+
+
+def test_candidates_are_bounded() -> None:
+    rng = random.Random(6)
+    config = DHTConfig(lookup_max_peers=50)
+    lookup = Lookup(0, contacts(3, rng), config, 0.0)
+    for _ in range(20):
+        for c in lookup.next(0.0):
+            lookup.on_success(c.peer, contacts(64, rng), 0.0)
+    assert len(lookup._candidates) <= 50 + config.alpha
+
+
+def test_value_lookup_merges_newest_and_rejects_forgeries() -> None:
+    rng = random.Random(7)
+    alice, bob, mallory = (KeyPair.generate() for _ in range(3))
+    key = b"ffn.3."
+    a_old = sign(alice, key, owned_subkey(alice.peer_id), b"old", 100.0)
+    a_new = sign(alice, key, owned_subkey(alice.peer_id), b"new", 110.0)
+    b_rec = sign(bob, key, owned_subkey(bob.peer_id), b"bob", 105.0)
+    forged = sign(mallory, key, owned_subkey(mallory.peer_id), b"x", 105.0)
+    forged = type(forged)(key, owned_subkey(alice.peer_id), b"evil", 200.0, alice.peer_id, forged.signature)
+    other_key = sign(alice, b"other", owned_subkey(alice.peer_id), b"o", 105.0)
+    seeds = contacts(5, rng)
+    lookup = ValueLookup(key, seeds, CONFIG, 90.0, quorum=2)
+    asked = lookup.next(90.0)
+    lookup.on_success(asked[0].peer, [], 90.1, [a_new, forged, other_key])
+    assert lookup.rejected == 2 and not lookup.finished
+    lookup.on_success(asked[1].peer, [], 90.2, [a_old, b_rec])
+    assert lookup.finished  # quorum of 2 peers with records
+    assert lookup.records[owned_subkey(alice.peer_id)].value == b"new"
+    assert lookup.records[owned_subkey(bob.peer_id)].value == b"bob"
+    assert set(lookup.live_records(106.0)) == {owned_subkey(alice.peer_id)}
+
+
+# --- a simulated network ----------------------------------------------------------------------
+HANG = object()
+FAIL = object()
+
+
+class Sim:
+    """250 NodeStates exchanging Request/Response objects under a virtual clock."""
+
+    def __init__(self, n: int, seed: int, config: DHTConfig = CONFIG) -> None:
+        self.rng = random.Random(seed)
+        self.config = config
+        self.now = 0.0
+        self.nodes = {}
+        for _ in range(n):
+            peer = make_peer(self.rng)
+            self.nodes[peer] = NodeState(peer, config, addrs=[b"/sim"])
+        self.peers = list(self.nodes)
+        self.dead: set[PeerID] = set()  # refuse at once (dial error)
+        self.hung: set[PeerID] = set()  # accept and never answer
+        self.liars: dict[PeerID, str] = {}  # "far" or "garbage"
+        self.requests = 0
+
+    def alive(self, peer: PeerID) -> bool:
+        return peer in self.nodes and peer not in self.dead and peer not in self.hung
+
+    def _serve(self, src: PeerID, dst: PeerID, request):
+        self.requests += 1
+        if dst not in self.nodes or dst in self.hung:
+            return HANG  # unknown (made-up) peers hang: the worst case for the asker
+        if dst in self.dead:
+            return FAIL
+        response, ping = self.nodes[dst].handle_request(src, request, self.now)
+        for lru in ping:
+            self.nodes[dst].on_ping_result(lru, self.alive(lru), self.now)
+        kind = self.liars.get(dst)
+        if kind is not None:
+            response = self._lie(kind, request, response)
+        return response
+
+    def _lie(self, kind: str, request, response):
+        target = key_id(request.keys[0]) if isinstance(request, FindValue) else int.from_bytes(request.target, "big")
+        if kind == "far":
+            liars = sorted(self.peers, key=lambda p: -(node_id(p) ^ target))[: self.config.k]
+            fake = tuple(self.nodes[p].table.get(p) or Contact(p, (b"/sim",)) for p in liars)
+        else:
+            fake = tuple(Contact(make_peer(self.rng), (b"/nowhere",)) for _ in range(self.config.k))
+        if isinstance(response, Nodes):
+            return Nodes(fake)
+        return Values(tuple(type(r)(r.records, fake) for r in response.results))
+
+    def run(self, src: PeerID, lookup: Lookup, make_request) -> Lookup:
+        state = self.nodes[src]
+        events: list = []
+        seq = itertools.count()
+        for _ in range(100_000):
+            for contact in lookup.next(self.now):
+                request = make_request()
+                outcome = self._serve(src, contact.peer, request)
+                if outcome is not HANG:
+                    delay = self.rng.uniform(0.01, 0.1) if outcome is not FAIL else 0.001
+                    heapq.heappush(events, (self.now + delay, next(seq), contact, request, outcome))
+            if lookup.finished:
+                break
+            deadline = lookup.next_deadline()
+            if events and events[0][0] <= deadline:
+                when, _, contact, request, outcome = heapq.heappop(events)
+                self.now = max(self.now, when)
+                if outcome is FAIL:
+                    state.on_failure(contact.peer, self.now)
+                    lookup.on_failure(contact.peer, self.now)
+                    continue
+                for lru in state.on_reply(contact, request, outcome, self.now):
+                    state.on_ping_result(lru, self.alive(lru), self.now)
+                if isinstance(outcome, Values):
+                    lookup.on_success(contact.peer, outcome.results[0].closer, self.now, outcome.results[0].records)
+                else:
+                    lookup.on_success(contact.peer, outcome.peers, self.now)
+            else:
+                self.now = max(self.now, deadline)
+        else:
+            raise AssertionError("lookup did not terminate")
+        return lookup
+
+    def find_node(self, src: PeerID, target: int) -> Lookup:
+        state = self.nodes[src]
+        start = self.now
+        lookup = self.run(src, state.lookup(target, self.now), lambda: state.find_node_request(target))
+        assert self.now - start <= self.config.lookup_deadline + 0.2
+        return lookup
+
+    def bootstrap(self) -> None:
+        first = self.peers[0]
+        for peer in self.peers[1:]:
+            self.nodes[peer].table.update(Contact(first, (b"/sim",)), self.now)
+            self.find_node(peer, node_id(peer))
+        for peer in self.peers:  # a second pass, as periodic self-lookups would do
+            self.find_node(peer, node_id(peer))
+
+    def truth(self, target: int, src: PeerID) -> set[PeerID]:
+        """The k closest live peers to ``target`` other than the asker (a lookup never returns itself)."""
+        live = [p for p in self.peers if self.alive(p) and p != src]
+        return set(sorted(live, key=lambda p: node_id(p) ^ target)[: self.config.k])
+
+
+@pytest.fixture(scope="module")
+def bootstrapped() -> bytes:
+    sim = Sim(250, seed=11)
+    sim.bootstrap()
+    return pickle.dumps(sim)  # each test gets a fresh copy: bootstrapping is the slow part
+
+
+@pytest.fixture
+def network(bootstrapped: bytes) -> Sim:
+    return pickle.loads(bootstrapped)
+
+
+def recall(sim: Sim, lookups: int, seed: int) -> float:
+    rng = random.Random(seed)
+    live = [p for p in sim.peers if sim.alive(p)]
+    hits = total = 0
+    for _ in range(lookups):
+        target = rng.getrandbits(256)
+        src = rng.choice(live)
+        lookup = sim.find_node(src, target)
+        truth = sim.truth(target, src)
+        hits += len(truth & {c.peer for c in lookup.result()})
+        total += len(truth)
+    return hits / total
+
+
+def test_healthy_network_finds_exact_k_closest(network: Sim) -> None:
+    sizes = [len(s.table) for s in network.nodes.values()]
+    assert min(sizes) >= network.config.k
+    assert recall(network, 40, seed=1) == 1.0
+
+
+def test_twenty_percent_dead_still_finds_k_closest(network: Sim) -> None:
+    sim = network
+    victims = sim.rng.sample(sim.peers, 50)
+    sim.dead.update(victims[:25])  # connection refused
+    sim.hung.update(victims[25:])  # silent
+    assert recall(sim, 60, seed=2) >= 0.99
+    # the driver's liveness sweep (ping what to_check names) then clears the dead from every table
+    def dead_entries() -> int:
+        return sum(
+            1 for p, s in sim.nodes.items() if sim.alive(p) for e in s.table.entries() if not sim.alive(e.contact.peer)
+        )
+
+    before = dead_entries()
+    assert before > 0
+    for _ in range(30):  # dead replacements get promoted too, and are swept in later rounds
+        if not dead_entries():
+            break
+        sim.now += CONFIG.max_failure_backoff
+        for peer, state in sim.nodes.items():
+            if not sim.alive(peer):
+                continue
+            for other in state.table.to_check(sim.now, max_age=0.0):
+                if sim.alive(other):
+                    state.table.record_success(other, sim.now)
+                else:
+                    state.table.record_failure(other, sim.now)
+    assert dead_entries() == 0
+    assert recall(sim, 20, seed=5) == 1.0
+
+
+@pytest.mark.parametrize("kind", ["far", "garbage"])
+def test_liars_cannot_stop_termination(kind: str, network: Sim) -> None:
+    sim = network
+    for peer in sim.rng.sample(sim.peers, 50):
+        sim.liars[peer] = kind
+    rng = random.Random(3)
+    hits = total = 0
+    for _ in range(20):
+        target = rng.getrandbits(256)
+        start = sim.now
+        src = rng.choice(sim.peers)
+        lookup = sim.find_node(src, target)  # asserts the deadline held
+        assert lookup.finished and sim.now - start <= CONFIG.lookup_deadline + 0.2
+        truth = sim.truth(target, src)
+        hits += len(truth & {c.peer for c in lookup.result()})
+        total += len(truth)
+    if kind == "far":
+        assert hits / total >= 0.99  # far contacts are never closer: the honest majority wins
+    else:
+        # made-up contacts that never answer cost slots until their reporter is distrusted
+        assert hits / total >= 0.9
+
+
+def test_store_and_find_values_with_dead_nodes(network: Sim) -> None:
+    sim = network
+    publishers = [KeyPair.generate() for _ in range(5)]
+    key = b"ffn.7."
+    for i, kp in enumerate(publishers):
+        src = sim.peers[i + 1]
+        closest = sim.find_node(src, key_id(key)).result()
+        record = sign(kp, key, owned_subkey(kp.peer_id), b"host %d" % i, sim.now + 60)
+        for contact in closest:
+            sim._serve(src, contact.peer, Store((record,)))
+    for victim in sim.rng.sample(sim.peers[10:], 50):
+        sim.dead.add(victim)
+    rng = random.Random(4)
+    for _ in range(10):
+        src = rng.choice([p for p in sim.peers if sim.alive(p)])
+        state = sim.nodes[src]
+        lookup = sim.run(src, state.value_lookup(key, sim.now), lambda: state.find_value_request([key]))
+        found = lookup.live_records(sim.now)
+        assert {r.signer for r in found.values()} == {kp.peer_id for kp in publishers}
+        assert len(lookup.found_on) >= CONFIG.value_quorum or lookup.finished

@@ -1,0 +1,417 @@
+"""Live experts in the DHT: uid grammar, declarations, choosing hosts, and grid beam search.
+
+Uids are ``prefix.i.j…``: a prefix (letters, digits, ``_``, ``-``) then one or more indices
+(decimal, no leading zeros). A grid prefix is a uid's prefix plus some of its leading indices and a
+trailing dot: ``ffn.3.5.7`` has grid prefixes ``ffn.3.`` and ``ffn.3.5.``.
+
+A host declares, under sub-key = its PeerID bytes, one record per uid (key = the uid) and one per
+grid prefix (key = the prefix). Every value is a msgpack map (a Declaration)::
+
+    {"p": host PeerID bytes, "a": [multiaddr bytes], "l": load, "h": heartbeat time,
+     "n": {next index: an expert uid of this host below that index}}     # "n": prefix records only
+
+Beam search (after Learning@home / hivemind's MoEBeamSearcher) walks the grid left to right: the
+best active first indices (fetched in score order), then for each further dimension the best
+``beam_size`` extensions of the beam among the children the hosts declared. ``BeamSearch`` is
+sans-I/O: ``wanted()`` names the keys to fetch (batch them into FIND_VALUE lookups), ``feed()``
+takes what was found.
+
+Timings for the driver (DHTConfig): re-declare every ``expert_update_period`` (5 s) with
+expiration ``now + expert_expiration`` (15 s), so a crashed host's experts vanish within 20 s;
+on leave, publish ``make_tombstones`` with the last expiration used.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence, Union
+
+import msgpack
+
+from ..errors import DHTRecordError, ExpertUIDError, PeerIDError
+from ..net.identity import PeerID
+from .config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH, DHTConfig
+from .records import Record
+
+DELIMITER = "."
+_UID = re.compile(r"^([A-Za-z0-9_-]+)((?:\.(?:0|[1-9][0-9]*))+)$")
+_PREFIX = re.compile(r"^([A-Za-z0-9_-]+)\.((?:(?:0|[1-9][0-9]*)\.)*)$")
+
+Found = Union[Mapping[bytes, Record], Iterable[Record]]
+
+
+# --- uid grammar ---------------------------------------------------------------------------
+def parse_uid(uid: str) -> tuple[str, tuple[int, ...]]:
+    """Split ``ffn.3.5`` into ``("ffn", (3, 5))``; raises ExpertUIDError."""
+    match = _UID.match(uid) if isinstance(uid, str) and len(uid) <= MAX_UID_LENGTH else None
+    if match is None:
+        raise ExpertUIDError(f"invalid expert uid {uid!r}: expected prefix.i.j with non-negative indices")
+    coords = tuple(int(x) for x in match.group(2)[1:].split(DELIMITER))
+    if len(coords) > MAX_GRID_DEPTH or max(coords) >= MAX_GRID_INDEX:
+        raise ExpertUIDError(f"expert uid {uid!r} is deeper or wider than the grid limits")
+    return match.group(1), coords
+
+
+def parse_prefix(prefix: str) -> tuple[str, tuple[int, ...]]:
+    """Split a grid prefix ``ffn.3.`` into ``("ffn", (3,))``; raises ExpertUIDError."""
+    match = _PREFIX.match(prefix) if isinstance(prefix, str) and len(prefix) <= MAX_UID_LENGTH else None
+    if match is None:
+        raise ExpertUIDError(f"invalid grid prefix {prefix!r}: expected prefix. or prefix.i.")
+    coords = tuple(int(x) for x in match.group(2).split(DELIMITER) if x)
+    return match.group(1), coords
+
+
+def is_valid_uid(uid: object) -> bool:
+    """Whether ``uid`` follows the grammar."""
+    try:
+        parse_uid(uid)  # type: ignore[arg-type]
+    except ExpertUIDError:
+        return False
+    return True
+
+
+def make_uid(prefix: str, coords: Sequence[int]) -> str:
+    """``make_uid("ffn", [3, 5]) == "ffn.3.5"`` (validated)."""
+    uid = DELIMITER.join([prefix, *(str(int(c)) for c in coords)])
+    parse_uid(uid)
+    return uid
+
+
+def grid_prefixes(uid: str) -> list[str]:
+    """The grid prefixes a uid is declared under: ``ffn.3.5.7`` → ``["ffn.3.", "ffn.3.5."]``."""
+    name, coords = parse_uid(uid)
+    return [DELIMITER.join([name, *map(str, coords[:n])]) + DELIMITER for n in range(1, len(coords))]
+
+
+def expert_key(uid_or_prefix: str) -> bytes:
+    """The DHT key of a uid or grid prefix."""
+    return uid_or_prefix.encode("ascii")
+
+
+# --- declarations ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostInfo:
+    """What a host says about itself in every declaration."""
+
+    peer: PeerID
+    addrs: tuple[bytes, ...] = ()
+    load: float = 0.0
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """A decoded declaration value; ``expiration`` comes from its record (0 if not from one)."""
+
+    peer: PeerID
+    addrs: tuple[bytes, ...]
+    load: float
+    heartbeat: float
+    children: tuple[tuple[int, str], ...] = ()  # prefix records: (next index, a uid below it)
+    expiration: float = 0.0
+
+    def encode(self) -> bytes:
+        """The msgpack value stored in the DHT."""
+        msg: dict = {
+            "p": self.peer.to_bytes(),
+            "a": list(self.addrs),
+            "l": float(self.load),
+            "h": float(self.heartbeat),
+        }
+        if self.children:
+            msg["n"] = {int(c): uid for c, uid in self.children}
+        return msgpack.packb(msg, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes, config: DHTConfig, expiration: float = 0.0) -> "Declaration":
+        """Parse a value; raises DHTRecordError (code ``bad-declaration``) for anything malformed."""
+        if len(data) > config.max_value_size:
+            raise DHTRecordError("declaration too large", "bad-declaration")
+        try:
+            msg = msgpack.unpackb(
+                data, raw=False, strict_map_key=False, max_ext_len=0
+            )
+        except Exception:  # msgpack raises several unrelated types
+            raise DHTRecordError("declaration is not msgpack", "bad-declaration") from None
+        try:
+            peer = PeerID.from_bytes(msg["p"])
+            addrs = tuple(msg.get("a", ()))
+            load, heartbeat = msg["l"], msg["h"]
+            children = msg.get("n", {})
+            ok = (
+                len(addrs) <= config.max_addrs
+                and all(isinstance(a, bytes) and len(a) <= config.max_addr_size for a in addrs)
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (load, heartbeat))
+                and math.isfinite(load)
+                and math.isfinite(heartbeat)
+                and isinstance(children, dict)
+                and all(
+                    isinstance(c, int) and not isinstance(c, bool) and isinstance(u, str) for c, u in children.items()
+                )
+            )
+        except (TypeError, KeyError, AttributeError, ValueError, PeerIDError):
+            ok = False
+        if not ok:
+            raise DHTRecordError("declaration has missing or mistyped fields", "bad-declaration")
+        return cls(peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration)
+
+
+def make_declarations(
+    uids: Iterable[str],
+    host: HostInfo,
+    now: float,
+    expiration: float,
+    *,
+    loads: Mapping[str, float] | None = None,
+    config: DHTConfig | None = None,
+) -> list[tuple[bytes, bytes, bytes, float]]:
+    """``(key, sub-key, value, expiration)`` for every uid and grid prefix of this host.
+
+    One record per uid (its own load from ``loads``, else the host's) and one per grid prefix
+    listing, for each next index, one of the host's uids below it (the least loaded). Sign each
+    with ``records.sign`` and store them on the k closest peers of each key.
+    """
+    config = config or DHTConfig()
+    loads = loads or {}
+    subkey = host.peer.to_bytes()
+    uids = sorted(set(uids))
+    children: dict[str, dict[int, str]] = {}
+    out = []
+    for uid in uids:
+        name, coords = parse_uid(uid)
+        load = float(loads.get(uid, host.load))
+        out.append((expert_key(uid), subkey, Declaration(host.peer, host.addrs, load, now).encode(), float(expiration)))
+        for depth, prefix in enumerate(grid_prefixes(uid), start=1):
+            below = children.setdefault(prefix, {})
+            best = below.get(coords[depth])
+            if best is None or loads.get(uid, host.load) < loads.get(best, host.load):
+                below[coords[depth]] = uid
+    for prefix, below in sorted(children.items()):
+        decl = Declaration(host.peer, host.addrs, float(host.load), now, tuple(sorted(below.items())))
+        out.append((expert_key(prefix), subkey, decl.encode(), float(expiration)))
+    for key, _, value, _ in out:
+        if len(value) > config.max_value_size:
+            raise DHTRecordError(f"declaration for {key!r} exceeds max_value_size", "too-large")
+    return out
+
+
+def make_tombstones(uids: Iterable[str], peer: PeerID, expiration: float) -> list[tuple[bytes, bytes, None, float]]:
+    """Tombstones for every key ``make_declarations`` wrote; ``expiration`` = the last one declared."""
+    keys = set()
+    for uid in uids:
+        keys.add(uid)
+        keys.update(grid_prefixes(uid))
+    return [(expert_key(k), peer.to_bytes(), None, float(expiration)) for k in sorted(keys)]
+
+
+def _records(found: Found) -> Iterable[Record]:
+    return found.values() if isinstance(found, Mapping) else found
+
+
+def select_alive(found: Found, now: float, config: DHTConfig | None = None) -> list[Declaration]:
+    """Declarations of hosts alive at ``now``, best first.
+
+    Skips tombstones, expired records and values that do not decode or that name a host other
+    than the record's signer. Order: fresh heartbeats before stale ones (older than
+    ``heartbeat_stale``), then lowest load, then newest heartbeat.
+    """
+    config = config or DHTConfig()
+    alive = []
+    for record in _records(found):
+        if record.value is None or record.expiration <= now:
+            continue
+        try:
+            decl = Declaration.decode(record.value, config, record.expiration)
+        except DHTRecordError:
+            continue
+        if decl.peer != record.signer:
+            continue
+        alive.append(decl)
+    stale_before = now - config.heartbeat_stale
+    alive.sort(key=lambda d: (d.heartbeat < stale_before, d.load, -d.heartbeat))
+    return alive
+
+
+# --- beam search ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExpertMatch:
+    """A live expert found by beam search: its uid, grid score and hosts (best first)."""
+
+    uid: str
+    score: float
+    hosts: tuple[Declaration, ...]
+
+
+@dataclass
+class _Entry:
+    score: float
+    prefix: str  # e.g. "ffn.3." (ends with the delimiter)
+    children: dict[int, list[tuple[str, Declaration]]]
+
+
+class BeamSearch:
+    """Find the ``beam_size`` best live experts of a grid, one batch of DHT keys at a time.
+
+    ``grid_scores[d][i]`` scores index ``i`` along dimension ``d`` (higher is better); an expert's
+    score is the sum over its indices. Drive it with::
+
+        while keys := search.wanted():
+            search.feed({key: records found for key}, now)
+        search.result()
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        grid_scores: Sequence[Sequence[float]],
+        beam_size: int,
+        now: float,
+        config: DHTConfig | None = None,
+    ) -> None:
+        self.name = prefix.rstrip(DELIMITER)
+        parse_prefix(self.name + DELIMITER)
+        if not 1 <= len(grid_scores) <= MAX_GRID_DEPTH or beam_size < 1:
+            raise ExpertUIDError("grid_scores needs 1..MAX_GRID_DEPTH dimensions and beam_size >= 1")
+        self.scores = [[float(s) for s in dim] for dim in grid_scores]
+        self.depth = len(self.scores)
+        self.beam_size = beam_size
+        self.config = config or DHTConfig()
+        self.now = now
+        self.rounds = 0  # batches fed, for tests and metrics
+        self._beam: list[_Entry] = []
+        self._found: dict[str, tuple[float, list[Declaration]]] = {}
+        # dimension 0 candidates, best last so pop() takes the best
+        self._untried = sorted(range(len(self.scores[0])), key=lambda i: (self.scores[0][i], -i))
+        self._dim = 0  # dimension whose children the pending keys will reveal
+        self._pending: list[tuple[float, str]] = []
+        self.done = False
+        self._plan_initial()
+
+    # --- driver API ------------------------------------------------------------------------------
+    def wanted(self) -> list[str]:
+        """Keys (uids or grid prefixes) to fetch next; empty when the search is over."""
+        return [] if self.done else [key for _, key in self._pending]
+
+    def feed(self, found: Mapping[str, Found], now: float) -> None:
+        """Records found for the keys of the last ``wanted()`` (missing keys count as empty)."""
+        if self.done:
+            return
+        self.now = now
+        self.rounds += 1
+        pending, self._pending = self._pending, []
+        if self.depth == 1:
+            for score, uid in pending:
+                hosts = select_alive(found.get(uid, ()), now, self.config)
+                if hosts:
+                    self._add_expert(uid, score, hosts)
+            if len(self._found) >= self.beam_size or not self._untried:
+                self.done = True
+            else:
+                self._plan_initial()
+            return
+        beam = []
+        for score, prefix in pending:
+            children = self._children(prefix, found.get(prefix, ()), now)
+            if children:
+                beam.append(_Entry(score, prefix, children))
+        if self._dim == 1:  # still forming the initial beam from dimension-0 prefixes
+            self._beam.extend(beam)
+            self._beam.sort(key=lambda e: -e.score)
+            del self._beam[self.beam_size :]
+            if len(self._beam) < self.beam_size and self._untried:
+                self._plan_initial()
+                return
+        else:
+            self._beam = beam
+        self._advance()
+
+    def result(self) -> list[ExpertMatch]:
+        """The best experts found, best first (at most ``beam_size``)."""
+        best = heapq.nlargest(self.beam_size, self._found.items(), key=lambda kv: (kv[1][0], kv[0]))
+        return [ExpertMatch(uid, score, tuple(hosts)) for uid, (score, hosts) in best]
+
+    # --- steps -------------------------------------------------------------------------------------
+    def _plan_initial(self) -> None:
+        # next batch of dimension-0 candidates in score order (hivemind's initial beam)
+        batch = []
+        while self._untried and len(batch) < self.beam_size:
+            i = self._untried.pop()
+            key = f"{self.name}.{i}" if self.depth == 1 else f"{self.name}.{i}."
+            batch.append((self.scores[0][i], key))
+        self._pending = batch
+        self._dim = 1
+        if not batch:
+            self.done = True
+
+    def _advance(self) -> None:
+        # every child listed in the beam may already name a full uid: score those exactly
+        for entry in self._beam:
+            for pairs in entry.children.values():
+                for uid, decl in pairs:
+                    score = self._score(uid)
+                    if score is not None:
+                        self._add_expert(uid, score, [decl])
+        if not self._beam or self._dim >= self.depth - 1:
+            self.done = True  # the last dimension's children were full uids, now scored
+            return
+        dim = self.scores[self._dim]
+        extensions = (
+            (entry.score + dim[c], f"{entry.prefix}{c}{DELIMITER}") for entry in self._beam for c in entry.children
+        )
+        self._pending = heapq.nlargest(self.beam_size, extensions)
+        self._dim += 1
+        if not self._pending:
+            self.done = True
+
+    def _children(self, prefix: str, found: Found, now: float) -> dict[int, list[tuple[str, Declaration]]]:
+        # union of the children every live host lists under this prefix, checked against the grid
+        level = prefix.count(DELIMITER) - 1  # indices in the prefix
+        width = len(self.scores[level])
+        children: dict[int, list[tuple[str, Declaration]]] = {}
+        for decl in select_alive(found, now, self.config):
+            for coord, uid in decl.children:
+                if not 0 <= coord < width or not uid.startswith(f"{prefix}{coord}"):
+                    continue
+                rest = uid[len(prefix) + len(str(coord)) :]
+                if rest and not rest.startswith(DELIMITER):
+                    continue  # "ffn.3.50" is not below index 5
+                children.setdefault(coord, []).append((uid, decl))
+        return children
+
+    def _score(self, uid: str) -> float | None:
+        try:
+            name, coords = parse_uid(uid)
+        except ExpertUIDError:
+            return None
+        if name != self.name or len(coords) != self.depth:
+            return None
+        if any(c >= len(dim) for c, dim in zip(coords, self.scores)):
+            return None
+        return sum(dim[c] for c, dim in zip(coords, self.scores))
+
+    def _add_expert(self, uid: str, score: float, hosts: list[Declaration]) -> None:
+        known = self._found.get(uid)
+        if known is None:
+            self._found[uid] = (score, list(hosts))
+            return
+        peers = {d.peer for d in known[1]}
+        known[1].extend(d for d in hosts if d.peer not in peers)
+        stale_before = self.now - self.config.heartbeat_stale
+        known[1].sort(key=lambda d: (d.heartbeat < stale_before, d.load, -d.heartbeat))
+
+
+def find_best_experts(
+    prefix: str,
+    grid_scores: Sequence[Sequence[float]],
+    beam_size: int,
+    get_many: Callable[[list[str]], Mapping[str, Found]],
+    now: float,
+    config: DHTConfig | None = None,
+) -> list[ExpertMatch]:
+    """Run a BeamSearch with a synchronous ``get_many(keys) -> {key: records}`` (tests, local stores)."""
+    search = BeamSearch(prefix, grid_scores, beam_size, now, config)
+    while keys := search.wanted():
+        search.feed(get_many(keys), now)
+    return search.result()

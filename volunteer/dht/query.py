@@ -1,0 +1,281 @@
+"""Iterative Kademlia lookups as sans-I/O state machines (after rust-libp2p's ClosestPeersIter).
+
+The driver loops::
+
+    lookup = Lookup(target, table.closest(target, k, now), config, now, local=me)
+    while not lookup.finished:
+        for contact in lookup.next(now):           # at most alpha counted in flight
+            start a request to contact             # -> on_success / on_failure when it ends
+        wait until a request ends or lookup.next_deadline()
+    lookup.result()
+
+A lookup finishes when the ``count`` closest peers it knows have all answered, when nobody is
+left to ask or waited for, or at ``lookup_deadline``, whatever peers do: every peer is asked at
+most once, and at most ``lookup_max_peers`` candidates are tracked. A request unanswered after
+``slot_timeout`` frees its alpha slot (the lookup still waits for it, up to ``request_timeout``,
+if it is among the closest, and a late answer still counts), so silent peers slow a lookup
+little. Peers that return far or made-up contacts only cost the queries those contacts fail:
+contacts are placed by sha256 of their PeerID, never by what a peer claims.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ..errors import DHTRecordError
+from ..net.identity import PeerID
+from .config import DHTConfig
+from .records import Record, check
+from .routing import Contact, key_id
+
+
+class State(enum.Enum):
+    """Where a candidate peer stands in a lookup."""
+
+    NOT_CONTACTED = "not-contacted"
+    WAITING = "waiting"  # request in flight, counted against alpha
+    SLOW = "slow"  # past slot_timeout: frees its slot, still waited for until request_timeout
+    UNRESPONSIVE = "unresponsive"  # past request_timeout: not waited for; a late answer still counts
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+_ASKED = (State.WAITING, State.SLOW, State.UNRESPONSIVE)
+
+
+@dataclass
+class _Candidate:
+    contact: Contact
+    distance: int
+    state: State = State.NOT_CONTACTED
+    asked_at: float = 0.0
+    deadline: float = 0.0  # when WAITING turns SLOW, or SLOW turns UNRESPONSIVE
+    reporters: set[PeerID] = field(default_factory=set)  # who told us about it (empty: a seed)
+
+
+class Lookup:
+    """FIND_NODE lookup: the ``count`` (default k) closest responsive peers to ``target``."""
+
+    def __init__(
+        self,
+        target: int,
+        seeds: Iterable[Contact],
+        config: DHTConfig,
+        now: float,
+        *,
+        local: PeerID | None = None,
+        count: int | None = None,
+    ) -> None:
+        self.target = target
+        self.config = config
+        self.count = count or config.k
+        self.local = local
+        self.deadline = now + config.lookup_deadline
+        self.finished = False
+        self.queried = 0  # requests started, for stats and tests
+        self._candidates: dict[PeerID, _Candidate] = {}
+        self._order: list[tuple[int, bytes]] = []  # (distance, peer bytes), sorted
+        self._by_bytes: dict[bytes, PeerID] = {}
+        # reporter -> [answered, failed] among the contacts it gave us; see _judge
+        self._record: dict[PeerID, list[int]] = {}
+        self._distrusted: set[PeerID] = set()
+        self._add(seeds, None)
+
+    # --- driver API ----------------------------------------------------------------------
+    def next(self, now: float) -> list[Contact]:
+        """Peers to ask now (none once finished); marks them in flight."""
+        if self.finished:
+            return []
+        if now >= self.deadline:
+            self.finished = True
+            return []
+        in_flight = 0
+        for cand in self._candidates.values():
+            if cand.state is State.WAITING and now >= cand.deadline:
+                cand.state = State.SLOW
+                cand.deadline = cand.asked_at + self.config.request_timeout
+                self._judge(cand, ok=False)
+            if cand.state is State.SLOW and now >= cand.deadline:
+                cand.state = State.UNRESPONSIVE
+            if cand.state is State.WAITING:
+                in_flight += 1
+        to_ask: list[Contact] = []
+        succeeded = 0
+        pending = False  # a candidate closer than the result may still change it
+        for _, raw in self._order:
+            cand = self._candidates[self._by_bytes[raw]]
+            if cand.state is State.SUCCEEDED:
+                succeeded += 1
+                if succeeded >= self.count:
+                    break
+            elif cand.state is State.NOT_CONTACTED:
+                if self._untrusted(cand):
+                    continue
+                pending = True
+                if in_flight >= self.config.alpha:
+                    break
+                cand.state = State.WAITING
+                cand.asked_at = now
+                cand.deadline = now + min(self.config.slot_timeout, self.config.request_timeout)
+                in_flight += 1
+                self.queried += 1
+                to_ask.append(cand.contact)
+            elif cand.state is State.WAITING or (cand.state is State.SLOW and not self._untrusted(cand)):
+                pending = True
+        if not pending:
+            # the closest peers all answered, or nobody is left to ask or wait for
+            self.finished = True
+        return to_ask
+
+    def on_success(self, peer: PeerID, closer: Iterable[Contact], now: float) -> None:
+        """``peer`` answered with ``closer`` contacts."""
+        cand = self._candidates.get(peer)
+        if cand is None or cand.state not in _ASKED:
+            return
+        self._judge(cand, ok=True)  # late or not, its reporter told the truth
+        cand.state = State.SUCCEEDED
+        if not self.finished and peer not in self._distrusted:
+            self._add(closer, peer)
+
+    def on_failure(self, peer: PeerID, now: float) -> None:
+        """The request to ``peer`` failed (error, reset, timeout, malformed reply)."""
+        cand = self._candidates.get(peer)
+        if cand is not None and cand.state in _ASKED:
+            if cand.state is State.WAITING:
+                self._judge(cand, ok=False)
+            cand.state = State.FAILED
+
+    def next_deadline(self) -> float | None:
+        """When ``next`` should be called again if no request ends first (None once finished)."""
+        if self.finished:
+            return None
+        waiting = [c.deadline for c in self._candidates.values() if c.state in (State.WAITING, State.SLOW)]
+        return min(waiting + [self.deadline])
+
+    def in_flight(self) -> list[PeerID]:
+        """Peers whose request is still counted against alpha."""
+        return [p for p, c in self._candidates.items() if c.state is State.WAITING]
+
+    def result(self) -> list[Contact]:
+        """The closest peers that answered, closest first (at most ``count``)."""
+        out = []
+        for _, raw in self._order:
+            cand = self._candidates[self._by_bytes[raw]]
+            if cand.state is State.SUCCEEDED:
+                out.append(cand.contact)
+                if len(out) >= self.count:
+                    break
+        return out
+
+    def state_of(self, peer: PeerID) -> State | None:
+        """A candidate's state (tests, diagnostics)."""
+        cand = self._candidates.get(peer)
+        return cand.state if cand else None
+
+    # --- internals -----------------------------------------------------------------------------
+    def _judge(self, cand: _Candidate, ok: bool) -> None:
+        # A peer whose contacts keep failing (made-up or dead peers) loses our trust: the contacts
+        # only it reported are no longer asked or waited for. Honest peers in a churning swarm
+        # give mostly live contacts, so they stay above the bar; liars fall below it in 2 misses.
+        for reporter in cand.reporters:
+            record = self._record.setdefault(reporter, [0, 0])
+            record[0 if ok else 1] += 1
+            if record[1] >= 2 and record[1] > record[0]:
+                self._distrusted.add(reporter)
+
+    def _untrusted(self, cand: _Candidate) -> bool:
+        return bool(cand.reporters) and cand.reporters <= self._distrusted
+
+    def _add(self, contacts: Iterable[Contact], reporter: PeerID | None) -> None:
+        for contact in contacts:
+            peer = contact.peer
+            if peer == self.local:
+                continue
+            known = self._candidates.get(peer)
+            if known is not None:
+                if not known.contact.addrs and contact.addrs:
+                    known.contact = contact
+                if reporter is not None and known.reporters:
+                    known.reporters.add(reporter)
+                continue
+            distance = contact.id ^ self.target
+            if len(self._order) >= self.config.lookup_max_peers and distance >= self._order[-1][0]:
+                continue  # farther than everything we track: cannot matter
+            raw = peer.to_bytes()
+            self._candidates[peer] = _Candidate(contact, distance, reporters={reporter} if reporter else set())
+            self._by_bytes[raw] = peer
+            bisect.insort(self._order, (distance, raw))
+            self._trim()
+
+    def _trim(self) -> None:
+        # forget the farthest candidates not in flight; those in flight stay until they answer
+        i = len(self._order) - 1
+        while len(self._order) > self.config.lookup_max_peers and i >= 0:
+            raw = self._order[i][1]
+            peer = self._by_bytes[raw]
+            if self._candidates[peer].state not in _ASKED:
+                del self._order[i]
+                del self._candidates[peer]
+                del self._by_bytes[raw]
+            i -= 1
+
+
+class ValueLookup(Lookup):
+    """FIND_VALUE lookup of one key: merges the sub-keyed records several peers return.
+
+    Records are checked (signature, ownership, bounds, expiry) before they count; per sub-key the
+    newest expiration wins. The lookup stops early once ``quorum`` peers returned valid records,
+    so sub-keys written by different publishers to slightly different peer sets are collected.
+    """
+
+    def __init__(
+        self,
+        key: bytes,
+        seeds: Iterable[Contact],
+        config: DHTConfig,
+        now: float,
+        *,
+        local: PeerID | None = None,
+        quorum: int | None = None,
+        count: int | None = None,
+    ) -> None:
+        super().__init__(key_id(key), seeds, config, now, local=local, count=count)
+        self.key = bytes(key)
+        self.quorum = quorum or config.value_quorum
+        self.records: dict[bytes, Record] = {}
+        self.found_on: list[PeerID] = []  # peers that returned valid records, in answer order
+        self.rejected = 0  # invalid records seen (forgeries, expired, foreign keys)
+
+    def on_success(  # type: ignore[override]
+        self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
+    ) -> None:
+        """``peer`` answered with ``closer`` contacts and its records for the key."""
+        cand = self._candidates.get(peer)
+        if cand is None or cand.state not in _ASKED:
+            return
+        valid = 0
+        for record in records:
+            if record.key != self.key:
+                self.rejected += 1
+                continue
+            try:
+                check(record, now, self.config)
+            except DHTRecordError:
+                self.rejected += 1
+                continue
+            valid += 1
+            held = self.records.get(record.subkey)
+            if held is None or record.supersedes(held):
+                self.records[record.subkey] = record
+        super().on_success(peer, closer, now)
+        if valid:
+            self.found_on.append(peer)
+            if len(self.found_on) >= self.quorum:
+                self.finished = True
+
+    def live_records(self, now: float) -> dict[bytes, Record]:
+        """Merged records not yet expired at ``now`` (tombstones included)."""
+        return {sub: rec for sub, rec in self.records.items() if rec.expiration > now}

@@ -1,0 +1,308 @@
+"""Kademlia routing table: k-buckets with ping-before-evict, a replacement cache and failure back-off.
+
+Pure: every method that depends on time takes ``now``; nothing here sends or sleeps. The driver
+tells the table what happened (``update`` when a peer spoke to us or answered, ``record_failure``
+when a request failed, ``on_ping_result`` for ping-before-evict) and does what it is asked (ping the
+peers ``update`` returns).
+
+Node IDs are sha256 of the PeerID bytes, so a node cannot choose its place in the key space;
+record keys live in the same 256-bit space as sha256 of the key bytes. Distance is XOR.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from ..net.identity import PeerID
+from .config import DHTConfig
+
+ID_BITS = 256
+
+
+def node_id(peer: PeerID) -> int:
+    """A peer's position in the key space: sha256 of its PeerID bytes, as a 256-bit integer."""
+    return int.from_bytes(hashlib.sha256(peer.to_bytes()).digest(), "big")
+
+
+def key_id(key: bytes) -> int:
+    """A record key's position in the key space: sha256 of the key bytes."""
+    return int.from_bytes(hashlib.sha256(key).digest(), "big")
+
+
+def id_to_bytes(ident: int) -> bytes:
+    """The 32-byte big-endian form of an ID, as FIND_NODE carries it."""
+    return ident.to_bytes(32, "big")
+
+
+def id_from_bytes(data: bytes) -> int:
+    """Inverse of :func:`id_to_bytes`."""
+    return int.from_bytes(data, "big")
+
+
+@dataclass(frozen=True, eq=False)
+class Contact:
+    """A peer as the DHT knows it: PeerID and multiaddrs (binary; direct and relayed)."""
+
+    peer: PeerID
+    addrs: tuple[bytes, ...] = ()
+    id: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "addrs", tuple(bytes(a) for a in self.addrs))
+        object.__setattr__(self, "id", node_id(self.peer))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Contact) and (self.peer, self.addrs) == (other.peer, other.addrs)
+
+    def __hash__(self) -> int:
+        return hash((self.peer, self.addrs))
+
+
+@dataclass
+class Entry:
+    """A contact in a bucket, with its liveness bookkeeping."""
+
+    contact: Contact
+    last_seen: float  # last time it spoke to us or answered
+    failures: int = 0  # consecutive failed requests
+    backoff_until: float = 0.0  # do not prefer it for queries before this time
+
+    def backed_off(self, now: float) -> bool:
+        """True while a recent failure makes this contact a poor choice to ask."""
+        return self.failures > 0 and now < self.backoff_until
+
+
+@dataclass
+class _Pending:
+    lru: PeerID  # the least-recently-seen entry we asked the driver to ping
+    since: float
+    deadline: float
+
+
+class Bucket:
+    """Up to k entries ordered least-recently-seen first, plus a replacement cache."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        # peer -> (contact, last heard); most recent last
+        self.replacements: OrderedDict[PeerID, tuple[Contact, float]] = OrderedDict()
+        self.pending: _Pending | None = None
+        self.last_changed = 0.0
+
+    def find(self, peer: PeerID) -> int | None:
+        """Index of ``peer`` in ``entries``, or None."""
+        for i, entry in enumerate(self.entries):
+            if entry.contact.peer == peer:
+                return i
+        return None
+
+
+class RoutingTable:
+    """k-buckets around ``local``. Client-mode peers are never inserted."""
+
+    def __init__(self, local: PeerID, config: DHTConfig | None = None) -> None:
+        self.local = local
+        self.local_id = node_id(local)
+        self.config = config or DHTConfig()
+        self._buckets: dict[int, Bucket] = {}
+        self._where: dict[PeerID, int] = {}  # peer -> bucket index, for entries only
+
+    # --- queries ---------------------------------------------------------------------------
+    def bucket_index(self, ident: int) -> int:
+        """Bucket of an ID: the position of the highest bit in which it differs from ours (0..255)."""
+        distance = ident ^ self.local_id
+        if distance == 0:
+            raise ValueError("the local node has no bucket")
+        return distance.bit_length() - 1
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, peer: object) -> bool:
+        return peer in self._where
+
+    def get(self, peer: PeerID) -> Entry | None:
+        """The entry of ``peer``, or None."""
+        index = self._where.get(peer)
+        if index is None:
+            return None
+        bucket = self._buckets[index]
+        return bucket.entries[bucket.find(peer)]
+
+    def entries(self) -> Iterator[Entry]:
+        """Every entry, bucket by bucket."""
+        for bucket in self._buckets.values():
+            yield from bucket.entries
+
+    def closest(
+        self, target: int, count: int, now: float, *, exclude: Iterable[PeerID] = ()
+    ) -> list[Contact]:
+        """The ``count`` contacts closest to ``target``; contacts whose last request failed come last.
+
+        Preferring responsive peers keeps lookups (ours, and others' through our replies) from
+        spending their alpha slots on peers that just failed; those are still returned when
+        nothing better is known, and are redeemed by any message from them or a liveness check.
+        """
+        skip = set(exclude)
+        candidates = (
+            (entry.failures > 0, entry.contact.id ^ target, entry.contact)
+            for entry in self.entries()
+            if entry.contact.peer not in skip
+        )
+        return [c for _, _, c in heapq.nsmallest(count, candidates, key=lambda t: (t[0], t[1]))]
+
+    def bucket_for(self, peer: PeerID) -> Bucket | None:
+        """The bucket ``peer`` belongs in (existing or not yet created: None)."""
+        return self._buckets.get(self.bucket_index(node_id(peer)))
+
+    # --- updates ---------------------------------------------------------------------------
+    def update(self, contact: Contact, now: float, *, client_mode: bool = False) -> PeerID | None:
+        """``contact`` spoke to us or answered us. Returns a peer the driver must ping, or None.
+
+        A full bucket does not evict on its own: the least-recently-seen entry is pinged first
+        (Kademlia's preference for long-lived nodes) and the newcomer waits in the replacement
+        cache; ``on_ping_result`` or ``expire`` settles it.
+        """
+        peer = contact.peer
+        if peer == self.local:
+            return None
+        if client_mode:
+            # a peer that turned client (lost reachability) must not be handed to others
+            self.remove(peer)
+            return None
+        index = self.bucket_index(contact.id)
+        bucket = self._buckets.setdefault(index, Bucket())
+        at = bucket.find(peer)
+        if at is not None:
+            entry = bucket.entries.pop(at)
+            if contact.addrs:
+                entry.contact = contact
+            entry.last_seen = now
+            entry.failures = 0
+            entry.backoff_until = 0.0
+            bucket.entries.append(entry)
+            return None
+        if len(bucket.entries) < self.config.k:
+            bucket.entries.append(Entry(contact, now))
+            bucket.replacements.pop(peer, None)
+            bucket.last_changed = now
+            self._where[peer] = index
+            return None
+        self._remember(bucket, contact, now)
+        if bucket.pending is None:
+            lru = bucket.entries[0].contact.peer
+            bucket.pending = _Pending(lru, now, now + self.config.ping_timeout)
+            return lru
+        return None
+
+    def record_success(self, peer: PeerID, now: float) -> None:
+        """A request to ``peer`` succeeded (when its contact is not at hand; else use ``update``)."""
+        entry = self.get(peer)
+        if entry is not None:
+            self.update(entry.contact, now)
+
+    def record_failure(self, peer: PeerID, now: float) -> None:
+        """A request to ``peer`` failed or timed out: back off, and evict after ``max_failures``."""
+        index = self._where.get(peer)
+        if index is None:
+            self._forget_replacement(peer)
+            return
+        bucket = self._buckets[index]
+        entry = bucket.entries[bucket.find(peer)]
+        entry.failures += 1
+        delay = self.config.failure_backoff * 2 ** min(entry.failures - 1, 32)
+        entry.backoff_until = now + min(delay, self.config.max_failure_backoff)
+        suspected = bucket.pending is not None and bucket.pending.lru == peer
+        if entry.failures >= self.config.max_failures or suspected:
+            self._evict(index, peer, now)
+
+    def on_ping_result(self, peer: PeerID, ok: bool, now: float) -> None:
+        """Outcome of a ping-before-evict asked for by ``update``."""
+        if ok:
+            self.record_success(peer, now)
+            index = self._where.get(peer)
+            if index is not None:
+                bucket = self._buckets[index]
+                if bucket.pending is not None and bucket.pending.lru == peer:
+                    bucket.pending = None
+        elif peer in self._where:
+            self._evict(self._where[peer], peer, now)
+
+    def expire(self, now: float) -> list[PeerID]:
+        """Settle ping-before-evict checks past their deadline; returns the peers evicted.
+
+        A driver that lost track of a ping does not wedge the bucket: if the old entry has not
+        been heard from since the check began, it goes.
+        """
+        evicted = []
+        for index, bucket in list(self._buckets.items()):
+            pending = bucket.pending
+            if pending is None or now < pending.deadline:
+                continue
+            bucket.pending = None
+            at = bucket.find(pending.lru)
+            if at is not None and bucket.entries[at].last_seen <= pending.since:
+                self._evict(index, pending.lru, now)
+                evicted.append(pending.lru)
+        return evicted
+
+    def remove(self, peer: PeerID) -> None:
+        """Forget ``peer`` entirely (without promoting anyone)."""
+        index = self._where.pop(peer, None)
+        if index is None:
+            self._forget_replacement(peer)
+            return
+        bucket = self._buckets[index]
+        at = bucket.find(peer)
+        del bucket.entries[at]
+        if bucket.pending is not None and bucket.pending.lru == peer:
+            bucket.pending = None
+
+    def to_check(self, now: float, max_age: float | None = None) -> list[PeerID]:
+        """Contacts the driver should ping now: silent for ``max_age`` (default
+        ``liveness_check_age``), or failed once and out of their back-off. Pinging them redeems
+        or evicts them, so tables shed dead volunteers between lookups."""
+        max_age = self.config.liveness_check_age if max_age is None else max_age
+        return [
+            e.contact.peer
+            for e in self.entries()
+            if now - e.last_seen >= max_age or (e.failures > 0 and not e.backed_off(now))
+        ]
+
+    def refresh_targets(self, now: float, max_age: float, rng: random.Random | None = None) -> list[int]:
+        """Random IDs in the non-empty buckets unchanged for ``max_age``: look them up to refresh."""
+        rng = rng or random.Random()
+        targets = []
+        for index, bucket in self._buckets.items():
+            if bucket.entries and now - bucket.last_changed >= max_age:
+                bucket.last_changed = now
+                targets.append(self.local_id ^ ((1 << index) | rng.getrandbits(index)))
+        return targets
+
+    # --- internals ---------------------------------------------------------------------------
+    def _remember(self, bucket: Bucket, contact: Contact, now: float) -> None:
+        bucket.replacements.pop(contact.peer, None)
+        bucket.replacements[contact.peer] = (contact, now)
+        while len(bucket.replacements) > self.config.replacement_cache_size:
+            bucket.replacements.popitem(last=False)
+
+    def _forget_replacement(self, peer: PeerID) -> None:
+        bucket = self.bucket_for(peer) if peer != self.local else None
+        if bucket is not None:
+            bucket.replacements.pop(peer, None)
+
+    def _evict(self, index: int, peer: PeerID, now: float) -> None:
+        self.remove(peer)
+        bucket = self._buckets[index]
+        bucket.last_changed = now
+        if bucket.replacements and len(bucket.entries) < self.config.k:
+            # the most recently heard replacement is the likeliest to be alive
+            new_peer, (contact, seen) = bucket.replacements.popitem(last=True)
+            bucket.entries.append(Entry(contact, seen))
+            bucket.entries.sort(key=lambda e: e.last_seen)
+            self._where[new_peer] = index
