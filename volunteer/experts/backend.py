@@ -1,0 +1,294 @@
+"""Expert backends: a torch module, its optimizer and its schema, with checkpoints.
+
+``forward`` runs without autograd; ``backward`` recomputes the forward with autograd (the server
+keeps no activations between calls, as in Learning@home), returns the gradients of the inputs
+and applies one optimizer step. A backend is not thread-safe: the runtime calls it from its one
+worker thread only.
+
+Checkpoints hold the module, the optimizer and the update count. They are written atomically
+(temporary file, fsync, ``os.replace``) every ``checkpoint_every`` updates and on shutdown, and
+``make_backend(..., checkpoint_dir=...)`` loads an existing one, so a volunteer who restarts goes
+on from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import ExpertConfigError, ExpertInputError
+from .config import DEFAULT_CONFIG, ExpertsConfig
+from .layers import get_expert_class
+from .schema import TensorSpec, check_tensors
+
+CHECKPOINT_FORMAT = 1
+_SAFE_UID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,255}$")
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` → CUDA when available, else CPU; anything else as torch parses it."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ExpertConfigError(f"unknown device {device!r}: {exc}") from exc
+
+
+def _as_list(outputs: object) -> list[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in outputs):
+        return list(outputs)
+    raise ExpertConfigError(f"an expert must return a tensor or a tuple of tensors, not {type(outputs).__name__}")
+
+
+class ExpertBackend:
+    """One expert served by this volunteer: module + optimizer (Adam by default) + schema."""
+
+    def __init__(
+        self,
+        uid: str,
+        module: nn.Module,
+        *,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec] | None = None,
+        optimizer: OptimizerFactory | None = None,
+        config: ExpertsConfig = DEFAULT_CONFIG,
+        checkpoint_path: str | os.PathLike | None = None,
+        expert_class: str = "",
+        hidden_dim: int | None = None,
+    ) -> None:
+        if not isinstance(uid, str) or not _SAFE_UID.match(uid):
+            raise ExpertConfigError(f"expert uid {uid!r}: use letters, digits, '.', '_' or '-'")
+        self.uid = uid
+        self.config = config
+        self.expert_class = expert_class
+        self.hidden_dim = hidden_dim
+        self.device = resolve_device(config.device)
+        self.module = module.to(self.device)
+        self.inputs = list(inputs)
+        if not self.inputs:
+            raise ExpertConfigError(f"expert {uid!r} takes no inputs: give at least one TensorSpec")
+        self.outputs = list(outputs) if outputs is not None else self._infer_outputs()
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        make = optimizer or (lambda ps: torch.optim.Adam(ps, lr=config.learning_rate))
+        self.optimizer: torch.optim.Optimizer | None = make(params) if params else None
+        self.updates = 0  # optimizer steps taken, across restarts
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None
+        self._saved_at = 0  # self.updates when the last checkpoint was written or loaded
+        self.last_checkpoint_time: float | None = None  # wall clock of the last save, for the TUI
+
+    def _infer_outputs(self) -> list[TensorSpec]:
+        if any(None in spec.shape for spec in self.inputs):
+            raise ExpertConfigError(f"expert {self.uid!r}: inputs with free sizes need an explicit outputs schema")
+        dummy = [spec.zeros(2).to(self.device) for spec in self.inputs]
+        with torch.no_grad():
+            outputs = _as_list(self.module(*dummy))
+        return [TensorSpec(tuple(t.shape[1:]), t.dtype) for t in outputs]
+
+    # --- validation -------------------------------------------------------------------------
+
+    def check_inputs(self, inputs: Sequence[object], *, nan_check: bool | None = None) -> int:
+        """Validate a forward request; returns its batch size (ExpertInputError otherwise).
+        ``nan_check`` defaults to the config's; False checks metadata only (no kernels run)."""
+        nan_check = self.config.nan_check if nan_check is None else nan_check
+        return check_tensors(self.inputs, inputs, max_batch=self.config.max_batch_size, nan_check=nan_check)
+
+    def check_backward(
+        self, inputs: Sequence[object], grad_outputs: Sequence[object], *, nan_check: bool | None = None
+    ) -> int:
+        """Validate a backward request (inputs and output gradients); returns its batch size."""
+        nan_check = self.config.nan_check if nan_check is None else nan_check
+        batch = self.check_inputs(inputs, nan_check=nan_check)
+        grad_batch = check_tensors(self.outputs, grad_outputs, what="gradient", nan_check=nan_check)
+        if grad_batch != batch:
+            raise ExpertInputError(f"gradients have batch size {grad_batch}, inputs {batch}")
+        return batch
+
+    def _check_outputs(self, outputs: list[torch.Tensor], batch: int) -> None:
+        if not all(
+            spec.matches(t) and t.shape[0] == batch for spec, t in zip(self.outputs, outputs)
+        ) or len(outputs) != len(self.outputs):
+            got = ", ".join(f"{t.dtype}{list(t.shape)}" for t in outputs)
+            want = ", ".join(spec.describe() for spec in self.outputs)
+            raise ExpertConfigError(f"expert {self.uid!r} returned {got}; its schema says {want}")
+
+    # --- compute ----------------------------------------------------------------------------
+
+    def forward(self, inputs: Sequence[torch.Tensor], *, validate: bool = True) -> list[torch.Tensor]:
+        """Outputs for a batch, without autograd, on the CPU."""
+        batch = self.check_inputs(inputs) if validate else inputs[0].shape[0]
+        with torch.no_grad():
+            outputs = _as_list(self.module(*(t.to(self.device, non_blocking=True) for t in inputs)))
+        self._check_outputs(outputs, batch)
+        return [t.detach().cpu() for t in outputs]
+
+    def backward(
+        self, inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor], *, validate: bool = True
+    ) -> list[torch.Tensor]:
+        """Gradients of the inputs (zeros for non-float inputs), on the CPU; then one optimizer
+        step. Nothing is changed if it raises before the step."""
+        batch = self.check_backward(inputs, grad_outputs) if validate else inputs[0].shape[0]
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        leaves = [
+            t.to(self.device).detach().requires_grad_(t.is_floating_point()) for t in inputs
+        ]
+        with torch.enable_grad():
+            outputs = _as_list(self.module(*leaves))
+            self._check_outputs(outputs, batch)
+            pairs = []
+            for index, (out, grad) in enumerate(zip(outputs, grad_outputs)):
+                if grad.shape != out.shape:
+                    raise ExpertInputError(f"gradient {index} has shape {list(grad.shape)}, the output {list(out.shape)}")
+                if out.requires_grad:
+                    pairs.append((out, grad.to(self.device, non_blocking=True)))
+            if pairs:
+                torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+        grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        self._step()
+        return [g.detach().cpu() for g in grads]
+
+    def _step(self) -> None:
+        if self.optimizer is not None:
+            if self.config.max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        every = self.config.checkpoint_every
+        if self.checkpoint_path is not None and every and self.updates - self._saved_at >= every:
+            self.save_checkpoint()
+
+    # --- metadata and checkpoints -----------------------------------------------------------------
+
+    def info(self) -> dict:
+        """Msgpack-able metadata for the expert-info reply (RemoteExpert learns schemas from it)."""
+        return {
+            "uid": self.uid,
+            "class": self.expert_class,
+            "hidden_dim": self.hidden_dim,
+            "inputs": [spec.to_dict() for spec in self.inputs],
+            "outputs": [spec.to_dict() for spec in self.outputs],
+            "max_batch": self.config.max_batch_size,
+            "updates": self.updates,
+        }
+
+    def state_dict(self) -> dict:
+        """Everything a checkpoint holds (tensors and plain Python values only)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "uid": self.uid,
+            "class": self.expert_class,
+            "hidden_dim": self.hidden_dim,
+            "updates": self.updates,
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``'s output; ExpertConfigError if it belongs to another expert."""
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ExpertConfigError("not a volunteer expert checkpoint (or a newer format)")
+        for key, mine in (("class", self.expert_class), ("hidden_dim", self.hidden_dim)):
+            if state.get(key) != mine:
+                raise ExpertConfigError(f"checkpoint has {key} {state.get(key)!r}, this expert {mine!r}")
+        try:
+            self.module.load_state_dict(state["module"])
+            if self.optimizer is not None and state.get("optimizer") is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise ExpertConfigError(f"checkpoint does not fit expert {self.uid!r}: {exc}") from exc
+        updates = state.get("updates")
+        if type(updates) is not int or updates < 0:
+            raise ExpertConfigError(f"checkpoint has a bad update count {updates!r}")
+        self.updates = self._saved_at = updates
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        """Write a checkpoint atomically (temporary file, fsync, rename) and return its path."""
+        target = Path(path) if path is not None else self.checkpoint_path
+        if target is None:
+            raise ExpertConfigError(f"expert {self.uid!r} has no checkpoint path")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(temporary, "wb") as file:
+                torch.save(self.state_dict(), file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_dir(target.parent)
+        self._saved_at = self.updates
+        self.last_checkpoint_time = time.time()
+        return target
+
+    def load_checkpoint(self, path: str | os.PathLike | None = None) -> bool:
+        """Load a checkpoint if the file exists (False if not). Unsafe pickles are refused."""
+        source = Path(path) if path is not None else self.checkpoint_path
+        if source is None or not source.exists():
+            return False
+        try:
+            state = torch.load(source, map_location=self.device, weights_only=True)
+        except Exception as exc:
+            raise ExpertConfigError(f"cannot read checkpoint {source}: {exc}") from exc
+        self.load_state_dict(state)
+        return True
+
+    @property
+    def dirty(self) -> bool:
+        """Whether updates happened since the last checkpoint."""
+        return self.updates != self._saved_at
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not every platform lets us open a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def make_backend(
+    uid: str,
+    expert_class: str,
+    hidden_dim: int,
+    *,
+    config: ExpertsConfig = DEFAULT_CONFIG,
+    checkpoint_dir: str | os.PathLike | None = None,
+    optimizer: OptimizerFactory | None = None,
+) -> ExpertBackend:
+    """Build a registered expert class, and resume from ``checkpoint_dir/<uid>.pt`` if it exists."""
+    cls = get_expert_class(expert_class)
+    module = cls.build(hidden_dim)
+    path = Path(checkpoint_dir) / f"{uid}.pt" if checkpoint_dir is not None else None
+    backend = ExpertBackend(
+        uid,
+        module,
+        inputs=cls.inputs(hidden_dim),
+        outputs=cls.outputs(hidden_dim) if cls.outputs is not None else None,
+        optimizer=optimizer,
+        config=config,
+        checkpoint_path=path,
+        expert_class=expert_class,
+        hidden_dim=hidden_dim,
+    )
+    backend.load_checkpoint()
+    return backend

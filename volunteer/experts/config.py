@@ -1,0 +1,62 @@
+"""Every bound and tunable of the experts layer, in one dataclass (DESIGN.md, "Limits are part of
+the protocol").
+
+Backends, the runtime, the tensor wire format and error replies all take an ``ExpertsConfig``;
+tests pass smaller values. Defaults favour latency: with ``min_batch_size=1`` the worker runs as
+soon as it is idle, and batches form on their own from requests that arrive while it computes.
+A volunteer with a big GPU raises ``min_batch_size`` and lets ``batch_window`` collect requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import ExpertConfigError
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """Bounds and tunables of one volunteer's experts. Frozen: share one instance freely."""
+
+    # --- batching runtime --------------------------------------------------------------
+    min_batch_size: int = 1  # samples a batch waits for ...
+    batch_window: float = 0.002  # ... but never longer than this (seconds) after its oldest request
+    max_batch_size: int = 1024  # samples per batch; also the largest single request
+    max_queue: int = 256  # queued requests per expert and kind (forward/backward); more → BUSY
+    max_queue_bytes: int = 1024 * MiB  # input bytes queued in the whole runtime; more → BUSY
+    latency_window: int = 1024  # recent latencies kept per expert for p50/p95
+
+    # --- backends ----------------------------------------------------------------------------
+    device: str = "auto"  # "auto": CUDA when present, else CPU; or any torch device string
+    learning_rate: float = 1e-3  # of the default Adam optimizer
+    max_grad_norm: float | None = None  # clip parameter gradients before each step, if set
+    nan_check: bool = True  # refuse inputs and gradients holding NaN or inf
+    checkpoint_every: int = 1000  # optimizer updates between checkpoints (0: only on shutdown)
+
+    # --- tensor wire format ----------------------------------------------------------------
+    max_tensors: int = 64  # tensors in one call
+    max_ndim: int = 8  # dimensions of one tensor, batch included
+    max_payload_bytes: int = 256 * MiB  # serialized bytes of all tensors of one call
+    chunk_size: int = 1 * MiB  # serialize() yields chunks of at most this many bytes
+
+    # --- error replies ---------------------------------------------------------------------
+    max_error_message: int = 4096  # characters of a remote exception's message
+    max_error_traceback: int = 16384  # characters of a remote traceback (the tail is kept)
+    max_error_field: int = 256  # characters of type names, uids and peer ids in an error reply
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise ExpertConfigError(f"ExpertsConfig.{f.name} must not be negative, got {value!r}")
+        if not 1 <= self.min_batch_size <= self.max_batch_size:
+            raise ExpertConfigError("ExpertsConfig needs 1 <= min_batch_size <= max_batch_size")
+        if self.max_queue < 1 or self.chunk_size < 1 or self.max_tensors < 1 or self.max_ndim < 1:
+            raise ExpertConfigError("ExpertsConfig: max_queue, chunk_size, max_tensors, max_ndim must be >= 1")
+        if self.latency_window < 1:
+            raise ExpertConfigError("ExpertsConfig.latency_window must be >= 1")
+
+
+DEFAULT_CONFIG = ExpertsConfig()

@@ -1,0 +1,492 @@
+"""The batching runtime: requests from many trainers, per expert, on one torch worker thread.
+
+Design (measured in tests/integration/test_experts_runtime.py): a dedicated worker thread owns
+every torch call. The trio side checks a request's metadata (count, dtypes, shapes: no kernels),
+appends it to its expert's bounded queue under a ``threading.Condition`` and waits on a
+``trio.Event``. The worker picks the ready queue whose oldest request is oldest, takes compatible
+requests up to ``max_batch_size`` samples, runs one batched forward or backward (backward applies
+the optimizer step), splits the outputs back, and wakes the waiters with one
+``TrioToken.run_sync_soon`` per batch. That is two thread hand-offs per batch and no trio task
+per request; ``trio.to_thread.run_sync`` per batch would add a thread-cache round trip and could
+land torch on different OS threads.
+
+Batching: a queue is ready once it holds ``min_batch_size`` samples or its oldest request has
+waited ``batch_window`` seconds. With the default ``min_batch_size=1`` an idle worker runs at
+once, and batches form from what arrives while it computes. Requests are batched only with
+requests of the same sizes after the batch dim. If a batched call raises, its requests run one
+by one, so only the culprit gets the error (for backward this costs extra optimizer steps: one
+per request instead of one per batch).
+
+Bounds: ``max_queue`` requests per expert and kind, ``max_queue_bytes`` of queued inputs in all;
+beyond either, a request fails at once with ExpertBusyError. ``pause()`` refuses new requests
+with ExpertPausedError (queued ones still run). On exit every backend with a checkpoint path and
+new updates is saved, even when the body was cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
+
+import torch
+import trio
+
+from ..errors import (
+    ExpertBusyError,
+    ExpertConfigError,
+    ExpertPausedError,
+    ExpertUnavailableError,
+    UnknownExpertError,
+    describe,
+)
+from .backend import ExpertBackend
+from .config import DEFAULT_CONFIG, ExpertsConfig
+from .schema import check_finite, signature
+
+log = logging.getLogger(__name__)
+
+FORWARD = "forward"
+BACKWARD = "backward"
+
+
+class _Request:
+    """One caller's request, shared between the trio side and the worker."""
+
+    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone")
+
+    def __init__(self, uid: str, kind: str, inputs, grads, batch: int, nbytes: int) -> None:
+        self.uid, self.kind, self.inputs, self.grads = uid, kind, inputs, grads
+        self.batch, self.nbytes = batch, nbytes
+        self.key = signature(inputs)  # requests batch together only when these agree
+        self.submitted = time.perf_counter()
+        self.event = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.gone = False  # the caller stopped waiting (cancelled)
+
+
+class _Queue:
+    __slots__ = ("requests", "samples")
+
+    def __init__(self) -> None:
+        self.requests: deque[_Request] = deque()
+        self.samples = 0
+
+
+@dataclass
+class _Counters:
+    forward: int = 0
+    backward: int = 0
+    samples: int = 0
+    batches: int = 0
+    errors: int = 0
+    busy: int = 0
+    last_error: str | None = None
+    last_error_time: float | None = None
+    latencies: deque = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class ExpertStats:
+    """A snapshot of one expert's counters, for the TUI and the control socket (seconds)."""
+
+    uid: str
+    requests: int  # accepted requests, forward + backward
+    forward: int
+    backward: int
+    samples: int  # samples computed
+    batches: int
+    mean_batch_size: float
+    latency_p50: float | None  # submit → answer, over the last ``latency_window`` requests
+    latency_p95: float | None
+    errors: int  # requests answered with an error
+    busy: int  # requests refused because a queue was full
+    last_error: str | None
+    last_error_time: float | None  # wall clock
+    queued: int  # requests waiting now
+    updates: int  # optimizer steps of the backend
+
+    def as_dict(self) -> dict:
+        """Plain dict (JSON- and msgpack-able)."""
+        return asdict(self)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+class Runtime:
+    """Serves forward/backward calls for a set of backends. Create it with ``open_runtime``."""
+
+    def __init__(self, backends: Iterable[ExpertBackend], config: ExpertsConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
+        self.backends: dict[str, ExpertBackend] = {}
+        for backend in backends:
+            if backend.uid in self.backends:
+                raise ExpertConfigError(f"two backends share the uid {backend.uid!r}")
+            self.backends[backend.uid] = backend
+        self._cond = threading.Condition()
+        self._queues = {(uid, kind): _Queue() for uid in self.backends for kind in (FORWARD, BACKWARD)}
+        self._calls: deque[_Request] = deque()  # run_sync jobs, before any batch
+        self._counters = {uid: _Counters() for uid in self.backends}
+        self._queued_bytes = 0
+        self._paused = False
+        self._closing = False
+        self._crashed: BaseException | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._thread: threading.Thread | None = None
+        self._running: list[_Request] = []  # taken by the worker, not yet delivered
+
+    # --- public API (trio thread) -------------------------------------------------------------
+
+    async def forward(self, uid: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The expert's outputs for one request (batched with others). Raises ExpertInputError,
+        ExpertBusyError, ExpertPausedError, UnknownExpertError, or what the expert raised."""
+        backend = self._backend(uid)
+        batch = backend.check_inputs(inputs, nan_check=False)
+        return await self._submit(_Request(uid, FORWARD, list(inputs), None, batch, _nbytes(inputs)))
+
+    async def backward(
+        self, uid: str, inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Gradients of the inputs for one request; the expert takes an optimizer step per batch."""
+        backend = self._backend(uid)
+        batch = backend.check_backward(inputs, grad_outputs, nan_check=False)
+        nbytes = _nbytes(inputs) + _nbytes(grad_outputs)
+        return await self._submit(_Request(uid, BACKWARD, list(inputs), list(grad_outputs), batch, nbytes))
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on the worker thread between batches (torch work that must not race
+        the experts or block trio: compressing a large reply, an on-demand checkpoint)."""
+        self._check_open()
+        call = _Request("", "call", [], None, 0, 0)
+        call.result = (fn, args)  # the job rides in the result slot until the worker replaces it
+        with self._cond:
+            if len(self._calls) >= self.config.max_queue:
+                raise ExpertBusyError("the runtime's call queue is full")
+            self._calls.append(call)
+            self._cond.notify()
+        return await self._wait(call)
+
+    def info(self, uid: str) -> dict:
+        """The expert's metadata (schema, class, updates) for the expert-info reply."""
+        return self._backend(uid).info()
+
+    @property
+    def uids(self) -> list[str]:
+        """Uids of the experts this runtime serves."""
+        return list(self.backends)
+
+    def pause(self) -> None:
+        """Refuse new requests with ExpertPausedError; queued ones still run."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Accept requests again after ``pause()``."""
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        """Whether new requests are refused."""
+        return self._paused
+
+    def stats(self) -> dict[str, ExpertStats]:
+        """A snapshot of every expert's counters."""
+        with self._cond:
+            result = {}
+            for uid, c in self._counters.items():
+                latencies = sorted(c.latencies)
+                queued = sum(len(self._queues[uid, kind].requests) for kind in (FORWARD, BACKWARD))
+                result[uid] = ExpertStats(
+                    uid=uid,
+                    requests=c.forward + c.backward,
+                    forward=c.forward,
+                    backward=c.backward,
+                    samples=c.samples,
+                    batches=c.batches,
+                    mean_batch_size=c.samples / c.batches if c.batches else 0.0,
+                    latency_p50=_percentile(latencies, 0.5),
+                    latency_p95=_percentile(latencies, 0.95),
+                    errors=c.errors,
+                    busy=c.busy,
+                    last_error=c.last_error,
+                    last_error_time=c.last_error_time,
+                    queued=queued,
+                    updates=self.backends[uid].updates,
+                )
+            return result
+
+    # --- submission -------------------------------------------------------------------------------
+
+    def _backend(self, uid: str) -> ExpertBackend:
+        backend = self.backends.get(uid)
+        if backend is None:
+            raise UnknownExpertError(f"no expert {uid!r} here")
+        return backend
+
+    def _check_open(self) -> None:
+        if self._crashed is not None:
+            raise ExpertUnavailableError(f"the expert runtime crashed: {describe(self._crashed)}")
+        if self._closing or self._thread is None:
+            raise ExpertUnavailableError("the expert runtime is not running")
+
+    async def _submit(self, request: _Request) -> list[torch.Tensor]:
+        self._check_open()
+        if self._paused:
+            raise ExpertPausedError("this volunteer paused its experts")
+        queue = self._queues[request.uid, request.kind]
+        with self._cond:
+            counters = self._counters[request.uid]
+            if len(queue.requests) >= self.config.max_queue:
+                counters.busy += 1
+                raise ExpertBusyError(f"expert {request.uid!r}: {len(queue.requests)} {request.kind} requests queued")
+            if self._queued_bytes + request.nbytes > self.config.max_queue_bytes:
+                counters.busy += 1
+                raise ExpertBusyError(f"the runtime holds {self._queued_bytes} bytes of queued inputs")
+            queue.requests.append(request)
+            queue.samples += request.batch
+            self._queued_bytes += request.nbytes
+            if request.kind == FORWARD:
+                counters.forward += 1
+            else:
+                counters.backward += 1
+            self._cond.notify()
+        return await self._wait(request, queue)
+
+    async def _wait(self, request: _Request, queue: _Queue | None = None) -> Any:
+        try:
+            await request.event.wait()
+        except BaseException:
+            request.gone = True
+            with self._cond:
+                if queue is not None and request in queue.requests:
+                    queue.requests.remove(request)
+                    queue.samples -= request.batch
+                    self._queued_bytes -= request.nbytes
+                elif queue is None and request in self._calls:
+                    self._calls.remove(request)
+            raise
+        if request.error is not None:
+            error, request.error = request.error, None  # no cycle through the traceback
+            raise error
+        return request.result
+
+    # --- worker thread ---------------------------------------------------------------------------
+
+    def _start(self, token: trio.lowlevel.TrioToken) -> None:
+        self._token = token
+        self._thread = threading.Thread(target=self._work, name="volunteer-experts-runtime", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while True:
+                        if self._calls:
+                            job, batch = self._calls.popleft(), None
+                            break
+                        batch, wait = self._pick(time.perf_counter())
+                        if batch:
+                            job = None
+                            break
+                        if self._closing:
+                            return
+                        self._cond.wait(wait)
+                    self._running = [job] if job is not None else batch
+                if job is not None:
+                    self._call(job)
+                else:
+                    self._run(batch)
+                self._running = []
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("expert runtime worker crashed")
+            self._crashed = exc
+            with self._cond:
+                stranded = [r for q in self._queues.values() for r in q.requests] + list(self._calls)
+                stranded += [r for r in self._running if not r.event.is_set()]
+                for queue in self._queues.values():
+                    queue.requests.clear()
+                self._calls.clear()
+            for request in stranded:
+                request.result = None
+                request.error = ExpertUnavailableError(f"the expert runtime crashed: {describe(exc)}")
+            self._deliver(stranded)
+
+    def _pick(self, now: float) -> tuple[list[_Request], float | None]:
+        """Under the lock: take the next batch, or say how long to wait for one."""
+        best, wait = None, None
+        for queue in self._queues.values():
+            if not queue.requests:
+                continue
+            head = queue.requests[0]
+            due = head.submitted + self.config.batch_window
+            if queue.samples >= self.config.min_batch_size or now >= due or self._closing:
+                if best is None or head.submitted < best.requests[0].submitted:
+                    best = queue
+            else:
+                wait = due - now if wait is None else min(wait, due - now)
+        if best is None:
+            return [], wait
+        head = best.requests[0]
+        batch, kept, samples = [], deque(), 0
+        for request in best.requests:
+            if request.key == head.key and samples + request.batch <= self.config.max_batch_size:
+                batch.append(request)
+                samples += request.batch
+            else:
+                kept.append(request)
+        best.requests = kept
+        best.samples -= samples
+        self._queued_bytes -= sum(r.nbytes for r in batch)
+        return batch, None
+
+    def _call(self, job: _Request) -> None:
+        fn, args = job.result
+        try:
+            job.result = fn(*args)
+        except Exception as exc:
+            job.result, job.error = None, exc
+        self._deliver([job])
+
+    def _run(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if not r.gone]
+        if self.config.nan_check:
+            live = [r for r in live if self._finite(r)]
+        runs = 0  # forward/backward calls that succeeded
+        if len(live) > 1:
+            try:
+                self._compute(live)
+                runs = 1
+            except Exception:
+                for request in live:  # find the culprit: each alone, so only it fails
+                    runs += self._compute_alone(request)
+        elif live:
+            runs = self._compute_alone(live[0])
+        done = time.perf_counter()
+        with self._cond:
+            counters = self._counters[batch[0].uid]
+            counters.batches += runs
+            counters.samples += sum(r.batch for r in live if r.error is None)
+            for request in batch:
+                if request.error is not None:
+                    counters.errors += 1
+                    counters.last_error = describe(request.error)
+                    counters.last_error_time = time.time()
+                counters.latencies.append(done - request.submitted)
+            while len(counters.latencies) > self.config.latency_window:
+                counters.latencies.popleft()
+        self._deliver(batch)
+
+    def _finite(self, request: _Request) -> bool:
+        try:
+            check_finite(request.inputs)
+            if request.grads is not None:
+                check_finite(request.grads, what="gradient")
+        except Exception as exc:
+            request.error = exc
+            return False
+        return True
+
+    def _compute_alone(self, request: _Request) -> bool:
+        try:
+            self._compute([request])
+        except Exception as exc:
+            request.error = exc
+            return False
+        return True
+
+    def _compute(self, batch: list[_Request]) -> None:
+        backend = self.backends[batch[0].uid]
+        inputs = _concat([r.inputs for r in batch])
+        if batch[0].kind == FORWARD:
+            outputs = backend.forward(inputs, validate=False)
+        else:
+            outputs = backend.backward(inputs, _concat([r.grads for r in batch]), validate=False)
+        if len(batch) == 1:
+            batch[0].result = outputs
+            return
+        sizes = [r.batch for r in batch]
+        parts = [torch.split(tensor, sizes) for tensor in outputs]
+        for index, request in enumerate(batch):
+            request.result = [part[index] for part in parts]
+
+    def _deliver(self, requests: list[_Request]) -> None:
+        if not requests:
+            return
+        try:
+            self._token.run_sync_soon(_wake, requests)
+        except trio.RunFinishedError:
+            pass  # trio is gone: nobody is waiting any more
+
+    # --- shutdown -----------------------------------------------------------------------------------
+
+    async def _aclose(self) -> list[BaseException]:
+        """Stop the worker, fail what is still queued, save checkpoints; returns save failures."""
+        with self._cond:
+            self._closing = True
+            stranded = [r for q in self._queues.values() for r in q.requests] + list(self._calls)
+            for queue in self._queues.values():
+                queue.requests.clear()
+                queue.samples = 0
+            self._calls.clear()
+            self._queued_bytes = 0
+            self._cond.notify()
+        for request in stranded:
+            request.error = ExpertUnavailableError("the expert runtime is shutting down")
+        _wake(stranded)
+        if self._thread is not None:
+            await trio.to_thread.run_sync(self._thread.join)
+        return await trio.to_thread.run_sync(self._save_all)
+
+    def _save_all(self) -> list[BaseException]:
+        failures = []
+        for backend in self.backends.values():
+            if backend.checkpoint_path is not None and backend.dirty:
+                try:
+                    backend.save_checkpoint()
+                except Exception as exc:
+                    log.exception("checkpoint of expert %s failed", backend.uid)
+                    failures.append(exc)
+        return failures
+
+
+def _wake(requests: list[_Request]) -> None:
+    for request in requests:
+        request.event.set()
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.nelement() * t.element_size() for t in tensors)
+
+
+def _concat(requests: list[list[torch.Tensor]]) -> list[torch.Tensor]:
+    if len(requests) == 1:
+        return requests[0]
+    return [torch.cat(parts) for parts in zip(*requests)]
+
+
+@asynccontextmanager
+async def open_runtime(
+    backends: Iterable[ExpertBackend] | Mapping[str, ExpertBackend], config: ExpertsConfig = DEFAULT_CONFIG
+) -> AsyncIterator[Runtime]:
+    """Start the worker thread; on exit (even cancelled) stop it and checkpoint every backend
+    with new updates. A failed checkpoint is logged, and raised if the body exited normally."""
+    if isinstance(backends, Mapping):
+        backends = backends.values()
+    runtime = Runtime(backends, config)
+    runtime._start(trio.lowlevel.current_trio_token())
+    try:
+        yield runtime
+    finally:
+        with trio.CancelScope(shield=True):
+            failures = await runtime._aclose()
+    if failures:
+        raise failures[0]
