@@ -1,14 +1,15 @@
 """The public relay node: a Host with the circuit relay v2 hop service and metrics.
 
-It also answers AutoNAT dial-back requests; the DHT bootstrap role plugs in through
-``RelayNode.nursery`` once the DHT exists.
+It also answers AutoNAT dial-back requests and is a DHT bootstrap peer (a server-mode DHT node)
+for each swarm it is told to serve: volunteers list relays in their swarm files, so relays are
+the one set of peers every newcomer can reach.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -27,6 +28,7 @@ class RelayNode:
     hop: HopService
     nursery: trio.Nursery
     metrics_addr: tuple[str, int] | None = None
+    dhts: dict = field(default_factory=dict)  # swarm id -> DHTNode
 
 
 @asynccontextmanager
@@ -36,6 +38,8 @@ async def open_relay_node(
     announce: Sequence[str | Multiaddr] = (),
     limits: RelayLimits | None = None,
     metrics: tuple[str, int] | None = None,
+    swarms: Sequence[str] = ("default",),
+    bootstrap: Sequence[str | Multiaddr] = (),
 ):
     """Run a relay for the duration of the block."""
     config = HostConfig(announce=[Multiaddr(a) for a in announce])
@@ -49,7 +53,21 @@ async def open_relay_node(
             from .metrics import serve_metrics
 
             node.metrics_addr = await nursery.start(serve_metrics, hop, metrics[0], metrics[1])
+        for swarm_id in swarms:
+            node.dhts[swarm_id] = await nursery.start(_serve_dht, host, swarm_id, list(bootstrap))
         try:
             yield node
         finally:
             nursery.cancel_scope.cancel()
+
+
+async def _serve_dht(host, swarm_id: str, bootstrap: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    from volunteer.dht import DHTConfig
+    from volunteer.dht.node import open_dht
+
+    # other relays of the swarm, if given: relays bootstrap from each other so there is one DHT
+    async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=bootstrap, wait_bootstrap=False) as dht:
+        if bootstrap:
+            host._nursery.start_soon(dht.bootstrap)
+        task_status.started(dht)
+        await trio.sleep_forever()

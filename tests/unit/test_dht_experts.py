@@ -51,8 +51,8 @@ def test_invalid_uids(uid) -> None:
 
 
 def test_prefixes() -> None:
-    assert grid_prefixes("ffn.3.5.7") == ["ffn.3.", "ffn.3.5."]
-    assert grid_prefixes("ffn.3") == []
+    assert grid_prefixes("ffn.3.5.7") == ["ffn.", "ffn.3.", "ffn.3.5."]
+    assert grid_prefixes("ffn.3") == ["ffn."]
     assert parse_prefix("ffn.") == ("ffn", ())
     assert parse_prefix("ffn.3.5.") == ("ffn", (3, 5))
     for bad in ("ffn", "ffn.3", "ffn..", ".3."):
@@ -71,13 +71,14 @@ def test_make_declarations_one_record_per_uid_and_prefix(host_kp: KeyPair) -> No
     uids = ["ffn.3.5", "ffn.3.7", "ffn.4.1", "ffn.3.5"]
     items = make_declarations(uids, host, NOW, NOW + 15, loads={"ffn.3.7": 0.5})
     keys = [k for k, _, _, _ in items]
-    assert keys == [b"ffn.3.5", b"ffn.3.7", b"ffn.4.1", b"ffn.3.", b"ffn.4."]
+    assert keys == [b"ffn.3.5", b"ffn.3.7", b"ffn.4.1", b"ffn.", b"ffn.3.", b"ffn.4."]
     assert all(sub == host_kp.peer_id.to_bytes() and exp == NOW + 15 for _, sub, _, exp in items)
     decl = Declaration.decode(items[1][2], CONFIG)
     assert (decl.peer, decl.addrs, decl.load, decl.heartbeat, decl.children) == (
         host_kp.peer_id, (b"/ip4/addr",), 0.5, NOW, ()
     )
-    assert Declaration.decode(items[3][2], CONFIG).children == ((5, "ffn.3.5"), (7, "ffn.3.7"))
+    assert Declaration.decode(items[3][2], CONFIG).children == ((3, "ffn.3.7"), (4, "ffn.4.1"))  # the root lists the grid
+    assert Declaration.decode(items[4][2], CONFIG).children == ((5, "ffn.3.5"), (7, "ffn.3.7"))
     three_d = make_declarations(["x.1.2.3", "x.1.2.4", "x.1.9.0"], host, NOW, NOW + 15, loads={"x.1.2.4": 0.1})
     children = {k: Declaration.decode(v, CONFIG).children for k, _, v, _ in three_d}
     assert children[b"x.1."] == ((2, "x.1.2.4"), (9, "x.1.9.0"))  # least loaded uid below index 2
@@ -110,7 +111,8 @@ def test_select_alive_prefers_fresh_then_light(host_kp: KeyPair) -> None:
     ]
     records = []
     for kp, load, beat in rows:
-        records += signed(kp, make_declarations(["ffn.1"], HostInfo(kp.peer_id, load=load), beat, NOW + 15))
+        items = make_declarations(["ffn.1"], HostInfo(kp.peer_id, load=load), beat, NOW + 15)
+        records += signed(kp, [item for item in items if item[0] == b"ffn.1"])
     order = [d.peer for d in select_alive(records, NOW, CONFIG)]
     assert order == [kps[3].peer_id, kps[1].peer_id, kps[0].peer_id, kps[2].peer_id]
     assert select_alive({r.subkey: r for r in records}, NOW + 15, CONFIG) == []  # all expired

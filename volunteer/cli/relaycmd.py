@@ -53,6 +53,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
     p.add_argument("--metrics", type=_host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP here")
+    p.add_argument("--swarm", action="append", metavar="SWARM_ID",
+                   help="serve as DHT bootstrap peer for this swarm id (repeatable; default: default)")
+    p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="other relays or peers of the swarm's DHT (repeatable)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines instead of the live status view")
     add_identity_flag(p)
     limits = p.add_argument_group("limits")
@@ -84,17 +88,19 @@ def run_relay(args: argparse.Namespace) -> int:
     announce = [Multiaddr(a) for a in args.announce]
     keypair = load_identity(args)
     dashboard = not args.no_dashboard and sys.stdout.isatty()
-    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard)
+    swarms = args.swarm or ["default"]
+    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap)
 
 
-async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool) -> int:
+async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool, swarms=("default",), bootstrap=()) -> int:
     from relay.node import open_relay_node
 
     try:
-        async with open_relay_node(keypair, listen, announce, limits, metrics) as node:
+        async with open_relay_node(keypair, listen, announce, limits, metrics, swarms, bootstrap) as node:
             print(f"relay {node.host.peer_id}", flush=True)
             for addr in node.host.full_addrs():
                 print(f"listening on {addr}", flush=True)
+            print(f"DHT bootstrap for swarm(s): {', '.join(swarms)}", flush=True)
             if node.metrics_addr:
                 print(f"metrics on http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

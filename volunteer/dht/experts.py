@@ -81,9 +81,11 @@ def make_uid(prefix: str, coords: Sequence[int]) -> str:
 
 
 def grid_prefixes(uid: str) -> list[str]:
-    """The grid prefixes a uid is declared under: ``ffn.3.5.7`` → ``["ffn.3.", "ffn.3.5."]``."""
+    """The grid prefixes a uid is declared under: ``ffn.3.5.7`` → ``["ffn.", "ffn.3.", "ffn.3.5."]``.
+
+    The root (``ffn.``) lets ``volunteer experts`` list a grid without knowing its size."""
     name, coords = parse_uid(uid)
-    return [DELIMITER.join([name, *map(str, coords[:n])]) + DELIMITER for n in range(1, len(coords))]
+    return [DELIMITER.join([name, *map(str, coords[:n])]) + DELIMITER for n in range(0, len(coords))]
 
 
 def expert_key(uid_or_prefix: str) -> bytes:
@@ -183,7 +185,7 @@ def make_declarations(
         name, coords = parse_uid(uid)
         load = float(loads.get(uid, host.load))
         out.append((expert_key(uid), subkey, Declaration(host.peer, host.addrs, load, now).encode(), float(expiration)))
-        for depth, prefix in enumerate(grid_prefixes(uid), start=1):
+        for depth, prefix in enumerate(grid_prefixes(uid)):
             below = children.setdefault(prefix, {})
             best = below.get(coords[depth])
             if best is None or loads.get(uid, host.load) < loads.get(best, host.load):

@@ -1,0 +1,173 @@
+"""DHT throughput and beam-search latency: ours vs hivemind 1.1.12, side by side in one run.
+
+    .venv/bin/python benchmarks/dht.py [--ops 300] [--quick] [--skip-hivemind]
+
+For each swarm size (2 and 32 nodes): sequential and concurrent (32 in flight) store and get
+throughput from one node, the others in a second process (as hivemind runs each DHT in a
+process of its own); then find_best_experts latency on a 64x64 grid (256 experts declared by 8
+hosts, beam size 4). hivemind's figures come from benchmarks/_hivemind_dht.py in its own venv
+(bash benchmarks/setup_hivemind.sh). Read the ratios: the machine is shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from volunteer.dht import DHTConfig  # noqa: E402
+from volunteer.dht.declare import ExpertDeclarer  # noqa: E402
+from volunteer.dht.node import open_dht  # noqa: E402
+from volunteer.net.host import HostConfig, open_host  # noqa: E402
+
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False)
+CONCURRENCY = 32
+
+
+class Peers:
+    def __init__(self, n: int, swarm_id: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "benchmarks" / "_dht_peers.py"), str(n), swarm_id],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"DHT peers did not start: {line!r}")
+        self.addr = line.split()[1]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+async def _rate(n_ops: int, op, concurrency: int) -> float:
+    started = time.perf_counter()
+    if concurrency == 1:
+        for i in range(n_ops):
+            await op(i)
+    else:
+        limiter = trio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                await op(i)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(n_ops):
+                nursery.start_soon(one, i)
+    return n_ops / (time.perf_counter() - started)
+
+
+async def measure_ours(nodes: int, ops: int) -> dict:
+    swarm_id = f"bench{nodes}"
+    peers = Peers(nodes - 1, swarm_id)
+    try:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+            async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[peers.addr]) as dht:
+                await trio.sleep(0.5)
+                out = {}
+                for mode, conc in (("seq", 1), ("conc", CONCURRENCY)):
+                    tag = f"{mode}-{nodes}"
+                    value = b"x" * 64
+
+                    async def store(i: int) -> None:
+                        assert await dht.store(f"{tag}-{i}".encode(), value, time.time() + 600) >= 1
+
+                    async def get(i: int) -> None:
+                        assert await dht.get(f"{tag}-{i}".encode())
+
+                    out[f"store_{mode}"] = await _rate(ops, store, conc)
+                    out[f"get_{mode}"] = await _rate(ops, get, conc)
+                return out
+    finally:
+        peers.close()
+
+
+async def measure_beam_ours(repeats: int) -> float:
+    swarm_id = "beam"
+    peers = Peers(8, swarm_id)
+    rng = random.Random(0)
+    try:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+            async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[peers.addr]) as dht:
+                # 256 experts of a 64x64 grid, declared by 8 hosts (our own hosts, in this process)
+                uids = [f"expert.{i}.{j}" for i, j in rng.sample([(i, j) for i in range(64) for j in range(64)], 256)]
+                async with trio.open_nursery() as nursery:
+                    hosts = []
+                    for k in range(8):
+                        h = await nursery.start(_host_with_dht, swarm_id, peers.addr)
+                        hosts.append(h)
+                    for k, node in enumerate(hosts):
+                        await ExpertDeclarer(node, uids[k::8]).declare_once()
+                    times = []
+                    for _ in range(repeats):
+                        scores = [[rng.random() for _ in range(64)] for _ in range(2)]
+                        started = time.perf_counter()
+                        found = await dht.find_best_experts("expert", scores, beam_size=4)
+                        times.append(time.perf_counter() - started)
+                        assert len(found) == 4
+                    nursery.cancel_scope.cancel()
+                return statistics.median(times) * 1000
+    finally:
+        peers.close()
+
+
+async def _host_with_dht(swarm_id: str, boot: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+        async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[boot]) as dht:
+            task_status.started(dht)
+            await trio.sleep_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", type=int, default=300)
+    parser.add_argument("--nodes", default="2,32")
+    parser.add_argument("--beam-repeats", type=int, default=30)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-hivemind", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.ops, args.beam_repeats = 50, 5
+    sizes = [int(n) for n in args.nodes.split(",")]
+    ours = {n: trio.run(measure_ours, n, args.ops) for n in sizes}
+    ours_beam = trio.run(measure_beam_ours, args.beam_repeats)
+    theirs = None
+    if not args.skip_hivemind:
+        from hivemind_runner import run_hivemind
+
+        extra = ["--quick"] if args.quick else ["--ops", str(args.ops)]
+        theirs = run_hivemind("_hivemind_dht.py", ["--nodes", args.nodes, *extra], timeout=1200)
+    print(f"\nDHT benchmark ({args.ops} ops per figure; concurrent = {CONCURRENCY} in flight)")
+    print(f"{'figure':<28}{'ours':>12}{'hivemind':>12}{'ratio':>9}")
+    for n in sizes:
+        for figure in ("store_seq", "get_seq", "store_conc", "get_conc"):
+            mine = ours[n][figure]
+            other = _lookup(theirs, n, figure)
+            ratio = f"{mine / other:.1f}x" if other else "n/a"
+            print(f"{figure + f' ({n} nodes) ops/s':<28}{mine:>12.0f}{(f'{other:.0f}' if other else 'n/a'):>12}{ratio:>9}")
+    other = (theirs or {}).get("beam_ms")
+    ratio = f"{other / ours_beam:.1f}x" if other else "n/a"
+    print(f"{'find_best_experts 64x64 ms':<28}{ours_beam:>12.1f}{(f'{other:.1f}' if other else 'n/a'):>12}{ratio:>9}")
+    print("(ratio: how many times better ours is; for latency, hivemind / ours)")
+
+
+def _lookup(theirs: dict | None, n: int, figure: str) -> float | None:
+    if not theirs:
+        return None
+    row = theirs.get(str(n)) or theirs.get(n) or {}
+    return row.get(figure)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""DHT driver over real Hosts (in-memory transport and loopback TCP): store/get, batching,
+expert declarations, tombstones on leave, bad input over the wire, client mode."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack
+
+import msgpack
+import pytest
+import trio
+
+from volunteer.dht import DHTConfig
+from volunteer.dht.declare import ExpertDeclarer
+from volunteer.dht.messages import frame
+from volunteer.dht.node import open_dht
+from volunteer.net.host import HostConfig, open_host
+from volunteer.net.streams import BufferedStream
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+
+CONFIG = DHTConfig(swarm_id="test", expert_update_period=1.0, expert_expiration=3.0)
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+
+
+async def swarm(stack: AsyncExitStack, n: int, *, network=None, config=CONFIG, client=()):
+    """n hosts with DHT nodes, each bootstrapped from the first."""
+    network = network or MemoryNetwork()
+    nodes = []
+    for i in range(n):
+        host = await stack.enter_async_context(
+            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+        )
+        boot = [nodes[0].host.full_addrs()[0]] if nodes else []
+        dht = await stack.enter_async_context(open_dht(host, config, bootstrap=boot, client_mode=i in client))
+        nodes.append(dht)
+    return nodes
+
+
+async def test_store_and_get_across_a_small_swarm():
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 6)
+        copies = await nodes[1].store(b"greeting", b"hello", time.time() + 60)
+        assert copies >= 6  # k=20 > 6: every node holds it (the publisher included)
+        for node in nodes:
+            records = await node.get(b"greeting")
+            assert [r.value for r in records.values()] == [b"hello"]
+        assert await nodes[3].get(b"absent") == {}
+
+
+async def test_newest_expiration_wins_and_tombstone_deletes():
+    async with AsyncExitStack() as stack:
+        a, b, c = await swarm(stack, 3)
+        now = time.time()
+        await a.store(b"k", b"old", now + 30)
+        await a.store(b"k", b"new", now + 40)
+        await a.store(b"k", b"older", now + 35)  # stale: refused everywhere
+        assert [r.value for r in (await c.get(b"k")).values()] == [b"new"]
+        await a.store(b"k", None, now + 40)
+        assert await b.get(b"k") == {}
+
+
+async def test_get_many_batches_keys_per_peer():
+    async with AsyncExitStack() as stack:
+        a, b = await swarm(stack, 2)
+        now = time.time()
+        await a.store_many([(bytes([i]), a.host.peer_id.to_bytes(), b"v%d" % i, now + 60) for i in range(40)])
+        before = b.stats["requests"]
+        found = await b.get_many([bytes([i]) for i in range(40)])
+        assert all(len(found[bytes([i])]) == 1 for i in range(40))
+        assert b.stats["requests"] - before == 1  # one FIND_VALUE carried all 40 keys
+
+
+async def test_declared_experts_are_found_and_vanish_on_withdraw():
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 5)
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        server, trainer = nodes[2], nodes[4]
+        uids = [f"ffn.{i}.{j}" for i in range(4) for j in range(4)]
+        declarer = ExpertDeclarer(server, uids, loads=lambda: {"ffn.1.2": 5.0})
+        await nursery.start(declarer.run)
+        with trio.fail_after(5):
+            while declarer.last_declared is None:
+                await trio.sleep(0.05)
+        found = await trainer.get_experts(["ffn.0.0", "ffn.3.3", "ffn.9.9"])
+        assert [d.peer for d in found["ffn.0.0"]] == [server.host.peer_id]
+        assert found["ffn.9.9"] == []
+        scores = [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 2.0, 0.0]]
+        best = await trainer.find_best_experts("ffn", scores, beam_size=3)
+        assert best[0].uid == "ffn.3.2" and best[0].hosts[0].peer == server.host.peer_id
+        assert len(best) == 3
+        started = trio.current_time()
+        await declarer.pause()
+        assert trio.current_time() - started < 2
+        assert (await trainer.get_experts(["ffn.0.0"]))["ffn.0.0"] == []
+        assert await trainer.find_best_experts("ffn", scores, beam_size=3) == []
+        declarer.resume()
+        with trio.fail_after(5):
+            while not (await trainer.get_experts(["ffn.0.0"]))["ffn.0.0"]:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+
+
+async def test_crashed_host_experts_expire():
+    config = DHTConfig(swarm_id="test", expert_update_period=0.3, expert_expiration=1.0)
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 3, config=config)
+        async with trio.open_nursery() as nursery:
+            declarer = ExpertDeclarer(nodes[1], ["ffn.0"])
+            await nursery.start(declarer.run)
+            while declarer.last_declared is None:
+                await trio.sleep(0.02)
+            assert (await nodes[2].get_experts(["ffn.0"]))["ffn.0"]
+            declarer.withdraw = _no_withdraw  # a crash: nobody publishes tombstones
+            nursery.cancel_scope.cancel()
+        await trio.sleep(1.1)
+        assert (await nodes[2].get_experts(["ffn.0"]))["ffn.0"] == []
+
+
+async def _no_withdraw() -> int:
+    return 0
+
+
+async def test_bad_input_gets_typed_error_replies_and_is_counted():
+    async with AsyncExitStack() as stack:
+        a, b = await swarm(stack, 2)
+        stream = BufferedStream(await b.host.new_stream(a.host.peer_id, [CONFIG.protocol_id]))
+        for body in (b"\xc1garbage", msgpack.packb({"op": "store", "rs": "x"}), msgpack.packb([1, 2])):
+            await stream.send_all(frame(body))
+            reply = msgpack.unpackb(await stream.receive_length_prefixed(1 << 20))
+            assert reply["op"] == "error" and reply["code"] == "malformed"
+        # a record under a sub-key the sender does not own (a's PeerID) is refused, not stored
+        from volunteer.dht.records import Record, signing_payload
+
+        payload = signing_payload(b"k", a.host.peer_id.to_bytes(), b"forged", time.time() + 60)
+        forged = Record(b"k", a.host.peer_id.to_bytes(), b"forged", time.time() + 60, b.host.peer_id, b.host.keypair.sign(payload))
+        state = b.state
+        response = await b.request(
+            next(e.contact for e in b.state.table.entries()), state.store_request([forged])
+        )
+        assert response.codes[0] not in ("ok", "stale")
+        assert a.snapshot()["rejected"]["malformed"] == 3
+        assert sum(a.snapshot()["rejected"].values()) >= 4
+        assert await a.get(b"k") == {}
+
+
+async def test_client_mode_nodes_are_not_routed_to():
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 4, client=(3,))
+        await nodes[3].store(b"from-client", b"v", time.time() + 60)
+        for node in nodes[:3]:
+            assert nodes[3].host.peer_id not in node.state.table
+        assert (await nodes[1].get(b"from-client"))  # it could still store
+
+
+async def test_tcp_loopback_pair():
+    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as h1, open_host(
+        listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET
+    ) as h2:
+        async with open_dht(h1, CONFIG) as d1, open_dht(h2, CONFIG, bootstrap=[h1.full_addrs()[0]]) as d2:
+            assert await d2.store(b"x", b"y", time.time() + 10) == 2
+            assert (await d1.get(b"x"))
+
+
+async def test_list_experts_walks_the_grid():
+    from volunteer.dht.declare import list_experts
+
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 3)
+        a = ExpertDeclarer(nodes[0], ["expert.0.1", "expert.2.3", "expert.2.0"])
+        b = ExpertDeclarer(nodes[1], ["expert.2.3", "other.1"])
+        await a.declare_once()
+        await b.declare_once()
+        listed = await list_experts(nodes[2], "expert.")
+        assert sorted(listed) == ["expert.0.1", "expert.2.0", "expert.2.3"]
+        assert {d.peer for d in listed["expert.2.3"]} == {nodes[0].host.peer_id, nodes[1].host.peer_id}
+        assert list(await list_experts(nodes[2], "other")) == ["other.1"]
+        await a.withdraw()
+        assert sorted(await list_experts(nodes[2], "expert.")) == ["expert.2.3"]

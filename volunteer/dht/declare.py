@@ -1,0 +1,163 @@
+"""Live experts over a running DHTNode: heartbeat declarations, tombstones on leave, lookups.
+
+``ExpertDeclarer`` re-declares a host's experts every ``expert_update_period`` (all of them
+batched: one STORE per close peer per heartbeat) with an expiration of ``expert_expiration``, so
+a crashed host's experts vanish within one expiration; ``withdraw`` publishes tombstones so a
+leaving host's experts vanish at once. ``get_experts`` and ``find_best_experts`` return only
+declarations alive now (sans-I/O selection and beam search in ``experts.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable, Mapping, Sequence
+
+import trio
+
+from ..errors import DHTError, VolunteerError, describe
+from .experts import (
+    BeamSearch,
+    Declaration,
+    ExpertMatch,
+    HostInfo,
+    expert_key,
+    is_valid_uid,
+    make_declarations,
+    make_tombstones,
+    select_alive,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def get_experts(dht, uids: Iterable[str]) -> dict[str, list[Declaration]]:
+    """Hosts serving each uid now, best first (fresh heartbeat, then lowest load)."""
+    uids = [u for u in dict.fromkeys(uids)]
+    found = await dht.get_many([expert_key(u) for u in uids])
+    now = dht.clock()
+    return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
+
+
+async def find_best_experts(
+    dht, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int
+) -> list[ExpertMatch]:
+    """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts."""
+    search = BeamSearch(prefix, grid_scores, beam_size, dht.clock(), dht.config)
+    while keys := search.wanted():
+        found = await dht.get_many([expert_key(k) for k in keys])
+        search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
+    return search.result()
+
+
+async def list_experts(dht, prefix: str, *, limit: int = 4096) -> dict[str, list[Declaration]]:
+    """Every live expert under ``prefix`` (e.g. ``expert.``), walking the grid's prefix records
+    level by level; ``{uid: hosts, best first}``. Each prefix record names one uid per next index,
+    so every index reached by some live host shows up."""
+    prefix = prefix if prefix.endswith(".") else prefix + "."
+    level, uids, seen = [prefix], set(), 0
+    while level and seen < limit:
+        seen += len(level)
+        found = await dht.get_many([expert_key(p) for p in level])
+        now = dht.clock()
+        next_level = set()
+        for key in level:
+            for decl in select_alive(found[expert_key(key)], now, dht.config):
+                for index, uid in decl.children:
+                    uids.add(uid)
+                    child = f"{key}{index}."
+                    if not uid.startswith(child[:-1]) or uid == f"{key}{index}":
+                        continue
+                    next_level.add(child)
+        level = sorted(next_level)[: max(0, limit - seen)]
+    hosts = await get_experts(dht, sorted(u for u in uids if u.startswith(prefix) and is_valid_uid(u)))
+    return {uid: decls for uid, decls in hosts.items() if decls}
+
+
+class ExpertDeclarer:
+    """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once."""
+
+    def __init__(
+        self,
+        dht,
+        uids: Iterable[str],
+        *,
+        loads: Callable[[], Mapping[str, float]] = dict,
+        addrs: Callable[[], Sequence[bytes]] | None = None,
+    ) -> None:
+        uids = list(uids)
+        bad = [u for u in uids if not is_valid_uid(u)]
+        if bad:
+            raise DHTError(f"invalid expert uid {bad[0]!r}: expected name.i.j… (e.g. ffn.0.3)")
+        self.dht = dht
+        self.uids = sorted(set(uids))
+        self.loads = loads
+        self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.addrs[: dht.config.max_addrs]])
+        self.paused = False
+        self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
+        self.last_expiration = 0.0  # expiration of the newest declaration (tombstones must match it)
+        self.declarations = 0
+        self.heartbeat_bytes = 0  # DHT bytes sent by heartbeats, for "bytes per expert per minute"
+        self._wake = trio.Event()
+
+    async def declare_once(self) -> int:
+        """One heartbeat: sign and store every uid and grid prefix; returns peers reached (max over keys)."""
+        if not self.uids:
+            return 0
+        dht = self.dht
+        now = dht.clock()
+        expiration = now + dht.config.expert_expiration
+        loads = dict(self.loads())
+        host_load = sum(loads.values()) / len(loads) if loads else 0.0
+        info = HostInfo(dht.host.peer_id, tuple(self.addrs()), host_load)
+        items = make_declarations(self.uids, info, now, expiration, loads=loads, config=dht.config)
+        before = dht.stats["bytes_out"]
+        accepted = await dht.store_many(items, cached_peers=True)
+        self.heartbeat_bytes += dht.stats["bytes_out"] - before
+        self.last_expiration = max(self.last_expiration, expiration)
+        self.declarations += 1
+        reached = max(accepted) if accepted else 0
+        if reached > 1:  # more than our own storage
+            self.last_declared = now
+        return reached
+
+    async def withdraw(self) -> int:
+        """Tombstone every declaration (graceful leave or pause): lookups stop returning them at once."""
+        if not self.uids or not self.last_expiration:
+            return 0
+        dht = self.dht
+        items = make_tombstones(self.uids, dht.host.peer_id, self.last_expiration)
+        accepted = await dht.store_many(items, cached_peers=True)
+        return max(accepted) if accepted else 0
+
+    async def pause(self) -> None:
+        """Stop declaring and withdraw (``volunteer pause``)."""
+        self.paused = True
+        await self.withdraw()
+
+    def resume(self) -> None:
+        """Declare again right away."""
+        self.paused = False
+        self._wake.set()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Heartbeat until cancelled; on cancellation, try (briefly) to withdraw."""
+        task_status.started()
+        try:
+            while True:
+                if not self.paused:
+                    try:
+                        await self.declare_once()
+                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                        log.warning("declaring experts failed: %s", describe(exc))
+                self._wake = trio.Event()
+                with trio.move_on_after(self.dht.config.expert_update_period):
+                    await self._wake.wait()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                try:
+                    await self.withdraw()
+                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                    log.warning("withdrawing experts failed: %s", describe(exc))
+
+
+__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "list_experts"]

@@ -1,0 +1,571 @@
+"""The DHT's trio driver: moves NodeState's requests and replies over Host streams.
+
+    async with open_dht(host, DHTConfig(swarm_id="demo"), bootstrap=[relay_addr]) as dht:
+        await dht.store(b"key", b"value", expiration=time.time() + 60)
+        records = await dht.get(b"key")
+
+Everything protocol-shaped lives in the sans-I/O cores (``state``, ``query``, ``records``); this
+module only opens streams, waits and reads the clock it was given (``clock``; wall time by default
+because expirations cross the wire, ``trio.current_time`` under a MockClock in simulations).
+
+Streams: a requester may send several requests one after another on one stream (each answered
+before the next is sent); it keeps up to ``_POOL_PER_PEER`` idle streams per peer, so a busy
+trainer pays for stream setup once, not per lookup step. Expert declarations and beam search
+are in ``declare.py`` (``ExpertDirectory``) on top of ``get_many`` / ``store_many``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from typing import Callable, Iterable, Sequence
+
+import trio
+
+from ..errors import DHTError, DHTMessageError, DHTRemoteError, VolunteerError, describe
+from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.streams import BufferedStream, close_quietly, reset_quietly
+from .config import DHTConfig
+from .messages import (
+    FindNode,
+    FindValue,
+    Nodes,
+    Request,
+    Response,
+    Store,
+    Stored,
+    Values,
+    decode_response,
+    encode_request,
+)
+from .query import Lookup, ValueLookup
+from .records import OK, STALE, Record, sign
+from .routing import Contact, key_id
+from .state import NodeState
+
+log = logging.getLogger(__name__)
+
+Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or None, expiration)
+
+_POOL_PER_PEER = 4  # idle request streams kept per peer
+_POOL_IDLE = 20.0  # seconds an idle pooled stream is trusted; the server drops them after _SERVE_IDLE
+_SERVE_IDLE = 30.0
+_MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
+_MAINTENANCE_PERIOD = 1.0
+_BUCKET_REFRESH_AGE = 600.0
+_BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap retries
+_PEER_CACHE_AGE = 30.0  # declarations reuse the k closest peers of a key this long
+
+
+class RateLimiter:
+    """Token bucket per peer (sans-I/O): ``allow(peer, cost, now)``; bounds what one peer may flood."""
+
+    def __init__(self, rate: float, burst: float, max_peers: int = 4096) -> None:
+        self.rate, self.burst, self.max_peers = rate, burst, max_peers
+        self._buckets: dict[PeerID, tuple[float, float]] = {}
+
+    def allow(self, peer: PeerID, cost: float, now: float) -> bool:
+        tokens, last = self._buckets.get(peer, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if len(self._buckets) >= self.max_peers and peer not in self._buckets:
+            self._buckets.clear()  # forget everyone rather than grow: a reset only forgives
+        ok = tokens >= cost
+        self._buckets[peer] = (tokens - cost if ok else tokens, now)
+        return ok
+
+
+class DHTNode:
+    """A running DHT node. Create it with ``open_dht``."""
+
+    def __init__(
+        self,
+        host,
+        config: DHTConfig,
+        *,
+        client_mode: bool = False,
+        clock: Callable[[], float] = time.time,
+        bootstrap: Sequence[Multiaddr | str] = (),
+    ) -> None:
+        self.host = host
+        self.config = config
+        self.clock = clock
+        self.state = NodeState(host.peer_id, config, client_mode=client_mode)
+        self.bootstrap_addrs = [Multiaddr(a) for a in bootstrap]
+        self.protocol = config.protocol_id
+        self.stats: dict[str, int] = defaultdict(int)  # requests, failures, bytes, rejections by code
+        self.store_limiter = RateLimiter(rate=2000.0, burst=8000.0)  # records per second per peer
+        self.request_limiter = RateLimiter(rate=500.0, burst=2000.0)  # requests per second per peer
+        self.last_bootstrap_ok: float | None = None
+        self._pool: dict[PeerID, list[tuple[BufferedStream, float]]] = defaultdict(list)
+        self._closest_cache: dict[bytes, tuple[float, list[Contact]]] = {}
+        self._pinging: set[PeerID] = set()
+        self._ping_slots = trio.Semaphore(_MAX_PINGS)
+        self._nursery: trio.Nursery | None = None
+        self._own: dict[tuple[bytes, bytes], Item] = {}  # records we re-publish (store(..., republish=True))
+        self._rng = random.Random()
+
+    # --- mode and addresses ---------------------------------------------------------------------
+    @property
+    def client_mode(self) -> bool:
+        return self.state.client_mode
+
+    def set_client_mode(self, client_mode: bool) -> None:
+        """Client mode (AutoNAT says private): we query and store but ask not to be routed to."""
+        self.state.client_mode = bool(client_mode)
+
+    def _refresh_addrs(self) -> None:
+        self.state.addrs = tuple(a.to_bytes() for a in self.host.addrs[: self.config.max_addrs])
+
+    # --- inbound ---------------------------------------------------------------------------------
+    async def _serve(self, stream) -> None:
+        reader = BufferedStream(stream)
+        sender = stream.remote_peer
+        while True:
+            with trio.move_on_after(_SERVE_IDLE) as idle:
+                try:
+                    length = await reader.receive_uvarint("DHT request")
+                except VolunteerError:
+                    return  # EOF between requests: the requester is done with this stream
+            if idle.cancelled_caught:
+                return
+            if length > self.config.max_message_size:
+                self.stats["rejected:too-large"] += 1
+                raise DHTMessageError(f"DHT request of {length} bytes exceeds the limit")
+            with trio.fail_after(self.config.request_timeout):
+                body = await reader.receive_exactly(length, "DHT request")
+            self.stats["bytes_in"] += length
+            now = self.clock()
+            reply = self._answer(sender, body, now)
+            self.stats["bytes_out"] += len(reply)
+            await reader.send_all(reply)
+
+    def _answer(self, sender: PeerID, body: bytes, now: float) -> bytes:
+        from .messages import ErrorReply, decode_request, encode_response
+
+        if not self.request_limiter.allow(sender, 1, now):
+            self.stats["rejected:rate-limited"] += 1
+            return encode_response(ErrorReply("rate-limited", "too many DHT requests; slow down"), self.config)
+        try:
+            request = decode_request(body, self.config)
+        except DHTMessageError as exc:
+            self.stats["rejected:malformed"] += 1
+            return encode_response(ErrorReply("malformed", exc.hint or str(exc)), self.config)
+        if isinstance(request, Store) and not self.store_limiter.allow(sender, len(request.records), now):
+            self.stats["rejected:store-flood"] += len(request.records)
+            return encode_response(ErrorReply("rate-limited", "too many records stored; slow down"), self.config)
+        response, ping = self.state.handle_request(sender, request, now)
+        if isinstance(response, Stored):
+            for code in response.codes:
+                if code not in (OK, STALE):
+                    self.stats[f"rejected:{code}"] += 1
+        self._ping_soon(ping)
+        return encode_response(response, self.config)
+
+    # --- outbound --------------------------------------------------------------------------------
+    async def request(self, contact: Contact, request: Request) -> Response:
+        """Send one request to ``contact`` and return its checked reply (raises DHTError / VolunteerError).
+
+        Failures are reported to the routing table; a reply is recorded as the peer being alive.
+        """
+        peer = contact.peer
+        self.stats["requests"] += 1
+        body = encode_request(request, self.config)
+        try:
+            with trio.fail_after(self.config.request_timeout):
+                reply = await self._exchange(contact, body)
+            response = decode_response(reply, self.config, request)
+        except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.stats["failures"] += 1
+            log.debug("DHT request to %s failed: %s", peer.short(), describe(exc))
+            self.state.on_failure(peer, self.clock())
+            if isinstance(exc, trio.TooSlowError):
+                raise DHTError(f"{peer.short()} did not answer within {self.config.request_timeout} s") from None
+            raise
+        self._ping_soon(self.state.on_reply(contact, request, response, self.clock()))
+        return response
+
+    async def _exchange(self, contact: Contact, body: bytes) -> bytes:
+        peer = contact.peer
+        stream = self._take_pooled(peer)
+        if stream is None:
+            if contact.addrs and not self.host.is_connected(peer):
+                self.host.peerstore.add_addrs(peer, [_multiaddr(a) for a in contact.addrs if _multiaddr(a)])
+            conn = await self.host.connect(peer)
+            stream = BufferedStream(await conn.new_stream([self.protocol]))
+        ok = False
+        try:
+            self.stats["bytes_out"] += len(body)
+            await stream.send_all(body)
+            reply = await stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
+            self.stats["bytes_in"] += len(reply)
+            ok = True
+            return reply
+        finally:
+            if ok and len(self._pool[peer]) < _POOL_PER_PEER:
+                self._pool[peer].append((stream, trio.current_time()))
+            elif ok:
+                self.host._nursery.start_soon(close_quietly, stream)
+            else:
+                await reset_quietly(stream)
+
+    def _take_pooled(self, peer: PeerID) -> BufferedStream | None:
+        pool = self._pool.get(peer)
+        while pool:
+            stream, since = pool.pop()
+            if trio.current_time() - since < _POOL_IDLE and not stream.stream.connection.is_closed:
+                return stream
+        return None
+
+    async def ping(self, contact: Contact) -> bool:
+        """PING ``contact``; True if it answered (the routing table learns either way)."""
+        self._refresh_addrs()
+        try:
+            await self.request(contact, self.state.ping_request())
+            return True
+        except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+
+    def _ping_soon(self, peers: Iterable[PeerID]) -> None:
+        for peer in peers:
+            if peer in self._pinging or self._nursery is None:
+                continue
+            self._pinging.add(peer)
+            self._nursery.start_soon(self._check_alive, peer)
+
+    async def _check_alive(self, peer: PeerID) -> None:
+        try:
+            async with self._ping_slots:
+                entry = self.state.table.get(peer)
+                contact = entry.contact if entry else Contact(peer)
+                ok = await self.ping(contact)
+                self.state.on_ping_result(peer, ok, self.clock())
+        finally:
+            self._pinging.discard(peer)
+
+    # --- lookups ---------------------------------------------------------------------------------
+    async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None) -> list[Contact]:
+        """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int)."""
+        target = key_id(key_or_target) if isinstance(key_or_target, bytes) else key_or_target
+        self._refresh_addrs()
+        lookup = self.state.lookup(target, self.clock(), count=count)
+        request = self.state.find_node_request(target)
+
+        async def ask(contact: Contact) -> None:
+            try:
+                response = await self.request(contact, request)
+            except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                lookup.on_failure(contact.peer, self.clock())
+            else:
+                assert isinstance(response, Nodes)
+                lookup.on_success(contact.peer, response.peers, self.clock())
+
+        await self._drive([lookup], lambda asked: [(c, ask) for _, contacts in asked for c in contacts])
+        return lookup.result()
+
+    async def _drive(self, lookups: Sequence[Lookup], dispatch) -> None:
+        """Run lookups until all finish. Each round, ``dispatch([(lookup, contacts it asks now)])``
+        returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round."""
+        woken = trio.Event()
+        async with trio.open_nursery() as nursery:
+
+            async def run(ask, contact) -> None:
+                try:
+                    await ask(contact)
+                finally:
+                    woken.set()
+
+            while True:
+                now = self.clock()
+                asked = [(lookup, lookup.next(now)) for lookup in lookups]
+                for contact, ask in dispatch([pair for pair in asked if pair[1]]):
+                    nursery.start_soon(run, ask, contact)
+                if all(lookup.finished for lookup in lookups):
+                    break
+                deadlines = [d for d in (lookup.next_deadline() for lookup in lookups) if d is not None]
+                wait = max(0.0, min(deadlines) - now) if deadlines else 0.0
+                with trio.move_on_after(wait + 1e-3):
+                    await woken.wait()
+                woken = trio.Event()
+            nursery.cancel_scope.cancel()  # late answers no longer change the result
+
+    async def get_many(self, keys: Iterable[bytes], *, quorum: int | None = None) -> dict[bytes, dict[bytes, Record]]:
+        """Live records (tombstones left out) of each key, newest per sub-key.
+
+        All keys are looked up together: a peer that several keys' lookups ask in the same round
+        gets one FIND_VALUE for all of them.
+        """
+        keys = list(dict.fromkeys(bytes(k) for k in keys))
+        now = self.clock()
+        self._refresh_addrs()
+        lookups = {key: self.state.value_lookup(key, now, quorum=quorum) for key in keys}
+        batch = self.config.max_keys_per_request
+
+        def dispatch(asked: list[tuple[Lookup, list[Contact]]]):
+            by_peer: dict[PeerID, tuple[Contact, list[bytes]]] = {}
+            for lookup, contacts in asked:
+                for contact in contacts:
+                    by_peer.setdefault(contact.peer, (contact, []))[1].append(lookup.key)
+            return [
+                (contact, self._value_asker(wanted[i : i + batch], lookups))
+                for contact, wanted in by_peer.values()
+                for i in range(0, len(wanted), batch)
+            ]
+
+        await self._drive(list(lookups.values()), dispatch)
+        now = self.clock()
+        return {
+            key: {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
+            for key, lookup in lookups.items()
+        }
+
+    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
+        request = self.state.find_value_request(keys)
+
+        async def ask(contact: Contact) -> None:
+            try:
+                response = await self.request(contact, request)
+            except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                for key in keys:
+                    lookups[key].on_failure(contact.peer, self.clock())
+                return
+            assert isinstance(response, Values)
+            now = self.clock()
+            for key, result in zip(keys, response.results):
+                lookups[key].on_success(contact.peer, result.closer, now, result.records)
+
+        return ask
+
+    async def get(self, key: bytes, *, quorum: int | None = None) -> dict[bytes, Record]:
+        """Live records under ``key`` by sub-key (see ``get_many``)."""
+        return (await self.get_many([key], quorum=quorum))[bytes(key)]
+
+    # --- storing ---------------------------------------------------------------------------------
+    async def store(
+        self, key: bytes, value: bytes | None, expiration: float, *, subkey: bytes = b"", republish: bool = False
+    ) -> int:
+        """Sign and store one record under our own sub-key (PeerID bytes + ``subkey``); returns how
+        many peers (ourselves included) accepted it. ``value=None`` writes a tombstone."""
+        item = (bytes(key), self.host.peer_id.to_bytes() + bytes(subkey), value, float(expiration))
+        if republish:
+            self._own[item[:2]] = item
+        accepted = await self.store_many([item])
+        return accepted[0]
+
+    async def store_many(self, items: Sequence[Item], *, cached_peers: bool = False) -> list[int]:
+        """Sign and store records on the k closest peers of each key (and locally); one STORE per peer
+        carries every record bound for it. Returns, per item, how many copies were accepted.
+
+        With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
+        are reused: heartbeats re-declare to the same peers without a lookup each time.
+        """
+        now = self.clock()
+        records = [sign(self.host.keypair, *item) for item in items]
+        accepted = [0] * len(records)
+        for i, record in enumerate(records):
+            try:
+                if self.state.storage.store(record, now):
+                    accepted[i] += 1
+            except DHTError as exc:
+                log.debug("local store of %r refused: %s", record.key, describe(exc))
+        keys = list(dict.fromkeys(r.key for r in records))
+        closest: dict[bytes, list[Contact]] = {}
+
+        async def locate(key: bytes) -> None:
+            cached = self._closest_cache.get(key)
+            if cached_peers and cached and now - cached[0] < _PEER_CACHE_AGE:
+                closest[key] = cached[1]
+                return
+            found = await self.find_closest(key)
+            closest[key] = found
+            self._closest_cache[key] = (now, found)
+            if len(self._closest_cache) > 10_000:
+                self._closest_cache.clear()
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(locate, key)
+        per_peer: dict[PeerID, tuple[Contact, list[int]]] = {}
+        for i, record in enumerate(records):
+            for contact in closest.get(record.key, ()):
+                per_peer.setdefault(contact.peer, (contact, []))[1].append(i)
+
+        async def send(contact: Contact, indices: list[int]) -> None:
+            chunk = self.config.max_records_per_request
+            for start in range(0, len(indices), chunk):
+                part = indices[start : start + chunk]
+                try:
+                    response = await self.request(contact, self.state.store_request(records[i] for i in part))
+                except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    for key in {records[i].key for i in part}:
+                        self._closest_cache.pop(key, None)  # look again next time
+                    log.debug("STORE to %s failed: %s", contact.peer.short(), describe(exc))
+                    return
+                assert isinstance(response, Stored)
+                for i, code in zip(part, response.codes):
+                    if code in (OK, STALE):
+                        accepted[i] += 1
+
+        self._refresh_addrs()
+        async with trio.open_nursery() as nursery:
+            for contact, indices in per_peer.values():
+                nursery.start_soon(send, contact, indices)
+        return accepted
+
+    # --- joining and upkeep --------------------------------------------------------------------
+    async def bootstrap(self, addrs: Sequence[Multiaddr | str] = ()) -> int:
+        """Ping the given (or configured) bootstrap peers, then look ourselves up to fill the table.
+        Returns how many bootstrap peers answered."""
+        addrs = [Multiaddr(a) for a in addrs] or self.bootstrap_addrs
+        answered = 0
+
+        async def one(addr: Multiaddr) -> None:
+            nonlocal answered
+            try:
+                with trio.fail_after(self.config.request_timeout):
+                    conn = await self.host.connect(addr)
+                if await self.ping(Contact(conn.remote_peer, (addr.without_peer_id().to_bytes(),))):
+                    answered += 1
+            except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.info("bootstrap peer %s did not answer: %s", addr, describe(exc))
+
+        async with trio.open_nursery() as nursery:
+            for addr in addrs:
+                nursery.start_soon(one, addr)
+        if answered or len(self.state.table):
+            await self.find_closest(self.state.table.local_id)
+            self.last_bootstrap_ok = self.clock()
+        return answered
+
+    async def add_peer(self, peer: PeerID, addrs: Sequence[Multiaddr] = ()) -> bool:
+        """A peer found some other way (identify, mDNS): ping it so it joins our table if it speaks DHT."""
+        if addrs:
+            self.host.peerstore.add_addrs(peer, list(addrs))
+        return await self.ping(Contact(peer, tuple(a.to_bytes() for a in addrs)))
+
+    async def _maintain(self) -> None:
+        delay = _BOOTSTRAP_BACKOFF[0]
+        next_bootstrap = 0.0
+        while True:
+            await trio.sleep(_MAINTENANCE_PERIOD)
+            self._refresh_addrs()
+            now = self.clock()
+            self.state.expire(now)
+            self._ping_soon(self.state.table.to_check(now))
+            if len(self.state.table) == 0 and self.bootstrap_addrs and trio.current_time() >= next_bootstrap:
+                # lost everyone (a home link went down): keep retrying, with back-off
+                if await self.bootstrap():
+                    delay = _BOOTSTRAP_BACKOFF[0]
+                else:
+                    delay = min(delay * 2, _BOOTSTRAP_BACKOFF[1])
+                next_bootstrap = trio.current_time() + delay * (0.5 + self._rng.random())
+            for target in self.state.table.refresh_targets(now, _BUCKET_REFRESH_AGE, self._rng)[:2]:
+                self._nursery.start_soon(self._quiet_lookup, target)
+            if self._own:
+                self._nursery.start_soon(self._republish, now)
+
+    async def _quiet_lookup(self, target: int) -> None:
+        try:
+            await self.find_closest(target)
+        except DHTError as exc:
+            log.debug("refresh lookup failed: %s", describe(exc))
+
+    async def _republish(self, now: float) -> None:
+        due = [item for item in self._own.values() if item[3] > now and item[3] - now < self.config.max_ttl / 2]
+        live = [item for item in self._own.values() if item[3] > now]
+        self._own = {item[:2]: item for item in live}
+        if due and int(now) % 60 == 0:
+            await self.store_many(due)
+
+    async def _follow_connections(self) -> None:
+        from ..net.events import PeerDisconnected, PeerIdentified
+
+        events = self.host.events.subscribe()
+        async for event in events:
+            if isinstance(event, PeerIdentified) and self.protocol in (event.info.protocols or ()):
+                # peers that connect for other reasons (trainers, relays) and speak our DHT join the table
+                if event.peer not in self.state.table and not self.client_mode:
+                    self._nursery.start_soon(self.add_peer, event.peer)
+            elif isinstance(event, PeerDisconnected) and event.peer in self.state.table:
+                # a volunteer that left should stop being handed out now, not at the next sweep
+                self._nursery.start_soon(self._recheck_after_disconnect, event.peer)
+
+    async def _recheck_after_disconnect(self, peer: PeerID) -> None:
+        await trio.sleep(0.5)
+        if not self.host.is_connected(peer):
+            self._ping_soon([peer])
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the protocol and keep the table healthy until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.host.set_handler(self.protocol, self._serve)
+            self._refresh_addrs()
+            nursery.start_soon(self._maintain)
+            nursery.start_soon(self._follow_connections)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                self.host.remove_handler(self.protocol)
+
+    # --- live experts (declare.py) ------------------------------------------------------------------
+    async def get_experts(self, uids: Iterable[str]):
+        """Hosts serving each uid now, best first: ``{uid: [Declaration, ...]}``."""
+        from .declare import get_experts
+
+        return await get_experts(self, uids)
+
+    async def find_best_experts(self, prefix: str, grid_scores, beam_size: int):
+        """The ``beam_size`` best live experts of a grid (beam search): ``[ExpertMatch, ...]``."""
+        from .declare import find_best_experts
+
+        return await find_best_experts(self, prefix, grid_scores, beam_size)
+
+    def snapshot(self) -> dict:
+        """Figures for the dashboard and ``volunteer status``."""
+        return {
+            "routing_table": len(self.state.table),
+            "records": len(self.state.storage),
+            "client_mode": self.client_mode,
+            "requests": self.stats["requests"],
+            "failures": self.stats["failures"],
+            "bytes_in": self.stats["bytes_in"],
+            "bytes_out": self.stats["bytes_out"],
+            "rejected": {k.split(":", 1)[1]: v for k, v in self.stats.items() if k.startswith("rejected:")},
+        }
+
+
+def _multiaddr(raw: bytes) -> Multiaddr | None:
+    try:
+        return Multiaddr(raw)
+    except VolunteerError:
+        return None
+
+
+@asynccontextmanager
+async def open_dht(
+    host,
+    config: DHTConfig | None = None,
+    *,
+    bootstrap: Sequence[Multiaddr | str] = (),
+    client_mode: bool = False,
+    clock: Callable[[], float] = time.time,
+    wait_bootstrap: bool = True,
+):
+    """Run a DHT node on ``host`` for the duration of the block; bootstraps first when peers are given."""
+    node = DHTNode(host, config or DHTConfig(), client_mode=client_mode, clock=clock, bootstrap=bootstrap)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run)
+        if node.bootstrap_addrs and wait_bootstrap:
+            await node.bootstrap()
+        try:
+            yield node
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+__all__ = ["DHTNode", "RateLimiter", "open_dht"]
