@@ -250,7 +250,6 @@ class DHTNode:
     async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None) -> list[Contact]:
         """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int)."""
         target = key_id(key_or_target) if isinstance(key_or_target, bytes) else key_or_target
-        self._refresh_addrs()
         lookup = self.state.lookup(target, self.clock(), count=count)
         request = self.state.find_node_request(target)
 
@@ -292,15 +291,30 @@ class DHTNode:
                 woken = trio.Event()
             nursery.cancel_scope.cancel()  # late answers no longer change the result
 
-    async def get_many(self, keys: Iterable[bytes], *, quorum: int | None = None) -> dict[bytes, dict[bytes, Record]]:
+    async def get_many(
+        self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True
+    ) -> dict[bytes, dict[bytes, Record]]:
         """Live records (tombstones left out) of each key, newest per sub-key.
+
+        ``latest=False`` accepts any live value: keys this node holds are answered without asking
+        the network (hivemind's default). Expert lookups always ask (``latest=True``), so they see
+        tombstones and fresh heartbeats of every host.
 
         All keys are looked up together: a peer that several keys' lookups ask in the same round
         gets one FIND_VALUE for all of them.
         """
         keys = list(dict.fromkeys(bytes(k) for k in keys))
         now = self.clock()
-        self._refresh_addrs()
+        found: dict[bytes, dict[bytes, Record]] = {}
+        if not latest:
+            # any live value will do (hivemind's default): keys we hold are answered locally
+            for key in keys:
+                held = {sub: rec for sub, rec in self.state.storage.get(key, now).items() if rec.value is not None}
+                if held:
+                    found[key] = held
+            keys = [key for key in keys if key not in found]
+            if not keys:
+                return found
         lookups = {key: self.state.value_lookup(key, now, quorum=quorum) for key in keys}
         batch = self.config.max_keys_per_request
 
@@ -317,10 +331,9 @@ class DHTNode:
 
         await self._drive(list(lookups.values()), dispatch)
         now = self.clock()
-        return {
-            key: {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
-            for key, lookup in lookups.items()
-        }
+        for key, lookup in lookups.items():
+            found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
+        return found
 
     def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
         request = self.state.find_value_request(keys)
@@ -339,9 +352,9 @@ class DHTNode:
 
         return ask
 
-    async def get(self, key: bytes, *, quorum: int | None = None) -> dict[bytes, Record]:
+    async def get(self, key: bytes, *, quorum: int | None = None, latest: bool = True) -> dict[bytes, Record]:
         """Live records under ``key`` by sub-key (see ``get_many``)."""
-        return (await self.get_many([key], quorum=quorum))[bytes(key)]
+        return (await self.get_many([key], quorum=quorum, latest=latest))[bytes(key)]
 
     # --- storing ---------------------------------------------------------------------------------
     async def store(
@@ -367,31 +380,12 @@ class DHTNode:
         accepted = [0] * len(records)
         for i, record in enumerate(records):
             try:
-                if self.state.storage.store(record, now):
+                if self.state.storage.store(record, now, checked=True):  # signed by us just now
                     accepted[i] += 1
             except DHTError as exc:
                 log.debug("local store of %r refused: %s", record.key, describe(exc))
         keys = list(dict.fromkeys(r.key for r in records))
-        closest: dict[bytes, list[Contact]] = {}
-
-        async def locate(key: bytes) -> None:
-            cached = self._closest_cache.get(key)
-            if cached_peers and cached and now - cached[0] < _PEER_CACHE_AGE:
-                closest[key] = cached[1]
-                return
-            found = await self.find_closest(key)
-            closest[key] = found
-            self._closest_cache[key] = (now, found)
-            if len(self._closest_cache) > 10_000:
-                self._closest_cache.clear()
-
-        async with trio.open_nursery() as nursery:
-            for key in keys:
-                nursery.start_soon(locate, key)
-        per_peer: dict[PeerID, tuple[Contact, list[int]]] = {}
-        for i, record in enumerate(records):
-            for contact in closest.get(record.key, ()):
-                per_peer.setdefault(contact.peer, (contact, []))[1].append(i)
+        sent: dict[PeerID, set[int]] = defaultdict(set)
 
         async def send(contact: Contact, indices: list[int]) -> None:
             chunk = self.config.max_records_per_request
@@ -409,10 +403,43 @@ class DHTNode:
                     if code in (OK, STALE):
                         accepted[i] += 1
 
-        self._refresh_addrs()
-        async with trio.open_nursery() as nursery:
+        def deliver(nursery: trio.Nursery, targets: dict[bytes, list[Contact]]) -> None:
+            # one STORE per peer with every record bound for it that it has not been sent yet
+            per_peer: dict[PeerID, tuple[Contact, list[int]]] = {}
+            for i, record in enumerate(records):
+                for contact in targets.get(record.key, ()):
+                    if i not in sent[contact.peer]:
+                        sent[contact.peer].add(i)
+                        per_peer.setdefault(contact.peer, (contact, []))[1].append(i)
             for contact, indices in per_peer.values():
                 nursery.start_soon(send, contact, indices)
+
+        async def locate(key: bytes, located: dict[bytes, list[Contact]]) -> None:
+            found = await self.find_closest(key)
+            located[key] = found
+            self._closest_cache[key] = (now, found)
+            if len(self._closest_cache) > 10_000:
+                self._closest_cache.clear()
+
+        async with trio.open_nursery() as nursery:
+            cached = {}
+            if cached_peers:
+                for key in keys:
+                    entry = self._closest_cache.get(key)
+                    if entry and now - entry[0] < _PEER_CACHE_AGE:
+                        cached[key] = entry[1]
+            deliver(nursery, cached)
+            unknown = [key for key in keys if key not in cached]
+            if unknown:
+                # Optimistic: store on the closest peers we already know while the lookup runs, then
+                # on whatever closer peers it finds. Where our table is right (small swarms, heartbeats
+                # to a stable swarm) a store costs one round trip instead of lookup + store.
+                deliver(nursery, {key: self.state.table.closest(key_id(key), self.config.k, now) for key in unknown})
+                located: dict[bytes, list[Contact]] = {}
+                async with trio.open_nursery() as lookups:
+                    for key in unknown:
+                        lookups.start_soon(locate, key, located)
+                deliver(nursery, located)
         return accepted
 
     # --- joining and upkeep --------------------------------------------------------------------
@@ -494,6 +521,12 @@ class DHTNode:
                 self._nursery.start_soon(self._recheck_after_disconnect, event.peer)
 
     async def _recheck_after_disconnect(self, peer: PeerID) -> None:
+        await trio.sleep(0)  # let a replacement connection (hole punch, redial) register first
+        if self.host.is_connected(peer):
+            return
+        # Hand it out last until it proves alive again (any message from it redeems it), and check
+        # soon: joiners asking us right after a volunteer left must not be sent to it first.
+        self.state.on_failure(peer, self.clock())
         await trio.sleep(0.5)
         if not self.host.is_connected(peer):
             self._ping_soon([peer])

@@ -140,19 +140,21 @@ class RoutingTable:
             yield from bucket.entries
 
     def closest(
-        self, target: int, count: int, now: float, *, exclude: Iterable[PeerID] = ()
+        self, target: int, count: int, now: float, *, exclude: Iterable[PeerID] = (), responsive_only: bool = False
     ) -> list[Contact]:
         """The ``count`` contacts closest to ``target``; contacts whose last request failed come last.
 
         Preferring responsive peers keeps lookups (ours, and others' through our replies) from
         spending their alpha slots on peers that just failed; those are still returned when
         nothing better is known, and are redeemed by any message from them or a liveness check.
+        ``responsive_only`` leaves them out (replies to others: a requester sorts contacts by
+        distance, not by our preference, so a dead contact we hand out is one it will try).
         """
         skip = set(exclude)
         candidates = (
             (entry.failures > 0, entry.contact.id ^ target, entry.contact)
             for entry in self.entries()
-            if entry.contact.peer not in skip
+            if entry.contact.peer not in skip and not (responsive_only and entry.failures > 0)
         )
         return [c for _, _, c in heapq.nsmallest(count, candidates, key=lambda t: (t[0], t[1]))]
 

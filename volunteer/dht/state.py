@@ -93,7 +93,7 @@ class NodeState:
             return Stored(tuple(self.storage.store_many(request.records, now)), cm), ping
         if isinstance(request, FindNode):
             target = id_from_bytes(request.target)
-            closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender])
+            closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)
             return Nodes(tuple(closer), cm), ping
         if isinstance(request, FindValue):
             return self._values(sender, request.keys, now), ping
@@ -101,7 +101,9 @@ class NodeState:
 
     def _values(self, sender: PeerID, keys: tuple[bytes, ...], now: float) -> Values:
         config = self.config
-        closer_by_key = [self.table.closest(key_id(k), config.reply_contacts, now, exclude=[sender]) for k in keys]
+        closer_by_key = [
+            self.table.closest(key_id(k), config.reply_contacts, now, exclude=[sender], responsive_only=True) for k in keys
+        ]
         # the shared contact table is capped: fill it rank by rank so every key keeps its nearest
         contacts: dict[Contact, None] = {}
         for rank in range(config.reply_contacts):

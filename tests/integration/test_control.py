@@ -1,0 +1,67 @@
+"""The daemon's control channel: Unix socket 0600, the loopback-TCP fallback with its token, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+import trio
+
+from volunteer.cli.control import ControlError, request, serve_control
+
+
+async def handler(message: dict) -> dict:
+    if message.get("cmd") == "status":
+        return {"ok": True, "status": {"peer_id": "12D3KooWtest"}}
+    return {"ok": False, "error": "unknown command"}
+
+
+@pytest.mark.parametrize("mode", ["unix", "tcp"])
+async def test_status_round_trip_and_permissions(tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("VOLUNTEER_CONTROL", "tcp" if mode == "tcp" else "")
+    path = tmp_path / "run" / "daemon.sock"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, path, handler)
+        reply = await request(path, "status")
+        assert reply["status"]["peer_id"] == "12D3KooWtest"
+        with pytest.raises(ControlError, match="unknown command"):
+            await request(path, "explode")
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        if mode == "unix":
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            with pytest.raises(ControlError, match="already running"):
+                await serve_control(path, handler)
+        else:
+            marker = path.with_name(path.name + ".tcp")
+            assert stat.S_IMODE(os.stat(marker).st_mode) == 0o600
+            info = json.loads(marker.read_text())
+            # without the token, a local stranger gets nothing
+            stream = await trio.open_tcp_stream("127.0.0.1", info["port"])
+            await stream.send_all(b'{"cmd": "status"}\n')
+            reply = json.loads((await stream.receive_some(4096)).decode())
+            assert reply == {"ok": False, "error": "bad token"}
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+    assert not path.exists() and not path.with_name(path.name + ".tcp").exists()
+
+
+async def test_no_daemon_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("VOLUNTEER_CONTROL", raising=False)
+    with pytest.raises(ControlError, match="no daemon running"):
+        await request(tmp_path / "none.sock", "status")
+
+
+async def test_stale_socket_file_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.delenv("VOLUNTEER_CONTROL", raising=False)
+    import socket
+
+    path = tmp_path / "stale.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+    sock.close()  # a crashed daemon leaves its socket file behind
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, path, handler)
+        assert (await request(path, "status"))["ok"]
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,85 @@
+"""Swarm files, XDG paths with their overrides, and the --experts grid syntax."""
+
+from __future__ import annotations
+
+import pytest
+
+from volunteer.net.identity import KeyPair
+from volunteer.swarmfile import (
+    SwarmFileError,
+    SwarmSpec,
+    config_dir,
+    identity_path,
+    load_swarm_file,
+    parse_experts_spec,
+    resolve_swarm,
+    runtime_dir,
+    state_dir,
+)
+
+PEER = KeyPair.generate().peer_id
+ADDR = f"/ip4/203.0.113.7/tcp/4001/p2p/{PEER}"
+
+
+def test_experts_spec_expands_grids_and_lists():
+    cls, uids = parse_experts_spec("ffn:expert.[0:2].[0:3]")
+    assert cls == "ffn" and uids == [f"expert.{i}.{j}" for i in range(2) for j in range(3)]
+    assert parse_experts_spec("transformer:block.[0:2]") == ("transformer", ["block.0", "block.1"])
+    assert parse_experts_spec("ffn:e.1.2,e.3.[4:6]")[1] == ["e.1.2", "e.3.4", "e.3.5"]
+    for bad in ("ffn", "ffn:", ":e.1", "ffn:e", "ffn:e.[3:3]", "ffn:e.x", "ffn:e.[0:100].[0:100]", "ffn:bad name.1"):
+        with pytest.raises(SwarmFileError):
+            parse_experts_spec(bad)
+
+
+def test_swarm_file_round_trip_and_errors(tmp_path):
+    spec = SwarmSpec("demo", "demo-1", [], [ADDR and __import__("volunteer.net.multiaddr", fromlist=["Multiaddr"]).Multiaddr(ADDR)],
+                     {"experts": "ffn:expert.[0:4]", "hidden_dim": 32})
+    path = tmp_path / "demo.toml"
+    path.write_text(spec.to_toml())
+    loaded = load_swarm_file(path)
+    assert (loaded.name, loaded.id, [str(a) for a in loaded.relays]) == ("demo", "demo-1", [ADDR])
+    assert loaded.experts == {"experts": "ffn:expert.[0:4]", "hidden_dim": 32}
+    assert [str(a) for a in loaded.entry_points] == [ADDR]
+    for text, fragment in (
+        ("name = ", "not valid TOML"),
+        ('bootstrap = "x"', "list of multiaddr"),
+        ('bootstrap = ["/ip4/1.2.3.4/tcp/1"]', "/p2p/"),
+        ('bootstrap = ["nonsense"]', "bad bootstrap"),
+        ('id = "a/b"', "id must be"),
+    ):
+        path.write_text(text)
+        with pytest.raises(SwarmFileError, match=fragment):
+            load_swarm_file(path)
+
+
+def test_resolve_swarm_by_name_path_and_multiaddr(tmp_path, monkeypatch):
+    monkeypatch.setenv("VOLUNTEER_CONFIG_DIR", str(tmp_path / "cfg"))
+    (tmp_path / "cfg" / "swarms").mkdir(parents=True)
+    (tmp_path / "cfg" / "swarms" / "mine.toml").write_text(f'bootstrap = ["{ADDR}"]\n')
+    assert resolve_swarm("mine").id == "mine"
+    assert resolve_swarm(str(tmp_path / "cfg" / "swarms" / "mine.toml")).name == "mine"
+    bare = resolve_swarm(ADDR, swarm_id="lab")
+    assert bare.id == "lab" and [str(a) for a in bare.bootstrap] == [ADDR]
+    with pytest.raises(SwarmFileError, match="unknown swarm 'nope'"):
+        resolve_swarm("nope")
+    with pytest.raises(SwarmFileError, match="/p2p/"):
+        resolve_swarm("/ip4/203.0.113.7/tcp/4001")
+    with pytest.raises(SwarmFileError, match="no swarm file"):
+        resolve_swarm(str(tmp_path / "missing.toml"))
+
+
+def test_xdg_paths_and_overrides(tmp_path, monkeypatch):
+    for var in ("VOLUNTEER_CONFIG_DIR", "VOLUNTEER_STATE_DIR", "VOLUNTEER_RUNTIME_DIR", "VOLUNTEER_IDENTITY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "c"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "s"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "r"))
+    assert config_dir() == tmp_path / "c" / "volunteer"
+    assert state_dir() == tmp_path / "s" / "volunteer"
+    assert runtime_dir() == tmp_path / "r" / "volunteer"
+    assert identity_path() == tmp_path / "c" / "volunteer" / "identity.key"
+    monkeypatch.setenv("VOLUNTEER_STATE_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("VOLUNTEER_IDENTITY", str(tmp_path / "k"))
+    assert state_dir() == tmp_path / "elsewhere" and identity_path() == tmp_path / "k"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert runtime_dir() == tmp_path / "elsewhere" / "run"

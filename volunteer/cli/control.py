@@ -1,0 +1,169 @@
+"""The daemon's local control channel: ``volunteer status / pause / resume`` talk to ``join``.
+
+One JSON request line, one JSON reply line per connection::
+
+    → {"cmd": "status"}            ← {"ok": true, "status": {...snapshot...}}
+    → {"cmd": "pause"}             ← {"ok": true}
+
+On Unix it is a Unix socket, mode 0600 in a 0700 directory (the user's runtime dir), so only
+the user can reach it. Where Unix sockets are missing (older Windows) or when
+``VOLUNTEER_CONTROL=tcp``, it is a loopback TCP port whose number and a random token are written
+to ``<path>.tcp`` (0600): a client must present the token, so other local users cannot drive it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from ..errors import VolunteerError
+
+MAX_REQUEST = 64 * 1024
+MAX_REPLY = 16 * 1024 * 1024
+REQUEST_TIMEOUT = 10.0
+
+Handler = Callable[[dict], Awaitable[dict]]
+
+
+class ControlError(VolunteerError):
+    """No daemon answers on the control channel, or it refused the request."""
+
+
+def use_tcp() -> bool:
+    return os.environ.get("VOLUNTEER_CONTROL") == "tcp" or not hasattr(socket, "AF_UNIX")
+
+
+def _prepare_dir(path: Path) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if os.name == "posix":
+        mode = stat.S_IMODE(path.parent.stat().st_mode)
+        if mode & 0o077:
+            os.chmod(path.parent, 0o700)
+
+
+async def _read_line(stream: trio.abc.Stream, limit: int) -> bytes:
+    data = bytearray()
+    while b"\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > limit:
+            raise ControlError("control message too large")
+    return bytes(data.split(b"\n", 1)[0])
+
+
+async def serve_control(path: Path, handler: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Answer control requests at ``path`` until cancelled; removes the socket (or port file) on exit."""
+    path = Path(path)
+    _prepare_dir(path)
+    token = ""
+    if use_tcp():
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        await sock.bind(("127.0.0.1", 0))
+        token = secrets.token_hex(16)
+        marker = path.with_name(path.name + ".tcp")
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"port": sock.getsockname()[1], "token": token}, f)
+    else:
+        marker = path
+        if path.exists() or path.is_symlink():
+            if await _alive(path):
+                raise ControlError(f"another daemon is already running with control socket {path} (use --control)")
+            path.unlink()
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is created 0600: no window where others may connect
+        try:
+            await sock.bind(str(path))
+        finally:
+            os.umask(old)
+    sock.listen(16)
+    listener = trio.SocketListener(sock)
+
+    async def one(stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT):
+                    request = json.loads(await _read_line(stream, MAX_REQUEST) or b"{}")
+                if not isinstance(request, dict):
+                    raise ControlError("a control request is a JSON object")
+                if token and not secrets.compare_digest(str(request.get("token", "")), token):
+                    reply = {"ok": False, "error": "bad token"}
+                else:
+                    reply = await handler(request)
+            except (ValueError, ControlError, trio.TooSlowError) as exc:
+                reply = {"ok": False, "error": str(exc) or type(exc).__name__}
+            try:
+                await stream.send_all(json.dumps(reply, default=str).encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    try:
+        async with listener:
+            await trio.serve_listeners(one, [listener], task_status=task_status)
+    finally:
+        try:
+            marker.unlink()
+        except OSError:
+            pass
+
+
+async def _alive(path: Path) -> bool:
+    try:
+        with trio.fail_after(2):
+            stream = await trio.open_unix_socket(str(path))
+            await stream.aclose()
+        return True
+    except (OSError, trio.TooSlowError):
+        return False
+
+
+async def request(path: Path, cmd: str, **fields) -> dict:
+    """Send one command to the daemon at ``path``; raises ControlError if none answers."""
+    path = Path(path)
+    message = {"cmd": cmd, **fields}
+    try:
+        with trio.fail_after(REQUEST_TIMEOUT):
+            tcp_marker = path.with_name(path.name + ".tcp")
+            if use_tcp() or (not path.exists() and tcp_marker.exists()):
+                try:
+                    info = json.loads(tcp_marker.read_text())
+                except (OSError, ValueError):
+                    raise ControlError(f"no daemon running (no {tcp_marker}); start one with `volunteer join SWARM`") from None
+                message["token"] = info.get("token", "")
+                stream = await trio.open_tcp_stream("127.0.0.1", int(info["port"]))
+            else:
+                if not path.exists():
+                    raise ControlError(f"no daemon running (no control socket {path}); start one with `volunteer join SWARM`")
+                stream = await trio.open_unix_socket(str(path))
+            async with stream:
+                await stream.send_all(json.dumps(message).encode() + b"\n")
+                line = await _read_line(stream, MAX_REPLY)
+    except OSError as exc:
+        raise ControlError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None
+    except trio.TooSlowError:
+        raise ControlError(f"the daemon at {path} did not answer within {REQUEST_TIMEOUT:.0f} s") from None
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        raise ControlError("the daemon's reply is not JSON") from None
+    if not reply.get("ok"):
+        raise ControlError(f"the daemon refused {cmd!r}: {reply.get('error', 'unknown error')}")
+    return reply
+
+
+def default_control_path() -> Path:
+    from ..swarmfile import runtime_dir
+
+    return runtime_dir() / "daemon.sock"
+
+
+__all__ = ["ControlError", "default_control_path", "request", "serve_control"]
