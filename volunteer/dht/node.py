@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or None, expiration)
 
-_POOL_PER_PEER = 4  # idle request streams kept per peer
+_POOL_PER_PEER = 32  # idle request streams kept per peer (a stream costs a yamux entry and a task on each side)
 _POOL_IDLE = 20.0  # seconds an idle pooled stream is trusted; the server drops them after _SERVE_IDLE
 _SERVE_IDLE = 30.0
 _MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
@@ -515,10 +515,17 @@ class DHTNode:
             if isinstance(event, PeerIdentified) and self.protocol in (event.info.protocols or ()):
                 # peers that connect for other reasons (trainers, relays) and speak our DHT join the table
                 if event.peer not in self.state.table and not self.client_mode:
-                    self._nursery.start_soon(self.add_peer, event.peer)
+                    self._nursery.start_soon(self._add_if_unknown, event.peer)
             elif isinstance(event, PeerDisconnected) and event.peer in self.state.table:
                 # a volunteer that left should stop being handed out now, not at the next sweep
                 self._nursery.start_soon(self._recheck_after_disconnect, event.peer)
+
+    async def _add_if_unknown(self, peer: PeerID) -> None:
+        # most peers that identify with our DHT protocol are talking DHT to us already and join the
+        # table through that; ping only those still unknown a moment later
+        await trio.sleep(1.0)
+        if peer not in self.state.table and self.host.is_connected(peer):
+            await self.add_peer(peer)
 
     async def _recheck_after_disconnect(self, peer: PeerID) -> None:
         await trio.sleep(0)  # let a replacement connection (hole punch, redial) register first
