@@ -73,6 +73,31 @@ async def list_experts(dht, prefix: str, *, limit: int = 4096) -> dict[str, list
     return {uid: decls for uid, decls in hosts.items() if decls}
 
 
+async def grid_experts(dht, prefix: str, depth: int) -> dict[str, list[Declaration]]:
+    """Every live expert of a ``depth``-dimensional grid, from its prefix records alone:
+    ``{uid: [hosts, best first]}`` in ``depth`` batched rounds (a 2-D grid: the root, then every
+    row at once). Each host's record under ``name.i.`` names all its uids ``name.i.j``, so the
+    last level lists every (uid, host) pair; mixtures of experts cache this between batches."""
+    level = [prefix.rstrip(".") + "."]
+    result: dict[str, list[Declaration]] = {}
+    for d in range(depth):
+        found = await dht.get_many([expert_key(p) for p in level])
+        now = dht.clock()
+        next_level = set()
+        for key in level:
+            for decl in select_alive(found[expert_key(key)], now, dht.config):
+                for index, uid in decl.children:
+                    if d == depth - 1:
+                        if uid == f"{key}{index}":
+                            result.setdefault(uid, []).append(decl)
+                    elif uid.startswith(f"{key}{index}."):
+                        next_level.add(f"{key}{index}.")
+        level = sorted(next_level)
+        if not level:
+            break
+    return result
+
+
 class ExpertDeclarer:
     """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once."""
 
@@ -160,4 +185,4 @@ class ExpertDeclarer:
                     log.warning("withdrawing experts failed: %s", describe(exc))
 
 
-__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "list_experts"]
+__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "grid_experts", "list_experts"]

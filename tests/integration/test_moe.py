@@ -1,0 +1,56 @@
+"""RemoteMixtureOfExperts over two volunteers: it learns, gradients reach the gate and the
+experts, a volunteer that dies mid-training is routed around, and with every expert gone the
+trainer gets a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from volunteer import RemoteMixtureOfExperts, Swarm
+from volunteer.errors import ExpertUnavailableError
+
+from .volunteer_fixture import DHT_CONFIG, Volunteer
+
+
+def test_mixture_trains_survives_a_dead_volunteer_and_fails_clearly_when_all_are_gone():
+    torch.manual_seed(0)
+    first = Volunteer(["expert.0.0", "expert.0.1"], hidden=8)
+    second = Volunteer(["expert.1.0", "expert.1.1"], hidden=8, bootstrap=[first.addr])
+    swarm = Swarm.join(first.spec(), dht_config=DHT_CONFIG)
+    try:
+        moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(2, 2), uid_prefix="expert", k_best=2, k_min=1,
+                                     forward_timeout=5, backward_timeout=5, timeout_after_k_min=0.5, refresh_period=0.2)
+        assert sorted(moe.live_experts(refresh=True)) == ["expert.0.0", "expert.0.1", "expert.1.0", "expert.1.1"]
+        head = torch.nn.Linear(8, 1)
+        optimizer = torch.optim.Adam([*moe.parameters(), *head.parameters()], lr=5e-2)
+        x = torch.randn(32, 8)
+        target = x.sum(-1, keepdim=True)
+        losses = []
+        for _ in range(15):
+            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
+            optimizer.zero_grad()
+            loss.backward()
+            assert moe.gate.weight.grad is not None and moe.gate.weight.grad.abs().sum() > 0
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[-1] < losses[0] * 0.8, losses
+        updates = sum(b.updates for v in (first, second) for b in v.runtime.backends.values())
+        assert updates > 0  # the experts learned too
+
+        second.stop(crash=True)
+        for _ in range(5):  # still trains: the dead volunteer's experts fail, then are avoided
+            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        assert moe.failures >= 1
+
+        first.stop()
+        with pytest.raises(ExpertUnavailableError):
+            moe._live_at = float("-inf")
+            moe(x)
+    finally:
+        swarm.close()
+        first.stop()
+        second.stop()

@@ -1,0 +1,262 @@
+"""Calling experts: ``call_expert`` (async, one call) and ``RemoteExpert`` (an nn.Module whose
+forward and backward run on a volunteer).
+
+Errors a trainer can act on, all ``ExpertError``s:
+- ``RemoteExpertError``: the expert raised on the server; its message carries the remote
+  traceback, printed under the local one.
+- ``ExpertTimeoutError``: no answer within the forward / backward timeout.
+- ``ExpertUnavailableError``: the peer cannot be reached, the connection died mid-call, or the
+  server refused (``ExpertBusyError`` when its queue is full, paused, or not serving that uid).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import trio
+from torch import nn
+
+from ..errors import (
+    ExpertProtocolError,
+    ExpertTimeoutError,
+    ExpertUnavailableError,
+    VolunteerError,
+    describe,
+)
+from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.streams import BufferedStream, reset_quietly
+from .config import DEFAULT_CONFIG, ExpertsConfig
+from .failures import raise_remote
+from .protocol import MAX_HEADER, pack, protocol_id, unpack
+from .tensors import TensorReader, serialize
+
+DEFAULT_FORWARD_TIMEOUT = 30.0
+DEFAULT_BACKWARD_TIMEOUT = 60.0
+RECEIVE_CHUNK = 1024 * 1024
+
+
+def as_peer(peer: PeerID | Multiaddr | str) -> PeerID | Multiaddr:
+    """A PeerID, a PeerID string, or a multiaddr ending in /p2p/ID."""
+    if isinstance(peer, (PeerID, Multiaddr)):
+        return peer
+    return Multiaddr(peer) if peer.startswith("/") else PeerID.from_string(peer)
+
+
+def remember_addrs(host, peer: PeerID, addrs: Sequence[bytes | str | Multiaddr]) -> None:
+    """Put a declaration's addresses (direct and relayed) where ``host.connect(peer)`` finds them."""
+    parsed = []
+    for addr in addrs:
+        try:
+            parsed.append(addr if isinstance(addr, Multiaddr) else Multiaddr(addr))
+        except VolunteerError:
+            continue
+    if parsed:
+        host.peerstore.add_addrs(peer, parsed)
+
+
+async def call_expert(
+    host,
+    peer: PeerID | Multiaddr,
+    uid: str,
+    op: str,
+    tensors: Sequence[torch.Tensor] = (),
+    *,
+    swarm_id: str,
+    n_inputs: int | None = None,
+    compression: str = "none",
+    timeout: float = DEFAULT_FORWARD_TIMEOUT,
+    faults=None,
+    config: ExpertsConfig = DEFAULT_CONFIG,
+):
+    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors."""
+    peer_name = str(peer.peer_id if isinstance(peer, Multiaddr) else peer)
+    with trio.move_on_after(timeout) as scope:
+        if faults is not None:
+            await faults.before_call(uid)
+        try:
+            conn = await host.connect(peer)
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            raise ExpertUnavailableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
+        try:
+            stream = await conn.new_stream([protocol_id(swarm_id)])
+        except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
+        reader = BufferedStream(stream)
+        try:
+            return await _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ExpertUnavailableError(f"connection to {peer_name} broke during a call to {uid!r}: {describe(exc)}") from None
+        finally:
+            with trio.CancelScope(shield=True):  # also after a timeout: free the stream on both ends
+                if _finished(reader):
+                    await _close(reader)
+                else:
+                    await reset_quietly(stream)
+    if scope.cancelled_caught:
+        raise ExpertTimeoutError(f"expert {uid!r} on {peer_name} did not answer {op} within {timeout:g} s")
+
+
+def _finished(reader: BufferedStream) -> bool:
+    return getattr(reader, "_volunteer_done", False)
+
+
+async def _close(reader: BufferedStream) -> None:
+    with trio.move_on_after(1):
+        try:
+            await reader.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, VolunteerError):
+            pass
+
+
+async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config):
+    message: dict = {"op": op, "uid": uid, "c": compression}
+    chunks = iter(())
+    if op != "info":
+        header, chunks = serialize(list(tensors), compression, config=config)
+        message["t"] = header
+        if op == "backward":
+            message["ni"] = n_inputs
+    reply: dict = {}
+
+    async def send() -> None:
+        try:
+            await reader.send_all(pack(message))
+            for chunk in chunks:
+                await reader.send_all(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the server stopped reading: its reply (an error, surely) tells why
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        try:
+            reply = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert reply header"))
+        except VolunteerError as exc:
+            raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}") from None
+        if not reply.get("ok"):
+            nursery.cancel_scope.cancel()  # stop sending: the call failed
+    if not reply.get("ok"):
+        reader._volunteer_done = True
+        if "e" not in reply:
+            raise ExpertProtocolError(f"{peer_name} sent a reply with neither result nor error")
+        raise_remote(reply["e"], expert_uid=uid, peer_id=peer_name, config=config)
+    if op == "info":
+        reader._volunteer_done = True
+        info = reply.get("info")
+        if not isinstance(info, dict):
+            raise ExpertProtocolError(f"{peer_name} sent a malformed info reply")
+        return info
+    outputs = TensorReader(reply.get("t"), config=config)
+    while not outputs.done:
+        chunk = await reader.receive_some(min(outputs.remaining, RECEIVE_CHUNK))
+        if not chunk:
+            raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} mid-reply")
+        outputs.feed(chunk)
+    reader._volunteer_done = True
+    return outputs.finish()
+
+
+class _Call:
+    """What an autograd Function needs to reach one expert from a synchronous thread."""
+
+    def __init__(self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str) -> None:
+        self.swarm, self.uid, self.peer = swarm, uid, peer
+        self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
+
+    async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return await call_expert(
+            self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
+            compression=self.compression, timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
+        )
+
+    async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return await call_expert(
+            self.swarm.host, self.peer, self.uid, "backward", [*inputs, *grads], swarm_id=self.swarm.swarm_id,
+            n_inputs=len(inputs), compression=self.compression, timeout=self.backward_timeout,
+            faults=getattr(self.swarm, "faults", None),
+        )
+
+
+def detached_cpu(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().to("cpu").contiguous() for t in tensors]
+
+
+# Passed into every remote autograd Function: with it, backward runs (and the experts learn)
+# even when no input requires grad, e.g. a mixture right after the data (hivemind does the same).
+DUMMY = torch.empty(0, requires_grad=True)
+
+
+class _RemoteFunction(torch.autograd.Function):
+    """Forward and backward of one remote expert (the server applies its optimizer on backward)."""
+
+    @staticmethod
+    def forward(ctx, dummy: torch.Tensor, call: _Call, *inputs: torch.Tensor):
+        device = inputs[0].device
+        outputs = call.swarm.loop.run(call.forward, detached_cpu(inputs))
+        ctx.call, ctx.device = call, device
+        ctx.output_meta = [(o.shape, o.dtype) for o in outputs]
+        ctx.save_for_backward(*inputs)
+        return tuple(o.to(device) for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        inputs = ctx.saved_tensors
+        grads = [g if g is not None else torch.zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grad_outputs, ctx.output_meta)]
+        grad_inputs = ctx.call.swarm.loop.run(ctx.call.backward, detached_cpu(inputs), detached_cpu(grads))
+        return (None, None, *(g.to(ctx.device) for g in grad_inputs))
+
+
+class RemoteExpert(nn.Module):
+    """An expert on a volunteer, used like a local module: ``RemoteExpert("expert.0.3", peer, swarm)``.
+
+    ``peer`` is a PeerID (with addresses the swarm knows, e.g. from ``swarm.get_experts``), a PeerID
+    string, or a multiaddr ending in /p2p/ID. Forward and backward are remote calls; gradients flow
+    back to the inputs, and the server updates the expert's parameters on backward.
+    """
+
+    def __init__(
+        self,
+        uid: str,
+        peer,
+        swarm,
+        *,
+        forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
+        backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
+        compression: str = "none",
+        addrs: Sequence[bytes | str] = (),
+    ) -> None:
+        super().__init__()
+        self.uid = uid
+        self.peer = as_peer(peer)
+        self.swarm = swarm
+        if addrs and isinstance(self.peer, PeerID):
+            swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
+        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
+        self._info: dict | None = None
+
+    @property
+    def info(self) -> dict:
+        """The expert's schema and metadata, asked of the server once."""
+        if self._info is None:
+            self._info = self.swarm.loop.run(self._ask_info)
+        return self._info
+
+    async def _ask_info(self) -> dict:
+        return await call_expert(
+            self.swarm.host, self.peer, self.uid, "info", swarm_id=self.swarm.swarm_id, timeout=self._call.forward_timeout
+        )
+
+    def forward(self, *inputs: torch.Tensor):
+        outputs = _RemoteFunction.apply(DUMMY, self._call, *inputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def extra_repr(self) -> str:
+        return f"uid={self.uid!r}, peer={self.peer}"
+
+
+async def _remember(host, peer, addrs) -> None:
+    remember_addrs(host, peer, addrs)
+
+
+__all__ = ["RemoteExpert", "as_peer", "call_expert", "remember_addrs"]

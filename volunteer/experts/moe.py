@@ -1,0 +1,264 @@
+"""RemoteMixtureOfExperts: a gating network over a grid of experts hosted by volunteers.
+
+For a batch ``x`` of shape ``[batch, in_features]``:
+1. the gate scores every grid dimension (``grid_size=(4, 4)``: 4 + 4 scores per sample); an
+   expert's score is the sum of its coordinates' scores (Learning@home's product-key grid);
+2. the live experts come from the DHT (``grid_experts``: the grid's prefix records, cached for
+   ``refresh_period`` seconds so most batches need no DHT round trip); each sample picks its
+   ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
+3. each chosen expert gets one call with all the samples that chose it, all calls in parallel;
+   once every sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
+4. outputs are combined with softmax weights over the scores of the experts that answered.
+Backward goes only to the experts that answered forward (their optimizers step); a failed
+backward call only loses that expert's gradient. Gradients reach the gate through the weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import torch
+import trio
+from torch import nn
+
+from ..errors import ExpertError, ExpertTimeoutError, ExpertUnavailableError, RemoteExpertError, describe
+from ..dht.experts import parse_uid
+from .client import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT, DUMMY, _Call, detached_cpu, remember_addrs
+
+log = logging.getLogger(__name__)
+
+
+def _worst(errors: list[BaseException]) -> BaseException:
+    """The error that explains most: a remote exception, then a timeout, then unreachable."""
+    for kind in (RemoteExpertError, ExpertTimeoutError, ExpertError):
+        for error in errors:
+            if isinstance(error, kind):
+                return error
+    return errors[0]
+
+
+class _Plan:
+    """One batch's expert calls: who gets which samples; runs them in the background loop."""
+
+    def __init__(self, moe: "RemoteMixtureOfExperts", calls: list[_Call], samples: list[torch.Tensor], batch: int, need: list[int]) -> None:
+        self.moe, self.calls, self.samples, self.batch, self.need = moe, calls, samples, batch, need
+        self.errors: list[BaseException] = []
+
+    async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
+        results: list[list[torch.Tensor] | None] = [None] * len(self.calls)
+        answers = [0] * self.batch
+        satisfied = trio.Event()
+        finished = 0
+
+        async with trio.open_nursery() as nursery:
+
+            async def one(i: int) -> None:
+                nonlocal finished
+                try:
+                    results[i] = await self.calls[i].forward([inputs[i]])
+                    for b in self.samples[i].tolist():
+                        answers[b] += 1
+                    if all(a >= n for a, n in zip(answers, self.need)):
+                        satisfied.set()
+                except ExpertError as exc:
+                    self.errors.append(exc)
+                    self.moe._failed(self.calls[i])
+                finally:
+                    finished += 1
+                    if finished == len(self.calls):
+                        nursery.cancel_scope.cancel()  # every call ended: nothing left to wait for
+
+            async def cutoff() -> None:
+                await satisfied.wait()
+                await trio.sleep(self.moe.timeout_after_k_min)
+                nursery.cancel_scope.cancel()  # k_min answered for every sample: drop the stragglers
+
+            for i in range(len(self.calls)):
+                nursery.start_soon(one, i)
+            nursery.start_soon(cutoff)
+        return results
+
+    async def backward_all(self, inputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = [None] * len(self.calls)
+
+        async def one(i: int) -> None:
+            try:
+                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]]))[0]
+            except ExpertError as exc:
+                log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
+                self.moe._failed(self.calls[i])
+
+        async with trio.open_nursery() as nursery:
+            for i, grad in enumerate(grads):
+                if grad is not None:
+                    nursery.start_soon(one, i)
+        return out
+
+
+class _ParallelCalls(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dummy: torch.Tensor, plan: _Plan, *xs: torch.Tensor):
+        results = plan.moe.swarm.loop.run(plan.forward_all, detached_cpu(xs))
+        answered = [r is not None for r in results]
+        ctx.plan, ctx.answered, ctx.device = plan, answered, xs[0].device
+        template = next((r[0] for r in results if r is not None), None)
+        if template is None:
+            raise _worst(plan.errors) if plan.errors else ExpertUnavailableError("no expert answered")
+        outs = [
+            (r[0] if r is not None else torch.zeros((len(plan.samples[i]), *template.shape[1:]), dtype=template.dtype)).to(ctx.device)
+            for i, r in enumerate(results)
+        ]
+        ctx.save_for_backward(*xs)
+        mask = torch.tensor(answered, dtype=torch.bool)
+        ctx.mark_non_differentiable(mask)
+        return (*outs, mask)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        xs = ctx.saved_tensors
+        grads = [g.detach().cpu().contiguous() if (g is not None and ok) else None for g, ok in zip(grads[:-1], ctx.answered)]
+        got = ctx.plan.moe.swarm.loop.run(ctx.plan.backward_all, detached_cpu(xs), grads)
+        return (None, None, *((g.to(ctx.device) if g is not None else torch.zeros_like(x)) for g, x in zip(got, xs)))
+
+
+class RemoteMixtureOfExperts(nn.Module):
+    """A mixture of the live experts ``uid_prefix.i.j…`` of a swarm, usable as a local layer."""
+
+    def __init__(
+        self,
+        swarm,
+        *,
+        in_features: int,
+        grid_size: Sequence[int],
+        uid_prefix: str = "expert",
+        k_best: int = 4,
+        k_min: int = 1,
+        forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
+        backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
+        timeout_after_k_min: float = 1.0,
+        backoff: float = 30.0,
+        refresh_period: float = 2.0,
+        compression: str = "none",
+    ) -> None:
+        super().__init__()
+        if k_min < 1 or k_best < k_min:
+            raise ValueError("need 1 <= k_min <= k_best")
+        self.swarm = swarm
+        self.in_features = in_features
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.uid_prefix = uid_prefix.rstrip(".")
+        self.k_best, self.k_min = k_best, k_min
+        self.forward_timeout, self.backward_timeout = forward_timeout, backward_timeout
+        self.timeout_after_k_min = timeout_after_k_min
+        self.backoff = backoff
+        self.refresh_period = refresh_period
+        self.compression = compression
+        self.gate = nn.Linear(in_features, sum(self.grid_size))
+        self._live: dict[str, list] = {}
+        self._live_at = float("-inf")
+        self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
+        self.calls = 0
+        self.failures = 0
+
+    # --- experts ---------------------------------------------------------------------------------
+    def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
+        """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
+        if refresh or time.monotonic() - self._live_at >= self.refresh_period:
+            from ..dht.declare import grid_experts
+
+            found = self.swarm.loop.run(grid_experts, self.swarm.dht, self.uid_prefix, len(self.grid_size), timeout=30)
+            valid = {}
+            for uid, hosts in found.items():
+                try:
+                    name, coords = parse_uid(uid)
+                except ValueError:
+                    continue
+                if name == self.uid_prefix and len(coords) == len(self.grid_size) and all(
+                    c < g for c, g in zip(coords, self.grid_size)
+                ):
+                    valid[uid] = hosts
+            self._live, self._live_at = valid, time.monotonic()
+        return self._live
+
+    def _pick_host(self, uid: str, hosts: list):
+        now = time.monotonic()
+        for decl in hosts:
+            if self._avoid.get((uid, str(decl.peer)), 0) <= now:
+                return decl
+        return None
+
+    def _failed(self, call: _Call) -> None:
+        self.failures += 1
+        self._avoid[(call.uid, str(call.peer))] = time.monotonic() + self.backoff
+
+    # --- forward -----------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.in_features)
+        try:
+            result = self._forward(flat)
+        except ExpertError:
+            # The experts that failed are backed off now; if others are alive, one more try routes
+            # around a volunteer that just died instead of failing the training step.
+            if not any(self._pick_host(uid, hosts) for uid, hosts in self.live_experts(refresh=True).items()):
+                raise
+            result = self._forward(flat)
+        return result.reshape(*lead, *result.shape[1:])
+
+    def _forward(self, flat: torch.Tensor) -> torch.Tensor:
+        batch = flat.shape[0]
+        scores = self.gate(flat).split(self.grid_size, dim=-1)
+        live = self.live_experts()
+        choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
+        choices = [(uid, host) for uid, host in choices if host is not None]
+        if not choices:
+            if live:  # everything is backed off: retry the least recently failed rather than give up
+                self._avoid.clear()
+                choices = [(uid, hosts[0]) for uid, hosts in sorted(live.items())]
+            else:
+                raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
+        coords = torch.tensor([parse_uid(uid)[1] for uid, _ in choices], device=flat.device)
+        expert_scores = sum(dim_scores[:, coords[:, d]] for d, dim_scores in enumerate(scores))  # [batch, experts]
+        k = min(self.k_best, len(choices))
+        top_scores, top_index = expert_scores.topk(k, dim=-1)
+        used = sorted(set(top_index.flatten().tolist()))
+        calls, samples = [], []
+        for e in used:
+            uid, decl = choices[e]
+            self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
+            calls.append(_Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression))
+            samples.append((top_index == e).any(dim=-1).nonzero().flatten().cpu())
+        need = [min(self.k_min, k)] * batch
+        plan = _Plan(self, calls, samples, batch, need)
+        self.calls += len(calls)
+        *outs, answered = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
+        position = {e: i for i, e in enumerate(used)}
+        call_of = top_index.cpu().apply_(lambda e: position[e])  # [batch, k]: which call served each choice
+        ok = answered[call_of].to(flat.device)
+        short = (ok.sum(-1) < torch.tensor(need, device=flat.device)).nonzero().flatten()
+        if len(short):
+            error = _worst(plan.errors) if plan.errors else ExpertUnavailableError("experts did not answer")
+            raise error
+        weights = torch.softmax(top_scores.masked_fill(~ok, float("-inf")), dim=-1)  # [batch, k]
+        result = None
+        for i, (out, idx) in enumerate(zip(outs, samples)):
+            idx = idx.to(flat.device)
+            slot = (call_of[idx] == i).to(flat.device)  # which of each sample's k choices this call is
+            w = (weights[idx] * slot).sum(-1)  # [n_i]
+            contribution = torch.zeros((batch, *out.shape[1:]), dtype=out.dtype, device=flat.device).index_add(
+                0, idx, out * w.view(-1, *([1] * (out.dim() - 1)))
+            )
+            result = contribution if result is None else result + contribution
+        return result
+
+    def extra_repr(self) -> str:
+        return f"grid={self.grid_size}, prefix={self.uid_prefix!r}, k_best={self.k_best}, k_min={self.k_min}"
+
+
+async def _remember(host, peer, addrs) -> None:
+    remember_addrs(host, peer, addrs)
+
+
+__all__ = ["RemoteMixtureOfExperts"]

@@ -1,0 +1,131 @@
+"""The trainer's handle on a swarm: ``Swarm.join("demo")``.
+
+    swarm = Swarm.join("demo")                      # a name, a swarm file, or a bootstrap multiaddr
+    moe = RemoteMixtureOfExperts(swarm, in_features=64, grid_size=(4, 4), uid_prefix="expert", k_best=4)
+    ...train as usual...
+    swarm.close()
+
+A Swarm owns a background thread running trio with a Host and a client-mode DHT node, so a plain
+synchronous PyTorch loop never sees trio. RemoteExpert and RemoteMixtureOfExperts call through
+``swarm.loop``; ``find_best_experts``, ``get_experts`` and ``list_experts`` are here for scripts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import trio
+
+from .dht import DHTConfig
+from .errors import VolunteerError
+from .net.host import HostConfig, open_host
+from .net.identity import KeyPair
+from .swarmfile import SwarmSpec, resolve_swarm
+
+JOIN_TIMEOUT = 30.0
+
+
+class Swarm:
+    """A connection to a swarm for trainers and scripts; create it with ``Swarm.join``."""
+
+    def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
+                 dht_config: DHTConfig | None = None) -> None:
+        from .experts.loop import BackgroundLoop
+
+        self.spec = spec
+        self.swarm_id = spec.id
+        self.keypair = keypair or KeyPair.generate()
+        self.listen = list(listen)
+        self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
+        self.loop = BackgroundLoop()
+        self.host = None
+        self.dht = None
+        self._ready: trio.Event | None = None
+        self._closing: trio.Event | None = None
+        self._done: trio.Event | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def join(cls, swarm: str | os.PathLike | SwarmSpec, *, timeout: float = JOIN_TIMEOUT, **options) -> "Swarm":
+        """Connect to ``swarm`` (a name from ~/.config/volunteer/swarms, a swarm file, a bootstrap
+        multiaddr, or a SwarmSpec) and return once the DHT has at least one peer."""
+        spec = swarm if isinstance(swarm, SwarmSpec) else resolve_swarm(str(swarm) if isinstance(swarm, Path) else swarm)
+        self = cls(spec, **options)
+        self.loop.start()
+        try:
+            self.loop.run(self._start, timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    async def _start(self) -> None:
+        self._ready, self._closing, self._done = trio.Event(), trio.Event(), trio.Event()
+        trio.lowlevel.spawn_system_task(self._main)
+        await self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        if self.spec.entry_points and len(self.dht.state.table) == 0:
+            raise VolunteerError(f"cannot reach swarm {self.spec.name!r}: no bootstrap peer or relay answered")
+
+    async def _main(self) -> None:
+        from .dht.node import open_dht
+
+        try:
+            async with open_host(self.keypair, self.listen, config=HostConfig()) as host:
+                self.host = host
+                async with open_dht(host, self.dht_config, bootstrap=self.spec.entry_points, client_mode=True) as dht:
+                    self.dht = dht
+                    self._ready.set()
+                    await self._closing.wait()
+        except BaseException as exc:  # a system task must not crash the loop: hand it to the caller
+            self._error = exc if isinstance(exc, Exception) else VolunteerError(repr(exc))
+        finally:
+            self._ready.set()
+            self._done.set()
+
+    # --- queries (synchronous) ----------------------------------------------------------------------
+    def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, timeout: float = 30.0):
+        """Beam search over a grid: the ``beam_size`` best live experts (``ExpertMatch`` list)."""
+        scores = [[float(s) for s in dim] for dim in grid_scores]
+        return self.loop.run(self.dht.find_best_experts, prefix, scores, beam_size, timeout=timeout)
+
+    def get_experts(self, uids: Sequence[str], *, timeout: float = 30.0):
+        """``{uid: [Declaration, ...]}``: live hosts of each uid, best first."""
+        return self.loop.run(self.dht.get_experts, list(uids), timeout=timeout)
+
+    def list_experts(self, prefix: str = "expert.", *, timeout: float = 30.0):
+        """Every live expert under a grid prefix: ``{uid: [Declaration, ...]}``."""
+        from .dht.declare import list_experts
+
+        return self.loop.run(list_experts, self.dht, prefix, timeout=timeout)
+
+    # --- lifetime ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Leave the swarm and stop the background thread (idempotent)."""
+        if self._closing is not None and not self._done.is_set():
+            async def stop() -> None:
+                self._closing.set()
+                with trio.move_on_after(10):
+                    await self._done.wait()
+
+            try:
+                self.loop.run(stop)
+            except Exception:  # closing must not raise over an error the caller is already handling
+                pass
+        self.loop.stop()
+
+    def __enter__(self) -> "Swarm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        peer = self.host.peer_id.short() if self.host else "not joined"
+        return f"<Swarm {self.spec.name!r} as {peer}>"
+
+
+__all__ = ["Swarm"]
