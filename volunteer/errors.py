@@ -119,6 +119,10 @@ class ExpertUnavailableError(ExpertError):
     """The expert's peer could not be reached, or the connection died mid-call."""
 
 
+class ExpertPeerUnreachableError(ExpertUnavailableError):
+    """The expert's host could not be dialled at all (gone, or no route): avoid it for a while."""
+
+
 class ExpertBusyError(ExpertUnavailableError):
     """The expert's queue is full; the server answered BUSY at once."""
 

@@ -12,10 +12,15 @@ import logging
 import sys
 
 from ..errors import VolunteerError, describe
-from . import doctor, netcmds, perfcmd, relaycmd
+from . import doctor, expertscmd, joincmd, netcmds, perfcmd, relaycmd, testnet
 
 EXAMPLES = """\
 examples:
+  volunteer join demo --experts ffn:expert.[0:4].[0:8]   donate this machine: host 32 experts
+  volunteer status                              the running daemon's dashboard (--json for scripts)
+  volunteer pause / volunteer resume            stop / restart taking expert requests
+  volunteer experts demo                        which experts are alive, and where
+  volunteer testnet -n 4                        a whole local swarm to try things out
   volunteer id                                  print this machine's peer ID (created on first use)
   volunteer ping /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   ping any libp2p peer
   volunteer perf --download 64MiB /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   measure a link
@@ -23,7 +28,7 @@ examples:
   volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...                   check connectivity
 """
 
-COMMAND_MODULES = [netcmds, perfcmd, relaycmd, doctor]
+COMMAND_MODULES = [joincmd, expertscmd, testnet, netcmds, perfcmd, relaycmd, doctor]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -105,6 +105,9 @@ async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool, sw
                 print(f"metrics on http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as nursery:
+                    from .testnet import exit_with_parent
+
+                    nursery.start_soon(exit_with_parent, nursery.cancel_scope.cancel)
                     if dashboard:
                         nursery.start_soon(_show_dashboard, node)
                     async for _ in signals:

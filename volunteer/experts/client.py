@@ -18,6 +18,7 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertPeerUnreachableError,
     ExpertProtocolError,
     ExpertTimeoutError,
     ExpertUnavailableError,
@@ -78,7 +79,7 @@ async def call_expert(
         try:
             conn = await host.connect(peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-            raise ExpertUnavailableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
+            raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
         try:
             stream = await conn.new_stream([protocol_id(swarm_id)])
         except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -128,14 +129,18 @@ async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, 
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
+    failed: BaseException | None = None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(send)
         try:
             reply = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert reply header"))
-        except VolunteerError as exc:
-            raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}") from None
+        except (VolunteerError, trio.BrokenResourceError) as exc:
+            failed = ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
+            nursery.cancel_scope.cancel()
         if not reply.get("ok"):
             nursery.cancel_scope.cancel()  # stop sending: the call failed
+    if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
+        raise failed
     if not reply.get("ok"):
         reader._volunteer_done = True
         if "e" not in reply:

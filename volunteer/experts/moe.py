@@ -23,7 +23,14 @@ import torch
 import trio
 from torch import nn
 
-from ..errors import ExpertError, ExpertTimeoutError, ExpertUnavailableError, RemoteExpertError, describe
+from ..errors import (
+    ExpertError,
+    ExpertPeerUnreachableError,
+    ExpertTimeoutError,
+    ExpertUnavailableError,
+    RemoteExpertError,
+    describe,
+)
 from ..dht.experts import parse_uid
 from .client import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT, DUMMY, _Call, detached_cpu, remember_addrs
 
@@ -58,13 +65,14 @@ class _Plan:
                 nonlocal finished
                 try:
                     results[i] = await self.calls[i].forward([inputs[i]])
+                    self.moe._answered(self.calls[i])
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
                         satisfied.set()
                 except ExpertError as exc:
                     self.errors.append(exc)
-                    self.moe._failed(self.calls[i])
+                    self.moe._failed(self.calls[i], exc)
                 finally:
                     finished += 1
                     if finished == len(self.calls):
@@ -88,7 +96,7 @@ class _Plan:
                 out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]]))[0]
             except ExpertError as exc:
                 log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
-                self.moe._failed(self.calls[i])
+                self.moe._failed(self.calls[i], exc)
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
@@ -138,7 +146,7 @@ class RemoteMixtureOfExperts(nn.Module):
         forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
         timeout_after_k_min: float = 1.0,
-        backoff: float = 30.0,
+        backoff: float = 60.0,
         refresh_period: float = 2.0,
         compression: str = "none",
     ) -> None:
@@ -159,6 +167,8 @@ class RemoteMixtureOfExperts(nn.Module):
         self._live: dict[str, list] = {}
         self._live_at = float("-inf")
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
+        self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
+        self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self.calls = 0
         self.failures = 0
 
@@ -185,18 +195,34 @@ class RemoteMixtureOfExperts(nn.Module):
     def _pick_host(self, uid: str, hosts: list):
         now = time.monotonic()
         for decl in hosts:
-            if self._avoid.get((uid, str(decl.peer)), 0) <= now:
+            key = (uid, str(decl.peer))
+            if self._avoid.get(key, 0) <= now and key not in self._failed_now:
                 return decl
         return None
 
-    def _failed(self, call: _Call) -> None:
+    def _failed(self, call: _Call, error: BaseException | None = None) -> None:
+        # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
+        # experts are skipped for up to ``backoff`` seconds after two tries, while an expert that
+        # failed once (a random drop: the next call just picks it again) stays in the pool.
         self.failures += 1
-        self._avoid[(call.uid, str(call.peer))] = time.monotonic() + self.backoff
+        key = (call.uid, str(call.peer))
+        strikes = self._strikes.get(key, 0) + (2 if isinstance(error, ExpertPeerUnreachableError) else 1)
+        self._strikes[key] = strikes
+        self._failed_now.add(key)
+        if strikes >= 2:
+            self._avoid[key] = time.monotonic() + min(self.backoff, 2.0 ** (strikes - 1))
+
+    def _answered(self, call: _Call) -> None:
+        key = (call.uid, str(call.peer))
+        if key in self._strikes:
+            del self._strikes[key]
+            self._avoid.pop(key, None)
 
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         flat = x.reshape(-1, self.in_features)
+        self._failed_now.clear()
         try:
             result = self._forward(flat)
         except ExpertError:
@@ -205,6 +231,8 @@ class RemoteMixtureOfExperts(nn.Module):
             if not any(self._pick_host(uid, hosts) for uid, hosts in self.live_experts(refresh=True).items()):
                 raise
             result = self._forward(flat)
+        finally:
+            self._failed_now.clear()
         return result.reshape(*lead, *result.shape[1:])
 
     def _forward(self, flat: torch.Tensor) -> torch.Tensor:
@@ -214,10 +242,10 @@ class RemoteMixtureOfExperts(nn.Module):
         choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
         choices = [(uid, host) for uid, host in choices if host is not None]
         if not choices:
-            if live:  # everything is backed off: retry the least recently failed rather than give up
-                self._avoid.clear()
-                choices = [(uid, hosts[0]) for uid, hosts in sorted(live.items())]
-            else:
+            self._avoid.clear()  # everything is backed off: try them again rather than give up
+            choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
+            choices = [(uid, host) for uid, host in choices if host is not None]
+            if not choices:
                 raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
         coords = torch.tensor([parse_uid(uid)[1] for uid, _ in choices], device=flat.device)
         expert_scores = sum(dim_scores[:, coords[:, d]] for d, dim_scores in enumerate(scores))  # [batch, experts]

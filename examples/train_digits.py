@@ -1,0 +1,189 @@
+"""Train a small mixture of remote experts on scikit-learn's digits through a local swarm.
+
+    python examples/train_digits.py                      # starts a testnet: a relay + 4 volunteers (4x4 grid)
+    python examples/train_digits.py --fail-rate 0.1      # a tenth of expert calls fail (Learning@home's test)
+    python examples/train_digits.py --latency-ms 20      # every expert call waits 20 ms more
+    python examples/train_digits.py --swarm demo         # use a running swarm instead
+
+The model: Linear(64→H) → ReLU → RemoteMixtureOfExperts(H, grid 4x4, k_best 4) → Linear(H→10).
+Every forward and backward of the mixture goes to volunteer processes over libp2p (Noise,
+yamux); the volunteers' experts learn too (backward applies their optimizer step). Prints test
+accuracy per epoch and exits 0 once it reaches --target (default 0.95), 1 if it never does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from volunteer import RemoteMixtureOfExperts, Swarm  # noqa: E402
+
+
+def load_digits_split(seed: int = 0):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    return x_train, x_test, y_train, y_test
+
+
+class Model(nn.Module):
+    def __init__(self, swarm, hidden: int, grid: tuple[int, int], k_best: int, k_min: int, timeout: float) -> None:
+        super().__init__()
+        self.inp = nn.Linear(64, hidden)
+        self.moe = RemoteMixtureOfExperts(
+            swarm, in_features=hidden, grid_size=grid, uid_prefix="expert", k_best=k_best, k_min=k_min,
+            forward_timeout=timeout, backward_timeout=timeout, timeout_after_k_min=timeout / 4,
+        )
+        self.out = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        return self.out(h + self.moe(h))
+
+
+class Testnet:
+    """`volunteer testnet` in a child process; stopping it stops every volunteer it started."""
+
+    def __init__(self, n: int, grid: tuple[int, int], hidden: int) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="digits-testnet-"))
+        experts = f"ffn:expert.[0:{grid[0]}].[0:{grid[1]}]"
+        env = dict(os.environ, VOLUNTEER_CONFIG_DIR=str(self.dir / "config"), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "volunteer", "testnet", "-n", str(n), "--experts", experts, "--hidden-dim", str(hidden),
+             "--dir", str(self.dir / "net"), "--name", "digits", "--no-dashboard"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )
+        self.swarm_file = self.dir / "net" / "swarm.toml"
+        self.controls = [self.dir / "net" / f"v{i}.sock" for i in range(n)]
+        lines = []
+        for line in self.proc.stdout:
+            lines.append(line)
+            print("  " + line.rstrip(), flush=True)
+            if "volunteers ready" in line:
+                return
+        raise SystemExit("testnet did not start:\n" + "".join(lines))
+
+    def kill_one(self) -> int:
+        """SIGKILL the first volunteer (a crash: no graceful leave, no tombstones)."""
+        import trio
+
+        from volunteer.cli.control import request
+
+        pid = trio.run(request, self.controls[0], "status")["status"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            correct += (model(x[i : i + batch]).argmax(-1) == y[i : i + batch]).sum().item()
+    model.train()
+    return correct / len(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--swarm", help="join this swarm (name, file or multiaddr) instead of starting a testnet")
+    parser.add_argument("--volunteers", type=int, default=4)
+    parser.add_argument("--grid", default="4x4")
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--k-best", type=int, default=4)
+    parser.add_argument("--k-min", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--timeout", type=float, default=5.0, help="forward/backward timeout per expert call (s)")
+    parser.add_argument("--fail-rate", type=float, default=0.0, help="fraction of expert calls made to fail")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="extra delay added to every expert call")
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show-status", action="store_true", help="print a volunteer's dashboard at the end")
+    parser.add_argument("--kill-volunteer-at-epoch", type=int, metavar="E",
+                        help="SIGKILL one volunteer of the testnet when epoch E starts (training must go on)")
+    args = parser.parse_args(argv)
+    grid = tuple(int(g) for g in args.grid.lower().split("x"))
+    torch.manual_seed(args.seed)
+    x_train, x_test, y_train, y_test = load_digits_split(args.seed)
+
+    testnet = None if args.swarm else Testnet(args.volunteers, grid, args.hidden)
+    try:
+        swarm = Swarm.join(args.swarm or testnet.swarm_file)
+        with swarm:
+            from volunteer.experts.faults import FaultInjection
+
+            swarm.faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
+            model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout)
+            optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+            started = time.monotonic()
+            best = 0.0
+            generator = torch.Generator().manual_seed(args.seed)
+            for epoch in range(1, args.epochs + 1):
+                if testnet is not None and epoch == args.kill_volunteer_at_epoch:
+                    pid = testnet.kill_one()
+                    print(f"killed volunteer process {pid} (SIGKILL): its experts vanish mid-training", flush=True)
+                order = torch.randperm(len(x_train), generator=generator)
+                losses = []
+                for i in range(0, len(order), args.batch_size):
+                    idx = order[i : i + args.batch_size]
+                    loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+                    losses.append(loss.item())
+                acc = accuracy(model, x_test, y_test)
+                best = max(best, acc)
+                stats = swarm.faults.summary()
+                print(f"epoch {epoch:>2}  loss {sum(losses) / len(losses):.3f}  test accuracy {acc:.3f}  "
+                      f"({time.monotonic() - started:.0f} s{stats})", flush=True)
+                if acc >= args.target:
+                    break
+            if args.show_status and testnet is not None:
+                _show_status(testnet)
+    finally:
+        if testnet is not None:
+            testnet.stop()
+    reached = best >= args.target
+    print(f"{'reached' if reached else 'did NOT reach'} {args.target:.0%} test accuracy (best {best:.3f})")
+    return 0 if reached else 1
+
+
+def _show_status(testnet: Testnet) -> None:
+    import trio
+
+    from volunteer.cli.control import request
+    from volunteer.cli.dashboard import render_text
+
+    snapshot = trio.run(request, testnet.controls[0], "status")["status"]
+    print(render_text(snapshot, width=100, height=60))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""``volunteer join`` (the daemon) and the commands that talk to it: status, pause, resume, stop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from ..errors import VolunteerError
+from ..net.identity import load_or_create_keypair
+from ..swarmfile import identity_path, parse_experts_spec, resolve_swarm, state_dir
+from .control import ControlError, default_control_path, request
+
+JOIN_EXAMPLES = """\
+examples:
+  volunteer join demo                                   serve the DHT only, show the dashboard
+  volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
+  volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
+  volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
+SWARM is a name from ~/.config/volunteer/swarms/NAME.toml, a path to a swarm file, or a
+bootstrap multiaddr. Ctrl-C leaves gracefully (experts withdrawn, checkpoints saved); press it
+again to quit at once. `volunteer status` shows the same dashboard from another terminal.
+"""
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError("expected a fraction in (0, 1], e.g. 0.5")
+    return value
+
+
+def _rate(text: str) -> float:
+    from ..net.perf import parse_size
+
+    try:
+        return float(parse_size(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (e.g. 10MiB for 10 MiB/s)") from None
+
+
+def add_control_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--control", type=Path, metavar="PATH",
+        help="control socket (default: $VOLUNTEER_RUNTIME_DIR or $XDG_RUNTIME_DIR/volunteer/daemon.sock)",
+    )
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "join", help="donate this machine: join a swarm, host experts, show the dashboard",
+        description="Join a swarm as a volunteer: become reachable (relays, hole punching), serve the DHT, "
+        "host PyTorch experts and announce them, until Ctrl-C.",
+        epilog=JOIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
+    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm file's, else none)")
+    p.add_argument("--hidden-dim", type=int, metavar="N", help="expert width (default: the swarm file's, else 64)")
+    p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--max-batch", type=int, default=1024, metavar="N", help="largest batch per expert call (default 1024)")
+    p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
+    p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
+    p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
+    p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
+    p.add_argument("--no-dashboard", action="store_true", help="plain log lines, even in a terminal")
+    add_control_flag(p)
+    p.set_defaults(run=run_join)
+
+    for name, helptext in (
+        ("status", "show a running daemon's dashboard (or --json for scripts)"),
+        ("pause", "stop taking expert requests and withdraw the experts from the DHT"),
+        ("resume", "take expert requests again and re-declare the experts"),
+        ("stop", "ask a running daemon to leave gracefully"),
+    ):
+        q = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
+                           epilog=f"examples:\n  volunteer {name}\n  volunteer {name} --control /run/user/1000/volunteer/daemon.sock\n",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_control_flag(q)
+        if name == "status":
+            q.add_argument("--json", action="store_true", help="print one JSON snapshot and exit")
+            q.add_argument("--once", action="store_true", help="print the dashboard once and exit (default when not a terminal)")
+        q.set_defaults(run=run_control, control_cmd=name)
+
+
+def build_options(args: argparse.Namespace):
+    from .daemon import DaemonOptions
+
+    spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
+    defaults = spec.experts
+    experts = args.experts or defaults.get("experts")
+    expert_class, uids = (None, [])
+    if experts:
+        expert_class, uids = parse_experts_spec(experts)
+    hidden = args.hidden_dim or int(defaults.get("hidden_dim", 64))
+    if hidden < 1:
+        raise VolunteerError("--hidden-dim must be positive")
+    keypair, _ = load_or_create_keypair(args.identity or identity_path())
+    return DaemonOptions(
+        swarm=spec,
+        keypair=keypair,
+        listen=args.listen or ["/ip4/0.0.0.0/tcp/0"],
+        expert_class=expert_class,
+        uids=uids,
+        hidden_dim=hidden,
+        device=args.device,
+        max_batch=args.max_batch,
+        checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
+        control_path=args.control or default_control_path(),
+        max_gpu_memory=args.max_gpu_memory,
+        max_upload=args.max_upload,
+        expert_file=args.expert_file,
+    )
+
+
+def run_join(args: argparse.Namespace) -> int:
+    options = build_options(args)
+    dashboard = sys.stdout.isatty() and not args.no_dashboard
+    return trio.run(join, options, dashboard)
+
+
+async def join(options, dashboard: bool) -> int:
+    from .daemon import Daemon
+
+    daemon = Daemon(options)
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            nursery.start_soon(_watch_signals, signals, daemon)
+            from .testnet import exit_with_parent
+
+            nursery.start_soon(exit_with_parent, daemon.leave)
+            await nursery.start(daemon.run)
+            snap = daemon.snapshot()
+            print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
+            for addr in snap["listen_addrs"][:4]:
+                print(f"  listening on {addr}", flush=True)
+            if options.uids:
+                print(f"  hosting {len(options.uids)} {options.expert_class} experts (hidden {options.hidden_dim}) on {daemon.device}", flush=True)
+            print(f"  control socket {options.control_path}", flush=True)
+            if dashboard:
+                from .dashboard import LiveDashboard
+
+                nursery.start_soon(LiveDashboard().run, daemon.snapshot)
+            await daemon.wait_left()
+            nursery.cancel_scope.cancel()
+    print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
+    return 0
+
+
+async def _watch_signals(signals, daemon) -> None:
+    count = 0
+    async for _ in signals:
+        count += 1
+        if count == 1:
+            print("leaving gracefully (press Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+            daemon.leave()
+        else:
+            os._exit(130)  # the user asked twice: no more waiting on peers or checkpoints
+
+
+def run_control(args: argparse.Namespace) -> int:
+    path = args.control or default_control_path()
+    cmd = args.control_cmd
+    if cmd == "status":
+        return run_status(args, path)
+    reply = trio.run(request, path, "leave" if cmd == "stop" else cmd)
+    print({"pause": "paused: experts withdrawn, new requests refused",
+           "resume": "resumed: experts declared again",
+           "stop": "the daemon is leaving the swarm"}[cmd])
+    return 0 if reply.get("ok") else 1
+
+
+def run_status(args: argparse.Namespace, path: Path) -> int:
+    if args.json:
+        print(json.dumps(trio.run(request, path, "status")["status"], indent=2))
+        return 0
+    if args.once or not sys.stdout.isatty():
+        snapshot = trio.run(request, path, "status")["status"]
+        from .dashboard import render_text
+
+        width = os.get_terminal_size().columns if sys.stdout.isatty() else 100
+        print(render_text(snapshot, width=width, height=200))
+        return 0
+    return trio.run(_live_status, path)
+
+
+async def _live_status(path: Path) -> int:
+    from .dashboard import LiveDashboard
+
+    latest = (await request(path, "status"))["status"]
+
+    async def poll() -> None:
+        nonlocal latest
+        while True:
+            await trio.sleep(0.5)
+            try:
+                latest = (await request(path, "status"))["status"]
+            except ControlError as exc:
+                raise VolunteerError(f"lost the daemon: {exc}") from None
+
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll)
+            nursery.start_soon(LiveDashboard().run, lambda: latest)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+    return 0

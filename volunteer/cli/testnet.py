@@ -1,0 +1,288 @@
+"""``volunteer testnet -n N``: a whole swarm on this machine, one process tree.
+
+A relay (DHT bootstrap, AutoNAT, circuit relay) and N volunteers, each a real ``volunteer``
+process on loopback sharing a grid of experts round-robin; a swarm file lets trainers join it
+(``Swarm.join(path)``, ``volunteer experts PATH``). ``open_testnet`` is reused by the demo and
+the digits example. Stopping (Ctrl-C, SIGTERM, or leaving the block) stops every process it
+started: SIGTERM first (a graceful leave), SIGKILL after a deadline. If this process dies without
+cleaning up, the children notice they were orphaned (``VOLUNTEER_EXIT_WITH_PARENT``) and leave.
+(PR_SET_PDEATHSIG would not do: it fires when the *thread* that forked exits, and trio forks from
+worker threads that come and go.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from ..errors import VolunteerError
+from ..swarmfile import SwarmSpec, config_dir, parse_experts_spec
+from .control import ControlError, request
+
+START_TIMEOUT = 60.0
+STOP_DEADLINE = 15.0
+
+
+async def exit_with_parent(leave) -> None:
+    """If started by a testnet (``VOLUNTEER_EXIT_WITH_PARENT`` holds its pid), call ``leave()``
+    once that process is gone, so no volunteer outlives the testnet that started it."""
+    parent = os.environ.get("VOLUNTEER_EXIT_WITH_PARENT")
+    if not parent or not parent.isdigit():
+        return
+    while _alive(int(parent)):
+        await trio.sleep(1.0)
+    leave()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class Testnet:
+    """A running local swarm."""
+
+    workdir: Path
+    swarm_file: Path
+    relay_addr: str
+    controls: list[Path] = field(default_factory=list)
+    processes: list = field(default_factory=list)
+    assignments: list[list[str]] = field(default_factory=list)
+
+    async def statuses(self) -> list[dict | None]:
+        """Each volunteer's status snapshot (None for one that does not answer)."""
+        out: list[dict | None] = [None] * len(self.controls)
+
+        async def one(i: int, path: Path) -> None:
+            try:
+                out[i] = (await request(path, "status"))["status"]
+            except ControlError:
+                pass
+
+        async with trio.open_nursery() as nursery:
+            for i, path in enumerate(self.controls):
+                nursery.start_soon(one, i, path)
+        return out
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m", "volunteer"]
+
+
+async def _read_relay_addr(proc, log_path: Path) -> str:
+    buffer = b""
+    with trio.fail_after(START_TIMEOUT):
+        while True:
+            chunk = await proc.stdout.receive_some(4096)
+            if not chunk:
+                raise VolunteerError(f"the testnet relay exited early; see {log_path}")
+            buffer += chunk
+            with open(log_path, "ab") as log:
+                log.write(chunk)
+            for line in buffer.decode(errors="replace").splitlines():
+                if line.startswith("listening on /ip4/127.0.0.1/"):
+                    return line.split(" ", 2)[2].strip()
+
+
+async def _drain(stream, log_path: Path) -> None:
+    with open(log_path, "ab") as log:
+        while True:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            log.write(chunk)
+            log.flush()
+
+
+@asynccontextmanager
+async def open_testnet(
+    n: int,
+    experts: str | None = "ffn:expert.[0:4].[0:4]",
+    *,
+    hidden_dim: int = 64,
+    swarm_id: str = "testnet",
+    workdir: Path | None = None,
+    extra_join_args: list[str] | None = None,
+):
+    """Start a relay and ``n`` volunteers; stop them all when the block ends."""
+    if n < 1 or n > 64:
+        raise VolunteerError("testnet: -n must be between 1 and 64")
+    expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
+    own_dir = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="volunteer-testnet-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", VOLUNTEER_EXIT_WITH_PARENT=str(os.getpid()))
+    processes = []
+    try:
+        async with trio.open_nursery() as nursery:
+            relay = await trio.lowlevel.open_process(
+                [*_python(), "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--swarm", swarm_id,
+                 "--identity", str(workdir / "relay.key")],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            )
+            processes.append(relay)
+            relay_addr = await _read_relay_addr(relay, workdir / "relay.log")
+            nursery.start_soon(_drain, relay.stdout, workdir / "relay.log")
+            spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)])
+            if expert_class:
+                spec.experts = {"hidden_dim": hidden_dim}
+            swarm_file = workdir / "swarm.toml"
+            swarm_file.write_text(spec.to_toml())
+            net = Testnet(workdir, swarm_file, relay_addr, processes=processes)
+            for i in range(n):
+                mine = uids[i::n]
+                net.assignments.append(mine)
+                control = workdir / f"v{i}.sock"
+                args = [*_python(), "join", str(swarm_file), "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard",
+                        "--identity", str(workdir / f"v{i}.key"), "--control", str(control),
+                        "--checkpoints", str(workdir / f"checkpoints-v{i}"), "--hidden-dim", str(hidden_dim),
+                        *(extra_join_args or [])]
+                if mine:
+                    args += ["--experts", f"{expert_class}:{','.join(mine)}"]
+                log = open(workdir / f"v{i}.log", "wb")
+                proc = await trio.lowlevel.open_process(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+                log.close()
+                processes.append(proc)
+                net.controls.append(control)
+            await _wait_ready(net)
+            try:
+                yield net
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_processes(processes)
+        if own_dir and os.environ.get("VOLUNTEER_KEEP_TESTNET") != "1":
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _addr(text: str):
+    from ..net.multiaddr import Multiaddr
+
+    return Multiaddr(text)
+
+
+async def _wait_ready(net: Testnet) -> None:
+    with trio.move_on_after(START_TIMEOUT) as scope:
+        while True:
+            for i, proc in enumerate(net.processes):
+                if proc.poll() is not None:
+                    name = "relay" if i == 0 else f"v{i - 1}"
+                    tail = (net.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                    raise VolunteerError(f"testnet: {name} exited with status {proc.returncode}:\n{tail}")
+            statuses = await net.statuses()
+            if all(s is not None for s in statuses):
+                return
+            await trio.sleep(0.2)
+    if scope.cancelled_caught:
+        raise VolunteerError(f"testnet: volunteers not ready after {START_TIMEOUT:.0f} s; logs in {net.workdir}")
+
+
+async def stop_processes(processes: list, deadline: float = STOP_DEADLINE) -> None:
+    """SIGTERM every live process (volunteers first, the relay last), then SIGKILL stragglers."""
+    for proc in reversed(processes):
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    with trio.move_on_after(deadline):
+        for proc in processes:
+            await proc.wait()
+    for proc in processes:
+        if proc.poll() is None:
+            proc.kill()
+            await proc.wait()
+
+
+# --- the command ------------------------------------------------------------------------------------
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "testnet", help="start a local swarm (a relay and N volunteers) on this machine",
+        description="Start a whole swarm on loopback: a relay and N volunteer daemons sharing a grid of "
+        "experts. Writes a swarm file trainers can join. Ctrl-C stops every process it started.",
+        epilog="examples:\n  volunteer testnet -n 4\n  volunteer testnet -n 20 --experts ffn:expert.[0:8].[0:8] --hidden-dim 256\n"
+        "  volunteer testnet -n 4 --name mynet   # then: volunteer experts mynet; Swarm.join('mynet')\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-n", type=int, default=4, metavar="N", help="volunteers to start (default 4)")
+    p.add_argument("--experts", default="ffn:expert.[0:4].[0:4]", metavar="CLASS:PATTERN", help="grid shared round-robin")
+    p.add_argument("--hidden-dim", type=int, default=64, metavar="N")
+    p.add_argument("--name", default="testnet", help="swarm name; its file is written to ~/.config/volunteer/swarms/NAME.toml")
+    p.add_argument("--dir", type=Path, metavar="DIR", help="where keys, logs and sockets go (default: a temporary directory)")
+    p.add_argument("--no-dashboard", action="store_true")
+    p.set_defaults(run=run_testnet)
+
+
+def run_testnet(args: argparse.Namespace) -> int:
+    return trio.run(_testnet, args)
+
+
+async def _testnet(args: argparse.Namespace) -> int:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_testnet(args.n, args.experts, hidden_dim=args.hidden_dim, swarm_id=args.name, workdir=args.dir) as net:
+            named = config_dir() / "swarms" / f"{args.name}.toml"
+            named.parent.mkdir(parents=True, exist_ok=True)
+            named.write_text(net.swarm_file.read_text())
+            print(f"testnet {args.name!r}: relay {net.relay_addr}", flush=True)
+            print(f"  {args.n} volunteers ready; swarm file {named} (also {net.swarm_file})", flush=True)
+            print(f"  try: volunteer experts {args.name}   |   Ctrl-C stops everything", flush=True)
+            async with trio.open_nursery() as nursery:
+                if sys.stdout.isatty() and not args.no_dashboard:
+                    nursery.start_soon(_show, net)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+            print("stopping the testnet…", flush=True)
+    print("testnet stopped", flush=True)
+    return 0
+
+
+async def _show(net: Testnet) -> None:
+    from rich.live import Live
+
+
+    with Live(testnet_table(net, [None] * len(net.controls)), auto_refresh=False) as live:
+        while True:
+            live.update(testnet_table(net, await net.statuses()), refresh=True)
+            await trio.sleep(1.0)
+
+
+def testnet_table(net: Testnet, statuses: list[dict | None]):
+    """One row per volunteer: peer, reachability, experts, requests, routing table."""
+    from rich.table import Table
+
+    table = Table(title=f"testnet · relay {net.relay_addr[-20:]}", expand=False)
+    for column in ("#", "peer", "reach", "experts", "requests", "DHT peers", "paused"):
+        table.add_column(column)
+    for i, status in enumerate(statuses):
+        if status is None:
+            table.add_row(str(i), "-", "starting…", str(len(net.assignments[i])), "-", "-", "-")
+            continue
+        requests = sum(e.get("requests", 0) for e in status.get("experts", []))
+        table.add_row(
+            str(i),
+            status["peer_id"][-8:],
+            (status.get("reachability") or {}).get("status", "?"),
+            str(len(status.get("experts", []))),
+            str(requests),
+            str((status.get("dht") or {}).get("routing_table", "-")),
+            "yes" if status.get("paused") else "no",
+        )
+    return table
