@@ -116,7 +116,7 @@ class ExpertDeclarer:
         self.dht = dht
         self.uids = sorted(set(uids))
         self.loads = loads
-        self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.addrs[: dht.config.max_addrs]])
+        self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.shareable_addrs()[: dht.config.max_addrs]])
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
         self.last_expiration = 0.0  # expiration of the newest declaration (tombstones must match it)

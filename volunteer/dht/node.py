@@ -118,7 +118,7 @@ class DHTNode:
         self.state.client_mode = bool(client_mode)
 
     def _refresh_addrs(self) -> None:
-        self.state.addrs = tuple(a.to_bytes() for a in self.host.addrs[: self.config.max_addrs])
+        self.state.addrs = tuple(a.to_bytes() for a in self.host.shareable_addrs()[: self.config.max_addrs])
 
     # --- inbound ---------------------------------------------------------------------------------
     async def _serve(self, stream) -> None:

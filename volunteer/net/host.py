@@ -134,6 +134,13 @@ class Host:
                 base.append(extra)
         return base
 
+    def shareable_addrs(self) -> list[Multiaddr]:
+        """Advertised addresses worth giving to other machines: loopback ones are dropped when
+        there is anything else (a peer dialing our 127.0.0.1 would reach itself)."""
+        addrs = self.addrs
+        outside = [a for a in addrs if not _is_loopback(a)]
+        return outside or addrs
+
     def full_addrs(self) -> list[Multiaddr]:
         """Advertised addresses with our /p2p/ID appended: what to give to someone who wants to dial us."""
         return [addr.with_peer_id(self.peer_id) for addr in self.addrs]
@@ -218,6 +225,8 @@ class Host:
         """Dial all addresses, each a little after the previous one ("happy eyeballs"): a peer
         behind NAT advertises LAN addresses that never answer, and waiting for each to time out
         would delay the relay for tens of seconds. Direct addresses go first, relayed ones after."""
+        # Relayed addresses are advertised as ``…/p2p/RELAY/p2p-circuit``: the target is implied.
+        addrs = [a.encapsulate(f"/p2p/{peer}") if a.is_relayed() and a.relay_parts()[1] is None else a for a in addrs]
         ordered = sorted(dict.fromkeys(addrs), key=lambda a: a.is_relayed())[: limits.MAX_DIAL_ADDRS]
         causes: dict[str, BaseException] = {}
         winners: list[Connection] = []
@@ -534,6 +543,13 @@ async def open_host(
             yield host
         finally:
             await host.aclose()
+
+
+def _is_loopback(addr: Multiaddr) -> bool:
+    components = addr.components
+    return bool(components) and components[0][0] in ("ip4", "ip6") and (
+        components[0][1].startswith("127.") or components[0][1] == "::1"
+    )
 
 
 def _expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
