@@ -86,8 +86,12 @@ async def measure_ours(nodes: int, ops: int) -> dict:
                     async def get(i: int) -> None:
                         assert await dht.get(f"{tag}-{i}".encode())
 
+                    async def get_any(i: int) -> None:
+                        assert await dht.get(f"{tag}-{i}".encode(), latest=False)
+
                     out[f"store_{mode}"] = await _rate(ops, store, conc)
                     out[f"get_{mode}"] = await _rate(ops, get, conc)
+                    out[f"get_any_{mode}"] = await _rate(ops, get_any, conc)
                 return out
     finally:
         peers.close()
@@ -151,15 +155,17 @@ def main() -> None:
     print(f"\nDHT benchmark ({args.ops} ops per figure; concurrent = {CONCURRENCY} in flight)")
     print(f"{'figure':<28}{'ours':>12}{'hivemind':>12}{'ratio':>9}")
     for n in sizes:
-        for figure in ("store_seq", "get_seq", "store_conc", "get_conc"):
+        for figure in ("store_seq", "get_seq", "get_any_seq", "store_conc", "get_conc", "get_any_conc"):
             mine = ours[n][figure]
             other = _lookup(theirs, n, figure)
             ratio = f"{mine / other:.1f}x" if other else "n/a"
-            print(f"{figure + f' ({n} nodes) ops/s':<28}{mine:>12.0f}{(f'{other:.0f}' if other else 'n/a'):>12}{ratio:>9}")
+            print(f"{figure + f' ({n} nodes) ops/s':<30}{mine:>12.0f}{(f'{other:.0f}' if other else 'n/a'):>12}{ratio:>9}")
     other = (theirs or {}).get("beam_ms")
     ratio = f"{other / ours_beam:.1f}x" if other else "n/a"
     print(f"{'find_best_experts 64x64 ms':<28}{ours_beam:>12.1f}{(f'{other:.1f}' if other else 'n/a'):>12}{ratio:>9}")
     print("(ratio: how many times better ours is; for latency, hivemind / ours)")
+    print("get = newest value across the swarm (latest=True); get_any = any live value, the local copy if held")
+    print("(hivemind's default, latest=False)")
 
 
 def _lookup(theirs: dict | None, n: int, figure: str) -> float | None:

@@ -111,6 +111,13 @@ def test_doctor_against_a_relay(tmp_path):
         bad = subprocess.run([sys.executable, "-m", "volunteer", "doctor", "/ip4/127.0.0.1/tcp/1/p2p/" + addr.rsplit("/", 1)[1]],
                              capture_output=True, text=True, timeout=90, env=env)
         assert bad.returncode == 1 and "FAIL" in bad.stdout and "→" in bad.stdout
+        # a swarm file works too: its relays are what gets checked
+        swarm = tmp_path / "mine.toml"
+        swarm.write_text(f'name = "mine"\nrelays = ["{addr}"]\n')
+        by_swarm = subprocess.run([sys.executable, "-m", "volunteer", "doctor", "--perf-size", "0", str(swarm)],
+                                  capture_output=True, text=True, timeout=90, env=env)
+        assert by_swarm.returncode == 0, by_swarm.stdout + by_swarm.stderr
+        assert "reach" in by_swarm.stdout and "relay" in by_swarm.stdout
     finally:
         proc.terminate()
         proc.wait(timeout=15)

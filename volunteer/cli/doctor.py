@@ -1,7 +1,7 @@
 """``volunteer doctor``: a netcheck. Can we reach the swarm's relays, are we public, can we punch?
 
-Each check prints one line, OK / WARN / FAIL, with what to do about it. Until swarm files exist
-(the `join` issue), the swarm is given as the multiaddrs of its relays / bootstrap peers.
+Each check prints one line, OK / WARN / FAIL, with what to do about it. The swarm is a name or
+swarm file (its relays and bootstrap peers are checked) or the peers' multiaddrs.
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         ),
         epilog=(
             "examples:\n"
+            "  volunteer doctor demo                      # the relays and bootstrap peers of swarm 'demo'\n"
             "  volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... /ip4/198.51.100.9/tcp/4001/p2p/12D3KooW...\n"
             "  volunteer doctor --listen /ip4/0.0.0.0/tcp/4001 --perf-size 16MiB --json RELAY_MULTIADDR\n"
             "exit status: 0 when nothing FAILed, 1 otherwise"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("peers", nargs="+", metavar="MULTIADDR", help="the swarm's relays or bootstrap peers")
+    p.add_argument("peers", nargs="+", metavar="SWARM_OR_MULTIADDR",
+                   help="a swarm (name or swarm file: its relays and bootstrap peers are checked), or multiaddrs")
     p.add_argument("--listen", default="/ip4/0.0.0.0/tcp/0", metavar="MULTIADDR",
                    help="listen address to test (default: any port); use your daemon's port to test it exactly")
     p.add_argument("--perf-size", default="4MiB", metavar="SIZE", help="bytes each way for the throughput check (0 to skip)")
@@ -61,7 +63,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    peers = [Multiaddr(a) for a in args.peers]
+    peers = []
+    for text in args.peers:
+        if text.startswith("/") and not text.endswith(".toml"):
+            peers.append(Multiaddr(text))
+        else:
+            from ..swarmfile import resolve_swarm
+
+            spec = resolve_swarm(text)
+            if not spec.entry_points:
+                raise VolunteerError(f"swarm {spec.name!r} lists no bootstrap peers or relays to check")
+            peers.extend(a for a in spec.entry_points if a not in peers)
     try:
         perf_size = parse_size(args.perf_size)
     except ValueError as exc:

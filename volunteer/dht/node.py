@@ -9,7 +9,7 @@ module only opens streams, waits and reads the clock it was given (``clock``; wa
 because expirations cross the wire, ``trio.current_time`` under a MockClock in simulations).
 
 Streams: a requester may send several requests one after another on one stream (each answered
-before the next is sent); it keeps up to ``_POOL_PER_PEER`` idle streams per peer, so a busy
+before the next is sent); idle streams wait in the Host's ``StreamPool`` (``net/pool.py``), so a busy
 trainer pays for stream setup once, not per lookup step. Expert declarations and beam search
 are in ``declare.py`` (``ExpertDirectory``) on top of ``get_many`` / ``store_many``.
 """
@@ -28,7 +28,8 @@ import trio
 from ..errors import DHTError, DHTMessageError, DHTRemoteError, VolunteerError, describe
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
-from ..net.streams import BufferedStream, close_quietly, reset_quietly
+from ..net.pool import SERVE_IDLE, pool_of
+from ..net.streams import BufferedStream, reset_quietly
 from .config import DHTConfig
 from .messages import (
     FindNode,
@@ -51,9 +52,6 @@ log = logging.getLogger(__name__)
 
 Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or None, expiration)
 
-_POOL_PER_PEER = 32  # idle request streams kept per peer (a stream costs a yamux entry and a task on each side)
-_POOL_IDLE = 20.0  # seconds an idle pooled stream is trusted; the server drops them after _SERVE_IDLE
-_SERVE_IDLE = 30.0
 _MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
 _MAINTENANCE_PERIOD = 1.0
 _BUCKET_REFRESH_AGE = 600.0
@@ -100,7 +98,6 @@ class DHTNode:
         self.store_limiter = RateLimiter(rate=2000.0, burst=8000.0)  # records per second per peer
         self.request_limiter = RateLimiter(rate=500.0, burst=2000.0)  # requests per second per peer
         self.last_bootstrap_ok: float | None = None
-        self._pool: dict[PeerID, list[tuple[BufferedStream, float]]] = defaultdict(list)
         self._closest_cache: dict[bytes, tuple[float, list[Contact]]] = {}
         self._pinging: set[PeerID] = set()
         self._ping_slots = trio.Semaphore(_MAX_PINGS)
@@ -125,7 +122,7 @@ class DHTNode:
         reader = BufferedStream(stream)
         sender = stream.remote_peer
         while True:
-            with trio.move_on_after(_SERVE_IDLE) as idle:
+            with trio.move_on_after(SERVE_IDLE) as idle:
                 try:
                     length = await reader.receive_uvarint("DHT request")
                 except VolunteerError:
@@ -190,12 +187,10 @@ class DHTNode:
 
     async def _exchange(self, contact: Contact, body: bytes) -> bytes:
         peer = contact.peer
-        stream = self._take_pooled(peer)
-        if stream is None:
-            if contact.addrs and not self.host.is_connected(peer):
-                self.host.peerstore.add_addrs(peer, [_multiaddr(a) for a in contact.addrs if _multiaddr(a)])
-            conn = await self.host.connect(peer)
-            stream = BufferedStream(await conn.new_stream([self.protocol]))
+        pool = pool_of(self.host)
+        if contact.addrs and not self.host.is_connected(peer):
+            self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
+        stream, _ = await pool.open(peer, self.protocol)
         ok = False
         try:
             self.stats["bytes_out"] += len(body)
@@ -205,20 +200,10 @@ class DHTNode:
             ok = True
             return reply
         finally:
-            if ok and len(self._pool[peer]) < _POOL_PER_PEER:
-                self._pool[peer].append((stream, trio.current_time()))
-            elif ok:
-                self.host._nursery.start_soon(close_quietly, stream)
+            if ok:
+                pool.give(peer, self.protocol, stream)
             else:
                 await reset_quietly(stream)
-
-    def _take_pooled(self, peer: PeerID) -> BufferedStream | None:
-        pool = self._pool.get(peer)
-        while pool:
-            stream, since = pool.pop()
-            if trio.current_time() - since < _POOL_IDLE and not stream.stream.connection.is_closed:
-                return stream
-        return None
 
     async def ping(self, contact: Contact) -> bool:
         """PING ``contact``; True if it answered (the routing table learns either way)."""

@@ -27,6 +27,7 @@ from ..errors import (
 )
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
+from ..net.pool import pool_of
 from ..net.streams import BufferedStream, reset_quietly
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import raise_remote
@@ -73,6 +74,7 @@ async def call_expert(
 ):
     """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors."""
     peer_name = str(peer.peer_id if isinstance(peer, Multiaddr) else peer)
+    protocol = protocol_id(swarm_id)
     with trio.move_on_after(timeout) as scope:
         if faults is not None:
             await faults.before_call(uid)
@@ -80,27 +82,35 @@ async def call_expert(
             conn = await host.connect(peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
-        try:
-            stream = await conn.new_stream([protocol_id(swarm_id)])
-        except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
-        reader = BufferedStream(stream)
-        try:
-            return await _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ExpertUnavailableError(f"connection to {peer_name} broke during a call to {uid!r}: {describe(exc)}") from None
-        finally:
-            with trio.CancelScope(shield=True):  # also after a timeout: free the stream on both ends
-                if _finished(reader):
-                    await _close(reader)
-                else:
-                    await reset_quietly(stream)
+        pool = pool_of(host)
+        for attempt in range(2):
+            try:
+                reader, reused = await pool.open(conn.remote_peer, protocol)
+            except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
+            try:
+                return await _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config)
+            except _StaleStream as exc:
+                if reused and attempt == 0:
+                    continue  # the server had dropped that idle stream: once more on a fresh one
+                raise ExpertUnavailableError(str(exc)) from None
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ExpertUnavailableError(f"connection to {peer_name} broke during a call to {uid!r}: {describe(exc)}") from None
+            finally:
+                with trio.CancelScope(shield=True):  # also after a timeout: free the stream on both ends
+                    state = getattr(reader, "_volunteer_state", None)
+                    if state == "reusable":
+                        pool.give(conn.remote_peer, protocol, reader)
+                    elif state == "closed":
+                        await _close(reader)
+                    else:
+                        await reset_quietly(reader.stream)
     if scope.cancelled_caught:
         raise ExpertTimeoutError(f"expert {uid!r} on {peer_name} did not answer {op} within {timeout:g} s")
 
 
-def _finished(reader: BufferedStream) -> bool:
-    return getattr(reader, "_volunteer_done", False)
+class _StaleStream(ExpertUnavailableError):
+    """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
 async def _close(reader: BufferedStream) -> None:
@@ -135,19 +145,19 @@ async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, 
         try:
             reply = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert reply header"))
         except (VolunteerError, trio.BrokenResourceError) as exc:
-            failed = ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
+            failed = _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
             nursery.cancel_scope.cancel()
         if not reply.get("ok"):
             nursery.cancel_scope.cancel()  # stop sending: the call failed
     if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
         raise failed
     if not reply.get("ok"):
-        reader._volunteer_done = True
+        reader._volunteer_state = "closed"  # the server ends the stream after an error reply
         if "e" not in reply:
             raise ExpertProtocolError(f"{peer_name} sent a reply with neither result nor error")
         raise_remote(reply["e"], expert_uid=uid, peer_id=peer_name, config=config)
     if op == "info":
-        reader._volunteer_done = True
+        reader._volunteer_state = "reusable"
         info = reply.get("info")
         if not isinstance(info, dict):
             raise ExpertProtocolError(f"{peer_name} sent a malformed info reply")
@@ -158,7 +168,7 @@ async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, 
         if not chunk:
             raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} mid-reply")
         outputs.feed(chunk)
-    reader._volunteer_done = True
+    reader._volunteer_state = "reusable"
     return outputs.finish()
 
 

@@ -16,6 +16,7 @@ from ..errors import ExpertProtocolError, TensorFormatError, VolunteerError, des
 from ..net.streams import BufferedStream
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
+from ..net.pool import SERVE_IDLE
 from .protocol import MAX_HEADER, check_request, pack, protocol_id, unpack
 from .tensors import TensorReader, serialize
 
@@ -24,6 +25,17 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT = 60.0  # a caller has this long to deliver its request (slowloris bound)
 DRAIN_LIMIT = 8 * 1024 * 1024  # after an early error, bytes still read so the caller sees the reply
 RECEIVE_CHUNK = 1024 * 1024
+
+
+async def _wait_readable(reader: BufferedStream) -> bool:
+    """Wait for the next request's first bytes; False at end of stream."""
+    if reader._buffer:
+        return True
+    chunk = await reader.stream.receive_some(RECEIVE_CHUNK)
+    if not chunk:
+        return False
+    reader._buffer += chunk
+    return True
 
 
 class UploadLimiter:
@@ -74,8 +86,17 @@ class ExpertServer:
         self.host.remove_handler(self.protocol)
 
     async def handle(self, stream) -> None:
-        """One call: read the request, run it, reply (an error reply for any failure)."""
+        """Calls on one stream, one after another: a caller reuses an idle stream for its next
+        call. An error reply ends the stream (the caller may still be sending a bad payload)."""
         reader = BufferedStream(stream)
+        while await self._one_call(reader, stream):
+            with trio.move_on_after(SERVE_IDLE) as idle:
+                more = await _wait_readable(reader)
+            if idle.cancelled_caught or not more:
+                return
+
+    async def _one_call(self, reader: BufferedStream, stream) -> bool:
+        """Serve one call; True if the stream may carry another."""
         uid = ""
         pending = 0  # request payload bytes not read yet (drained after an early error)
         self.active_requests += 1
@@ -89,7 +110,7 @@ class ExpertServer:
                     op, uid, compression, header, n_inputs = check_request(message)
                     if op == "info":
                         await reader.send_all(pack({"ok": True, "info": self.runtime.info(uid)}))
-                        return
+                        return True
                     tensors = TensorReader(header, config=self.config)
                     while not tensors.done:
                         chunk = await reader.receive_some(min(tensors.remaining, RECEIVE_CHUNK))
@@ -114,6 +135,7 @@ class ExpertServer:
                     await self.upload.take(len(chunk))
                 await reader.send_all(chunk)
                 self.bytes_out += len(chunk)
+            return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise  # the caller went away: nobody to tell
         except Exception as exc:  # noqa: BLE001 - every failure of one call goes back to its caller
@@ -124,6 +146,7 @@ class ExpertServer:
             await reader.send_all(pack({"ok": False, "e": failure}))
             await reader.send_eof()
             await self._drain(reader, pending)
+            return False
         finally:
             self.active_requests -= 1
 

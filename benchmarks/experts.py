@@ -1,0 +1,184 @@
+"""Remote expert latency and server throughput: ours vs hivemind 1.1.12, side by side in one run.
+
+    .venv/bin/python benchmarks/experts.py [--repeats 50] [--quick] [--skip-hivemind]
+
+For ffn experts at hidden 256 / batch 16 and hidden 1024 / batch 64 on CPU over loopback (the
+server in a second process): median latency of a remote forward and of forward+backward, the
+same computation done locally, and the overhead (remote minus local). Then server throughput in
+samples/s with 16 concurrent trainers doing forward+backward (hidden 1024, batch 64). hivemind's
+figures come from benchmarks/_hivemind_experts.py in its own venv (benchmarks/setup_hivemind.sh).
+The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from volunteer import RemoteExpert  # noqa: E402
+from volunteer.experts.layers import FeedForward  # noqa: E402
+from volunteer.experts.loop import BackgroundLoop  # noqa: E402
+from volunteer.net.host import HostConfig, open_host  # noqa: E402
+
+CONFIGS = [(256, 16), (1024, 64)]
+
+
+class Client:
+    """A trainer-side host in a background loop (what Swarm holds, without a DHT)."""
+
+    swarm_id = "bench"
+
+    def __init__(self) -> None:
+        import trio
+
+        self.loop = BackgroundLoop().start()
+        self._stop = None
+
+        async def start() -> None:
+            ready = trio.Event()
+
+            async def main() -> None:
+                async with open_host(config=HostConfig(enable_hole_punching=False, enable_relay_client=False)) as host:
+                    self.host = host
+                    self._stop = trio.Event()
+                    ready.set()
+                    await self._stop.wait()
+
+            trio.lowlevel.spawn_system_task(main)
+            await ready.wait()
+
+        self.loop.run(start)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._stop.set()
+
+        self.loop.run(stop)
+        self.loop.stop()
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up: connection, first batch
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def measure_ours(repeats: int, throughput_seconds: float) -> dict:
+    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = server.stdout.readline()
+    assert line.startswith("READY "), line
+    addr = line.split()[1]
+    client = Client()
+    out: dict = {}
+    try:
+        for hidden, batch in CONFIGS:
+            expert = RemoteExpert(f"ffn{hidden}.0", addr, client)
+            local = FeedForward(hidden)
+            x = torch.randn(batch, hidden)
+
+            def remote_forward():
+                with torch.no_grad():
+                    expert(x)
+
+            def remote_both():
+                xr = x.clone().requires_grad_()
+                expert(xr).sum().backward()
+
+            def local_forward():
+                with torch.no_grad():
+                    local(x)
+
+            def local_both():
+                xl = x.clone().requires_grad_()
+                local(xl).sum().backward()
+
+            out[f"{hidden}x{batch}"] = {
+                "forward_ms": median_ms(remote_forward, repeats),
+                "forward_backward_ms": median_ms(remote_both, repeats),
+                "local_forward_ms": median_ms(local_forward, repeats),
+                "local_forward_backward_ms": median_ms(local_both, repeats),
+            }
+        out["throughput"] = throughput(client, addr, throughput_seconds)
+    finally:
+        client.close()
+        server.stdin.close()
+        server.wait(timeout=30)
+    return out
+
+
+def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hidden: int = 1024, batch: int = 64) -> float:
+    expert = RemoteExpert(f"ffn{hidden}.0", addr, client, forward_timeout=60, backward_timeout=60)
+    samples = [0]
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def trainer() -> None:
+        x = torch.randn(batch, hidden)
+        while time.monotonic() < deadline:
+            xr = x.clone().requires_grad_()
+            expert(xr).sum().backward()
+            with lock:
+                samples[0] += batch
+
+    threads = [threading.Thread(target=trainer) for _ in range(trainers)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples[0] / (time.monotonic() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--throughput-seconds", type=float, default=15.0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-hivemind", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.throughput_seconds = 10, 4.0
+
+    ours = measure_ours(args.repeats, args.throughput_seconds)
+    theirs = None
+    if not args.skip_hivemind:
+        from hivemind_runner import run_hivemind
+
+        theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else [], timeout=1800)
+    print(f"\nRemote ffn experts on CPU, loopback, server in another process (median of {args.repeats})")
+    print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}")
+    for hidden, batch in CONFIGS:
+        key = f"{hidden}x{batch}"
+        mine, other = ours[key], (theirs or {}).get(key, {})
+        for figure in ("forward_ms", "forward_backward_ms", "local_forward_ms", "local_forward_backward_ms"):
+            o = other.get(figure)
+            print(f"{f'h{hidden} b{batch} {figure}':<34}{mine[figure]:>10.1f}{(f'{o:.1f}' if o else 'n/a'):>10}{'':>8}")
+        for name, remote, local in (("forward", "forward_ms", "local_forward_ms"), ("fwd+bwd", "forward_backward_ms", "local_forward_backward_ms")):
+            ours_over = mine[remote] - mine[local]
+            theirs_over = other[remote] - other[local] if other.get(remote) and other.get(local) else None
+            ratio = f"{ours_over / theirs_over:.2f}" if theirs_over else "n/a"
+            print(f"{f'h{hidden} b{batch} {name} overhead ms':<34}{ours_over:>10.1f}{(f'{theirs_over:.1f}' if theirs_over else 'n/a'):>10}{ratio:>8}")
+    o = (theirs or {}).get("throughput")
+    ratio = f"{ours['throughput'] / o:.2f}" if o else "n/a"
+    print(f"{'throughput samples/s (16 trainers)':<34}{ours['throughput']:>10.0f}{(f'{o:.0f}' if o else 'n/a'):>10}{ratio:>8}")
+    print("(overhead ratio: ours / hivemind, goal <= 0.25; throughput ratio: ours / hivemind, goal >= 1)")
+
+
+if __name__ == "__main__":
+    main()
