@@ -95,6 +95,7 @@ class Daemon:
             self.proc.kill()
             code = self.proc.wait()
         self.lines += self.proc.stdout.readlines()
+        self.proc.stdout.close()
         return code
 
 
@@ -118,6 +119,7 @@ def relay(tmp_path, cli_env):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
 
 
 def test_daemon_status_pause_resume_and_graceful_leave(relay, tmp_path, cli_env):
@@ -146,6 +148,19 @@ def test_daemon_status_pause_resume_and_graceful_leave(relay, tmp_path, cli_env)
         assert rendered.returncode == 0
         for title in ("Identity", "Reachability", "Connections", "DHT", "Experts", "Compute"):
             assert title in rendered.stdout
+        # a trainer calls an expert (forward and backward): the expert learns, counts show it
+        import torch
+
+        from volunteer import RemoteExpert, Swarm
+
+        with Swarm.join(relay) as swarm:
+            host = swarm.get_experts(["expert.1.0"])["expert.1.0"][0]
+            expert = RemoteExpert("expert.1.0", host.peer, swarm, addrs=host.addrs)
+            x = torch.randn(4, 16, requires_grad=True)
+            expert(x).sum().backward()
+            assert x.grad is not None and x.grad.shape == (4, 16)
+        served = json.loads(run_cli("status", "--json", "--control", control, env=cli_env).stdout)
+        assert {e["uid"]: e["requests"] for e in served["experts"]}["expert.1.0"] == 2
         assert run_cli("pause", "--control", control, env=cli_env).returncode == 0
         assert json.loads(run_cli("status", "--json", "--control", control, env=cli_env).stdout)["paused"] is True
         assert json.loads(run_cli("experts", relay, "--json", env=cli_env).stdout) == []  # gone at once
@@ -159,5 +174,6 @@ def test_daemon_status_pause_resume_and_graceful_leave(relay, tmp_path, cli_env)
     assert code == 0, "".join(daemon.lines)
     assert any("left the swarm" in l for l in daemon.lines)
     assert json.loads(run_cli("experts", relay, "--json", env=cli_env).stdout) == []  # tombstoned on leave
-    assert (tmp_path / "state" / "volunteer" / "checkpoints" / "e2e").is_dir()
+    # the expert that learned was checkpointed on the way out
+    assert (tmp_path / "state" / "volunteer" / "checkpoints" / "e2e" / "expert.1.0.pt").is_file()
     assert not (tmp_path / "run" / "d.sock").exists()

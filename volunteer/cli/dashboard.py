@@ -1,0 +1,219 @@
+"""The volunteer dashboard: one status snapshot (``Daemon.snapshot()``) rendered with rich.
+
+The same renderer serves ``volunteer join`` in a terminal (``LiveDashboard``, ~2 Hz, no flicker:
+rich Live with manual refresh), ``volunteer status`` (attached over the control socket) and
+tests (``render_text``, headless). It fits 80x24: every section is a titled table without
+borders, rows are budgeted from the height, long ids and addresses are cut with an ellipsis;
+wider terminals get two columns. Every field of the snapshot may be missing or None.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Callable
+
+import trio
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..net.perf import format_size
+
+SECTIONS = ("Identity", "Reachability", "Connections", "DHT", "Experts", "Compute", "Log")
+
+
+def _short(peer: object, keep: int = 8) -> str:
+    text = str(peer or "")
+    return text if len(text) <= keep + 1 else "…" + text[-keep:]
+
+
+def _num(value: object, fmt: str = "{:.1f}", none: str = "–") -> str:
+    if value is None or isinstance(value, bool):
+        return none
+    try:
+        return fmt.format(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _duration(seconds: object) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "–"
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table:
+    table = Table(
+        title=title, title_justify="left", title_style="bold cyan", box=box.SIMPLE_HEAD if header else None,
+        show_header=bool(header), show_edge=False, pad_edge=False, padding=(0, 1), expand=True,
+    )
+    for index in range(max(columns, len(header))):
+        # lists: the first column (an id) keeps its width, the last one (free text) takes the rest
+        last = bool(header) and index == len(header) - 1
+        table.add_column(header[index] if header else "", no_wrap=True, overflow="ellipsis",
+                         min_width=11 if index == 0 and header else None, ratio=1 if last or not header else None)
+    return table
+
+
+def _identity(s: dict) -> Table:
+    table = _section("Identity", 1)
+    state = "[bold yellow]PAUSED[/]" if s.get("paused") else "[green]running[/]"
+    table.add_row(f"{state} · swarm {s.get('swarm') or '?'} · up {_duration(s.get('uptime_s'))} · volunteer {s.get('version') or '?'}")
+    table.add_row(f"peer {s.get('peer_id') or '?'}")
+    return table
+
+
+def _reachability(s: dict, rows: int) -> Table:
+    reach = s.get("reachability") or {}
+    table = _section("Reachability", 1)
+    status = reach.get("status") or "unknown"
+    color = {"public": "green", "private": "yellow"}.get(status, "white")
+    observed = ", ".join(reach.get("observed_addrs") or []) or "none yet"
+    table.add_row(f"[{color}]{status}[/] · NAT mapping {reach.get('nat_type') or 'unknown'} · observed {observed}")
+    relays = reach.get("relays") or []
+    if relays:
+        parts = []
+        for relay in relays:
+            rtt = _num(relay.get("rtt_ms"), "{:.1f} ms")
+            state = "reserved" if relay.get("reserved", True) else (relay.get("error") or "not reserved")
+            parts.append(f"{_short(relay.get('peer_id') or relay.get('addr'))} {state} rtt {rtt}")
+        table.add_row("relays: " + "; ".join(parts[: max(1, rows)]))
+    elif status == "private":
+        table.add_row("relays: none reserved yet")
+    return table
+
+
+def _connections(s: dict, rows: int) -> Table:
+    conns = list(s.get("connections") or [])
+    table = _section("Connections", header=("peer", "path", "rtt", "in / out"))
+    conns.sort(key=lambda c: -((c.get("bytes_in") or 0) + (c.get("bytes_out") or 0)))
+    shown = conns if len(conns) <= rows else conns[: max(0, rows - 1)]
+    for conn in shown:
+        path = conn.get("path") or "?"
+        if path == "relayed" and conn.get("via"):
+            path = f"relayed via {_short(conn['via'], 6)}"
+        traffic = "–"
+        if conn.get("bytes_in") is not None or conn.get("bytes_out") is not None:
+            traffic = f"{format_size(conn.get('bytes_in') or 0)} / {format_size(conn.get('bytes_out') or 0)}"
+        table.add_row(_short(conn.get("peer_id"), 10), path, _num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
+    if len(shown) < len(conns):
+        table.add_row(f"+{len(conns) - len(shown)} more", "", "", "")
+    if not conns:
+        table.add_row("no connections", "", "", "")
+    return table
+
+
+def _dht(s: dict) -> Table:
+    dht = s.get("dht") or {}
+    table = _section("DHT", 1)
+    age = dht.get("last_declared_age_s")
+    declared = f"{_num(age, '{:.0f}')} s ago" if age is not None else "never"
+    mode = "client mode" if dht.get("client_mode") else "server mode"
+    table.add_row(
+        f"{mode} · {_num(dht.get('routing_table'), '{}')} peers · {_num(dht.get('records'), '{}')} records · "
+        f"{_num(dht.get('experts_declared'), '{}')} experts declared {declared}"
+    )
+    return table
+
+
+def _experts(s: dict, rows: int) -> Table:
+    experts = list(s.get("experts") or [])
+    table = _section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
+    experts.sort(key=lambda e: (-(e.get("requests_per_s") or 0), e.get("uid") or ""))
+    shown = experts if len(experts) <= rows else experts[: max(0, rows - 1)]
+    for expert in shown:
+        table.add_row(
+            str(expert.get("uid") or "?"),
+            _num(expert.get("requests_per_s")),
+            _num(expert.get("mean_batch")),
+            _num(expert.get("p50_ms"), "{:.1f}ms"),
+            _num(expert.get("p95_ms"), "{:.1f}ms"),
+            _num(expert.get("errors"), "{}"),
+            str(expert.get("last_error") or ""),
+        )
+    if len(shown) < len(experts):
+        total = sum(e.get("requests") or 0 for e in experts)
+        table.add_row(f"+{len(experts) - len(shown)} more", "", "", "", "", "", f"{total} requests in all")
+    if not experts:
+        table.add_row("none hosted (DHT and relaying only)", "", "", "", "", "", "")
+    return table
+
+
+def _compute(s: dict) -> Table:
+    compute = s.get("compute") or {}
+    table = _section("Compute", 1)
+    memory = "n/a"
+    if compute.get("memory_used_mb") is not None and compute.get("memory_total_mb") is not None:
+        memory = f"{compute['memory_used_mb']} / {compute['memory_total_mb']} MiB"
+    table.add_row(
+        f"device {compute.get('device') or '?'} · utilisation {_num(compute.get('utilization_pct'), '{:.0f}%', 'n/a')} · memory {memory}"
+    )
+    return table
+
+
+def _log(s: dict, rows: int) -> Table:
+    entries = list(s.get("log") or [])[-max(1, rows):]
+    table = _section("Log", 1)
+    for entry in entries:
+        when = time.strftime("%H:%M:%S", time.localtime(entry.get("time") or 0))
+        level = entry.get("level") or "?"
+        color = "red" if level in ("ERROR", "CRITICAL") else "yellow"
+        table.add_row(Text.from_markup(f"{when} [{color}]{level[:4]}[/] ") + Text(str(entry.get("message") or "")))
+    if not entries:
+        table.add_row("no warnings")
+    return table
+
+
+def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 24) -> RenderableType:
+    """The dashboard for a snapshot, sized for ``height`` lines (two columns from 120 wide)."""
+    s = snapshot or {}
+    extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
+    conn_rows, expert_rows, log_rows = 2 + extra // 3, 3 + extra // 3, 1 + extra // 3
+    if width is not None and width >= 120:
+        left = Group(_identity(s), _reachability(s, 3), _dht(s), _compute(s), _log(s, log_rows + 2))
+        right = Group(_connections(s, conn_rows + 2), _experts(s, expert_rows + 2))
+        grid = Table.grid(expand=True, padding=(0, 2))
+        grid.add_column(ratio=1)
+        grid.add_column(ratio=1)
+        grid.add_row(left, right)
+        return grid
+    return Group(
+        _identity(s), _reachability(s, 2), _connections(s, conn_rows), _dht(s),
+        _experts(s, expert_rows), _compute(s), _log(s, log_rows),
+    )
+
+
+def render_text(snapshot: dict, width: int = 80, height: int = 24) -> str:
+    """The dashboard as plain text (no colours), for tests and ``volunteer status`` in a pipe."""
+    console = Console(file=io.StringIO(), width=width, height=height, color_system=None, force_terminal=False,
+                      legacy_windows=False, record=False)
+    console.print(render_dashboard(snapshot, width=width, height=height))
+    return console.file.getvalue()
+
+
+class LiveDashboard:
+    """Redraws the dashboard in place about twice a second until cancelled."""
+
+    async def run(self, get_snapshot: Callable[[], dict], *, refresh_hz: float = 2.0,
+                  task_status=trio.TASK_STATUS_IGNORED) -> None:
+        from rich.live import Live
+
+        console = Console()
+
+        def view() -> RenderableType:
+            size = console.size
+            return render_dashboard(get_snapshot(), width=size.width, height=size.height)
+
+        with Live(view(), console=console, auto_refresh=False, screen=False, transient=False) as live:
+            task_status.started()
+            while True:
+                await trio.sleep(1.0 / refresh_hz)
+                live.update(view(), refresh=True)
+
+
+__all__ = ["LiveDashboard", "SECTIONS", "render_dashboard", "render_text"]
