@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import pytest
 import trio
 
 ASYNC_TEST_TIMEOUT = 120.0
+
+# Tests may only talk to loopback and namespaces they create: daemons they start must not send
+# mDNS multicast on this machine's real interfaces (the mDNS tests bind to 127.0.0.1 explicitly).
+os.environ["VOLUNTEER_NO_MDNS"] = "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -61,6 +61,7 @@ class DaemonOptions:
     expert_file: str | None = None  # a Python file defining custom expert classes
     dht_config: DHTConfig | None = None
     nat_servers: list[Multiaddr] | None = None  # default: the swarm's entry points
+    mdns: bool = True  # find volunteers of the same swarm on the LAN
 
 
 class LogBuffer(logging.Handler):
@@ -134,6 +135,8 @@ class Daemon:
                     self.nat = NatManager(host, servers, self.swarm.relays)
                     await nursery.start(self.nat.run)
                     nursery.start_soon(self._follow_reachability)
+                    if opts.mdns:
+                        nursery.start_soon(self._discover_lan, nursery)
                     await self._serve_experts(nursery, task_status)
                     nursery.cancel_scope.cancel()
         finally:
@@ -218,6 +221,27 @@ class Daemon:
         if self.runtime is None:
             return {}
         return {uid: float(s.queued) for uid, s in self.runtime.stats().items()}
+
+    async def _discover_lan(self, nursery: trio.Nursery) -> None:
+        # peers found by mDNS are pinged by the DHT: those of our swarm join the routing table
+        from ..dht.mdns import MdnsDiscovery
+        from ..net.identity import PeerID
+
+        def found(peer: str, addrs: list[str]) -> None:
+            try:
+                parsed = [Multiaddr(a) for a in addrs]
+                nursery.start_soon(self.dht.add_peer, PeerID.from_string(peer), parsed)
+            except VolunteerError as exc:
+                log.debug("mDNS: ignoring %s: %s", peer, describe(exc))
+
+        def ours() -> list[str]:
+            return [str(a.with_peer_id(self.host.peer_id)) for a in self.host.shareable_addrs() if not a.is_relayed()]
+
+        discovery = MdnsDiscovery(str(self.host.peer_id), ours, found)
+        try:
+            await discovery.run()
+        except OSError as exc:  # no multicast-capable interface: the swarm's bootstrap peers still work
+            log.warning("LAN discovery (mDNS) is off: %s", exc)
 
     async def _follow_reachability(self) -> None:
         # private volunteers run the DHT in client mode: routing others to them would fail

@@ -71,6 +71,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines, even in a terminal")
+    p.add_argument("--no-mdns", action="store_true",
+                   help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
     add_control_flag(p)
     p.set_defaults(run=run_join)
 
@@ -117,6 +119,7 @@ def build_options(args: argparse.Namespace):
         max_gpu_memory=args.max_gpu_memory,
         max_upload=args.max_upload,
         expert_file=args.expert_file,
+        mdns=not args.no_mdns and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
     )
 
 

@@ -1,0 +1,185 @@
+"""LAN discovery with multicast DNS, as libp2p's mDNS spec has it: two volunteers on one LAN find
+each other with no configuration.
+
+Each node registers a service of type ``_p2p._udp.local.`` under a random 32-character instance
+name, with one TXT string ``dnsaddr=<multiaddr>/p2p/<peer-id>`` per address, and browses for
+the others. zeroconf does the DNS and runs its own threads; this module bridges it to trio:
+browse events cross over a memory channel, the blocking lookups and (un)registration run in
+worker threads, so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import socket
+import string
+from typing import Callable, Sequence
+
+import trio
+
+log = logging.getLogger(__name__)
+
+SERVICE = "_p2p._udp.local."
+PREFIX = b"dnsaddr="
+MAX_TXT = 255  # one TXT string's length byte
+REFRESH = 5.0  # seconds between checks of our own addresses
+LOOKUP_MS = 3000
+
+
+def encode_txt(entries: Sequence[str]) -> bytes:
+    """Raw TXT record data: length-prefixed ``dnsaddr=…`` strings (each at most 255 bytes)."""
+    out = bytearray()
+    for entry in entries:
+        data = PREFIX + entry.encode()
+        if len(data) <= MAX_TXT:
+            out += bytes([len(data)]) + data
+    return bytes(out)
+
+
+def parse_txt(data: bytes | None) -> list[str]:
+    """The ``dnsaddr`` multiaddrs in raw TXT data; malformed strings are skipped, never raised."""
+    out: list[str] = []
+    if not data:
+        return out
+    pos = 0
+    while pos < len(data):
+        length = data[pos]
+        entry = data[pos + 1 : pos + 1 + length]
+        pos += 1 + length
+        if len(entry) != length or not entry.startswith(PREFIX):
+            continue
+        try:
+            text = entry[len(PREFIX) :].decode()
+        except UnicodeDecodeError:
+            continue
+        if text.startswith("/"):
+            out.append(text)
+    return out
+
+
+def _instance_name() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(32))
+
+
+class MdnsDiscovery:
+    """Announce ``get_addrs()`` on the LAN and call ``on_peer(peer_id, addrs)`` for others found.
+
+    ``get_addrs`` returns full multiaddrs (ending in ``/p2p/<peer_id>``); ``interfaces`` goes to
+    zeroconf (e.g. ``["127.0.0.1"]`` in tests; default: every interface).
+    """
+
+    def __init__(
+        self,
+        peer_id: str,
+        get_addrs: Callable[[], list[str]],
+        on_peer: Callable[[str, list[str]], None],
+        *,
+        interfaces: Sequence[str] | None = None,
+    ) -> None:
+        self.peer_id = str(peer_id)
+        self.get_addrs = get_addrs
+        self.on_peer = on_peer
+        self.interfaces = list(interfaces) if interfaces else None
+        self.name = f"{_instance_name()}.{SERVICE}"
+        self.found: dict[str, list[str]] = {}
+        self._zeroconf = None
+        self._info = None
+
+    def _service_info(self, addrs: list[str]):
+        from zeroconf import ServiceInfo
+
+        ips = []
+        for addr in addrs:
+            parts = addr.split("/")
+            if len(parts) > 2 and parts[1] == "ip4":
+                try:
+                    ips.append(socket.inet_aton(parts[2]))
+                except OSError:
+                    continue
+        port = next((int(p) for a in addrs for i, p in enumerate(a.split("/")) if i and a.split("/")[i - 1] == "tcp"), 0)
+        return ServiceInfo(SERVICE, self.name, addresses=ips or [socket.inet_aton("127.0.0.1")], port=port or 1,
+                           properties=encode_txt(addrs), server=f"{self.name.split('.')[0]}.local.")
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Announce and browse until cancelled; unregisters and closes zeroconf on the way out."""
+        from zeroconf import IPVersion, ServiceBrowser, Zeroconf
+
+        kwargs = {"ip_version": IPVersion.V4Only}
+        if self.interfaces:
+            kwargs["interfaces"] = self.interfaces
+        self._zeroconf = zc = await trio.to_thread.run_sync(lambda: Zeroconf(**kwargs))
+        send, receive = trio.open_memory_channel(256)
+        token = trio.lowlevel.current_trio_token()
+
+        def seen(name: str) -> None:  # zeroconf's thread
+            try:
+                trio.from_thread.run_sync(send.send_nowait, name, trio_token=token)
+            except (trio.WouldBlock, trio.RunFinishedError, trio.ClosedResourceError):
+                pass  # a flood of announcements: later refreshes bring them back
+
+        class Handler:
+            def add_service(self, zc_, type_, name):
+                seen(name)
+
+            def update_service(self, zc_, type_, name):
+                seen(name)
+
+            def remove_service(self, zc_, type_, name):
+                pass
+
+        browser = None
+        try:
+            announced = sorted(self.get_addrs())
+            self._info = self._service_info(announced)
+            await trio.to_thread.run_sync(zc.register_service, self._info)
+            browser = ServiceBrowser(zc, SERVICE, Handler())
+            task_status.started()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._refresh, announced)
+                async for name in receive:
+                    if name != self.name:
+                        nursery.start_soon(self._resolve, name)
+        finally:
+            with trio.CancelScope(shield=True):
+                if browser is not None:
+                    browser.cancel()
+                await trio.to_thread.run_sync(self._close)
+
+    def _close(self) -> None:
+        try:
+            if self._info is not None:
+                self._zeroconf.unregister_service(self._info)
+        except Exception:  # shutting down: an unregister that fails only leaves a stale record
+            pass
+        self._zeroconf.close()
+
+    async def _refresh(self, announced: list[str]) -> None:
+        while True:
+            await trio.sleep(REFRESH)
+            current = sorted(self.get_addrs())
+            if current != announced:
+                announced = current
+                self._info = self._service_info(current)
+                await trio.to_thread.run_sync(self._zeroconf.update_service, self._info)
+
+    async def _resolve(self, name: str) -> None:
+        info = await trio.to_thread.run_sync(self._zeroconf.get_service_info, SERVICE, name, LOOKUP_MS)
+        if info is None:
+            return
+        addrs = parse_txt(info.text)
+        peers = {a.rsplit("/p2p/", 1)[1] for a in addrs if "/p2p/" in a}
+        for peer in peers:
+            if peer == self.peer_id:
+                continue
+            mine = [a for a in addrs if a.endswith(f"/p2p/{peer}")]
+            if self.found.get(peer) != mine:
+                self.found[peer] = mine
+                try:
+                    self.on_peer(peer, mine)
+                except Exception:  # a callback bug must not stop discovery
+                    log.exception("mDNS peer callback failed")
+
+
+__all__ = ["MdnsDiscovery", "SERVICE", "encode_txt", "parse_txt"]
