@@ -1,9 +1,9 @@
 """Experts: backends (module + optimizer + schema + checkpoints), the built-in and custom expert
 classes, the batching runtime, the tensor wire format and error replies.
 
-The network parts (the server's protocol handler, RemoteExpert, RemoteMixtureOfExperts) build on
-these: the handler decodes a request with ``TensorReader``, awaits ``Runtime.forward/backward``
-and answers with ``serialize`` or, on failure, ``to_failure``; the client reverses it and calls
+The network parts (``server``, ``client``, ``moe``, ``loop``, ``protocol``) build on these: the
+handler decodes a request with ``TensorReader``, awaits ``Runtime.forward/backward`` and answers
+with ``serialize`` or, on failure, ``to_failure``; the client reverses it and calls
 ``raise_remote`` on an error reply.
 """
 
@@ -20,10 +20,23 @@ from .layers import (
     register_expert,
 )
 from .runtime import ExpertStats, Runtime, open_runtime
+
+# the network half: protocol framing, the server's handler, the client side and the mixture
+from .client import RemoteExpert, call_expert
+from .loop import BackgroundLoop
+from .moe import RemoteMixtureOfExperts
+from .protocol import protocol_id
+from .server import ExpertServer
 from .schema import TensorSpec
 from .tensors import COMPRESSIONS, TensorReader, deserialize, encode, pick_compression, serialize
 
 __all__ = [
+    "BackgroundLoop",
+    "ExpertServer",
+    "RemoteExpert",
+    "RemoteMixtureOfExperts",
+    "call_expert",
+    "protocol_id",
     "COMPRESSIONS",
     "DEFAULT_CONFIG",
     "ExpertBackend",

@@ -1,0 +1,211 @@
+"""RemoteExpert and BackgroundLoop from plain synchronous code, without a DHT or a Swarm: a client
+host and a server host share one background loop on the in-memory transport. Forward and
+backward equal a local copy of the module, a killed peer is ExpertUnavailableError, a handler that
+never answers is ExpertTimeoutError within the (small) timeout, and the loop itself hides trio."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+import torch
+import trio
+
+from volunteer.errors import ExpertTimeoutError, ExpertUnavailableError, VolunteerError
+from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts.client import RemoteExpert
+from volunteer.experts.loop import BackgroundLoop
+from volunteer.experts.protocol import protocol_id
+from volunteer.experts.server import ExpertServer
+from volunteer.net.host import HostConfig, open_host
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+SWARM = "rx"
+CONFIG = ExpertsConfig(device="cpu")
+
+
+class Node:
+    """A host (optionally serving ffn experts) living in ``loop`` until ``kill``."""
+
+    def __init__(self, loop: BackgroundLoop, network: MemoryNetwork, uids=(), hidden: int = 8) -> None:
+        self.loop, self.network, self.uids, self.hidden = loop, network, list(uids), hidden
+        self.runtime = None
+        self.loop.run(self._start, timeout=10)
+
+    async def _start(self) -> None:
+        self._ready, self._stop, self._done = trio.Event(), trio.Event(), trio.Event()
+        trio.lowlevel.spawn_system_task(self._main)
+        await self._ready.wait()
+
+    async def _main(self) -> None:
+        try:
+            transports = [MemoryTransport(self.network)]
+            async with open_host(listen=["/memory/0"], transports=transports, config=QUIET) as host:
+                self.host = host
+                if self.uids:
+                    backends = [make_backend(uid, "ffn", self.hidden, config=CONFIG) for uid in self.uids]
+                    async with open_runtime(backends, CONFIG) as runtime:
+                        self.runtime = runtime
+                        self.server = ExpertServer(host, runtime, SWARM, CONFIG)
+                        self.server.install()
+                        self._ready.set()
+                        await self._stop.wait()
+                else:
+                    self._ready.set()
+                    await self._stop.wait()
+        finally:
+            self._ready.set()
+            self._done.set()
+
+    # what RemoteExpert needs of a swarm: .loop, .host, .swarm_id
+    swarm_id = SWARM
+
+    @property
+    def addr(self):
+        return self.host.full_addrs()[0]
+
+    def kill(self) -> None:
+        async def stop() -> None:
+            self._stop.set()
+            await self._done.wait()
+
+        self.loop.run(stop, timeout=10)
+
+
+@pytest.fixture
+def world():
+    with BackgroundLoop() as loop:
+        network = MemoryNetwork()
+        server = Node(loop, network, ["ffn.0", "ffn.1"])
+        client = Node(loop, network)
+        try:
+            yield loop, server, client
+        finally:
+            server.kill()
+            client.kill()
+
+
+def test_forward_backward_from_a_plain_thread_match_a_local_copy(world):
+    _, server, client = world
+    torch.manual_seed(0)
+    local = copy.deepcopy(server.runtime.backends["ffn.0"].module)
+    results: dict = {}
+
+    def trainer() -> None:  # an ordinary thread, as a PyTorch training loop would be
+        remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5)
+        x = torch.randn(6, 8, requires_grad=True)
+        y = remote(x)
+        weights = torch.randn(6, 8)
+        (y * weights).sum().backward()
+        results.update(x=x.detach(), y=y.detach(), grad=x.grad, weights=weights, info=remote.info)
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    thread.join(15)
+    assert not thread.is_alive() and "grad" in results
+    x_local = results["x"].clone().requires_grad_()
+    y_local = local(x_local)
+    (y_local * results["weights"]).sum().backward()
+    assert torch.allclose(results["y"], y_local.detach(), atol=1e-5)
+    assert torch.allclose(results["grad"], x_local.grad, atol=1e-5)
+    assert results["info"]["outputs"][0]["s"] == [8]
+    assert server.runtime.backends["ffn.0"].updates == 1  # backward made the server step
+    assert server.server.bytes_in > 0 and server.server.bytes_out > 0
+
+
+def test_peer_forms_and_no_grad_forward(world):
+    _, server, client = world
+    x = torch.randn(3, 8)
+    expected = None
+    for peer in (server.addr, str(server.addr), str(server.host.peer_id), server.host.peer_id):
+        # the PeerID forms find the address in the client's peerstore (the memory dial above)
+        with torch.no_grad():
+            y = RemoteExpert("ffn.1", peer, client)(x)
+        expected = y if expected is None else expected
+        assert torch.equal(y, expected)
+    assert server.runtime.backends["ffn.1"].updates == 0  # no backward, no step
+
+
+def test_killed_peer_is_unavailable(world):
+    _, server, client = world
+    remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5)
+    assert remote(torch.randn(2, 8)).shape == (2, 8)
+    server.kill()
+    started = time.monotonic()
+    with pytest.raises(ExpertUnavailableError):
+        remote(torch.randn(2, 8))
+    assert time.monotonic() - started < 3
+
+
+def test_silent_handler_times_out_quickly(world):
+    loop, server, client = world
+
+    async def silent(stream) -> None:
+        await trio.sleep_forever()
+
+    async def install() -> None:
+        server.host.set_handler(protocol_id(SWARM), silent)
+
+    loop.run(install)
+    started = time.monotonic()
+    with pytest.raises(ExpertTimeoutError, match="did not answer forward within 0.3 s"):
+        RemoteExpert("ffn.0", server.addr, client, forward_timeout=0.3)(torch.randn(1, 8))
+    assert time.monotonic() - started < 2
+    # backward has its own timeout: the real server answers forward, then its worker is held
+    loop.run(_set, server.host, protocol_id(SWARM), server.server.handle)
+    x = torch.randn(1, 8, requires_grad=True)
+    y = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=0.3)(x)
+    release = threading.Event()
+    loop.run(_hold_worker, server.runtime, release)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ExpertTimeoutError, match="backward within 0.3 s"):
+            y.sum().backward()
+        assert time.monotonic() - started < 2
+    finally:
+        release.set()
+
+
+async def _hold_worker(runtime, release: threading.Event) -> None:
+    async def hold() -> None:
+        await runtime.run_sync(release.wait, 10)
+
+    trio.lowlevel.spawn_system_task(hold)
+    await trio.sleep(0.05)
+
+
+async def _set(host, protocol, handler) -> None:
+    host.set_handler(protocol, handler)
+
+
+def test_background_loop_runs_coroutines_for_ordinary_threads():
+    async def add(a, b):
+        await trio.sleep(0)
+        return a + b
+
+    async def fail():
+        raise KeyError("as raised")
+
+    with BackgroundLoop() as loop:
+        assert loop.running
+        assert loop.run(add, 2, 3) == 5
+        with pytest.raises(KeyError, match="as raised"):
+            loop.run(fail)
+        started = time.monotonic()
+        with pytest.raises(ExpertTimeoutError):
+            loop.run(trio.sleep, 10, timeout=0.1)
+        assert time.monotonic() - started < 2
+        answers = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(loop.run(add, i, 1))) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        assert sorted(answers) == list(range(1, 9))
+    assert not loop.running
+    with pytest.raises(VolunteerError, match="not running"):
+        loop.run(add, 1, 1)
+    loop.stop()  # idempotent
