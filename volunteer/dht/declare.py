@@ -49,53 +49,46 @@ async def find_best_experts(
     return search.result()
 
 
-async def list_experts(dht, prefix: str, *, limit: int = 4096) -> dict[str, list[Declaration]]:
-    """Every live expert under ``prefix`` (e.g. ``expert.``), walking the grid's prefix records
-    level by level; ``{uid: hosts, best first}``. Each prefix record names one uid per next index,
-    so every index reached by some live host shows up."""
-    prefix = prefix if prefix.endswith(".") else prefix + "."
-    level, uids, seen = [prefix], set(), 0
-    while level and seen < limit:
-        seen += len(level)
+async def walk_grid(dht, prefix: str, *, depth: int | None = None, limit: int = 4096) -> dict[str, list[Declaration]]:
+    """Live experts under ``prefix`` from the grid's prefix records alone, one batched round per
+    level: ``{uid: [hosts that list it, best first]}``. A host's record under ``name.i.`` names
+    one of its uids per next index (``name.i.j`` itself at the last level), so every (uid, host)
+    pair of a grid shows up. ``depth`` stops after that many levels (a grid's dimensions);
+    ``limit`` bounds the prefixes fetched."""
+    level = [prefix.rstrip(".") + "."]
+    result: dict[str, list[Declaration]] = {}
+    fetched = 0
+    for _ in range(depth or 64):
+        fetched += len(level)
         found = await dht.get_many([expert_key(p) for p in level])
         now = dht.clock()
-        next_level = set()
+        next_level: set[str] = set()
         for key in level:
             for decl in select_alive(found[expert_key(key)], now, dht.config):
                 for index, uid in decl.children:
-                    uids.add(uid)
-                    child = f"{key}{index}."
-                    if not uid.startswith(child[:-1]) or uid == f"{key}{index}":
-                        continue
-                    next_level.add(child)
-        level = sorted(next_level)[: max(0, limit - seen)]
-    hosts = await get_experts(dht, sorted(u for u in uids if u.startswith(prefix) and is_valid_uid(u)))
+                    if uid == f"{key}{index}" and is_valid_uid(uid):
+                        result.setdefault(uid, []).append(decl)  # a leaf at this level
+                    elif uid.startswith(f"{key}{index}."):
+                        next_level.add(f"{key}{index}.")
+        level = sorted(next_level)[: max(0, limit - fetched)]
+        if not level:
+            break
+    return result
+
+
+async def list_experts(dht, prefix: str, *, limit: int = 4096) -> dict[str, list[Declaration]]:
+    """Every live expert under ``prefix`` at any depth, with each uid's own records (per-expert
+    load and heartbeat): what ``volunteer experts`` shows."""
+    uids = await walk_grid(dht, prefix, limit=limit)
+    hosts = await get_experts(dht, sorted(uids))
     return {uid: decls for uid, decls in hosts.items() if decls}
 
 
 async def grid_experts(dht, prefix: str, depth: int) -> dict[str, list[Declaration]]:
-    """Every live expert of a ``depth``-dimensional grid, from its prefix records alone:
-    ``{uid: [hosts, best first]}`` in ``depth`` batched rounds (a 2-D grid: the root, then every
-    row at once). Each host's record under ``name.i.`` names all its uids ``name.i.j``, so the
-    last level lists every (uid, host) pair; mixtures of experts cache this between batches."""
-    level = [prefix.rstrip(".") + "."]
-    result: dict[str, list[Declaration]] = {}
-    for d in range(depth):
-        found = await dht.get_many([expert_key(p) for p in level])
-        now = dht.clock()
-        next_level = set()
-        for key in level:
-            for decl in select_alive(found[expert_key(key)], now, dht.config):
-                for index, uid in decl.children:
-                    if d == depth - 1:
-                        if uid == f"{key}{index}":
-                            result.setdefault(uid, []).append(decl)
-                    elif uid.startswith(f"{key}{index}."):
-                        next_level.add(f"{key}{index}.")
-        level = sorted(next_level)
-        if not level:
-            break
-    return result
+    """Every live expert of a ``depth``-dimensional grid in ``depth`` rounds (mixtures of experts
+    cache this between batches)."""
+    found = await walk_grid(dht, prefix, depth=depth)
+    return {uid: hosts for uid, hosts in found.items() if uid.count(".") == depth}
 
 
 class ExpertDeclarer:
@@ -185,4 +178,4 @@ class ExpertDeclarer:
                     log.warning("withdrawing experts failed: %s", describe(exc))
 
 
-__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "grid_experts", "list_experts"]
+__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "grid_experts", "list_experts", "walk_grid"]
