@@ -158,6 +158,38 @@ def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
     )
 
 
+JOIN_SETTINGS = {  # config.toml's [join] keys and their types (same names as the flags)
+    "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
+    "max_gpu_memory": float, "max_upload": (int, float), "expert_file": str, "mdns": bool,
+}
+
+
+def load_config(path: str | os.PathLike | None = None) -> dict:
+    """The user's ``config.toml`` (default ``<config dir>/config.toml``; missing is fine):
+    defaults for ``volunteer join`` under ``[join]``, e.g. ``device = "cuda:0"``. Flags and the
+    swarm file's ``[experts]`` win over it."""
+    explicit = path is not None
+    path = Path(path) if explicit else config_dir() / "config.toml"
+    if not path.is_file():
+        if explicit:
+            raise SwarmFileError(f"no config file {path}")
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SwarmFileError(f"config file {path}: {exc}") from None
+    join = data.get("join", {})
+    if not isinstance(join, dict):
+        raise SwarmFileError(f"config file {path}: [join] must be a table")
+    for key, value in join.items():
+        kind = JOIN_SETTINGS.get(key)
+        if kind is None:
+            raise SwarmFileError(f"config file {path}: unknown setting join.{key} (known: {', '.join(JOIN_SETTINGS)})")
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise SwarmFileError(f"config file {path}: join.{key} has the wrong type")
+    return dict(join)
+
+
 _RANGE = re.compile(r"^\[(\d+):(\d+)\]$")
 
 
@@ -200,6 +232,7 @@ __all__ = [
     "SwarmSpec",
     "config_dir",
     "identity_path",
+    "load_config",
     "load_swarm_file",
     "parse_experts_spec",
     "resolve_swarm",

@@ -48,6 +48,13 @@ def test_join_refuses_bad_input_with_one_line(tmp_path, cli_env):
     assert "no CUDA device cuda:7" in line and "--device cpu" in line
     result = run_cli("join", swarm, "--max-gpu-memory", "2", env=cli_env)
     assert result.returncode == 2 and "fraction" in result.stderr
+    # config.toml's [join] settings are defaults for the flags
+    config = tmp_path / "settings.toml"
+    config.write_text('[join]\ndevice = "cuda:3"\nexperts = "ffn:e.[0:2]"\n')
+    line = one_line_error(run_cli("join", swarm, "--config", str(config), env=cli_env))
+    assert "no CUDA device cuda:3" in line
+    config.write_text('[join]\nwho = 1\n')
+    assert "unknown setting join.who" in one_line_error(run_cli("join", swarm, "--config", str(config), env=cli_env))
 
 
 def test_join_on_a_busy_port(tmp_path, cli_env):

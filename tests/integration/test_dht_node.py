@@ -176,3 +176,24 @@ async def test_list_experts_walks_the_grid():
         assert list(await list_experts(nodes[2], "other")) == ["other.1"]
         await a.withdraw()
         assert sorted(await list_experts(nodes[2], "expert.")) == ["expert.2.3"]
+
+
+@pytest.mark.timeout(2000)  # virtual seconds (autojump clock)
+async def test_own_records_are_republished(autojump_clock):
+    from volunteer.dht.records import Storage
+
+    async with AsyncExitStack() as stack:
+        network = MemoryNetwork()
+        nodes = []
+        for i in range(4):
+            host = await stack.enter_async_context(
+                open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET))
+            boot = [nodes[0].host.full_addrs()[0]] if nodes else []
+            nodes.append(await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=boot, clock=trio.current_time)))
+        await nodes[1].store(b"long-lived", b"v", trio.current_time() + 3000, republish=True)
+        for node in (nodes[0], nodes[2], nodes[3]):
+            node.state.storage = Storage(CONFIG)  # the holders lose it (restarted volunteers)
+        nodes[1].state.storage = Storage(CONFIG)
+        assert await nodes[2].get(b"long-lived") == {}
+        await trio.sleep(700)  # past one re-publication period
+        assert [r.value for r in (await nodes[2].get(b"long-lived")).values()] == [b"v"]

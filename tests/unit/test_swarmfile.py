@@ -83,3 +83,20 @@ def test_xdg_paths_and_overrides(tmp_path, monkeypatch):
     assert state_dir() == tmp_path / "elsewhere" and identity_path() == tmp_path / "k"
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert runtime_dir() == tmp_path / "elsewhere" / "run"
+
+
+def test_config_file_defaults_and_errors(tmp_path, monkeypatch):
+    from volunteer.swarmfile import load_config
+
+    monkeypatch.setenv("VOLUNTEER_CONFIG_DIR", str(tmp_path))
+    assert load_config() == {}  # no config.toml: fine
+    (tmp_path / "config.toml").write_text('[join]\ndevice = "cuda:0"\nmax_batch = 256\nlisten = ["/ip4/0.0.0.0/tcp/4001"]\n')
+    assert load_config() == {"device": "cuda:0", "max_batch": 256, "listen": ["/ip4/0.0.0.0/tcp/4001"]}
+    (tmp_path / "other.toml").write_text('[join]\nmax_batch = "lots"\n')
+    with pytest.raises(SwarmFileError, match="wrong type"):
+        load_config(tmp_path / "other.toml")
+    (tmp_path / "other.toml").write_text('[join]\ngpus = 2\n')
+    with pytest.raises(SwarmFileError, match="unknown setting join.gpus"):
+        load_config(tmp_path / "other.toml")
+    with pytest.raises(SwarmFileError, match="no config file"):
+        load_config(tmp_path / "missing.toml")

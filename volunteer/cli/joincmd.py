@@ -13,7 +13,7 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
-from ..swarmfile import identity_path, parse_experts_spec, resolve_swarm, state_dir
+from ..swarmfile import identity_path, load_config, parse_experts_spec, resolve_swarm, state_dir
 from .control import ControlError, default_control_path, request
 
 JOIN_EXAMPLES = """\
@@ -62,8 +62,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm file's, else none)")
     p.add_argument("--hidden-dim", type=int, metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
-    p.add_argument("--max-batch", type=int, default=1024, metavar="N", help="largest batch per expert call (default 1024)")
+    p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--max-batch", type=int, metavar="N", help="largest batch per expert call (default 1024)")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0)")
@@ -96,30 +98,35 @@ def build_options(args: argparse.Namespace):
     from .daemon import DaemonOptions
 
     spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
-    defaults = spec.experts
-    experts = args.experts or defaults.get("experts")
+    # precedence: flags, then the swarm file's [experts], then config.toml's [join], then built-ins
+    settings = {**load_config(args.config), **spec.experts}
+
+    def pick(flag, key, default):
+        return flag if flag is not None else settings.get(key, default)
+
+    experts = pick(args.experts, "experts", None)
     expert_class, uids = (None, [])
     if experts:
         expert_class, uids = parse_experts_spec(experts)
-    hidden = args.hidden_dim or int(defaults.get("hidden_dim", 64))
+    hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     if hidden < 1:
         raise VolunteerError("--hidden-dim must be positive")
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     return DaemonOptions(
         swarm=spec,
         keypair=keypair,
-        listen=args.listen or ["/ip4/0.0.0.0/tcp/0"],
+        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0"]),
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
-        device=args.device,
-        max_batch=args.max_batch,
+        device=pick(args.device, "device", "auto"),
+        max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         control_path=args.control or default_control_path(),
-        max_gpu_memory=args.max_gpu_memory,
-        max_upload=args.max_upload,
-        expert_file=args.expert_file,
-        mdns=not args.no_mdns and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
+        max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
+        max_upload=pick(args.max_upload, "max_upload", None),
+        expert_file=pick(args.expert_file, "expert_file", None),
+        mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
     )
 
 

@@ -57,6 +57,7 @@ _MAINTENANCE_PERIOD = 1.0
 _BUCKET_REFRESH_AGE = 600.0
 _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap retries
 _PEER_CACHE_AGE = 30.0  # declarations reuse the k closest peers of a key this long
+_REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
 
 
 class RateLimiter:
@@ -103,6 +104,7 @@ class DHTNode:
         self._ping_slots = trio.Semaphore(_MAX_PINGS)
         self._nursery: trio.Nursery | None = None
         self._own: dict[tuple[bytes, bytes], Item] = {}  # records we re-publish (store(..., republish=True))
+        self._next_republish = 0.0
         self._rng = random.Random()
 
     # --- mode and addresses ---------------------------------------------------------------------
@@ -476,7 +478,8 @@ class DHTNode:
                 next_bootstrap = trio.current_time() + delay * (0.5 + self._rng.random())
             for target in self.state.table.refresh_targets(now, _BUCKET_REFRESH_AGE, self._rng)[:2]:
                 self._nursery.start_soon(self._quiet_lookup, target)
-            if self._own:
+            if self._own and now >= self._next_republish:
+                self._next_republish = now + _REPUBLISH_PERIOD
                 self._nursery.start_soon(self._republish, now)
 
     async def _quiet_lookup(self, target: int) -> None:
@@ -486,11 +489,14 @@ class DHTNode:
             log.debug("refresh lookup failed: %s", describe(exc))
 
     async def _republish(self, now: float) -> None:
-        due = [item for item in self._own.values() if item[3] > now and item[3] - now < self.config.max_ttl / 2]
-        live = [item for item in self._own.values() if item[3] > now]
-        self._own = {item[:2]: item for item in live}
-        if due and int(now) % 60 == 0:
-            await self.store_many(due)
+        # Re-publication (Kademlia): peers closest to our keys change as volunteers come and go,
+        # so records we published with republish=True are stored again on the current k closest.
+        self._own = {item[:2]: item for item in self._own.values() if item[3] > now}
+        if self._own:
+            try:
+                await self.store_many(list(self._own.values()))
+            except DHTError as exc:
+                log.debug("re-publication failed: %s", describe(exc))
 
     async def _follow_connections(self) -> None:
         from ..net.events import PeerDisconnected, PeerIdentified
