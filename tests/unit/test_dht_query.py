@@ -17,7 +17,7 @@ from volunteer.dht.routing import Contact, key_id, node_id
 from volunteer.dht.state import NodeState
 from volunteer.net.identity import KeyPair, PeerID
 
-CONFIG = DHTConfig()
+CONFIG = DHTConfig(alpha=3)  # the tests below count in-flight requests against alpha=3
 
 
 def make_peer(rng: random.Random) -> PeerID:

@@ -355,13 +355,17 @@ class DHTNode:
         accepted = await self.store_many([item])
         return accepted[0]
 
-    async def store_many(self, items: Sequence[Item], *, cached_peers: bool = False) -> list[int]:
+    async def store_many(
+        self, items: Sequence[Item], *, cached_peers: bool = False, replicas: int | None = None
+    ) -> list[int]:
         """Sign and store records on the k closest peers of each key (and locally); one STORE per peer
         carries every record bound for it. Returns, per item, how many copies were accepted.
 
         With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
         are reused: heartbeats re-declare to the same peers without a lookup each time.
+        ``replicas`` (default k) is how many of the closest peers get each record.
         """
+        replicas = replicas or self.config.k
         now = self.clock()
         records = [sign(self.host.keypair, *item) for item in items]
         accepted = [0] * len(records)
@@ -402,7 +406,7 @@ class DHTNode:
                 nursery.start_soon(send, contact, indices)
 
         async def locate(key: bytes, located: dict[bytes, list[Contact]]) -> None:
-            found = await self.find_closest(key)
+            found = await self.find_closest(key, count=replicas)
             located[key] = found
             self._closest_cache[key] = (now, found)
             if len(self._closest_cache) > 10_000:
@@ -421,7 +425,7 @@ class DHTNode:
                 # Optimistic: store on the closest peers we already know while the lookup runs, then
                 # on whatever closer peers it finds. Where our table is right (small swarms, heartbeats
                 # to a stable swarm) a store costs one round trip instead of lookup + store.
-                deliver(nursery, {key: self.state.table.closest(key_id(key), self.config.k, now) for key in unknown})
+                deliver(nursery, {key: self.state.table.closest(key_id(key), replicas, now) for key in unknown})
                 located: dict[bytes, list[Contact]] = {}
                 async with trio.open_nursery() as lookups:
                     for key in unknown:
