@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         test = getattr(item, "obj", None)
         if inspect.iscoroutinefunction(test) and not getattr(test, "_volunteer_bounded", False):
             limit = ASYNC_TEST_TIMEOUT
-            marker = item.get_closest_marker("timeout")
+            marker = item.get_closest_marker("trio_timeout")
             if marker and marker.args:
                 limit = float(marker.args[0])
 

@@ -19,10 +19,13 @@ def start_relay(tmp_path, *extra):
         [sys.executable, "-m", "volunteer", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
-    lines = [proc.stdout.readline().strip() for _ in range(3)]
+    lines = [proc.stdout.readline().strip()]
     assert lines[0].startswith("relay 12D3KooW"), (lines, proc.stderr.read() if proc.poll() is not None else "")
-    addr = lines[1].split()[-1]
-    metrics = lines[2].split()[-1]
+    while not lines[-1].startswith("metrics on") and len(lines) < 10:
+        lines.append(proc.stdout.readline().strip())
+    addr = next(line for line in lines if line.startswith("listening on")).split()[-1]
+    metrics = lines[-1].split()[-1]
+    assert metrics.startswith("http://"), lines
     return proc, addr, metrics
 
 

@@ -178,7 +178,7 @@ async def test_list_experts_walks_the_grid():
         assert sorted(await list_experts(nodes[2], "expert.")) == ["expert.2.3"]
 
 
-@pytest.mark.timeout(2000)  # virtual seconds (autojump clock)
+@pytest.mark.trio_timeout(2000)  # virtual seconds (autojump clock)
 async def test_own_records_are_republished(autojump_clock):
     from volunteer.dht.records import Storage
 

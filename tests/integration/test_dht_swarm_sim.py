@@ -32,6 +32,7 @@ class Sim:
         self.nursery = nursery
         self.nodes = []  # DHTNode
         self.scopes = []  # one CancelScope per node: cancelling it is a crash
+        self.side_tasks: dict[int, list[trio.CancelScope]] = {}
         self.rng = random.Random(seed)
 
     async def spawn(self) -> None:
@@ -50,12 +51,25 @@ class Sim:
 
     def crash(self, index: int) -> None:
         self.scopes[index].cancel()
+        for scope in self.side_tasks.pop(index, []):
+            scope.cancel()  # what ran in the crashed process dies with it
+
+    def start_on(self, index: int, async_fn) -> None:
+        """Run ``async_fn`` as part of node ``index``: a crash of the node stops it too."""
+        scope = trio.CancelScope()
+        self.side_tasks.setdefault(index, []).append(scope)
+
+        async def run():
+            with scope:
+                await async_fn()
+
+        self.nursery.start_soon(run)
 
     def alive(self) -> list[int]:
         return [i for i, s in enumerate(self.scopes) if not s.cancel_called]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.trio_timeout(600)
 async def test_two_hundred_nodes(autojump_clock):
     async with trio.open_nursery() as nursery:
         sim = Sim(nursery)
@@ -95,7 +109,7 @@ async def test_two_hundred_nodes(autojump_clock):
         for n, index in enumerate(hosts):
             declarer = ExpertDeclarer(sim.nodes[index], [f"ffn.{n}.{j}" for j in range(4)])
             declarers[index] = declarer
-            nursery.start_soon(declarer.run)
+            sim.start_on(index, declarer.run)
         await trio.sleep(CONFIG.expert_update_period)
         trainer = sim.nodes[rng.choice([i for i in alive if i not in hosts])]
         found = await trainer.get_experts([f"ffn.{n}.{j}" for n in range(20) for j in range(4)])

@@ -3,10 +3,13 @@ find each other on the (loopback) LAN and join each other's routing table; TXT p
 
 from __future__ import annotations
 
+import time
+
 import trio
+import zeroconf
 
 from volunteer.dht import DHTConfig
-from volunteer.dht.mdns import MdnsDiscovery, encode_txt, parse_txt
+from volunteer.dht.mdns import SERVICE, MdnsDiscovery, encode_txt, parse_txt
 from volunteer.dht.node import open_dht
 from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import PeerID
@@ -42,3 +45,54 @@ async def test_two_nodes_on_a_lan_find_each_other():
                 while h2.peer_id not in d1.state.table or h1.peer_id not in d2.state.table:
                     await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
+
+
+class _LateEventBrowser(zeroconf.ServiceBrowser):
+    """A ServiceBrowser that gets one more announcement just as it is cancelled, and gives up
+    waiting for its thread after a while instead of hanging the test."""
+
+    stuck: bool | None = None
+
+    def cancel(self) -> None:
+        self.queue.put(((SERVICE, "latecomer." + SERVICE), zeroconf.ServiceStateChange.Added))
+        time.sleep(0.05)  # the browser thread is now inside our handler
+        super().cancel()
+
+    def join(self, timeout=None) -> None:
+        super().join(5)
+        type(self).stuck = self.is_alive()
+
+
+async def test_cancel_while_an_announcement_arrives_does_not_deadlock(monkeypatch):
+    # ServiceBrowser.cancel() joins the browser thread; a handler that waited there for the trio
+    # thread (trio.from_thread.run_sync) would wait for ever
+    monkeypatch.setattr(zeroconf, "ServiceBrowser", _LateEventBrowser)
+    me = "12D3KooWlateLateLate"
+    discovery = MdnsDiscovery(me, lambda: [f"/ip4/127.0.0.1/tcp/1/p2p/{me}"], lambda *_: None, interfaces=["127.0.0.1"])
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(discovery.run)
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+    assert _LateEventBrowser.stuck is False
+
+
+async def test_a_peer_that_leaves_and_returns_is_reported_again():
+    seen: list[str] = []
+    them = "12D3KooWreturnsReturns"
+    addrs = [f"/ip4/127.0.0.1/tcp/4001/p2p/{them}"]
+    watcher = MdnsDiscovery("12D3KooWwatcher", lambda: ["/ip4/127.0.0.1/tcp/4002/p2p/12D3KooWwatcher"],
+                            lambda peer, _: seen.append(peer), interfaces=["127.0.0.1"])
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            await outer.start(watcher.run)
+            for visit in (1, 2):
+                async with trio.open_nursery() as inner:
+                    await inner.start(MdnsDiscovery(them, lambda: addrs, lambda *_: None, interfaces=["127.0.0.1"]).run)
+                    while seen.count(them) < visit:
+                        await trio.sleep(0.05)
+                    inner.cancel_scope.cancel()
+                while them in watcher.found:  # its goodbye packets arrived
+                    await trio.sleep(0.05)
+            outer.cancel_scope.cancel()
+    assert seen == [them, them]

@@ -64,3 +64,57 @@ def test_hundreds_of_rows_still_fit_80x24():
     assert "warning 49" in text
     paused = render_text(dict(FULL, paused=True), width=80, height=24)
     assert "PAUSED" in paused
+
+
+def test_brackets_in_strings_are_shown_not_parsed_as_markup():
+    snapshot = dict(FULL, swarm="lab[gpu]", experts=[dict(FULL["experts"][0], last_error="KeyError: [/ip4/1.2.3.4]")])
+    text = render_text(snapshot, width=100, height=24)
+    assert "lab[gpu]" in text and "[/ip4/1.2.3.4]" in text
+    relay = dict(FULL["reachability"]["relays"][0], reserved=False, error="DialError: [/ip4/203.0.113.10] refused")
+    text = render_text(dict(FULL, reachability=dict(FULL["reachability"], relays=[relay])), width=160, height=40)
+    assert "[/ip4/203.0.113.10]" in text
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (160, 40)])
+def test_wrong_types_and_multiline_strings_neither_crash_nor_overflow(width, height):
+    junk = [None, "x", float("nan"), True, [None], "[/]", "a\nb\nc"]
+    for value in junk:
+        for key in FULL:
+            text = render_text(dict(FULL, **{key: value}), width=width, height=height)
+            check_fits(text, width, height)
+        for key in ("connections", "experts", "log"):
+            text = render_text(dict(FULL, **{key: [value, {k: value for k in ("peer_id", "uid", "rtt_ms", "bytes_in", "time",
+                                                                              "level", "message", "last_error", "p50_ms")}]}),
+                               width=width, height=height)
+            check_fits(text, width, height)
+    multiline = dict(FULL, experts=[dict(FULL["experts"][0], uid=f"e.{i}", last_error="Traceback\n  x\nValueError") for i in range(9)],
+                     log=[dict(FULL["log"][0], message="one\ntwo\nthree")] * 9)
+    check_fits(render_text(multiline, width=width, height=height), width, height)
+    check_fits(render_text(None, width=width, height=height), width, height)
+
+
+async def test_live_dashboard_redraws_and_stops_on_cancel():
+    import io
+
+    import trio
+    from rich.console import Console
+
+    from volunteer.cli.dashboard import LiveDashboard
+
+    calls = []
+
+    def snapshot() -> dict:
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("snapshot broke")
+        return FULL
+
+    out = io.StringIO()
+    console = Console(file=out, width=80, height=24, force_terminal=True, color_system=None)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: LiveDashboard(console).run(snapshot, refresh_hz=20, task_status=task_status))
+            while len(calls) < 5:
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert "snapshot broke" in out.getvalue() and "expert.0.1" in out.getvalue()

@@ -10,12 +10,14 @@ wider terminals get two columns. Every field of the snapshot may be missing or N
 from __future__ import annotations
 
 import io
+import math
 import time
 from typing import Callable
 
 import trio
 from rich import box
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -29,8 +31,34 @@ def _short(peer: object, keep: int = 8) -> str:
     return text if len(text) <= keep + 1 else "…" + text[-keep:]
 
 
+def _dict(value: object) -> dict:
+    # a snapshot from another version (or a broken one) must not take the view down
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, (list, tuple)) else []
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def _text(value: object, default: str = "?") -> str:
+    """A snapshot string made safe for rich markup (error messages carry brackets: ``[/ip4/…]``)."""
+    return escape(_line(value)) if value not in (None, "") else default
+
+
+def _line(value: object) -> str:
+    # one row per item: a traceback in an error message must not push the view past 24 lines
+    return " ".join(str(value).split())
+
+
 def _num(value: object, fmt: str = "{:.1f}", none: str = "–") -> str:
-    if value is None or isinstance(value, bool):
+    value = _finite(value)
+    if value is None:
         return none
     try:
         return fmt.format(value)
@@ -39,7 +67,7 @@ def _num(value: object, fmt: str = "{:.1f}", none: str = "–") -> str:
 
 
 def _duration(seconds: object) -> str:
-    if not isinstance(seconds, (int, float)):
+    if _finite(seconds) is None or seconds < 0:
         return "–"
     seconds = int(seconds)
     if seconds < 3600:
@@ -63,25 +91,26 @@ def _section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Tabl
 def _identity(s: dict) -> Table:
     table = _section("Identity", 1)
     state = "[bold yellow]PAUSED[/]" if s.get("paused") else "[green]running[/]"
-    table.add_row(f"{state} · swarm {s.get('swarm') or '?'} · up {_duration(s.get('uptime_s'))} · volunteer {s.get('version') or '?'}")
-    table.add_row(f"peer {s.get('peer_id') or '?'}")
+    table.add_row(f"{state} · swarm {_text(s.get('swarm'))} · up {_duration(s.get('uptime_s'))} · volunteer {_text(s.get('version'))}")
+    table.add_row(f"peer {_text(s.get('peer_id'))}")
     return table
 
 
 def _reachability(s: dict, rows: int) -> Table:
-    reach = s.get("reachability") or {}
+    reach = _dict(s.get("reachability"))
     table = _section("Reachability", 1)
-    status = reach.get("status") or "unknown"
+    status = _text(reach.get("status"), "unknown")
     color = {"public": "green", "private": "yellow"}.get(status, "white")
-    observed = ", ".join(reach.get("observed_addrs") or []) or "none yet"
-    table.add_row(f"[{color}]{status}[/] · NAT mapping {reach.get('nat_type') or 'unknown'} · observed {observed}")
-    relays = reach.get("relays") or []
+    observed = reach.get("observed_addrs")
+    observed = ", ".join(_text(a) for a in observed if a) if isinstance(observed, (list, tuple)) else ""
+    table.add_row(f"[{color}]{status}[/] · NAT mapping {_text(reach.get('nat_type'), 'unknown')} · observed {observed or 'none yet'}")
+    relays = _dicts(reach.get("relays"))
     if relays:
         parts = []
         for relay in relays:
             rtt = _num(relay.get("rtt_ms"), "{:.1f} ms")
-            state = "reserved" if relay.get("reserved", True) else (relay.get("error") or "not reserved")
-            parts.append(f"{_short(relay.get('peer_id') or relay.get('addr'))} {state} rtt {rtt}")
+            state = "reserved" if relay.get("reserved", True) else _text(relay.get("error"), "not reserved")
+            parts.append(f"{_text(_short(relay.get('peer_id') or relay.get('addr')))} {state} rtt {rtt}")
         table.add_row("relays: " + "; ".join(parts[: max(1, rows)]))
     elif status == "private":
         table.add_row("relays: none reserved yet")
@@ -89,18 +118,19 @@ def _reachability(s: dict, rows: int) -> Table:
 
 
 def _connections(s: dict, rows: int) -> Table:
-    conns = list(s.get("connections") or [])
+    conns = _dicts(s.get("connections"))
     table = _section("Connections", header=("peer", "path", "rtt", "in / out"))
-    conns.sort(key=lambda c: -((c.get("bytes_in") or 0) + (c.get("bytes_out") or 0)))
+    conns.sort(key=lambda c: -((_finite(c.get("bytes_in")) or 0) + (_finite(c.get("bytes_out")) or 0)))
     shown = conns if len(conns) <= rows else conns[: max(0, rows - 1)]
     for conn in shown:
-        path = conn.get("path") or "?"
+        path = _line(conn.get("path") or "?")
         if path == "relayed" and conn.get("via"):
             path = f"relayed via {_short(conn['via'], 6)}"
+        sent, received = _finite(conn.get("bytes_out")), _finite(conn.get("bytes_in"))
         traffic = "–"
-        if conn.get("bytes_in") is not None or conn.get("bytes_out") is not None:
-            traffic = f"{format_size(conn.get('bytes_in') or 0)} / {format_size(conn.get('bytes_out') or 0)}"
-        table.add_row(_short(conn.get("peer_id"), 10), path, _num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
+        if sent is not None or received is not None:
+            traffic = f"{format_size(int(received or 0))} / {format_size(int(sent or 0))}"
+        table.add_row(Text(_short(conn.get("peer_id"), 10)), Text(path), _num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
     if len(shown) < len(conns):
         table.add_row(f"+{len(conns) - len(shown)} more", "", "", "")
     if not conns:
@@ -109,7 +139,7 @@ def _connections(s: dict, rows: int) -> Table:
 
 
 def _dht(s: dict) -> Table:
-    dht = s.get("dht") or {}
+    dht = _dict(s.get("dht"))
     table = _section("DHT", 1)
     age = dht.get("last_declared_age_s")
     declared = f"{_num(age, '{:.0f}')} s ago" if age is not None else "never"
@@ -122,22 +152,22 @@ def _dht(s: dict) -> Table:
 
 
 def _experts(s: dict, rows: int) -> Table:
-    experts = list(s.get("experts") or [])
+    experts = _dicts(s.get("experts"))
     table = _section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
-    experts.sort(key=lambda e: (-(e.get("requests_per_s") or 0), e.get("uid") or ""))
+    experts.sort(key=lambda e: (-(_finite(e.get("requests_per_s")) or 0), str(e.get("uid") or "")))
     shown = experts if len(experts) <= rows else experts[: max(0, rows - 1)]
     for expert in shown:
         table.add_row(
-            str(expert.get("uid") or "?"),
+            Text(_line(expert.get("uid") or "?")),
             _num(expert.get("requests_per_s")),
             _num(expert.get("mean_batch")),
             _num(expert.get("p50_ms"), "{:.1f}ms"),
             _num(expert.get("p95_ms"), "{:.1f}ms"),
             _num(expert.get("errors"), "{}"),
-            str(expert.get("last_error") or ""),
+            Text(_line(expert.get("last_error") or "")),
         )
     if len(shown) < len(experts):
-        total = sum(e.get("requests") or 0 for e in experts)
+        total = int(sum(_finite(e.get("requests")) or 0 for e in experts))
         table.add_row(f"+{len(experts) - len(shown)} more", "", "", "", "", "", f"{total} requests in all")
     if not experts:
         table.add_row("none hosted (DHT and relaying only)", "", "", "", "", "", "")
@@ -145,25 +175,28 @@ def _experts(s: dict, rows: int) -> Table:
 
 
 def _compute(s: dict) -> Table:
-    compute = s.get("compute") or {}
+    compute = _dict(s.get("compute"))
     table = _section("Compute", 1)
     memory = "n/a"
-    if compute.get("memory_used_mb") is not None and compute.get("memory_total_mb") is not None:
-        memory = f"{compute['memory_used_mb']} / {compute['memory_total_mb']} MiB"
+    used, total = _finite(compute.get("memory_used_mb")), _finite(compute.get("memory_total_mb"))
+    if used is not None and total is not None:
+        memory = f"{used:.0f} / {total:.0f} MiB"
     table.add_row(
-        f"device {compute.get('device') or '?'} · utilisation {_num(compute.get('utilization_pct'), '{:.0f}%', 'n/a')} · memory {memory}"
+        f"device {_text(compute.get('device'))} · utilisation {_num(compute.get('utilization_pct'), '{:.0f}%', 'n/a')} · memory {memory}"
     )
     return table
 
 
 def _log(s: dict, rows: int) -> Table:
-    entries = list(s.get("log") or [])[-max(1, rows):]
+    entries = _dicts(s.get("log"))[-max(1, rows):]
     table = _section("Log", 1)
     for entry in entries:
-        when = time.strftime("%H:%M:%S", time.localtime(entry.get("time") or 0))
-        level = entry.get("level") or "?"
+        stamp = _finite(entry.get("time"))
+        when = time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp is not None and 0 <= stamp < 1e11 else "--:--:--"
+        level = str(entry.get("level") or "?")
         color = "red" if level in ("ERROR", "CRITICAL") else "yellow"
-        table.add_row(Text.from_markup(f"{when} [{color}]{level[:4]}[/] ") + Text(str(entry.get("message") or "")))
+        line = Text(f"{when} ") + Text(level[:4], style=color) + Text(" ")
+        table.add_row(line + Text(_line(entry.get("message") or "")))
     if not entries:
         table.add_row("no warnings")
     return table
@@ -171,7 +204,7 @@ def _log(s: dict, rows: int) -> Table:
 
 def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 24) -> RenderableType:
     """The dashboard for a snapshot, sized for ``height`` lines (two columns from 120 wide)."""
-    s = snapshot or {}
+    s = _dict(snapshot)
     extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
     conn_rows, expert_rows, log_rows = 2 + extra // 3, 3 + extra // 3, 1 + extra // 3
     if width is not None and width >= 120:
@@ -199,20 +232,32 @@ def render_text(snapshot: dict, width: int = 80, height: int = 24) -> str:
 class LiveDashboard:
     """Redraws the dashboard in place about twice a second until cancelled."""
 
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console
+
     async def run(self, get_snapshot: Callable[[], dict], *, refresh_hz: float = 2.0,
                   task_status=trio.TASK_STATUS_IGNORED) -> None:
         from rich.live import Live
 
-        console = Console()
+        console = self.console or Console()
+        period = 1.0 / min(max(refresh_hz, 0.1), 30.0)
+        last: dict = {}
 
         def view() -> RenderableType:
+            nonlocal last
+            snapshot = last
+            try:
+                snapshot = last = _dict(get_snapshot())
+            except Exception as exc:  # the view runs beside the daemon: it must not take it down
+                entry = {"time": time.time(), "level": "ERROR", "message": f"status snapshot failed: {exc!r}"}
+                snapshot = dict(last, log=[*_dicts(last.get("log")), entry])
             size = console.size
-            return render_dashboard(get_snapshot(), width=size.width, height=size.height)
+            return render_dashboard(snapshot, width=size.width, height=size.height)
 
         with Live(view(), console=console, auto_refresh=False, screen=False, transient=False) as live:
             task_status.started()
             while True:
-                await trio.sleep(1.0 / refresh_hz)
+                await trio.sleep(period)
                 live.update(view(), refresh=True)
 
 

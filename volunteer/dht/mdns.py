@@ -25,6 +25,7 @@ PREFIX = b"dnsaddr="
 MAX_TXT = 255  # one TXT string's length byte
 REFRESH = 5.0  # seconds between checks of our own addresses
 LOOKUP_MS = 3000
+MAX_LOOKUPS = 4  # concurrent TXT lookups: a LAN full of libp2p nodes must not take every worker thread
 
 
 def encode_txt(entries: Sequence[str]) -> bytes:
@@ -84,8 +85,12 @@ class MdnsDiscovery:
         self.interfaces = list(interfaces) if interfaces else None
         self.name = f"{_instance_name()}.{SERVICE}"
         self.found: dict[str, list[str]] = {}
+        self._names: dict[str, set[str]] = {}  # instance name -> the peers its TXT record named
+        self._resolving: dict[str, bool] = {}  # name -> whether it changed again since the lookup began
+        self._limiter = trio.CapacityLimiter(MAX_LOOKUPS)
         self._zeroconf = None
         self._info = None
+        self._browser = None
 
     def _service_info(self, addrs: list[str]):
         from zeroconf import ServiceInfo
@@ -113,11 +118,19 @@ class MdnsDiscovery:
         send, receive = trio.open_memory_channel(256)
         token = trio.lowlevel.current_trio_token()
 
-        def seen(name: str) -> None:  # zeroconf's thread
+        def deliver(event: tuple[bool, str]) -> None:  # trio's thread
             try:
-                trio.from_thread.run_sync(send.send_nowait, name, trio_token=token)
-            except (trio.WouldBlock, trio.RunFinishedError, trio.ClosedResourceError):
+                send.send_nowait(event)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # a flood of announcements: later refreshes bring them back
+
+        def seen(name: str, added: bool = True) -> None:  # zeroconf's browser thread
+            # never block this thread on trio: ServiceBrowser.cancel() joins it, and a
+            # from_thread.run_sync waiting here for a busy trio thread would deadlock
+            try:
+                token.run_sync_soon(deliver, (added, name))
+            except trio.RunFinishedError:
+                pass
 
         class Handler:
             def add_service(self, zc_, type_, name):
@@ -127,33 +140,46 @@ class MdnsDiscovery:
                 seen(name)
 
             def remove_service(self, zc_, type_, name):
-                pass
+                seen(name, added=False)
 
-        browser = None
         try:
             announced = sorted(self.get_addrs())
             self._info = self._service_info(announced)
             await trio.to_thread.run_sync(zc.register_service, self._info)
-            browser = ServiceBrowser(zc, SERVICE, Handler())
+            self._browser = ServiceBrowser(zc, SERVICE, Handler())
             task_status.started()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._refresh, announced)
-                async for name in receive:
-                    if name != self.name:
+                async for added, name in receive:
+                    if name == self.name:
+                        continue
+                    if not added:
+                        self._forget(name)
+                    elif name in self._resolving:
+                        self._resolving[name] = True  # look again once the lookup under way ends
+                    else:
+                        self._resolving[name] = False
                         nursery.start_soon(self._resolve, name)
         finally:
             with trio.CancelScope(shield=True):
-                if browser is not None:
-                    browser.cancel()
                 await trio.to_thread.run_sync(self._close)
 
     def _close(self) -> None:
+        # in a worker thread: cancel() joins zeroconf's browser thread, unregister_service waits
+        # for the goodbye packets
+        if self._browser is not None:
+            self._browser.cancel()
         try:
             if self._info is not None:
                 self._zeroconf.unregister_service(self._info)
         except Exception:  # shutting down: an unregister that fails only leaves a stale record
             pass
         self._zeroconf.close()
+
+    def _forget(self, name: str) -> None:
+        # a peer that leaves and comes back with the same addresses is reported again
+        for peer in self._names.pop(name, ()):
+            self.found.pop(peer, None)
 
     async def _refresh(self, announced: list[str]) -> None:
         while True:
@@ -165,14 +191,26 @@ class MdnsDiscovery:
                 await trio.to_thread.run_sync(self._zeroconf.update_service, self._info)
 
     async def _resolve(self, name: str) -> None:
-        info = await trio.to_thread.run_sync(self._zeroconf.get_service_info, SERVICE, name, LOOKUP_MS)
-        if info is None:
-            return
+        # one lookup per instance name at a time; announcements during it bring one more
+        try:
+            again = True
+            while again:
+                self._resolving[name] = False
+                info = await trio.to_thread.run_sync(
+                    self._zeroconf.get_service_info, SERVICE, name, LOOKUP_MS, limiter=self._limiter
+                )
+                if info is not None:
+                    self._report(name, info)
+                again = self._resolving[name]
+        finally:
+            del self._resolving[name]
+
+    def _report(self, name: str, info) -> None:
         addrs = parse_txt(info.text)
         peers = {a.rsplit("/p2p/", 1)[1] for a in addrs if "/p2p/" in a}
+        peers.discard(self.peer_id)
+        self._names[name] = peers
         for peer in peers:
-            if peer == self.peer_id:
-                continue
             mine = [a for a in addrs if a.endswith(f"/p2p/{peer}")]
             if self.found.get(peer) != mine:
                 self.found[peer] = mine

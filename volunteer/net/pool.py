@@ -39,7 +39,7 @@ class StreamPool:
             stream, since = streams.pop()
             if now - since < self.idle and not stream.stream.connection.is_closed:
                 return stream
-            self.host._nursery.start_soon(close_quietly, stream)
+            self._discard(stream)
         return None
 
     async def open(self, peer: PeerID, protocol: str) -> tuple[BufferedStream, bool]:
@@ -56,7 +56,13 @@ class StreamPool:
         if len(streams) < self.max_idle:
             streams.append((stream, trio.current_time()))
         else:
+            self._discard(stream)
+
+    def _discard(self, stream: BufferedStream) -> None:
+        try:
             self.host._nursery.start_soon(close_quietly, stream)
+        except RuntimeError:
+            pass  # the host is shutting down: its connections, and this stream, go with it
 
 
 def pool_of(host) -> StreamPool:
