@@ -22,6 +22,9 @@ os.environ["VOLUNTEER_NO_MDNS"] = "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # minutes of full CPU (the 200-node simulation) run after everything else: the load they leave
+    # on a shared 2-core machine should not reach the timing-sensitive network tests
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is not None)
     for item in items:
         test = getattr(item, "obj", None)
         if inspect.iscoroutinefunction(test) and not getattr(test, "_volunteer_bounded", False):

@@ -197,3 +197,28 @@ async def test_own_records_are_republished(autojump_clock):
         assert await nodes[2].get(b"long-lived") == {}
         await trio.sleep(700)  # past one re-publication period
         assert [r.value for r in (await nodes[2].get(b"long-lived")).values()] == [b"v"]
+
+
+async def test_recent_lookups_are_reused_only_within_max_age():
+    async with AsyncExitStack() as stack:
+        nodes = await swarm(stack, 4)
+        server, trainer = nodes[1], nodes[3]
+        declarer = ExpertDeclarer(server, ["ffn.0.1", "ffn.1.0"])
+        await declarer.declare_once()
+        scores = [[1.0, 0.0], [0.0, 1.0]]
+        best = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        assert [m.uid for m in best] == ["ffn.0.1", "ffn.1.0"]
+        before = trainer.stats["requests"]
+        again = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        assert [m.uid for m in again] == ["ffn.0.1", "ffn.1.0"]
+        assert trainer.stats["requests"] == before  # answered from the lookups just made
+        await declarer.withdraw()
+        stale = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        assert [m.uid for m in stale] == ["ffn.0.1", "ffn.1.0"]  # the staleness max_age allows
+        assert await trainer.find_best_experts("ffn", scores, beam_size=2) == []  # the default asks
+        assert trainer.stats["requests"] > before
+        # every lookup refreshes what later calls may reuse
+        assert await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0) == []
+        await declarer.declare_once()
+        await trio.sleep(0.3)
+        assert len(await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=0.2)) == 2  # too old: asks

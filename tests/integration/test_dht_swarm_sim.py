@@ -69,6 +69,7 @@ class Sim:
         return [i for i, s in enumerate(self.scopes) if not s.cancel_called]
 
 
+@pytest.mark.heavy
 @pytest.mark.trio_timeout(600)
 async def test_two_hundred_nodes(autojump_clock):
     async with trio.open_nursery() as nursery:

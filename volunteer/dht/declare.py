@@ -36,21 +36,27 @@ log = logging.getLogger(__name__)
 EXPERT_QUORUM = 2
 
 
-async def get_experts(dht, uids: Iterable[str]) -> dict[str, list[Declaration]]:
-    """Hosts serving each uid now, best first (fresh heartbeat, then lowest load)."""
+async def get_experts(dht, uids: Iterable[str], *, max_age: float = 0.0) -> dict[str, list[Declaration]]:
+    """Hosts serving each uid now, best first (fresh heartbeat, then lowest load); ``max_age`` as in
+    ``DHTNode.get_many``."""
     uids = [u for u in dict.fromkeys(uids)]
-    found = await dht.get_many([expert_key(u) for u in uids], quorum=EXPERT_QUORUM)
+    found = await dht.get_many([expert_key(u) for u in uids], quorum=EXPERT_QUORUM, max_age=max_age)
     now = dht.clock()
     return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
 
 
 async def find_best_experts(
-    dht, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int
+    dht, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int, *, max_age: float = 0.0
 ) -> list[ExpertMatch]:
-    """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts."""
+    """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts.
+
+    ``max_age`` > 0 reuses this node's grid lookups of the last ``max_age`` seconds: a trainer
+    searching every step trades that much staleness (a host that left may linger that long) for
+    most of the round trips. The default asks the network every time, so a leaver is gone at once.
+    """
     search = BeamSearch(prefix, grid_scores, beam_size, dht.clock(), dht.config)
     while keys := search.wanted():
-        found = await dht.get_many([expert_key(k) for k in keys], quorum=EXPERT_QUORUM)
+        found = await dht.get_many([expert_key(k) for k in keys], quorum=EXPERT_QUORUM, max_age=max_age)
         search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
     return search.result()
 

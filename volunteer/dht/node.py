@@ -55,8 +55,10 @@ Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or Non
 _MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
 _MAINTENANCE_PERIOD = 1.0
 _BUCKET_REFRESH_AGE = 600.0
+_SELF_LOOKUPS = 3  # a join's self-lookup is repeated (at most this often) when it found nobody new
 _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap retries
 _PEER_CACHE_AGE = 30.0  # declarations reuse the k closest peers of a key this long
+_MAX_RECENT_VALUES = 4096  # keys whose last lookup result is kept for get_many(max_age=...)
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
 
 
@@ -100,6 +102,7 @@ class DHTNode:
         self.request_limiter = RateLimiter(rate=500.0, burst=2000.0)  # requests per second per peer
         self.last_bootstrap_ok: float | None = None
         self._closest_cache: dict[bytes, tuple[float, list[Contact]]] = {}
+        self._recent_values: dict[bytes, tuple[float, dict[bytes, Record]]] = {}  # key -> (looked up at, live records)
         self._pinging: set[PeerID] = set()
         self._ping_slots = trio.Semaphore(_MAX_PINGS)
         self._nursery: trio.Nursery | None = None
@@ -279,13 +282,17 @@ class DHTNode:
             nursery.cancel_scope.cancel()  # late answers no longer change the result
 
     async def get_many(
-        self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True
+        self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True, max_age: float = 0.0
     ) -> dict[bytes, dict[bytes, Record]]:
         """Live records (tombstones left out) of each key, newest per sub-key.
 
         ``latest=False`` accepts any live value: keys this node holds are answered without asking
         the network (hivemind's default). Expert lookups always ask (``latest=True``), so they see
         tombstones and fresh heartbeats of every host.
+
+        ``max_age`` > 0 reuses this node's own lookup result for a key if it is at most that many
+        seconds old (a beam search every training step asks for the same grid prefixes): what it
+        returns is then at most ``max_age`` staler than a fresh lookup, never expired.
 
         All keys are looked up together: a peer that several keys' lookups ask in the same round
         gets one FIND_VALUE for all of them.
@@ -300,8 +307,14 @@ class DHTNode:
                 if held:
                     found[key] = held
             keys = [key for key in keys if key not in found]
-            if not keys:
-                return found
+        if max_age > 0:
+            for key in keys:
+                recent = self._recent_values.get(key)
+                if recent is not None and now - recent[0] <= max_age:
+                    found[key] = {sub: rec for sub, rec in recent[1].items() if rec.expiration > now}
+            keys = [key for key in keys if key not in found]
+        if not keys:
+            return found
         lookups = {key: self.state.value_lookup(key, now, quorum=quorum) for key in keys}
         batch = self.config.max_keys_per_request
 
@@ -320,6 +333,10 @@ class DHTNode:
         now = self.clock()
         for key, lookup in lookups.items():
             found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
+            self._recent_values.pop(key, None)  # re-inserted last: the oldest go first when full
+            self._recent_values[key] = (now, found[key])
+        while len(self._recent_values) > _MAX_RECENT_VALUES:
+            del self._recent_values[next(iter(self._recent_values))]
         return found
 
     def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
@@ -376,6 +393,8 @@ class DHTNode:
             except DHTError as exc:
                 log.debug("local store of %r refused: %s", record.key, describe(exc))
         keys = list(dict.fromkeys(r.key for r in records))
+        for key in keys:
+            self._recent_values.pop(key, None)  # our own write (a tombstone on leave) shows at once
         sent: dict[PeerID, set[int]] = defaultdict(set)
 
         async def send(contact: Contact, indices: list[int]) -> None:
@@ -454,7 +473,15 @@ class DHTNode:
             for addr in addrs:
                 nursery.start_soon(one, addr)
         if answered or len(self.state.table):
-            await self.find_closest(self.state.table.local_id)
+            for attempt in range(_SELF_LOOKUPS):
+                failures = self.stats["failures"]
+                await self.find_closest(self.state.table.local_id)
+                # Learned nobody beyond the bootstrap peers while requests failed (the peers they
+                # named had just left, or a dial raced a busy loop): look again before calling
+                # the join done, rather than waiting for maintenance to notice a thin table.
+                if len(self.state.table) > answered or self.stats["failures"] == failures:
+                    break
+                await trio.sleep(0.2 * (attempt + 1))
             self.last_bootstrap_ok = self.clock()
         return answered
 
@@ -554,11 +581,12 @@ class DHTNode:
 
         return await get_experts(self, uids)
 
-    async def find_best_experts(self, prefix: str, grid_scores, beam_size: int):
-        """The ``beam_size`` best live experts of a grid (beam search): ``[ExpertMatch, ...]``."""
+    async def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, max_age: float = 0.0):
+        """The ``beam_size`` best live experts of a grid (beam search): ``[ExpertMatch, ...]``;
+        ``max_age`` as in ``declare.find_best_experts``."""
         from .declare import find_best_experts
 
-        return await find_best_experts(self, prefix, grid_scores, beam_size)
+        return await find_best_experts(self, prefix, grid_scores, beam_size, max_age=max_age)
 
     def snapshot(self) -> dict:
         """Figures for the dashboard and ``volunteer status``."""
