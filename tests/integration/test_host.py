@@ -69,7 +69,12 @@ async def test_echo_identify_ping(listen_addr):
             payload = os.urandom(300_000)
             stream = await client.new_stream(addr, [ECHO])
             assert stream.protocol == ECHO
+            sent_before, received_before = stream.connection.bytes_sent, stream.connection.bytes_received
             assert await roundtrip(stream, payload) == payload
+            # the dashboard's traffic column: stream payload both ways on this connection (plus the
+            # few hundred bytes of identify running beside it)
+            assert len(payload) <= stream.connection.bytes_sent - sent_before < len(payload) + 4096
+            assert len(payload) <= stream.connection.bytes_received - received_before < len(payload) + 4096
 
             info = await client.identify(server.peer_id)
             assert info.peer_id == server.peer_id

@@ -342,6 +342,8 @@ class Daemon:
                         "path": conn.path.value if hasattr(conn.path, "value") else str(conn.path),
                         "via": str(relay[1]) if relay and relay[1] else None,
                         "rtt_ms": round(conn.rtt * 1000, 2) if conn.rtt else None,
+                        "bytes_in": conn.bytes_received,
+                        "bytes_out": conn.bytes_sent,
                         "addr": str(conn.remote_addr),
                         "agent": getattr(host.peerstore.get(conn.remote_peer), "agent_version", None),
                     }

@@ -58,12 +58,15 @@ class NetStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data) -> None:
         await self._inner.send_all(data)
+        self.connection.bytes_sent += len(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._inner.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        return await self._inner.receive_some(max_bytes)
+        data = await self._inner.receive_some(max_bytes)
+        self.connection.bytes_received += len(data)
+        return data
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()
@@ -94,6 +97,9 @@ class Connection:
         self.direction = direction
         self.path = path
         self.opened_at = trio.current_time()
+        # stream payload bytes (after multistream negotiation), for the dashboard's traffic column
+        self.bytes_sent = 0
+        self.bytes_received = 0
         # The relay's peer ID, for relayed connections (set by the relay transport).
         self.relay_peer: PeerID | None = getattr(raw, "relay_peer", None)
 
