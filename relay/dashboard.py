@@ -1,43 +1,66 @@
-"""The relay's live status view (rich), the same style as the volunteer dashboard."""
+"""The relay's live status view: the volunteer dashboard's style (borderless titled sections, ids
+cut with an ellipsis, rows budgeted from the terminal height), so it fits 80x24 too."""
 
 from __future__ import annotations
 
 from rich.console import Group
-from rich.panel import Panel
-from rich.table import Table
+from rich.markup import escape
 
+from volunteer.cli.dashboard import section
 from volunteer.net.perf import format_size
 
 from .metrics import snapshot
 from .node import RelayNode
 
 
-def render(node: RelayNode, uptime: float) -> Group:
+def _uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
+
+
+def render(node: RelayNode, uptime: float, *, height: int = 24) -> Group:
+    """The relay's view for a terminal of ``height`` lines."""
     figures = snapshot(node.hop)
-    header = Table.grid(padding=(0, 2))
-    header.add_row("relay", str(node.host.peer_id))
-    for addr in node.host.full_addrs()[:4]:
-        header.add_row("address", str(addr))
+    extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
+    addr_rows, circuit_rows, refusal_rows = 2 + extra // 4, 4 + extra // 2, 2 + extra // 4
+
+    relay = section("Relay")
+    relay.add_row(f"[green]serving[/] · up {_uptime(uptime)}")
+    relay.add_row(f"peer {node.host.peer_id}")
+    addrs = node.host.full_addrs()
+    for addr in addrs[:addr_rows]:
+        relay.add_row(escape(str(addr)))
+    if len(addrs) > addr_rows:
+        relay.add_row(f"+{len(addrs) - addr_rows} more addresses")
     if node.metrics_addr:
-        header.add_row("metrics", f"http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics")
-    header.add_row("uptime", f"{int(uptime) // 3600}h {int(uptime) % 3600 // 60:02d}m {int(uptime) % 60:02d}s")
+        relay.add_row(f"metrics http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics")
 
-    counts = Table.grid(padding=(0, 2))
-    counts.add_row("reservations", str(figures["reservations"]), "connections", str(figures["connections"]))
-    counts.add_row("circuits open", str(figures["circuits"]), "circuits total", str(figures["circuits_total"]))
-    counts.add_row("bytes relayed", format_size(figures["bytes_relayed"]), "", "")
-
-    circuits = Table("source", "target", "up", "down", expand=True, box=None)
-    for source, target, (up, down) in list(node.hop.active.values())[:8]:
-        circuits.add_row(source.short(), target.short(), format_size(up), format_size(down))
-
-    refusals = Table("refusal", "count", box=None)
-    for reason, count in sorted(figures["refusals"].items(), key=lambda item: -item[1])[:6]:
-        refusals.add_row(reason, str(count))
-
-    return Group(
-        Panel(header, title="volunteer relay", border_style="cyan"),
-        Panel(counts, title="load"),
-        Panel(circuits, title="circuits"),
-        Panel(refusals, title="refusals by reason"),
+    load = section("Load")
+    swarms = ", ".join(escape(s) for s in node.dhts) or "none"
+    load.add_row(
+        f"{figures['reservations']} reservations · {figures['connections']} connections · "
+        f"DHT for {swarms}"
     )
+    load.add_row(
+        f"{figures['circuits']} circuits open · {figures['circuits_total']} in all · "
+        f"{format_size(figures['bytes_relayed'])} relayed"
+    )
+
+    circuits = section("Circuits", header=("source", "target", "up", "down"))
+    active = list(node.hop.active.values())
+    shown = active if len(active) <= circuit_rows else active[: max(0, circuit_rows - 1)]
+    for source, target, (up, down) in shown:
+        circuits.add_row(source.short(), target.short(), format_size(up), format_size(down))
+    if len(shown) < len(active):
+        circuits.add_row(f"+{len(active) - len(shown)} more", "", "", "")
+    if not active:
+        circuits.add_row("no circuits", "", "", "")
+
+    refusals = section("Refusals", header=("reason", "count"))
+    by_count = sorted(figures["refusals"].items(), key=lambda item: -item[1])
+    for reason, count in by_count[:refusal_rows]:
+        refusals.add_row(escape(str(reason)), str(count))
+    if not by_count:
+        refusals.add_row("none", "")
+
+    return Group(relay, load, circuits, refusals)

@@ -88,17 +88,31 @@ def test_relay_dashboard_renders_headless():
     from relay.node import open_relay_node
     from volunteer.net.identity import KeyPair
 
+    def draw(node, width, height):
+        with open(os.devnull, "w") as sink:
+            console = Console(width=width, height=height, record=True, file=sink)
+            console.print(render(node, 3723, height=height))
+            return console.export_text()
+
     async def main():
         async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"]) as node:
-            with open(os.devnull, "w") as sink:
-                console = Console(width=80, record=True, file=sink)
-                console.print(render(node, 3723))
-                return console.export_text()
+            quiet = draw(node, 80, 24)
+            # a busy relay: more circuits and refusal reasons than an 80x24 terminal has rows for
+            peers = [KeyPair.generate().peer_id for _ in range(40)]
+            for i in range(20):
+                node.hop.active[10_000 + i] = (peers[2 * i], peers[2 * i + 1], [1 << 20, 1 << 10])
+            for i, reason in enumerate(("RESOURCE_LIMIT_EXCEEDED", "NO_RESERVATION", "PERMISSION_DENIED", "[odd]")):
+                node.hop.resources.refusals[reason] += i + 1
+            return quiet, draw(node, 80, 24), draw(node, 120, 50)
 
-    text = trio.run(main)
-    for panel in ("volunteer relay", "load", "circuits", "refusals by reason", "reservations", "1h 02m 03s"):
-        assert panel in text
-    assert max(len(line) for line in text.splitlines()) <= 80
+    quiet, busy, tall = trio.run(main)
+    for section in ("Relay", "Load", "Circuits", "Refusals", "reservations", "1h 02m 03s", "no circuits"):
+        assert section in quiet
+    assert "+17 more" in busy and "1.0 MiB" in busy and "[odd]" in busy
+    for text, width, height in ((quiet, 80, 24), (busy, 80, 24), (tall, 120, 50)):
+        lines = text.rstrip("\n").splitlines()
+        assert len(lines) <= height and max(len(line) for line in lines) <= width, text
+    assert tall.count("MiB") > busy.count("MiB")  # a taller terminal lists more circuits
 
 
 def test_doctor_against_a_relay(tmp_path):

@@ -75,7 +75,7 @@ def _duration(seconds: object) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table:
+def section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table:
     table = Table(
         title=title, title_justify="left", title_style="bold cyan", box=box.SIMPLE_HEAD if header else None,
         show_header=bool(header), show_edge=False, pad_edge=False, padding=(0, 1), expand=True,
@@ -89,7 +89,7 @@ def _section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Tabl
 
 
 def _identity(s: dict) -> Table:
-    table = _section("Identity", 1)
+    table = section("Identity", 1)
     state = "[bold yellow]PAUSED[/]" if s.get("paused") else "[green]running[/]"
     table.add_row(f"{state} · swarm {_text(s.get('swarm'))} · up {_duration(s.get('uptime_s'))} · volunteer {_text(s.get('version'))}")
     table.add_row(f"peer {_text(s.get('peer_id'))}")
@@ -98,7 +98,7 @@ def _identity(s: dict) -> Table:
 
 def _reachability(s: dict, rows: int) -> Table:
     reach = _dict(s.get("reachability"))
-    table = _section("Reachability", 1)
+    table = section("Reachability", 1)
     status = _text(reach.get("status"), "unknown")
     color = {"public": "green", "private": "yellow"}.get(status, "white")
     observed = reach.get("observed_addrs")
@@ -119,7 +119,7 @@ def _reachability(s: dict, rows: int) -> Table:
 
 def _connections(s: dict, rows: int) -> Table:
     conns = _dicts(s.get("connections"))
-    table = _section("Connections", header=("peer", "path", "rtt", "in / out"))
+    table = section("Connections", header=("peer", "path", "rtt", "in / out"))
     conns.sort(key=lambda c: -((_finite(c.get("bytes_in")) or 0) + (_finite(c.get("bytes_out")) or 0)))
     shown = conns if len(conns) <= rows else conns[: max(0, rows - 1)]
     for conn in shown:
@@ -140,7 +140,7 @@ def _connections(s: dict, rows: int) -> Table:
 
 def _dht(s: dict) -> Table:
     dht = _dict(s.get("dht"))
-    table = _section("DHT", 1)
+    table = section("DHT", 1)
     age = dht.get("last_declared_age_s")
     declared = f"{_num(age, '{:.0f}')} s ago" if age is not None else "never"
     mode = "client mode" if dht.get("client_mode") else "server mode"
@@ -153,7 +153,7 @@ def _dht(s: dict) -> Table:
 
 def _experts(s: dict, rows: int) -> Table:
     experts = _dicts(s.get("experts"))
-    table = _section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
+    table = section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
     experts.sort(key=lambda e: (-(_finite(e.get("requests_per_s")) or 0), str(e.get("uid") or "")))
     shown = experts if len(experts) <= rows else experts[: max(0, rows - 1)]
     for expert in shown:
@@ -176,7 +176,7 @@ def _experts(s: dict, rows: int) -> Table:
 
 def _compute(s: dict) -> Table:
     compute = _dict(s.get("compute"))
-    table = _section("Compute", 1)
+    table = section("Compute", 1)
     memory = "n/a"
     used, total = _finite(compute.get("memory_used_mb")), _finite(compute.get("memory_total_mb"))
     if used is not None and total is not None:
@@ -189,7 +189,7 @@ def _compute(s: dict) -> Table:
 
 def _log(s: dict, rows: int) -> Table:
     entries = _dicts(s.get("log"))[-max(1, rows):]
-    table = _section("Log", 1)
+    table = section("Log", 1)
     for entry in entries:
         stamp = _finite(entry.get("time"))
         when = time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp is not None and 0 <= stamp < 1e11 else "--:--:--"

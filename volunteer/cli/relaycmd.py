@@ -128,4 +128,4 @@ async def _show_dashboard(node) -> None:
     with Live(render(node, 0), refresh_per_second=2, screen=False) as live:
         while True:
             await trio.sleep(0.5)
-            live.update(render(node, trio.current_time() - started))
+            live.update(render(node, trio.current_time() - started, height=live.console.size.height))
