@@ -22,7 +22,7 @@ def start_relay(rig, node="relay"):
                             "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce", f"/ip4/{rig.addr(node)}/tcp/4001"],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert read_line(proc, timeout=20).startswith("relay ")
-    addr = read_line(proc, timeout=5).split()[-1]
+    addr = read_line(proc, timeout=20).split()[-1]
     return proc, addr
 
 
@@ -111,7 +111,7 @@ def start_relay_with_metrics(rig):
                                "--metrics", "127.0.0.1:9100"],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert read_line(proc, timeout=20).startswith("relay ")
-    return proc, read_line(proc, timeout=5).split()[-1]
+    return proc, read_line(proc, timeout=20).split()[-1]
 
 
 def test_pair_ends_on_a_direct_hole_punched_connection(easy_rig):
@@ -167,7 +167,7 @@ def test_our_natted_peers_use_a_go_libp2p_relay(easy_rig):
                                "-quic=false", "-b=false", "-natPortMap=false", "-relayService", "-forceReachabilityPublic"],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     read_line(proc, timeout=20)  # Control socket: …
-    peer_id = read_line(proc, timeout=5).split(": ", 1)[1]
+    peer_id = read_line(proc, timeout=20).split(": ", 1)[1]
     relay_addr = f"/ip4/{rig.addr('relay')}/tcp/4001/p2p/{peer_id}"
     _, circuit_addr = start_listener(rig, "peer_b", relay_addr)
     # go-libp2p's relay limits a circuit to 128 KiB per direction (its default): stay below.
