@@ -10,9 +10,6 @@ import argparse
 import faulthandler
 import json
 import sys
-import statistics
-import threading
-import time
 
 import hivemind
 import torch
@@ -21,17 +18,9 @@ from hivemind.moe.expert_uid import ExpertInfo
 from hivemind.moe.server import background_server
 from hivemind.moe.server.layers.common import FeedforwardBlock
 
+from _measure import latency_figures, trainers_throughput  # this script's own directory
+
 CONFIGS = [(256, 16), (1024, 64)]
-
-
-def median_ms(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
 
 
 def run_isolated(argv: list[str]) -> dict:
@@ -80,50 +69,10 @@ def main() -> None:
             expert = create_remote_experts([ExpertInfo(f"ffn{hidden}.0", server_peer.peer_id)], dht)[0]
             local = FeedforwardBlock(hidden)
             x = torch.randn(batch, hidden)
-
-            def remote_forward():
-                with torch.no_grad():
-                    expert(x)
-
-            def remote_both():
-                xr = x.clone().requires_grad_()
-                expert(xr).sum().backward()
-
-            def local_forward():
-                with torch.no_grad():
-                    local(x)
-
-            def local_both():
-                xl = x.clone().requires_grad_()
-                local(xl).sum().backward()
-
             print(f"hivemind h{hidden} b{batch}: measuring", file=sys.stderr, flush=True)
-            out[f"{hidden}x{batch}"] = {
-                "forward_ms": median_ms(remote_forward, args.repeats),
-                "forward_backward_ms": median_ms(remote_both, args.repeats),
-                "local_forward_ms": median_ms(local_forward, args.repeats),
-                "local_forward_backward_ms": median_ms(local_both, args.repeats),
-            }
+            out[f"{hidden}x{batch}"] = latency_figures(expert, local, x, args.repeats)
             if hidden == 1024:
-                samples = [0]
-                lock = threading.Lock()
-                deadline = time.monotonic() + args.throughput_seconds
-
-                def trainer():
-                    xt = torch.randn(batch, hidden)
-                    while time.monotonic() < deadline:
-                        xr = xt.clone().requires_grad_()
-                        expert(xr).sum().backward()
-                        with lock:
-                            samples[0] += batch
-
-                threads = [threading.Thread(target=trainer) for _ in range(16)]
-                started = time.monotonic()
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                out["throughput"] = samples[0] / (time.monotonic() - started)
+                out["throughput"] = trainers_throughput(expert, args.throughput_seconds, 16, hidden, batch)
             dht.shutdown()
     print(json.dumps(out))
 

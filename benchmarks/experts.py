@@ -13,11 +13,8 @@ The goal: our overhead at most a quarter of hivemind's, throughput at least hive
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _measure import latency_figures, trainers_throughput  # noqa: E402
 from volunteer import RemoteExpert  # noqa: E402
 from volunteer.experts.layers import FeedForward  # noqa: E402
 from volunteer.experts.loop import BackgroundLoop  # noqa: E402
@@ -68,16 +66,6 @@ class Client:
         self.loop.stop()
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: connection, first batch
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
-
-
 def measure_ours(repeats: int, throughput_seconds: float) -> dict:
     server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -91,29 +79,7 @@ def measure_ours(repeats: int, throughput_seconds: float) -> dict:
             expert = RemoteExpert(f"ffn{hidden}.0", addr, client)
             local = FeedForward(hidden)
             x = torch.randn(batch, hidden)
-
-            def remote_forward():
-                with torch.no_grad():
-                    expert(x)
-
-            def remote_both():
-                xr = x.clone().requires_grad_()
-                expert(xr).sum().backward()
-
-            def local_forward():
-                with torch.no_grad():
-                    local(x)
-
-            def local_both():
-                xl = x.clone().requires_grad_()
-                local(xl).sum().backward()
-
-            out[f"{hidden}x{batch}"] = {
-                "forward_ms": median_ms(remote_forward, repeats),
-                "forward_backward_ms": median_ms(remote_both, repeats),
-                "local_forward_ms": median_ms(local_forward, repeats),
-                "local_forward_backward_ms": median_ms(local_both, repeats),
-            }
+            out[f"{hidden}x{batch}"] = latency_figures(expert, local, x, repeats)
         out["throughput"] = throughput(client, addr, throughput_seconds)
     finally:
         client.close()
@@ -124,25 +90,7 @@ def measure_ours(repeats: int, throughput_seconds: float) -> dict:
 
 def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hidden: int = 1024, batch: int = 64) -> float:
     expert = RemoteExpert(f"ffn{hidden}.0", addr, client, forward_timeout=60, backward_timeout=60)
-    samples = [0]
-    lock = threading.Lock()
-    deadline = time.monotonic() + seconds
-
-    def trainer() -> None:
-        x = torch.randn(batch, hidden)
-        while time.monotonic() < deadline:
-            xr = x.clone().requires_grad_()
-            expert(xr).sum().backward()
-            with lock:
-                samples[0] += batch
-
-    threads = [threading.Thread(target=trainer) for _ in range(trainers)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return samples[0] / (time.monotonic() - started)
+    return trainers_throughput(expert, seconds, trainers, hidden, batch)
 
 
 def main() -> None:
