@@ -1,6 +1,7 @@
-"""Benchmark peers: N-1 DHT nodes in this process on loopback TCP, bootstrapped from each other.
+"""Benchmark peers: N DHT nodes in this process on loopback TCP, bootstrapped from each other
+(or from BOOT, a node of another such process).
 
-    python benchmarks/_dht_peers.py N SWARM_ID
+    python benchmarks/_dht_peers.py N SWARM_ID [BOOT]
 Prints `READY <multiaddr of the first>` and runs until stdin closes.
 """
 
@@ -19,17 +20,19 @@ from volunteer.net.host import HostConfig, open_host  # noqa: E402
 QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False)
 
 
-async def main(n: int, swarm_id: str) -> None:
+async def main(n: int, swarm_id: str, boot: str | None = None) -> None:
     async with AsyncExitStack() as stack:
-        first = None
+        first = boot
+        mine = None
         for _ in range(n):
             host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET))
             boot = [first] if first else []
             await stack.enter_async_context(open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=boot))
             first = first or host.full_addrs()[0]
-        print("READY", first, flush=True)
+            mine = mine or host.full_addrs()[0]
+        print("READY", mine, flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
 
 if __name__ == "__main__":
-    trio.run(main, int(sys.argv[1]), sys.argv[2])
+    trio.run(main, int(sys.argv[1]), sys.argv[2], *sys.argv[3:4])

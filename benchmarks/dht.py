@@ -31,23 +31,35 @@ from volunteer.dht.node import open_dht  # noqa: E402
 from volunteer.net.host import HostConfig, open_host  # noqa: E402
 
 QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False)
+NODES_PER_PROCESS = 4
 CONCURRENCY = 32
 
 
 class Peers:
+    """n DHT nodes in subprocesses of at most NODES_PER_PROCESS each (hivemind runs one process
+    per node: our peers get the machine's cores as well, not one event loop for all)."""
+
     def __init__(self, n: int, swarm_id: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "benchmarks" / "_dht_peers.py"), str(n), swarm_id],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line.startswith("READY "):
-            raise RuntimeError(f"DHT peers did not start: {line!r}")
-        self.addr = line.split()[1]
+        sizes = [min(NODES_PER_PROCESS, n - i) for i in range(0, n, NODES_PER_PROCESS)]
+        self.procs = []
+        self.addr = None
+        for size in sizes:
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "benchmarks" / "_dht_peers.py"), str(size), swarm_id, *([self.addr] if self.addr else [])],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            self.procs.append(proc)
+            line = proc.stdout.readline()
+            if not line.startswith("READY "):
+                self.close()
+                raise RuntimeError(f"DHT peers did not start: {line!r}")
+            self.addr = self.addr or line.split()[1]
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        for proc in self.procs:
+            proc.stdin.close()
+        for proc in self.procs:
+            proc.wait(timeout=30)
 
 
 async def _rate(n_ops: int, op, concurrency: int) -> float:

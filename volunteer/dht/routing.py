@@ -11,6 +11,7 @@ record keys live in the same 256-bit space as sha256 of the key bytes. Distance 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import random
@@ -24,6 +25,7 @@ from .config import DHTConfig
 ID_BITS = 256
 
 
+@functools.lru_cache(maxsize=16384)  # every contact in every reply asks again
 def node_id(peer: PeerID) -> int:
     """A peer's position in the key space: sha256 of its PeerID bytes, as a 256-bit integer."""
     return int.from_bytes(hashlib.sha256(peer.to_bytes()).digest(), "big")
