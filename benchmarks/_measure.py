@@ -21,30 +21,22 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
+def _forward(module, x: torch.Tensor) -> None:
+    with torch.no_grad():
+        module(x)
+
+
+def _forward_backward(module, x: torch.Tensor) -> None:
+    module(x.clone().requires_grad_()).sum().backward()
+
+
 def latency_figures(expert, local, x: torch.Tensor, repeats: int) -> dict[str, float]:
     """Median ms of a remote forward, remote forward+backward, and the same two done locally."""
-
-    def remote_forward():
-        with torch.no_grad():
-            expert(x)
-
-    def remote_both():
-        xr = x.clone().requires_grad_()
-        expert(xr).sum().backward()
-
-    def local_forward():
-        with torch.no_grad():
-            local(x)
-
-    def local_both():
-        xl = x.clone().requires_grad_()
-        local(xl).sum().backward()
-
     return {
-        "forward_ms": median_ms(remote_forward, repeats),
-        "forward_backward_ms": median_ms(remote_both, repeats),
-        "local_forward_ms": median_ms(local_forward, repeats),
-        "local_forward_backward_ms": median_ms(local_both, repeats),
+        "forward_ms": median_ms(lambda: _forward(expert, x), repeats),
+        "forward_backward_ms": median_ms(lambda: _forward_backward(expert, x), repeats),
+        "local_forward_ms": median_ms(lambda: _forward(local, x), repeats),
+        "local_forward_backward_ms": median_ms(lambda: _forward_backward(local, x), repeats),
     }
 
 
@@ -57,8 +49,7 @@ def trainers_throughput(expert, seconds: float, trainers: int, hidden: int, batc
     def trainer() -> None:
         x = torch.randn(batch, hidden)
         while time.monotonic() < deadline:
-            xr = x.clone().requires_grad_()
-            expert(xr).sum().backward()
+            _forward_backward(expert, x)
             with lock:
                 samples[0] += batch
 

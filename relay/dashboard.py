@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.markup import escape
 
-from volunteer.cli.dashboard import section
+from volunteer.cli.dashboard import fit, section
 from volunteer.net.perf import format_size
 
 from .metrics import snapshot
@@ -48,7 +48,7 @@ def render(node: RelayNode, uptime: float, *, height: int = 24) -> Group:
 
     circuits = section("Circuits", header=("source", "target", "up", "down"))
     active = list(node.hop.active.values())
-    shown = active if len(active) <= circuit_rows else active[: max(0, circuit_rows - 1)]
+    shown = fit(active, circuit_rows)
     for source, target, (up, down) in shown:
         circuits.add_row(source.short(), target.short(), format_size(up), format_size(down))
     if len(shown) < len(active):

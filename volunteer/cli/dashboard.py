@@ -75,6 +75,11 @@ def _duration(seconds: object) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def fit(items: list, rows: int) -> list:
+    """The items a list section shows in ``rows`` rows: all, or one fewer to leave room for "+N more"."""
+    return items if len(items) <= rows else items[: max(0, rows - 1)]
+
+
 def section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table:
     table = Table(
         title=title, title_justify="left", title_style="bold cyan", box=box.SIMPLE_HEAD if header else None,
@@ -121,7 +126,7 @@ def _connections(s: dict, rows: int) -> Table:
     conns = _dicts(s.get("connections"))
     table = section("Connections", header=("peer", "path", "rtt", "in / out"))
     conns.sort(key=lambda c: -((_finite(c.get("bytes_in")) or 0) + (_finite(c.get("bytes_out")) or 0)))
-    shown = conns if len(conns) <= rows else conns[: max(0, rows - 1)]
+    shown = fit(conns, rows)
     for conn in shown:
         path = _line(conn.get("path") or "?")
         if path == "relayed" and conn.get("via"):
@@ -155,7 +160,7 @@ def _experts(s: dict, rows: int) -> Table:
     experts = _dicts(s.get("experts"))
     table = section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
     experts.sort(key=lambda e: (-(_finite(e.get("requests_per_s")) or 0), str(e.get("uid") or "")))
-    shown = experts if len(experts) <= rows else experts[: max(0, rows - 1)]
+    shown = fit(experts, rows)
     for expert in shown:
         table.add_row(
             Text(_line(expert.get("uid") or "?")),
