@@ -192,23 +192,14 @@ class DHTNode:
 
     async def _exchange(self, contact: Contact, body: bytes) -> bytes:
         peer = contact.peer
-        pool = pool_of(self.host)
         if contact.addrs and not self.host.is_connected(peer):
             self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
-        stream, _ = await pool.open(peer, self.protocol)
-        ok = False
-        try:
+        async with pool_of(self.host).stream(peer, self.protocol) as lease:
             self.stats["bytes_out"] += len(body)
-            await stream.send_all(body)
-            reply = await stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
+            await lease.stream.send_all(body)
+            reply = await lease.stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
             self.stats["bytes_in"] += len(reply)
-            ok = True
             return reply
-        finally:
-            if ok:
-                pool.give(peer, self.protocol, stream)
-            else:
-                await reset_quietly(stream)
 
     async def ping(self, contact: Contact) -> bool:
         """PING ``contact``; True if it answered (the routing table learns either way)."""

@@ -28,7 +28,7 @@ from ..errors import (
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import pool_of
-from ..net.streams import BufferedStream, reset_quietly
+
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import raise_remote
 from .protocol import MAX_HEADER, pack, protocol_id, unpack
@@ -85,26 +85,18 @@ async def call_expert(
         pool = pool_of(host)
         for attempt in range(2):
             try:
-                reader, reused = await pool.open(conn.remote_peer, protocol)
+                lease = await pool.lend(conn.remote_peer, protocol)
             except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
-                return await _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config)
+                async with lease:
+                    return await _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config)
             except _StaleStream as exc:
-                if reused and attempt == 0:
+                if lease.reused and attempt == 0:
                     continue  # the server had dropped that idle stream: once more on a fresh one
                 raise ExpertUnavailableError(str(exc)) from None
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ExpertUnavailableError(f"connection to {peer_name} broke during a call to {uid!r}: {describe(exc)}") from None
-            finally:
-                with trio.CancelScope(shield=True):  # also after a timeout: free the stream on both ends
-                    state = getattr(reader, "_volunteer_state", None)
-                    if state == "reusable":
-                        pool.give(conn.remote_peer, protocol, reader)
-                    elif state == "closed":
-                        await _close(reader)
-                    else:
-                        await reset_quietly(reader.stream)
     if scope.cancelled_caught:
         raise ExpertTimeoutError(f"expert {uid!r} on {peer_name} did not answer {op} within {timeout:g} s")
 
@@ -113,15 +105,8 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _close(reader: BufferedStream) -> None:
-    with trio.move_on_after(1):
-        try:
-            await reader.aclose()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, VolunteerError):
-            pass
-
-
-async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, config):
+async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config):
+    reader = lease.stream
     message: dict = {"op": op, "uid": uid, "c": compression}
     chunks = iter(())
     if op != "info":
@@ -152,12 +137,11 @@ async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, 
     if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
         raise failed
     if not reply.get("ok"):
-        reader._volunteer_state = "closed"  # the server ends the stream after an error reply
+        lease.discard()  # the server ends the stream after an error reply
         if "e" not in reply:
             raise ExpertProtocolError(f"{peer_name} sent a reply with neither result nor error")
         raise_remote(reply["e"], expert_uid=uid, peer_id=peer_name, config=config)
     if op == "info":
-        reader._volunteer_state = "reusable"
         info = reply.get("info")
         if not isinstance(info, dict):
             raise ExpertProtocolError(f"{peer_name} sent a malformed info reply")
@@ -168,7 +152,6 @@ async def _exchange(reader, uid, op, tensors, n_inputs, compression, peer_name, 
         if not chunk:
             raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} mid-reply")
         outputs.feed(chunk)
-    reader._volunteer_state = "reusable"
     return outputs.finish()
 
 

@@ -1,7 +1,9 @@
-"""Host events (connected, disconnected, identified) for the TUI and the NAT layer.
+"""Host events: what services, the DHT and the TUI learn about instead of polling.
 
 Subscribers get a bounded channel; a subscriber that does not keep up loses events (counted in
-``dropped``) rather than blocking the network code that publishes them.
+``dropped``) rather than blocking the network code that publishes them. A subscription may name
+the event types it wants (``host.events.subscribe(DirectConnectionUp)``); use it as a context
+manager so it is dropped when the subscriber is done.
 """
 
 from __future__ import annotations
@@ -14,57 +16,158 @@ import trio
 if TYPE_CHECKING:
     from .connection import Connection
     from .identity import PeerID
+    from .multiaddr import Multiaddr
 
 MAX_QUEUED_EVENTS = 256
 
 
 @dataclass(frozen=True)
 class HostEvent:
-    """Base class of everything the Host publishes."""
+    """Base class of everything published on a Host's bus."""
+
+
+@dataclass(frozen=True)
+class ConnectionEvent(HostEvent):
+    """An event about one connection to ``peer``."""
 
     peer: "PeerID"
     connection: "Connection"
 
 
 @dataclass(frozen=True)
-class PeerConnected(HostEvent):
-    """A connection to ``peer`` finished its upgrade."""
+class PeerConnected(ConnectionEvent):
+    """A connection to ``peer`` finished its upgrade (any path)."""
 
 
 @dataclass(frozen=True)
-class PeerDisconnected(HostEvent):
+class PeerDisconnected(ConnectionEvent):
     """A connection to ``peer`` closed (others to the same peer may remain)."""
 
 
 @dataclass(frozen=True)
-class PeerIdentified(HostEvent):
+class PeerIdentified(ConnectionEvent):
     """Identify (or identify push) told us about ``peer``."""
 
     info: Any = None
 
 
-class EventBus:
-    """Fan-out of HostEvents to any number of bounded subscriber channels."""
+@dataclass(frozen=True)
+class RelayedConnectionUp(ConnectionEvent):
+    """A connection to ``peer`` through a relay finished its upgrade (hole punching starts here)."""
 
-    def __init__(self) -> None:
-        self._subscribers: list[trio.MemorySendChannel] = []
-        self.dropped = 0
 
-    def subscribe(self, max_queued: int = MAX_QUEUED_EVENTS) -> trio.MemoryReceiveChannel:
-        send, receive = trio.open_memory_channel(max_queued)
-        self._subscribers.append(send)
-        return receive
+@dataclass(frozen=True)
+class DirectConnectionUp(ConnectionEvent):
+    """A direct or hole-punched connection to ``peer`` finished its upgrade."""
 
-    def publish(self, event: HostEvent) -> None:
-        for channel in list(self._subscribers):
-            try:
-                channel.send_nowait(event)
-            except trio.WouldBlock:
-                self.dropped += 1
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._subscribers.remove(channel)
+
+@dataclass(frozen=True)
+class ObservedAddrChanged(HostEvent):
+    """The external addresses peers report for us changed (``addrs``: the current ones)."""
+
+    addrs: "tuple[Multiaddr, ...]"
+
+
+@dataclass(frozen=True)
+class ReachabilityChanged(HostEvent):
+    """AutoNAT reached a new verdict (``reachability``: a ``nat.autonat.Reachability``)."""
+
+    reachability: Any
+
+
+class Subscription:
+    """A bounded queue of the events one subscriber asked for; iterate it, close it when done."""
+
+    def __init__(self, bus: "EventBus", kinds: tuple[type[HostEvent], ...], max_queued: int) -> None:
+        self._bus = bus
+        self.kinds = kinds
+        self._send, self._receive = trio.open_memory_channel[HostEvent](max_queued)
+
+    def wants(self, event: HostEvent) -> bool:
+        return not self.kinds or isinstance(event, self.kinds)
+
+    def offer(self, event: HostEvent) -> bool:
+        """Queue ``event``; False when the subscriber is too far behind and it was dropped."""
+        try:
+            self._send.send_nowait(event)
+        except trio.WouldBlock:
+            return False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._bus._drop(self)
+        return True
+
+    async def receive(self) -> HostEvent:
+        return await self._receive.receive()
+
+    def __aiter__(self) -> "Subscription":
+        return self
+
+    async def __anext__(self) -> HostEvent:
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise StopAsyncIteration from None
 
     def close(self) -> None:
-        for channel in self._subscribers:
-            channel.close()
-        self._subscribers.clear()
+        self._bus._drop(self)
+        self._send.close()
+        self._receive.close()
+
+    def _end(self) -> None:
+        self._send.close()
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Subscription":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventBus:
+    """Fan-out of HostEvents to any number of bounded subscriptions."""
+
+    def __init__(self) -> None:
+        self._subscriptions: list[Subscription] = []
+        self.dropped = 0
+
+    def subscribe(self, *kinds: type[HostEvent], max_queued: int = MAX_QUEUED_EVENTS) -> Subscription:
+        """A subscription to ``kinds`` (every event when none are named)."""
+        subscription = Subscription(self, kinds, max_queued)
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def publish(self, event: HostEvent) -> None:
+        for subscription in list(self._subscriptions):
+            if subscription.wants(event) and not subscription.offer(event):
+                self.dropped += 1
+
+    def _drop(self, subscription: Subscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+
+    def close(self) -> None:
+        """End every subscription (their iteration stops once drained)."""
+        for subscription in self._subscriptions:
+            subscription._end()
+        self._subscriptions.clear()
+
+
+__all__ = [
+    "ConnectionEvent",
+    "DirectConnectionUp",
+    "EventBus",
+    "HostEvent",
+    "ObservedAddrChanged",
+    "PeerConnected",
+    "PeerDisconnected",
+    "PeerIdentified",
+    "ReachabilityChanged",
+    "RelayedConnectionUp",
+    "Subscription",
+]

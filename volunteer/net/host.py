@@ -17,6 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import trio
 
@@ -34,13 +35,23 @@ from ..errors import (
 )
 from . import limits
 from .connection import Connection, Direction, NetStream, Path, negotiate_muxer, upgrade
-from .events import EventBus, HostEvent, PeerConnected, PeerDisconnected, PeerIdentified
+from .events import (
+    DirectConnectionUp,
+    EventBus,
+    HostEvent,
+    PeerConnected,
+    PeerDisconnected,
+    PeerIdentified,
+    RelayedConnectionUp,
+)
 from .identify import IDENTIFY, IDENTIFY_PUSH, IdentifyInfo, read_identify, write_identify
 from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
 from .perf import PERF, PerfLimits, PerfServer
 from .ping import PING, Pinger, serve_ping
+from .pool import StreamPool
+from .service import Handler, InboundClass, Service
 from .transport.base import RawConnection, Transport
 from .transport.memory import MemoryTransport
 from .transport.tcp import TcpTransport
@@ -49,7 +60,7 @@ from .streams import close_quietly, reset_quietly
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[NetStream], Awaitable[None]]
+S = TypeVar("S")
 AGENT_VERSION = f"volunteer/{__version__}"
 
 
@@ -78,7 +89,9 @@ class HostConfig:
 class Host:
     """A libp2p node. Create it with ``open_host``; see the module docstring."""
 
-    def __init__(self, keypair: KeyPair, transports: Sequence[Transport], config: HostConfig) -> None:
+    def __init__(
+        self, keypair: KeyPair, transports: Sequence[Transport], config: HostConfig, services: Sequence[Service] = ()
+    ) -> None:
         self.keypair = keypair
         self.peer_id: PeerID = keypair.peer_id
         self.transports = list(transports)
@@ -91,6 +104,7 @@ class Host:
         self._pending_dials: dict[PeerID, trio.Event] = {}
         self._handshake_slots = trio.Semaphore(config.max_pending_handshakes)
         self._nursery: trio.Nursery | None = None
+        self._services: list[Service] = list(services)
         self._closed = False
         # Hooks the NAT layer uses to add addresses (relay circuits, observed) to what we advertise.
         self.extra_addrs: Callable[[], list[Multiaddr]] = lambda: []
@@ -129,7 +143,10 @@ class Host:
                 for concrete in _expand_unspecified(addr):
                     if concrete not in base:
                         base.append(concrete)
-        for extra in self.extra_addrs():
+        extras = list(self.extra_addrs())
+        for service in self._services:
+            extras.extend(service.advertised_addrs())
+        for extra in extras:
             if extra not in base:
                 base.append(extra)
         return base
@@ -299,6 +316,11 @@ class Host:
     async def handle_inbound(self, raw: RawConnection) -> None:
         """Upgrade and serve a raw connection someone opened to us (transports and the relay
         stop handler call this, in a task of their own; it returns when the connection closes)."""
+        for service in self._services:
+            verdict = service.classify_inbound(raw)
+            if verdict is not None:
+                await self._run_classified(raw, verdict)
+                return
         punch_peer = self.expected_punches.get(raw.remote_addr)
         if punch_peer is not None:
             # Our punch's SYN lost the race to theirs and the listener got it: same connection, same roles.
@@ -306,6 +328,11 @@ class Host:
             await self._run_connection(raw, Direction.OUTBOUND, punch_peer)
             return
         await self._run_connection(raw, Direction.INBOUND, None)
+
+    async def _run_classified(self, raw: RawConnection, verdict: InboundClass) -> None:
+        if verdict.path is not None:
+            raw.path = verdict.path
+        await self._run_connection(raw, verdict.role, verdict.expected_peer)
 
     async def _run_connection(
         self,
@@ -383,6 +410,8 @@ class Host:
         self.peerstore.info(peer).public_key = conn.secure.remote_public_key
         log.debug("connected %r", conn)
         self.events.publish(PeerConnected(peer, conn))
+        kind = RelayedConnectionUp if conn.path is Path.RELAYED else DirectConnectionUp
+        self.events.publish(kind(peer, conn))
 
     def _unregister(self, conn: Connection) -> None:
         conns = self._connections.get(conn.remote_peer, [])
@@ -497,6 +526,39 @@ class Host:
         """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
         return Pinger(await self.new_stream(target, [PING]))
 
+    # --- services and tasks ----------------------------------------------------------------------
+    def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        """Run ``async_fn(*args)`` in the Host's nursery: it lives until it returns or the Host closes.
+        Raises RuntimeError when the Host is not running (closing, or not yet opened)."""
+        if self._nursery is None or self._closed:
+            raise RuntimeError("the host is not running")
+        self._nursery.start_soon(async_fn, *args, name=name)
+
+    def service(self, kind: type[S]) -> S | None:
+        """The first service of type ``kind`` running on this Host, or None."""
+        for service in self._services:
+            if isinstance(service, kind):
+                return service
+        return None
+
+    @property
+    def services(self) -> list[Service]:
+        return list(self._services)
+
+    async def add_service(self, service: Service) -> None:
+        """Register ``service``'s protocols and run it in the Host's nursery; returns once it started."""
+        if self._nursery is None or self._closed:
+            raise RuntimeError("the host is not running")
+        if service not in self._services:
+            self._services.append(service)
+        await self._start_service(service)
+
+    async def _start_service(self, service: Service) -> None:
+        for protocol, handler in service.handlers().items():
+            self.set_handler(protocol, handler)
+        assert self._nursery is not None
+        await self._nursery.start(_run_service, service, self)
+
     # --- lifetime -----------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Say GoAway on every connection and stop every task the host started."""
@@ -523,9 +585,14 @@ async def open_host(
     *,
     transports: Sequence[Transport] | None = None,
     config: HostConfig | None = None,
+    services: Sequence[Service] = (),
 ):
-    """Run a Host for the duration of the ``async with`` block."""
-    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config or HostConfig())
+    """Run a Host for the duration of the ``async with`` block, with ``services`` running on it
+    (a ``StreamPool`` is added when none is given: the DHT and expert calls share it)."""
+    services = list(services)
+    if not any(isinstance(s, StreamPool) for s in services):
+        services.append(StreamPool())
+    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config or HostConfig(), services)
     if host.config.enable_relay_client:
         from .nat.relay_client import install_relay_client
 
@@ -533,6 +600,8 @@ async def open_host(
     async with trio.open_nursery() as nursery:
         host._nursery = nursery
         try:
+            for service in host.services:
+                await host._start_service(service)
             for addr in listen:
                 await host.listen(addr)
             if host.config.enable_hole_punching:
@@ -543,6 +612,10 @@ async def open_host(
             yield host
         finally:
             await host.aclose()
+
+
+async def _run_service(service: Service, host: Host, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    await service.run(host, task_status=task_status)
 
 
 def _is_loopback(addr: Multiaddr) -> bool:
@@ -573,4 +646,4 @@ def _expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
 
 
 
-__all__ = ["Host", "HostConfig", "HostEvent", "open_host", "AGENT_VERSION"]
+__all__ = ["AGENT_VERSION", "Handler", "Host", "HostConfig", "HostEvent", "open_host"]

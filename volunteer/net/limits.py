@@ -59,3 +59,8 @@ READ_CHUNK = 1024 * 1024
 NOISE_MAX_MUXERS = 32  # muxer ids in the handshake's stream_muxers extension
 NOISE_MAX_MUXER_NAME = 256  # bytes per muxer id (multistream ids are short)
 NOISE_READ_CHUNK = 1024 * 1024  # socket reads of the transport phase: big reads keep per-frame Python work low
+
+# --- stream pool (net/pool.py) ---
+POOL_IDLE = 20.0  # seconds an idle request stream is reused; below SERVE_IDLE so a server never drops it first
+SERVE_IDLE = 30.0  # request/response servers close a stream idle this long
+MAX_IDLE_STREAMS_PER_KEY = 32  # idle streams kept per (peer, protocol)
