@@ -40,6 +40,10 @@ class StateMismatchError(StateRefusedError, ValueError):
         super().__init__(message, "mismatch")
 
 
+class StateTimeoutError(ReplicaError, TimeoutError):
+    """A state transfer or a sync contribution did not finish within its bound."""
+
+
 class SyncError(ReplicaError):
     """A replica-sync round was misused (a contribution from outside the group, twice, or a second
     round for an expert whose round is still open)."""
@@ -52,5 +56,6 @@ __all__ = [
     "StateMismatchError",
     "StateProtocolError",
     "StateRefusedError",
+    "StateTimeoutError",
     "SyncError",
 ]
