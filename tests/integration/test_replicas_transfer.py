@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-import msgpack
 import pytest
 import torch
-import trio
 
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.net.host import HostConfig, open_host
