@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 from ..dht.config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH
-from ..dht.experts import DELIMITER, parse_uid
+from ..dht.grid import DELIMITER, parse_uid
 from .config import DEFAULT_CONFIG
 from .errors import GridSpecError
 

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import msgpack
 import torch
 
-from ..dht.experts import is_valid_uid
+from ..dht.grid import is_valid_uid
 from ..experts.tensors import DTYPE_NAMES, DTYPES
 from ..net.varint import encode_uvarint
 from .config import DEFAULT_CONFIG, ReplicasConfig
