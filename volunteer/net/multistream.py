@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import trio
 
-from ..errors import NegotiationError, RemoteProtocolError
+from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
 from .streams import BufferedStream
 from .varint import decode_uvarint, encode_uvarint
@@ -83,10 +83,22 @@ async def select_outbound(stream: BufferedStream, protocols: Sequence[str]) -> s
     raise NegotiationError(f"peer supports none of {list(protocols)}")
 
 
-async def select_inbound(stream: BufferedStream, supported: Callable[[str], bool] | Collection[str]) -> str:
-    """Listener: answer the header, then echo the first proposal we support (``na`` to others)."""
+async def select_inbound(
+    stream: BufferedStream, supported: Callable[[str], bool] | Collection[str], *, header_timeout: float | None = None
+) -> str:
+    """Listener: answer the header, then echo the first proposal we support (``na`` to others).
+
+    ``header_timeout``: seconds the dialer has to send the header (HandshakeError after them):
+    an honest dialer sends it in its first packet, a slowloris never does.
+    """
     accepts = supported if callable(supported) else supported.__contains__
-    await _expect_header(stream)
+    if header_timeout is None:
+        await _expect_header(stream)
+    else:
+        with trio.move_on_after(header_timeout) as waited:
+            await _expect_header(stream)
+        if waited.cancelled_caught:
+            raise HandshakeError(f"no multistream header within {header_timeout}s")
     await stream.send_all(encode_message(PROTOCOL_ID))
     for _ in range(MAX_MULTISTREAM_ROUNDS):
         proposal = await read_message(stream)
