@@ -14,7 +14,7 @@ import trio
 
 from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
-from .streams import BufferedStream
+from .streams import BufferedStream, forwarded
 from .varint import decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/multistream/1.0.0"
@@ -165,10 +165,16 @@ class LazyStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         await self._stream.aclose()
 
-    def __getattr__(self, name: str):
-        if name == "_stream":
-            raise AttributeError(name)
-        return getattr(self._stream, name)
+    # --- the wrapped stream's extras, forwarded by name (no catch-all) ---
+    async def reset(self) -> None:
+        """Abort the stream in both directions (yamux RST), negotiated or not."""
+        self._pending_request = None
+        await self._stream.reset()
+
+    connection = forwarded("connection", "_stream")
+    remote_peer = forwarded("remote_peer", "_stream")
+    stream_id = forwarded("stream_id", "_stream")
+    resource_scope = forwarded("resource_scope", "_stream")
 
 
 def lazy_outbound(stream: BufferedStream, protocol: str) -> LazyStream:

@@ -217,10 +217,14 @@ class StreamScope:
         self.closed = False
 
     def reserve_memory(self, amount: int, *, now: float) -> bool:
-        return self.scope.reserve(MEMORY, amount, now=now)
+        """Reserve ``amount`` bytes this stream buffers (False, refusal counted, past a limit)."""
+        return not self.closed and self.scope.reserve(MEMORY, amount, now=now)
 
     def release_memory(self, amount: int) -> None:
-        self.scope.release(MEMORY, amount)
+        """Give back ``amount`` bytes (read by the application); nothing once closed, since
+        ``close`` gave everything back already."""
+        if not self.closed:
+            self.scope.release(MEMORY, amount)
 
     @property
     def memory(self) -> int:

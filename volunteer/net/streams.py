@@ -14,6 +14,15 @@ from .limits import READ_CHUNK
 from .varint import decode_uvarint, encode_uvarint
 
 
+def forwarded(name: str, attribute: str = "stream") -> property:
+    """A read-only property that reads ``name`` from the wrapped stream (``self.<attribute>``)."""
+
+    def get(self):
+        return getattr(getattr(self, attribute), name)
+
+    return property(get, doc=f"The wrapped stream's ``{name}``.")
+
+
 class BufferedStream(trio.abc.HalfCloseableStream):
     """A trio stream with a read buffer: ``receive_exactly``, ``receive_uvarint``, length-prefixed reads."""
 
@@ -100,11 +109,16 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         await self.stream.aclose()
 
-    def __getattr__(self, name: str):
-        # Expose the wrapped stream's extras (protocol, connection, reset, ...).
-        if name == "stream":
-            raise AttributeError(name)
-        return getattr(self.stream, name)
+    # --- the wrapped stream's extras, forwarded by name (no catch-all: a typo is an AttributeError) ---
+    async def reset(self) -> None:
+        """Abort the wrapped stream in both directions (yamux RST)."""
+        await self.stream.reset()
+
+    protocol = forwarded("protocol")
+    connection = forwarded("connection")
+    remote_peer = forwarded("remote_peer")
+    stream_id = forwarded("stream_id")
+    resource_scope = forwarded("resource_scope")
 
 
 async def close_quietly(stream) -> None:

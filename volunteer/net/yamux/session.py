@@ -446,6 +446,7 @@ class Session:
                 if self.terminated:
                     break
         except RemoteProtocolError as exc:
+            pos = end  # the session is over: keep none of what the peer sent
             self.go_away(GO_AWAY_PROTOCOL_ERROR)
             self.terminated = True
             events.append(ConnectionTerminated(exc))
