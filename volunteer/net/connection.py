@@ -146,7 +146,7 @@ class Connection:
         """Negotiate the protocol of a stream the peer opened (``supported``: a predicate or a set)."""
         buffered = BufferedStream(inner)
         try:
-            protocol = await select_inbound(buffered, supported)
+            protocol = await select_inbound(buffered, supported, exact=True)
         except BaseException:
             await reset_quietly(inner)
             raise

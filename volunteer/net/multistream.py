@@ -49,18 +49,22 @@ def decode_message(buffer: bytes | bytearray) -> tuple[str, int] | None:
         raise RemoteProtocolError("multistream message is not UTF-8") from None
 
 
-async def read_message(stream: BufferedStream) -> str:
-    """Read one message; the peer closing first is a RemoteProtocolError."""
-    length = await stream.receive_uvarint("multistream message")
+async def read_message(stream: BufferedStream, *, exact: bool = False) -> str:
+    """Read one message; the peer closing first is a RemoteProtocolError.
+
+    ``exact``: read no byte past the message, so what a peer sends after it (0-RTT data) stays in
+    the muxer, accounted to that peer, until a handler reads it (inbound yamux streams).
+    """
+    length = await stream.receive_uvarint("multistream message", exact=exact)
     if length > MAX_MULTISTREAM_MESSAGE:
         raise RemoteProtocolError(f"multistream message of {length} bytes exceeds {MAX_MULTISTREAM_MESSAGE}")
-    body = await stream.receive_exactly(length, "multistream message")
+    body = await stream.receive_exactly(length, "multistream message", exact=exact)
     text, _ = decode_message(encode_uvarint(length) + body)
     return text
 
 
-async def _expect_header(stream: BufferedStream) -> None:
-    header = await read_message(stream)
+async def _expect_header(stream: BufferedStream, *, exact: bool = False) -> None:
+    header = await read_message(stream, exact=exact)
     if header != PROTOCOL_ID:
         raise RemoteProtocolError(f"expected {PROTOCOL_ID}, got {header[:64]!r}")
 
@@ -84,24 +88,29 @@ async def select_outbound(stream: BufferedStream, protocols: Sequence[str]) -> s
 
 
 async def select_inbound(
-    stream: BufferedStream, supported: Callable[[str], bool] | Collection[str], *, header_timeout: float | None = None
+    stream: BufferedStream,
+    supported: Callable[[str], bool] | Collection[str],
+    *,
+    header_timeout: float | None = None,
+    exact: bool = False,
 ) -> str:
     """Listener: answer the header, then echo the first proposal we support (``na`` to others).
 
     ``header_timeout``: seconds the dialer has to send the header (HandshakeError after them):
-    an honest dialer sends it in its first packet, a slowloris never does.
+    an honest dialer sends it in its first packet, a slowloris never does. ``exact``: read no
+    byte past the negotiation (see ``read_message``).
     """
     accepts = supported if callable(supported) else supported.__contains__
     if header_timeout is None:
-        await _expect_header(stream)
+        await _expect_header(stream, exact=exact)
     else:
         with trio.move_on_after(header_timeout) as waited:
-            await _expect_header(stream)
+            await _expect_header(stream, exact=exact)
         if waited.cancelled_caught:
             raise HandshakeError(f"no multistream header within {header_timeout}s")
     await stream.send_all(encode_message(PROTOCOL_ID))
     for _ in range(MAX_MULTISTREAM_ROUNDS):
-        proposal = await read_message(stream)
+        proposal = await read_message(stream, exact=exact)
         if proposal != LS and accepts(proposal):
             await stream.send_all(encode_message(proposal))
             return proposal

@@ -42,28 +42,33 @@ class BufferedStream(trio.abc.HalfCloseableStream):
             return data
         return await self.stream.receive_some(max_bytes)
 
-    async def _fill(self, context: str) -> None:
-        chunk = await self.stream.receive_some(READ_CHUNK)
+    async def _fill(self, context: str, read_size: int = READ_CHUNK) -> None:
+        chunk = await self.stream.receive_some(read_size)
         if not chunk:
             raise RemoteProtocolError(f"connection closed by peer while reading {context}")
         self._buffer += chunk
 
-    async def receive_exactly(self, count: int, context: str = "data") -> bytes:
-        """Read exactly ``count`` bytes; end of stream first is a RemoteProtocolError."""
+    async def receive_exactly(self, count: int, context: str = "data", *, exact: bool = False) -> bytes:
+        """Read exactly ``count`` bytes; end of stream first is a RemoteProtocolError.
+
+        ``exact``: never read past them (what follows stays in the stream, still accounted to its
+        peer by the muxer); multistream negotiation reads so, before any handler owns the stream.
+        """
         while len(self._buffer) < count:
-            await self._fill(context)
+            await self._fill(context, count - len(self._buffer) if exact else READ_CHUNK)
         data = bytes(self._buffer[:count])
         del self._buffer[:count]
         return data
 
-    async def receive_uvarint(self, context: str = "varint") -> int:
+    async def receive_uvarint(self, context: str = "varint", *, exact: bool = False) -> int:
+        """Read one unsigned varint (``exact``: byte by byte, never past it)."""
         while True:
             decoded = decode_uvarint(self._buffer)
             if decoded is not None:
                 value, used = decoded
                 del self._buffer[:used]
                 return value
-            await self._fill(context)
+            await self._fill(context, 1 if exact else READ_CHUNK)
 
     async def receive_length_prefixed(self, max_length: int, context: str = "message") -> bytes:
         """Read a uvarint length prefix and that many bytes, refusing lengths over ``max_length``."""
