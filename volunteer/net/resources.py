@@ -359,6 +359,16 @@ class ResourceManager(BaseService):
             return None
         return ConnectionScope(conn, address, peer_scope)
 
+    def reserve_for_peer(self, peer: object, amount: int, *, kind: str, now: float) -> Scope | None:
+        """Reserve ``amount`` bytes of ``peer``'s memory for a buffer outside yamux (a relay
+        circuit's copy buffers, say); ``close()`` the returned scope to give them back. None
+        (refusal counted) when the peer's or the node's budget has no room."""
+        scope = Scope(self, kind, _short(peer), {}, (self._peer(peer),))
+        if not scope.reserve(MEMORY, amount, now=now):
+            scope.close()
+            return None
+        return scope
+
     # --- views ---------------------------------------------------------------------------------
     def peer_memory(self, peer: object) -> int:
         """Bytes reserved for ``peer`` now (0 for a peer we hold nothing for)."""
