@@ -78,3 +78,17 @@ def test_dial_back_filter():
     addrs = dialable_addrs(requested, "198.51.100.7")
     assert addrs[:2] == [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/tcp/4002")]
     assert len(addrs) == 4 and all(a.value_for("ip4") == "198.51.100.7" for a in addrs)
+
+
+async def test_nat_manager_publishes_reachability_changes():
+    from volunteer.net.events import ReachabilityChanged
+
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+            await server.add_service(AutoNATServer())
+            manager = NatManager(client, [server.full_addrs()[0]])
+            with client.events.subscribe(ReachabilityChanged) as changes:
+                await client.add_service(manager)  # runs its first probe round at once
+                event = await changes.receive()
+            assert isinstance(event, ReachabilityChanged) and event.reachability is Reachability.PUBLIC
+            assert manager.reservations is None  # public: no relay slots needed
