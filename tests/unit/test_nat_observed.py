@@ -90,17 +90,17 @@ def test_the_observer_publishes_only_when_the_set_of_addresses_changes():
     from volunteer.net.identify import IdentifyInfo
     from volunteer.net.nat.observer import AddressObserver
 
-    observer = AddressObserver()
-    observer.host = _FakeHost()
-    published = observer.host.events.subscribe(ObservedAddrChanged)
+    watcher = AddressObserver()
+    watcher.host = _FakeHost()
+    published = watcher.host.events.subscribe(ObservedAddrChanged)
 
     def identified(i: int, seen: Multiaddr | None) -> PeerIdentified:
         return PeerIdentified(PEERS[i], _FakeConnection(observer(i + 1)), IdentifyInfo(observed_addr=seen))
 
-    observer.note(identified(0, EXTERNAL), now=0)
-    observer.note(identified(1, EXTERNAL), now=1)  # same set: nothing new
-    observer.note(identified(2, None), now=2)  # nothing observed: nothing new
-    observer.note(identified(3, Multiaddr("/ip4/203.0.113.9/tcp/4001")), now=3)
+    watcher.note(identified(0, EXTERNAL), now=0)
+    watcher.note(identified(1, EXTERNAL), now=1)  # same set: nothing new
+    watcher.note(identified(2, None), now=2)  # nothing observed: nothing new
+    watcher.note(identified(3, Multiaddr("/ip4/203.0.113.9/tcp/4001")), now=3)
     events = []
     while True:
         try:
@@ -108,4 +108,4 @@ def test_the_observer_publishes_only_when_the_set_of_addresses_changes():
         except trio.WouldBlock:
             break
     assert [set(e.addrs) for e in events] == [{EXTERNAL}, {EXTERNAL, Multiaddr("/ip4/203.0.113.9/tcp/4001")}]
-    assert observer.external_addrs(4)[0] == EXTERNAL and observer.mapping(4) is MappingType.ENDPOINT_DEPENDENT
+    assert watcher.external_addrs(4)[0] == EXTERNAL and watcher.mapping(4) is MappingType.ENDPOINT_DEPENDENT
