@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from volunteer.net.ratelimit import RateLimiter
+
 
 @dataclass
 class RelayLimits:
+    """Every bound of the relay node (see the module docstring for the sizes)."""
+
     reservation_ttl: float = 3600.0  # seconds a reservation lasts (clients refresh before expiry)
     max_reservations: int = 1024
     max_reservations_per_ip: int = 8  # distinct peers from one IP (NATed households share one)
@@ -25,3 +29,10 @@ class RelayLimits:
     reserve_rate_per_peer: int = 10  # RESERVE requests per minute per peer
     reserve_rate_per_ip: int = 60  # RESERVE requests per minute per IP
     connect_rate_per_peer: int = 120  # CONNECT requests per minute per peer
+    rate_window: float = 60.0  # the rates above are per this many seconds (token buckets refilled over it)
+    rate_max_keys: int = 65536  # peers / IPs a rate limiter remembers (least recently seen forgotten)
+    stop_timeout: float = 10.0  # for the target to answer the relay's stop CONNECT
+
+    def per_minute(self, requests: int) -> RateLimiter:
+        """A limiter of ``requests`` per ``rate_window`` per key, in bursts of up to ``requests``."""
+        return RateLimiter(rate=requests / self.rate_window, burst=max(1, requests), max_keys=self.rate_max_keys)

@@ -17,6 +17,7 @@ from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.autonat import AutoNATServer
+from volunteer.net.service import HostAPI
 
 from .limits import RelayLimits
 from .service import HopService
@@ -24,7 +25,9 @@ from .service import HopService
 
 @dataclass
 class RelayNode:
-    host: object
+    """A running relay: its Host, hop service, and the DHT node it serves per swarm."""
+
+    host: HostAPI
     hop: HopService
     nursery: trio.Nursery
     metrics_addr: tuple[str, int] | None = None
@@ -47,7 +50,7 @@ async def open_relay_node(
         hop = HopService(host, limits)
         await nursery.start(hop.run)
         # Relays have public addresses: they answer AutoNAT dial-back requests for volunteers.
-        AutoNATServer(host).install()
+        await host.add_service(AutoNATServer())
         node = RelayNode(host, hop, nursery)
         if metrics is not None:
             from .metrics import serve_metrics
@@ -61,13 +64,13 @@ async def open_relay_node(
             nursery.cancel_scope.cancel()
 
 
-async def _serve_dht(host, swarm_id: str, bootstrap: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def _serve_dht(host: HostAPI, swarm_id: str, bootstrap: list, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     from volunteer.dht import DHTConfig
     from volunteer.dht.node import open_dht
 
     # other relays of the swarm, if given: relays bootstrap from each other so there is one DHT
     async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=bootstrap, wait_bootstrap=False) as dht:
         if bootstrap:
-            host._nursery.start_soon(dht.bootstrap)
+            host.start_soon(dht.bootstrap)
         task_status.started(dht)
         await trio.sleep_forever()

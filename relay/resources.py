@@ -6,7 +6,7 @@ sending requests too fast, and counters of refusals by reason for the metrics.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from dataclasses import dataclass
 
 from volunteer.net.identity import PeerID
@@ -17,45 +17,17 @@ from volunteer.net.nat.circuit import (
     RESOURCE_LIMIT_EXCEEDED,
     status_name,
 )
+from volunteer.net.ratelimit import RateLimiter
 
 from .limits import RelayLimits
 
-RATE_WINDOW = 60.0
-
-
 @dataclass
 class ReservationSlot:
+    """One peer's reservation: from which IP, until when."""
+
     peer: PeerID
     ip: str
     expires: float  # monotonic
-
-
-class RateLimiter:
-    """At most ``limit`` events per key in any RATE_WINDOW seconds; bounded memory."""
-
-    def __init__(self, limit: int, max_keys: int = 65536) -> None:
-        self.limit = limit
-        self.max_keys = max_keys
-        self._events: dict[object, deque[float]] = {}
-
-    def allow(self, key: object, now: float) -> bool:
-        events = self._events.get(key)
-        if events is None:
-            if len(self._events) >= self.max_keys:
-                self._prune(now)
-                if len(self._events) >= self.max_keys:
-                    return False
-            events = self._events[key] = deque()
-        while events and events[0] <= now - RATE_WINDOW:
-            events.popleft()
-        if len(events) >= self.limit:
-            return False
-        events.append(now)
-        return True
-
-    def _prune(self, now: float) -> None:
-        for key in [k for k, v in self._events.items() if not v or v[-1] <= now - RATE_WINDOW]:
-            del self._events[key]
 
 
 class RelayResources:
@@ -69,9 +41,9 @@ class RelayResources:
         self.refusals: Counter[str] = Counter()
         self.bytes_relayed = 0
         self.circuits_total = 0
-        self._reserve_by_peer = RateLimiter(self.limits.reserve_rate_per_peer)
-        self._reserve_by_ip = RateLimiter(self.limits.reserve_rate_per_ip)
-        self._connect_by_peer = RateLimiter(self.limits.connect_rate_per_peer)
+        self._reserve_by_peer = self.limits.per_minute(self.limits.reserve_rate_per_peer)
+        self._reserve_by_ip = self.limits.per_minute(self.limits.reserve_rate_per_ip)
+        self._connect_by_peer = self.limits.per_minute(self.limits.connect_rate_per_peer)
 
     def _refuse(self, status: int, reason: str | None = None) -> int:
         self.refusals[reason or status_name(status)] += 1
@@ -84,7 +56,7 @@ class RelayResources:
     def reserve(self, peer: PeerID, ip: str, now: float) -> tuple[int, float]:
         """(status, monotonic expiry). A refresh by a peer that holds a reservation extends it."""
         self.expire(now)
-        if not self._reserve_by_peer.allow(peer, now) or not self._reserve_by_ip.allow(ip, now):
+        if not self._reserve_by_peer.allow(peer, now=now) or not self._reserve_by_ip.allow(ip, now=now):
             return self._refuse(RESOURCE_LIMIT_EXCEEDED, "reserve_rate"), 0.0
         existing = self.reservations.get(peer)
         if existing is None:
@@ -106,7 +78,7 @@ class RelayResources:
         return slot is not None and slot.expires > now
 
     def open_circuit(self, source: PeerID, target: PeerID, now: float) -> int:
-        if not self._connect_by_peer.allow(source, now):
+        if not self._connect_by_peer.allow(source, now=now):
             return self._refuse(RESOURCE_LIMIT_EXCEEDED, "connect_rate")
         if not self.has_reservation(target, now):
             return self._refuse(NO_RESERVATION)

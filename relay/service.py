@@ -10,20 +10,17 @@ import trio
 
 from volunteer.errors import RemoteProtocolError, VolunteerError, describe
 from volunteer.net.events import PeerDisconnected
-from volunteer.net.host import Host
 from volunteer.net.identity import PeerID
 from volunteer.net.nat import circuit
 from volunteer.net.nat.circuit import HopMessage, Limit, StopMessage
 from volunteer.net.resources import ResourceManager
+from volunteer.net.service import HostAPI
 from volunteer.net.streams import BufferedStream
 
 from .limits import RelayLimits
 from .resources import RelayResources
 
 log = logging.getLogger(__name__)
-
-STOP_TIMEOUT = 10.0  # for the target to answer the relay's stop CONNECT
-
 
 def _ip_of(addr) -> str:
     for name in ("ip4", "ip6"):
@@ -40,7 +37,7 @@ class HopService:
     accounting uses the trio clock (monotonic, MockClock in tests).
     """
 
-    def __init__(self, host: Host, limits: RelayLimits | None = None, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, host: HostAPI, limits: RelayLimits | None = None, wall_clock: Callable[[], float] = time.time) -> None:
         self.host = host
         self.limits = limits or RelayLimits()
         self.resources = RelayResources(self.limits)
@@ -152,7 +149,7 @@ class HopService:
         if conn is None:
             return None
         try:
-            with trio.fail_after(STOP_TIMEOUT):
+            with trio.fail_after(self.limits.stop_timeout):
                 stop = BufferedStream(await conn.new_stream([circuit.STOP]))
                 request = StopMessage(type=StopMessage.CONNECT, limit=self.limit.to_pb())
                 request.peer.id = source.to_bytes()

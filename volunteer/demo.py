@@ -27,8 +27,8 @@ async def run_demo(size: int = 32 * 1024 * 1024) -> None:
     ) as trainer, trio.open_nursery() as nursery:
         relay_addr = relay.host.full_addrs()[0]
         print(f"relay      {relay_addr}")
-        reservations = ReservationManager(volunteer, [relay_addr], want=1)
-        await nursery.start(reservations.run)
+        reservations = ReservationManager([relay_addr], want=1)
+        await volunteer.add_service(reservations)
         while not reservations.reservations:
             await trio.sleep(0.01)
         circuit = reservations.circuit_addrs()[0].encapsulate(f"/p2p/{volunteer.peer_id}")

@@ -10,7 +10,7 @@ import sys
 import trio
 
 from volunteer.net.host import open_host
-from volunteer.net.nat.relay_client import install_relay_client, reserve
+from volunteer.net.nat.relay_client import reserve
 
 
 def start_relay(tmp_path, *extra):
@@ -46,7 +46,6 @@ async def test_relay_serves_reservations_and_metrics_and_exits_cleanly(tmp_path)
     try:
         with trio.fail_after(30):
             async with open_host() as client:
-                install_relay_client(client)
                 reservation = await reserve(client, addr)
                 assert str(reservation.relay) == addr.rsplit("/", 1)[1]
                 text = await http_get(metrics_url)

@@ -9,10 +9,10 @@ from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.autonat import (
     AutoNATServer,
-    RateLimit,
     Reachability,
     ReachabilityTracker,
     dialable_addrs,
+    per_peer_limiter,
     probe,
 )
 from volunteer.net.nat.manager import NatManager
@@ -23,7 +23,7 @@ async def test_listening_client_is_reachable_and_silent_one_is_not():
         async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(
             listen=["/ip4/127.0.0.1/tcp/0"]
         ) as client, open_host() as closed:
-            AutoNATServer(server).install()
+            await server.add_service(AutoNATServer())
             result = await probe(client, server.full_addrs()[0], client.addrs)
             assert result.reachable is True and result.addr == client.addrs[0]
             # An address nobody listens on: the dial back fails (E_DIAL_ERROR).
@@ -37,7 +37,7 @@ async def test_listening_client_is_reachable_and_silent_one_is_not():
 async def test_rate_limit_refuses():
     with trio.fail_after(30):
         async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
-            AutoNATServer(server, RateLimit(per_peer=1)).install()
+            await server.add_service(AutoNATServer(per_peer=per_peer_limiter(1)))
             assert (await probe(client, server.full_addrs()[0], client.addrs)).reachable is True
             result = await probe(client, server.full_addrs()[0], client.addrs)
             assert result.reachable is None and "rate" in result.text
@@ -46,7 +46,7 @@ async def test_rate_limit_refuses():
 async def test_nat_manager_decides_public():
     with trio.fail_after(30):
         async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
-            AutoNATServer(server).install()
+            await server.add_service(AutoNATServer())
             manager = NatManager(client, [server.full_addrs()[0]])
             assert await manager.probe_round() is Reachability.PUBLIC
             snapshot = manager.snapshot()
@@ -78,3 +78,17 @@ def test_dial_back_filter():
     addrs = dialable_addrs(requested, "198.51.100.7")
     assert addrs[:2] == [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/tcp/4002")]
     assert len(addrs) == 4 and all(a.value_for("ip4") == "198.51.100.7" for a in addrs)
+
+
+async def test_nat_manager_publishes_reachability_changes():
+    from volunteer.net.events import ReachabilityChanged
+
+    with trio.fail_after(30):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+            await server.add_service(AutoNATServer())
+            manager = NatManager(client, [server.full_addrs()[0]])
+            with client.events.subscribe(ReachabilityChanged) as changes:
+                await client.add_service(manager)  # runs its first probe round at once
+                event = await changes.receive()
+            assert isinstance(event, ReachabilityChanged) and event.reachability is Reachability.PUBLIC
+            assert manager.reservations is None  # public: no relay slots needed

@@ -7,7 +7,7 @@ import trio
 from relay.service import HopService
 from volunteer.net.connection import Direction, Path
 from volunteer.net.host import open_host
-from volunteer.net.nat.dcutr import attempt_roles, punchable
+from volunteer.net.nat.dcutr import HolePuncher, attempt_roles, punchable
 from volunteer.net.nat.observed import MappingType, ObservedAddrs
 from volunteer.net.nat.relay_client import reserve
 from volunteer.net.identity import KeyPair
@@ -47,7 +47,7 @@ async def test_relayed_connection_upgrades_to_direct():
             assert await stream.receive_some() == b"direct now"
             while not relayed.is_closed:
                 await trio.sleep(0.05)
-            outcome = b.hole_puncher.outcomes[-1]
+            outcome = b.service(HolePuncher).outcomes[-1]
             assert outcome.success and outcome.attempts == 1 and outcome.rtt is not None
             nursery.cancel_scope.cancel()
 

@@ -244,3 +244,57 @@ async def test_a_silent_address_does_not_hold_up_the_others():
                 conn = await client.connect(server.peer_id)
                 assert conn.remote_addr == server.addrs[0]
             nursery.cancel_scope.cancel()
+
+
+async def test_builtin_protocols_are_services_and_a_given_one_replaces_the_default():
+    from volunteer.net.identify import IDENTIFY, Identify
+    from volunteer.net.nat.dcutr import DCUTR, HolePuncher
+    from volunteer.net.nat.relay_client import RelayClient
+    from volunteer.net.perf import PERF, PerfServer
+    from volunteer.net.ping import PING, Ping
+
+    network = MemoryNetwork()
+    mine = Identify(identify_on_connect=False)
+    with trio.fail_after(10):
+        async with open_host(transports=[MemoryTransport(network)], services=[mine]) as host:
+            assert host.service(Identify) is mine and sum(isinstance(s, Identify) for s in host.services) == 1
+            for kind in (Ping, PerfServer, RelayClient, HolePuncher):
+                assert host.service(kind) is not None
+            assert {IDENTIFY, PING, PERF, DCUTR} <= set(host.protocols)
+            assert host.perf is host.service(PerfServer)
+        config = HostConfig(enable_perf=False, enable_relay_client=False, enable_hole_punching=False)
+        async with open_host(transports=[MemoryTransport(network)], config=config) as bare:
+            assert bare.perf is None and PERF not in bare.protocols and DCUTR not in bare.protocols
+            assert bare.service(RelayClient) is None and bare.service(HolePuncher) is None
+
+
+async def test_identify_feeds_the_observer_which_publishes_our_observed_address():
+    from volunteer.net.events import ObservedAddrChanged
+
+    with trio.fail_after(10):
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+            with client.events.subscribe(ObservedAddrChanged) as changes:
+                await client.connect(server.full_addrs()[0])
+                event = await changes.receive()
+                assert isinstance(event, ObservedAddrChanged) and len(event.addrs) == 1
+                assert event.addrs[0].value_for("ip4") == "127.0.0.1"
+
+
+async def test_an_expected_punch_is_classified_as_ours():
+    from volunteer.net.connection import Direction, Path
+    from volunteer.net.nat.dcutr import HolePuncher
+    from volunteer.net.transport.base import RawConnection
+
+    with trio.fail_after(10):
+        async with open_host() as host:
+            puncher = host.service(HolePuncher)
+            peer = KeyPair.generate().peer_id
+            addr = Multiaddr("/ip4/203.0.113.5/tcp/4001")
+            raw = RawConnection(None, Multiaddr("/ip4/127.0.0.1/tcp/4001"), addr, None)
+            assert puncher.classify_inbound(raw) is None
+            with puncher._expecting(peer, [addr], Direction.OUTBOUND):
+                verdict = puncher.classify_inbound(raw)
+                assert verdict.role is Direction.OUTBOUND and verdict.expected_peer == peer and verdict.path is Path.HOLE_PUNCHED
+            with puncher._expecting(peer, [addr], Direction.INBOUND):
+                assert puncher.classify_inbound(raw) is None  # as the server of the upgrade, nothing to claim
+            assert puncher.classify_inbound(raw) is None

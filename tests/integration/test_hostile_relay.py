@@ -15,7 +15,7 @@ from relay.metrics import prometheus_text
 from relay.service import HopService
 from volunteer.errors import DialError, StreamReset
 from volunteer.net.host import open_host
-from volunteer.net.nat.relay_client import install_relay_client, reserve
+from volunteer.net.nat.relay_client import reserve
 from volunteer.net.resources import MEMORY, ResourceLimits, ResourceManager
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -53,8 +53,6 @@ async def test_circuit_flood_is_bounded_by_the_sources_budget():
     ) as honest, trio.open_nursery() as nursery:
         service = HopService(relay, RelayLimits(max_circuits_per_peer=64))
         await nursery.start(service.run)
-        for host in (target, attacker, honest):
-            install_relay_client(host)
         target.set_handler(ECHO, echo)
         await reserve(target, relay.full_addrs()[0])
         circuit_addr = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{target.peer_id}")
@@ -87,8 +85,6 @@ async def test_reservation_flood_is_rate_limited_per_peer():
     ) as attacker, open_host(transports=transports()) as honest, trio.open_nursery() as nursery:
         service = HopService(relay, RelayLimits(reserve_rate_per_peer=10))
         await nursery.start(service.run)
-        install_relay_client(attacker)
-        install_relay_client(honest)
         granted = refused = 0
         for _ in range(50):  # bounded
             try:

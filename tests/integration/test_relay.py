@@ -15,7 +15,7 @@ from volunteer.net.host import open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat import circuit
-from volunteer.net.nat.relay_client import ReservationManager, install_relay_client, reserve
+from volunteer.net.nat.relay_client import ReservationManager, reserve
 from volunteer.net.streams import BufferedStream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -49,8 +49,6 @@ async def test_reserve_and_connect_through_relay():
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService(relay)
             await nursery.start(service.run)
-            install_relay_client(a)
-            install_relay_client(b)
             a.set_handler(ECHO, echo)
             reservation = await reserve(a, relay.full_addrs()[0])
             assert reservation.relay == relay.peer_id and reservation.ttl > 3000
@@ -77,8 +75,6 @@ async def test_refusals_use_spec_codes():
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService(relay, limits)
             await nursery.start(service.run)
-            install_relay_client(a)
-            install_relay_client(b)
             # No reservation for B yet: NO_RESERVATION.
             target = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{b.peer_id}")
             with pytest.raises(DialError, match="NO_RESERVATION"):
@@ -110,8 +106,6 @@ async def test_circuit_data_limit_resets_both_sides():
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService(relay, limits)
             await nursery.start(service.run)
-            install_relay_client(a)
-            install_relay_client(b)
             a.set_handler(ECHO, echo)
             await reserve(a, relay.full_addrs()[0])
             target = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{a.peer_id}")
@@ -137,7 +131,6 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
         async with open_host(transports=[MemoryTransport(network)]) as a, open_host(
             transports=[MemoryTransport(network)]
         ) as b, trio.open_nursery() as outer:
-            install_relay_client(b)
             a.set_handler(ECHO, echo)
             relay_cm = open_host(relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)])
             relay = await relay_cm.__aenter__()
@@ -145,8 +138,8 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
             relay_nursery = await relay_nursery_cm.__aenter__()
             await relay_nursery.start(HopService(relay, RelayLimits(reservation_ttl=120)).run)
             relay_addr = Multiaddr(f"/memory/4242/p2p/{relay_key.peer_id}")
-            manager = ReservationManager(a, [relay_addr], want=1, max_backoff=2.0)
-            await outer.start(manager.run)
+            manager = ReservationManager([relay_addr], want=1, max_backoff=2.0)
+            await a.add_service(manager)
             while not manager.reservations:
                 await trio.sleep(0.1)
             circuit_addr = manager.circuit_addrs()[0]

@@ -19,7 +19,7 @@ import sys
 import trio
 
 from volunteer.net.host import open_host
-from volunteer.net.nat.relay_client import ReservationManager, install_relay_client
+from volunteer.net.nat.relay_client import ReservationManager
 
 ECHO = "/echo/1.0.0"
 
@@ -33,8 +33,8 @@ async def echo(stream) -> None:
 async def listen_via_relay(args) -> None:
     async with open_host(listen=[args.listen]) as host, trio.open_nursery() as nursery:
         host.set_handler(ECHO, echo)
-        manager = ReservationManager(host, [args.relay], want=1, max_backoff=2.0)
-        await nursery.start(manager.run)
+        manager = ReservationManager([args.relay], want=1, max_backoff=2.0)
+        await host.add_service(manager)
         announced = None
         stdin_closed = trio.Event()
 
@@ -56,8 +56,7 @@ async def listen_via_relay(args) -> None:
 
 
 async def echo_client(args) -> dict:
-    async with open_host(listen=args.listen) as host:
-        install_relay_client(host)
+    async with open_host(listen=args.listen) as host:  # the relay client is a default service
         result: dict = {}
         if args.wait_direct:
             # Connect (relayed, at first), then give hole punching its chance before sending data.

@@ -133,7 +133,7 @@ class Daemon:
                     self.dht = dht
                     servers = opts.nat_servers if opts.nat_servers is not None else self.swarm.entry_points
                     self.nat = NatManager(host, servers, self.swarm.relays)
-                    await nursery.start(self.nat.run)
+                    await host.add_service(self.nat)
                     nursery.start_soon(self._follow_reachability)
                     if opts.mdns:
                         nursery.start_soon(self._discover_lan, nursery)

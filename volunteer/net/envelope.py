@@ -7,12 +7,12 @@ purpose (a relay voucher, say) from being replayed for another.
 
 from __future__ import annotations
 
-from google.protobuf.message import DecodeError
 
 from ..errors import MultiaddrError, PeerIDError, RemoteProtocolError
 from .identity import KeyPair, PeerID, PublicKey
 from .multiaddr import Multiaddr
 from .pb import envelope_pb2, keys_pb2
+from .pb.decode import parse
 from .varint import encode_uvarint
 
 MAX_ENVELOPE = 8192
@@ -42,11 +42,10 @@ def open_envelope(data: bytes, domain: str) -> tuple[PublicKey, bytes, bytes]:
     """Verify an envelope for ``domain``: (signer's key, payload type, payload)."""
     if len(data) > MAX_ENVELOPE:
         raise RemoteProtocolError(f"envelope of {len(data)} bytes exceeds {MAX_ENVELOPE}")
-    envelope = envelope_pb2.Envelope()
+    envelope = parse(envelope_pb2.Envelope, data, "envelope")
     try:
-        envelope.ParseFromString(bytes(data))
         key = PublicKey(envelope.public_key.Type, envelope.public_key.Data)
-    except (DecodeError, PeerIDError) as exc:
+    except PeerIDError as exc:
         raise RemoteProtocolError(f"malformed envelope: {exc}") from None
     if not key.verify(_signed_bytes(domain, envelope.payload_type, envelope.payload), envelope.signature):
         raise RemoteProtocolError(f"envelope signature invalid for domain {domain!r}")
@@ -66,12 +65,11 @@ def parse_peer_record(data: bytes) -> tuple[PeerID, int, list[Multiaddr]]:
     key, payload_type, payload = open_envelope(data, PEER_RECORD_DOMAIN)
     if payload_type != PEER_RECORD_PAYLOAD_TYPE:
         raise RemoteProtocolError("envelope does not hold a peer record")
-    record = envelope_pb2.PeerRecord()
+    record = parse(envelope_pb2.PeerRecord, payload, "peer record")
     try:
-        record.ParseFromString(payload)
         peer = PeerID.from_bytes(record.peer_id)
         addrs = [Multiaddr.from_bytes(a.multiaddr) for a in record.addresses]
-    except (DecodeError, PeerIDError, MultiaddrError) as exc:
+    except (PeerIDError, MultiaddrError) as exc:
         raise RemoteProtocolError(f"malformed peer record: {exc}") from None
     if not peer.matches(key):
         raise RemoteProtocolError("peer record signed by another peer")

@@ -41,15 +41,14 @@ from .events import (
     HostEvent,
     PeerConnected,
     PeerDisconnected,
-    PeerIdentified,
     RelayedConnectionUp,
 )
-from .identify import IDENTIFY, IDENTIFY_PUSH, IdentifyInfo, read_identify, write_identify
+from .identify import Identify, IdentifyInfo
 from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
-from .perf import PERF, PerfLimits, PerfServer
-from .ping import PING, Pinger, serve_ping
+from .perf import PerfLimits, PerfServer
+from .ping import PING, Ping, Pinger
 from .pool import StreamPool
 from .resources import ResourceLimits, ResourceManager, address_key
 from .service import Handler, InboundClass, Service
@@ -107,18 +106,6 @@ class Host:
         self._services: list[Service] = list(services)
         self.resources: ResourceManager = _install_resource_manager(self._services, config)
         self._closed = False
-        # Hooks the NAT layer uses to add addresses (relay circuits, observed) to what we advertise.
-        self.extra_addrs: Callable[[], list[Multiaddr]] = lambda: []
-        # Hole punching: an inbound connection from one of these addresses is the punch we expect
-        # from that peer, and we take the initiator's role on it (DCUtR: the puncher is the client).
-        self.expected_punches: dict[Multiaddr, PeerID] = {}
-        self.hole_puncher = None  # set by open_host when hole punching is enabled
-        self.set_handler(IDENTIFY, self._serve_identify)
-        self.set_handler(IDENTIFY_PUSH, self._serve_identify_push)
-        self.set_handler(PING, serve_ping)
-        self.perf = PerfServer(config.perf_limits)
-        if config.enable_perf:
-            self.set_handler(PERF, self.perf.handle)
 
     # --- handlers -------------------------------------------------------------------------------
     def set_handler(self, protocol: str, handler: Handler) -> None:
@@ -144,7 +131,7 @@ class Host:
                 for concrete in _expand_unspecified(addr):
                     if concrete not in base:
                         base.append(concrete)
-        extras = list(self.extra_addrs())
+        extras: list[Multiaddr] = []
         for service in self._services:
             extras.extend(service.advertised_addrs())
         for extra in extras:
@@ -175,6 +162,11 @@ class Host:
             raise ListenError(f"cannot listen on {addr}: {reason}") from None
         self.listen_addrs.extend(bound)
         return bound
+
+    def add_transport(self, transport: Transport) -> None:
+        """Dial (and listen) through ``transport`` too (the relay client adds circuit dialing)."""
+        if transport not in self.transports:
+            self.transports.append(transport)
 
     def _transport_for(self, addr: Multiaddr, listening: bool = False) -> Transport:
         for transport in self.transports:
@@ -322,12 +314,6 @@ class Host:
             if verdict is not None:
                 await self._run_classified(raw, verdict)
                 return
-        punch_peer = self.expected_punches.get(raw.remote_addr)
-        if punch_peer is not None:
-            # Our punch's SYN lost the race to theirs and the listener got it: same connection, same roles.
-            raw.path = Path.HOLE_PUNCHED
-            await self._run_connection(raw, Direction.OUTBOUND, punch_peer)
-            return
         await self._run_connection(raw, Direction.INBOUND, None)
 
     async def _run_classified(self, raw: RawConnection, verdict: InboundClass) -> None:
@@ -361,8 +347,6 @@ class Host:
                 await nursery.start(conn.muxer.run)
                 self._register(conn)
                 task_status.started(conn)
-                if self.config.identify_on_connect:
-                    nursery.start_soon(self._identify_quietly, conn)
                 try:
                     while True:
                         inner = await conn.muxer.accept_stream()
@@ -465,74 +449,30 @@ class Host:
             with trio.move_on_after(1):
                 await close_quietly(stream)
 
-    # --- identify and ping ----------------------------------------------------------------------
+    # --- identify, ping, perf (services; these delegate) -------------------------------------
+    def _identify_service(self) -> Identify:
+        service = self.service(Identify)
+        if service is None:
+            raise RuntimeError("this host runs no Identify service")
+        return service
+
     def identify_info(self, conn: Connection | None = None) -> IdentifyInfo:
         """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
-        return IdentifyInfo(
-            public_key=self.keypair.public_key,
-            listen_addrs=self.addrs,
-            protocols=self.protocols,
-            observed_addr=conn.remote_addr if conn is not None and not conn.remote_addr.is_relayed() else None,
-            agent_version=self.config.agent_version,
-        )
-
-    async def _serve_identify(self, stream: NetStream) -> None:
-        await write_identify(stream, self.identify_info(stream.connection))
-
-    async def _serve_identify_push(self, stream: NetStream) -> None:
-        info = await read_identify(stream)
-        self._apply_identify(stream.connection, info)
+        return self._identify_service().info_for(conn)
 
     async def identify(self, target: PeerID | Multiaddr | str) -> IdentifyInfo:
         """Ask a peer who it is (and where it sees us); updates the peerstore."""
         conn = await self.connect(target)
-        return await self._identify(conn)
-
-    async def _identify(self, conn: Connection) -> IdentifyInfo:
-        stream = await conn.new_stream([IDENTIFY])
-        try:
-            info = await read_identify(stream)
-        finally:
-            await close_quietly(stream)
-        self._apply_identify(conn, info)
-        return info
-
-    async def _identify_quietly(self, conn: Connection) -> None:
-        try:
-            with trio.fail_after(self.config.handshake_timeout):
-                await self._identify(conn)
-        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.debug("identify with %s failed: %s", conn.remote_peer.short(), describe(exc))
-
-    def _apply_identify(self, conn: Connection, info: IdentifyInfo) -> None:
-        peer = conn.remote_peer
-        if info.public_key is not None and info.peer_id != peer:
-            log.info("identify from %s carries another peer's key; ignored", peer.short())
-            return
-        entry = self.peerstore.info(peer)
-        entry.protocols = info.protocols
-        entry.agent_version = info.agent_version
-        entry.protocol_version = info.protocol_version
-        if info.observed_addr is not None:
-            entry.observed_addr = info.observed_addr
-        if info.listen_addrs:
-            self.peerstore.replace_addrs(peer, info.listen_addrs)
-        self.events.publish(PeerIdentified(peer, conn, info))
+        return await self._identify_service().identify(conn)
 
     async def push_identify(self) -> None:
         """Tell every connected peer our current addresses and protocols (identify push)."""
-        async with trio.open_nursery() as nursery:
-            for conn in self.connections():
-                nursery.start_soon(self._push_to, conn)
+        await self._identify_service().push()
 
-    async def _push_to(self, conn: Connection) -> None:
-        try:
-            with trio.fail_after(self.config.handshake_timeout):
-                stream = await conn.new_stream([IDENTIFY_PUSH])
-                await write_identify(stream, self.identify_info(conn))
-                await close_quietly(stream)
-        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.debug("identify push to %s failed: %s", conn.remote_peer.short(), describe(exc))
+    @property
+    def perf(self) -> PerfServer | None:
+        """The perf server (None when ``enable_perf`` is off)."""
+        return self.service(PerfServer)
 
     async def open_pinger(self, target: PeerID | Multiaddr | str) -> Pinger:
         """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
@@ -590,6 +530,24 @@ def default_transports() -> list[Transport]:
     return [TcpTransport(), MemoryTransport()]
 
 
+def default_services(config: HostConfig) -> list[Service]:
+    """The services every Host runs unless given its own of the same type: the stream pool,
+    identify, ping, and as ``config`` enables them perf, the relay client and the hole puncher."""
+    services: list[Service] = [StreamPool(), Identify(config.identify_on_connect), Ping()]
+    if config.enable_perf:
+        services.append(PerfServer(config.perf_limits))
+    if config.enable_relay_client:
+        from .nat.relay_client import RelayClient  # the NAT wing builds on the Host, not the reverse
+
+        services.append(RelayClient())
+    if config.enable_hole_punching:
+        from .nat.dcutr import HolePuncher
+        from .nat.observer import AddressObserver
+
+        services += [AddressObserver(), HolePuncher()]
+    return services
+
+
 @asynccontextmanager
 async def open_host(
     keypair: KeyPair | None = None,
@@ -600,15 +558,11 @@ async def open_host(
     services: Sequence[Service] = (),
 ):
     """Run a Host for the duration of the ``async with`` block, with ``services`` running on it
-    (a ``StreamPool`` is added when none is given: the DHT and expert calls share it)."""
-    services = list(services)
-    if not any(isinstance(s, StreamPool) for s in services):
-        services.append(StreamPool())
-    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config or HostConfig(), services)
-    if host.config.enable_relay_client:
-        from .nat.relay_client import install_relay_client
-
-        install_relay_client(host)
+    besides ``default_services`` (a service given here replaces the default of its type)."""
+    config = config or HostConfig()
+    given = list(services)
+    services = [s for s in default_services(config) if not any(isinstance(o, type(s)) for o in given)] + given
+    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config, services)
     async with trio.open_nursery() as nursery:
         host._nursery = nursery
         try:
@@ -616,11 +570,6 @@ async def open_host(
                 await host._start_service(service)
             for addr in listen:
                 await host.listen(addr)
-            if host.config.enable_hole_punching:
-                from .nat.dcutr import HolePuncher
-
-                host.hole_puncher = HolePuncher(host)
-                await nursery.start(host.hole_puncher.run)
             yield host
         finally:
             await host.aclose()

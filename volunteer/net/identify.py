@@ -2,22 +2,32 @@
 
 The responder of an identify stream writes one varint-delimited Identify protobuf and closes; a
 pusher opens a push stream and writes its own. Encoding/decoding is pure; ``read_identify`` and
-``write_identify`` are the thin stream parts.
+``write_identify`` are the thin stream parts; ``Identify`` is the Host service that serves both
+protocols, identifies every new connection, keeps the peerstore current and publishes
+``PeerIdentified``.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from google.protobuf.message import DecodeError
+import trio
 
-from ..errors import MultiaddrError, PeerIDError, RemoteProtocolError
+from ..errors import MultiaddrError, PeerIDError, RemoteProtocolError, VolunteerError, describe
+from .events import PeerConnected, PeerIdentified
 from .identity import PeerID, PublicKey
 from .limits import MAX_IDENTIFY_ADDRS, MAX_IDENTIFY_MESSAGE, MAX_IDENTIFY_PROTOCOLS
 from .multiaddr import Multiaddr
+from . import limits
 from .pb import identify_pb2
-from .streams import BufferedStream
+from .pb.decode import parse
+from .service import BaseService, Handler, HostAPI
+from .streams import BufferedStream, close_quietly
+
+if TYPE_CHECKING:
+    from .connection import Connection, NetStream
 from .varint import decode_uvarint, encode_uvarint
 
 log = logging.getLogger(__name__)
@@ -87,8 +97,8 @@ def _parse_delimited(data: bytes):
     msg = identify_pb2.Identify()
     try:
         for part in parts:
-            msg.MergeFromString(part)
-    except DecodeError:
+            msg.MergeFrom(parse(identify_pb2.Identify, part, "identify message"))
+    except RemoteProtocolError:
         return None
     return msg
 
@@ -103,11 +113,7 @@ def decode_identify(data: bytes) -> IdentifyInfo:
         raise RemoteProtocolError(f"identify message of {len(data)} bytes exceeds {MAX_IDENTIFY_MESSAGE}")
     msg = _parse_delimited(data)
     if msg is None:
-        msg = identify_pb2.Identify()
-        try:
-            msg.ParseFromString(data)
-        except DecodeError as exc:
-            raise RemoteProtocolError(f"malformed identify message: {exc}") from None
+        msg = parse(identify_pb2.Identify, data, "identify message")
 
     info = IdentifyInfo(
         agent_version=msg.agentVersion[:256],
@@ -145,3 +151,92 @@ async def read_identify(stream) -> IdentifyInfo:
     buffered = stream if isinstance(stream, BufferedStream) else BufferedStream(stream)
     data = await buffered.receive_until_eof(MAX_IDENTIFY_MESSAGE, "identify message")
     return decode_identify(data)
+
+
+class Identify(BaseService):
+    """The identify protocols as a Host service (``open_host`` always runs one).
+
+    ``identify_on_connect``: ask every new connection's peer who it is (the Host's config says)."""
+
+    def __init__(self, identify_on_connect: bool = True) -> None:
+        self.identify_on_connect = identify_on_connect
+
+    def handlers(self) -> dict[str, Handler]:
+        return {IDENTIFY: self._serve, IDENTIFY_PUSH: self._serve_push}
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        if not self.identify_on_connect:
+            task_status.started()
+            return
+        # One event per connection: a queue as long as the connection limit loses none.
+        with host.events.subscribe(PeerConnected, max_queued=limits.MAX_CONNECTIONS) as events:
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                async for event in events:
+                    assert isinstance(event, PeerConnected)
+                    nursery.start_soon(self._identify_quietly, event.connection)
+
+    def info_for(self, conn: "Connection | None" = None) -> IdentifyInfo:
+        """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
+        return IdentifyInfo(
+            public_key=self.host.keypair.public_key,
+            listen_addrs=self.host.addrs,
+            protocols=self.host.protocols,
+            observed_addr=conn.remote_addr if conn is not None and not conn.remote_addr.is_relayed() else None,
+            agent_version=self.host.config.agent_version,
+        )
+
+    async def _serve(self, stream: "NetStream") -> None:
+        await write_identify(stream, self.info_for(stream.connection))
+
+    async def _serve_push(self, stream: "NetStream") -> None:
+        info = await read_identify(stream)
+        self._apply(stream.connection, info)
+
+    async def identify(self, conn: "Connection") -> IdentifyInfo:
+        """Ask the peer on ``conn`` who it is (and where it sees us); updates the peerstore."""
+        stream = await conn.new_stream([IDENTIFY])
+        try:
+            info = await read_identify(stream)
+        finally:
+            await close_quietly(stream)
+        self._apply(conn, info)
+        return info
+
+    async def _identify_quietly(self, conn: "Connection") -> None:
+        try:
+            with trio.fail_after(self.host.config.handshake_timeout):
+                await self.identify(conn)
+        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("identify with %s failed: %s", conn.remote_peer.short(), describe(exc))
+
+    def _apply(self, conn: "Connection", info: IdentifyInfo) -> None:
+        peer = conn.remote_peer
+        if info.public_key is not None and info.peer_id != peer:
+            log.info("identify from %s carries another peer's key; ignored", peer.short())
+            return
+        entry = self.host.peerstore.info(peer)
+        entry.protocols = info.protocols
+        entry.agent_version = info.agent_version
+        entry.protocol_version = info.protocol_version
+        if info.observed_addr is not None:
+            entry.observed_addr = info.observed_addr
+        if info.listen_addrs:
+            self.host.peerstore.replace_addrs(peer, info.listen_addrs)
+        self.host.events.publish(PeerIdentified(peer, conn, info))
+
+    async def push(self) -> None:
+        """Tell every connected peer our current addresses and protocols (identify push)."""
+        async with trio.open_nursery() as nursery:
+            for conn in self.host.connections():
+                nursery.start_soon(self._push_to, conn)
+
+    async def _push_to(self, conn: "Connection") -> None:
+        try:
+            with trio.fail_after(self.host.config.handshake_timeout):
+                stream = await conn.new_stream([IDENTIFY_PUSH])
+                await write_identify(stream, self.info_for(conn))
+                await close_quietly(stream)
+        except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            log.debug("identify push to %s failed: %s", conn.remote_peer.short(), describe(exc))

@@ -20,11 +20,11 @@ import base58
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
-from google.protobuf.message import DecodeError
 
 from ..errors import KeyFileError, PeerIDError, RemoteProtocolError
 from .limits import MAX_PEER_ID_BYTES, MAX_PUBLIC_KEY_BYTES
 from .pb import keys_pb2
+from .pb.decode import parse
 from .varint import decode_uvarint, encode_uvarint
 
 RSA, ED25519, SECP256K1, ECDSA = 0, 1, 2, 3
@@ -67,11 +67,10 @@ class PublicKey:
     def from_protobuf(cls, data: bytes) -> "PublicKey":
         if len(data) > MAX_PUBLIC_KEY_BYTES:
             raise PeerIDError(f"public key of {len(data)} bytes exceeds {MAX_PUBLIC_KEY_BYTES}")
-        msg = keys_pb2.PublicKey()
         try:
-            msg.ParseFromString(bytes(data))
-        except DecodeError as exc:
-            raise PeerIDError(f"malformed public key: {exc}") from None
+            msg = parse(keys_pb2.PublicKey, data, "public key")
+        except RemoteProtocolError as exc:
+            raise PeerIDError(str(exc)) from None
         return cls(msg.Type, msg.Data)
 
     def __eq__(self, other: object) -> bool:
@@ -138,11 +137,10 @@ class KeyPair:
 
     @classmethod
     def from_protobuf(cls, data: bytes) -> "KeyPair":
-        msg = keys_pb2.PrivateKey()
         try:
-            msg.ParseFromString(bytes(data))
-        except DecodeError as exc:
-            raise PeerIDError(f"malformed private key: {exc}") from None
+            msg = parse(keys_pb2.PrivateKey, data, "private key")
+        except RemoteProtocolError as exc:
+            raise PeerIDError(str(exc)) from None
         if msg.Type != ED25519:
             raise PeerIDError(f"only Ed25519 identities are supported, not {KEY_TYPE_NAMES.get(msg.Type, msg.Type)}")
         if len(msg.Data) not in (32, 64):

@@ -73,3 +73,43 @@ YAMUX_MAX_CONTROL_OUTBOX = 64 * 1024
 YAMUX_GOAWAY_FLUSH_TIMEOUT = 1.0  # seconds we try to tell a misbehaving peer GoAway before closing
 FIRST_MESSAGE_TIMEOUT = 2.0  # seconds from accept to the first multistream message (slowloris bound)
 REFUSAL_WARN_INTERVAL = 10.0  # at most one WARNING line per refusal reason this often
+
+# --- NAT wing: DCUtR hole punching (net/nat/dcutr.py, punch.py, messages.py) ---
+DCUTR_MAX_MESSAGE = 4096  # a HolePunch message: a type and a few addresses
+DCUTR_MAX_ATTEMPTS = 3  # CONNECT/SYNC rounds per relayed connection; the last swaps roles
+DCUTR_MAX_PUNCH_ADDRS = 4  # sockets opened per attempt, at most
+DCUTR_MAX_ADDRS_READ = 4 * DCUTR_MAX_PUNCH_ADDRS  # addresses looked at in a message before filtering
+DCUTR_MAX_CONCURRENT_PUNCHES = 8
+DCUTR_DIAL_TIMEOUT = 5.0  # longer than one SYN retransmission (1 s), for the SYN the NAT dropped first
+DCUTR_STREAM_TIMEOUT = 15.0  # one CONNECT/SYNC round on the dcutr stream
+DCUTR_RELAY_GRACE = 2.0  # seconds the relayed connection lives on after the direct one is up
+DCUTR_OBSERVATION_WAIT = 2.0  # seconds to wait for identify to tell us an observed address before CONNECT
+DCUTR_MAX_OUTCOMES = 100  # punch outcomes kept for the dashboard
+
+# --- NAT wing: observed addresses (net/nat/observed.py) ---
+MAX_OBSERVATIONS = 256  # observers remembered (one observation each, the newest)
+OBSERVATION_TTL = 30 * 60.0  # forget what a peer told us after half an hour
+MIN_OBSERVERS = 2  # distinct observers (by IP) needed before we call the NAT mapping
+
+# --- NAT wing: circuit relay v2 client (net/nat/circuit.py, relay_client.py, schedule.py) ---
+CIRCUIT_MAX_MESSAGE = 4096  # hop and stop messages
+RELAY_REQUEST_TIMEOUT = 10.0  # one RESERVE or CONNECT exchange with a relay
+MAX_RESERVATION_TTL = 24 * 3600.0  # we never trust a relay's expiry further out than this
+CLOCK_SKEW_ALLOWANCE = 30.0  # relays' clocks disagree with ours; refresh this much early
+MIN_RESERVATION_REFRESH = 5.0  # never refresh sooner than this after a grant (a relay granting 1 s TTLs)
+WANT_RESERVATIONS = 2  # relays we keep a slot on at once
+RESERVATION_MAX_BACKOFF = 60.0  # seconds between retries of a failing relay, at most (2^failures before)
+
+# --- NAT wing: AutoNAT v1 (net/nat/autonat.py, manager.py) ---
+AUTONAT_MAX_MESSAGE = 4096
+AUTONAT_MAX_DIAL_ADDRS = 4  # addresses a server dials back, at most
+AUTONAT_DIAL_BACK_TIMEOUT = 10.0
+AUTONAT_REQUEST_TIMEOUT = 20.0
+AUTONAT_RATE_PER_PEER = 3  # dial-back requests a server takes from one peer per AUTONAT_RATE_WINDOW
+AUTONAT_RATE_TOTAL = 30  # ... and from everyone together
+AUTONAT_RATE_WINDOW = 60.0
+AUTONAT_PROBE_INTERVAL = 120.0  # re-check this often once reachability is known
+AUTONAT_UNKNOWN_PROBE_INTERVAL = 15.0  # ... and this often while it is not
+AUTONAT_REQUIRED_CONFIRMATIONS = 3  # distinct servers that must agree (fewer if fewer exist)
+AUTONAT_MEMORY = 8  # servers' latest answers kept
+RESERVE_WHEN_UNKNOWN_AFTER = 30.0  # no verdict by then: reserve relay slots anyway, to be reachable

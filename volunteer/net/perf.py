@@ -18,6 +18,7 @@ import trio
 
 from ..errors import RemoteProtocolError, ResourceLimitExceeded
 from .identity import PeerID
+from .service import BaseService, Handler
 from .streams import BufferedStream
 
 PERF = "/perf/1.0.0"
@@ -71,8 +72,8 @@ class PerfServerStats:
     bytes_sent: int = 0
 
 
-class PerfServer:
-    """Serves `/perf/1.0.0` within PerfLimits. ``await server.handle(stream)`` is the Host handler."""
+class PerfServer(BaseService):
+    """Serves `/perf/1.0.0` within PerfLimits, as a Host service (``HostConfig.enable_perf``)."""
 
     def __init__(self, limits: PerfLimits | None = None, clock: Callable[[], float] = trio.current_time) -> None:
         self.limits = limits or PerfLimits()
@@ -95,7 +96,11 @@ class PerfServer:
             for other in [p for p, b in self._budgets.items() if b.used(now) == 0]:
                 del self._budgets[other]
 
+    def handlers(self) -> dict[str, Handler]:
+        return {PERF: self.handle}
+
     async def handle(self, stream) -> None:
+        """Serve one perf stream (refused by a reset past the per-peer and total stream limits)."""
         peer: PeerID = stream.remote_peer
         active = self._active.get(peer, 0)
         if active >= self.limits.max_streams_per_peer or sum(self._active.values()) >= self.limits.max_streams_total:

@@ -8,6 +8,7 @@ import trio
 
 from ..errors import RemoteProtocolError
 from .limits import PING_PAYLOAD
+from .service import BaseService, Handler
 from .streams import BufferedStream
 
 PING = "/ipfs/ping/1.0.0"
@@ -45,3 +46,10 @@ class Pinger:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+class Ping(BaseService):
+    """Serves ping on a Host (``open_host`` always runs one)."""
+
+    def handlers(self) -> dict[str, Handler]:
+        return {PING: serve_ping}

@@ -24,11 +24,12 @@ import trio
 if TYPE_CHECKING:
     from .connection import Connection, Direction, NetStream, Path
     from .events import EventBus
+    from .host import HostConfig
     from .identify import IdentifyInfo
     from .identity import KeyPair, PeerID
     from .multiaddr import Multiaddr
     from .peerstore import Peerstore
-    from .transport.base import RawConnection
+    from .transport.base import RawConnection, Transport
 
 Handler = Callable[["NetStream"], Awaitable[None]]
 S = TypeVar("S")
@@ -57,6 +58,7 @@ class HostAPI(Protocol):
     peerstore: "Peerstore"
     events: "EventBus"
     listen_addrs: list["Multiaddr"]
+    config: "HostConfig"
 
     @property
     def addrs(self) -> list["Multiaddr"]: ...
@@ -83,6 +85,8 @@ class HostAPI(Protocol):
     async def dial_addr(self, addr: "Multiaddr", peer: "PeerID | None" = None, **options: Any) -> "Connection": ...
 
     async def handle_inbound(self, raw: "RawConnection") -> None: ...
+
+    def add_transport(self, transport: "Transport") -> None: ...
 
     async def new_stream(self, target: "PeerID | Multiaddr | str", protocols: Sequence[str]) -> "NetStream": ...
 

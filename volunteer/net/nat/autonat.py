@@ -11,26 +11,27 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import trio
-from google.protobuf.message import DecodeError
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
+from .. import limits
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..pb import autonat_pb2
+from ..pb.decode import parse
+from ..ratelimit import RateLimiter
+from ..service import BaseService, Handler, HostAPI
 from ..streams import BufferedStream, close_quietly
 from ..varint import encode_uvarint
 
 log = logging.getLogger(__name__)
 
 AUTONAT = "/libp2p/autonat/1.0.0"
-MAX_MESSAGE = 4096
-MAX_DIAL_ADDRS = 4
-DIAL_BACK_TIMEOUT = 10.0
-REQUEST_TIMEOUT = 20.0
+MAX_DIAL_ADDRS = limits.AUTONAT_MAX_DIAL_ADDRS
 Message = autonat_pb2.Message
 OK, E_DIAL_ERROR, E_DIAL_REFUSED, E_BAD_REQUEST = (
     Message.OK, Message.E_DIAL_ERROR, Message.E_DIAL_REFUSED, Message.E_BAD_REQUEST,
@@ -38,6 +39,8 @@ OK, E_DIAL_ERROR, E_DIAL_REFUSED, E_BAD_REQUEST = (
 
 
 class Reachability(enum.Enum):
+    """AutoNAT's verdict on whether others can dial us."""
+
     UNKNOWN = "unknown"
     PUBLIC = "public"
     PRIVATE = "private"
@@ -53,7 +56,7 @@ class ReachabilityTracker:
     does not make a node flap between public and private.
     """
 
-    def __init__(self, required: int = 3, memory: int = 8) -> None:
+    def __init__(self, required: int = limits.AUTONAT_REQUIRED_CONFIRMATIONS, memory: int = limits.AUTONAT_MEMORY) -> None:
         self.required = required
         self._answers: OrderedDict[PeerID, bool] = OrderedDict()
         self._memory = memory
@@ -61,6 +64,7 @@ class ReachabilityTracker:
         self.confirmed_addr: Multiaddr | None = None
 
     def record(self, server: PeerID, reachable: bool, addr: Multiaddr | None = None) -> Reachability:
+        """Note ``server``'s latest answer; returns the (possibly new) verdict."""
         self._answers.pop(server, None)
         self._answers[server] = reachable
         while len(self._answers) > self._memory:
@@ -78,6 +82,7 @@ class ReachabilityTracker:
 
     @property
     def evidence(self) -> tuple[int, int]:
+        """(servers that reached us, servers that did not), among the remembered answers."""
         yes = sum(self._answers.values())
         return yes, len(self._answers) - yes
 
@@ -98,38 +103,25 @@ def dialable_addrs(requested: list[Multiaddr], observed_ip: str) -> list[Multiad
     return out[:MAX_DIAL_ADDRS]
 
 
-class RateLimit:
-    """At most ``per_peer`` requests per peer and ``total`` overall in any ``window`` seconds."""
+def per_peer_limiter(requests: int = limits.AUTONAT_RATE_PER_PEER, window: float = limits.AUTONAT_RATE_WINDOW) -> RateLimiter:
+    """At most ``requests`` dial-back requests per peer in a burst, refilled over ``window`` seconds."""
+    return RateLimiter(rate=requests / window, burst=requests)
 
-    def __init__(self, per_peer: int = 3, total: int = 30, window: float = 60.0) -> None:
-        self.per_peer, self.total, self.window = per_peer, total, window
-        self._all: deque[float] = deque()
-        self._by_peer: dict[PeerID, deque[float]] = {}
 
-    def allow(self, peer: PeerID, now: float) -> bool:
-        for events in (self._all, *self._by_peer.values()):
-            while events and events[0] <= now - self.window:
-                events.popleft()
-        self._by_peer = {p: e for p, e in self._by_peer.items() if e}
-        mine = self._by_peer.setdefault(peer, deque())
-        if len(self._all) >= self.total or len(mine) >= self.per_peer:
-            return False
-        self._all.append(now)
-        mine.append(now)
-        return True
+def total_limiter(requests: int = limits.AUTONAT_RATE_TOTAL, window: float = limits.AUTONAT_RATE_WINDOW) -> RateLimiter:
+    """At most ``requests`` dial-back requests from everyone together, refilled over ``window``."""
+    return RateLimiter(rate=requests / window, burst=requests, max_keys=1)
+
+
+_EVERYONE: Hashable = "everyone"  # the one key of the server's total limit
 
 
 # --- wire --------------------------------------------------------------------------------
 
 
 async def _read(stream: BufferedStream) -> Message:
-    body = await stream.receive_length_prefixed(MAX_MESSAGE, "autonat message")
-    message = Message()
-    try:
-        message.ParseFromString(body)
-    except DecodeError as exc:
-        raise RemoteProtocolError(f"malformed autonat message: {exc}") from None
-    return message
+    body = await stream.receive_length_prefixed(limits.AUTONAT_MAX_MESSAGE, "autonat message")
+    return parse(Message, body, "autonat message")
 
 
 async def _write(stream, message: Message) -> None:
@@ -150,19 +142,27 @@ def _response(status: int, text: str = "", addr: Multiaddr | None = None) -> Mes
 # --- server ------------------------------------------------------------------------------
 
 
-class AutoNATServer:
-    """Answers dial-back requests for others on a Host."""
+class AutoNATServer(BaseService):
+    """Answers dial-back requests for others on a Host (a service), rate-limited per peer and in total."""
 
-    def __init__(self, host, rate: RateLimit | None = None) -> None:
-        self.host = host
-        self.rate = rate or RateLimit()
+    def __init__(self, per_peer: RateLimiter | None = None, total: RateLimiter | None = None) -> None:
+        # ``is None``, not ``or``: an empty RateLimiter has no keys yet, so it is falsy.
+        self.per_peer = per_peer_limiter() if per_peer is None else per_peer
+        self.total = total_limiter() if total is None else total
         self.served = 0
         self.refused = 0
 
-    def install(self) -> None:
-        self.host.set_handler(AUTONAT, self.handle)
+    def handlers(self) -> dict[str, Handler]:
+        return {AUTONAT: self.handle}
+
+    def _allow(self, peer: PeerID, now: float) -> bool:
+        # Both buckets must have a token before either is spent: a refused peer costs others nothing.
+        if self.per_peer.tokens(peer, now=now) < 1 or self.total.tokens(_EVERYONE, now=now) < 1:
+            return False
+        return self.per_peer.allow(peer, now=now) and self.total.allow(_EVERYONE, now=now)
 
     async def handle(self, stream) -> None:
+        """Serve one DIAL request."""
         buffered = BufferedStream(stream)
         conn = stream.connection
         try:
@@ -181,7 +181,7 @@ class AutoNATServer:
         if request.dial.peer.HasField("id") and request.dial.peer.id and request.dial.peer.id != peer.to_bytes():
             await _write(stream, _response(E_BAD_REQUEST, "peer id does not match the connection"))
             return
-        if not self.rate.allow(peer, trio.current_time()):
+        if not self._allow(peer, trio.current_time()):
             self.refused += 1
             await _write(stream, _response(E_DIAL_REFUSED, "rate limited"))
             return
@@ -206,7 +206,7 @@ class AutoNATServer:
     async def _dial_back(self, peer: PeerID, addrs: list[Multiaddr]) -> Multiaddr | None:
         for addr in addrs:
             try:
-                with trio.fail_after(DIAL_BACK_TIMEOUT):
+                with trio.fail_after(limits.AUTONAT_DIAL_BACK_TIMEOUT):
                     # A fresh connection from an ephemeral port: proves the address takes unsolicited dials.
                     conn = await self.host.dial_addr(addr, peer, local_port=0)
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
@@ -222,15 +222,17 @@ class AutoNATServer:
 
 @dataclass
 class ProbeResult:
+    """One server's answer to a probe."""
+
     server: PeerID
     reachable: bool | None  # None: the server refused or failed, no evidence either way
     addr: Multiaddr | None = None
     text: str = ""
 
 
-async def probe(host, server: PeerID | Multiaddr | str, addrs: list[Multiaddr]) -> ProbeResult:
+async def probe(host: HostAPI, server: PeerID | Multiaddr | str, addrs: list[Multiaddr]) -> ProbeResult:
     """Ask ``server`` to dial us back on ``addrs``."""
-    with trio.fail_after(REQUEST_TIMEOUT):
+    with trio.fail_after(limits.AUTONAT_REQUEST_TIMEOUT):
         conn = await host.connect(server)
         stream = BufferedStream(await conn.new_stream([AUTONAT]))
         request = Message(type=Message.DIAL)

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError
-
 from ...errors import PeerIDError, RemoteProtocolError
+from .. import limits
 from ..envelope import open_envelope, seal
 from ..identity import KeyPair, PeerID
 from ..pb import circuit_pb2
+from ..pb.decode import parse
 from ..streams import BufferedStream
 from ..varint import encode_uvarint
 
 HOP = "/libp2p/circuit/relay/0.2.0/hop"
 STOP = "/libp2p/circuit/relay/0.2.0/stop"
-MAX_MESSAGE = 4096
+MAX_MESSAGE = limits.CIRCUIT_MAX_MESSAGE
 VOUCHER_DOMAIN = "libp2p-relay-rsvp"
 VOUCHER_PAYLOAD_TYPE = b"\x03\x02"
 
@@ -37,6 +37,7 @@ UNEXPECTED_MESSAGE = circuit_pb2.UNEXPECTED_MESSAGE
 
 
 def status_name(status: int) -> str:
+    """The spec's name of a status code (for errors and refusal counters)."""
     try:
         return circuit_pb2.Status.Name(status)
     except ValueError:
@@ -59,6 +60,7 @@ class Limit:
 
 
 def encode(message) -> bytes:
+    """A delimited hop or stop message (ValueError if over MAX_MESSAGE: our own bug)."""
     body = message.SerializeToString()
     if len(body) > MAX_MESSAGE:
         raise ValueError(f"circuit message of {len(body)} bytes exceeds {MAX_MESSAGE}")
@@ -66,12 +68,8 @@ def encode(message) -> bytes:
 
 
 def decode(data: bytes, cls):
-    message = cls()
-    try:
-        message.ParseFromString(data)
-    except DecodeError as exc:
-        raise RemoteProtocolError(f"malformed {cls.__name__}: {exc}") from None
-    return message
+    """One hop, stop or voucher message from its body (RemoteProtocolError if malformed)."""
+    return parse(cls, data, cls.__name__)
 
 
 async def read_message(stream: BufferedStream, cls):
@@ -80,6 +78,7 @@ async def read_message(stream: BufferedStream, cls):
 
 
 async def write_message(stream, message) -> None:
+    """Send one delimited hop or stop message."""
     await stream.send_all(encode(message))
 
 

@@ -1,9 +1,11 @@
-"""NatManager: what a volunteer node does about NAT, in one service.
+"""NatManager: what a volunteer node does about NAT, in one Host service.
 
 It asks AutoNAT servers (the swarm's relays, usually) to dial back and decides public / private
-from their answers; once private, it keeps relay reservations so others can reach us; it reads
-the NAT mapping type from identify's observed addresses; hole punching itself runs in the Host
-(DCUtR). ``snapshot()`` is what the dashboard and ``volunteer doctor`` show.
+from their answers, publishing ``ReachabilityChanged`` on the Host's bus when the verdict moves;
+once private (or still unknown after a while), it adds a ``ReservationManager`` service so others
+can reach us through relays; it reads the NAT mapping type from the ``AddressObserver``; hole
+punching itself is the ``HolePuncher`` service. ``snapshot()`` is what the dashboard and
+``volunteer doctor`` show.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from dataclasses import dataclass
 import trio
 
 from ...errors import VolunteerError, describe
+from .. import limits
+from ..events import ReachabilityChanged
 from ..multiaddr import Multiaddr
+from ..service import BaseService, HostAPI
 from .autonat import ProbeResult, Reachability, ReachabilityTracker, probe
+from .dcutr import HolePuncher
 from .observed import MappingType
+from .observer import AddressObserver
 from .relay_client import ReservationManager
 
 log = logging.getLogger(__name__)
@@ -25,17 +32,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class NatConfig:
-    probe_interval: float = 120.0  # re-check once reachability is known
-    unknown_probe_interval: float = 15.0
-    required_confirmations: int = 3  # distinct servers that must agree (fewer if fewer exist)
-    want_reservations: int = 2
-    reserve_when_unknown_after: float = 30.0  # no verdict by then: reserve anyway, to be reachable
+    """How often to probe, how much evidence to want, how many relay slots to keep."""
+
+    probe_interval: float = limits.AUTONAT_PROBE_INTERVAL
+    unknown_probe_interval: float = limits.AUTONAT_UNKNOWN_PROBE_INTERVAL
+    required_confirmations: int = limits.AUTONAT_REQUIRED_CONFIRMATIONS
+    want_reservations: int = limits.WANT_RESERVATIONS
+    reserve_when_unknown_after: float = limits.RESERVE_WHEN_UNKNOWN_AFTER
 
 
-class NatManager:
-    """Runs AutoNAT probes and relay reservations for ``host``."""
+class NatManager(BaseService):
+    """Runs AutoNAT probes and relay reservations for ``host`` (``await host.add_service(manager)``;
+    ``probe_round()`` also works without running it, as ``volunteer doctor`` does)."""
 
-    def __init__(self, host, servers: Sequence[Multiaddr | str], relays: Sequence[Multiaddr | str] = (), config: NatConfig | None = None) -> None:
+    def __init__(self, host: HostAPI, servers: Sequence[Multiaddr | str], relays: Sequence[Multiaddr | str] = (),
+                 config: NatConfig | None = None) -> None:
         self.host = host
         self.servers = [Multiaddr(s) for s in servers]
         self.relays = [Multiaddr(r) for r in relays]
@@ -45,23 +56,28 @@ class NatManager:
         self.reservations: ReservationManager | None = None
         self.last_results: list[ProbeResult] = []
         self.last_error = ""
-        self._nursery: trio.Nursery | None = None
 
     @property
     def reachability(self) -> Reachability:
         return self.tracker.status
 
+    def _observer(self) -> AddressObserver | None:
+        return self.host.service(AddressObserver)
+
     def mapping(self) -> MappingType:
-        puncher = self.host.hole_puncher
-        if puncher is None:
-            return MappingType.UNKNOWN
-        ports = [int(a.value_for("tcp")) for a in self.host.listen_addrs if a.value_for("tcp")]
-        return puncher.observed.mapping(trio.current_time(), ports[0] if ports else None)
+        """The NAT mapping type our observed addresses imply (UNKNOWN without an observer)."""
+        observer = self._observer()
+        return observer.mapping(trio.current_time()) if observer else MappingType.UNKNOWN
+
+    def observed_addrs(self) -> list[Multiaddr]:
+        """Our external addresses as peers observe them (for the listen port)."""
+        observer = self._observer()
+        return observer.external_addrs(trio.current_time()) if observer else []
 
     def our_addrs(self) -> list[Multiaddr]:
         """Addresses to have checked: observed external ones first, then our listen addresses."""
-        addrs = list(self.host.hole_puncher.our_addrs()) if self.host.hole_puncher else []
-        # What connected peers told us in identify, even if the hole puncher has not seen it yet.
+        addrs = self.observed_addrs()
+        # What connected peers told us in identify, even if the observer has not seen it yet.
         for conn in self.host.connections():
             info = self.host.peerstore.get(conn.remote_peer)
             observed = info.observed_addr if info else None
@@ -69,21 +85,21 @@ class NatManager:
                 addrs.append(observed)
         return addrs + [a for a in self.host.addrs if not a.is_relayed() and a not in addrs]
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            started = trio.current_time()
-            while True:
-                await self.probe_round()
-                unknown_too_long = (
-                    self.reachability is Reachability.UNKNOWN
-                    and trio.current_time() - started >= self.config.reserve_when_unknown_after
-                )
-                if (self.reachability is Reachability.PRIVATE or unknown_too_long) and self.relays:
-                    await self._ensure_reservations()
-                interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
-                await trio.sleep(interval)
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if host is not self.host:
+            raise ValueError("a NatManager runs on the host it was made for")
+        task_status.started()
+        started = trio.current_time()
+        while True:
+            await self.probe_round()
+            unknown_too_long = (
+                self.reachability is Reachability.UNKNOWN
+                and trio.current_time() - started >= self.config.reserve_when_unknown_after
+            )
+            if (self.reachability is Reachability.PRIVATE or unknown_too_long) and self.relays:
+                await self._ensure_reservations()
+            interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
+            await trio.sleep(interval)
 
     async def probe_round(self) -> Reachability:
         """Ask each server once (in parallel); record what they found."""
@@ -106,23 +122,25 @@ class NatManager:
                 after = self.tracker.record(result.server, result.reachable, result.addr)
                 if after is not before:
                     log.info("reachability: %s (evidence %s)", after.value, self.tracker.evidence)
+                    self.host.events.publish(ReachabilityChanged(after))
         self.last_results = results
         return self.tracker.status
 
     async def _ensure_reservations(self) -> None:
-        if self.reservations is None and self._nursery is not None:
-            self.reservations = ReservationManager(self.host, self.relays, want=self.config.want_reservations)
-            await self._nursery.start(self.reservations.run)
+        if self.reservations is None:
+            self.reservations = ReservationManager(self.relays, want=self.config.want_reservations)
+            await self.host.add_service(self.reservations)
 
     def snapshot(self) -> dict:
+        """What the dashboard and ``volunteer doctor`` show."""
         yes, no = self.tracker.evidence
-        puncher = self.host.hole_puncher
+        puncher = self.host.service(HolePuncher)
         return {
             "reachability": self.reachability.value,
             "evidence": {"reachable": yes, "unreachable": no, "required": self.tracker.required},
             "confirmed_addr": str(self.tracker.confirmed_addr) if self.tracker.confirmed_addr else None,
             "mapping": self.mapping().value,
-            "observed_addrs": [str(a) for a in (puncher.our_addrs() if puncher else [])],
+            "observed_addrs": [str(a) for a in self.observed_addrs()],
             "relays": [
                 {
                     "addr": str(status.addr),
@@ -140,3 +158,6 @@ class NatManager:
             ],
             "last_error": self.last_error,
         }
+
+
+__all__ = ["NatConfig", "NatManager"]

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import limits
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 
-MAX_OBSERVATIONS = 256
-OBSERVATION_TTL = 30 * 60.0  # forget what a peer told us after half an hour
-MIN_OBSERVERS = 2  # distinct observers (by IP) needed before we call the mapping
+MAX_OBSERVATIONS = limits.MAX_OBSERVATIONS
+OBSERVATION_TTL = limits.OBSERVATION_TTL
+MIN_OBSERVERS = limits.MIN_OBSERVERS
 
 
 class MappingType(enum.Enum):
+    """How our NAT maps a listen port, as far as the observations tell."""
+
     UNKNOWN = "unknown"
     ENDPOINT_INDEPENDENT = "endpoint-independent"  # hole-punchable
     ENDPOINT_DEPENDENT = "endpoint-dependent"  # symmetric: hole punching fails
@@ -29,6 +33,8 @@ class MappingType(enum.Enum):
 
 @dataclass
 class Observation:
+    """What one observer told us about one of our connections."""
+
     observer: PeerID
     observer_ip: str
     local_port: int  # our port on that connection
@@ -84,6 +90,15 @@ class ObservedAddrs:
         for o in self._fresh(now, local_port):
             counts[o.observed] = counts.get(o.observed, 0) + 1
         return sorted(counts, key=lambda addr: -counts[addr])[:limit]
+
+    def external_addrs(self, now: float, listen_addrs: Sequence[Multiaddr], limit: int = limits.DCUTR_MAX_PUNCH_ADDRS) -> list[Multiaddr]:
+        """What we tell a peer to dial for a hole punch: observed external addresses of our TCP
+        listen ports (of any port when we listen on none), most-reported first, at most ``limit``."""
+        ports: list[int | None] = [int(p) for p in (a.value_for("tcp") for a in listen_addrs) if p]
+        addrs: list[Multiaddr] = []
+        for port in ports or [None]:
+            addrs += [a for a in self.candidates(now, port) if a not in addrs]
+        return addrs[:limit]
 
     def __len__(self) -> int:
         return len(self._by_observer)

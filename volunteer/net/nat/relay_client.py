@@ -11,52 +11,28 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import trio
 
 from ...errors import DialError, RemoteProtocolError, VolunteerError, describe
 from ..connection import Path
-from ..events import PeerDisconnected
+from .. import limits
+from ..events import PeerDisconnected, Subscription
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..streams import BufferedStream, close_quietly, reset_quietly
+from ..service import BaseService, Handler, HostAPI
 from ..transport.base import RawConnection
 from . import circuit
 from .circuit import HopMessage, Limit, StopMessage
+from .schedule import RelayStatus, Reservation, ReservationSchedule
 
 log = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 10.0
-MAX_RESERVATION_TTL = 24 * 3600.0  # we never trust a relay's expiry further out than this
-CLOCK_SKEW_ALLOWANCE = 30.0  # relays' clocks disagree with ours; refresh this much early
-MIN_REFRESH = 5.0
 
-
-@dataclass
-class Reservation:
-    """A slot on a relay, as the relay granted it."""
-
-    relay: PeerID
-    relay_addrs: list[Multiaddr]  # the relay's addresses, ending in /p2p/RELAY
-    expire_unix: int
-    ttl: float  # seconds from when it was granted, as we trust it (capped, skew-adjusted)
-    granted_at: float  # trio clock
-    limit: Limit
-    voucher: bytes | None = None
-
-    @property
-    def circuit_addrs(self) -> list[Multiaddr]:
-        return [addr.encapsulate("/p2p-circuit") for addr in self.relay_addrs]
-
-    def refresh_at(self) -> float:
-        """When to refresh: at 3/4 of the lifetime, and never later than skew allows."""
-        return self.granted_at + max(MIN_REFRESH, min(self.ttl * 0.75, self.ttl - CLOCK_SKEW_ALLOWANCE))
-
-
-async def reserve(host, relay: PeerID | Multiaddr | str, wall_clock: Callable[[], float] = time.time) -> Reservation:
+async def reserve(host: HostAPI, relay: PeerID | Multiaddr | str, wall_clock: Callable[[], float] = time.time) -> Reservation:
     """Reserve a slot on ``relay``. DialError if refused or unreachable."""
-    with trio.fail_after(REQUEST_TIMEOUT):
+    with trio.fail_after(limits.RELAY_REQUEST_TIMEOUT):
         conn = await host.connect(relay)
         stream = BufferedStream(await conn.new_stream([circuit.HOP]))
         try:
@@ -71,7 +47,7 @@ async def reserve(host, relay: PeerID | Multiaddr | str, wall_clock: Callable[[]
         raise RemoteProtocolError("relay accepted the reservation but sent no details")
     details = reply.reservation
     # The relay's clock is not ours: trust its expiry only up to a bound.
-    ttl = min(max(details.expire - wall_clock(), 0.0), MAX_RESERVATION_TTL)
+    ttl = min(max(details.expire - wall_clock(), 0.0), limits.MAX_RESERVATION_TTL)
     addrs = []
     for raw in details.addrs:
         try:
@@ -91,7 +67,7 @@ async def reserve(host, relay: PeerID | Multiaddr | str, wall_clock: Callable[[]
 class CircuitTransport:
     """Dials ``…/p2p/RELAY/p2p-circuit/p2p/TARGET`` through the relay's hop protocol."""
 
-    def __init__(self, host) -> None:
+    def __init__(self, host: HostAPI) -> None:
         self.host = host
 
     def can_dial(self, addr: Multiaddr) -> bool:
@@ -126,15 +102,26 @@ class CircuitTransport:
         return raw
 
 
-class StopHandler:
-    """Accepts relayed connections: the relay's stop CONNECT becomes an inbound connection."""
+class RelayClient(BaseService):
+    """The relay client as a Host service: dials ``…/p2p-circuit/p2p/PEER`` addresses (it adds a
+    ``CircuitTransport`` to the Host) and accepts relayed connections (the stop protocol): the
+    relay's stop CONNECT becomes an inbound connection we answer as the upgrade's responder."""
 
-    def __init__(self, host, transport: CircuitTransport) -> None:
-        self.host = host
-        self.transport = transport
+    def __init__(self) -> None:
+        self.transport: CircuitTransport | None = None
         self.accepted = 0
 
-    async def handle(self, stream) -> None:
+    def handlers(self) -> dict[str, Handler]:
+        return {circuit.STOP: self.handle_stop}
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        self.transport = CircuitTransport(host)
+        host.add_transport(self.transport or CircuitTransport(self.host))
+        task_status.started()
+
+    async def handle_stop(self, stream) -> None:
+        """Serve one stop stream: answer the relay, then run the relayed connection on it."""
         buffered = BufferedStream(stream)
         try:
             message = await circuit.read_message(buffered, StopMessage)
@@ -148,7 +135,7 @@ class StopHandler:
         await circuit.write_message(buffered, StopMessage(type=StopMessage.STATUS, status=circuit.OK))
         relay_conn = stream.connection
         relay_addr = relay_conn.remote_addr.with_peer_id(relay_conn.remote_peer)
-        raw = RawConnection(buffered, relay_addr.encapsulate("/p2p-circuit"), relay_addr.encapsulate(f"/p2p-circuit/p2p/{source}"), self.transport)
+        raw = RawConnection(buffered, relay_addr.encapsulate("/p2p-circuit"), relay_addr.encapsulate(f"/p2p-circuit/p2p/{source}"), self.transport or CircuitTransport(self.host))
         raw.relay_peer = relay_conn.remote_peer
         raw.path = Path.RELAYED
         self.accepted += 1
@@ -156,103 +143,72 @@ class StopHandler:
         await self.host.handle_inbound(raw)
 
 
-def install_relay_client(host) -> CircuitTransport:
-    """Let ``host`` dial through relays and accept relayed connections."""
-    for existing in host.transports:
-        if isinstance(existing, CircuitTransport):
-            return existing
-    transport = CircuitTransport(host)
-    host.transports.append(transport)
-    host.set_handler(circuit.STOP, StopHandler(host, transport).handle)
-    return transport
+class ReservationManager(BaseService):
+    """Keeps ``want`` reservations among ``relays`` (a Host service): refreshes before expiry,
+    moves to another relay when one goes away, backs off after failures (every decision is the
+    pure ``ReservationSchedule``'s), and advertises the circuit addresses."""
 
-
-@dataclass
-class RelayStatus:
-    """What the dashboard shows for one relay."""
-
-    addr: Multiaddr
-    reservation: Reservation | None = None
-    last_error: str = ""
-    failures: int = 0
-    retry_at: float = 0.0  # trio clock: no new attempt before this after a failure
-    rtt: float | None = None
-
-
-class ReservationManager:
-    """Keeps ``want`` reservations among ``relays``: refreshes before expiry, moves to another relay
-    when one goes away, backs off after failures, and advertises the circuit addresses."""
-
-    def __init__(self, host, relays: Sequence[Multiaddr | str], want: int = 2, wall_clock: Callable[[], float] = time.time,
-                 max_backoff: float = 60.0) -> None:
-        self.host = host
-        self.want = want
+    def __init__(self, relays: Sequence[Multiaddr | str], want: int = limits.WANT_RESERVATIONS,
+                 wall_clock: Callable[[], float] = time.time, max_backoff: float = limits.RESERVATION_MAX_BACKOFF) -> None:
+        self.schedule = ReservationSchedule(relays, want=want, max_backoff=max_backoff)
         self.wall_clock = wall_clock
-        self.max_backoff = max_backoff
-        self.relays = [RelayStatus(Multiaddr(addr)) for addr in relays]
-        self.changed = trio.Event()
-        install_relay_client(host)
-        previous = host.extra_addrs
-        host.extra_addrs = lambda: previous() + self.circuit_addrs()
+        self._changed = trio.Event()
 
-    def circuit_addrs(self) -> list[Multiaddr]:
-        return [addr for status in self.relays if status.reservation for addr in status.reservation.circuit_addrs]
+    @property
+    def want(self) -> int:
+        return self.schedule.want
+
+    @property
+    def relays(self) -> list[RelayStatus]:
+        return self.schedule.relays
 
     @property
     def reservations(self) -> list[Reservation]:
-        return [status.reservation for status in self.relays if status.reservation]
+        return self.schedule.reservations
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        events = self.host.events.subscribe()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_disconnects, events)
-            task_status.started()
-            while True:
-                await self._maintain()
-                wake = self._next_wakeup()
-                with trio.move_on_at(wake):
-                    await self.changed.wait()
-                self.changed = trio.Event()
+    def circuit_addrs(self) -> list[Multiaddr]:
+        """The circuit addresses of the reservations we hold."""
+        return self.schedule.circuit_addrs()
 
-    async def _watch_disconnects(self, events) -> None:
+    def advertised_addrs(self) -> list[Multiaddr]:
+        return self.circuit_addrs()
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        if host.service(RelayClient) is None:
+            await host.add_service(RelayClient())  # relayed connections must reach us
+        with host.events.subscribe(PeerDisconnected) as events:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_disconnects, events)
+                task_status.started()
+                while True:
+                    await self._maintain()
+                    with trio.move_on_at(self.schedule.next_wakeup(trio.current_time())):
+                        await self._changed.wait()
+                    self._changed = trio.Event()
+
+    async def _watch_disconnects(self, events: Subscription) -> None:
         async for event in events:
             if isinstance(event, PeerDisconnected) and not self.host.connections(event.peer):
-                for status in self.relays:
-                    if status.reservation and status.reservation.relay == event.peer:
-                        # The spec: a reservation lives only as long as our connection to the relay.
-                        log.info("lost relay %s; reserving again", event.peer.short())
-                        status.reservation = None
-                        self.changed.set()
-
-    def _next_wakeup(self) -> float:
-        times = [s.reservation.refresh_at() for s in self.relays if s.reservation]
-        times += [trio.current_time() + min(self.max_backoff, 2.0 ** s.failures) for s in self.relays if not s.reservation and s.failures]
-        return min(times, default=trio.current_time() + self.max_backoff)
+                # The spec: a reservation lives only as long as our connection to the relay.
+                if self.schedule.on_relay_lost(event.peer):
+                    log.info("lost relay %s; reserving again", event.peer.short())
+                    self._changed.set()
 
     async def _maintain(self) -> None:
         now = trio.current_time()
-        held = [s for s in self.relays if s.reservation and s.reservation.refresh_at() > now]
-        due = [s for s in self.relays if s.reservation and s.reservation.refresh_at() <= now]
-        candidates = due + [s for s in self.relays if not s.reservation]
         before = self.circuit_addrs()
-        for status in candidates:
-            if len(held) >= self.want:
+        for status in self.schedule.due(now):
+            if self.schedule.satisfied(now):
                 break
-            if not status.reservation and now < status.retry_at:
-                continue
             try:
-                status.reservation = await reserve(self.host, status.addr, self.wall_clock)
-                status.failures = 0
-                status.last_error = ""
-                conn = self.host.connection_to(status.reservation.relay)
-                status.rtt = conn.rtt if conn else None
-                held.append(status)
+                reservation = await reserve(self.host, status.addr, self.wall_clock)
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                status.reservation = None
-                status.failures += 1
-                status.last_error = describe(exc)
-                status.retry_at = now + min(self.max_backoff, 2.0 ** status.failures)
+                self.schedule.on_failed(status, describe(exc), now)
                 log.info("reservation on %s failed: %s", status.addr, status.last_error)
+                continue
+            conn = self.host.connection_to(reservation.relay)
+            self.schedule.on_reserved(status, reservation, conn.rtt if conn else None)
         if self.circuit_addrs() != before:
             await self._announce()
 
@@ -261,3 +217,6 @@ class ReservationManager:
             await self.host.push_identify()
         except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push failed: %s", describe(exc))
+
+
+__all__ = ["CircuitTransport", "RelayClient", "RelayStatus", "Reservation", "ReservationManager", "reserve"]

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import UnsupportedAlgorithm
-from google.protobuf.message import DecodeError
 
-from ...errors import HandshakeError, LocalProtocolError, PeerIDError, PeerIDMismatch
+from ...errors import HandshakeError, LocalProtocolError, PeerIDError, PeerIDMismatch, RemoteProtocolError
 from ..identity import KeyPair, PeerID, PublicKey
 from ..limits import MAX_HANDSHAKE_PAYLOAD, NOISE_MAX_MUXER_NAME, NOISE_MAX_MUXERS
 from ..pb import noise_pb2
+from ..pb.decode import parse
 
 SIGNATURE_PREFIX = b"noise-libp2p-static-key:"
 
@@ -55,11 +55,10 @@ def verify_payload(data: bytes, static_public: bytes, expected_peer: PeerID | No
     """
     if len(data) > MAX_HANDSHAKE_PAYLOAD:
         raise HandshakeError(f"Noise handshake payload of {len(data)} bytes is too large")
-    payload = noise_pb2.NoiseHandshakePayload()
     try:
-        payload.ParseFromString(bytes(data))
-    except (DecodeError, ValueError) as exc:
-        raise HandshakeError(f"malformed Noise handshake payload: {exc}") from None
+        payload = parse(noise_pb2.NoiseHandshakePayload, data, "Noise handshake payload")
+    except RemoteProtocolError as exc:
+        raise HandshakeError(str(exc)) from None
     if not payload.identity_key:
         raise HandshakeError("Noise handshake payload lacks the identity key")
     if not payload.identity_sig:
