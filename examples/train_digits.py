@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.monotonic() - started:.0f} s{stats})", flush=True)
                 if acc >= args.target:
                     break
+            mixture = model.moe.stats
+            print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed, {mixture['rerouted']} samples "
+                  f"re-routed to a second round, {mixture['samples_short']} short of k_min (zero output)", flush=True)
             if args.show_status and testnet is not None:
                 _show_status(testnet)
     finally:

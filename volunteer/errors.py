@@ -1,4 +1,8 @@
-"""One error hierarchy for the whole project (see DESIGN.md, "Errors")."""
+"""One error hierarchy for the whole project (see DESIGN.md, "Errors").
+
+Sections follow the layers, bottom up: the root and its helpers, protocol violations (every
+layer), network (``volunteer.net``), DHT (``volunteer.dht``), experts (``volunteer.experts``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,14 @@ class VolunteerError(Exception):
     """Root of every error raised on purpose by volunteer."""
 
 
-# --- protocol violations -------------------------------------------------
+def describe(exc: BaseException) -> str:
+    """A one-line description of an exception, for CLI messages and logs."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+# --- protocol violations (every layer) ---------------------------------------------------------
 
 
 class ProtocolError(VolunteerError):
@@ -28,7 +39,7 @@ class RemoteProtocolError(ProtocolError):
         self.hint = hint
 
 
-# --- network ---------------------------------------------------------------
+# --- network: volunteer.net ----------------------------------------------------------------------
 
 
 class MultiaddrError(VolunteerError, ValueError):
@@ -78,11 +89,55 @@ class ConnectionClosed(VolunteerError, trio.ClosedResourceError):
     """The connection was closed locally; nothing more can be sent or opened on it."""
 
 
+class ConnectionLost(VolunteerError, trio.BrokenResourceError):
+    """A multiplexed connection ended from the peer's side or the network's: EOF, GoAway, a broken
+    socket. ``code`` is the yamux GoAway code when the peer sent one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KeepaliveTimeout(ConnectionLost):
+    """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
+
+
 class ResourceLimitExceeded(VolunteerError):
     """A configured bound (streams, pending handshakes, buffer size) would be exceeded."""
 
 
-# --- experts -----------------------------------------------------------------
+# --- DHT: volunteer.dht ----------------------------------------------------------------------------
+
+
+class DHTError(VolunteerError):
+    """Base for DHT failures: malformed messages, refused records, error replies."""
+
+
+class DHTMessageError(DHTError, RemoteProtocolError):
+    """A DHT message was malformed: bad msgpack, wrong types, or a bound exceeded."""
+
+
+class DHTRecordError(DHTError, ValueError):
+    """A record was refused. ``code`` is a short machine-readable reason sent back in STORE replies."""
+
+    def __init__(self, message: str, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DHTRemoteError(DHTError):
+    """The peer answered with an ERROR reply (``code``, message)."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class ExpertUIDError(VolunteerError, ValueError):
+    """An expert uid or grid prefix does not follow the ``prefix.i.j`` grammar."""
+
+
+# --- experts: volunteer.experts --------------------------------------------------------------------
 
 
 class ExpertError(VolunteerError):
@@ -124,61 +179,21 @@ class ExpertPeerUnreachableError(ExpertUnavailableError):
 
 
 class ExpertBusyError(ExpertUnavailableError):
-    """The expert's queue is full; the server answered BUSY at once."""
+    """The expert's queue is full, or the server holds as many request bytes as it allows (for
+    this caller or in all); the server answered BUSY at once."""
 
 
-def describe(exc: BaseException) -> str:
-    """A one-line description of an exception, for CLI messages and logs."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+class ExpertPausedError(ExpertUnavailableError):
+    """The volunteer paused its experts; new requests are refused until it resumes."""
 
 
-# --- DHT -------------------------------------------------------------------------
+class UnknownExpertError(ExpertUnavailableError):
+    """This server does not host an expert with that uid (any more)."""
 
 
-class DHTError(VolunteerError):
-    """Base for DHT failures: malformed messages, refused records, error replies."""
-
-
-class DHTMessageError(DHTError, RemoteProtocolError):
-    """A DHT message was malformed: bad msgpack, wrong types, or a bound exceeded."""
-
-
-class DHTRecordError(DHTError, ValueError):
-    """A record was refused. ``code`` is a short machine-readable reason sent back in STORE replies."""
-
-    def __init__(self, message: str, code: str = "invalid") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class DHTRemoteError(DHTError):
-    """The peer answered with an ERROR reply (``code``, message)."""
-
-    def __init__(self, message: str, code: str = "error") -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-
-
-class ExpertUIDError(VolunteerError, ValueError):
-    """An expert uid or grid prefix does not follow the ``prefix.i.j`` grammar."""
-
-
-class ConnectionLost(VolunteerError, trio.BrokenResourceError):
-    """A multiplexed connection ended from the peer's side or the network's: EOF, GoAway, a broken
-    socket. ``code`` is the yamux GoAway code when the peer sent one."""
-
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class KeepaliveTimeout(ConnectionLost):
-    """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
-
-
-# --- experts: wire format, inputs, runtime state (helper G) -------------------------------
+class ExpertBackwardRefusedError(ExpertUnavailableError):
+    """The server refused a backward call: the caller ran no forward on that expert within the
+    server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
 
 
 class ExpertProtocolError(ExpertError, RemoteProtocolError):
@@ -198,9 +213,5 @@ class ExpertConfigError(VolunteerError, ValueError):
     """An expert cannot be built or restored: unknown class, bad custom-expert file, bad checkpoint."""
 
 
-class ExpertPausedError(ExpertUnavailableError):
-    """The volunteer paused its experts; new requests are refused until it resumes."""
-
-
-class UnknownExpertError(ExpertUnavailableError):
-    """This server does not host an expert with that uid (any more)."""
+class CheckpointDirError(ExpertConfigError):
+    """The checkpoint directory cannot be created or written: found at start, not at leave time."""

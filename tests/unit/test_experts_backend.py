@@ -20,6 +20,7 @@ from volunteer.experts import (
     make_backend,
     resolve_device,
 )
+from volunteer.experts.checkpoints import read_checkpoint
 from volunteer.experts.layers import default_heads
 
 
@@ -130,11 +131,12 @@ def test_checkpoint_round_trip_and_restart_continues(tmp_path):
     backend = make_backend("ffn.5", "ffn", 8, config=config, checkpoint_dir=tmp_path)
     _train(backend, 4)  # a checkpoint at 3 updates, not yet at 4
     assert backend.updates == 4 and backend.dirty
-    saved = torch.load(tmp_path / "ffn.5.pt", weights_only=True)
+    saved = read_checkpoint(tmp_path / "ffn.5.pt")
     assert saved["updates"] == 3
     backend.save_checkpoint()  # what the runtime does on shutdown
     assert not backend.dirty
-    assert os.listdir(tmp_path) == ["ffn.5.pt"]  # no temporary files left behind
+    # no temporary files left behind; the generation before is kept
+    assert sorted(os.listdir(tmp_path)) == ["ffn.5.pt", "ffn.5.pt.prev"]
 
     restarted = make_backend("ffn.5", "ffn", 8, config=config, checkpoint_dir=tmp_path)
     assert restarted.updates == 4

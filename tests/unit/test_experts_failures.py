@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import msgpack
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from volunteer.errors import (
+    ExpertBackwardRefusedError,
     ExpertBusyError,
     ExpertInputError,
     ExpertPausedError,
@@ -17,7 +21,7 @@ from volunteer.errors import (
     UnknownExpertError,
 )
 from volunteer.experts.config import ExpertsConfig
-from volunteer.experts.failures import KEYS, check_failure, from_failure, raise_remote, to_failure
+from volunteer.experts.failures import KEYS, check_failure, from_failure, raise_remote, redact_path, to_failure
 
 
 def _expert_code_that_fails():
@@ -123,3 +127,58 @@ def test_an_exception_whose_str_fails_still_serializes():
 
     data = to_failure(Nasty())
     assert "str() failed" in data["message"] and data["type"].endswith("Nasty")
+
+
+# --- traceback privacy (ExpertsConfig.share_tracebacks) ---------------------------------------
+
+
+def _failure_from_the_package() -> BaseException:
+    from volunteer.experts.tensors import deserialize
+
+    def from_user_code():
+        try:
+            deserialize({"t": "nope", "n": 1}, b"")
+        except Exception as exc:
+            raise RuntimeError("the custom expert gave up") from exc
+
+    return _caught(from_user_code)
+
+
+def test_redacted_is_the_default_and_shows_no_absolute_paths():
+    assert ExpertsConfig().share_tracebacks == "redacted"
+    failure = to_failure(_failure_from_the_package())
+    trace = failure["traceback"]
+    assert 'File "volunteer/experts/tensors.py"' in trace  # relative to the package's root
+    assert "from_user_code" in trace and "RuntimeError: the custom expert gave up" in trace
+    assert "TensorFormatError" in trace  # the chained cause keeps its frames too
+    assert __file__ not in trace and os.path.expanduser("~") + "/" not in trace
+    assert not any(line.strip().startswith('File "/') for line in trace.splitlines())
+    assert failure["message"] == "the custom expert gave up"
+
+
+def test_full_shares_absolute_paths():
+    failure = to_failure(_failure_from_the_package(), config=ExpertsConfig(share_tracebacks="full"))
+    assert __file__ in failure["traceback"]
+
+
+def test_none_shares_type_and_message_only():
+    failure = to_failure(_failure_from_the_package(), config=ExpertsConfig(share_tracebacks="none"))
+    assert failure["traceback"] == ""
+    err = from_failure(failure)
+    assert isinstance(err, RemoteExpertError) and err.remote_traceback == ""
+    assert err.error_type == "RuntimeError" and "the custom expert gave up" in str(err)
+
+
+def test_paths_outside_the_package_show_relative_to_home_or_by_name():
+    home = os.path.expanduser("~")
+    assert redact_path(os.path.join(home, "experts", "mine.py")) == "~/experts/mine.py"
+    assert redact_path("/nowhere/known/secret_layout/mine.py") == "mine.py"
+    assert redact_path("<string>") == "<string>"
+    assert redact_path(os.path.join(os.path.dirname(torch.__file__), "nn", "modules", "linear.py")) == "torch/nn/modules/linear.py"
+
+
+def test_a_backward_refusal_crosses_the_wire_as_its_own_type():
+    failure = to_failure(ExpertBackwardRefusedError("no forward from you"), expert_uid="ffn.1", peer_id="QmServer")
+    assert failure["kind"] == "refused" and failure["traceback"] == ""
+    err = from_failure(failure)
+    assert type(err) is ExpertBackwardRefusedError and isinstance(err, ExpertUnavailableError) and "ffn.1" in str(err)

@@ -62,6 +62,7 @@ class DaemonOptions:
     dht_config: DHTConfig | None = None
     nat_servers: list[Multiaddr] | None = None  # default: the swarm's entry points
     mdns: bool = True  # find volunteers of the same swarm on the LAN
+    share_tracebacks: str = "redacted"  # what our expert errors show trainers: full, redacted, none
 
 
 class LogBuffer(logging.Handler):
@@ -183,7 +184,9 @@ class Daemon:
             from ..experts import load_expert_file
 
             load_expert_file(opts.expert_file)
-        experts_config = ExpertsConfig(device=self.device, max_batch_size=opts.max_batch)
+        experts_config = ExpertsConfig(
+            device=self.device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks
+        )
         try:
             backends = [
                 make_backend(uid, opts.expert_class, opts.hidden_dim, config=experts_config, checkpoint_dir=opts.checkpoint_dir)

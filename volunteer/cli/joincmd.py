@@ -72,6 +72,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
+    p.add_argument("--share-tracebacks", choices=("full", "redacted", "none"), default=None,
+                   help="what your expert errors show trainers: full tracebacks, redacted (paths relative "
+                   "to the package or ~; the default), or none (type and message only)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines, even in a terminal")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
@@ -127,11 +130,17 @@ def build_options(args: argparse.Namespace):
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
+        share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
     )
 
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
+    if options.uids:
+        from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
+
+        # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
+        check_checkpoint_dir(options.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     return trio.run(join, options, dashboard)
 

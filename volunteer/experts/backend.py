@@ -6,16 +6,15 @@ and applies one optimizer step. A backend is not thread-safe: the runtime calls 
 worker thread only.
 
 Checkpoints hold the module, the optimizer and the update count. They are written atomically
-(temporary file, fsync, ``os.replace``) every ``checkpoint_every`` updates and on shutdown, and
-``make_backend(..., checkpoint_dir=...)`` loads an existing one, so a volunteer who restarts goes
-on from its last checkpoint.
+with a checksum, the previous generation kept (``checkpoints.py``), every ``checkpoint_every``
+updates and on shutdown, and ``make_backend(..., checkpoint_dir=...)`` loads the newest good
+one, so a volunteer who restarts goes on from its last checkpoint; a corrupt one is moved aside.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ExpertConfigError, ExpertInputError
+from .checkpoints import load_latest, write_checkpoint
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .layers import get_expert_class
 from .schema import TensorSpec, check_tensors
@@ -225,35 +225,24 @@ class ExpertBackend:
         self.updates = self._saved_at = updates
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
-        """Write a checkpoint atomically (temporary file, fsync, rename) and return its path."""
+        """Write a checkpoint (atomic, checksummed, previous generation kept); returns its path."""
         target = Path(path) if path is not None else self.checkpoint_path
         if target is None:
             raise ExpertConfigError(f"expert {self.uid!r} has no checkpoint path")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(temporary, "wb") as file:
-                torch.save(self.state_dict(), file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
-        _fsync_dir(target.parent)
+        write_checkpoint(target, self.state_dict())
         self._saved_at = self.updates
         self.last_checkpoint_time = time.time()
         return target
 
     def load_checkpoint(self, path: str | os.PathLike | None = None) -> bool:
-        """Load a checkpoint if the file exists (False if not). Unsafe pickles are refused."""
+        """Load the newest good generation of a checkpoint (False if there is none). Corrupt
+        files are moved aside with a warning; unsafe pickles are refused."""
         source = Path(path) if path is not None else self.checkpoint_path
-        if source is None or not source.exists():
+        if source is None:
             return False
-        try:
-            state = torch.load(source, map_location=self.device, weights_only=True)
-        except Exception as exc:
-            raise ExpertConfigError(f"cannot read checkpoint {source}: {exc}") from exc
+        state = load_latest(source, map_location=self.device)
+        if state is None:
+            return False
         self.load_state_dict(state)
         return True
 
@@ -261,20 +250,6 @@ class ExpertBackend:
     def dirty(self) -> bool:
         """Whether updates happened since the last checkpoint."""
         return self.updates != self._saved_at
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every platform lets us open a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def make_backend(

@@ -29,13 +29,10 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import pool_of
 
-from .config import DEFAULT_CONFIG, ExpertsConfig
+from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
 from .failures import raise_remote
-from .protocol import MAX_HEADER, pack, protocol_id, unpack
+from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize
-
-DEFAULT_FORWARD_TIMEOUT = 30.0
-DEFAULT_BACKWARD_TIMEOUT = 60.0
 RECEIVE_CHUNK = 1024 * 1024
 
 
@@ -107,18 +104,16 @@ class _StaleStream(ExpertUnavailableError):
 
 async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config):
     reader = lease.stream
-    message: dict = {"op": op, "uid": uid, "c": compression}
     chunks = iter(())
+    header = None
     if op != "info":
         header, chunks = serialize(list(tensors), compression, config=config)
-        message["t"] = header
-        if op == "backward":
-            message["ni"] = n_inputs
-    reply: dict = {}
+    request = Request(op, uid, compression, header, n_inputs or 0)
+    reply: Reply | None = None
 
     async def send() -> None:
         try:
-            await reader.send_all(pack(message))
+            await reader.send_all(request.encode())
             for chunk in chunks:
                 await reader.send_all(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -128,25 +123,28 @@ async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, c
     async with trio.open_nursery() as nursery:
         nursery.start_soon(send)
         try:
-            reply = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert reply header"))
+            body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
         except (VolunteerError, trio.BrokenResourceError) as exc:
             failed = _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
             nursery.cancel_scope.cancel()
-        if not reply.get("ok"):
-            nursery.cancel_scope.cancel()  # stop sending: the call failed
+        else:
+            try:
+                reply = Reply.decode(body, op)
+            except ExpertProtocolError as exc:
+                failed = ExpertProtocolError(f"{peer_name} sent a bad reply to {uid!r}: {exc}")
+            if reply is None or not reply.ok:
+                nursery.cancel_scope.cancel()  # stop sending: the call failed
     if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
+        if not isinstance(failed, _StaleStream):
+            lease.discard()
         raise failed
-    if not reply.get("ok"):
+    assert reply is not None
+    if not reply.ok:
         lease.discard()  # the server ends the stream after an error reply
-        if "e" not in reply:
-            raise ExpertProtocolError(f"{peer_name} sent a reply with neither result nor error")
-        raise_remote(reply["e"], expert_uid=uid, peer_id=peer_name, config=config)
+        raise_remote(reply.failure, expert_uid=uid, peer_id=peer_name, config=config)
     if op == "info":
-        info = reply.get("info")
-        if not isinstance(info, dict):
-            raise ExpertProtocolError(f"{peer_name} sent a malformed info reply")
-        return info
-    outputs = TensorReader(reply.get("t"), config=config)
+        return reply.info
+    outputs = TensorReader(reply.tensors, config=config)
     while not outputs.done:
         chunk = await reader.receive_some(min(outputs.remaining, RECEIVE_CHUNK))
         if not chunk:

@@ -15,6 +15,12 @@ from ..errors import ExpertConfigError
 
 MiB = 1024 * 1024
 
+# A trainer's call timeouts (RemoteExpert, RemoteMixtureOfExperts); named here because the
+# server's backward window must outlast a forward plus a backward of a patient trainer.
+DEFAULT_FORWARD_TIMEOUT = 30.0
+DEFAULT_BACKWARD_TIMEOUT = 60.0
+SHARE_TRACEBACKS = ("full", "redacted", "none")
+
 
 @dataclass(frozen=True)
 class ExpertsConfig:
@@ -41,10 +47,28 @@ class ExpertsConfig:
     max_payload_bytes: int = 256 * MiB  # serialized bytes of all tensors of one call
     chunk_size: int = 1 * MiB  # serialize() yields chunks of at most this many bytes
 
+    # --- server admission: what one caller, and all callers, may make us hold ---------------
+    # Announced request bytes are reserved when a header arrives and released when the call
+    # ends; past either bound the call is refused BUSY before a payload byte is read. Per peer:
+    # two calls of the largest size, so one trainer can pipeline; in all: as much as the
+    # runtime may queue, which a 24 GiB desktop holds easily next to its experts.
+    max_request_bytes_per_peer: int = 512 * MiB
+    max_request_bytes_total: int = 1024 * MiB
+
+    # --- backward authorization ----------------------------------------------------------
+    # A backward steps the expert's optimizer: only a peer that ran forward on that expert this
+    # recently may call it. 5 min covers a trainer's forward + backward timeouts (90 s by
+    # default) with room for a slow training step between them.
+    backward_window: float = 300.0
+    max_forward_records: int = 65536  # (peer, expert) pairs remembered, least recent dropped
+
     # --- error replies ---------------------------------------------------------------------
     max_error_message: int = 4096  # characters of a remote exception's message
     max_error_traceback: int = 16384  # characters of a remote traceback (the tail is kept)
     max_error_field: int = 256  # characters of type names, uids and peer ids in an error reply
+    # What our errors show trainers: "full" tracebacks, "redacted" (type, message, frames with
+    # paths relative to the package or ~: no user names or directory layout), or "none".
+    share_tracebacks: str = "redacted"
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -57,6 +81,21 @@ class ExpertsConfig:
             raise ExpertConfigError("ExpertsConfig: max_queue, chunk_size, max_tensors, max_ndim must be >= 1")
         if self.latency_window < 1:
             raise ExpertConfigError("ExpertsConfig.latency_window must be >= 1")
+        if not self.max_payload_bytes <= self.max_request_bytes_per_peer <= self.max_request_bytes_total:
+            raise ExpertConfigError(
+                "ExpertsConfig needs max_payload_bytes <= max_request_bytes_per_peer <= max_request_bytes_total"
+            )
+        if self.backward_window < DEFAULT_FORWARD_TIMEOUT + DEFAULT_BACKWARD_TIMEOUT:
+            raise ExpertConfigError(
+                f"ExpertsConfig.backward_window must be at least a trainer's forward plus backward timeout "
+                f"({DEFAULT_FORWARD_TIMEOUT + DEFAULT_BACKWARD_TIMEOUT:g} s), got {self.backward_window!r}"
+            )
+        if self.max_forward_records < 1:
+            raise ExpertConfigError("ExpertsConfig.max_forward_records must be >= 1")
+        if self.share_tracebacks not in SHARE_TRACEBACKS:
+            raise ExpertConfigError(
+                f"ExpertsConfig.share_tracebacks must be one of {', '.join(SHARE_TRACEBACKS)}, got {self.share_tracebacks!r}"
+            )
 
 
 DEFAULT_CONFIG = ExpertsConfig()

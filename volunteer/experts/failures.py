@@ -6,20 +6,29 @@ A failure dict has exactly these keys (all strings; bounded by ExpertsConfig)::
     {"type": "volunteer.errors.ExpertInputError", "kind": "input", "message": "...",
      "traceback": "Traceback (most recent call last): ...", "expert_uid": "ffn.3.5", "peer_id": "12D3Koo..."}
 
-``kind`` tells the client what to do without parsing type names: ``busy`` (queue full: try
-another expert now), ``paused`` and ``unknown`` (this host will not serve it: pick another),
-``input`` (the caller sent tensors that do not fit the schema), ``error`` (the expert failed).
-``raise_remote`` raises ExpertBusyError / ExpertPausedError / UnknownExpertError for the first
-three, so the client's "skip this expert" path catches them as ExpertUnavailableError, and
-RemoteExpertError (type, message, remote traceback) for the rest.
+``kind`` tells the client what to do without parsing type names: ``busy`` (queue or request
+bytes full: try another expert now), ``paused`` and ``unknown`` (this host will not serve it:
+pick another), ``refused`` (a backward without a recent forward from this caller), ``input``
+(the caller sent tensors that do not fit the schema), ``error`` (the expert failed).
+``raise_remote`` raises ExpertBusyError / ExpertPausedError / UnknownExpertError /
+ExpertBackwardRefusedError for the first four, so the client's "skip this expert" path catches
+them as ExpertUnavailableError, and RemoteExpertError (type, message, remote traceback) for the rest.
+
+How much of a traceback leaves the volunteer is its choice (``ExpertsConfig.share_tracebacks``):
+``full``; ``redacted`` (the default: type, message and frames, with file paths shown relative to
+the package or the home directory, so no user name or directory layout leaks); ``none``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import traceback as tb
+from pathlib import Path
 from typing import Mapping, NoReturn
 
 from ..errors import (
+    ExpertBackwardRefusedError,
     ExpertBusyError,
     ExpertInputError,
     ExpertPausedError,
@@ -36,10 +45,11 @@ _KINDS: tuple[tuple[str, type[BaseException]], ...] = (
     ("busy", ExpertBusyError),
     ("paused", ExpertPausedError),
     ("unknown", UnknownExpertError),
+    ("refused", ExpertBackwardRefusedError),
     ("input", ExpertInputError),
 )
 KINDS = frozenset({kind for kind, _ in _KINDS} | {"error"})
-_QUIET = frozenset({"busy", "paused", "unknown"})  # expected refusals: no traceback to ship
+_QUIET = frozenset({"busy", "paused", "unknown", "refused"})  # expected refusals: no traceback to ship
 
 
 def _clip(text: str, limit: int, keep_tail: bool = False) -> str:
@@ -72,13 +82,61 @@ def kind_of(exc: BaseException) -> str:
     return "error"
 
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds volunteer/: paths show as volunteer/...
+
+
+def redact_path(filename: str) -> str:
+    """``filename`` as a trainer may see it: relative to the deepest of the directory holding our
+    package and the ``sys.path`` entries that holds it (site-packages: ``torch/nn/...``), else to
+    ``~``, else its base name. Pseudo-files such as ``<string>`` stay as they are."""
+    if not filename or filename.startswith("<"):
+        return filename
+    try:
+        path = Path(filename).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return Path(filename).name
+    # The deepest root that holds the file wins: a venv inside the project's directory puts
+    # site-packages below the package root, and torch/nn/... says more than .venv/lib/...
+    roots = sorted({_PACKAGE_ROOT, *(Path(entry).resolve() for entry in sys.path if entry)}, key=lambda root: -len(root.parts))
+    for root in roots:
+        if root != Path(root.anchor) and path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    home = Path(os.path.expanduser("~")).resolve()
+    if home != Path(home.anchor) and path.is_relative_to(home):
+        return "~/" + path.relative_to(home).as_posix()
+    return path.name
+
+
+def _redact_frames(trace: tb.TracebackException, seen: set[int]) -> None:
+    if id(trace) in seen:  # cause/context chains can loop back
+        return
+    seen.add(id(trace))
+    for frame in trace.stack:
+        frame.filename = redact_path(frame.filename)
+    for linked in (trace.__cause__, trace.__context__, *(getattr(trace, "exceptions", None) or ())):
+        if linked is not None:
+            _redact_frames(linked, seen)
+
+
+def format_traceback(exc: BaseException, share: str = "redacted") -> str:
+    """The traceback to send for ``exc`` under a ``share_tracebacks`` policy."""
+    if share == "none":
+        return ""
+    if share == "full":
+        return "".join(tb.format_exception(exc))
+    trace = tb.TracebackException.from_exception(exc)
+    _redact_frames(trace, set())
+    return "".join(trace.format())
+
+
 def to_failure(
     exc: BaseException, *, expert_uid: str = "", peer_id: str = "", config: ExpertsConfig = DEFAULT_CONFIG
 ) -> dict:
     """The msgpack-able failure dict for ``exc`` (call it where the exception was caught).
-    Expected refusals (busy, paused, unknown) carry no traceback."""
+    Expected refusals (busy, paused, unknown, refused) carry no traceback; others carry what
+    ``config.share_tracebacks`` allows."""
     kind = kind_of(exc)
-    trace = "" if kind in _QUIET else "".join(tb.format_exception(exc))
+    trace = "" if kind in _QUIET else format_traceback(exc, config.share_tracebacks)
     return {
         "type": _clip(type_name(exc), config.max_error_field),
         "kind": kind,
@@ -119,6 +177,8 @@ def from_failure(
         return ExpertPausedError(f"expert {uid!r} on {peer} is paused: {message}")
     if kind == "unknown":
         return UnknownExpertError(f"{peer} does not serve expert {uid!r}: {message}")
+    if kind == "refused":
+        return ExpertBackwardRefusedError(f"expert {uid!r} on {peer} refused backward: {message}")
     return RemoteExpertError(failure["type"], message, failure["traceback"], uid, peer)
 
 

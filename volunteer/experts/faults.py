@@ -8,6 +8,7 @@ would. The client calls ``before_call`` (if ``swarm.faults`` is set) before it s
 from __future__ import annotations
 
 import random
+from typing import Iterable
 
 import trio
 
@@ -15,11 +16,15 @@ from ..errors import ExpertUnavailableError
 
 
 class FaultInjection:
-    """Make ``fail_rate`` of calls raise ExpertUnavailableError and delay each by ``latency`` s."""
+    """Make ``fail_rate`` of calls raise ExpertUnavailableError and delay each by ``latency`` s;
+    calls to the experts in ``fail_uids`` always fail (deterministic tests of re-routing)."""
 
-    def __init__(self, fail_rate: float = 0.0, latency: float = 0.0, seed: int | None = None) -> None:
+    def __init__(
+        self, fail_rate: float = 0.0, latency: float = 0.0, seed: int | None = None, fail_uids: Iterable[str] = ()
+    ) -> None:
         if not 0.0 <= fail_rate < 1.0 or latency < 0:
             raise ValueError("fail_rate must be in [0, 1) and latency >= 0")
+        self.fail_uids = frozenset(fail_uids)
         self.fail_rate = fail_rate
         self.latency = latency
         self.rng = random.Random(seed)
@@ -30,6 +35,9 @@ class FaultInjection:
         self.calls += 1
         if self.latency:
             await trio.sleep(self.latency)
+        if uid in self.fail_uids:
+            self.failed += 1
+            raise ExpertUnavailableError(f"injected failure of a call to {uid} (always fails)")
         if self.fail_rate and self.rng.random() < self.fail_rate:
             self.failed += 1
             raise ExpertUnavailableError(f"injected failure of a call to {uid} (fail rate {self.fail_rate:.0%})")

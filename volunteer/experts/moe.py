@@ -8,7 +8,13 @@ For a batch ``x`` of shape ``[batch, in_features]``:
    ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
 3. each chosen expert gets one call with all the samples that chose it, all calls in parallel;
    once every sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
-4. outputs are combined with softmax weights over the scores of the experts that answered.
+4. samples still short of ``k_min`` go to their next-best live experts by gate score (not tried
+   yet in this forward, not failed) in a second round, bounded like the first;
+5. outputs are combined with softmax weights over the scores of the experts that answered; a
+   sample still short after both rounds gets a zero output. Only a step where no expert answered
+   at all raises, so a training loop survives anything short of the whole grid being gone.
+``stats`` counts ``calls``, ``failures``, ``samples_short`` (zero outputs) and ``rerouted``
+(samples sent to a second round).
 Backward goes only to the experts that answered forward (their optimizers step); a failed
 backward call only loses that expert's gradient. Gradients reach the gate through the weights.
 """
@@ -32,9 +38,22 @@ from ..errors import (
     describe,
 )
 from ..dht.grid import parse_uid
-from .client import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT, DUMMY, _Call, detached_cpu, remember_addrs
+from .client import DUMMY, _Call, detached_cpu, remember_addrs
+from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 
 log = logging.getLogger(__name__)
+
+
+def find_grid(swarm, uid_prefix: str, dims: int, *, timeout: float = 30) -> dict[str, list]:
+    """``{uid: [host declarations]}`` of a grid, from the swarm's DHT: the one place the mixture
+    reaches the DHT (so a change of the grid lookup touches this function only)."""
+    from ..dht.grid import grid_experts
+
+    return swarm.loop.run(grid_experts, swarm.dht, uid_prefix, dims, timeout=timeout)
+
+
+class _NothingAnswered(Exception):
+    """Internal: no call of a round answered (the mixture decides whether that is fatal)."""
 
 
 def _worst(errors: list[BaseException]) -> BaseException:
@@ -113,7 +132,7 @@ class _ParallelCalls(torch.autograd.Function):
         ctx.plan, ctx.answered, ctx.device = plan, answered, xs[0].device
         template = next((r[0] for r in results if r is not None), None)
         if template is None:
-            raise _worst(plan.errors) if plan.errors else ExpertUnavailableError("no expert answered")
+            raise _NothingAnswered()
         outs = [
             (r[0] if r is not None else torch.zeros((len(plan.samples[i]), *template.shape[1:]), dtype=template.dtype)).to(ctx.device)
             for i, r in enumerate(results)
@@ -169,16 +188,23 @@ class RemoteMixtureOfExperts(nn.Module):
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
-        self.calls = 0
-        self.failures = 0
+        self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0}
+
+    @property
+    def calls(self) -> int:
+        """Expert calls made (``stats["calls"]``)."""
+        return self.stats["calls"]
+
+    @property
+    def failures(self) -> int:
+        """Expert calls that failed, forward or backward (``stats["failures"]``)."""
+        return self.stats["failures"]
 
     # --- experts ---------------------------------------------------------------------------------
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
         """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
         if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            from ..dht.grid import grid_experts
-
-            found = self.swarm.loop.run(grid_experts, self.swarm.dht, self.uid_prefix, len(self.grid_size), timeout=30)
+            found = find_grid(self.swarm, self.uid_prefix, len(self.grid_size))
             valid = {}
             for uid, hosts in found.items():
                 try:
@@ -204,7 +230,7 @@ class RemoteMixtureOfExperts(nn.Module):
         # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
         # experts are skipped for up to ``backoff`` seconds after two tries, while an expert that
         # failed once (a random drop: the next call just picks it again) stays in the pool.
-        self.failures += 1
+        self.stats["failures"] += 1
         key = (call.uid, str(call.peer))
         strikes = self._strikes.get(key, 0) + (2 if isinstance(error, ExpertPeerUnreachableError) else 1)
         self._strikes[key] = strikes
@@ -225,19 +251,12 @@ class RemoteMixtureOfExperts(nn.Module):
         self._failed_now.clear()
         try:
             result = self._forward(flat)
-        except ExpertError:
-            # The experts that failed are backed off now; if others are alive, one more try routes
-            # around a volunteer that just died instead of failing the training step.
-            if not any(self._pick_host(uid, hosts) for uid, hosts in self.live_experts(refresh=True).items()):
-                raise
-            result = self._forward(flat)
         finally:
             self._failed_now.clear()
         return result.reshape(*lead, *result.shape[1:])
 
-    def _forward(self, flat: torch.Tensor) -> torch.Tensor:
-        batch = flat.shape[0]
-        scores = self.gate(flat).split(self.grid_size, dim=-1)
+    def _choices(self) -> list:
+        """(uid, declaration) of every live expert not backed off, sorted by uid."""
         live = self.live_experts()
         choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
         choices = [(uid, host) for uid, host in choices if host is not None]
@@ -247,39 +266,88 @@ class RemoteMixtureOfExperts(nn.Module):
             choices = [(uid, host) for uid, host in choices if host is not None]
             if not choices:
                 raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
+        return choices
+
+    def _forward(self, flat: torch.Tensor) -> torch.Tensor:
+        batch = flat.shape[0]
+        scores = self.gate(flat).split(self.grid_size, dim=-1)
+        choices = self._choices()
         coords = torch.tensor([parse_uid(uid)[1] for uid, _ in choices], device=flat.device)
         expert_scores = sum(dim_scores[:, coords[:, d]] for d, dim_scores in enumerate(scores))  # [batch, experts]
         k = min(self.k_best, len(choices))
-        top_scores, top_index = expert_scores.topk(k, dim=-1)
-        used = sorted(set(top_index.flatten().tolist()))
-        calls, samples = [], []
-        for e in used:
-            uid, decl = choices[e]
-            self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
-            calls.append(_Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression))
-            samples.append((top_index == e).any(dim=-1).nonzero().flatten().cpu())
-        need = [min(self.k_min, k)] * batch
-        plan = _Plan(self, calls, samples, batch, need)
-        self.calls += len(calls)
-        *outs, answered = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
-        position = {e: i for i, e in enumerate(used)}
-        call_of = top_index.cpu().apply_(lambda e: position[e])  # [batch, k]: which call served each choice
-        ok = answered[call_of].to(flat.device)
-        short = (ok.sum(-1) < torch.tensor(need, device=flat.device)).nonzero().flatten()
-        if len(short):
-            error = _worst(plan.errors) if plan.errors else ExpertUnavailableError("experts did not answer")
-            raise error
-        weights = torch.softmax(top_scores.masked_fill(~ok, float("-inf")), dim=-1)  # [batch, k]
+        need = min(self.k_min, k)
+        tried = torch.zeros((batch, len(choices)), dtype=torch.bool)  # sample b was sent to expert e
+        tried.scatter_(1, expert_scores.detach().cpu().topk(k, dim=-1).indices, True)
+        answered = torch.zeros_like(tried)
+        failed_experts: set[int] = set()
+        errors: list[BaseException] = []
+        parts = self._round(flat, choices, tried, [need] * batch, answered, failed_experts, errors)
+
+        short = (answered.sum(-1) < need).nonzero().flatten().tolist()
+        if short:
+            # Second round: each short sample's next-best experts by gate score, among those it
+            # has not tried and that did not fail in this forward.
+            allowed = ~tried
+            if failed_experts:
+                allowed[:, sorted(failed_experts)] = False
+            ranked = expert_scores.detach().cpu().masked_fill(~allowed, float("-inf")).argsort(dim=-1, descending=True)
+            second = torch.zeros_like(tried)
+            deficits = [0] * batch
+            for b in short:
+                deficits[b] = need - int(answered[b].sum())
+                picks = [e for e in ranked[b, : deficits[b]].tolist() if allowed[b, e]]
+                second[b, picks] = True
+            rerouted = int(second.any(-1).sum())
+            if rerouted:
+                self.stats["rerouted"] += rerouted
+                tried |= second
+                parts += self._round(flat, choices, second, deficits, answered, failed_experts, errors)
+
+        if not answered.any():
+            raise _worst(errors) if errors else ExpertUnavailableError("no expert answered")
+        complete = answered.sum(-1) >= need  # samples with k_min answers; the others output zero
+        self.stats["samples_short"] += int((~complete).sum())
+        keep = (answered & complete[:, None]).to(flat.device)
+        masked = expert_scores.masked_fill(~keep, float("-inf"))
+        masked = torch.where(keep.any(-1, keepdim=True), masked, torch.zeros_like(masked))  # no NaN rows
+        weights = torch.softmax(masked, dim=-1) * keep  # [batch, experts]
         result = None
-        for i, (out, idx) in enumerate(zip(outs, samples)):
+        for e, idx, out in parts:
             idx = idx.to(flat.device)
-            slot = (call_of[idx] == i).to(flat.device)  # which of each sample's k choices this call is
-            w = (weights[idx] * slot).sum(-1)  # [n_i]
+            w = weights[idx, e]  # [n]
             contribution = torch.zeros((batch, *out.shape[1:]), dtype=out.dtype, device=flat.device).index_add(
                 0, idx, out * w.view(-1, *([1] * (out.dim() - 1)))
             )
             result = contribution if result is None else result + contribution
         return result
+
+    def _round(self, flat, choices, assign, need, answered, failed_experts, errors) -> list:
+        """One round of calls: expert e gets the samples ``assign[:, e]`` marks. Marks what
+        answered in ``answered`` and what failed in ``failed_experts``; returns (expert, sample
+        indices, outputs) per call that answered."""
+        used = assign.any(0).nonzero().flatten().tolist()
+        calls, samples = [], []
+        for e in used:
+            uid, decl = choices[e]
+            self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
+            calls.append(_Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression))
+            samples.append(assign[:, e].nonzero().flatten())
+        plan = _Plan(self, calls, samples, flat.shape[0], need)
+        self.stats["calls"] += len(calls)
+        try:
+            *outs, ok = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
+        except _NothingAnswered:
+            ok, outs = torch.zeros(len(calls), dtype=torch.bool), []
+        finally:
+            errors.extend(plan.errors)
+        parts = []
+        for i, e in enumerate(used):
+            if ok[i]:
+                answered[samples[i], e] = True
+                parts.append((e, samples[i], outs[i]))
+            else:
+                failed_experts.add(e)
+        return parts
 
     def extra_repr(self) -> str:
         return f"grid={self.grid_size}, prefix={self.uid_prefix!r}, k_best={self.k_best}, k_min={self.k_min}"

@@ -20,6 +20,7 @@ by ``ExpertsConfig.max_payload_bytes``; everything is checked before a byte is k
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -29,6 +30,7 @@ from ..net.varint import encode_uvarint
 from .tensors import COMPRESSIONS
 
 MAX_HEADER = 64 * 1024
+MAX_UID = 256  # characters of an expert uid in a request
 OPS = ("info", "forward", "backward")
 
 
@@ -63,27 +65,129 @@ def _field(message: dict, name: str, kind: type | tuple, what: str) -> Any:
     return value
 
 
+def announced_payload(message: dict) -> int:
+    """Payload bytes a (not yet validated) request header says will follow, so a server that
+    refuses the header can still drain what the caller sends; 0 when it says nothing usable."""
+    tensors = message.get("t")
+    if isinstance(tensors, dict) and type(tensors.get("n")) is int:
+        return max(0, tensors["n"])
+    return 0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One expert call's header. ``tensors`` is the tensors header (``tensors.serialize``) for
+    forward (inputs) and backward (inputs then gradients; ``n_inputs`` of them are inputs)."""
+
+    op: str
+    uid: str
+    compression: str = "none"
+    tensors: dict | None = None
+    n_inputs: int = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        """Payload bytes that follow the header (0 for info)."""
+        return announced_payload({"t": self.tensors}) if self.tensors is not None else 0
+
+    def to_message(self) -> dict:
+        """The msgpack map (the one place its keys are spelled, with ``from_message``)."""
+        message: dict = {"op": self.op, "uid": self.uid, "c": self.compression}
+        if self.op != "info":
+            message["t"] = self.tensors
+        if self.op == "backward":
+            message["ni"] = self.n_inputs
+        return message
+
+    def encode(self) -> bytes:
+        """The framed header (the payload follows it on the stream)."""
+        return pack(self.to_message())
+
+    @classmethod
+    def from_message(cls, message: dict) -> "Request":
+        """Validate an untrusted header map; ExpertProtocolError on anything off."""
+        op = _field(message, "op", str, "operation")
+        if op not in OPS:
+            raise ExpertProtocolError(f"unknown operation {op[:32]!r}; expected one of {', '.join(OPS)}")
+        uid = _field(message, "uid", str, "expert uid")
+        if not uid or len(uid) > MAX_UID:
+            raise ExpertProtocolError(f"expert uid must be 1-{MAX_UID} characters")
+        compression = message.get("c", "none")
+        if not isinstance(compression, str) or compression not in COMPRESSIONS:
+            raise ExpertProtocolError(f"unknown compression {str(compression)[:32]!r}; known: {', '.join(COMPRESSIONS)}")
+        if op == "info":
+            return cls(op, uid, compression)
+        tensors = _field(message, "t", dict, "tensors header")
+        count = len(tensors["t"]) if isinstance(tensors.get("t"), (list, tuple)) else 0
+        inputs = count
+        if op == "backward":
+            inputs = _field(message, "ni", int, "number of inputs")
+            if not 0 < inputs < count:
+                raise ExpertProtocolError(f"backward: {inputs} inputs among {count} tensors leaves no gradients")
+        return cls(op, uid, compression, tensors, inputs)
+
+    @classmethod
+    def decode(cls, body: bytes) -> "Request":
+        """Parse and validate a header body (without its length prefix)."""
+        return cls.from_message(unpack(body))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One call's reply header: a result (``tensors`` header, payload follows; or ``info``) or a
+    ``failure`` dict (``failures.to_failure``; checked by ``failures.check_failure``)."""
+
+    ok: bool
+    tensors: dict | None = None
+    info: dict | None = None
+    failure: dict | None = None
+
+    @classmethod
+    def result(cls, tensors: dict) -> "Reply":
+        """A forward/backward result; its payload follows the header."""
+        return cls(True, tensors=tensors)
+
+    @classmethod
+    def of_info(cls, info: dict) -> "Reply":
+        """An info result."""
+        return cls(True, info=info)
+
+    @classmethod
+    def error(cls, failure: dict) -> "Reply":
+        """An error reply; the server ends the stream after it."""
+        return cls(False, failure=failure)
+
+    def encode(self) -> bytes:
+        """The framed header."""
+        if not self.ok:
+            return pack({"ok": False, "e": self.failure})
+        if self.info is not None:
+            return pack({"ok": True, "info": self.info})
+        return pack({"ok": True, "t": self.tensors})
+
+    @classmethod
+    def decode(cls, body: bytes, op: str) -> "Reply":
+        """Parse a reply header to a call of ``op``; ExpertProtocolError when it is neither a
+        result of the right shape nor an error. (The tensors header and the failure dict are
+        checked by their own readers: ``TensorReader`` and ``check_failure``.)"""
+        message = unpack(body)
+        ok = message.get("ok")
+        if ok is not True:
+            if "e" not in message:
+                raise ExpertProtocolError("reply has neither result nor error")
+            return cls(False, failure=message["e"])
+        if op == "info":
+            info = message.get("info")
+            if not isinstance(info, dict):
+                raise ExpertProtocolError("malformed info reply")
+            return cls(True, info=info)
+        return cls(True, tensors=message.get("t"))
+
+
 def check_request(message: dict) -> tuple[str, str, str, dict | None, int]:
     """Validate a request header: (op, uid, reply compression, tensors header, inputs count)."""
-    op = _field(message, "op", str, "operation")
-    if op not in OPS:
-        raise ExpertProtocolError(f"unknown operation {op[:32]!r}; expected one of {', '.join(OPS)}")
-    uid = _field(message, "uid", str, "expert uid")
-    if not uid or len(uid) > 256:
-        raise ExpertProtocolError("expert uid must be 1-256 characters")
-    compression = message.get("c", "none")
-    if not isinstance(compression, str) or compression not in COMPRESSIONS:
-        raise ExpertProtocolError(f"unknown compression {str(compression)[:32]!r}; known: {', '.join(COMPRESSIONS)}")
-    if op == "info":
-        return op, uid, compression, None, 0
-    tensors = _field(message, "t", dict, "tensors header")
-    count = len(tensors.get("t", ())) if isinstance(tensors.get("t"), (list, tuple)) else 0
-    inputs = count
-    if op == "backward":
-        inputs = _field(message, "ni", int, "number of inputs")
-        if not 0 < inputs < count:
-            raise ExpertProtocolError(f"backward: {inputs} inputs among {count} tensors leaves no gradients")
-    return op, uid, compression, tensors, inputs
+    request = Request.from_message(message)
+    return request.op, request.uid, request.compression, request.tensors, request.n_inputs
 
 
-__all__ = ["MAX_HEADER", "OPS", "check_request", "pack", "protocol_id", "unpack"]
+__all__ = ["MAX_HEADER", "OPS", "Reply", "Request", "announced_payload", "check_request", "pack", "protocol_id", "unpack"]

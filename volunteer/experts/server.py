@@ -2,8 +2,14 @@
 
 Any exception while serving one call (a malformed header, a truncated or oversized payload, wrong
 shapes or dtypes, an unknown uid or compression, NaN, CUDA OOM, a bug in a custom expert) becomes
-an error reply to that caller, with the exception's type, message and traceback, the expert uid
-and our PeerID; the server goes on serving everyone else.
+an error reply to that caller, with the exception's type, message and traceback (as much as
+``ExpertsConfig.share_tracebacks`` allows), the expert uid and our PeerID; the server goes on
+serving everyone else.
+
+Admission (``admission.py``): a call reserves the payload bytes its header announces, per peer
+and in all, before a payload byte is read (BUSY past either bound); the bytes it then holds grow
+only with what arrives. A backward is served only to a peer that ran forward on that expert
+within ``backward_window``. Refusals are counted by reason in ``refusals``.
 """
 
 from __future__ import annotations
@@ -12,12 +18,22 @@ import logging
 
 import trio
 
-from ..errors import ExpertProtocolError, TensorFormatError, VolunteerError, describe
+from collections import Counter
+
+from ..errors import (
+    ExpertBackwardRefusedError,
+    ExpertBusyError,
+    ExpertProtocolError,
+    TensorFormatError,
+    VolunteerError,
+    describe,
+)
 from ..net.streams import BufferedStream
+from ..net.pool import SERVE_IDLE
+from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
-from ..net.pool import SERVE_IDLE
-from .protocol import MAX_HEADER, check_request, pack, protocol_id, unpack
+from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
 from .tensors import TensorReader, serialize
 
 log = logging.getLogger(__name__)
@@ -70,6 +86,9 @@ class ExpertServer:
         self.bytes_out = 0
         self.errors = 0
         self.upload: UploadLimiter | None = None
+        self.budget = RequestBudget(config)  # request bytes reserved now, per peer and in all
+        self.forwards = ForwardRecord(config)  # who may call backward on what
+        self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
 
     @property
     def upload_limit(self) -> float | None:
@@ -99,19 +118,22 @@ class ExpertServer:
         """Serve one call; True if the stream may carry another."""
         uid = ""
         pending = 0  # request payload bytes not read yet (drained after an early error)
+        peer = stream.remote_peer
+        reserved = 0
         self.active_requests += 1
         try:
             try:
                 with trio.fail_after(READ_TIMEOUT):
                     message = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert request header"))
                     uid = str(message.get("uid", ""))[:256]
-                    if isinstance(message.get("t"), dict) and isinstance(message["t"].get("n"), int):
-                        pending = max(0, message["t"]["n"])
-                    op, uid, compression, header, n_inputs = check_request(message)
-                    if op == "info":
-                        await reader.send_all(pack({"ok": True, "info": self.runtime.info(uid)}))
+                    pending = announced_payload(message)
+                    request = Request.from_message(message)
+                    if request.op == "info":
+                        await reader.send_all(Reply.of_info(self.runtime.info(uid)).encode())
                         return True
-                    tensors = TensorReader(header, config=self.config)
+                    tensors = TensorReader(request.tensors, config=self.config)  # validates sizes
+                    self._admit(peer, request, tensors.expected, now=trio.current_time())
+                    reserved = tensors.expected
                     while not tensors.done:
                         chunk = await reader.receive_some(min(tensors.remaining, RECEIVE_CHUNK))
                         if not chunk:
@@ -122,14 +144,19 @@ class ExpertServer:
                         pending = tensors.remaining
                     self.bytes_in += tensors.expected
                     inputs = tensors.finish()
-                if op == "forward":
+                n_inputs = request.n_inputs
+                if request.op == "forward":
                     outputs = await self.runtime.forward(uid, inputs)
+                    self.forwards.forwarded(peer, uid, now=trio.current_time())
                 else:
                     outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:])
-                reply, chunks = serialize(outputs, compression, config=self.config)
+                reply, chunks = serialize(outputs, request.compression, config=self.config)
             except trio.TooSlowError:
                 raise ExpertProtocolError(f"request not received within {READ_TIMEOUT:.0f} s") from None
-            await reader.send_all(pack({"ok": True, "t": reply}))
+            finally:
+                if reserved:
+                    self.budget.release(peer, reserved)
+            await reader.send_all(Reply.result(reply).encode())
             for chunk in chunks:
                 if self.upload is not None:
                     await self.upload.take(len(chunk))
@@ -143,12 +170,28 @@ class ExpertServer:
             failure = to_failure(exc, expert_uid=uid, peer_id=str(self.host.peer_id), config=self.config)
             if failure["kind"] == "error":
                 log.warning("expert %s failed for %s: %s", uid or "?", stream.remote_peer.short(), describe(exc))
-            await reader.send_all(pack({"ok": False, "e": failure}))
+            await reader.send_all(Reply.error(failure).encode())
             await reader.send_eof()
             await self._drain(reader, pending)
             return False
         finally:
             self.active_requests -= 1
+
+    def _admit(self, peer, request: Request, nbytes: int, *, now: float) -> None:
+        """Authorize a forward/backward and reserve its announced bytes, or raise the typed
+        refusal (counted by reason). Nothing is reserved when it raises."""
+        if request.op == "backward" and not self.forwards.may_backward(peer, request.uid, now=now):
+            self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
+            raise ExpertBackwardRefusedError(
+                f"no forward from you on {request.uid!r} in the last {self.config.backward_window:g} s"
+            )
+        refused = self.budget.reserve(peer, nbytes)
+        if refused is not None:
+            self.refusals[refused] += 1
+            raise ExpertBusyError(
+                f"request bytes in flight are at their limit ({refused}: {self.budget.held_by(peer)} held for you, "
+                f"{self.budget.total} in all)"
+            )
 
     async def _drain(self, reader: BufferedStream, pending: int) -> None:
         # the caller may still be sending its payload: read (and drop) a bounded amount so it

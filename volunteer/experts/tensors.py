@@ -264,8 +264,9 @@ class TensorReader:
         self._specs = _check_header(header, config)
         self.expected = sum(spec[3] for spec in self._specs)  # total payload bytes announced
         self.received = 0
-        # A tensor's buffer is allocated (at its exact, validated size) when its first byte
-        # arrives: one copy per byte, and a peer that stops sending holds at most one tensor.
+        # Buffers grow as bytes arrive (bytearray's amortised growth: at most ~1/8 over what was
+        # received), never to the announced size up front: a peer that announces 256 MiB and
+        # sends one byte makes us hold one byte, not 256 MiB.
         self._buffers: list[bytearray] = [bytearray() for _ in self._specs]
         self._index = 0  # tensor being filled
         self._filled = 0  # bytes of it received
@@ -275,6 +276,11 @@ class TensorReader:
     def remaining(self) -> int:
         """Payload bytes still to come."""
         return self.expected - self.received
+
+    @property
+    def held(self) -> int:
+        """Payload bytes kept so far (equal to ``received``: nothing is allocated ahead)."""
+        return sum(len(buffer) for buffer in self._buffers)
 
     @property
     def done(self) -> bool:
@@ -294,10 +300,8 @@ class TensorReader:
         self.received += view.nbytes
         while view.nbytes:
             need = self._specs[self._index][3]
-            if self._filled == 0:
-                self._buffers[self._index] = bytearray(need)
             take = min(need - self._filled, view.nbytes)
-            self._buffers[self._index][self._filled : self._filled + take] = view[:take]
+            self._buffers[self._index] += view[:take]
             self._filled += take
             view = view[take:]
             self._skip_empty()

@@ -1,0 +1,47 @@
+"""`volunteer join` checks what experts need before it joins: an unwritable checkpoint directory
+is one line on stderr and exit 1 (not a traceback at leave time); --share-tracebacks reaches the
+experts' configuration."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from volunteer.cli.joincmd import build_options
+from volunteer.cli.main import build_parser
+
+from .conftest import run_cli
+from .test_join_cli import one_line_error, unreachable_swarm
+
+
+def test_an_unwritable_checkpoint_directory_is_one_line_and_exit_1(tmp_path, cli_env):
+    swarm = unreachable_swarm(tmp_path)
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a directory")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        # root ignores permissions: then only the file in the way can stop us
+        cases = [in_the_way / "checkpoints"] + ([] if os.access(locked, os.W_OK) else [locked])
+        for directory in cases:
+            result = run_cli("join", swarm, "--experts", "ffn:e.[0:2]", "--device", "cpu", "--no-dashboard",
+                             "--checkpoints", str(directory), env=cli_env)
+            assert result.returncode == 1
+            line = one_line_error(result)
+            assert f"checkpoint directory {directory} is not writable" in line
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_share_tracebacks_flag_reaches_the_daemon_options(tmp_path):
+    swarm = unreachable_swarm(tmp_path)
+    parser = build_parser()
+    base = ["join", swarm, "--identity", str(tmp_path / "key")]
+    assert build_options(parser.parse_args(base)).share_tracebacks == "redacted"
+    assert build_options(parser.parse_args([*base, "--share-tracebacks", "none"])).share_tracebacks == "none"
+
+
+def test_share_tracebacks_refuses_unknown_policies(tmp_path, cli_env):
+    result = run_cli("join", unreachable_swarm(tmp_path), "--share-tracebacks", "some", env=cli_env)
+    assert result.returncode == 2 and "--share-tracebacks" in result.stderr

@@ -1,0 +1,86 @@
+"""RemoteMixtureOfExperts with injected faults (volunteer/experts/faults.py), over loopback:
+samples whose experts fail go to their next-best experts in a second round of the same forward;
+samples still short of k_min get a zero output and are counted; only a step where no expert
+answered raises; backward reaches only the experts that answered."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from volunteer import RemoteMixtureOfExperts, Swarm
+from volunteer.errors import ExpertUnavailableError
+from volunteer.experts.faults import FaultInjection
+
+from .volunteer_fixture import DHT_CONFIG, Volunteer
+
+GRID = ["expert.0.0", "expert.0.1"]
+
+
+@pytest.fixture(scope="module")
+def world():
+    volunteer = Volunteer(GRID, hidden=8)
+    swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
+    try:
+        yield volunteer, swarm
+    finally:
+        swarm.close()
+        volunteer.stop()
+
+
+def mixture(swarm, **options) -> RemoteMixtureOfExperts:
+    moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(1, 2), uid_prefix="expert", forward_timeout=5,
+                                 backward_timeout=5, timeout_after_k_min=0.5, refresh_period=60, **options)
+    assert sorted(moe.live_experts(refresh=True)) == GRID
+    return moe
+
+
+def test_samples_of_a_failing_expert_are_rerouted_in_the_same_forward(world):
+    volunteer, swarm = world
+    torch.manual_seed(1)
+    moe = mixture(swarm, k_best=1, k_min=1)
+    x = torch.randn(64, 8)
+    with torch.no_grad():
+        picks = moe.gate(x)[:, 1:].argmax(-1)  # the grid's second dimension decides: expert.0.<pick>
+    assert 0 < int((picks == 0).sum()) < 64  # both experts are somebody's first choice
+    before = {uid: volunteer.runtime.backends[uid].updates for uid in GRID}
+    swarm.faults = FaultInjection(fail_uids={"expert.0.0"})
+    try:
+        out = moe(x)
+        assert moe.stats["rerouted"] == int((picks == 0).sum())
+        assert moe.stats["samples_short"] == 0 and moe.stats["failures"] == 1
+        assert moe.stats["calls"] == 3  # two in the first round, one in the second
+        assert bool((out.abs().sum(-1) > 0).all())
+        out.sum().backward()
+    finally:
+        swarm.faults = None
+    assert moe.gate.weight.grad is not None
+    # backward went to the expert that answered (once per round it answered in: two calls, two
+    # steps), never to the one that failed
+    assert volunteer.runtime.backends["expert.0.1"].updates == before["expert.0.1"] + 2
+    assert volunteer.runtime.backends["expert.0.0"].updates == before["expert.0.0"]
+
+
+def test_samples_still_short_get_zero_outputs_and_are_counted(world):
+    _, swarm = world
+    moe = mixture(swarm, k_best=2, k_min=2)
+    x = torch.randn(16, 8)
+    swarm.faults = FaultInjection(fail_uids={"expert.0.1"})
+    try:
+        out = moe(x)  # every sample needs both experts; one fails and there is no third to try
+    finally:
+        swarm.faults = None
+    assert moe.stats["samples_short"] == 16 and moe.stats["rerouted"] == 0
+    assert out.shape == (16, 8) and bool((out == 0).all())
+
+
+def test_a_step_where_no_expert_answers_raises(world):
+    _, swarm = world
+    moe = mixture(swarm, k_best=1, k_min=1)
+    swarm.faults = FaultInjection(fail_uids=set(GRID))
+    try:
+        with pytest.raises(ExpertUnavailableError, match="injected failure"):
+            moe(torch.randn(8, 8))
+    finally:
+        swarm.faults = None
+    assert moe.stats["failures"] == 2
