@@ -110,16 +110,16 @@ class VolunteerNode:
     """A running volunteer, as ``open_volunteer`` yields it: its parts, its state views (pieces of
     the CLI's status snapshot) and ``pause`` / ``resume`` / ``leave``."""
 
-    def __init__(self, spec: SwarmSpec, options: VolunteerOptions) -> None:
+    def __init__(self, spec: SwarmSpec, options: VolunteerOptions, host: Host, device: str = "cpu") -> None:
         self.spec = spec
         self.options = options
-        self.host: Host | None = None
+        self.host = host
         self.dht: Any = None  # a DHTNode once the DHT runs
         self.nat: NatManager | None = None
         self.runtime: Runtime | None = None
         self.server: ExpertServer | None = None
         self.declarer: ExpertDeclarer | None = None
-        self.device = "cpu"
+        self.device = device
         self.paused = False
         self._leave = trio.Event()
         self._rate_marks: dict[str, tuple[float, int]] = {}  # uid -> (when, requests) at the last view
@@ -257,9 +257,12 @@ class VolunteerNode:
         if opts.expert_file:
             load_expert_file(opts.expert_file)
         config = opts.experts_config or ExpertsConfig(device=self.device, max_batch_size=opts.max_batch)
+        expert_class = opts.expert_class
+        if opts.backends is None and expert_class is None:
+            raise JoinError("cannot build experts: no expert class given (e.g. --experts ffn:expert.[0:4])")
         try:
             backends = list(opts.backends) if opts.backends is not None else [
-                make_backend(uid, opts.expert_class, opts.hidden_dim, config=config, checkpoint_dir=opts.checkpoint_dir)
+                make_backend(uid, expert_class or "", opts.hidden_dim, config=config, checkpoint_dir=opts.checkpoint_dir)
                 for uid in opts.uids
             ]
         except (ExpertConfigError, KeyError, ValueError) as exc:
@@ -302,8 +305,6 @@ class VolunteerNode:
     def connections_view(self) -> list[dict]:
         """One row per open connection: peer, path (direct, relayed, hole-punched), RTT, bytes."""
         host = self.host
-        if host is None:
-            return []
         rows = []
         for conn in host.connections():
             if conn.is_closed:
@@ -375,8 +376,7 @@ class VolunteerNode:
         return info
 
     def __repr__(self) -> str:
-        peer = self.host.peer_id.short() if self.host else "not started"
-        return f"<VolunteerNode {self.spec.name!r} as {peer}>"
+        return f"<VolunteerNode {self.spec.name!r} as {self.host.peer_id.short()}>"
 
 
 @asynccontextmanager
@@ -385,15 +385,15 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
 
     Raises JoinError when the swarm cannot be reached or the experts cannot be built."""
     opts = options or VolunteerOptions()
-    node = VolunteerNode(spec, opts)
+    device = "cpu"
     if opts.experts_config is not None:
-        node.device = str(opts.experts_config.device)
+        device = str(opts.experts_config.device)
     elif opts.hosts_experts:
-        node.device = check_device(opts.device, opts.max_gpu_memory)
+        device = check_device(opts.device, opts.max_gpu_memory)
     dht_config = opts.dht_config or DHTConfig(swarm_id=spec.id)
     keypair = opts.keypair or KeyPair.generate()
     async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig()) as host:
-        node.host = host
+        node = VolunteerNode(spec, opts, host, device)
         await node._reach_swarm()
         async with trio.open_nursery() as nursery, open_dht(
             host, dht_config, bootstrap=spec.entry_points, client_mode=False

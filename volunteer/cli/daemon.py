@@ -105,6 +105,8 @@ class Daemon:
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "status": self.snapshot()}
+        if self.node is None:  # the control socket only opens once the node is up
+            return {"ok": False, "error": "the node is not running"}
         if cmd == "pause":
             await self.node.pause()
             return {"ok": True, "paused": True}
@@ -121,9 +123,10 @@ class Daemon:
         """The status every view shows (dashboard, ``volunteer status --json``); JSON-serialisable."""
         node = self.node
         host = node.host if node is not None else None
+        keypair = self.options.node.keypair
         snap: dict = {
             "version": __version__,
-            "peer_id": str(host.peer_id if host is not None else self.options.node.keypair.peer_id),
+            "peer_id": str(host.peer_id) if host is not None else str(keypair.peer_id) if keypair else "",
             "pid": os.getpid(),
             "swarm": self.swarm.name,
             "swarm_id": self.swarm.id,
@@ -135,8 +138,7 @@ class Daemon:
             reachability = node.reachability_view()
             if reachability is not None:
                 snap["reachability"] = reachability
-            if host is not None:
-                snap["connections"] = node.connections_view()
+            snap["connections"] = node.connections_view()
             dht = node.dht_view()
             if dht is not None:
                 snap["dht"] = dht
