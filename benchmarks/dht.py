@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.dht.declare import ExpertDeclarer  # noqa: E402
+from volunteer.dht.grid import find_best_experts  # noqa: E402
 from volunteer.dht.node import open_dht  # noqa: E402
 from volunteer.net.host import HostConfig, open_host  # noqa: E402
 
@@ -136,7 +137,7 @@ async def measure_beam_ours(repeats: int) -> dict[float, float]:
                         for _ in range(repeats):
                             scores = [[rng.random() for _ in range(64)] for _ in range(2)]
                             started = time.perf_counter()
-                            found = await dht.find_best_experts("expert", scores, beam_size=4, max_age=max_age)
+                            found = await find_best_experts(dht, "expert", scores, beam_size=4, max_age=max_age)
                             times.append(time.perf_counter() - started)
                             assert len(found) == 4
                         medians[max_age] = statistics.median(times) * 1000

@@ -89,16 +89,20 @@ class Swarm:
     # --- queries (synchronous) ----------------------------------------------------------------------
     def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, timeout: float = 30.0):
         """Beam search over a grid: the ``beam_size`` best live experts (``ExpertMatch`` list)."""
+        from .dht.grid import find_best_experts
+
         scores = [[float(s) for s in dim] for dim in grid_scores]
-        return self.loop.run(self.dht.find_best_experts, prefix, scores, beam_size, timeout=timeout)
+        return self.loop.run(find_best_experts, self.dht, prefix, scores, beam_size, timeout=timeout)
 
     def get_experts(self, uids: Sequence[str], *, timeout: float = 30.0):
         """``{uid: [Declaration, ...]}``: live hosts of each uid, best first."""
-        return self.loop.run(self.dht.get_experts, list(uids), timeout=timeout)
+        from .dht.grid import get_experts
+
+        return self.loop.run(get_experts, self.dht, list(uids), timeout=timeout)
 
     def list_experts(self, prefix: str = "expert.", *, timeout: float = 30.0):
         """Every live expert under a grid prefix: ``{uid: [Declaration, ...]}``."""
-        from .dht.declare import list_experts
+        from .dht.grid import list_experts
 
         return self.loop.run(list_experts, self.dht, prefix, timeout=timeout)
 

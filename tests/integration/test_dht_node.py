@@ -12,6 +12,7 @@ import trio
 
 from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
+from volunteer.dht.grid import find_best_experts, get_experts
 from volunteer.dht.messages import frame
 from volunteer.dht.node import open_dht
 from volunteer.net.host import HostConfig, open_host
@@ -81,21 +82,21 @@ async def test_declared_experts_are_found_and_vanish_on_withdraw():
         with trio.fail_after(5):
             while declarer.last_declared is None:
                 await trio.sleep(0.05)
-        found = await trainer.get_experts(["ffn.0.0", "ffn.3.3", "ffn.9.9"])
+        found = await get_experts(trainer, ["ffn.0.0", "ffn.3.3", "ffn.9.9"])
         assert [d.peer for d in found["ffn.0.0"]] == [server.host.peer_id]
         assert found["ffn.9.9"] == []
         scores = [[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 2.0, 0.0]]
-        best = await trainer.find_best_experts("ffn", scores, beam_size=3)
+        best = await find_best_experts(trainer, "ffn", scores, beam_size=3)
         assert best[0].uid == "ffn.3.2" and best[0].hosts[0].peer == server.host.peer_id
         assert len(best) == 3
         started = trio.current_time()
         await declarer.pause()
         assert trio.current_time() - started < 2
-        assert (await trainer.get_experts(["ffn.0.0"]))["ffn.0.0"] == []
-        assert await trainer.find_best_experts("ffn", scores, beam_size=3) == []
+        assert (await get_experts(trainer, ["ffn.0.0"]))["ffn.0.0"] == []
+        assert await find_best_experts(trainer, "ffn", scores, beam_size=3) == []
         declarer.resume()
         with trio.fail_after(5):
-            while not (await trainer.get_experts(["ffn.0.0"]))["ffn.0.0"]:
+            while not (await get_experts(trainer, ["ffn.0.0"]))["ffn.0.0"]:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
 
@@ -109,11 +110,11 @@ async def test_crashed_host_experts_expire():
             await nursery.start(declarer.run)
             while declarer.last_declared is None:
                 await trio.sleep(0.02)
-            assert (await nodes[2].get_experts(["ffn.0"]))["ffn.0"]
+            assert (await get_experts(nodes[2], ["ffn.0"]))["ffn.0"]
             declarer.withdraw = _no_withdraw  # a crash: nobody publishes tombstones
             nursery.cancel_scope.cancel()
         await trio.sleep(1.1)
-        assert (await nodes[2].get_experts(["ffn.0"]))["ffn.0"] == []
+        assert (await get_experts(nodes[2], ["ffn.0"]))["ffn.0"] == []
 
 
 async def _no_withdraw() -> int:
@@ -162,7 +163,7 @@ async def test_tcp_loopback_pair():
 
 
 async def test_list_experts_walks_the_grid():
-    from volunteer.dht.declare import list_experts
+    from volunteer.dht.grid import list_experts
 
     async with AsyncExitStack() as stack:
         nodes = await swarm(stack, 3)
@@ -206,19 +207,19 @@ async def test_recent_lookups_are_reused_only_within_max_age():
         declarer = ExpertDeclarer(server, ["ffn.0.1", "ffn.1.0"])
         await declarer.declare_once()
         scores = [[1.0, 0.0], [0.0, 1.0]]
-        best = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        best = await find_best_experts(trainer, "ffn", scores, beam_size=2, max_age=5.0)
         assert [m.uid for m in best] == ["ffn.0.1", "ffn.1.0"]
         before = trainer.stats["requests"]
-        again = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        again = await find_best_experts(trainer, "ffn", scores, beam_size=2, max_age=5.0)
         assert [m.uid for m in again] == ["ffn.0.1", "ffn.1.0"]
         assert trainer.stats["requests"] == before  # answered from the lookups just made
         await declarer.withdraw()
-        stale = await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0)
+        stale = await find_best_experts(trainer, "ffn", scores, beam_size=2, max_age=5.0)
         assert [m.uid for m in stale] == ["ffn.0.1", "ffn.1.0"]  # the staleness max_age allows
-        assert await trainer.find_best_experts("ffn", scores, beam_size=2) == []  # the default asks
+        assert await find_best_experts(trainer, "ffn", scores, beam_size=2) == []  # the default asks
         assert trainer.stats["requests"] > before
         # every lookup refreshes what later calls may reuse
-        assert await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=5.0) == []
+        assert await find_best_experts(trainer, "ffn", scores, beam_size=2, max_age=5.0) == []
         await declarer.declare_once()
         await trio.sleep(0.3)
-        assert len(await trainer.find_best_experts("ffn", scores, beam_size=2, max_age=0.2)) == 2  # too old: asks
+        assert len(await find_best_experts(trainer, "ffn", scores, beam_size=2, max_age=0.2)) == 2  # too old: asks

@@ -16,6 +16,7 @@ import trio
 
 from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
+from volunteer.dht.grid import find_best_experts, get_experts
 from volunteer.dht.node import open_dht
 from volunteer.dht.records import Record, sign, signing_payload
 from volunteer.net.host import HostConfig, open_host
@@ -113,10 +114,10 @@ async def test_two_hundred_nodes(autojump_clock):
             sim.start_on(index, declarer.run)
         await trio.sleep(CONFIG.expert_update_period)
         trainer = sim.nodes[rng.choice([i for i in alive if i not in hosts])]
-        found = await trainer.get_experts([f"ffn.{n}.{j}" for n in range(20) for j in range(4)])
+        found = await get_experts(trainer, [f"ffn.{n}.{j}" for n in range(20) for j in range(4)])
         missing = [uid for uid, decls in found.items() if not decls]
         assert not missing, f"not found {trio.current_time() - started:.1f} s after declaring: {missing[:5]}"
-        best = await trainer.find_best_experts("ffn", [[float(i) for i in range(20)], [0, 0, 0, 10.0]], beam_size=4)
+        best = await find_best_experts(trainer, "ffn", [[float(i) for i in range(20)], [0, 0, 0, 10.0]], beam_size=4)
         assert [m.uid for m in best] == ["ffn.19.3", "ffn.18.3", "ffn.17.3", "ffn.16.3"]
 
         # --- crash 5 declaring hosts: their experts vanish within one expiration -------------------
@@ -125,7 +126,7 @@ async def test_two_hundred_nodes(autojump_clock):
             declarers[index].withdraw = _crashed  # a crash publishes no tombstones
             sim.crash(index)
         await trio.sleep(CONFIG.expert_expiration + 0.5)
-        found = await trainer.get_experts([f"ffn.{n}.0" for n in range(20)])
+        found = await get_experts(trainer, [f"ffn.{n}.0" for n in range(20)])
         for n, index in enumerate(hosts):
             assert bool(found[f"ffn.{n}.0"]) == (index not in gone), f"ffn.{n}.0 (host crashed: {index in gone})"
 

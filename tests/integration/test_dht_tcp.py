@@ -12,6 +12,7 @@ import trio
 
 from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
+from volunteer.dht.grid import find_best_experts
 from volunteer.dht.node import open_dht
 from volunteer.net.host import HostConfig, open_host
 
@@ -39,12 +40,12 @@ async def test_sixteen_hosts_store_get_and_experts():
         declarers = [ExpertDeclarer(nodes[i], [f"ffn.{i}.{j}" for j in range(3)]) for i in range(4)]
         for declarer in declarers:
             await declarer.declare_once()
-        best = await nodes[10].find_best_experts("ffn", [[0, 0, 0.5, 5.0], [1.0, 0.5, 0]], beam_size=2)
+        best = await find_best_experts(nodes[10], "ffn", [[0, 0, 0.5, 5.0], [1.0, 0.5, 0]], beam_size=2)
         assert [m.uid for m in best] == ["ffn.3.0", "ffn.3.1"]
         assert best[0].hosts[0].peer == nodes[3].host.peer_id
         started = time.monotonic()
         await declarers[3].withdraw()
-        best = await nodes[10].find_best_experts("ffn", [[0, 0, 0.5, 5.0], [1.0, 0.5, 0]], beam_size=2)
+        best = await find_best_experts(nodes[10], "ffn", [[0, 0, 0.5, 5.0], [1.0, 0.5, 0]], beam_size=2)
         assert time.monotonic() - started < 2.0
         assert [m.uid for m in best] == ["ffn.2.0", "ffn.2.1"]  # host 3's experts are gone
 

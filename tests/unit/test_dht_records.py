@@ -182,3 +182,104 @@ def test_heap_of_expirations_stays_bounded(alice: KeyPair) -> None:
         store.store(rec(alice, exp=NOW + 100 + i * 0.01), NOW)
     assert len(store) == 1
     assert len(store._expiry) <= 2 * len(store) + 1025
+
+
+# --- fairness (issue 12): a signer's share of a key, largest holder loses first ---------------------
+ATTACKER = ("ip4", "127.0.0.2")
+HONEST = ("ip4", "127.0.0.3")
+
+
+@pytest.fixture(scope="module")
+def honest_hosts() -> list[KeyPair]:
+    return [KeyPair.generate() for _ in range(16)]
+
+
+def heartbeat(kp: KeyPair, now: float) -> Record:
+    # what ExpertDeclarer stores under a grid prefix: bare PeerID sub-key, 15 s expiration
+    return sign(kp, b"ffn.", owned_subkey(kp.peer_id), b"decl", now + 15)
+
+
+def test_one_signer_holds_at_most_its_share_of_a_key(alice: KeyPair, mallory: KeyPair) -> None:
+    store = Storage(CONFIG)
+    squat = [rec(mallory, key=b"ffn.", suffix=i.to_bytes(2, "big"), exp=NOW + 3600) for i in range(1024)]
+    codes = store.store_many(squat, NOW, source=ATTACKER)
+    share = CONFIG.max_subkeys_per_signer_per_key
+    assert codes[:share] == [OK] * share and set(codes[share:]) == {"signer-share"}
+    assert store.holders(b"ffn.")[0][mallory.peer_id] == share
+    # refreshing a held sub-key is not a new share; other signers are unaffected
+    assert store.store(rec(mallory, key=b"ffn.", suffix=b"\x00\x00", exp=NOW + 3601), NOW, source=ATTACKER)
+    assert store.store(rec(alice, key=b"ffn."), NOW, source=HONEST)
+
+
+def test_squatter_with_far_future_subkeys_cannot_evict_heartbeats(mallory: KeyPair, honest_hosts) -> None:
+    store = Storage(CONFIG)
+    now = NOW
+    for round_ in range(8):  # two minutes of heartbeats, the squatter re-flooding before each
+        squat = [rec(mallory, key=b"ffn.", suffix=i.to_bytes(2, "big"), exp=now + 3600) for i in range(1024)]
+        store.store_many(squat, now, source=ATTACKER)
+        assert store.store_many([heartbeat(kp, now) for kp in honest_hosts], now, source=HONEST) == [OK] * 16
+        live = store.get(b"ffn.", now)
+        assert all(owned_subkey(kp.peer_id) in live for kp in honest_hosts)
+        assert len(live) <= CONFIG.max_subkeys_per_key
+        now += 15
+
+
+def test_many_identities_from_one_address_cannot_fill_a_key(honest_hosts) -> None:
+    config = DHTConfig(max_subkeys_per_key=64)
+    store = Storage(config)
+    sybils = [KeyPair.generate() for _ in range(96)]
+    flood = [rec(kp, key=b"ffn.", exp=NOW + 3600) for kp in sybils]
+    assert store.store_many(flood[:64], NOW, source=ATTACKER) == [OK] * 64  # the key is full
+    now = NOW
+    for _ in range(4):
+        assert store.store_many([heartbeat(kp, now) for kp in honest_hosts], now, source=HONEST) == [OK] * 16
+        # the flood goes on: it only pushes out its own (largest source), never a heartbeat
+        store.store_many(flood, now, source=ATTACKER)
+        live = store.get(b"ffn.", now)
+        assert all(owned_subkey(kp.peer_id) in live for kp in honest_hosts)
+        assert len(live) == 64 and store.holders(b"ffn.")[1][HONEST] == 16
+        now += 15
+    assert store.evicted >= 16
+
+
+def test_largest_holder_loses_first_never_a_smaller_one(alice: KeyPair, mallory: KeyPair) -> None:
+    config = DHTConfig(max_subkeys_per_key=4, max_subkeys_per_signer_per_key=3)
+    store = Storage(config)
+    for i in range(3):
+        store.store(rec(mallory, suffix=bytes([i]), exp=NOW + 100 + i), NOW, source=ATTACKER)
+    store.store(rec(alice, suffix=b"\x00", exp=NOW + 5), NOW, source=HONEST)  # expires first of all
+    # a newcomer from a third address: the attacker (3) is the largest holder, not alice (1)
+    bob = KeyPair.generate()
+    assert store.store(rec(bob, exp=NOW + 10), NOW, source=("ip4", "10.0.0.9"))
+    held = store.get(b"k", NOW)
+    assert owned_subkey(alice.peer_id, b"\x00") in held and owned_subkey(mallory.peer_id, b"\x00") not in held
+    # a newcomer from the largest source itself gives way to nobody smaller: its own group loses;
+    # here its signer (mallory, 2 + 1) is that group's largest, and the newcomer expires first
+    with pytest.raises(DHTRecordError) as info:
+        store.store(rec(mallory, suffix=b"\x09", exp=NOW + 50), NOW, source=ATTACKER)
+    assert info.value.code == "key-full"
+    assert store.store(rec(mallory, suffix=b"\x09", exp=NOW + 500), NOW, source=ATTACKER)  # replaces its own
+    assert owned_subkey(alice.peer_id, b"\x00") in store.get(b"k", NOW)
+
+
+def test_full_storage_evicts_the_largest_other_source(alice: KeyPair, mallory: KeyPair) -> None:
+    store = Storage(DHTConfig(max_total_records=10))
+    for i in range(9):
+        store.store(rec(mallory, key=bytes([i]), exp=NOW + 3600), NOW, source=ATTACKER)
+    store.store(rec(alice, key=b"a"), NOW, source=HONEST)
+    assert len(store) == 10
+    assert store.store(rec(alice, key=b"b"), NOW, source=HONEST)  # the attacker's oldest goes
+    assert len(store) == 10 and store.records_from(ATTACKER) == 8 and store.records_from(HONEST) == 2
+    assert store.get(b"\x00", NOW) == {}
+    # the attacker's own newcomer finds no larger source to push out
+    assert store.store_many([rec(mallory, key=b"z", exp=NOW + 3600)], NOW, source=ATTACKER) == ["storage-full"]
+
+
+def test_replacement_from_a_new_address_moves_its_count(alice: KeyPair) -> None:
+    store = Storage(CONFIG)
+    store.store(rec(alice, exp=NOW + 10), NOW, source=HONEST)
+    store.store(rec(alice, exp=NOW + 20), NOW, source=ATTACKER)
+    assert store.holders(b"k")[1] == {ATTACKER: 1}
+    assert store.records_from(HONEST) == 0 and store.records_from(ATTACKER) == 1
+    store.collect(NOW + 30)
+    assert len(store) == 0 and store.records_from(ATTACKER) == 0 and store.holders(b"k") == ({}, {})

@@ -9,7 +9,7 @@ import time
 import trio
 
 from ..dht import DHTConfig
-from ..dht.declare import list_experts
+from ..dht.grid import list_experts
 from ..dht.node import open_dht
 from ..net.host import open_host
 from ..net.identity import KeyPair

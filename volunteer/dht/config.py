@@ -68,11 +68,33 @@ class DHTConfig:
     max_value_size: int = 8 * 1024
     max_signature_size: int = 512  # Ed25519 signs in 64 bytes; leave room for RSA keys' 512
     max_subkeys_per_key: int = 1024  # e.g. hosts declaring under one grid prefix
+    # One signer's share of any key. An honest host declares under one sub-key (its PeerID); a
+    # little room for owners' suffixes, but one identity can no longer fill a grid's prefix key
+    # with 1,024 far-future sub-keys and push every honest heartbeat out (issue 12). A full key
+    # then makes room at the expense of the largest holder, by source address and then by signer
+    # (``records.Storage``), so many identities from one address cannot do it either.
+    max_subkeys_per_signer_per_key: int = 4
     max_records_per_signer: int = 1024  # what one publishing peer may keep in our storage
     max_total_records: int = 100_000
     max_total_bytes: int = 64 * 1024 * 1024  # keys + sub-keys + values + signatures held
     max_ttl: float = 3600.0  # records must be refreshed at least this often
     max_clock_skew: float = 30.0  # publishers' clocks may run this far ahead of ours
+
+    # --- inbound rate limits (NodeState.handle) --------------------------------------------
+    # Per peer: a busy trainer's beam search batches ~64 keys a FIND_VALUE and a few per step,
+    # a heartbeat one STORE per close peer every few seconds; these leave honest peers 10-100x
+    # headroom and stop one identity's flood at the door, before decoding its records.
+    request_rate: float = 500.0  # requests per second per peer
+    request_burst: float = 2000.0
+    store_rate: float = 2000.0  # records per second per peer (a STORE costs its record count)
+    store_burst: float = 8000.0
+    # Per source address (IPv4 /32, IPv6 /64, a relay): identities are free to mint, addresses
+    # are not. Four times a peer's allowance: a home NAT or a lab may hold several volunteers.
+    source_request_rate: float = 2000.0
+    source_request_burst: float = 8000.0
+    source_store_rate: float = 8000.0
+    source_store_burst: float = 32000.0
+    rate_limit_keys: int = 4096  # peers (and addresses) whose buckets are remembered
 
     # --- live experts (used by the driver) -------------------------------------------------
     expert_update_period: float = 5.0  # hosts re-declare their experts this often

@@ -1,10 +1,9 @@
-"""Live experts over a running DHTNode: heartbeat declarations, tombstones on leave, lookups.
+"""Keeping a host's experts declared over a running DHTNode: heartbeats, tombstones on leave.
 
 ``ExpertDeclarer`` re-declares a host's experts every ``expert_update_period`` (all of them
 batched: one STORE per close peer per heartbeat) with an expiration of ``expert_expiration``, so
 a crashed host's experts vanish within one expiration; ``withdraw`` publishes tombstones so a
-leaving host's experts vanish at once. ``get_experts`` and ``find_best_experts`` return only
-declarations alive now (sans-I/O selection and beam search in ``experts.py``).
+leaving host's experts vanish at once. Lookups of what is declared are in ``grid.py``.
 """
 
 from __future__ import annotations
@@ -15,93 +14,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 import trio
 
 from ..errors import DHTError, VolunteerError, describe
-from .experts import (
-    BeamSearch,
-    Declaration,
-    ExpertMatch,
-    HostInfo,
-    expert_key,
-    is_valid_uid,
-    make_declarations,
-    make_tombstones,
-    select_alive,
-)
+from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
 
 log = logging.getLogger(__name__)
-
-# Expert lookups stop once this many peers returned records for a key. Every host stores its
-# declarations (and tombstones) on the same k closest peers of a key, so two holders almost
-# always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
-# (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
-EXPERT_QUORUM = 2
-
-
-async def get_experts(dht, uids: Iterable[str], *, max_age: float = 0.0) -> dict[str, list[Declaration]]:
-    """Hosts serving each uid now, best first (fresh heartbeat, then lowest load); ``max_age`` as in
-    ``DHTNode.get_many``."""
-    uids = [u for u in dict.fromkeys(uids)]
-    found = await dht.get_many([expert_key(u) for u in uids], quorum=EXPERT_QUORUM, max_age=max_age)
-    now = dht.clock()
-    return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
-
-
-async def find_best_experts(
-    dht, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int, *, max_age: float = 0.0
-) -> list[ExpertMatch]:
-    """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts.
-
-    ``max_age`` > 0 reuses this node's grid lookups of the last ``max_age`` seconds: a trainer
-    searching every step trades that much staleness (a host that left may linger that long) for
-    most of the round trips. The default asks the network every time, so a leaver is gone at once.
-    """
-    search = BeamSearch(prefix, grid_scores, beam_size, dht.clock(), dht.config)
-    while keys := search.wanted():
-        found = await dht.get_many([expert_key(k) for k in keys], quorum=EXPERT_QUORUM, max_age=max_age)
-        search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
-    return search.result()
-
-
-async def walk_grid(dht, prefix: str, *, depth: int | None = None, limit: int = 4096) -> dict[str, list[Declaration]]:
-    """Live experts under ``prefix`` from the grid's prefix records alone, one batched round per
-    level: ``{uid: [hosts that list it, best first]}``. A host's record under ``name.i.`` names
-    one of its uids per next index (``name.i.j`` itself at the last level), so every (uid, host)
-    pair of a grid shows up. ``depth`` stops after that many levels (a grid's dimensions);
-    ``limit`` bounds the prefixes fetched."""
-    level = [prefix.rstrip(".") + "."]
-    result: dict[str, list[Declaration]] = {}
-    fetched = 0
-    for _ in range(depth or 64):
-        fetched += len(level)
-        found = await dht.get_many([expert_key(p) for p in level], quorum=EXPERT_QUORUM)
-        now = dht.clock()
-        next_level: set[str] = set()
-        for key in level:
-            for decl in select_alive(found[expert_key(key)], now, dht.config):
-                for index, uid in decl.children:
-                    if uid == f"{key}{index}" and is_valid_uid(uid):
-                        result.setdefault(uid, []).append(decl)  # a leaf at this level
-                    elif uid.startswith(f"{key}{index}."):
-                        next_level.add(f"{key}{index}.")
-        level = sorted(next_level)[: max(0, limit - fetched)]
-        if not level:
-            break
-    return result
-
-
-async def list_experts(dht, prefix: str, *, limit: int = 4096) -> dict[str, list[Declaration]]:
-    """Every live expert under ``prefix`` at any depth, with each uid's own records (per-expert
-    load and heartbeat): what ``volunteer experts`` shows."""
-    uids = await walk_grid(dht, prefix, limit=limit)
-    hosts = await get_experts(dht, sorted(uids))
-    return {uid: decls for uid, decls in hosts.items() if decls}
-
-
-async def grid_experts(dht, prefix: str, depth: int) -> dict[str, list[Declaration]]:
-    """Every live expert of a ``depth``-dimensional grid in ``depth`` rounds (mixtures of experts
-    cache this between batches)."""
-    found = await walk_grid(dht, prefix, depth=depth)
-    return {uid: hosts for uid, hosts in found.items() if uid.count(".") == depth}
-
 
 class ExpertDeclarer:
     """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once."""
@@ -190,4 +105,4 @@ class ExpertDeclarer:
                     log.warning("withdrawing experts failed: %s", describe(exc))
 
 
-__all__ = ["ExpertDeclarer", "find_best_experts", "get_experts", "grid_experts", "list_experts", "walk_grid"]
+__all__ = ["ExpertDeclarer"]

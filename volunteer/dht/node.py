@@ -11,7 +11,7 @@ because expirations cross the wire, ``trio.current_time`` under a MockClock in s
 Streams: a requester may send several requests one after another on one stream (each answered
 before the next is sent); idle streams wait in the Host's ``StreamPool`` (``net/pool.py``), so a busy
 trainer pays for stream setup once, not per lookup step. Expert declarations and beam search
-are in ``declare.py`` (``ExpertDirectory``) on top of ``get_many`` / ``store_many``.
+are in ``declare.py`` (``ExpertDeclarer``) and ``grid.py`` on top of ``get_many`` / ``store_many``.
 """
 
 from __future__ import annotations
@@ -25,19 +25,17 @@ from typing import Callable, Iterable, Sequence
 
 import trio
 
-from ..errors import DHTError, DHTMessageError, DHTRemoteError, VolunteerError, describe
+from ..errors import DHTError, DHTMessageError, VolunteerError, describe
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import SERVE_IDLE, pool_of
-from ..net.streams import BufferedStream, reset_quietly
+from ..net.streams import BufferedStream
+from .caches import ClosestPeers, RecentValues, StorePlan, chunks
 from .config import DHTConfig
 from .messages import (
-    FindNode,
-    FindValue,
     Nodes,
     Request,
     Response,
-    Store,
     Stored,
     Values,
     decode_response,
@@ -46,7 +44,7 @@ from .messages import (
 from .query import Lookup, ValueLookup
 from .records import OK, STALE, Record, sign
 from .routing import Contact, key_id
-from .state import NodeState
+from .state import NodeState, source_of
 
 log = logging.getLogger(__name__)
 
@@ -57,26 +55,7 @@ _MAINTENANCE_PERIOD = 1.0
 _BUCKET_REFRESH_AGE = 600.0
 _SELF_LOOKUPS = 3  # a join's self-lookup is repeated (at most this often) when it found nobody new
 _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap retries
-_PEER_CACHE_AGE = 30.0  # declarations reuse the k closest peers of a key this long
-_MAX_RECENT_VALUES = 4096  # keys whose last lookup result is kept for get_many(max_age=...)
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
-
-
-class RateLimiter:
-    """Token bucket per peer (sans-I/O): ``allow(peer, cost, now)``; bounds what one peer may flood."""
-
-    def __init__(self, rate: float, burst: float, max_peers: int = 4096) -> None:
-        self.rate, self.burst, self.max_peers = rate, burst, max_peers
-        self._buckets: dict[PeerID, tuple[float, float]] = {}
-
-    def allow(self, peer: PeerID, cost: float, now: float) -> bool:
-        tokens, last = self._buckets.get(peer, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if len(self._buckets) >= self.max_peers and peer not in self._buckets:
-            self._buckets.clear()  # forget everyone rather than grow: a reset only forgives
-        ok = tokens >= cost
-        self._buckets[peer] = (tokens - cost if ok else tokens, now)
-        return ok
 
 
 class DHTNode:
@@ -97,12 +76,11 @@ class DHTNode:
         self.state = NodeState(host.peer_id, config, client_mode=client_mode)
         self.bootstrap_addrs = [Multiaddr(a) for a in bootstrap]
         self.protocol = config.protocol_id
-        self.stats: dict[str, int] = defaultdict(int)  # requests, failures, bytes, rejections by code
-        self.store_limiter = RateLimiter(rate=2000.0, burst=8000.0)  # records per second per peer
-        self.request_limiter = RateLimiter(rate=500.0, burst=2000.0)  # requests per second per peer
+        # requests, failures, bytes in and out; inbound refusals are the core's (``state.rejected``)
+        self.stats: dict[str, int] = defaultdict(int)
         self.last_bootstrap_ok: float | None = None
-        self._closest_cache: dict[bytes, tuple[float, list[Contact]]] = {}
-        self._recent_values: dict[bytes, tuple[float, dict[bytes, Record]]] = {}  # key -> (looked up at, live records)
+        self.closest_peers = ClosestPeers()
+        self.recent_values = RecentValues()
         self._pinging: set[PeerID] = set()
         self._ping_slots = trio.Semaphore(_MAX_PINGS)
         self._nursery: trio.Nursery | None = None
@@ -124,8 +102,11 @@ class DHTNode:
 
     # --- inbound ---------------------------------------------------------------------------------
     async def _serve(self, stream) -> None:
+        # One path for every inbound request: NodeState.handle decides (rate limits per peer and
+        # per source address, decoding, the answer, reject accounting); this loop only moves bytes.
         reader = BufferedStream(stream)
         sender = stream.remote_peer
+        source = source_of(stream.connection.remote_addr)
         while True:
             with trio.move_on_after(SERVE_IDLE) as idle:
                 try:
@@ -134,38 +115,15 @@ class DHTNode:
                     return  # EOF between requests: the requester is done with this stream
             if idle.cancelled_caught:
                 return
-            if length > self.config.max_message_size:
-                self.stats["rejected:too-large"] += 1
+            if not self.state.accept_length(length):
                 raise DHTMessageError(f"DHT request of {length} bytes exceeds the limit")
             with trio.fail_after(self.config.request_timeout):
                 body = await reader.receive_exactly(length, "DHT request")
             self.stats["bytes_in"] += length
-            now = self.clock()
-            reply = self._answer(sender, body, now)
-            self.stats["bytes_out"] += len(reply)
-            await reader.send_all(reply)
-
-    def _answer(self, sender: PeerID, body: bytes, now: float) -> bytes:
-        from .messages import ErrorReply, decode_request, encode_response
-
-        if not self.request_limiter.allow(sender, 1, now):
-            self.stats["rejected:rate-limited"] += 1
-            return encode_response(ErrorReply("rate-limited", "too many DHT requests; slow down"), self.config)
-        try:
-            request = decode_request(body, self.config)
-        except DHTMessageError as exc:
-            self.stats["rejected:malformed"] += 1
-            return encode_response(ErrorReply("malformed", exc.hint or str(exc)), self.config)
-        if isinstance(request, Store) and not self.store_limiter.allow(sender, len(request.records), now):
-            self.stats["rejected:store-flood"] += len(request.records)
-            return encode_response(ErrorReply("rate-limited", "too many records stored; slow down"), self.config)
-        response, ping = self.state.handle_request(sender, request, now)
-        if isinstance(response, Stored):
-            for code in response.codes:
-                if code not in (OK, STALE):
-                    self.stats[f"rejected:{code}"] += 1
-        self._ping_soon(ping)
-        return encode_response(response, self.config)
+            handled = self.state.handle(sender, body, self.clock(), source=source)
+            self._ping_soon(handled.ping)
+            self.stats["bytes_out"] += len(handled.reply)
+            await reader.send_all(handled.reply)
 
     # --- outbound --------------------------------------------------------------------------------
     async def request(self, contact: Contact, request: Request) -> Response:
@@ -300,9 +258,9 @@ class DHTNode:
             keys = [key for key in keys if key not in found]
         if max_age > 0:
             for key in keys:
-                recent = self._recent_values.get(key)
-                if recent is not None and now - recent[0] <= max_age:
-                    found[key] = {sub: rec for sub, rec in recent[1].items() if rec.expiration > now}
+                recent = self.recent_values.get(key, now, max_age)
+                if recent is not None:
+                    found[key] = recent
             keys = [key for key in keys if key not in found]
         if not keys:
             return found
@@ -324,10 +282,7 @@ class DHTNode:
         now = self.clock()
         for key, lookup in lookups.items():
             found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
-            self._recent_values.pop(key, None)  # re-inserted last: the oldest go first when full
-            self._recent_values[key] = (now, found[key])
-        while len(self._recent_values) > _MAX_RECENT_VALUES:
-            del self._recent_values[next(iter(self._recent_values))]
+            self.recent_values.put(key, found[key], now)
         return found
 
     def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
@@ -375,73 +330,55 @@ class DHTNode:
         """
         replicas = replicas or self.config.k
         now = self.clock()
-        records = [sign(self.host.keypair, *item) for item in items]
-        accepted = [0] * len(records)
-        for i, record in enumerate(records):
+        plan = StorePlan([sign(self.host.keypair, *item) for item in items])
+        for i, record in enumerate(plan.records):
             try:
                 if self.state.storage.store(record, now, checked=True):  # signed by us just now
-                    accepted[i] += 1
+                    plan.on_accepted([i])
             except DHTError as exc:
                 log.debug("local store of %r refused: %s", record.key, describe(exc))
-        keys = list(dict.fromkeys(r.key for r in records))
+        keys = plan.keys
         for key in keys:
-            self._recent_values.pop(key, None)  # our own write (a tombstone on leave) shows at once
-        sent: dict[PeerID, set[int]] = defaultdict(set)
+            self.recent_values.forget(key)  # our own write (a tombstone on leave) shows at once
 
         async def send(contact: Contact, indices: list[int]) -> None:
-            chunk = self.config.max_records_per_request
-            for start in range(0, len(indices), chunk):
-                part = indices[start : start + chunk]
+            for part in chunks(indices, self.config.max_records_per_request):
                 try:
-                    response = await self.request(contact, self.state.store_request(records[i] for i in part))
+                    response = await self.request(contact, self.state.store_request(plan.records[i] for i in part))
                 except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    for key in {records[i].key for i in part}:
-                        self._closest_cache.pop(key, None)  # look again next time
+                    for key in {plan.records[i].key for i in part}:
+                        self.closest_peers.forget(key)  # look again next time
                     log.debug("STORE to %s failed: %s", contact.peer.short(), describe(exc))
                     return
                 assert isinstance(response, Stored)
-                for i, code in zip(part, response.codes):
-                    if code in (OK, STALE):
-                        accepted[i] += 1
+                plan.on_accepted(i for i, code in zip(part, response.codes) if code in (OK, STALE))
 
         def deliver(nursery: trio.Nursery, targets: dict[bytes, list[Contact]]) -> None:
-            # one STORE per peer with every record bound for it that it has not been sent yet
-            per_peer: dict[PeerID, tuple[Contact, list[int]]] = {}
-            for i, record in enumerate(records):
-                for contact in targets.get(record.key, ()):
-                    if i not in sent[contact.peer]:
-                        sent[contact.peer].add(i)
-                        per_peer.setdefault(contact.peer, (contact, []))[1].append(i)
-            for contact, indices in per_peer.values():
+            for contact, indices in plan.deliver(targets):
                 nursery.start_soon(send, contact, indices)
 
         async def locate(key: bytes, located: dict[bytes, list[Contact]]) -> None:
-            found = await self.find_closest(key, count=replicas)
-            located[key] = found
-            self._closest_cache[key] = (now, found)
-            if len(self._closest_cache) > 10_000:
-                self._closest_cache.clear()
+            located[key] = await self.find_closest(key, count=replicas)
+            self.closest_peers.put(key, located[key], now)
 
         async with trio.open_nursery() as nursery:
             cached = {}
             if cached_peers:
                 for key in keys:
-                    entry = self._closest_cache.get(key)
-                    if entry and now - entry[0] < _PEER_CACHE_AGE:
-                        cached[key] = entry[1]
+                    peers = self.closest_peers.get(key, now)
+                    if peers is not None:
+                        cached[key] = peers
             deliver(nursery, cached)
             unknown = [key for key in keys if key not in cached]
             if unknown:
-                # Optimistic: store on the closest peers we already know while the lookup runs, then
-                # on whatever closer peers it finds. Where our table is right (small swarms, heartbeats
-                # to a stable swarm) a store costs one round trip instead of lookup + store.
+                # the closest peers we know now while the lookups run, then the closer ones found
                 deliver(nursery, {key: self.state.table.closest(key_id(key), replicas, now) for key in unknown})
                 located: dict[bytes, list[Contact]] = {}
                 async with trio.open_nursery() as lookups:
                     for key in unknown:
                         lookups.start_soon(locate, key, located)
                 deliver(nursery, located)
-        return accepted
+        return plan.accepted
 
     # --- joining and upkeep --------------------------------------------------------------------
     async def bootstrap(self, addrs: Sequence[Multiaddr | str] = ()) -> int:
@@ -565,20 +502,6 @@ class DHTNode:
             finally:
                 self.host.remove_handler(self.protocol)
 
-    # --- live experts (declare.py) ------------------------------------------------------------------
-    async def get_experts(self, uids: Iterable[str]):
-        """Hosts serving each uid now, best first: ``{uid: [Declaration, ...]}``."""
-        from .declare import get_experts
-
-        return await get_experts(self, uids)
-
-    async def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, max_age: float = 0.0):
-        """The ``beam_size`` best live experts of a grid (beam search): ``[ExpertMatch, ...]``;
-        ``max_age`` as in ``declare.find_best_experts``."""
-        from .declare import find_best_experts
-
-        return await find_best_experts(self, prefix, grid_scores, beam_size, max_age=max_age)
-
     def snapshot(self) -> dict:
         """Figures for the dashboard and ``volunteer status``."""
         return {
@@ -589,7 +512,7 @@ class DHTNode:
             "failures": self.stats["failures"],
             "bytes_in": self.stats["bytes_in"],
             "bytes_out": self.stats["bytes_out"],
-            "rejected": {k.split(":", 1)[1]: v for k, v in self.stats.items() if k.startswith("rejected:")},
+            "rejected": dict(self.state.rejected),
         }
 
 
@@ -622,4 +545,4 @@ async def open_dht(
             nursery.cancel_scope.cancel()
 
 
-__all__ = ["DHTNode", "RateLimiter", "open_dht"]
+__all__ = ["DHTNode", "open_dht"]

@@ -30,7 +30,7 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Hashable, Iterable, Iterator
 
 import msgpack
 
@@ -149,20 +149,66 @@ def remember_verified(record: Record) -> None:
     _VERIFIED[record.signature] = record
 
 
+# Where a STORE came from, as the storage counts it (see ``source_of`` in ``state.py``): an IP
+# address, a relay, or None for our own records. Any hashable will do.
+Source = Hashable
+
+
+class _KeyShares:
+    """Who holds the sub-keys of one key: counts by signer and by source address."""
+
+    __slots__ = ("signers", "sources", "source_of")
+
+    def __init__(self) -> None:
+        self.signers: Counter[PeerID] = Counter()
+        self.sources: Counter[Source] = Counter()
+        self.source_of: dict[bytes, Source] = {}  # sub-key -> the source that stored it
+
+    def add(self, subkey: bytes, signer: PeerID, source: Source) -> None:
+        self.signers[signer] += 1
+        self.sources[source] += 1
+        self.source_of[subkey] = source
+
+    def remove(self, subkey: bytes, signer: PeerID) -> Source:
+        source = self.source_of.pop(subkey)
+        _decrement(self.signers, signer)
+        _decrement(self.sources, source)
+        return source
+
+
+def _decrement(counter: Counter, item: Hashable) -> None:
+    counter[item] -= 1
+    if counter[item] <= 0:
+        del counter[item]
+
+
 class Storage:
     """Records held by one node, within every cap of the config. Expired records are invisible.
 
-    Caps: value size (``check``), sub-keys per key (a full key makes room by dropping its soonest
-    expiring entry when the newcomer outlives it), records per signer, total records and bytes
-    (expired records are collected first; then the newcomer is refused).
+    Caps: value size (``check``), records per signer, sub-keys per signer under one key, sub-keys
+    per key, total records and bytes (expired records are collected first).
+
+    Fairness (issue 12): a full key or a full storage makes room at the expense of **the largest
+    holder first**, never of a smaller one. Under a key, holders are grouped by the source address
+    that stored their records, then by signer; the newcomer counts in its own groups. The largest
+    source loses; within it the largest signer; within that, the soonest-expiring record. Ties are
+    settled by the soonest expiration (what a key did before fairness: fresh heartbeats push out
+    entries about to expire), the newcomer losing a tie. So one identity holding a key's sub-keys
+    (capped anyway at ``max_subkeys_per_signer_per_key``) or many identities from one address
+    cannot push out a host from another address holding one sub-key. A full storage evicts the
+    oldest-stored record of the source holding the most records, unless that is the newcomer's own.
     """
 
     def __init__(self, config: DHTConfig | None = None) -> None:
         self.config = config or DHTConfig()
         self._data: dict[bytes, dict[bytes, Record]] = {}
+        self._shares: dict[bytes, _KeyShares] = {}  # key -> who holds its sub-keys
         self._per_signer: Counter[PeerID] = Counter()
+        # source -> its records (key, sub-key) in the order stored: a full storage evicts the oldest
+        self._per_source: dict[Source, dict[tuple[bytes, bytes], None]] = {}
         self._count = 0
         self._bytes = 0
+        self.evicted = 0  # records pushed out by fairness (key-full or storage-full) since start
         # (expiration, key, subkey); entries go stale when a record is replaced (checked on pop)
         self._expiry: list[tuple[float, bytes, bytes]] = []
 
@@ -178,9 +224,21 @@ class Storage:
         """How many records ``signer`` has in this storage."""
         return self._per_signer[signer]
 
-    def store(self, record: Record, now: float, *, checked: bool = False) -> bool:
+    def records_from(self, source: Source) -> int:
+        """How many records stored from ``source`` this storage holds."""
+        return len(self._per_source.get(source, ()))
+
+    def holders(self, key: bytes) -> tuple[Counter[PeerID], Counter[Source]]:
+        """Sub-keys of ``key`` by signer and by source (copies; expired records included until collected)."""
+        shares = self._shares.get(bytes(key))
+        if shares is None:
+            return Counter(), Counter()
+        return Counter(shares.signers), Counter(shares.sources)
+
+    def store(self, record: Record, now: float, *, checked: bool = False, source: Source = None) -> bool:
         """Keep ``record`` if it is new or supersedes what we hold. Returns False if it was stale.
 
+        ``source`` is where the STORE came from (``None``: ourselves); fairness counts by it.
         Raises DHTRecordError when the record is invalid (skipped if ``checked``) or a cap refuses it.
         """
         if not checked:
@@ -200,12 +258,14 @@ class Storage:
                     raise DHTRecordError("storage is full", "storage-full")
             self._bytes += record.size - old.size
             subkeys[record.subkey] = record
+            self._move_source(record.key, record.subkey, record.signer, source)
             heapq.heappush(self._expiry, (record.expiration, record.key, record.subkey))
             self._compact_heap()
             return True
-        self._make_room(record, now)
-        subkeys = self._data.setdefault(record.key, {})
-        subkeys[record.subkey] = record
+        self._make_room(record, now, source)
+        self._data.setdefault(record.key, {})[record.subkey] = record
+        self._shares.setdefault(record.key, _KeyShares()).add(record.subkey, record.signer, source)
+        self._per_source.setdefault(source, {})[(record.key, record.subkey)] = None
         self._per_signer[record.signer] += 1
         self._count += 1
         self._bytes += record.size
@@ -213,12 +273,12 @@ class Storage:
         self._compact_heap()
         return True
 
-    def store_many(self, records: Iterable[Record], now: float) -> list[str]:
+    def store_many(self, records: Iterable[Record], now: float, *, source: Source = None) -> list[str]:
         """Store each record; one code per record: ``ok``, ``stale`` or a DHTRecordError code."""
         codes = []
         for record in records:
             try:
-                codes.append(OK if self.store(record, now) else STALE)
+                codes.append(OK if self.store(record, now, source=source) else STALE)
             except DHTRecordError as exc:
                 codes.append(exc.code)
         return codes
@@ -249,35 +309,95 @@ class Storage:
         return dropped
 
     # --- internals ----------------------------------------------------------------------------
-    def _make_room(self, record: Record, now: float) -> None:
+    def _make_room(self, record: Record, now: float, source: Source) -> None:
         config = self.config
         if self._per_signer[record.signer] >= config.max_records_per_signer:
             self.collect(now)
             if self._per_signer[record.signer] >= config.max_records_per_signer:
                 raise DHTRecordError("too many records from this signer", "signer-quota")
+        shares = self._shares.get(record.key)
+        if shares is not None and shares.signers[record.signer] >= config.max_subkeys_per_signer_per_key:
+            self.collect(now)
+            shares = self._shares.get(record.key)
+            if shares is not None and shares.signers[record.signer] >= config.max_subkeys_per_signer_per_key:
+                raise DHTRecordError("this signer holds its share of sub-keys under this key", "signer-share")
         subkeys = self._data.get(record.key)
         if subkeys is not None and len(subkeys) >= config.max_subkeys_per_key:
             self.collect(now)
             subkeys = self._data.get(record.key)
             if subkeys is not None and len(subkeys) >= config.max_subkeys_per_key:
-                # fresh heartbeats push out the entries that would expire first
-                victim = min(subkeys.values(), key=lambda r: r.expiration)
-                if victim.expiration >= record.expiration:
+                victim = self._key_victim(record, source)
+                if victim is None:
                     raise DHTRecordError("too many sub-keys under this key", "key-full")
-                self._drop(record.key, victim.subkey)
-        if self._count >= config.max_total_records or self._bytes + record.size > config.max_total_bytes:
-            self.collect(now)
-            if self._count >= config.max_total_records or self._bytes + record.size > config.max_total_bytes:
+                self._drop(record.key, victim)
+                self.evicted += 1
+        while self._count >= config.max_total_records or self._bytes + record.size > config.max_total_bytes:
+            if self.collect(now):
+                continue
+            victim_source = self._largest_other_source(source)
+            if victim_source is None:
                 raise DHTRecordError("storage is full", "storage-full")
+            key, subkey = next(iter(self._per_source[victim_source]))
+            self._drop(key, subkey)
+            self.evicted += 1
+
+    def _key_victim(self, newcomer: Record, source: Source) -> bytes | None:
+        """The sub-key a full key gives up for ``newcomer`` (largest holder first), None to refuse it.
+
+        O(sub-keys of the key), paid only when a key is full: about what checking the newcomer's
+        signature costs already."""
+        shares = self._shares[newcomer.key]
+        subkeys = self._data[newcomer.key]
+        sources = Counter(shares.sources)
+        sources[source] += 1
+        top = max(sources.values())
+        entries = [(rec, False) for sub, rec in subkeys.items() if sources[shares.source_of[sub]] == top]
+        if sources[source] == top:
+            entries.append((newcomer, True))
+        signers = Counter(rec.signer for rec, _ in entries)
+        top = max(signers.values())
+        # soonest expiration loses; on a tie the newcomer loses (``not is_new`` sorts it first)
+        loser, is_new = min(
+            ((rec, new) for rec, new in entries if signers[rec.signer] == top), key=lambda e: (e[0].expiration, not e[1])
+        )
+        return None if is_new else loser.subkey
+
+    def _largest_other_source(self, source: Source) -> Source | None:
+        """The source holding the most records if it holds more than ``source`` would with one more."""
+        mine = len(self._per_source.get(source, ())) + 1
+        best, most = None, mine
+        for other, held in self._per_source.items():
+            if other != source and len(held) > most:
+                best, most = other, len(held)
+        return best
+
+    def _move_source(self, key: bytes, subkey: bytes, signer: PeerID, source: Source) -> None:
+        # a replacement may arrive from another address than the record it replaces
+        shares = self._shares[key]
+        old = shares.source_of[subkey]
+        if old == source:
+            return
+        shares.remove(subkey, signer)
+        shares.add(subkey, signer, source)
+        self._unlist_source(old, key, subkey)
+        self._per_source.setdefault(source, {})[(key, subkey)] = None
+
+    def _unlist_source(self, source: Source, key: bytes, subkey: bytes) -> None:
+        held = self._per_source[source]
+        del held[(key, subkey)]
+        if not held:
+            del self._per_source[source]
 
     def _drop(self, key: bytes, subkey: bytes) -> None:
         subkeys = self._data[key]
         rec = subkeys.pop(subkey)
+        shares = self._shares[key]
+        source = shares.remove(subkey, rec.signer)
         if not subkeys:
             del self._data[key]
-        self._per_signer[rec.signer] -= 1
-        if self._per_signer[rec.signer] <= 0:
-            del self._per_signer[rec.signer]
+            del self._shares[key]
+        self._unlist_source(source, key, subkey)
+        _decrement(self._per_signer, rec.signer)
         self._count -= 1
         self._bytes -= rec.size
 

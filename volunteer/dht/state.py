@@ -1,20 +1,29 @@
 """The sans-I/O heart of a DHT node: routing table + storage + request handling.
 
-The trio driver (``node.py``) only moves bytes and time: for an inbound stream it reads one
-length-prefixed body and calls ``handle``; for an outbound request it builds the request here,
-sends ``encode_request(...)``, reads the reply and calls ``on_reply`` / ``on_failure``. Peers the
-routing table wants pinged (ping-before-evict) come back from these calls.
+The trio driver (``node.py``) only moves bytes and time: for an inbound stream it checks the
+announced length with ``accept_length``, reads one length-prefixed body and calls ``handle`` (rate
+limits, decoding, the answer, reject accounting: everything runs here, so the unit tests of
+``handle`` certify what a node does); for an outbound request it builds the request here, sends
+``encode_request(...)``, reads the reply and calls ``on_reply`` / ``on_failure``. Peers the routing
+table wants pinged (ping-before-evict) come back from these calls.
+
+Inbound requests are limited per peer and per source address (``source_of``): identities are
+free to mint, addresses are not. Refusals are counted by reason in ``rejected``.
 """
 
 from __future__ import annotations
 
+import ipaddress
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Hashable, Iterable
 
 import msgpack
 
 from ..errors import DHTError, DHTMessageError, DHTRemoteError
 from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.ratelimit import RateLimiter
 from .config import DHTConfig
 from .messages import (
     ErrorReply,
@@ -36,7 +45,7 @@ from .messages import (
     record_to_wire,
 )
 from .query import Lookup, ValueLookup
-from .records import Record, Storage
+from .records import OK, STALE, Record, Source, Storage
 from .routing import Contact, RoutingTable, id_from_bytes, id_to_bytes, key_id
 
 _REPLY_OVERHEAD = 256  # map keys, op, list headers: a generous allowance when budgeting replies
@@ -49,6 +58,49 @@ class Handled:
     reply: bytes
     ping: list[PeerID] = field(default_factory=list)
     error: DHTError | None = None
+
+
+def source_of(remote_addr: Multiaddr | None) -> Source:
+    """The source address a request from ``remote_addr`` counts against (rate limits, fairness).
+
+    IPv4 by address (/32), IPv6 by its /64 (one home gets a /64, and minting addresses inside it
+    is free), a relayed connection by its relay (the circuit's relay peer: the origin's address
+    is not ours to see, and the relay limits its own circuits), anything else (the memory
+    transport) by the whole address. None stays None: a request of unknown origin.
+    """
+    if remote_addr is None:
+        return None
+    relayed = remote_addr.relay_parts()
+    if relayed is not None:
+        relay_addr, _ = relayed
+        relay = relay_addr.peer_id
+        return ("relay", str(relay) if relay is not None else str(relay_addr))
+    ip4 = remote_addr.value_for("ip4")
+    if ip4 is not None:
+        return ("ip4", ip4)
+    ip6 = remote_addr.value_for("ip6")
+    if ip6 is not None:
+        return ("ip6", str(ipaddress.IPv6Network(f"{ip6}/64", strict=False).network_address))
+    return ("addr", str(remote_addr))
+
+
+class InboundLimits:
+    """Token buckets for inbound requests and stored records, per peer and per source address."""
+
+    def __init__(self, config: DHTConfig) -> None:
+        keys = config.rate_limit_keys
+        self.requests = RateLimiter(config.request_rate, config.request_burst, max_keys=keys)
+        self.stores = RateLimiter(config.store_rate, config.store_burst, max_keys=keys)
+        self.source_requests = RateLimiter(config.source_request_rate, config.source_request_burst, max_keys=keys)
+        self.source_stores = RateLimiter(config.source_store_rate, config.source_store_burst, max_keys=keys)
+
+    def allow_request(self, peer: PeerID, source: Hashable, now: float) -> bool:
+        """One request from ``peer`` at ``source``: both buckets must have a token."""
+        return self.requests.allow(peer, now=now) and self.source_requests.allow(source, now=now)
+
+    def allow_records(self, peer: PeerID, source: Hashable, count: int, now: float) -> bool:
+        """``count`` records to store from ``peer`` at ``source``."""
+        return self.stores.allow(peer, now=now, cost=count) and self.source_stores.allow(source, now=now, cost=count)
 
 
 class NodeState:
@@ -68,20 +120,50 @@ class NodeState:
         self.addrs: tuple[bytes, ...] = tuple(addrs)  # what we advertise; the driver keeps it current
         self.table = RoutingTable(local, self.config)
         self.storage = Storage(self.config)
+        self.limits = InboundLimits(self.config)
+        # inbound refusals by reason: rate-limited, store-flood, malformed, too-large, and every
+        # STORE code other than ok/stale (signer-share, key-full, bad-signature, ...), per record
+        self.rejected: Counter[str] = Counter()
 
     # --- inbound ---------------------------------------------------------------------------
-    def handle(self, sender: PeerID, body: bytes, now: float) -> Handled:
-        """Answer one request body from ``sender`` (the stream's authenticated peer)."""
+    def accept_length(self, length: int) -> bool:
+        """Whether a request body of ``length`` bytes may be read at all (counted if not)."""
+        if length > self.config.max_message_size:
+            self.rejected["too-large"] += 1
+            return False
+        return True
+
+    def handle(self, sender: PeerID, body: bytes, now: float, *, source: Source = None) -> Handled:
+        """Answer one request body from ``sender`` (the stream's authenticated peer) at ``source``
+        (``source_of`` its connection's remote address): rate limits, decoding, the answer."""
+        if not self.limits.allow_request(sender, source, now):
+            self.rejected["rate-limited"] += 1
+            return self._refuse("rate-limited", "too many DHT requests; slow down")
         try:
             request = decode_request(body, self.config)
         except DHTMessageError as exc:
+            self.rejected["malformed"] += 1
             reply = encode_response(ErrorReply("malformed", exc.hint or str(exc)), self.config)
             return Handled(reply, [], exc)
-        response, ping = self.handle_request(sender, request, now)
+        if isinstance(request, Store) and not self.limits.allow_records(sender, source, len(request.records), now):
+            self.rejected["store-flood"] += len(request.records)
+            return self._refuse("rate-limited", "too many records stored; slow down")
+        response, ping = self.handle_request(sender, request, now, source=source)
+        if isinstance(response, Stored):
+            for code in response.codes:
+                if code not in (OK, STALE):
+                    self.rejected[code] += 1
         return Handled(encode_response(response, self.config), ping)
 
-    def handle_request(self, sender: PeerID, request: Request, now: float) -> tuple[Response, list[PeerID]]:
-        """Answer a decoded request; the sender joins the routing table unless in client mode."""
+    def _refuse(self, code: str, message: str) -> Handled:
+        reply = encode_response(ErrorReply(code, message), self.config)
+        return Handled(reply, [], DHTError(f"refused ({code}): {message}"))
+
+    def handle_request(
+        self, sender: PeerID, request: Request, now: float, *, source: Source = None
+    ) -> tuple[Response, list[PeerID]]:
+        """Answer a decoded request; the sender joins the routing table unless in client mode.
+        ``handle`` calls this after its checks; STORE counts ``source`` for fairness."""
         ping = []
         lru = self.table.update(Contact(sender, request.addrs), now, client_mode=request.client_mode)
         if lru is not None:
@@ -90,7 +172,7 @@ class NodeState:
         if isinstance(request, Ping):
             return Pong(cm), ping
         if isinstance(request, Store):
-            return Stored(tuple(self.storage.store_many(request.records, now)), cm), ping
+            return Stored(tuple(self.storage.store_many(request.records, now, source=source)), cm), ping
         if isinstance(request, FindNode):
             target = id_from_bytes(request.target)
             closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)

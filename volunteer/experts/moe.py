@@ -31,7 +31,7 @@ from ..errors import (
     RemoteExpertError,
     describe,
 )
-from ..dht.experts import parse_uid
+from ..dht.grid import parse_uid
 from .client import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT, DUMMY, _Call, detached_cpu, remember_addrs
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ class RemoteMixtureOfExperts(nn.Module):
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
         """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
         if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            from ..dht.declare import grid_experts
+            from ..dht.grid import grid_experts
 
             found = self.swarm.loop.run(grid_experts, self.swarm.dht, self.uid_prefix, len(self.grid_size), timeout=30)
             valid = {}

@@ -1,4 +1,4 @@
-"""Live experts: uid grammar, declarations, choosing hosts, beam search over a fake store (pure)."""
+"""The expert directory (grid.py): uid grammar, declarations, choosing hosts, beam search over a fake store (pure)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from volunteer.dht.config import DHTConfig
-from volunteer.dht.experts import (
+from volunteer.dht.grid import (
     BeamSearch,
     Declaration,
     HostInfo,
-    find_best_experts,
     grid_prefixes,
     is_valid_uid,
     make_declarations,
@@ -30,6 +29,14 @@ from volunteer.net.identity import KeyPair
 
 CONFIG = DHTConfig()
 NOW = 10_000.0
+
+
+def find_best_experts(prefix, grid_scores, beam_size, get_many, now, config=None):
+    """Drive a BeamSearch with a synchronous ``get_many(keys) -> {key: records}`` (a fake store)."""
+    search = BeamSearch(prefix, grid_scores, beam_size, now, config)
+    while keys := search.wanted():
+        search.feed(get_many(keys), now)
+    return search.result()
 
 
 # --- grammar -----------------------------------------------------------------------------------

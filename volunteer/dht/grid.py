@@ -1,4 +1,7 @@
-"""Live experts in the DHT: uid grammar, declarations, choosing hosts, and grid beam search.
+"""The expert directory in the DHT: uid grammar, declarations, choosing hosts, grid beam search,
+and the lookups over a running DHTNode (``get_experts``, ``find_best_experts``, ``walk_grid``,
+``list_experts``, ``grid_experts``). Heartbeats that keep a host's experts declared are in
+``declare.py`` (``ExpertDeclarer``).
 
 Uids are ``prefix.i.j…``: a prefix (letters, digits, ``_``, ``-``) then one or more indices
 (decimal, no leading zeros). A grid prefix is a uid's prefix plus some of its leading indices and a
@@ -14,7 +17,7 @@ Beam search (after Learning@home / hivemind's MoEBeamSearcher) walks the grid le
 best active first indices (fetched in score order), then for each further dimension the best
 ``beam_size`` extensions of the beam among the children the hosts declared. ``BeamSearch`` is
 sans-I/O: ``wanted()`` names the keys to fetch (batch them into FIND_VALUE lookups), ``feed()``
-takes what was found.
+takes what was found; ``find_best_experts`` drives it over a DHTNode.
 
 Timings for the driver (DHTConfig): re-declare every ``expert_update_period`` (5 s) with
 expiration ``now + expert_expiration`` (15 s), so a crashed host's experts vanish within 20 s;
@@ -27,7 +30,7 @@ import heapq
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 
 import msgpack
 
@@ -35,6 +38,9 @@ from ..errors import DHTRecordError, ExpertUIDError, PeerIDError
 from ..net.identity import PeerID
 from .config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH, DHTConfig
 from .records import Record
+
+if TYPE_CHECKING:
+    from .node import DHTNode
 
 DELIMITER = "."
 _UID = re.compile(r"^([A-Za-z0-9_-]+)((?:\.(?:0|[1-9][0-9]*))+)$")
@@ -404,16 +410,98 @@ class BeamSearch:
         known[1].sort(key=lambda d: (d.heartbeat < stale_before, d.load, -d.heartbeat))
 
 
-def find_best_experts(
-    prefix: str,
-    grid_scores: Sequence[Sequence[float]],
-    beam_size: int,
-    get_many: Callable[[list[str]], Mapping[str, Found]],
-    now: float,
-    config: DHTConfig | None = None,
+# --- the directory over a running DHTNode ------------------------------------------------------
+# Expert lookups stop once this many peers returned records for a key. Every host stores its
+# declarations (and tombstones) on the same k closest peers of a key, so two holders almost
+# always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
+# (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
+EXPERT_QUORUM = 2
+
+
+async def get_experts(dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0) -> dict[str, list[Declaration]]:
+    """Hosts serving each uid now, best first (fresh heartbeat, then lowest load); ``max_age`` as in
+    ``DHTNode.get_many``."""
+    uids = [u for u in dict.fromkeys(uids)]
+    found = await dht.get_many([expert_key(u) for u in uids], quorum=EXPERT_QUORUM, max_age=max_age)
+    now = dht.clock()
+    return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
+
+
+async def find_best_experts(
+    dht: DHTNode, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int, *, max_age: float = 0.0
 ) -> list[ExpertMatch]:
-    """Run a BeamSearch with a synchronous ``get_many(keys) -> {key: records}`` (tests, local stores)."""
-    search = BeamSearch(prefix, grid_scores, beam_size, now, config)
+    """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts.
+
+    ``max_age`` > 0 reuses this node's grid lookups of the last ``max_age`` seconds: a trainer
+    searching every step trades that much staleness (a host that left may linger that long) for
+    most of the round trips. The default asks the network every time, so a leaver is gone at once.
+    """
+    search = BeamSearch(prefix, grid_scores, beam_size, dht.clock(), dht.config)
     while keys := search.wanted():
-        search.feed(get_many(keys), now)
+        found = await dht.get_many([expert_key(k) for k in keys], quorum=EXPERT_QUORUM, max_age=max_age)
+        search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
     return search.result()
+
+
+async def walk_grid(dht: DHTNode, prefix: str, *, depth: int | None = None, limit: int = 4096) -> dict[str, list[Declaration]]:
+    """Live experts under ``prefix`` from the grid's prefix records alone, one batched round per
+    level: ``{uid: [hosts that list it, best first]}``. A host's record under ``name.i.`` names
+    one of its uids per next index (``name.i.j`` itself at the last level), so every (uid, host)
+    pair of a grid shows up. ``depth`` stops after that many levels (a grid's dimensions);
+    ``limit`` bounds the prefixes fetched."""
+    level = [prefix.rstrip(".") + "."]
+    result: dict[str, list[Declaration]] = {}
+    fetched = 0
+    for _ in range(depth or 64):
+        fetched += len(level)
+        found = await dht.get_many([expert_key(p) for p in level], quorum=EXPERT_QUORUM)
+        now = dht.clock()
+        next_level: set[str] = set()
+        for key in level:
+            for decl in select_alive(found[expert_key(key)], now, dht.config):
+                for index, uid in decl.children:
+                    if uid == f"{key}{index}" and is_valid_uid(uid):
+                        result.setdefault(uid, []).append(decl)  # a leaf at this level
+                    elif uid.startswith(f"{key}{index}."):
+                        next_level.add(f"{key}{index}.")
+        level = sorted(next_level)[: max(0, limit - fetched)]
+        if not level:
+            break
+    return result
+
+
+async def list_experts(dht: DHTNode, prefix: str, *, limit: int = 4096) -> dict[str, list[Declaration]]:
+    """Every live expert under ``prefix`` at any depth, with each uid's own records (per-expert
+    load and heartbeat): what ``volunteer experts`` shows."""
+    uids = await walk_grid(dht, prefix, limit=limit)
+    hosts = await get_experts(dht, sorted(uids))
+    return {uid: decls for uid, decls in hosts.items() if decls}
+
+
+async def grid_experts(dht: DHTNode, prefix: str, depth: int) -> dict[str, list[Declaration]]:
+    """Every live expert of a ``depth``-dimensional grid in ``depth`` rounds (mixtures of experts
+    cache this between batches)."""
+    found = await walk_grid(dht, prefix, depth=depth)
+    return {uid: hosts for uid, hosts in found.items() if uid.count(".") == depth}
+
+
+__all__ = [
+    "BeamSearch",
+    "Declaration",
+    "ExpertMatch",
+    "HostInfo",
+    "expert_key",
+    "find_best_experts",
+    "get_experts",
+    "grid_experts",
+    "grid_prefixes",
+    "is_valid_uid",
+    "list_experts",
+    "make_declarations",
+    "make_tombstones",
+    "make_uid",
+    "parse_prefix",
+    "parse_uid",
+    "select_alive",
+    "walk_grid",
+]

@@ -1,0 +1,148 @@
+"""Replica sync between Hosts on the memory transport with real ffn backends: after a round with
+no training in between, replicas give the same outputs; the version is the group's highest; a
+replica killed mid-round does not stall the others; a silent one is left out at the deadline."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import pytest
+import torch
+import trio
+
+from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.net.host import HostConfig, open_host
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.replicas.config import ReplicasConfig
+from volunteer.replicas.errors import SyncError
+from volunteer.replicas.store import BackendStore
+from volunteer.replicas.syncdriver import ReplicaSync
+
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+EXPERTS = ExpertsConfig(device="cpu")
+SWARM = "sy"
+UID = "expert.0.0"
+
+
+def replica(seed: int, steps: int):
+    torch.manual_seed(seed)
+    backend = make_backend(UID, "ffn", 8, config=EXPERTS)
+    for _ in range(steps):
+        backend.backward([torch.randn(4, 8)], [torch.randn(4, 8)])
+    return backend
+
+
+@asynccontextmanager
+async def volunteer(network, backend, config=ReplicasConfig(), runtime=None):
+    sync = ReplicaSync(SWARM, BackendStore({UID: backend}, runtime=runtime), config)
+    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[sync]) as host:
+        yield host, sync
+
+
+def outputs(backend, x):
+    return backend.forward([x])[0]
+
+
+async def test_two_replicas_give_the_same_outputs_after_a_sync():
+    network = MemoryNetwork()
+    a, b = replica(1, steps=2), replica(2, steps=6)
+    x = torch.randn(5, 8)
+    assert not torch.allclose(outputs(a, x), outputs(b, x), atol=1e-3)
+    async with open_runtime([a], EXPERTS) as runtime:  # one side through the runtime's worker
+        async with volunteer(network, a, runtime=runtime) as (host_a, sync_a), volunteer(network, b) as (host_b, sync_b):
+            results = {}
+
+            async def run(name, sync, peer):
+                results[name] = await sync.average(UID, [peer])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, "a", sync_a, host_b.full_addrs()[0])
+                nursery.start_soon(run, "b", sync_b, host_a.full_addrs()[0])
+    assert torch.allclose(outputs(a, x), outputs(b, x), atol=1e-5)
+    assert a.updates == b.updates == 6  # the group's highest
+    assert results["a"].contributors == (str(host_b.peer_id),) and results["b"].missing == ()
+    assert UID in sync_a.last_sync and sync_b.rounds == 1
+
+
+async def test_a_replica_killed_mid_round_does_not_stall_the_others():
+    network = MemoryNetwork()
+    a, b, c = replica(1, 2), replica(2, 3), replica(3, 4)
+    # a long deadline: only noticing the dead replica can end the round before the test's bound
+    config = ReplicasConfig(sync_timeout=10_000)
+    killed = trio.Event()
+    async with AsyncExitStack() as stack:
+        host_a, sync_a = await stack.enter_async_context(volunteer(network, a, config))
+        host_b, sync_b = await stack.enter_async_context(volunteer(network, b, config))
+        async with trio.open_nursery() as outer:
+            host_c = await outer.start(_doomed, network, c, config, killed)
+            addrs = {name: h.full_addrs()[0] for name, h in (("a", host_a), ("b", host_b), ("c", host_c))}
+            results = {}
+
+            async def run(name, sync, peers):
+                results[name] = await sync.average(UID, peers)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, "a", sync_a, [addrs["b"], addrs["c"]])
+                nursery.start_soon(run, "b", sync_b, [addrs["a"], addrs["c"]])
+                # c accepts their contributions (it has no round open: they wait in its stash) and
+                # dies before sending its own
+                while sum(len(s) for s in _stash_of(host_c)) < 2:
+                    await trio.sleep(0.01)
+                killed.set()
+    assert results["a"].missing == results["b"].missing == (str(host_c.peer_id),)
+    x = torch.randn(3, 8)
+    assert torch.allclose(outputs(a, x), outputs(b, x), atol=1e-5)  # a and b averaged each other
+    assert a.updates == b.updates == 3
+
+
+_doomed_syncs: dict = {}
+
+
+def _stash_of(host):
+    return _doomed_syncs[host.peer_id]._stash.values()
+
+
+async def _doomed(network, backend, config, killed, task_status=trio.TASK_STATUS_IGNORED):
+    async with volunteer(network, backend, config) as (host, sync):
+        _doomed_syncs[host.peer_id] = sync
+        task_status.started(host)
+        await killed.wait()  # leaving the block closes the host and its connections
+
+
+async def test_a_silent_replica_is_left_out_at_the_deadline(autojump_clock):
+    network = MemoryNetwork()
+    a, b = replica(1, 2), replica(2, 3)
+    own = outputs(a, torch.ones(1, 8))
+    async with volunteer(network, a, ReplicasConfig(sync_timeout=10)) as (host_a, sync_a), volunteer(network, b) as (host_b, _):
+        # b is connected and takes a's parameters but never opens a round of its own
+        start = trio.current_time()
+        outcome = await sync_a.average(UID, [host_b.full_addrs()[0]])
+        assert trio.current_time() - start >= 10  # virtual time: it waited for the deadline
+    assert outcome.contributors == () and outcome.missing == (str(host_b.peer_id),)
+    assert torch.equal(outputs(a, torch.ones(1, 8)), own) and a.updates == 2  # its own values
+
+
+async def test_a_peer_that_does_not_host_the_expert_is_not_waited_for():
+    network = MemoryNetwork()
+    a = replica(1, 2)
+    other = make_backend("expert.5.5", "ffn", 8, config=EXPERTS)
+    config = ReplicasConfig(sync_timeout=10_000)
+    async with volunteer(network, a, config) as (host_a, sync_a):
+        sync_b = ReplicaSync(SWARM, BackendStore({"expert.5.5": other}), config)
+        async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[sync_b]) as host_b:
+            outcome = await sync_a.average(UID, [host_b.full_addrs()[0]])
+            assert sync_b.refused == 1
+    assert outcome.missing == (str(host_b.peer_id),)
+
+
+async def test_one_round_per_expert_at_a_time():
+    network = MemoryNetwork()
+    a = replica(1, 2)
+    async with volunteer(network, a, ReplicasConfig(sync_timeout=10_000)) as (host_a, sync_a), volunteer(network, replica(2, 1)) as (host_b, _):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sync_a.average, UID, [host_b.full_addrs()[0]])
+            while UID not in sync_a._rounds:
+                await trio.sleep(0.01)
+            with pytest.raises(SyncError, match="already running"):
+                await sync_a.average(UID, [host_b.full_addrs()[0]])
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,92 @@
+"""A sync round's bookkeeping (pure, time passed in): membership, arrivals, the deadline, members
+that vanish, the average with missing members keeping our own values, the group's highest version."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from volunteer.replicas.errors import StateMismatchError, SyncError
+from volunteer.replicas.sync import SyncRound
+
+
+def params(value: float):
+    return [("w", torch.full((2, 3), value)), ("b", torch.full((3,), value))]
+
+
+def make(members=("b", "c"), *, now=100.0, timeout=10.0, version=5, value=1.0):
+    return SyncRound("e.0", "a", members, version, params(value), now=now, timeout=timeout)
+
+
+def test_done_when_everyone_contributed_and_the_average_includes_all():
+    round_ = make()
+    assert round_.waiting == {"b", "c"} and not round_.done(100.0)
+    round_.add("b", 7, dict(params(4.0)))
+    assert not round_.done(101.0)
+    round_.add("c", 3, dict(params(7.0)))
+    assert round_.done(101.0)
+    outcome = round_.finish()
+    assert torch.allclose(outcome.averaged["w"], torch.full((2, 3), 4.0))
+    assert outcome.version == 7 and outcome.contributors == ("b", "c") and outcome.missing == ()
+
+
+def test_the_deadline_finishes_with_what_arrived():
+    round_ = make(now=100.0, timeout=10.0)
+    round_.add("b", 2, dict(params(3.0)))
+    assert not round_.done(109.9)
+    assert round_.done(110.0)
+    outcome = round_.finish()
+    assert torch.allclose(outcome.averaged["b"], torch.full((3,), 2.0))  # (1 + 3) / 2: c left out
+    assert outcome.version == 5 and outcome.missing == ("c",)
+
+
+def test_a_member_that_vanishes_is_not_waited_for():
+    round_ = make()
+    round_.add("b", 9, dict(params(3.0)))
+    round_.gone("c")
+    assert round_.done(100.0)  # long before the deadline
+    assert round_.finish().missing == ("c",)
+
+
+def test_nobody_arrives_keeps_our_own_values_and_version():
+    round_ = make()
+    round_.gone("b")
+    round_.gone("c")
+    outcome = round_.finish()
+    assert torch.equal(outcome.averaged["w"], torch.full((2, 3), 1.0))
+    assert outcome.version == 5 and outcome.contributors == ()
+
+
+def test_a_late_contribution_from_a_member_marked_gone_still_counts():
+    round_ = make(members=("b",))
+    round_.gone("b")  # our send to it failed ...
+    round_.add("b", 1, dict(params(3.0)))  # ... but its own contribution reached us
+    assert round_.finish().contributors == ("b",)
+
+
+def test_alone_in_the_group_is_done_at_once():
+    round_ = make(members=("a",))  # only ourselves
+    assert round_.members == frozenset() and round_.done(100.0)
+
+
+def test_misuse_is_refused():
+    round_ = make()
+    with pytest.raises(SyncError, match="not in the sync group"):
+        round_.add("z", 1, dict(params(0.0)))
+    round_.add("b", 1, dict(params(0.0)))
+    with pytest.raises(SyncError, match="twice"):
+        round_.add("b", 1, dict(params(0.0)))
+    with pytest.raises(StateMismatchError):
+        round_.add("c", 1, {"w": torch.zeros(3, 2), "b": torch.zeros(3)})
+    with pytest.raises(StateMismatchError):
+        round_.add("c", 1, {"w": torch.zeros(2, 3)})
+    round_.finish()
+    with pytest.raises(SyncError, match="finished"):
+        round_.add("c", 1, dict(params(0.0)))
+
+
+def test_average_keeps_the_parameter_dtype():
+    round_ = SyncRound("e.0", "a", ["b"], 0, [("h", torch.ones(4, dtype=torch.float16))], now=0, timeout=1)
+    round_.add("b", 0, {"h": torch.full((4,), 3.0, dtype=torch.float16)})
+    averaged = round_.finish().averaged["h"]
+    assert averaged.dtype == torch.float16 and torch.equal(averaged, torch.full((4,), 2.0, dtype=torch.float16))

@@ -1,0 +1,145 @@
+"""``BackendStore``: what the state, sync and hand-off services ask of the experts a volunteer
+hosts, over a dict of ``ExpertBackend``s. Torch work runs through ``Runtime.run_sync`` when a
+runtime is given (a backend is not thread-safe and the runtime's worker owns it), directly when
+not (tests, a backend no runtime serves yet)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Awaitable, Callable, Mapping, MutableMapping
+
+import torch
+
+from ..errors import ExpertConfigError
+from ..experts.backend import ExpertBackend
+from .config import DEFAULT_CONFIG, ReplicasConfig
+from .errors import StateMismatchError, StateRefusedError
+from .messages import FetchRequest, StateHeader, TensorMeta
+from .state import (
+    ExportedState,
+    apply_parameters,
+    check_fits,
+    export_state,
+    import_state,
+    module_layout,
+    parameter_layout,
+    sync_parameters,
+)
+
+# builds an empty backend for a pushed state (uid, class, hidden_dim): the daemon's make_backend
+BackendFactory = Callable[[StateHeader], ExpertBackend]
+# told about a backend that a push made this volunteer host (the daemon serves and declares it)
+AcceptedHook = Callable[[ExpertBackend], Awaitable[None] | None]
+
+
+class BackendStore:
+    """The state of a volunteer's experts as the replica protocols see it.
+
+    ``capacity`` and ``factory`` let it take pushed experts it does not host yet (hand-off
+    receivers); without a factory a push is accepted only for a uid already hosted."""
+
+    def __init__(
+        self,
+        backends: MutableMapping[str, ExpertBackend],
+        *,
+        runtime: Any = None,
+        capacity: int | None = None,
+        factory: BackendFactory | None = None,
+        on_accepted: AcceptedHook | None = None,
+        config: ReplicasConfig = DEFAULT_CONFIG,
+    ) -> None:
+        self.backends = backends
+        self.runtime = runtime
+        self.capacity = capacity
+        self.factory = factory
+        self.on_accepted = on_accepted
+        self.config = config
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.runtime is not None:
+            return await self.runtime.run_sync(fn, *args)
+        return fn(*args)
+
+    def _backend(self, uid: str) -> ExpertBackend:
+        backend = self.backends.get(uid)
+        if backend is None:
+            raise StateRefusedError(f"this volunteer does not host {uid!r}", "unknown")
+        return backend
+
+    # --- state transfer ---------------------------------------------------------------------
+    @property
+    def spare(self) -> int | None:
+        """Experts this volunteer could still take (None: no bound)."""
+        return None if self.capacity is None else max(0, self.capacity - len(self.backends))
+
+    async def export(self, request: FetchRequest) -> ExportedState:
+        """The state asked for, after checking it is the expert the requester expects."""
+        backend = self._backend(request.uid)
+        expected = (request.expert_class, request.hidden_dim, set(request.tensors))
+        mine = (backend.expert_class, backend.hidden_dim, set(module_layout(backend)))
+        if expected != mine:
+            raise StateMismatchError(
+                f"{request.uid!r} here is {backend.expert_class!r} of width {backend.hidden_dim} with its own tensors;"
+                f" asked for {request.expert_class!r} of width {request.hidden_dim}"
+                + ("" if expected[2] == mine[2] else " with other tensor names, shapes or dtypes")
+            )
+        return await self._run(export_state, backend, self.config)
+
+    async def export_uid(self, uid: str) -> ExportedState:
+        """A hosted expert's state (for pushes)."""
+        return await self._run(export_state, self._backend(uid), self.config)
+
+    def offer(self, header: StateHeader) -> None:
+        """Raise a refusal unless a pushed state can be taken: it fits the hosted expert of that
+        uid, or there is room and a factory to build one that it fits."""
+        backend = self.backends.get(header.uid)
+        if backend is None:
+            if self.factory is None:
+                raise StateRefusedError(f"this volunteer does not take new experts ({header.uid!r})", "unknown")
+            if self.spare is not None and self.spare < 1:
+                raise StateRefusedError(f"no capacity for {header.uid!r}", "full")
+            return
+        check_fits(backend, header)
+
+    async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
+        """Load a pushed state (building the backend if needed); the version now hosted."""
+        self.offer(header)  # again: another push may have taken the room meanwhile
+        backend = self.backends.get(header.uid)
+        if backend is not None:
+            await self._run(import_state, backend, header, payload)
+            return backend.updates
+        assert self.factory is not None
+        try:
+            backend = self.factory(header)
+        except ExpertConfigError as exc:
+            raise StateMismatchError(f"cannot build {header.uid!r} ({header.expert_class!r}) here: {exc}") from exc
+        import_state(backend, header, payload)  # nobody else sees this backend yet
+        if header.uid in self.backends:
+            raise StateRefusedError(f"{header.uid!r} arrived twice at once", "busy")
+        self.backends[header.uid] = backend
+        if self.on_accepted is not None:
+            result = self.on_accepted(backend)
+            if inspect.isawaitable(result):
+                await result
+        return backend.updates
+
+    # --- replica sync ---------------------------------------------------------------------------
+    def parameter_layout(self, uid: str) -> tuple[TensorMeta, ...]:
+        """The parameters a sync contribution for ``uid`` must list."""
+        return parameter_layout(self._backend(uid))
+
+    async def parameters(self, uid: str) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        """(version, copies of the float parameters) of a hosted expert."""
+        backend = self._backend(uid)
+        return await self._run(lambda: (backend.updates, sync_parameters(backend)))
+
+    async def apply(self, uid: str, averaged: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write a sync round's result into a hosted expert."""
+        await self._run(apply_parameters, self._backend(uid), averaged, version)
+
+    def versions(self) -> dict[str, int]:
+        """Version of every hosted expert."""
+        return {uid: backend.updates for uid, backend in self.backends.items()}
+
+
+__all__ = ["AcceptedHook", "BackendFactory", "BackendStore"]

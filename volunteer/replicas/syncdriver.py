@@ -1,0 +1,214 @@
+"""Replica sync ``/volunteer/<swarm>/expert-sync/1.0.0``: the trio driver of ``SyncRound``.
+
+``ReplicaSync`` is a Host service. ``average(uid, peers)`` opens a round, sends our parameters to
+every peer (one stream each, in parallel), and waits until every peer contributed or is gone (its
+send failed, it refused, or its last connection closed) or the round's deadline passes; then it
+writes the average into the expert through the store. A contribution that arrives before our own
+round opens (the peers' timers are not aligned) waits ``stash_ttl`` for it, within
+``max_stashed_bytes``. A replica that dies mid-round never stalls the others: nobody waits for
+it longer than ``sync_timeout``, and usually only until its connection drops.
+"""
+
+from __future__ import annotations
+
+import logging
+from hashlib import sha256
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import trio
+
+from ..errors import VolunteerError, describe
+from ..net.events import PeerDisconnected
+from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.service import BaseService, Handler, HostAPI
+from ..net.streams import BufferedStream, close_quietly
+from .config import DEFAULT_CONFIG, ReplicasConfig
+from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
+from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
+from .store import BackendStore
+from .sync import SyncOutcome, SyncRound
+from .transfer import receive_message, receive_payload, send_chunks
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stashed:
+    arrived: float
+    version: int
+    tensors: dict[str, torch.Tensor]
+    nbytes: int
+
+
+class _OpenRound:
+    def __init__(self, core: SyncRound) -> None:
+        self.core = core
+        self.changed = trio.Event()
+
+    def poke(self) -> None:
+        self.changed.set()
+
+
+def peer_of(target: PeerID | Multiaddr | str) -> PeerID:
+    """The PeerID a sync target names (a PeerID, or a multiaddr ending in /p2p/ID)."""
+    if isinstance(target, PeerID):
+        return target
+    addr = target if isinstance(target, Multiaddr) else Multiaddr(str(target))
+    peer = addr.peer_id
+    if peer is None:
+        raise SyncError(f"sync target {target} names no peer (/p2p/...)")
+    return peer
+
+
+class ReplicaSync(BaseService):
+    """Averages hosted experts' parameters with their other live replicas."""
+
+    def __init__(self, swarm_id: str, store: BackendStore, config: ReplicasConfig = DEFAULT_CONFIG) -> None:
+        self.protocol = sync_protocol(swarm_id)
+        self.store = store
+        self.config = config
+        self._rounds: dict[str, _OpenRound] = {}
+        self._stash: dict[str, dict[str, _Stashed]] = {}
+        self._stashed_bytes = 0
+        self.last_sync: dict[str, float] = {}  # uid → trio time its last round finished
+        self.rounds = 0
+        self.refused = 0
+
+    def handlers(self) -> dict[str, Handler]:
+        return {self.protocol: self._serve}
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        async with host.events.subscribe(PeerDisconnected) as events:
+            task_status.started()
+            async for event in events:
+                if not host.is_connected(event.peer):
+                    for open_round in self._rounds.values():
+                        open_round.core.gone(str(event.peer))
+                        open_round.poke()
+
+    # --- inbound contributions -------------------------------------------------------------
+    async def _serve(self, stream: Any) -> None:
+        reader = BufferedStream(stream)
+        peer = str(stream.remote_peer)
+        try:
+            with trio.fail_after(self.config.request_timeout):
+                header = Contribution.from_wire(await receive_message(reader, self.config, "sync contribution"), self.config)
+            if set(header.tensors) != set(self.store.parameter_layout(header.uid)):
+                raise StateMismatchError(f"parameters of {header.uid!r} differ from this replica's")
+            with trio.fail_after(self.config.transfer_timeout):
+                payload = await receive_payload(reader, header.total, self.config)
+            if sha256(payload).digest() != header.sha256:
+                raise StateProtocolError(f"sync contribution for {header.uid!r} does not match its sha256")
+            self._deliver(peer, header, split_payload(header.tensors, payload))
+            await reader.send_all(pack({"ok": True}, self.config))
+        except (StateRefusedError, StateProtocolError, SyncError) as exc:
+            self.refused += 1
+            code = exc.code if isinstance(exc, StateRefusedError) else "error"
+            log.debug("sync contribution from %s refused: %s", stream.remote_peer.short(), describe(exc))
+            try:
+                await reader.send_all(pack(refusal(code, str(exc)), self.config))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # too slow or gone: it is missing from our round, which is fine
+        finally:
+            await close_quietly(reader)
+
+    def _deliver(self, peer: str, header: Contribution, tensors: dict[str, torch.Tensor]) -> None:
+        open_round = self._rounds.get(header.uid)
+        if open_round is not None and peer in open_round.core.members and not open_round.core.finished:
+            open_round.core.add(peer, header.version, tensors)
+            open_round.poke()
+            return
+        now = trio.current_time()
+        self._expire_stash(now)
+        stash = self._stash.setdefault(header.uid, {})
+        old = stash.pop(peer, None)
+        if old is not None:
+            self._stashed_bytes -= old.nbytes
+        if self._stashed_bytes + header.total > self.config.max_stashed_bytes or len(stash) >= self.config.max_group:
+            raise StateRefusedError("too many early sync contributions waiting", "busy")
+        stash[peer] = _Stashed(now, header.version, tensors, header.total)
+        self._stashed_bytes += header.total
+
+    def _expire_stash(self, now: float) -> None:
+        for uid in list(self._stash):
+            stash = self._stash[uid]
+            for peer in [p for p, s in stash.items() if now - s.arrived > self.config.stash_ttl]:
+                self._stashed_bytes -= stash.pop(peer).nbytes
+            if not stash:
+                del self._stash[uid]
+
+    # --- our rounds ------------------------------------------------------------------------------
+    async def average(
+        self, uid: str, peers: Sequence[PeerID | Multiaddr | str], *, timeout: float | None = None
+    ) -> SyncOutcome:
+        """One round of averaging ``uid`` with ``peers`` (its other live replicas, as found in the
+        DHT); returns what happened. Ends within ``timeout`` (``sync_timeout``) whatever the peers do."""
+        if uid in self._rounds:
+            raise SyncError(f"a sync round of {uid!r} is already running")
+        me = str(self.host.peer_id)
+        targets = {}
+        for target in peers:
+            peer = peer_of(target)
+            if str(peer) != me:
+                targets.setdefault(str(peer), target)
+        targets = dict(list(targets.items())[: self.config.max_group - 1])
+        version, params = await self.store.parameters(uid)
+        now = trio.current_time()
+        core = SyncRound(uid, me, targets, version, params, now=now, timeout=timeout or self.config.sync_timeout)
+        open_round = self._rounds[uid] = _OpenRound(core)
+        try:
+            self._expire_stash(now)
+            for peer, early in list(self._stash.get(uid, {}).items()):
+                if peer in core.members:
+                    del self._stash[uid][peer]
+                    self._stashed_bytes -= early.nbytes
+                    try:
+                        core.add(peer, early.version, early.tensors)
+                    except (SyncError, StateMismatchError) as exc:
+                        log.debug("early sync contribution of %s dropped: %s", peer, describe(exc))
+            metas, parts, sha = encode_tensors(params)
+            header = Contribution(uid, version, metas, sum(len(p) for p in parts), sha)
+            chunks = chunked(parts, self.config.chunk_size)
+            async with trio.open_nursery() as nursery:
+                for peer, target in targets.items():
+                    nursery.start_soon(self._send, open_round, peer, target, header, chunks)
+                with trio.move_on_at(core.deadline):
+                    while not core.done(trio.current_time()):
+                        await open_round.changed.wait()
+                        open_round.changed = trio.Event()
+                outcome = core.finish()
+                self._rounds.pop(uid, None)
+                await self.store.apply(uid, outcome.averaged, outcome.version)
+                self.last_sync[uid] = trio.current_time()
+                # the nursery now waits for our sends still under way: the peers' rounds need our
+                # parameters even when theirs all reached us first (each send ends at the deadline)
+        finally:
+            self._rounds.pop(uid, None)
+        self.rounds += 1
+        return outcome
+
+    async def _send(self, open_round: _OpenRound, peer: str, target: Any, header: Contribution, chunks: list) -> None:
+        core = open_round.core
+        try:
+            with trio.move_on_at(core.deadline):
+                stream = BufferedStream(await self.host.new_stream(target, [self.protocol]))
+                try:
+                    await stream.send_all(pack(header.to_wire(), self.config))
+                    await send_chunks(stream, chunks)
+                    check_reply(await receive_message(stream, self.config, "sync reply"))
+                finally:
+                    await close_quietly(stream)
+        except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            # it will not take ours, so it is not syncing this expert with us: stop waiting for it
+            log.debug("sync of %s with %s failed: %s", core.uid, peer, describe(exc))
+            core.gone(peer)
+            open_round.poke()
+
+
+__all__ = ["ReplicaSync", "peer_of"]
