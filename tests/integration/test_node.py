@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from volunteer.dht import DHTConfig
-from volunteer.dht.declare import get_experts
+from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
 from volunteer.net.events import ReachabilityChanged
 from volunteer.net.host import HostConfig
