@@ -22,7 +22,16 @@ def snapshot(service: HopService) -> dict:
         "bytes_relayed": resources.bytes_relayed,
         "connections": len(service.host.connections()),
         "refusals": dict(resources.refusals),
+        "resource_refusals": _resource_refusals(service),
     }
+
+
+def _resource_refusals(service: HopService) -> dict[str, dict[str, int]]:
+    """The Host's resource manager refusals, ``{scope: {reason: count}}`` (empty without one)."""
+    from volunteer.net.resources import ResourceManager
+
+    manager = service.host.service(ResourceManager)
+    return manager.refusals() if manager is not None else {}
 
 
 def prometheus_text(service: HopService) -> str:
@@ -48,6 +57,13 @@ def prometheus_text(service: HopService) -> str:
     ]
     for reason, count in sorted(figures["refusals"].items()):
         lines.append(f'volunteer_relay_refusals_total{{reason="{reason}"}} {count}')
+    lines += [
+        "# HELP volunteer_refusals_total Resource-manager refusals, by scope and reason.",
+        "# TYPE volunteer_refusals_total counter",
+    ]
+    for scope, reasons in sorted(figures["resource_refusals"].items()):
+        for reason, count in sorted(reasons.items()):
+            lines.append(f'volunteer_refusals_total{{scope="{scope}",reason="{reason}"}} {count}')
     return "\n".join(lines) + "\n"
 
 

@@ -14,6 +14,7 @@ from volunteer.net.host import Host
 from volunteer.net.identity import PeerID
 from volunteer.net.nat import circuit
 from volunteer.net.nat.circuit import HopMessage, Limit, StopMessage
+from volunteer.net.resources import ResourceManager
 from volunteer.net.streams import BufferedStream
 
 from .limits import RelayLimits
@@ -122,6 +123,17 @@ class HopService:
         if status != circuit.OK:
             await self._status(stream, status)
             return
+        # The splice holds up to one buffer per direction: reserve both from the source peer's
+        # memory first, so a circuit flood is bounded by that peer's budget, not by the relay's RAM.
+        manager = self.host.service(ResourceManager)
+        buffers = None
+        if manager is not None:
+            buffers = manager.reserve_for_peer(source, 2 * self.limits.buffer_size, kind="circuit", now=trio.current_time())
+            if buffers is None:
+                self.resources.close_circuit(source, target)
+                self.resources.refused("RESOURCE_LIMIT_EXCEEDED")
+                await self._status(stream, circuit.RESOURCE_LIMIT_EXCEEDED)
+                return
         try:
             stop = await self._open_stop(source, target)
             if stop is None:
@@ -132,6 +144,8 @@ class HopService:
             await self._splice(source, target, buffered, stop)
         finally:
             self.resources.close_circuit(source, target)
+            if buffers is not None:
+                buffers.close()
 
     async def _open_stop(self, source: PeerID, target: PeerID) -> BufferedStream | None:
         conn = self.host.connection_to(target)

@@ -232,3 +232,94 @@ def test_random_api_sequences_between_a_pair(ops):
         for event in pair.to_client():
             assert not isinstance(event, ConnectionTerminated), event.error
         pair.now += 0.001
+
+
+# --- stream state, resource accounting and floods -------------------------------------------
+
+from volunteer.net.resources import MEMORY, STREAMS_INBOUND, ResourceLimits, ResourceManager  # noqa: E402
+from volunteer.net.yamux.session import Opening, Phase  # noqa: E402
+
+
+def test_stream_state_is_two_enums_through_a_lifetime():
+    pair = Pair()
+    sid = pair.client.open_stream(0)
+    assert pair.client.streams[sid].opening is Opening.SYN_SENT
+    pair.to_server()
+    assert pair.server.streams[sid].opening is Opening.SYN_RECEIVED
+    pair.server.accept_stream(sid)
+    pair.to_client()
+    assert pair.client.streams[sid].opening is Opening.ESTABLISHED is pair.server.streams[sid].opening
+    pair.client.close_write(sid)
+    assert pair.client.streams[sid].phase is Phase.LOCAL_CLOSED
+    pair.to_server()
+    assert pair.server.streams[sid].phase is Phase.REMOTE_CLOSED
+    pair.server.reset(sid)
+    assert sid not in pair.server.streams
+    pair.to_client()
+    assert sid not in pair.client.streams
+
+
+def scoped_server(**limits):
+    manager = ResourceManager(ResourceLimits(connection_memory=0, **limits))
+    scope = manager.open_connection("client", "/ip4/10.0.0.1/tcp/1", now=0)
+    pair = Pair()
+    pair.server = Session(False, scope=scope)
+    return pair, manager
+
+
+def test_unread_bytes_are_reserved_until_read_and_a_stream_past_the_budget_is_reset():
+    pair, manager = scoped_server(peer_memory=300 * 1024)
+    first, second = pair.client.open_stream(0), pair.client.open_stream(0)
+    pair.to_server()
+    pair.client.send_data(first, b"x" * 200 * 1024)
+    events = pair.to_server()
+    assert kinds(events) == [DataReceived] and manager.peer_memory("client") == 200 * 1024
+    pair.client.send_data(second, b"y" * 200 * 1024)  # would take the peer past 300 KiB
+    events = pair.to_server()
+    assert kinds(events) == [StreamReset] and second not in pair.server.streams
+    assert kinds(pair.to_client()) == [StreamReset]  # the sender learns it with an RST
+    assert manager.refusals() == {"peer": {MEMORY: 1}}
+    pair.server.consume(first, 150 * 1024, 0)  # the application read some
+    assert manager.peer_memory("client") == 50 * 1024
+    pair.server.reset(first)
+    assert manager.peer_memory("client") == 0
+
+
+def test_streams_past_the_peer_limit_are_refused_with_rst():
+    pair, manager = scoped_server(peer_streams_inbound=2)
+    for _ in range(3):
+        pair.client.open_stream(0)
+    events = pair.to_server()
+    assert kinds(events) == [StreamOpened, StreamOpened]
+    assert kinds(pair.to_client()) == [StreamReset]
+    assert manager.refusals() == {"peer": {STREAMS_INBOUND: 1}}
+    pair.server.release_resources()
+    assert manager.system.in_use(STREAMS_INBOUND) == 0 and manager.memory == 0
+
+
+def test_ping_flood_without_reading_terminates_the_session():
+    pair, manager = scoped_server()
+    flood = encode_header(PING, SYN, 0, 7) * 10000  # 120 KB of pings; replies are never read
+    events = pair.server.receive_data(flood, 0)
+    assert isinstance(events[-1], ConnectionTerminated) and "flood" in str(events[-1].error)
+    assert pair.server.terminated
+    assert pair.server.control_queued <= pair.server.config.max_control_outbox + 2 * 12
+    assert manager.refusals() == {"connection": {"control_outbox": 1}}
+
+
+def test_replies_taken_by_the_writer_do_not_count_as_a_flood():
+    pair = Pair()
+    for _ in range(50):
+        pair.server.receive_data(encode_header(PING, SYN, 0, 7) * 1000, 0)
+        assert pair.server.data_to_send()  # the writer keeps up: an honest, chatty peer
+    assert not pair.server.terminated
+
+
+def test_window_violation_is_judged_from_the_header():
+    pair = Pair()
+    sid = pair.client.open_stream(0)
+    pair.to_server()
+    header = encode_header(DATA, 0, sid, 1024 * 1024)  # 1 MiB announced, 256 KiB granted
+    events = pair.server.receive_data(header + b"z" * 100, 0)  # only 100 bytes of it sent yet
+    assert kinds(events) == [ConnectionTerminated] and "window violation" in str(events[0].error)
+    assert len(pair.server._inbound) == 0  # nothing of the announced payload was buffered

@@ -146,10 +146,15 @@ class Connection:
         """Negotiate the protocol of a stream the peer opened (``supported``: a predicate or a set)."""
         buffered = BufferedStream(inner)
         try:
-            protocol = await select_inbound(buffered, supported)
+            protocol = await select_inbound(buffered, supported, exact=True)
         except BaseException:
             await reset_quietly(inner)
             raise
+        budget = getattr(inner, "resource_scope", None)
+        if budget is not None and not budget.set_protocol(protocol, now=trio.current_time()):
+            # The peer's (or everyone's) inbound streams of this protocol are at their limit.
+            await reset_quietly(inner)
+            raise NegotiationError(f"too many inbound {protocol} streams: refused with RST")
         return NetStream(buffered, protocol, self)
 
     async def aclose(self) -> None:
@@ -170,11 +175,14 @@ async def upgrade(
     identity: KeyPair,
     direction: Direction,
     expected_peer: PeerID | None = None,
+    *,
+    first_message_timeout: float | None = None,
 ) -> tuple[NoiseConnection, bool]:
     """Secure ``raw`` with Noise. Returns the secure channel and whether yamux still needs
     multistream negotiation (False when it was inlined in the Noise handshake).
 
-    The caller bounds the time this takes; any failure is raised as HandshakeError.
+    The caller bounds the time this takes; any failure is raised as HandshakeError. Inbound, the
+    dialer's first multistream message must come within ``first_message_timeout`` seconds.
     """
     stream = BufferedStream(raw.stream)
     try:
@@ -182,7 +190,7 @@ async def upgrade(
             await select_outbound(stream, [NOISE])
             secure = await secure_outbound(stream, identity, expected_peer, MUXERS)
         else:
-            await select_inbound(stream, {NOISE})
+            await select_inbound(stream, {NOISE}, header_timeout=first_message_timeout)
             secure = await secure_inbound(stream, identity, MUXERS)
     except HandshakeError:
         raise

@@ -51,6 +51,7 @@ from .peerstore import Peerstore
 from .perf import PERF, PerfLimits, PerfServer
 from .ping import PING, Pinger, serve_ping
 from .pool import StreamPool
+from .resources import ResourceLimits, ResourceManager, address_key
 from .service import Handler, InboundClass, Service
 from .transport.base import RawConnection, Transport
 from .transport.memory import MemoryTransport
@@ -102,9 +103,9 @@ class Host:
         self._handlers: dict[str, Handler] = {}
         self._connections: dict[PeerID, list[Connection]] = {}
         self._pending_dials: dict[PeerID, trio.Event] = {}
-        self._handshake_slots = trio.Semaphore(config.max_pending_handshakes)
         self._nursery: trio.Nursery | None = None
         self._services: list[Service] = list(services)
+        self.resources: ResourceManager = _install_resource_manager(self._services, config)
         self._closed = False
         # Hooks the NAT layer uses to add addresses (relay circuits, observed) to what we advertise.
         self.extra_addrs: Callable[[], list[Multiaddr]] = lambda: []
@@ -375,32 +376,43 @@ class Host:
                 await conn.muxer.aclose()
 
     async def _upgrade(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
-        if direction is Direction.INBOUND and not self._try_acquire_handshake_slot():
-            raise HandshakeError(f"too many pending handshakes (limit {self.config.max_pending_handshakes})")
+        inbound = direction is Direction.INBOUND
+        slot = self._try_acquire_handshake_slot(raw) if inbound else None
+        if inbound and slot is None:
+            raise HandshakeError(f"too many pending handshakes from {address_key(raw.remote_addr)} (or in all)")
+        first_message_timeout = self.resources.limits.first_message_timeout if inbound else None
         try:
             with trio.fail_after(self.config.handshake_timeout):
-                secure, needs_muxer_negotiation = await upgrade(raw, self.keypair, direction, expected_peer)
+                secure, needs_muxer_negotiation = await upgrade(
+                    raw, self.keypair, direction, expected_peer, first_message_timeout=first_message_timeout
+                )
                 muxed_stream = secure
                 if needs_muxer_negotiation:
                     muxed_stream = await negotiate_muxer(secure, direction)
         except trio.TooSlowError:
+            if inbound:
+                self.resources.refuse("address", "handshake_timeout", now=trio.current_time(), detail=str(raw.remote_addr))
             raise HandshakeError(f"handshake with {raw.remote_addr} timed out after {self.config.handshake_timeout}s") from None
+        except HandshakeError as exc:
+            if inbound and "no multistream header" in str(exc):
+                self.resources.refuse("address", "first_message_timeout", now=trio.current_time(), detail=str(raw.remote_addr))
+            raise
         finally:
-            if direction is Direction.INBOUND:
-                self._handshake_slots.release()
-        if len(self.connections()) >= self.config.max_connections:
+            if slot is not None:
+                self.resources.close_handshake(slot)
+        scope = self.resources.open_connection(secure.remote_peer, raw.remote_addr, now=trio.current_time())
+        if scope is None:
             await trio.aclose_forcefully(secure)
-            raise HandshakeError(f"connection limit reached ({self.config.max_connections})")
-        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND)
+            raise HandshakeError(f"connection from {secure.remote_peer.short()} at {raw.remote_addr} refused: resource limit")
+        # From here the muxer owns the scope: it gives it back when the connection ends.
+        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, scope=scope)
         path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
         return Connection(raw, secure, muxer, direction, path)
 
-    def _try_acquire_handshake_slot(self) -> bool:
-        try:
-            self._handshake_slots.acquire_nowait()
-        except trio.WouldBlock:
-            return False
-        return True
+    def _try_acquire_handshake_slot(self, raw: RawConnection):
+        """A pending-handshake slot shared per source address (None: that address's share, or
+        the global cap, is taken; the refusal is counted and logged by the resource manager)."""
+        return self.resources.open_handshake(raw.remote_addr, now=trio.current_time())
 
     def _register(self, conn: Connection) -> None:
         peer = conn.remote_peer
@@ -612,6 +624,19 @@ async def open_host(
             yield host
         finally:
             await host.aclose()
+
+
+def _install_resource_manager(services: list[Service], config: HostConfig) -> ResourceManager:
+    """The ResourceManager among ``services``, or a default one added to them (its connection
+    and handshake caps taken from ``config``, so HostConfig's limits keep their meaning)."""
+    for service in services:
+        if isinstance(service, ResourceManager):
+            return service
+    manager = ResourceManager(ResourceLimits(
+        system_connections=config.max_connections, system_pending_handshakes=config.max_pending_handshakes
+    ))
+    services.append(manager)
+    return manager
 
 
 async def _run_service(service: Service, host: Host, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -64,3 +64,12 @@ NOISE_READ_CHUNK = 1024 * 1024  # socket reads of the transport phase: big reads
 POOL_IDLE = 20.0  # seconds an idle request stream is reused; below SERVE_IDLE so a server never drops it first
 SERVE_IDLE = 30.0  # request/response servers close a stream idle this long
 MAX_IDLE_STREAMS_PER_KEY = 32  # idle streams kept per (peer, protocol)
+
+# --- resource manager and hostile peers (net/resources.py; the defaults of ResourceLimits) ---
+# Control frames (PING ACKs, RSTs for refused SYNs, window updates) a peer can make us queue
+# before it reads them: 64 KiB is over 5,000 frames, far beyond any honest burst; a peer that
+# floods past it without reading loses its connection (GoAway).
+YAMUX_MAX_CONTROL_OUTBOX = 64 * 1024
+YAMUX_GOAWAY_FLUSH_TIMEOUT = 1.0  # seconds we try to tell a misbehaving peer GoAway before closing
+FIRST_MESSAGE_TIMEOUT = 2.0  # seconds from accept to the first multistream message (slowloris bound)
+REFUSAL_WARN_INTERVAL = 10.0  # at most one WARNING line per refusal reason this often

@@ -12,9 +12,9 @@ from collections.abc import Callable, Collection, Sequence
 
 import trio
 
-from ..errors import NegotiationError, RemoteProtocolError
+from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
-from .streams import BufferedStream
+from .streams import BufferedStream, forwarded
 from .varint import decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/multistream/1.0.0"
@@ -49,18 +49,22 @@ def decode_message(buffer: bytes | bytearray) -> tuple[str, int] | None:
         raise RemoteProtocolError("multistream message is not UTF-8") from None
 
 
-async def read_message(stream: BufferedStream) -> str:
-    """Read one message; the peer closing first is a RemoteProtocolError."""
-    length = await stream.receive_uvarint("multistream message")
+async def read_message(stream: BufferedStream, *, exact: bool = False) -> str:
+    """Read one message; the peer closing first is a RemoteProtocolError.
+
+    ``exact``: read no byte past the message, so what a peer sends after it (0-RTT data) stays in
+    the muxer, accounted to that peer, until a handler reads it (inbound yamux streams).
+    """
+    length = await stream.receive_uvarint("multistream message", exact=exact)
     if length > MAX_MULTISTREAM_MESSAGE:
         raise RemoteProtocolError(f"multistream message of {length} bytes exceeds {MAX_MULTISTREAM_MESSAGE}")
-    body = await stream.receive_exactly(length, "multistream message")
+    body = await stream.receive_exactly(length, "multistream message", exact=exact)
     text, _ = decode_message(encode_uvarint(length) + body)
     return text
 
 
-async def _expect_header(stream: BufferedStream) -> None:
-    header = await read_message(stream)
+async def _expect_header(stream: BufferedStream, *, exact: bool = False) -> None:
+    header = await read_message(stream, exact=exact)
     if header != PROTOCOL_ID:
         raise RemoteProtocolError(f"expected {PROTOCOL_ID}, got {header[:64]!r}")
 
@@ -83,13 +87,30 @@ async def select_outbound(stream: BufferedStream, protocols: Sequence[str]) -> s
     raise NegotiationError(f"peer supports none of {list(protocols)}")
 
 
-async def select_inbound(stream: BufferedStream, supported: Callable[[str], bool] | Collection[str]) -> str:
-    """Listener: answer the header, then echo the first proposal we support (``na`` to others)."""
+async def select_inbound(
+    stream: BufferedStream,
+    supported: Callable[[str], bool] | Collection[str],
+    *,
+    header_timeout: float | None = None,
+    exact: bool = False,
+) -> str:
+    """Listener: answer the header, then echo the first proposal we support (``na`` to others).
+
+    ``header_timeout``: seconds the dialer has to send the header (HandshakeError after them):
+    an honest dialer sends it in its first packet, a slowloris never does. ``exact``: read no
+    byte past the negotiation (see ``read_message``).
+    """
     accepts = supported if callable(supported) else supported.__contains__
-    await _expect_header(stream)
+    if header_timeout is None:
+        await _expect_header(stream, exact=exact)
+    else:
+        with trio.move_on_after(header_timeout) as waited:
+            await _expect_header(stream, exact=exact)
+        if waited.cancelled_caught:
+            raise HandshakeError(f"no multistream header within {header_timeout}s")
     await stream.send_all(encode_message(PROTOCOL_ID))
     for _ in range(MAX_MULTISTREAM_ROUNDS):
-        proposal = await read_message(stream)
+        proposal = await read_message(stream, exact=exact)
         if proposal != LS and accepts(proposal):
             await stream.send_all(encode_message(proposal))
             return proposal
@@ -153,10 +174,16 @@ class LazyStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         await self._stream.aclose()
 
-    def __getattr__(self, name: str):
-        if name == "_stream":
-            raise AttributeError(name)
-        return getattr(self._stream, name)
+    # --- the wrapped stream's extras, forwarded by name (no catch-all) ---
+    async def reset(self) -> None:
+        """Abort the stream in both directions (yamux RST), negotiated or not."""
+        self._pending_request = None
+        await self._stream.reset()
+
+    connection = forwarded("connection", "_stream")
+    remote_peer = forwarded("remote_peer", "_stream")
+    stream_id = forwarded("stream_id", "_stream")
+    resource_scope = forwarded("resource_scope", "_stream")
 
 
 def lazy_outbound(stream: BufferedStream, protocol: str) -> LazyStream:

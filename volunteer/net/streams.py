@@ -14,6 +14,15 @@ from .limits import READ_CHUNK
 from .varint import decode_uvarint, encode_uvarint
 
 
+def forwarded(name: str, attribute: str = "stream") -> property:
+    """A read-only property that reads ``name`` from the wrapped stream (``self.<attribute>``)."""
+
+    def get(self):
+        return getattr(getattr(self, attribute), name)
+
+    return property(get, doc=f"The wrapped stream's ``{name}``.")
+
+
 class BufferedStream(trio.abc.HalfCloseableStream):
     """A trio stream with a read buffer: ``receive_exactly``, ``receive_uvarint``, length-prefixed reads."""
 
@@ -33,28 +42,33 @@ class BufferedStream(trio.abc.HalfCloseableStream):
             return data
         return await self.stream.receive_some(max_bytes)
 
-    async def _fill(self, context: str) -> None:
-        chunk = await self.stream.receive_some(READ_CHUNK)
+    async def _fill(self, context: str, read_size: int = READ_CHUNK) -> None:
+        chunk = await self.stream.receive_some(read_size)
         if not chunk:
             raise RemoteProtocolError(f"connection closed by peer while reading {context}")
         self._buffer += chunk
 
-    async def receive_exactly(self, count: int, context: str = "data") -> bytes:
-        """Read exactly ``count`` bytes; end of stream first is a RemoteProtocolError."""
+    async def receive_exactly(self, count: int, context: str = "data", *, exact: bool = False) -> bytes:
+        """Read exactly ``count`` bytes; end of stream first is a RemoteProtocolError.
+
+        ``exact``: never read past them (what follows stays in the stream, still accounted to its
+        peer by the muxer); multistream negotiation reads so, before any handler owns the stream.
+        """
         while len(self._buffer) < count:
-            await self._fill(context)
+            await self._fill(context, count - len(self._buffer) if exact else READ_CHUNK)
         data = bytes(self._buffer[:count])
         del self._buffer[:count]
         return data
 
-    async def receive_uvarint(self, context: str = "varint") -> int:
+    async def receive_uvarint(self, context: str = "varint", *, exact: bool = False) -> int:
+        """Read one unsigned varint (``exact``: byte by byte, never past it)."""
         while True:
             decoded = decode_uvarint(self._buffer)
             if decoded is not None:
                 value, used = decoded
                 del self._buffer[:used]
                 return value
-            await self._fill(context)
+            await self._fill(context, 1 if exact else READ_CHUNK)
 
     async def receive_length_prefixed(self, max_length: int, context: str = "message") -> bytes:
         """Read a uvarint length prefix and that many bytes, refusing lengths over ``max_length``."""
@@ -100,11 +114,16 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         await self.stream.aclose()
 
-    def __getattr__(self, name: str):
-        # Expose the wrapped stream's extras (protocol, connection, reset, ...).
-        if name == "stream":
-            raise AttributeError(name)
-        return getattr(self.stream, name)
+    # --- the wrapped stream's extras, forwarded by name (no catch-all: a typo is an AttributeError) ---
+    async def reset(self) -> None:
+        """Abort the wrapped stream in both directions (yamux RST)."""
+        await self.stream.reset()
+
+    protocol = forwarded("protocol")
+    connection = forwarded("connection")
+    remote_peer = forwarded("remote_peer")
+    stream_id = forwarded("stream_id")
+    resource_scope = forwarded("resource_scope")
 
 
 async def close_quietly(stream) -> None:

@@ -69,16 +69,29 @@ class TcpTransport:
     def can_listen(self, addr: Multiaddr) -> bool:
         return _is_plain_tcp(addr) and addr.protocols()[0] in ("ip4", "ip6")
 
-    async def dial(self, addr: Multiaddr, *, local_port: int | None = None, reuse_port_only: bool = False) -> RawConnection:
+    async def dial(
+        self,
+        addr: Multiaddr,
+        *,
+        local_port: int | None = None,
+        reuse_port_only: bool = False,
+        local_host: str | None = None,
+    ) -> RawConnection:
         """Connect; from ``local_port`` (default: our listen port) when port reuse is on.
 
         ``reuse_port_only``: fail rather than fall back to an ephemeral port (hole punching).
+        ``local_host``: the source address to leave from (a loopback alias in tests, one NIC of
+        several), with ``local_port`` or an ephemeral port.
         """
         host, port = tcp_endpoint(addr)
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not infos:
             raise OSError(errno.EHOSTUNREACH, f"cannot resolve {host}")
         family, _, _, _, sockaddr = infos[0]
+        if local_host is not None:
+            sock = await self._connect(family, sockaddr, (local_host, local_port or 0))
+            stream = trio.SocketStream(sock)
+            return RawConnection(stream, sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername()), self)
         bind = self._bind_endpoint(family, local_port)
         sock = None
         if bind is not None:

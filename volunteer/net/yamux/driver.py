@@ -9,7 +9,7 @@ import trio
 
 from ...errors import ConnectionClosed, LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from ...errors import StreamReset as StreamResetError
-from ..limits import READ_CHUNK
+from ..limits import READ_CHUNK, YAMUX_GOAWAY_FLUSH_TIMEOUT
 from .frames import GO_AWAY_NORMAL
 from .session import (
     ConnectionTerminated,
@@ -133,15 +133,23 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._readable.unpark_all()
         self._writable.unpark_all()
 
+    @property
+    def resource_scope(self):
+        """This stream's scope in the resource manager (None when unaccounted or already closed)."""
+        return self._conn.session.stream_budget(self.stream_id)
+
 
 class YamuxConnection:
     """A yamux session over a secure stream. Start it with ``await nursery.start(conn.run)``."""
 
-    def __init__(self, secure: trio.abc.Stream, is_client: bool, config: YamuxConfig | None = None, clock=trio.current_time) -> None:
+    def __init__(
+        self, secure: trio.abc.Stream, is_client: bool, config: YamuxConfig | None = None, clock=trio.current_time, scope=None
+    ) -> None:
+        """``scope``: the resource manager's ConnectionScope (streams and windows reserved there)."""
         self.secure = secure
         self.config = config or YamuxConfig()
         self.clock = clock
-        self.session = Session(is_client, self.config)
+        self.session = Session(is_client, self.config, scope=scope)
         self.streams: dict[int, YamuxStream] = {}
         self._accept_send, self._accept_receive = trio.open_memory_channel(float("inf"))
         self._send_lock = trio.StrictFIFOLock()
@@ -185,7 +193,10 @@ class YamuxConnection:
                 if session.has_output:
                     self._control_pending.set()
                 if session.terminated:
-                    await self._flush_quietly()
+                    # Try to say GoAway, but a peer that floods us and never reads would hold the
+                    # send lock forever: give it a bounded moment, then close the socket.
+                    with trio.move_on_after(YAMUX_GOAWAY_FLUSH_TIMEOUT):
+                        await self._flush_quietly()
                     self._terminate(self.close_reason)
                     await trio.aclose_forcefully(self.secure)
                     return
@@ -246,6 +257,7 @@ class YamuxConnection:
         if reason is not None and self.close_reason is None:
             self.close_reason = reason
         self.session.terminated = True
+        self.session.release_resources()
         self.closed.set()
         for stream in list(self.streams.values()):
             if not (stream._eof and stream._write_closed):
@@ -343,8 +355,8 @@ class YamuxConnection:
                 stream_id = self.session.open_stream(self.clock())
                 break
             except ResourceLimitExceeded:
-                if len(self.session.streams) >= self.config.max_streams:
-                    raise
+                if self.session.can_open_stream():
+                    raise  # a hard limit (streams, or the resource manager), not a wait for acks
                 await self._open_waiters.park()  # wait for acks of earlier streams
             except LocalProtocolError as exc:
                 raise ConnectionClosed(str(exc)) from None

@@ -8,7 +8,9 @@ small window. A peer that sends beyond the window it was granted breaks the prot
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...errors import LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from .. import limits
@@ -29,6 +31,9 @@ from .frames import (
     encode_header,
 )
 
+if TYPE_CHECKING:
+    from ..resources import ConnectionScope, StreamScope
+
 
 @dataclass
 class YamuxConfig:
@@ -42,6 +47,9 @@ class YamuxConfig:
     keepalive_interval: float = limits.YAMUX_KEEPALIVE_INTERVAL
     ping_timeout: float = limits.YAMUX_PING_TIMEOUT
     max_frame_payload: int = 1 << 20  # our data frames: at most this much per frame
+    # Header-only frames (window updates, PING ACKs, RSTs) queued and not yet taken by the
+    # writer: a peer that makes us queue more while not reading them is flooding us.
+    max_control_outbox: int = limits.YAMUX_MAX_CONTROL_OUTBOX
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -110,40 +118,79 @@ class ConnectionTerminated(Event):
 # --- streams --------------------------------------------------------------------------------
 
 
+class Opening(enum.Enum):
+    """Where a stream's opening handshake stands."""
+
+    SYN_SENT = "syn-sent"  # ours: waiting for the peer's ACK
+    SYN_RECEIVED = "syn-received"  # theirs: waiting for the application to accept (we then ACK)
+    ESTABLISHED = "established"
+
+
+class Phase(enum.Enum):
+    """Which directions of a stream are still open."""
+
+    OPEN = "open"
+    LOCAL_CLOSED = "local-closed"  # we sent FIN; the peer may still send
+    REMOTE_CLOSED = "remote-closed"  # the peer sent FIN; we may still send
+    CLOSED = "closed"  # both FINs
+    RESET = "reset"  # RST either way: both directions aborted
+
+
 class StreamState:
     __slots__ = (
         "stream_id", "send_window", "recv_window", "recv_credit", "consumed", "last_update",
-        "local_fin", "remote_fin", "reset", "acked", "accepted", "need_flags",
+        "opening", "phase", "budget",
     )
 
-    def __init__(self, stream_id: int, window: int, now: float) -> None:
+    def __init__(self, stream_id: int, window: int, now: float, opening: Opening, budget: "StreamScope | None" = None) -> None:
         self.stream_id = stream_id
         self.send_window = limits.YAMUX_INITIAL_WINDOW  # the peer's grant to us (spec default)
         self.recv_window = window  # the window we currently grant
         self.recv_credit = limits.YAMUX_INITIAL_WINDOW  # what the peer may still send us
         self.consumed = 0  # bytes the application read since our last window update
         self.last_update = now
-        self.local_fin = False
-        self.remote_fin = False
-        self.reset = False
-        self.acked = False  # outbound: the peer acknowledged; inbound: we acknowledged
-        self.accepted = False
-        self.need_flags = 0  # SYN or ACK to put on our next frame for this stream
+        self.opening = opening
+        self.phase = Phase.OPEN
+        self.budget = budget  # the resource manager's scope: unread bytes are reserved there
+
+    @property
+    def local_fin(self) -> bool:
+        return self.phase is Phase.LOCAL_CLOSED or self.phase is Phase.CLOSED
+
+    @property
+    def remote_fin(self) -> bool:
+        return self.phase is Phase.REMOTE_CLOSED or self.phase is Phase.CLOSED
+
+    @property
+    def reset(self) -> bool:
+        return self.phase is Phase.RESET
 
     @property
     def closed(self) -> bool:
-        return self.reset or (self.local_fin and self.remote_fin)
+        return self.phase is Phase.CLOSED or self.phase is Phase.RESET
+
+    def finish_local(self) -> None:
+        self.phase = Phase.CLOSED if self.phase is Phase.REMOTE_CLOSED else Phase.LOCAL_CLOSED
+
+    def finish_remote(self) -> None:
+        self.phase = Phase.CLOSED if self.phase is Phase.LOCAL_CLOSED else Phase.REMOTE_CLOSED
 
 
 class Session:
     """One side of a yamux connection. ``is_client`` picks odd stream IDs."""
 
-    def __init__(self, is_client: bool, config: YamuxConfig | None = None, now: float = 0.0) -> None:
+    def __init__(
+        self, is_client: bool, config: YamuxConfig | None = None, now: float = 0.0, scope: "ConnectionScope | None" = None
+    ) -> None:
         self.is_client = is_client
         self.config = config or YamuxConfig()
+        # The resource manager's scope of this connection: every stream's slot and receive window
+        # is reserved there first (None: unaccounted, as in the paired-core tests).
+        self.scope = scope
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if is_client else 2
         self._outbox: list[bytes] = []
+        self._control_queued = 0  # bytes of header-only frames in the outbox
         self._inbound = bytearray()
         self._pending_accept = 0  # inbound streams not yet accepted by the application
         self._unacked_outbound = 0
@@ -161,21 +208,30 @@ class Session:
             return b""
         out = b"".join(self._outbox)
         self._outbox.clear()
+        self._control_queued = 0
         return out
 
     def take_outbox(self) -> list[bytes]:
         """The pending output as a list (avoids one copy of big payloads)."""
         out, self._outbox = self._outbox, []
+        self._control_queued = 0
         return out
 
     @property
     def has_output(self) -> bool:
         return bool(self._outbox)
 
+    @property
+    def control_queued(self) -> int:
+        """Bytes of header-only frames waiting in the outbox."""
+        return self._control_queued
+
     def _emit(self, frame_type: int, flags: int, stream_id: int, length: int, payload=None) -> None:
         self._outbox.append(HEADER.pack(0, frame_type, flags, stream_id, length))
         if payload is not None:
             self._outbox.append(payload)
+        else:
+            self._control_queued += HEADER_SIZE
 
     # --- streams -----------------------------------------------------------------------------
     def open_stream(self, now: float) -> int:
@@ -188,11 +244,15 @@ class Session:
         if self._unacked_outbound >= self.config.max_unacked_outbound:
             raise ResourceLimitExceeded("too many streams waiting for the peer's acknowledgement")
         stream_id = self._next_id
-        self._next_id += 2
         if stream_id >= 1 << 32:
             raise LocalProtocolError("yamux stream IDs exhausted")
-        state = StreamState(stream_id, self.config.initial_window, now)
-        state.accepted = True
+        budget = None
+        if self.scope is not None:
+            budget = self.scope.open_stream(False, now=now)
+            if budget is None:
+                raise ResourceLimitExceeded("the resource manager refused a new outbound stream")
+        self._next_id += 2
+        state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_SENT, budget)
         self.streams[stream_id] = state
         self._unacked_outbound += 1
         # Announce at once (go-yamux does): SYN on a window update carrying any window growth.
@@ -206,12 +266,11 @@ class Session:
     def accept_stream(self, stream_id: int) -> None:
         """The application took an inbound stream: acknowledge it."""
         state = self.streams.get(stream_id)
-        if state is None or state.accepted:
+        if state is None or state.opening is not Opening.SYN_RECEIVED:
             return
-        state.accepted = True
+        state.opening = Opening.ESTABLISHED
         self._pending_accept -= 1
         if not state.reset:
-            state.acked = True
             grow = state.recv_window - limits.YAMUX_INITIAL_WINDOW
             state.recv_credit += grow
             self._emit(WINDOW_UPDATE, ACK, stream_id, grow)
@@ -250,7 +309,7 @@ class Session:
         state = self.streams.get(stream_id)
         if state is None or state.reset or state.local_fin:
             return
-        state.local_fin = True
+        state.finish_local()
         self._emit(WINDOW_UPDATE, FIN, stream_id, 0)
         self._maybe_forget(state)
 
@@ -264,7 +323,11 @@ class Session:
     def consume(self, stream_id: int, count: int, now: float) -> None:
         """The application read ``count`` bytes of this stream: grant the peer more window."""
         state = self.streams.get(stream_id)
-        if state is None or state.reset or state.remote_fin:
+        if state is None or state.reset:
+            return
+        if state.budget is not None:
+            state.budget.release_memory(count)  # reserved when it arrived
+        if state.remote_fin:
             return
         state.consumed += count
         if state.consumed < state.recv_window // 2:
@@ -284,7 +347,7 @@ class Session:
         self._emit(WINDOW_UPDATE, 0, stream_id, delta)
 
     def _drop(self, state: StreamState) -> None:
-        state.reset = True
+        state.phase = Phase.RESET
         self._forget(state)
 
     def _maybe_forget(self, state: StreamState) -> None:
@@ -294,10 +357,26 @@ class Session:
     def _forget(self, state: StreamState) -> None:
         if self.streams.pop(state.stream_id, None) is None:
             return
-        if not state.accepted:
+        if state.budget is not None:
+            state.budget.close()
+        if state.opening is Opening.SYN_RECEIVED:
             self._pending_accept -= 1
-        if self._is_ours(state.stream_id) and not state.acked:
+        elif state.opening is Opening.SYN_SENT:
             self._unacked_outbound -= 1
+
+    def release_resources(self) -> None:
+        """Give every stream's reservation and the connection's own back (the session is over;
+        the driver calls this)."""
+        for state in self.streams.values():
+            if state.budget is not None:
+                state.budget.close()
+        if self.scope is not None:
+            self.scope.close()
+
+    def stream_budget(self, stream_id: int) -> "StreamScope | None":
+        """The resource scope of a live stream (None when unknown or unaccounted)."""
+        state = self.streams.get(stream_id)
+        return state.budget if state is not None else None
 
     def _is_ours(self, stream_id: int) -> bool:
         return (stream_id % 2 == 1) == self.is_client
@@ -337,6 +416,13 @@ class Session:
                 if frame_type == DATA:
                     if length > max_window:
                         raise RemoteProtocolError(f"yamux data frame of {length} bytes exceeds any window")
+                    if length and not flags & (SYN | RST):
+                        # Judge a window violation from the header: never buffer a payload we will refuse.
+                        state = self.streams.get(stream_id)
+                        if state is not None and not state.remote_fin and length > state.recv_credit:
+                            raise RemoteProtocolError(
+                                f"yamux window violation on stream {stream_id}: {length} bytes > {state.recv_credit} granted"
+                            )
                     if end - pos - HEADER_SIZE < length:
                         break
                     start = pos + HEADER_SIZE
@@ -351,9 +437,16 @@ class Session:
                         self._on_ping(flags, length, now, events)
                     else:
                         self._on_go_away(length, events)
+                    if self._control_queued > self.config.max_control_outbox:
+                        if self.scope is not None:
+                            self.scope.refuse("control_outbox", now=now)
+                        raise RemoteProtocolError(
+                            f"yamux control-frame flood: {self._control_queued} bytes of replies queued, unread"
+                        )
                 if self.terminated:
                     break
         except RemoteProtocolError as exc:
+            pos = end  # the session is over: keep none of what the peer sent
             self.go_away(GO_AWAY_PROTOCOL_ERROR)
             self.terminated = True
             events.append(ConnectionTerminated(exc))
@@ -380,15 +473,22 @@ class Session:
                 # Refuse: the backlog of streams nobody accepted yet is full (or we are going away).
                 self._emit(WINDOW_UPDATE, RST, stream_id, 0)
                 return None
-            state = StreamState(stream_id, self.config.initial_window, now)
+            budget = None
+            if self.scope is not None:
+                budget = self.scope.open_stream(True, now=now)
+                if budget is None:
+                    # Refused by the resource manager (streams or memory of this peer or node): RST.
+                    self._emit(WINDOW_UPDATE, RST, stream_id, 0)
+                    return None
+            state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_RECEIVED, budget)
             self.streams[stream_id] = state
             self._pending_accept += 1
             events.append(StreamOpened(stream_id))
         if state is None:
             self.dropped_frames += 1
             return None
-        if flags & ACK and self._is_ours(stream_id) and not state.acked:
-            state.acked = True
+        if flags & ACK and state.opening is Opening.SYN_SENT:
+            state.opening = Opening.ESTABLISHED
             self._unacked_outbound -= 1
             events.append(WindowUpdated(stream_id))
         if flags & RST:
@@ -412,6 +512,13 @@ class Session:
                 raise RemoteProtocolError(
                     f"yamux window violation on stream {stream_id}: {len(payload)} bytes > {state.recv_credit} granted"
                 )
+            if state.budget is not None and not state.budget.reserve_memory(len(payload), now=now):
+                # Unread data of this peer (or of all peers) is at its memory limit: this stream
+                # goes, its bytes with it; the connection and the peer's other streams stay.
+                self._emit(WINDOW_UPDATE, RST, stream_id, 0)
+                self._drop(state)
+                events.append(StreamReset(stream_id))
+                return
             state.recv_credit -= len(payload)
             events.append(DataReceived(stream_id, payload))
         if flags & FIN:
@@ -432,7 +539,7 @@ class Session:
     def _on_fin(self, state: StreamState, events: list[Event]) -> None:
         if state.remote_fin:
             return
-        state.remote_fin = True
+        state.finish_remote()
         events.append(StreamEOF(state.stream_id))
         self._maybe_forget(state)
 
