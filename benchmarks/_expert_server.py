@@ -12,9 +12,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime  # noqa: E402
-from volunteer.experts.server import ExpertServer  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
+from volunteer.net.host import HostConfig  # noqa: E402
+from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
+from volunteer.swarmfile import SwarmSpec  # noqa: E402
 
 SWARM = "bench"
 
@@ -23,11 +24,13 @@ async def main() -> None:
 
     config = ExpertsConfig(device="cpu", nan_check=False)
     backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=HostConfig(enable_hole_punching=False, enable_relay_client=False)) as host:
-        async with open_runtime(backends, config) as runtime:
-            ExpertServer(host, runtime, SWARM, config).install()
-            print("READY", host.full_addrs()[0], flush=True)
-            await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+    options = VolunteerOptions(
+        listen=["/ip4/127.0.0.1/tcp/0"], host_config=HostConfig(enable_hole_punching=False, enable_relay_client=False),
+        nat=False, mdns=False, experts_config=config, backends=backends,
+    )
+    async with open_volunteer(SwarmSpec(SWARM, SWARM), options) as node:
+        print("READY", node.host.full_addrs()[0], flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
 
 if __name__ == "__main__":

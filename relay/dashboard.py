@@ -6,26 +6,20 @@ from __future__ import annotations
 from rich.console import Group
 from rich.markup import escape
 
-from volunteer.cli.dashboard import fit, section
-from volunteer.net.perf import format_size
+from volunteer.widgets import fit, format_size, section, uptime
 
 from .metrics import snapshot
 from .node import RelayNode
 
 
-def _uptime(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
-
-
-def render(node: RelayNode, uptime: float, *, height: int = 24) -> Group:
+def render(node: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
     """The relay's view for a terminal of ``height`` lines."""
     figures = snapshot(node.hop)
     extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
     addr_rows, circuit_rows, refusal_rows = 2 + extra // 4, 4 + extra // 2, 2 + extra // 4
 
     relay = section("Relay")
-    relay.add_row(f"[green]serving[/] · up {_uptime(uptime)}")
+    relay.add_row(f"[green]serving[/] · up {uptime(uptime_s)}")
     relay.add_row(f"peer {node.host.peer_id}")
     addrs = node.host.full_addrs()
     for addr in addrs[:addr_rows]:

@@ -1,7 +1,8 @@
 """volunteer: donate GPUs to train mixture-of-experts models over a libp2p swarm.
 
-Trainers: ``from volunteer import Swarm, RemoteMixtureOfExperts, RemoteExpert`` (imported lazily,
-so ``volunteer id`` or a relay never loads torch).
+Trainers: ``from volunteer import Swarm, RemoteMixtureOfExperts, RemoteExpert``; volunteers (and
+tests, benchmarks): ``from volunteer import open_volunteer, VolunteerOptions``. All imported lazily,
+so ``volunteer id`` or a relay never loads torch.
 """
 
 __version__ = "0.1.0"
@@ -10,6 +11,9 @@ _LAZY = {
     "Swarm": ("volunteer.swarm", "Swarm"),
     "RemoteExpert": ("volunteer.experts.client", "RemoteExpert"),
     "RemoteMixtureOfExperts": ("volunteer.experts.moe", "RemoteMixtureOfExperts"),
+    "open_volunteer": ("volunteer.node", "open_volunteer"),
+    "VolunteerNode": ("volunteer.node", "VolunteerNode"),
+    "VolunteerOptions": ("volunteer.node", "VolunteerOptions"),
 }
 
 
@@ -22,4 +26,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'volunteer' has no attribute {name!r}")
 
 
-__all__ = ["RemoteExpert", "RemoteMixtureOfExperts", "Swarm", "__version__"]
+__all__ = [
+    "RemoteExpert", "RemoteMixtureOfExperts", "Swarm", "VolunteerNode", "VolunteerOptions", "__version__", "open_volunteer",
+]

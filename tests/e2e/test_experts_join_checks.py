@@ -38,8 +38,8 @@ def test_share_tracebacks_flag_reaches_the_daemon_options(tmp_path):
     swarm = unreachable_swarm(tmp_path)
     parser = build_parser()
     base = ["join", swarm, "--identity", str(tmp_path / "key")]
-    assert build_options(parser.parse_args(base)).share_tracebacks == "redacted"
-    assert build_options(parser.parse_args([*base, "--share-tracebacks", "none"])).share_tracebacks == "none"
+    assert build_options(parser.parse_args(base)).node.share_tracebacks == "redacted"
+    assert build_options(parser.parse_args([*base, "--share-tracebacks", "none"])).node.share_tracebacks == "none"
 
 
 def test_share_tracebacks_refuses_unknown_policies(tmp_path, cli_env):

@@ -1,4 +1,5 @@
-"""The daemon's control channel: Unix socket 0600, the loopback-TCP fallback with its token, errors."""
+"""The daemon's control channel: Unix socket 0600, the loopback-TCP fallback with its token, errors;
+the daemon answering it around a running node."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import pytest
 import trio
 
 from volunteer.cli.control import ControlError, request, serve_control
+from volunteer.cli.daemon import Daemon, DaemonOptions
+from volunteer.net.identity import KeyPair
+from volunteer.node import VolunteerOptions
+from volunteer.swarmfile import SwarmSpec
 
 
 async def handler(message: dict) -> dict:
@@ -65,3 +70,31 @@ async def test_stale_socket_file_is_replaced(tmp_path, monkeypatch):
         await nursery.start(serve_control, path, handler)
         assert (await request(path, "status"))["ok"]
         nursery.cancel_scope.cancel()
+
+
+async def test_daemon_answers_status_pause_resume_and_leaves_on_request(tmp_path):
+    keypair = KeyPair.generate()
+    node = VolunteerOptions(keypair=keypair, listen=["/ip4/127.0.0.1/tcp/0"], nat=False, mdns=False)
+    path = tmp_path / "run" / "daemon.sock"
+    daemon = Daemon(DaemonOptions(swarm=SwarmSpec("ctl", "ctl"), node=node, control_path=path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        status = (await request(path, "status"))["status"]
+        assert status["peer_id"] == str(keypair.peer_id) and status["swarm"] == "ctl" and not status["paused"]
+        assert status["listen_addrs"] and status["experts"] == [] and status["compute"]["device"] == "cpu"
+        assert status["dht"]["experts_declared"] == 0 and "reachability" not in status  # NAT traversal off
+        assert (await request(path, "pause"))["paused"] and (await request(path, "status"))["status"]["paused"]
+        assert not (await request(path, "resume"))["paused"]
+        await request(path, "leave")
+        await daemon.wait_left()
+    assert not path.exists()
+
+
+async def test_a_leave_asked_while_starting_is_kept():
+    node = VolunteerOptions(keypair=KeyPair.generate(), listen=["/ip4/127.0.0.1/tcp/0"], nat=False, mdns=False)
+    daemon = Daemon(DaemonOptions(swarm=SwarmSpec("ctl", "ctl"), node=node))
+    daemon.leave()  # Ctrl-C before the node was up
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.run)
+        await daemon.wait_left()
+    assert daemon.node is not None and daemon.node.leaving

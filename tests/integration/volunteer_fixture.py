@@ -1,18 +1,16 @@
-"""A volunteer (Host + DHT + runtime + expert server + declarer) in its own background event
-loop, for tests that drive trainers from plain synchronous code as users do."""
+"""A volunteer (``open_volunteer``: Host + DHT + runtime + expert server + declarer) in its own
+background event loop, for tests that drive trainers from plain synchronous code as users do."""
 
 from __future__ import annotations
 
 import trio
 
 from volunteer.dht import DHTConfig
-from volunteer.dht.declare import ExpertDeclarer
-from volunteer.dht.node import open_dht
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
 from volunteer.experts.loop import BackgroundLoop
-from volunteer.experts.server import ExpertServer
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.host import HostConfig
 from volunteer.net.multiaddr import Multiaddr
+from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
 QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
@@ -21,12 +19,16 @@ DHT_CONFIG = DHTConfig(swarm_id=SWARM, expert_update_period=1.0, expert_expirati
 
 
 class Volunteer:
+    """A volunteer node on loopback serving ``uids`` (or ready-made ``backends``) until ``stop``."""
+
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
                  backends=None) -> None:
-        self.uids, self.hidden, self.expert_class = list(uids), hidden, expert_class
+        self.options = VolunteerOptions(
+            listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
+            expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
+            experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
+        )
         self.bootstrap = list(bootstrap)
-        self.config = config or ExpertsConfig(device="cpu")
-        self.backends = backends
         self.loop = BackgroundLoop().start()
         self.loop.run(self._start, timeout=30)
 
@@ -37,27 +39,19 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [])
         try:
-            async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
-                self.host = host
-                async with open_dht(host, DHT_CONFIG, bootstrap=self.bootstrap) as dht:
-                    self.dht = dht
-                    backends = self.backends or [
-                        make_backend(uid, self.expert_class, self.hidden, config=self.config) for uid in self.uids
-                    ]
-                    async with open_runtime(backends, self.config) as runtime:
-                        self.runtime = runtime
-                        self.server = ExpertServer(host, runtime, SWARM, self.config)
-                        self.server.install()
-                        self.declarer = ExpertDeclarer(dht, runtime.uids)
-                        async with trio.open_nursery() as nursery:
-                            await nursery.start(self.declarer.run)
-                            await self.declarer.declare_once()
-                            self._ready.set()
-                            await self._stop.wait()
-                            if self._crash:
-                                self.declarer.withdraw = _nothing
-                            nursery.cancel_scope.cancel()
+            with trio.CancelScope() as scope:
+                async with open_volunteer(spec, self.options) as node:
+                    self.node = node
+                    self.host, self.dht, self.runtime = node.host, node.dht, node.runtime
+                    self.server, self.declarer = node.server, node.declarer
+                    await node.declarer.declare_once()  # trainers find us as soon as we are ready
+                    self._ready.set()
+                    await self._stop.wait()
+                    if self._crash:  # vanish without tombstones, as a killed process would
+                        node.declarer.withdraw = _nothing
+                        scope.cancel()
         finally:
             self._ready.set()
             self._done.set()

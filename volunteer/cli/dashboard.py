@@ -10,112 +10,43 @@ wider terminals get two columns. Every field of the snapshot may be missing or N
 from __future__ import annotations
 
 import io
-import math
 import time
 from typing import Callable
 
 import trio
-from rich import box
 from rich.console import Console, Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from ..net.perf import format_size
+from ..widgets import as_dict, as_dicts, duration, finite, fit, line, num, section, short, text
 
 SECTIONS = ("Identity", "Reachability", "Connections", "DHT", "Experts", "Compute", "Log")
-
-
-def _short(peer: object, keep: int = 8) -> str:
-    text = str(peer or "")
-    return text if len(text) <= keep + 1 else "…" + text[-keep:]
-
-
-def _dict(value: object) -> dict:
-    # a snapshot from another version (or a broken one) must not take the view down
-    return value if isinstance(value, dict) else {}
-
-
-def _dicts(value: object) -> list[dict]:
-    return [item for item in value if isinstance(item, dict)] if isinstance(value, (list, tuple)) else []
-
-
-def _finite(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
-
-
-def _text(value: object, default: str = "?") -> str:
-    """A snapshot string made safe for rich markup (error messages carry brackets: ``[/ip4/…]``)."""
-    return escape(_line(value)) if value not in (None, "") else default
-
-
-def _line(value: object) -> str:
-    # one row per item: a traceback in an error message must not push the view past 24 lines
-    return " ".join(str(value).split())
-
-
-def _num(value: object, fmt: str = "{:.1f}", none: str = "–") -> str:
-    value = _finite(value)
-    if value is None:
-        return none
-    try:
-        return fmt.format(value)
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def _duration(seconds: object) -> str:
-    if _finite(seconds) is None or seconds < 0:
-        return "–"
-    seconds = int(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def fit(items: list, rows: int) -> list:
-    """The items a list section shows in ``rows`` rows: all, or one fewer to leave room for "+N more"."""
-    return items if len(items) <= rows else items[: max(0, rows - 1)]
-
-
-def section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table:
-    table = Table(
-        title=title, title_justify="left", title_style="bold cyan", box=box.SIMPLE_HEAD if header else None,
-        show_header=bool(header), show_edge=False, pad_edge=False, padding=(0, 1), expand=True,
-    )
-    for index in range(max(columns, len(header))):
-        # lists: the first column (an id) keeps its width, the last one (free text) takes the rest
-        last = bool(header) and index == len(header) - 1
-        table.add_column(header[index] if header else "", no_wrap=True, overflow="ellipsis",
-                         min_width=11 if index == 0 and header else None, ratio=1 if last or not header else None)
-    return table
 
 
 def _identity(s: dict) -> Table:
     table = section("Identity", 1)
     state = "[bold yellow]PAUSED[/]" if s.get("paused") else "[green]running[/]"
-    table.add_row(f"{state} · swarm {_text(s.get('swarm'))} · up {_duration(s.get('uptime_s'))} · volunteer {_text(s.get('version'))}")
-    table.add_row(f"peer {_text(s.get('peer_id'))}")
+    table.add_row(f"{state} · swarm {text(s.get('swarm'))} · up {duration(s.get('uptime_s'))} · volunteer {text(s.get('version'))}")
+    table.add_row(f"peer {text(s.get('peer_id'))}")
     return table
 
 
 def _reachability(s: dict, rows: int) -> Table:
-    reach = _dict(s.get("reachability"))
+    reach = as_dict(s.get("reachability"))
     table = section("Reachability", 1)
-    status = _text(reach.get("status"), "unknown")
+    status = text(reach.get("status"), "unknown")
     color = {"public": "green", "private": "yellow"}.get(status, "white")
     observed = reach.get("observed_addrs")
-    observed = ", ".join(_text(a) for a in observed if a) if isinstance(observed, (list, tuple)) else ""
-    table.add_row(f"[{color}]{status}[/] · NAT mapping {_text(reach.get('nat_type'), 'unknown')} · observed {observed or 'none yet'}")
-    relays = _dicts(reach.get("relays"))
+    observed = ", ".join(text(a) for a in observed if a) if isinstance(observed, (list, tuple)) else ""
+    table.add_row(f"[{color}]{status}[/] · NAT mapping {text(reach.get('nat_type'), 'unknown')} · observed {observed or 'none yet'}")
+    relays = as_dicts(reach.get("relays"))
     if relays:
         parts = []
         for relay in relays:
-            rtt = _num(relay.get("rtt_ms"), "{:.1f} ms")
-            state = "reserved" if relay.get("reserved", True) else _text(relay.get("error"), "not reserved")
-            parts.append(f"{_text(_short(relay.get('peer_id') or relay.get('addr')))} {state} rtt {rtt}")
+            rtt = num(relay.get("rtt_ms"), "{:.1f} ms")
+            state = "reserved" if relay.get("reserved", True) else text(relay.get("error"), "not reserved")
+            parts.append(f"{text(short(relay.get('peer_id') or relay.get('addr')))} {state} rtt {rtt}")
         table.add_row("relays: " + "; ".join(parts[: max(1, rows)]))
     elif status == "private":
         table.add_row("relays: none reserved yet")
@@ -123,19 +54,19 @@ def _reachability(s: dict, rows: int) -> Table:
 
 
 def _connections(s: dict, rows: int) -> Table:
-    conns = _dicts(s.get("connections"))
+    conns = as_dicts(s.get("connections"))
     table = section("Connections", header=("peer", "path", "rtt", "in / out"))
-    conns.sort(key=lambda c: -((_finite(c.get("bytes_in")) or 0) + (_finite(c.get("bytes_out")) or 0)))
+    conns.sort(key=lambda c: -((finite(c.get("bytes_in")) or 0) + (finite(c.get("bytes_out")) or 0)))
     shown = fit(conns, rows)
     for conn in shown:
-        path = _line(conn.get("path") or "?")
+        path = line(conn.get("path") or "?")
         if path == "relayed" and conn.get("via"):
-            path = f"relayed via {_short(conn['via'], 6)}"
-        sent, received = _finite(conn.get("bytes_out")), _finite(conn.get("bytes_in"))
+            path = f"relayed via {short(conn['via'], 6)}"
+        sent, received = finite(conn.get("bytes_out")), finite(conn.get("bytes_in"))
         traffic = "–"
         if sent is not None or received is not None:
             traffic = f"{format_size(int(received or 0))} / {format_size(int(sent or 0))}"
-        table.add_row(Text(_short(conn.get("peer_id"), 10)), Text(path), _num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
+        table.add_row(Text(short(conn.get("peer_id"), 10)), Text(path), num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
     if len(shown) < len(conns):
         table.add_row(f"+{len(conns) - len(shown)} more", "", "", "")
     if not conns:
@@ -144,35 +75,35 @@ def _connections(s: dict, rows: int) -> Table:
 
 
 def _dht(s: dict) -> Table:
-    dht = _dict(s.get("dht"))
+    dht = as_dict(s.get("dht"))
     table = section("DHT", 1)
     age = dht.get("last_declared_age_s")
-    declared = f"{_num(age, '{:.0f}')} s ago" if age is not None else "never"
+    declared = f"{num(age, '{:.0f}')} s ago" if age is not None else "never"
     mode = "client mode" if dht.get("client_mode") else "server mode"
     table.add_row(
-        f"{mode} · {_num(dht.get('routing_table'), '{}')} peers · {_num(dht.get('records'), '{}')} records · "
-        f"{_num(dht.get('experts_declared'), '{}')} experts declared {declared}"
+        f"{mode} · {num(dht.get('routing_table'), '{}')} peers · {num(dht.get('records'), '{}')} records · "
+        f"{num(dht.get('experts_declared'), '{}')} experts declared {declared}"
     )
     return table
 
 
 def _experts(s: dict, rows: int) -> Table:
-    experts = _dicts(s.get("experts"))
+    experts = as_dicts(s.get("experts"))
     table = section("Experts", header=("uid", "req/s", "batch", "p50", "p95", "errors", "last error"))
-    experts.sort(key=lambda e: (-(_finite(e.get("requests_per_s")) or 0), str(e.get("uid") or "")))
+    experts.sort(key=lambda e: (-(finite(e.get("requests_per_s")) or 0), str(e.get("uid") or "")))
     shown = fit(experts, rows)
     for expert in shown:
         table.add_row(
-            Text(_line(expert.get("uid") or "?")),
-            _num(expert.get("requests_per_s")),
-            _num(expert.get("mean_batch")),
-            _num(expert.get("p50_ms"), "{:.1f}ms"),
-            _num(expert.get("p95_ms"), "{:.1f}ms"),
-            _num(expert.get("errors"), "{}"),
-            Text(_line(expert.get("last_error") or "")),
+            Text(line(expert.get("uid") or "?")),
+            num(expert.get("requests_per_s")),
+            num(expert.get("mean_batch")),
+            num(expert.get("p50_ms"), "{:.1f}ms"),
+            num(expert.get("p95_ms"), "{:.1f}ms"),
+            num(expert.get("errors"), "{}"),
+            Text(line(expert.get("last_error") or "")),
         )
     if len(shown) < len(experts):
-        total = int(sum(_finite(e.get("requests")) or 0 for e in experts))
+        total = int(sum(finite(e.get("requests")) or 0 for e in experts))
         table.add_row(f"+{len(experts) - len(shown)} more", "", "", "", "", "", f"{total} requests in all")
     if not experts:
         table.add_row("none hosted (DHT and relaying only)", "", "", "", "", "", "")
@@ -180,28 +111,28 @@ def _experts(s: dict, rows: int) -> Table:
 
 
 def _compute(s: dict) -> Table:
-    compute = _dict(s.get("compute"))
+    compute = as_dict(s.get("compute"))
     table = section("Compute", 1)
     memory = "n/a"
-    used, total = _finite(compute.get("memory_used_mb")), _finite(compute.get("memory_total_mb"))
+    used, total = finite(compute.get("memory_used_mb")), finite(compute.get("memory_total_mb"))
     if used is not None and total is not None:
         memory = f"{used:.0f} / {total:.0f} MiB"
     table.add_row(
-        f"device {_text(compute.get('device'))} · utilisation {_num(compute.get('utilization_pct'), '{:.0f}%', 'n/a')} · memory {memory}"
+        f"device {text(compute.get('device'))} · utilisation {num(compute.get('utilization_pct'), '{:.0f}%', 'n/a')} · memory {memory}"
     )
     return table
 
 
 def _log(s: dict, rows: int) -> Table:
-    entries = _dicts(s.get("log"))[-max(1, rows):]
+    entries = as_dicts(s.get("log"))[-max(1, rows):]
     table = section("Log", 1)
     for entry in entries:
-        stamp = _finite(entry.get("time"))
+        stamp = finite(entry.get("time"))
         when = time.strftime("%H:%M:%S", time.localtime(stamp)) if stamp is not None and 0 <= stamp < 1e11 else "--:--:--"
         level = str(entry.get("level") or "?")
         color = "red" if level in ("ERROR", "CRITICAL") else "yellow"
-        line = Text(f"{when} ") + Text(level[:4], style=color) + Text(" ")
-        table.add_row(line + Text(_line(entry.get("message") or "")))
+        prefix = Text(f"{when} ") + Text(level[:4], style=color) + Text(" ")
+        table.add_row(prefix + Text(line(entry.get("message") or "")))
     if not entries:
         table.add_row("no warnings")
     return table
@@ -209,7 +140,7 @@ def _log(s: dict, rows: int) -> Table:
 
 def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 24) -> RenderableType:
     """The dashboard for a snapshot, sized for ``height`` lines (two columns from 120 wide)."""
-    s = _dict(snapshot)
+    s = as_dict(snapshot)
     extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
     conn_rows, expert_rows, log_rows = 2 + extra // 3, 3 + extra // 3, 1 + extra // 3
     if width is not None and width >= 120:
@@ -252,10 +183,10 @@ class LiveDashboard:
             nonlocal last
             snapshot = last
             try:
-                snapshot = last = _dict(get_snapshot())
+                snapshot = last = as_dict(get_snapshot())
             except Exception as exc:  # the view runs beside the daemon: it must not take it down
                 entry = {"time": time.time(), "level": "ERROR", "message": f"status snapshot failed: {exc!r}"}
-                snapshot = dict(last, log=[*_dicts(last.get("log")), entry])
+                snapshot = dict(last, log=[*as_dicts(last.get("log")), entry])
             size = console.size
             return render_dashboard(snapshot, width=size.width, height=size.height)
 

@@ -15,7 +15,7 @@ from ..net.host import open_host
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..swarmfile import resolve_swarm
-from .daemon import JoinError
+from ..node import JoinError
 
 LOOKUP_TIMEOUT = 30.0
 

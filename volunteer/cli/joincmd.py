@@ -98,6 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def build_options(args: argparse.Namespace):
+    from ..node import VolunteerOptions
     from .daemon import DaemonOptions
 
     spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
@@ -115,8 +116,7 @@ def build_options(args: argparse.Namespace):
     if hidden < 1:
         raise VolunteerError("--hidden-dim must be positive")
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
-    return DaemonOptions(
-        swarm=spec,
+    node = VolunteerOptions(
         keypair=keypair,
         listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0"]),
         expert_class=expert_class,
@@ -125,22 +125,22 @@ def build_options(args: argparse.Namespace):
         device=pick(args.device, "device", "auto"),
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
-        control_path=args.control or default_control_path(),
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
     )
+    return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path())
 
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
-    if options.uids:
+    if options.node.uids:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
 
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
-        check_checkpoint_dir(options.checkpoint_dir)
+        check_checkpoint_dir(options.node.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     return trio.run(join, options, dashboard)
 
@@ -160,8 +160,9 @@ async def join(options, dashboard: bool) -> int:
             print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
             for addr in snap["listen_addrs"][:4]:
                 print(f"  listening on {addr}", flush=True)
-            if options.uids:
-                print(f"  hosting {len(options.uids)} {options.expert_class} experts (hidden {options.hidden_dim}) on {daemon.device}", flush=True)
+            if options.node.uids:
+                node = options.node
+                print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)
             if dashboard:
                 from .dashboard import LiveDashboard

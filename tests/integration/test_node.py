@@ -1,0 +1,105 @@
+"""open_volunteer, the composition root: a node hosts and declares its experts, pauses and resumes,
+follows reachability events, leaves gracefully (tombstones before it goes), and refuses to start
+with one clear error when the swarm is unreachable or the experts cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from volunteer.dht import DHTConfig
+from volunteer.dht.grid import get_experts
+from volunteer.experts import ExpertsConfig
+from volunteer.net.events import ReachabilityChanged
+from volunteer.net.host import HostConfig
+from volunteer.net.identity import KeyPair
+from volunteer.net.nat.autonat import Reachability
+from volunteer.node import JoinError, VolunteerOptions, open_volunteer
+from volunteer.swarmfile import SwarmSpec
+
+SWARM = "nodetest"
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+# heartbeats only at start and on resume: a heartbeat in flight during a withdraw could land after
+# the tombstone, so the test waits for each one to finish instead
+DHT = DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0)
+UIDS = ["ffn.0.0", "ffn.0.1"]
+
+
+def options(**changes) -> VolunteerOptions:
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT, nat=False, mdns=False,
+                experts_config=ExpertsConfig(device="cpu"))
+    return VolunteerOptions(**{**base, **changes})
+
+
+def spec(*bootstrap) -> SwarmSpec:
+    return SwarmSpec(SWARM, SWARM, list(bootstrap), [])
+
+
+async def heartbeats(node, count: int) -> None:
+    """Until the node's declarer has sent ``count`` heartbeats (it sends one at start and on resume)."""
+    with trio.fail_after(10):
+        while node.declarer.declarations < count:
+            await trio.sleep(0.01)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``exc`` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+async def test_node_hosts_declares_pauses_resumes_and_leaves_with_tombstones():
+    async with open_volunteer(spec(), options()) as seed:  # a node without experts: the swarm's entry point
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(expert_class="ffn", uids=UIDS, hidden_dim=8)) as node:
+            assert sorted(node.runtime.uids) == UIDS and node.device == "cpu"
+            await heartbeats(node, 1)
+            found = await get_experts(seed.dht, UIDS)
+            assert all([d.peer for d in found[uid]] == [node.host.peer_id] for uid in UIDS)
+            assert node.dht_view()["experts_declared"] == 2
+            assert [row["uid"] for row in node.expert_rows(trio.current_time())] == UIDS
+            assert any(row["peer_id"] == str(seed.host.peer_id) for row in node.connections_view())
+            assert node.reachability_view() is None  # NAT traversal is off in this test
+
+            await node.pause()
+            assert node.paused and node.dht_view()["experts_declared"] == 0
+            assert (await get_experts(seed.dht, UIDS)) == {uid: [] for uid in UIDS}
+            node.resume()
+            await heartbeats(node, 2)
+            assert all(found for found in (await get_experts(seed.dht, UIDS)).values())
+
+            node.leave()
+            await node.wait_leave()  # returns at once: leave() was asked for
+            assert node.leaving
+        # the clean exit withdrew before it went: lookups no longer return the experts
+        assert (await get_experts(seed.dht, UIDS)) == {uid: [] for uid in UIDS}
+
+
+async def test_dht_mode_follows_reachability_events():
+    async with open_volunteer(spec(), options()) as node:
+        assert not node.dht.client_mode
+        node.host.events.publish(ReachabilityChanged(Reachability.PRIVATE))
+        await trio.testing.wait_all_tasks_blocked()
+        assert node.dht.client_mode  # private: others could not route through us
+        node.host.events.publish(ReachabilityChanged(Reachability.PUBLIC))
+        await trio.testing.wait_all_tasks_blocked()
+        assert not node.dht.client_mode
+
+
+async def test_unreachable_swarm_is_one_join_error():
+    nobody = f"/ip4/127.0.0.1/tcp/1/p2p/{KeyPair.generate().peer_id}"  # port 1: refused at once
+    with pytest.raises(BaseException) as caught:
+        async with open_volunteer(spec(nobody), options()):
+            raise AssertionError("started without reaching the swarm")
+    [error] = leaves(caught.value)
+    assert isinstance(error, JoinError) and "cannot reach swarm 'nodetest'" in str(error)
+
+
+async def test_unknown_expert_class_is_one_join_error():
+    with pytest.raises(BaseException) as caught:
+        async with open_volunteer(spec(), options(expert_class="no-such-class", uids=UIDS)):
+            raise AssertionError("started with experts it cannot build")
+    [error] = leaves(caught.value)
+    assert isinstance(error, JoinError) and "cannot build experts" in str(error)

@@ -1,0 +1,41 @@
+"""The static checks CI runs with the test suite: the layering contract (import-linter) and the
+types of ``volunteer/net`` (mypy), both configured in pyproject.toml.
+
+Both tools come with the ``test`` extra and are looked up next to the interpreter running the
+tests, so CI, which installs the extras into its venv, always runs them; a venv without them skips
+with the reason said.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL_TIMEOUT = 300  # a cold mypy run over volunteer/net takes well under a minute; this only stops a hang
+
+
+def _tool(name: str) -> Path:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed next to {sys.executable} (pip install -e '.[test]' installs it)")
+    return path
+
+
+def _run(*argv: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], cwd=ROOT, capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+
+
+def test_layering_contract_holds():
+    # net < dht, swarmfile < experts < swarm, node root, relay < cli: no import runs up a floor
+    result = _run(_tool("lint-imports"), "--no-cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_net_type_checks():
+    result = _run(_tool("mypy"))
+    assert result.returncode == 0, result.stdout + result.stderr
