@@ -7,6 +7,7 @@ p2pd does it (it cannot share a stream between calls, so the stream pool is not 
 from __future__ import annotations
 
 import logging
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
@@ -110,13 +111,15 @@ async def serve_stream(stream: NetStream, handler: StreamHandler, *, timeout: fl
     error frame) and close our side."""
     requests: list[bytes] = []
     with trio.fail_after(timeout):
-        async for kind, payload in _read_frames(stream, FrameDecoder()):
-            if kind is FrameKind.ERROR:
-                break  # hivemind ends its input with an (empty) error frame
-            requests.append(payload)
+        async with aclosing(_read_frames(stream, FrameDecoder())) as frames:
+            async for kind, payload in frames:
+                if kind is FrameKind.ERROR:
+                    break  # hivemind ends its input with an (empty) error frame
+                requests.append(payload)
     try:
-        async for output in handler(requests, stream.remote_peer):
-            await stream.send_all(encode_frame(output))
+        async with aclosing(handler(requests, stream.remote_peer)) as outputs:  # type: ignore[type-var]
+            async for output in outputs:
+                await stream.send_all(encode_frame(output))
     except (trio.Cancelled, KeyboardInterrupt):
         raise
     except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -139,10 +142,11 @@ async def call_stream(
             for request in requests:
                 await stream.send_all(encode_frame(request))
             await stream.send_all(encode_end())
-            async for kind, payload in _read_frames(stream, FrameDecoder()):
-                if kind is FrameKind.ERROR:
-                    raise HivemindRPCError(Frame(kind, payload).error_message or "error", protocol)
-                outputs.append(payload)
+            async with aclosing(_read_frames(stream, FrameDecoder())) as frames:
+                async for kind, payload in frames:
+                    if kind is FrameKind.ERROR:
+                        raise HivemindRPCError(Frame(kind, payload).error_message or "error", protocol)
+                    outputs.append(payload)
         except BaseException:
             await reset_quietly(stream)
             raise

@@ -5,6 +5,7 @@ seconds since the epoch, as hivemind's ``get_dht_time``); every table is bounded
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,7 @@ class Storage:
 
     def store(self, key: int, value: bytes, expiration: float, now: float) -> bool:
         """Keep a regular value; False when it has expired, loses to a later one, or does not fit."""
-        if expiration < now or len(value) > self.limits.max_value_bytes:
+        if not math.isfinite(expiration) or expiration < now or len(value) > self.limits.max_value_bytes:
             return False
         expiration = self._cap(expiration, now)
         current = self.get(key, now)
@@ -76,7 +77,7 @@ class Storage:
 
     def store_subkey(self, key: int, subkey: Any, value: bytes, expiration: float, now: float) -> bool:
         """Keep one sub-key of a dictionary value (see the class docstring for the rules)."""
-        if expiration < now or len(value) > self.limits.max_value_bytes:
+        if not math.isfinite(expiration) or expiration < now or len(value) > self.limits.max_value_bytes:
             return False
         expiration = self._cap(expiration, now)
         current = self.get(key, now)
