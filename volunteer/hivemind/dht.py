@@ -163,14 +163,15 @@ class HivemindDHT(BaseService):
         the nearest nodes and, unless in client mode, here; True when anyone kept it."""
         target = key_id(key)
         has_subkey = subkey is not _NO_SUBKEY
-        item = StoreItem(target, dumps(value), expiration_time, subkey if has_subkey else None, has_subkey)
+        packed = dumps(value)
+        item = StoreItem(target, packed, expiration_time, subkey if has_subkey else None, has_subkey)
         stored = False
         if not self.core.client_mode:
             now = self.clock()
             if has_subkey:
-                stored = self.core.storage.store_subkey(target, subkey, item.value, expiration_time, now)
+                stored = self.core.storage.store_subkey(target, subkey, packed, expiration_time, now)
             else:
-                stored = self.core.storage.store(target, item.value, expiration_time, now)  # type: ignore[arg-type]
+                stored = self.core.storage.store(target, packed, expiration_time, now)
         lookup = await self._lookup(target)
         results: list[bool] = []
 

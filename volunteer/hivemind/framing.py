@@ -108,7 +108,7 @@ class DelimitedDecoder:
         self._length: int | None = None
         self.trailing = b""
 
-    def receive_data(self, data: bytes) -> bytes | None:
+    def receive_data(self, data: bytes | bytearray) -> bytes | None:
         """Add bytes; the whole message once it is complete."""
         self._buffer += data
         if self._length is None:
@@ -226,7 +226,7 @@ class FrameDecoder:
         """Bytes held that do not yet make a whole frame (0 at a clean frame boundary)."""
         return len(self._buffer)
 
-    def receive_data(self, data: bytes) -> list[Frame]:
+    def receive_data(self, data: bytes | bytearray) -> list[Frame]:
         """Add bytes; every frame they complete, in order."""
         self._buffer += data
         frames: list[Frame] = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 
@@ -94,7 +94,9 @@ async def call_unary(host: HostAPI, peer: PeerID, protocol: str, data: bytes, *,
     return reply.response or b""
 
 
-async def _read_frames(stream: trio.abc.ReceiveStream, decoder: FrameDecoder) -> AsyncIterator[tuple[FrameKind, bytes]]:
+async def _read_frames(
+    stream: trio.abc.ReceiveStream, decoder: FrameDecoder
+) -> AsyncGenerator[tuple[FrameKind, bytes], None]:
     while True:
         data = await stream.receive_some(READ_CHUNK)
         if not data:

@@ -51,7 +51,9 @@ def encode(array: np.ndarray, compression: int = NONE, *, requires_grad: bool = 
             buffer = scaled.tobytes() + means.astype("<f4").tobytes() + stds.astype("<f4").tobytes()
     else:
         raise HivemindUnsupported(f"hivemind compression {compression} is not supported")
-    return Tensor(buffer=buffer, size=list(array.shape), dtype=dtype, compression=compression, requires_grad=requires_grad)
+    message = Tensor(buffer=buffer, size=list(array.shape), dtype=dtype, requires_grad=requires_grad)
+    message.compression = compression  # type: ignore[assignment]  # an enum value as its int
+    return message
 
 
 def _shape(message: Tensor, max_bytes: int) -> tuple[int, ...]:

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON="${PYTHON:-../../../.bench/hm/bin/python}"
-"$PYTHON" -m grpc_tools.protoc -I. --python_out=. ./*.proto
+"$PYTHON" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. ./*.proto
