@@ -30,3 +30,7 @@ PY
     "$DEST/bin/p2pd" -h >/dev/null 2>&1 || { echo "p2pd does not run" >&2; exit 1; }
     echo "installed p2pd (go-libp2p) in $DEST/bin"
 fi
+
+# hivemind 1.1.12 itself (its own venv, torch's CPU build first) for the hivemind interop tests
+# and the side-by-side benchmarks.
+bash benchmarks/setup_hivemind.sh
