@@ -3,7 +3,9 @@ DHT) from a volunteer Host, as a service of its own beside our DHT and experts.
 
 Layers inside: ``framing`` / ``serializer`` / ``dhtid`` / ``dht_protocol`` / ``storage`` /
 ``lookup`` are pure (bytes in, bytes or events out, ``now`` passed in); ``rpc`` and ``dht`` are the
-thin trio drivers. See docs in each module.
+thin trio drivers; ``expert_wire`` (pure) and ``experts`` (the ``HivemindExperts`` service) serve
+our experts to hivemind clients. See docs in each module. ``HivemindExperts`` is loaded on first
+use: it brings torch, which a DHT-only node does not need.
 """
 
 from .dht import HivemindDHT
@@ -11,8 +13,19 @@ from .dhtid import key_id, random_id
 from .errors import HivemindError, HivemindFrameError, HivemindRPCError, HivemindUnsupported
 from .serializer import DictionaryValue, TensorDescriptor, ValueWithExpiration, dumps, loads
 
+
+
+def __getattr__(name: str):
+    if name == "HivemindExperts":
+        from .experts import HivemindExperts
+
+        return HivemindExperts
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DictionaryValue",
+    "HivemindExperts",
     "HivemindDHT",
     "HivemindError",
     "HivemindFrameError",

@@ -53,3 +53,26 @@ class DHTLimits:
 
 
 DEFAULT_DHT_LIMITS = DHTLimits()
+
+
+@dataclass(frozen=True)
+class ExpertLimits:
+    """Bounds and periods of the hivemind expert service (``experts.HivemindExperts``)."""
+
+    # tensors one ExpertRequest may carry (inputs, or inputs + output gradients)
+    max_tensors: int = 64
+    # parts a streamed tensor may be split into (hivemind splits at DEFAULT_MAX_MSG_SIZE, 4 MiB)
+    max_parts: int = MAX_STREAM_FRAMES
+    # bytes of one tensor once its streamed parts are joined
+    max_tensor_bytes: int = MAX_STREAM_TOTAL
+    # our stream answers are split into parts of this many buffer bytes: a frame stays far below
+    # any reader's bound, hivemind's included
+    stream_part_bytes: int = MAX_UNARY_PAYLOAD
+    # a caller has this long to deliver its request, and the expert this long to answer it
+    read_timeout: float = 60.0
+    # hivemind's DHTHandlerThread: declare every 30 s, records expire 60 s after each declaration
+    declare_period: float = 30.0
+    declare_expiration: float = 60.0
+
+
+DEFAULT_EXPERT_LIMITS = ExpertLimits()

@@ -1,0 +1,145 @@
+"""HivemindExperts over real Hosts (memory transport): our runtime's experts answer hivemind's
+``ConnectionHandler.rpc_*`` calls, unary and streamed, with admission as our own server's, errors
+as hivemind RPC errors, and declarations in the hivemind DHT."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import numpy as np
+import pytest
+import torch
+import trio
+
+from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.hivemind import HivemindDHT, HivemindExperts, HivemindRPCError
+from volunteer.hivemind import expert_wire as wire
+from volunteer.hivemind.limits import ExpertLimits
+from volunteer.hivemind.rpc import call_stream, call_unary
+from volunteer.hivemind.serializer import TensorDescriptor, loads
+from volunteer.hivemind.pb.hm_runtime_pb2 import ExpertInfo
+from volunteer.net.host import HostConfig, open_host
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+HIDDEN = 8
+
+
+async def setup(stack: AsyncExitStack, *, limits: ExpertLimits = ExpertLimits(), uids=("ffn.0", "ffn.1")):
+    network = MemoryNetwork()
+    config = ExpertsConfig(device="cpu")
+    runtime = await stack.enter_async_context(
+        open_runtime([make_backend(uid, "ffn", HIDDEN, config=config) for uid in uids], config)
+    )
+    server_dht, client_dht = HivemindDHT(), HivemindDHT()
+    experts = HivemindExperts(runtime, dht=server_dht, config=config, limits=limits)
+    server = await stack.enter_async_context(
+        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[server_dht])
+    )
+    client = await stack.enter_async_context(
+        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[client_dht])
+    )
+    await client_dht.bootstrap([server.full_addrs()[0]])
+    await server.add_service(experts)
+    return server, client, client_dht, experts, runtime
+
+
+async def forward(client, server, uid, x):
+    data = await call_unary(client, server.peer_id, wire.FORWARD, wire.request(uid, [x]), timeout=10)
+    return wire.parse_response(data)
+
+
+@pytest.mark.trio_timeout(30)
+async def test_info_forward_backward_unary_and_streamed_match_the_runtime():
+    async with AsyncExitStack() as stack:
+        server, client, _, experts, runtime = await setup(stack)
+        data = await call_unary(client, server.peer_id, wire.INFO, wire.info_request("ffn.0"), timeout=10)
+        info = loads(ExpertInfo.FromString(data).serialized_info)
+        descriptor = TensorDescriptor(size=(None, HIDDEN), dtype="torch.float32")
+        assert info == {"forward_schema": ((descriptor,), {}), "outputs_schema": descriptor, "keyword_names": ()}
+
+        x = np.random.default_rng(0).standard_normal((4, HIDDEN)).astype(np.float32)
+        (y,) = await forward(client, server, "ffn.0", x)
+        (expected,) = await runtime.forward("ffn.0", [torch.from_numpy(x)])
+        np.testing.assert_allclose(y, expected.numpy(), rtol=1e-6)
+
+        frames = await call_stream(client, server.peer_id, wire.FORWARD_STREAM, wire.stream_request("ffn.0", [x]), timeout=10)
+        np.testing.assert_allclose(wire.parse_stream_response(frames)[0], y, rtol=1e-6)
+
+        grad = np.ones_like(y)
+        data = await call_unary(client, server.peer_id, wire.BACKWARD, wire.request("ffn.0", [x, grad]), timeout=10)
+        (grad_x,) = wire.parse_response(data)
+        assert grad_x.shape == x.shape and np.isfinite(grad_x).all()
+        frames = await call_stream(
+            client, server.peer_id, wire.BACKWARD_STREAM, wire.stream_request("ffn.0", [x, grad]), timeout=10
+        )
+        assert wire.parse_stream_response(frames)[0].shape == x.shape
+        assert runtime.backends["ffn.0"].updates == 2
+
+
+@pytest.mark.trio_timeout(30)
+async def test_streamed_tensors_split_into_many_parts_are_joined():
+    async with AsyncExitStack() as stack:
+        server, client, *_ = await setup(stack, limits=ExpertLimits(stream_part_bytes=40))
+        x = np.arange(6 * HIDDEN, dtype=np.float32).reshape(6, HIDDEN) / 100
+        requests = wire.stream_request("ffn.1", [x], limits=ExpertLimits(stream_part_bytes=40))
+        assert len(requests) > 1
+        frames = await call_stream(client, server.peer_id, wire.FORWARD_STREAM, requests, timeout=10)
+        assert len(frames) > 1
+        (unary,) = await forward(client, server, "ffn.1", x)
+        np.testing.assert_allclose(wire.parse_stream_response(frames)[0], unary, rtol=1e-6)
+
+
+@pytest.mark.trio_timeout(30)
+async def test_errors_reach_the_caller_and_the_service_keeps_serving():
+    async with AsyncExitStack() as stack:
+        server, client, _, experts, runtime = await setup(stack)
+        x = np.zeros((2, HIDDEN), np.float32)
+        with pytest.raises(HivemindRPCError, match="ExpertInputError.*expected float32\\[batch, 8\\]"):
+            await forward(client, server, "ffn.0", np.zeros((2, HIDDEN + 1), np.float32))
+        with pytest.raises(HivemindRPCError, match="UnknownExpertError"):
+            await forward(client, server, "ffn.9", x)
+        with pytest.raises(HivemindRPCError, match="UnknownExpertError"):
+            await call_unary(client, server.peer_id, wire.INFO, wire.info_request("nope.0"), timeout=10)
+        with pytest.raises(HivemindRPCError, match="RemoteProtocolError|HivemindFrameError"):
+            await call_unary(client, server.peer_id, wire.FORWARD, b"\xff\xff\xff", timeout=10)
+        with pytest.raises(HivemindRPCError, match="ExpertInputError"):
+            await call_stream(client, server.peer_id, wire.FORWARD_STREAM,
+                              wire.stream_request("ffn.0", [np.zeros((2, 3), np.float32)]), timeout=10)
+        # backward on an expert this caller never ran forward on is refused, as our server refuses it
+        with pytest.raises(HivemindRPCError, match="ExpertBackwardRefusedError"):
+            await call_unary(client, server.peer_id, wire.BACKWARD, wire.request("ffn.1", [x, x]), timeout=10)
+        assert experts.refusals["backward_without_forward"] == 1
+        assert runtime.backends["ffn.1"].updates == 0
+        assert experts.budget.total == 0
+        (y,) = await forward(client, server, "ffn.0", x)
+        assert y.shape == (2, HIDDEN)
+
+
+@pytest.mark.trio_timeout(30)
+async def test_request_bytes_over_the_budget_are_refused_busy():
+    async with AsyncExitStack() as stack:
+        server, client, _, experts, _ = await setup(stack)
+        experts.budget.per_peer_limit = 16  # fewer bytes than one request
+        with pytest.raises(HivemindRPCError, match="ExpertBusyError"):
+            await forward(client, server, "ffn.0", np.zeros((2, HIDDEN), np.float32))
+        assert experts.refusals["peer_request_bytes"] == 1
+
+
+@pytest.mark.trio_timeout(30)
+async def test_experts_are_declared_the_hivemind_way():
+    async with AsyncExitStack() as stack:
+        server, client, client_dht, experts, _ = await setup(stack, uids=("ffn.0", "ffn.1", "grid.2.3", "not_hivemind"))
+        assert experts.skipped == ["not_hivemind"]
+        with trio.fail_after(10):
+            while sorted(experts.declared) != ["ffn.0", "ffn.1", "grid.2.3"]:
+                await trio.sleep(0.01)
+        peer = server.peer_id.to_base58()
+        found = await client_dht.get("ffn.1")
+        assert found is not None and found.value == peer
+        assert 0 < found.expiration_time - experts.clock() <= 60
+        flat = await client_dht.get("ffn.0.")
+        assert {k: v.value for k, v in flat.value.items.items()} == {-1: ("ffn.0", peer)}
+        grid = await client_dht.get("grid.2.")
+        assert {k: v.value for k, v in grid.value.items.items()} == {3: ("grid.2.3", peer)}
+        assert await client_dht.get("not_hivemind") is None

@@ -1,0 +1,211 @@
+"""Our experts served to unmodified hivemind clients, as a Host service of its own.
+
+    service = HivemindExperts(runtime, dht=host.service(HivemindDHT))
+    await host.add_service(service)     # serves ConnectionHandler.rpc_*, declares every 30 s
+
+The calls go to our ``Runtime`` (its batching, queue bounds and schema checks), behind the same
+admission as our own expert server (``volunteer/experts/admission.py``): request bytes reserved
+per peer and in all, and a backward served only to a peer that ran forward on that expert within
+``backward_window``. Any failure goes back to the hivemind caller as its RPC error (hivemind's
+client raises it as ``P2PHandlerError``) and the service keeps serving everyone else.
+
+Declarations follow hivemind's ``DHTHandlerThread``: uid → peer id, and prefix records, written
+every ``declare_period`` (30 s) and expiring ``declare_expiration`` (60 s) after each write.
+Wire formats are in ``expert_wire`` (pure); this module moves bytes and reads clocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import trio
+
+from ..errors import ExpertBackwardRefusedError, ExpertBusyError, VolunteerError, describe
+from ..experts.admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
+from ..experts.config import DEFAULT_CONFIG, ExpertsConfig
+from ..net.connection import NetStream
+from ..net.identity import PeerID
+from ..net.service import BaseService, Handler, HostAPI
+from . import expert_wire as wire
+from .dht import HivemindDHT
+from .limits import DEFAULT_EXPERT_LIMITS, ExpertLimits
+from .pb.hm_runtime_pb2 import NONE
+from .rpc import serve_stream, serve_unary
+
+log = logging.getLogger(__name__)
+
+
+def _to_torch(arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    return [torch.from_numpy(np.ascontiguousarray(array)) for array in arrays]
+
+
+def _to_numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    return [tensor.detach().cpu().numpy() for tensor in outputs]
+
+
+class HivemindExperts(BaseService):
+    """Serves a Runtime's experts on hivemind's ``ConnectionHandler.rpc_*`` protocols and declares
+    them in a hivemind DHT (``dht``; None: serve without declaring). ``compression`` is the
+    hivemind compression our answers and schemas ask for (NONE: exact). ``clock`` is DHT time."""
+
+    def __init__(
+        self,
+        runtime,
+        *,
+        dht: HivemindDHT | None = None,
+        config: ExpertsConfig = DEFAULT_CONFIG,
+        limits: ExpertLimits = DEFAULT_EXPERT_LIMITS,
+        compression: int = NONE,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.runtime = runtime
+        self.dht = dht
+        self.config = config
+        self.limits = limits
+        self.compression = compression
+        self.clock = clock
+        self.budget = RequestBudget(config)
+        self.forwards = ForwardRecord(config)
+        self.refusals: Counter[str] = Counter()
+        self.calls = 0
+        self.errors = 0
+        self.declared: list[str] = []  # uids declared in the last round
+        self.skipped = [uid for uid in runtime.uids if not wire.is_hivemind_uid(uid)]
+        if self.skipped:
+            log.warning(
+                "experts %s are not hivemind uids (a name, then '.'-separated numbers): served, never declared",
+                ", ".join(self.skipped),
+            )
+
+    def handlers(self) -> Mapping[str, Handler]:
+        return {
+            wire.INFO: self._serve_info,
+            wire.FORWARD: self._serve_forward,
+            wire.BACKWARD: self._serve_backward,
+            wire.FORWARD_STREAM: self._serve_forward_stream,
+            wire.BACKWARD_STREAM: self._serve_backward_stream,
+        }
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        task_status.started()
+        if self.dht is None:
+            return
+        while True:
+            try:
+                await self.declare()
+            except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                log.info("declaring experts in the hivemind DHT failed: %s", describe(exc))
+            await trio.sleep(self.limits.declare_period)
+
+    # --- declaring -----------------------------------------------------------------------------
+
+    async def declare(self) -> int:
+        """Write our experts' records (uid → peer id, prefixes) once; how many records were kept."""
+        if self.dht is None:
+            return 0
+        uids = [uid for uid in self.runtime.uids if wire.is_hivemind_uid(uid)]
+        expiration = self.clock() + self.limits.declare_expiration
+        kept = 0
+
+        async def store(record: wire.Declaration) -> None:
+            nonlocal kept
+            assert self.dht is not None
+            if record.subkey is None:
+                ok = await self.dht.store(record.key, record.value, expiration)
+            else:
+                ok = await self.dht.store(record.key, record.value, expiration, subkey=record.subkey)
+            kept += ok
+
+        async with trio.open_nursery() as nursery:
+            for record in wire.declarations(uids, self.host.peer_id.to_base58()):
+                nursery.start_soon(store, record)
+        self.declared = uids
+        return kept
+
+    # --- serving -------------------------------------------------------------------------------
+
+    def _schema(self, uid: str) -> wire.Schema:
+        return wire.Schema.from_info(self.runtime.info(uid), self.compression)
+
+    async def _serve_info(self, stream: NetStream) -> None:
+        async def answer(data: bytes, sender: PeerID) -> bytes:
+            return wire.info_response(self._schema(wire.parse_info_request(data)))
+
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+
+    async def _serve_forward(self, stream: NetStream) -> None:
+        async def answer(data: bytes, sender: PeerID) -> bytes:
+            uid, arrays = wire.parse_request(data, self.limits)
+            outputs, compressions = await self._call("forward", uid, arrays, sender)
+            return wire.response(outputs, compressions)
+
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+
+    async def _serve_backward(self, stream: NetStream) -> None:
+        async def answer(data: bytes, sender: PeerID) -> bytes:
+            uid, arrays = wire.parse_request(data, self.limits)
+            grads, compressions = await self._call("backward", uid, arrays, sender)
+            return wire.response(grads, compressions)
+
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+
+    async def _serve_forward_stream(self, stream: NetStream) -> None:
+        await serve_stream(stream, self._streamed("forward"), timeout=self.limits.read_timeout)
+
+    async def _serve_backward_stream(self, stream: NetStream) -> None:
+        await serve_stream(stream, self._streamed("backward"), timeout=self.limits.read_timeout)
+
+    def _streamed(self, op: str):
+        async def answer(frames: list[bytes], sender: PeerID) -> AsyncIterator[bytes]:
+            uid, arrays = wire.parse_stream_request(frames, self.limits)
+            outputs, compressions = await self._call(op, uid, arrays, sender)
+            for frame in wire.stream_response(outputs, compressions, self.limits):
+                yield frame
+
+        return answer
+
+    async def _call(
+        self, op: str, uid: str, arrays: list[np.ndarray], peer: PeerID
+    ) -> tuple[list[np.ndarray], list[int]]:
+        """Run one forward or backward through the runtime, admitted as our server admits calls;
+        the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
+        self.calls += 1
+        nbytes = sum(array.nbytes for array in arrays)
+        try:
+            self._admit(op, uid, peer, nbytes)
+            try:
+                schema = self._schema(uid)
+                tensors = _to_torch(arrays)
+                if op == "forward":
+                    outputs = await self.runtime.forward(uid, tensors)
+                    self.forwards.forwarded(peer, uid, now=trio.current_time())
+                    return _to_numpy(outputs), schema.output_compressions()
+                n_inputs = len(schema.inputs)
+                grads = await self.runtime.backward(uid, tensors[:n_inputs], tensors[n_inputs:])
+                return _to_numpy(grads), schema.input_compressions()
+            finally:
+                self.budget.release(peer, nbytes)
+        except Exception as exc:
+            self.errors += 1
+            log.debug("hivemind %s of %s for %s failed: %s", op, uid, peer.short(), describe(exc))
+            raise
+
+    def _admit(self, op: str, uid: str, peer: PeerID, nbytes: int) -> None:
+        if op == "backward" and not self.forwards.may_backward(peer, uid, now=trio.current_time()):
+            self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
+            raise ExpertBackwardRefusedError(
+                f"no forward from you on {uid!r} in the last {self.config.backward_window:g} s"
+            )
+        refused = self.budget.reserve(peer, nbytes)
+        if refused is not None:
+            self.refusals[refused] += 1
+            raise ExpertBusyError(f"request bytes in flight are at their limit ({refused})")
+
+
+__all__ = ["HivemindExperts"]
