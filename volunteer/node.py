@@ -120,6 +120,7 @@ class VolunteerNode:
         self.runtime: Runtime | None = None
         self.server: ExpertServer | None = None
         self.declarer: ExpertDeclarer | None = None
+        self.hivemind: Any = None  # a hivemind.member.HivemindMember on a hivemind swarm
         self.device = device
         self.paused = False
         self._leave = trio.Event()
@@ -161,6 +162,7 @@ class VolunteerNode:
     def in_flight(self) -> int:
         """Expert requests being served or queued right now."""
         busy = self.server.active_requests if self.server is not None else 0
+        busy += self.hivemind.active_requests if self.hivemind is not None else 0
         queued = sum(s.queued for s in self.runtime.stats().values()) if self.runtime is not None else 0
         return busy + queued
 
@@ -273,6 +275,10 @@ class VolunteerNode:
         async with open_runtime(backends, config) as runtime:
             self.runtime = runtime
             self._experts_since = trio.current_time()
+            if self.hivemind is not None:  # hivemind's RPCs and declarations instead of ours
+                await self.hivemind.serve(runtime, config)
+                yield
+                return
             self.server = ExpertServer(self.host, runtime, self.spec.id, config)
             if opts.max_upload:
                 self.server.upload_limit = opts.max_upload
@@ -281,6 +287,18 @@ class VolunteerNode:
             await nursery.start(self.declarer.run)
             yield
         # leaving the runtime's block saved every checkpoint
+
+    @asynccontextmanager
+    async def _join_hivemind(self) -> AsyncIterator[None]:
+        from .hivemind import HivemindError
+        from .hivemind.member import join_member
+
+        try:
+            self.hivemind = await join_member(self.host, self.spec.bootstrap)
+        except HivemindError as exc:
+            raise JoinError(f"cannot join hivemind swarm {self.spec.name!r}: {describe(exc)}") from None
+        async with trio.open_nursery() as nursery, self._serve_experts(nursery):
+            yield
 
     # --- state views: pieces of the status snapshot, JSON-serialisable ---------------------------
     def reachability_view(self) -> dict | None:
@@ -329,6 +347,8 @@ class VolunteerNode:
 
     def dht_view(self) -> dict | None:
         """The DHT's figures plus how fresh our declarations are."""
+        if self.hivemind is not None:
+            return self.hivemind.snapshot()
         if self.dht is None:
             return None
         view = self.dht.snapshot()
@@ -398,6 +418,11 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
     async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig()) as host:
         node = VolunteerNode(spec, opts, host, device)
         await node._reach_swarm()
+        if spec.kind == "hivemind":  # a hivemind 1.1 swarm: its DHT and expert RPCs, not ours
+            async with node._join_hivemind():
+                yield node
+                await node._leave_gracefully()
+            return
         async with trio.open_nursery() as nursery, open_dht(
             host, dht_config, bootstrap=spec.entry_points, client_mode=False
         ) as dht:

@@ -9,6 +9,8 @@ A swarm file (TOML)::
 
     name = "demo"                       # what users type: volunteer join demo
     id = "demo"                         # protocol swarm id (default: name); swarms never mix
+    kind = "volunteer"                  # or "hivemind": a hivemind 1.1 swarm (bootstrap = its
+                                        # initial peers; id never goes on hivemind's wire)
     bootstrap = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
     relays = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
     [experts]                           # defaults for `join` (flags win)
@@ -79,6 +81,7 @@ class SwarmSpec:
     relays: list[Multiaddr] = field(default_factory=list)
     experts: dict = field(default_factory=dict)  # defaults for `volunteer join`
     path: Path | None = None
+    kind: str = "volunteer"  # "hivemind": join a hivemind 1.1 swarm (volunteer.hivemind)
 
     @property
     def entry_points(self) -> list[Multiaddr]:
@@ -91,6 +94,8 @@ class SwarmSpec:
 
     def to_toml(self) -> str:
         lines = [f'name = "{self.name}"', f'id = "{self.id}"']
+        if self.kind != "volunteer":
+            lines.append(f'kind = "{self.kind}"')
         lines.append("bootstrap = [" + ", ".join(f'"{a}"' for a in self.bootstrap) + "]")
         lines.append("relays = [" + ", ".join(f'"{a}"' for a in self.relays) + "]")
         if self.experts:
@@ -98,6 +103,17 @@ class SwarmSpec:
             for key, value in self.experts.items():
                 lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
         return "\n".join(lines) + "\n"
+
+
+SWARM_KINDS = ("volunteer", "hivemind")
+# hivemind features a swarm file might ask for that we refuse rather than ignore
+HIVEMIND_UNSUPPORTED = {
+    "averaging": "hivemind's decentralized averaging (DecentralizedAverager / Optimizer RPCs)",
+    "averager": "hivemind's decentralized averaging (DecentralizedAverager / Optimizer RPCs)",
+    "validators": "hivemind's signed-record validators (RSASignatureValidator, SchemaValidator)",
+    "record_validators": "hivemind's signed-record validators (RSASignatureValidator, SchemaValidator)",
+    "authorizer": "hivemind's RPC authorizers",
+}
 
 
 def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
@@ -128,7 +144,14 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
     experts = data.get("experts", {})
     if not isinstance(experts, dict):
         raise SwarmFileError(f"swarm file {path}: [experts] must be a table")
-    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path)
+    kind = data.get("kind", "volunteer")
+    if kind not in SWARM_KINDS:
+        raise SwarmFileError(f"swarm file {path}: kind must be one of {', '.join(SWARM_KINDS)}, got {kind!r}")
+    if kind == "hivemind":
+        for key, feature in HIVEMIND_UNSUPPORTED.items():
+            if key in data:
+                raise SwarmFileError(f"swarm file {path}: {key}: {feature} is not supported by volunteer's hivemind personality")
+    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind)
 
 
 def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:

@@ -1,6 +1,7 @@
 """Our experts trained by an unmodified hivemind 1.1.12 trainer (its own venv, its own p2pd).
 
-hivemind's RemoteMixtureOfExperts finds experts our node declared in the hivemind DHT, trains a
+Our node is started as `volunteer join SWARMFILE` starts it: ``open_volunteer`` on a swarm file
+that says ``kind = "hivemind"``. hivemind's RemoteMixtureOfExperts finds experts our node declared in the hivemind DHT, trains a
 few hundred steps against them (forward and backward through our runtime) and its loss falls; a
 wrong-shaped call comes back to it as hivemind's remote error, and our node keeps serving.
 """
@@ -17,9 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
-from volunteer.hivemind import HivemindDHT, HivemindExperts
-from volunteer.net.host import open_host
+from volunteer.node import VolunteerOptions, open_volunteer
+from volunteer.swarmfile import load_swarm_file
 
 from .test_hivemind_dht import QUIET, hivemind_python
 
@@ -60,19 +60,24 @@ async def run_trainer(initial_peer: str, *args: str, timeout: float = 240) -> di
 
 
 @pytest.mark.trio_timeout(300)
-async def test_an_unmodified_hivemind_moe_trains_against_our_experts():
-    config = ExpertsConfig(device="cpu")
-    backends = [make_backend(f"ffn.{i}", "ffn", HIDDEN, config=config) for i in range(GRID)]
-    async with open_runtime(backends, config) as runtime:
-        dht = HivemindDHT()
-        experts = HivemindExperts(runtime, dht=dht, config=config)
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht, experts]) as host:
-            result = await run_trainer(
-                str(host.full_addrs()[0]), "--hidden", str(HIDDEN), "--grid", str(GRID), "--steps", "200"
-            )
-            print("hivemind trainer:", result)
-            assert result["last"] < result["first"] * 0.7, result
-            assert sum(backend.updates for backend in backends) >= 200  # backward ran on our side
-            assert "ExpertInputError" in result["wrong_shape_error"], result
-            assert result["after_error_shape"] == [3, HIDDEN]
-            assert experts.errors >= 1 and experts.refusals["backward_without_forward"] == 0
+async def test_an_unmodified_hivemind_moe_trains_against_our_experts(tmp_path):
+    swarm_file = tmp_path / "hm.toml"
+    swarm_file.write_text('name = "hm"\nkind = "hivemind"\n[experts]\nexperts = "ffn:ffn.[0:4]"\n')
+    spec = load_swarm_file(swarm_file)
+    options = VolunteerOptions(
+        listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False, device="cpu",
+        expert_class="ffn", uids=[f"ffn.{i}" for i in range(GRID)], hidden_dim=HIDDEN,
+    )
+    async with open_volunteer(spec, options) as node:
+        result = await run_trainer(
+            str(node.host.full_addrs()[0]), "--hidden", str(HIDDEN), "--grid", str(GRID), "--steps", "200"
+        )
+        print("hivemind trainer:", result)
+        assert result["last"] < result["first"] * 0.7, result
+        backends = node.runtime.backends.values()
+        assert sum(backend.updates for backend in backends) >= 200  # backward ran on our side
+        assert "ExpertInputError" in result["wrong_shape_error"], result
+        assert result["after_error_shape"] == [3, HIDDEN]
+        experts = node.hivemind.experts
+        assert experts.errors >= 1 and experts.refusals["backward_without_forward"] == 0
+        assert node.dht_view()["experts_declared"] == GRID

@@ -74,6 +74,8 @@ class HivemindExperts(BaseService):
         self.refusals: Counter[str] = Counter()
         self.calls = 0
         self.errors = 0
+        self.active = 0  # forward/backward calls being served now
+        self.last_declared: float | None = None  # DHT time of the last round that reached anyone
         self.declared: list[str] = []  # uids declared in the last round
         self.skipped = [uid for uid in runtime.uids if not wire.is_hivemind_uid(uid)]
         if self.skipped:
@@ -109,7 +111,9 @@ class HivemindExperts(BaseService):
         """Write our experts' records (uid → peer id, prefixes) once; how many records were kept."""
         if self.dht is None:
             return 0
-        uids = [uid for uid in self.runtime.uids if wire.is_hivemind_uid(uid)]
+        # a paused runtime refuses calls: stop declaring and let the records expire (hivemind has
+        # no tombstones), as our declarer withdraws
+        uids = [] if self.runtime.paused else [uid for uid in self.runtime.uids if wire.is_hivemind_uid(uid)]
         expiration = self.clock() + self.limits.declare_expiration
         kept = 0
 
@@ -126,6 +130,8 @@ class HivemindExperts(BaseService):
             for record in wire.declarations(uids, self.host.peer_id.to_base58()):
                 nursery.start_soon(store, record)
         self.declared = uids
+        if kept:
+            self.last_declared = self.clock()
         return kept
 
     # --- serving -------------------------------------------------------------------------------
@@ -176,6 +182,7 @@ class HivemindExperts(BaseService):
         """Run one forward or backward through the runtime, admitted as our server admits calls;
         the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
         self.calls += 1
+        self.active += 1
         nbytes = sum(array.nbytes for array in arrays)
         try:
             self._admit(op, uid, peer, nbytes)
@@ -195,6 +202,8 @@ class HivemindExperts(BaseService):
             self.errors += 1
             log.debug("hivemind %s of %s for %s failed: %s", op, uid, peer.short(), describe(exc))
             raise
+        finally:
+            self.active -= 1
 
     def _admit(self, op: str, uid: str, peer: PeerID, nbytes: int) -> None:
         if op == "backward" and not self.forwards.may_backward(peer, uid, now=trio.current_time()):
