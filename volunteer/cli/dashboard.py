@@ -4,13 +4,14 @@ The same renderer serves ``volunteer join`` in a terminal (``LiveDashboard``, ~2
 rich Live with manual refresh), ``volunteer status`` (attached over the control socket) and
 tests (``render_text``, headless). It fits 80x24: every section is a titled table without
 borders, rows are budgeted from the height, long ids and addresses are cut with an ellipsis;
-wider terminals get two columns. Every field of the snapshot may be missing or None.
+terminals from 140 columns get two. Every field of the snapshot may be missing or None.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import sys
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -24,6 +25,7 @@ from ..net.perf import format_size
 from ..widgets import as_dict, as_dicts, duration, finite, fit, line, num, section, short, text
 
 SECTIONS = ("Identity", "Reachability", "Connections", "DHT", "Experts", "Compute", "Given", "Log")
+TWO_COLUMNS_FROM = 140  # narrower, a column is too narrow for the Compute and Given rows
 COMPACT_BELOW = 30  # terminals lower than this get one-row Identity and a merged Compute row
 SUMMARY_PERIOD = 300.0  # seconds between one-line summaries in --no-dashboard mode
 LIST_OVERHEAD = 3  # a list section's title, header and rule
@@ -158,8 +160,9 @@ def _gpu(s: dict) -> str:
         power = num(gpu.get("power_w"), "{:.0f}", "n/a")
         limit = finite(gpu.get("power_limit_w"))
         power = f"{power} / {limit:.0f} W" if limit is not None else f"{power} W"
-        return (f"GPU {text(gpu.get('name'), 'NVIDIA')} {num(gpu.get('utilization_pct'), '{:.0f}%', 'n/a')} busy · "
-                f"{memory} · {num(gpu.get('temperature_c'), '{:.0f}°C', 'n/a')} · {power}")
+        # the figures first: at 80 columns the board's name is what the ellipsis cuts
+        return (f"GPU {num(gpu.get('utilization_pct'), '{:.0f}%', 'n/a')} · {memory} · "
+                f"{num(gpu.get('temperature_c'), '{:.0f}°C', 'n/a')} · {power} · {text(gpu.get('name'), 'NVIDIA')}")
     if gpu.get("reason"):
         return f"GPU n/a ({text(gpu.get('reason'))})"
     # a daemon without the NVML reading: torch's figures, if any
@@ -191,7 +194,7 @@ def _checkpoints(s: dict) -> str:
 
 def _compute(s: dict, compact: bool) -> Table:
     table = section("Compute", 1)
-    table.add_row(f"device {text(as_dict(s.get('compute')).get('device'))} · {_gpu(s)}")
+    table.add_row(f"{text(as_dict(s.get('compute')).get('device'))} · {_gpu(s)}")
     if compact:
         table.add_row(f"{_upload(s)} · {_checkpoints(s)}")
     else:
@@ -201,7 +204,7 @@ def _compute(s: dict, compact: bool) -> Table:
 
 
 def _given_row(label: str, figures: dict) -> str:
-    return (f"{label}: {num(figures.get('requests'), '{:,.0f}', '0')} requests · {num(figures.get('samples'), '{:,.0f}', '0')} samples · "
+    return (f"{label} {num(figures.get('requests'), '{:,.0f}', '0')} req · {num(figures.get('samples'), '{:,.0f}', '0')} samples · "
             f"{duration(figures.get('compute_s') or 0)} compute · {format_size(int(finite(figures.get('bytes_sent')) or 0))} sent · "
             f"{num(figures.get('trainers'), '{:.0f}', '0')} trainers")
 
@@ -214,16 +217,16 @@ def _given(s: dict, compact: bool) -> Table:
         count = lambda figures, key: num(figures.get(key), "{:,.0f}", "0")  # noqa: E731
         size = lambda figures: format_size(int(finite(figures.get("bytes_sent")) or 0))  # noqa: E731
         table.add_row(
-            f"{count(session, 'requests')} / {count(total, 'requests')} requests · {count(session, 'samples')} / "
+            f"{count(session, 'requests')} / {count(total, 'requests')} req · {count(session, 'samples')} / "
             f"{count(total, 'samples')} samples · {duration(session.get('compute_s') or 0)} / {duration(total.get('compute_s') or 0)} "
             f"compute · {size(session)} / {size(total)} sent · {count(session, 'trainers')} / {count(total, 'trainers')} trainers"
         )
         return table
-    table = section("Given", 1)
-    table.add_row(_given_row("this session", session))
     since = finite(given.get("since"))
-    label = time.strftime("since %Y-%m-%d", time.localtime(since)) if since is not None and 0 <= since < 1e11 else "in all"
-    table.add_row(_given_row(label, total))
+    kept = time.strftime(" (kept since %Y-%m-%d)", time.localtime(since)) if since is not None and 0 <= since < 1e11 else ""
+    table = section("Given" + kept, 1)
+    table.add_row(_given_row("session", session))
+    table.add_row(_given_row("total", total))
     return table
 
 
@@ -267,7 +270,7 @@ def _log_entries(s: dict) -> list[dict]:
 
 def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 24) -> RenderableType:
     """The dashboard for a snapshot, filling ``height`` lines: the fixed sections first, then the
-    lists (experts, connections, log) get the rest, experts first (two columns from 120 wide)."""
+    lists (experts, connections, log) get the rest, experts first (two columns from 140 wide)."""
     s = as_dict(snapshot)
     compact = height < COMPACT_BELOW
     conns = as_dicts(s.get("connections"))
@@ -277,7 +280,7 @@ def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 
     entries = _log_entries(s)
     fixed = [_identity(s, compact), _reachability(s), _dht(s), _compute(s, compact), _given(s, compact)]
     fixed_lines = sum(_lines(t) for t in fixed)
-    if width is not None and width >= 120:
+    if width is not None and width >= TWO_COLUMNS_FROM:
         (log_rows,) = allocate(height - fixed_lines - PLAIN_OVERHEAD, [len(entries)])
         expert_rows, conn_rows = allocate(height - 2 * LIST_OVERHEAD, [len(experts), len(conns)])
         left = Group(*fixed, _log(entries, log_rows))
@@ -351,8 +354,9 @@ def logging_through(console: Console) -> Iterator[None]:
     from rich.logging import RichHandler
 
     root = logging.getLogger()
+    streams = (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)
     terminal = [h for h in root.handlers if type(h) is logging.StreamHandler
-                and getattr(h.stream, "name", None) in ("<stderr>", "<stdout>")]
+                and (h.stream in streams or getattr(h.stream, "name", None) in ("<stderr>", "<stdout>"))]
     for handler in terminal:
         root.removeHandler(handler)
     chatty = RichHandler(console=console, show_path=False, rich_tracebacks=False)

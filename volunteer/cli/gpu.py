@@ -38,7 +38,7 @@ class GpuMonitor:
             if self._nvml is None:
                 self._nvml = importlib.import_module("pynvml")
         except ImportError:
-            self._failure = f"nvidia-ml-py not installed: {INSTALL_HINT}"
+            self._failure = f"no nvidia-ml-py: {INSTALL_HINT}"
             raise RuntimeError(self._failure) from None
         try:
             self._nvml.nvmlInit()
