@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.markup import escape
 
-from volunteer.widgets import fit, format_size, section, uptime
+from volunteer.widgets import duration, fit, format_size, section, short
 
 from .metrics import snapshot
 from .node import RelayNode
@@ -19,7 +19,7 @@ def render(node: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
     addr_rows, circuit_rows, refusal_rows = 2 + extra // 4, 4 + extra // 2, 2 + extra // 4
 
     relay = section("Relay")
-    relay.add_row(f"[green]serving[/] · up {uptime(uptime_s)}")
+    relay.add_row(f"[green]serving[/] · up {duration(uptime_s)}")
     relay.add_row(f"peer {node.host.peer_id}")
     addrs = node.host.full_addrs()
     for addr in addrs[:addr_rows]:
@@ -44,7 +44,7 @@ def render(node: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
     active = list(node.hop.active.values())
     shown = fit(active, circuit_rows)
     for source, target, (up, down) in shown:
-        circuits.add_row(source.short(), target.short(), format_size(up), format_size(down))
+        circuits.add_row(short(source), short(target), format_size(up), format_size(down))
     if len(shown) < len(active):
         circuits.add_row(f"+{len(active) - len(shown)} more", "", "", "")
     if not active:

@@ -18,10 +18,14 @@ from rich.table import Table
 from .net.perf import format_size
 
 
-def short(peer: object, keep: int = 8) -> str:
-    """A long id (a peer id, an address) cut to its last ``keep`` characters behind an ellipsis."""
-    whole = str(peer or "")
-    return whole if len(whole) <= keep + 1 else "…" + whole[-keep:]
+SHORT_ID_CHARS = 6  # what PeerID.short() keeps too: one spelling of a peer in logs and every view
+
+
+def short(peer: object) -> str:
+    """THE short form of a peer id (or any long id, an address): its last characters behind an
+    ellipsis, ``…a1B2c3``, the same as ``PeerID.short()`` writes in logs. Every view uses this."""
+    whole = line(peer or "")
+    return whole if len(whole) <= SHORT_ID_CHARS + 1 else "…" + whole[-SHORT_ID_CHARS:]
 
 
 def as_dict(value: object) -> dict:
@@ -65,20 +69,21 @@ def num(value: object, fmt: str = "{:.1f}", none: str = "–") -> str:
 
 
 def duration(seconds: object) -> str:
-    """A short duration: ``4m05s`` below an hour, ``2h03m`` above."""
-    whole = finite(seconds)
-    if whole is None or whole < 0:
+    """THE way every view writes a duration (uptime, ages, compute time): two units at most,
+    ``0.4s``, ``42s``, ``4m05s``, ``2h03m``, ``3d04h``; ``–`` when missing or negative."""
+    value = finite(seconds)
+    if value is None or value < 0:
         return "–"
-    whole = int(whole)
+    if value < 10 and value != int(value):
+        return f"{value:.1f}s"  # sub-10-second ages (a fresh declaration, a quick reservation) keep a decimal
+    whole = int(value)
+    if whole < 60:
+        return f"{whole}s"
     if whole < 3600:
         return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
-def uptime(seconds: float) -> str:
-    """A long-running process's uptime: ``1h 02m 03s``."""
-    seconds = int(seconds)
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m {seconds % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
 def fit(items: list, rows: int) -> list:
@@ -101,5 +106,5 @@ def section(title: str, columns: int = 1, header: tuple[str, ...] = ()) -> Table
 
 
 __all__ = [
-    "as_dict", "as_dicts", "duration", "finite", "fit", "format_size", "line", "num", "section", "short", "text", "uptime",
+    "SHORT_ID_CHARS", "as_dict", "as_dicts", "duration", "finite", "fit", "format_size", "line", "num", "section", "short", "text",
 ]

@@ -118,3 +118,263 @@ async def test_live_dashboard_redraws_and_stops_on_cancel():
                 await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     assert "snapshot broke" in out.getvalue() and "expert.0.1" in out.getvalue()
+
+
+# --- issue 15: the dashboard a donor wants -------------------------------------------------------
+import json  # noqa: E402
+import logging  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import trio  # noqa: E402
+
+from volunteer.cli import contributions as contrib  # noqa: E402
+from volunteer.cli.dashboard import allocate, log_summaries, logging_through, summary_line  # noqa: E402
+from volunteer.cli.gpu import INSTALL_HINT, GpuMonitor  # noqa: E402
+from volunteer.cli.rates import Window  # noqa: E402
+from volunteer.cli.roles import classify_connections, role_of  # noqa: E402
+from volunteer.widgets import duration, short  # noqa: E402
+
+
+def test_one_short_id_and_one_duration():
+    from volunteer.net.identity import KeyPair
+
+    peer = KeyPair.generate().peer_id
+    assert short(peer) == peer.short() == short(str(peer)) == "…" + str(peer)[-6:]
+    assert short("abc") == "abc" and short(None) == "" and "\n" not in short("a\nb\nc" * 5)
+    assert [duration(v) for v in (0.4, 7, 42, 245, 7380, 3 * 86400 + 4 * 3600, None, -1, float("nan"))] == [
+        "0.4s", "7s", "42s", "4m05s", "2h03m", "3d04h", "–", "–", "–"]
+
+
+def test_no_stale_ways_of_shortening_ids_or_writing_durations():
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    for path in [*(root / "volunteer" / "cli").glob("*.py"), *(root / "relay").glob("*.py")]:
+        source = path.read_text()
+        for stale in ('["peer_id"][-', "uptime(", "s ago\")"):
+            assert stale not in source, (path.name, stale)
+
+
+def gpu_stub(**overrides):
+    """A stand-in for pynvml: one GPU at 57% with 1200 of 8000 MiB, 64 °C, 120 of 250 W."""
+    calls = SimpleNamespace(init=0)
+
+    def init():
+        calls.init += 1
+
+    stub = SimpleNamespace(
+        NVML_TEMPERATURE_GPU=0, nvmlInit=init,
+        nvmlDeviceGetHandleByIndex=lambda index: f"gpu{index}",
+        nvmlDeviceGetName=lambda handle: b"NVIDIA Test 4090",
+        nvmlDeviceGetUtilizationRates=lambda handle: SimpleNamespace(gpu=57),
+        nvmlDeviceGetMemoryInfo=lambda handle: SimpleNamespace(used=1200 * 2**20, total=8000 * 2**20),
+        nvmlDeviceGetTemperature=lambda handle, sensor: 64,
+        nvmlDeviceGetPowerUsage=lambda handle: 120_000,
+        nvmlDeviceGetEnforcedPowerLimit=lambda handle: 250_000,
+        calls=calls,
+    )
+    for name, value in overrides.items():
+        setattr(stub, name, value)
+    return stub
+
+
+@pytest.mark.parametrize("width,height", [(80, 24), (120, 40), (160, 48)])
+def test_gpu_panel_with_a_stubbed_nvml(width, height):
+    stub = gpu_stub()
+    monitor = GpuMonitor(stub)
+    figures = monitor.read("cuda:0")
+    assert figures == {"available": True, "name": "NVIDIA Test 4090", "utilization_pct": 57, "memory_used_mb": 1200,
+                       "memory_total_mb": 8000, "temperature_c": 64, "power_w": 120.0, "power_limit_w": 250.0}
+    monitor.read("cuda:0")
+    assert stub.calls.init == 1  # NVML starts once
+    text = render_text(dict(FULL, gpu=figures), width=width, height=height)
+    for value in ("57%", "1200 / 8000 MiB", "64°C", "120 / 250 W"):
+        assert value in text, (value, text)
+    check_fits(text, width, height)
+
+
+def test_gpu_figures_a_board_does_not_report_are_left_out():
+    def unsupported(*args):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    figures = GpuMonitor(gpu_stub(nvmlDeviceGetPowerUsage=unsupported, nvmlDeviceGetTemperature=unsupported)).read("cuda")
+    assert figures["available"] and figures["power_w"] is None and figures["temperature_c"] is None
+    text = render_text(dict(FULL, gpu=figures), width=160, height=48)
+    assert "57%" in text and "· n/a · n/a / 250 W" in text
+
+
+def test_gpu_panel_says_why_it_is_not_available(monkeypatch):
+    import builtins
+
+    def failing_init():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    cases = {
+        "cpu": (GpuMonitor(gpu_stub()), "experts run on cpu, not a CUDA GPU"),
+        "cuda:0": (GpuMonitor(gpu_stub(nvmlInit=failing_init)), "NVML unavailable: NVML Shared Library Not Found"),
+    }
+    real_import = builtins.__import__
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    monkeypatch.delitem(__import__("sys").modules, "pynvml", raising=False)
+    cases["cuda:1"] = (GpuMonitor(), f"no nvidia-ml-py: {INSTALL_HINT}")
+    for device, (monitor, reason) in cases.items():
+        figures = monitor.read(device)
+        assert figures == {"available": False, "reason": reason}
+        assert monitor.read(device) == figures  # remembered, not retried
+        text = render_text(dict(FULL, gpu=figures), width=160, height=48)
+        assert f"GPU n/a ({reason})" in text, text
+
+
+def test_rows_fill_the_terminal_before_anything_hides():
+    big = dict(FULL, experts=[dict(FULL["experts"][0], uid=f"expert.{i // 8}.{i % 8}") for i in range(32)],
+               connections=[dict(FULL["connections"][0], peer_id=f"12D3KooWPeer{i:04d}x", role="trainer") for i in range(6)])
+    text = render_text(big, width=160, height=48)
+    check_fits(text, 160, 48)
+    assert "more" not in text and all(f"expert.{i // 8}.{i % 8}" in text for i in range(32))
+    small = render_text(big, width=80, height=24)
+    check_fits(small, 80, 24)
+    assert "more" in small
+    assert allocate(10, [30, 2, 5]) == [8, 1, 1] and allocate(10, [3, 2, 9]) == [3, 2, 5] and allocate(0, [3, 3]) == [1, 1] and allocate(50, [2, 0]) == [2, 1]
+
+
+def test_connections_say_who_each_peer_is():
+    swarm = "lab"
+    assert role_of("R", frozenset(), swarm_id=swarm, relays={"R"}, served=set()) == "relay"
+    assert role_of("X", frozenset({"/libp2p/circuit/relay/0.2.0/hop"}), swarm_id=swarm, relays=set(), served=set()) == "relay"
+    assert role_of("T", frozenset({"/volunteer/lab/dht/1.0.0"}), swarm_id=swarm, relays=set(), served={"T"}) == "trainer"
+    assert role_of("V", frozenset({"/volunteer/lab/dht/1.0.0"}), swarm_id=swarm, relays=set(), served=set()) == "volunteer"
+    assert role_of("V", frozenset({"/volunteer/other/dht/1.0.0"}), swarm_id=swarm, relays=set(), served=set()) == "peer"
+    rows = classify_connections([{"peer_id": "not a peer id"}, {"peer_id": "R"}], None, swarm,
+                                {"relays": [{"peer_id": "R"}]}, set())
+    assert [r["role"] for r in rows] == ["peer", "relay"]
+    shown = render_text(dict(FULL, connections=[dict(c, role=r) for c, r in zip(FULL["connections"], ("trainer", "relay"))]),
+                        width=80, height=24)
+    assert "trainer" in shown and "relay" in shown
+
+
+def test_plain_words_for_reachability_and_nat():
+    text = render_text(dict(FULL, reachable_after_s=2.3, reachability=dict(FULL["reachability"], nat_type="unknown")), width=80, height=24)
+    assert "NAT mapping unknown" not in text
+    assert "not known yet whether hole punching works" in text and "after 2.3s" in text
+    text = render_text(dict(FULL, reachability=dict(FULL["reachability"], nat_type="endpoint-dependent")), width=120, height=40)
+    assert "hole punching unlikely" in text
+
+
+def test_coverage_versions_sync_ages_refusals_upload_and_checkpoints_render():
+    snapshot = dict(
+        FULL,
+        experts=[dict(FULL["experts"][0], version=7, last_sync_age_s=12.0),
+                 dict(FULL["experts"][0], uid="expert.0.2", version=3, last_sync_age_s=None)],
+        coverage={"grids": [{"prefix": "expert", "size": [4, 8], "total": 32, "hosted": 28, "replicas_target": 2,
+                             "under_replicated": 3, "unhosted": 4}],
+                  "warnings": ["expert.3.[4:8] has no host"]},
+        refusals={"connections": {"memory": 2}, "experts": {"busy_total": 3}},
+        upload={"rate_bps": 1024 * 1024, "limit_bps": 4 * 1024 * 1024, "bytes_sent": 10},
+        checkpoints={"dir": "/var/ckpt/lab", "writable": False, "last_save": 1.0, "last_save_age_s": 185.0},
+        contributions={"session": {"requests": 1234, "samples": 45600, "compute_s": 192.0, "bytes_sent": 2**20, "trainers": 7},
+                       "total": {"requests": 10234, "samples": 99000, "compute_s": 15000.0, "bytes_sent": 2**30, "trainers": 52},
+                       "since": 1700000000.0},
+    )
+    for width, height in ((80, 24), (120, 40), (160, 48)):
+        check_fits(render_text(snapshot, width=width, height=height), width, height)
+    text = render_text(snapshot, width=160, height=48)
+    for value in ("ver", "synced", "12s ago", "never", "28/32 hosted", "3 under-replicated, 4 unhosted",
+                  "expert.3.[4:8] has no host", "1.0 MiB/s of 4.0 MiB/s max (25%)", "refused 2 connections, 3 experts",
+                  "/var/ckpt/lab", "NOT writable", "last saved 3m05s ago", "session 1,234 req", "45,600 samples", "3m12s compute",
+                  "7 trainers", "total 10,234 req", "52 trainers", "kept since 2023-11-1", "4h10m compute"):
+        assert value in text, (value, text)
+
+
+def test_windowed_rates_and_batch_sizes():
+    window = Window(span=10.0)
+    assert window.rate("e") is None
+    window.observe("e", 0.0, 0, 0, 0)
+    for second in range(1, 31):  # 4 req/s at batch 2 for 20 s, then 10 req/s at batch 8
+        requests = 4 * min(second, 20) + 10 * max(0, second - 20)
+        samples = 8 * min(second, 20) + 80 * max(0, second - 20)
+        batches = 4 * min(second, 20) + 10 * max(0, second - 20)
+        window.observe("e", float(second), requests, samples, batches)
+        window.observe("e", second + 0.01, requests, samples, batches)  # a second reader, same moment
+    assert window.rate("e", 0) == pytest.approx(10.0, rel=0.05)
+    assert window.ratio("e", 1, 2) == pytest.approx(8.0)  # not the lifetime mean (4.4)
+    window.forget({"other"})
+    assert window.rate("e") is None
+
+
+def test_contributions_survive_a_restart_and_count_trainers_in_bounded_memory(tmp_path):
+    path = contrib.state_path(tmp_path, "lab/../x")
+    assert path.parent == tmp_path / "contributions"
+    first = contrib.load(path, now=1000.0)
+    first.observe(requests=10, samples=80, compute_s=1.5, bytes_sent=4096)
+    for peer in ("a", "b", "a"):
+        first.served(peer)
+    assert first.view()["session"] == {"requests": 10, "samples": 80, "compute_s": 1.5, "bytes_sent": 4096, "trainers": 2}
+    assert contrib.save(path, first)
+    second = contrib.load(path, now=2000.0)
+    second.observe(requests=5, samples=5, compute_s=0.5, bytes_sent=1)
+    second.served("b")
+    second.served("c")
+    view = second.view()
+    assert view["session"]["trainers"] == 2 and view["since"] == 1000.0
+    assert view["total"] == {"requests": 15, "samples": 85, "compute_s": 2.0, "bytes_sent": 4097, "trainers": 3}
+    path.write_text("{not json")
+    assert contrib.load(path, now=3.0).view()["total"]["requests"] == 0
+    path.write_text(json.dumps({"requests": "many", "samples": -3, "trainers": ["zz", 5, "00ff"]}))
+    assert contrib.load(path, now=3.0).view()["total"] == {"requests": 0, "samples": 0, "compute_s": 0.0, "bytes_sent": 0, "trainers": 2}
+    sketch = contrib.DistinctSketch(size=256)
+    for i in range(20_000):
+        sketch.add(f"trainer-{i % 5000}")
+    assert len(sketch.hashes) == 256
+    assert 4000 < sketch.count() < 6000  # estimated within ~6%/sqrt(256) x a margin
+    assert contrib.DistinctSketch.from_json(sketch.to_json(), size=256).count() == sketch.count()
+
+
+@pytest.mark.trio_timeout(1500)  # virtual seconds: the clock autojumps
+async def test_no_dashboard_mode_logs_a_summary_every_five_minutes(autojump_clock):
+    lines: list[str] = []
+    snapshot = dict(FULL, connections=[dict(c, role="trainer") for c in FULL["connections"]],
+                    contributions={"session": {"requests": 12, "bytes_sent": 2048, "trainers": 2}})
+    with trio.move_on_after(3 * 300 + 1):
+        await log_summaries(lambda: snapshot, lines.append)
+    assert len(lines) == 3
+    assert lines[0] == summary_line(snapshot)
+    for value in ("running", "up 1h02m", "private", "2 trainer", "1 experts 3.2 req/s", "12 requests", "2.0 KiB sent", "2 trainers"):
+        assert value in lines[0], (value, lines[0])
+    broken: list[str] = []
+
+    def failing() -> dict:
+        raise RuntimeError("daemon gone")
+
+    with trio.move_on_after(301):
+        await log_summaries(failing, broken.append)
+    assert broken == ["status summary failed: RuntimeError('daemon gone')"]
+
+
+def test_logging_moves_off_the_terminal_while_the_dashboard_runs(capsys):
+    import io
+
+    from rich.console import Console
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler()  # what logging.basicConfig installs: stderr
+    root.addHandler(handler)
+    old_level = root.level
+    root.setLevel(logging.INFO)
+    out = io.StringIO()
+    try:
+        with logging_through(Console(file=out, width=100)):
+            assert handler not in root.handlers
+            logging.getLogger("volunteer.test").warning("a warning for the Log panel only")
+            logging.getLogger("volunteer.test").info("an info line through rich")
+        assert handler in root.handlers
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    assert "a warning for the Log panel only" not in capsys.readouterr().err
+    assert "an info line through rich" in out.getvalue() and "Log panel only" not in out.getvalue()

@@ -17,11 +17,18 @@ import trio
 from .. import __version__
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
+from . import contributions as contrib
 from .control import serve_control
+from .gpu import GpuMonitor
+from .rates import Window
+from .roles import classify_connections
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_LOG_LINES = 10  # warnings and errors a status snapshot carries for the log panel
+SNAPSHOT_LOG_LINES = 40  # warnings and errors a status snapshot carries (the panel shows what fits)
+CHECKPOINT_SCAN_LIMIT = 1000  # directory entries looked at for the last save (a huge dir stays cheap)
+CHECKPOINT_RESCAN = 5.0  # seconds between looks at the checkpoint directory
+UPLOAD_KEY = "\0upload"  # the rate window's key for reply bytes (no expert uid starts with NUL)
 
 
 @dataclass
@@ -31,6 +38,7 @@ class DaemonOptions:
     swarm: SwarmSpec
     node: VolunteerOptions
     control_path: Path | None = None
+    state_dir: Path | None = None  # where contributions are kept across restarts (None: not kept)
 
 
 class LogBuffer(logging.Handler):
@@ -59,6 +67,16 @@ class Daemon:
         self.logs = LogBuffer()
         self._leave_asked = False
         self._left = trio.Event()
+        self.window = Window()  # req/s, batch and upload over the last RATE_WINDOW seconds
+        self.gpu = GpuMonitor()
+        self._checkpoints: tuple[float, dict] | None = None  # (when scanned, view)
+        self._contributions_path = (
+            contrib.state_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
+        )
+        self.contributions = (
+            contrib.load(self._contributions_path, now=time.time()) if self._contributions_path is not None
+            else contrib.Contributions(since=time.time())
+        )
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -72,16 +90,47 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 async with open_volunteer(self.swarm, self.options.node) as node:
                     self.node = node
+                    if node.server is not None:
+                        node.server.on_served = lambda peer, _op: self.contributions.served(peer)
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
                     await nursery.start(self._serve_control)
+                    nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
                     await node.wait_leave()
+                    self._observe_contributions()  # the last requests of the session count too
                 # the control socket answers until the node has left: `status` shows the leave
                 nursery.cancel_scope.cancel()
         finally:
             logging.getLogger().removeHandler(self.logs)
+            self._save_contributions()
             self._left.set()
+
+    async def _keep_contributions(self) -> None:
+        """Save the contributions every SAVE_PERIOD seconds, so a crash loses a minute at most."""
+        while True:
+            await trio.sleep(contrib.SAVE_PERIOD)
+            self._observe_contributions()
+            self._save_contributions()
+
+    def _observe_contributions(self) -> None:
+        node = self.node
+        if node is None or node.runtime is None:
+            return
+        stats = node.runtime.stats().values()
+        self.contributions.observe(
+            requests=sum(s.requests - s.errors for s in stats),  # answered with a result
+            samples=sum(s.samples for s in stats),
+            compute_s=sum(s.compute_s for s in stats),
+            bytes_sent=node.server.bytes_out if node.server is not None else 0,
+        )
+
+    def _save_contributions(self) -> None:
+        if self._contributions_path is not None and not contrib.save(self._contributions_path, self.contributions):
+            if not getattr(self, "_save_warned", False):
+                self._save_warned = True
+                log.warning("cannot save contributions to %s (they are still counted for this session)",
+                            self._contributions_path)
 
     async def _serve_control(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.options.control_path is None:
@@ -134,18 +183,101 @@ class Daemon:
             "paused": node.paused if node is not None else False,
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
         }
+        now = trio.current_time()
         if node is not None:
             reachability = node.reachability_view()
             if reachability is not None:
                 snap["reachability"] = reachability
-            snap["connections"] = node.connections_view()
+            served = self.contributions.session_trainers
+            snap["connections"] = classify_connections(node.connections_view(), host, self.swarm.id, reachability, served)
             dht = node.dht_view()
             if dht is not None:
                 snap["dht"] = dht
-        snap["experts"] = node.expert_rows(trio.current_time()) if node is not None else []
+        snap["experts"] = self._windowed(node.expert_rows(now), now) if node is not None else []
         snap["compute"] = node.compute_view() if node is not None else {"device": "cpu"}
+        snap["gpu"] = self.gpu.read(self.device)
+        if node is not None:
+            self._observe_contributions()
+            snap["upload"] = self._upload(now)
+            snap["refusals"] = self._refusals()
+            if node.options.hosts_experts:
+                snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
+        snap["contributions"] = self.contributions.view()
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]
         return snap
+
+    def _windowed(self, rows: list[dict], now: float) -> list[dict]:
+        """Replace the rows' rates with figures over the last RATE_WINDOW seconds: requests per
+        second and samples per batch alike (a lifetime mean hides a trainer that just changed)."""
+        node = self.node
+        stats = node.runtime.stats() if node is not None and node.runtime is not None else {}
+        for row in rows:
+            s = stats.get(row.get("uid"))
+            if s is None:
+                continue
+            self.window.observe(s.uid, now, s.requests, s.samples, s.batches)
+            rate = self.window.rate(s.uid, 0)
+            batch = self.window.ratio(s.uid, 1, 2)
+            row["requests_per_s"] = round(rate, 2) if rate is not None else 0.0
+            row["mean_batch"] = round(batch, 2) if batch is not None else None
+            row["window_s"] = self.window.span
+        self.window.forget(set(stats) | {UPLOAD_KEY})
+        return rows
+
+    def _upload(self, now: float) -> dict:
+        """Reply bytes per second over the window, against ``--max-upload``."""
+        node = self.node
+        sent = node.server.bytes_out if node is not None and node.server is not None else 0
+        self.window.observe(UPLOAD_KEY, now, sent)
+        rate = self.window.rate(UPLOAD_KEY)
+        limit = node.options.max_upload if node is not None else None
+        return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent}
+
+    def _refusals(self) -> dict[str, dict[str, int]]:
+        """``{scope: {reason: count}}``: the resource manager's and the expert server's."""
+        from ..net.resources import ResourceManager
+
+        node = self.node
+        refusals: dict[str, dict[str, int]] = {}
+        manager = node.host.service(ResourceManager) if node is not None else None
+        if manager is not None:
+            refusals.update(manager.refusals())
+        if node is not None and node.server is not None and node.server.refusals:
+            refusals["experts"] = dict(node.server.refusals)
+        return refusals
+
+    def _checkpoint_view(self, directory: Path | None, now: float) -> dict:
+        """Where checkpoints go, whether that is writable and how long since the last save."""
+        if self._checkpoints is not None and now - self._checkpoints[0] < CHECKPOINT_RESCAN:
+            view = dict(self._checkpoints[1])
+        else:
+            view = checkpoint_view(directory)
+            self._checkpoints = (now, view)
+        if view.get("last_save") is not None:
+            view["last_save_age_s"] = round(max(0.0, time.time() - view["last_save"]), 1)
+        return view
+
+
+def checkpoint_view(directory: Path | None) -> dict:
+    """``{"dir", "writable", "last_save"}`` of a checkpoint directory (``last_save``: the newest
+    file's mtime, None when it holds none; a directory not made yet is writable if its parent is)."""
+    if directory is None:
+        return {"dir": None, "writable": False, "last_save": None}
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    newest = None
+    try:
+        with os.scandir(directory) as entries:
+            for index, entry in enumerate(entries):
+                if index >= CHECKPOINT_SCAN_LIMIT:
+                    break
+                if entry.is_file():
+                    mtime = entry.stat().st_mtime
+                    newest = mtime if newest is None else max(newest, mtime)
+    except OSError:
+        pass
+    return {"dir": str(directory), "writable": os.access(existing, os.W_OK | os.X_OK), "last_save": newest}
 
 
 __all__ = ["Daemon", "DaemonOptions", "JoinError", "LogBuffer", "check_device"]

@@ -47,11 +47,13 @@ def run_experts(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from ..widgets import duration, short
+
     table = Table(title=f"{len({r['uid'] for r in rows})} live experts in {spec.name!r}")
     for column in ("uid", "host", "reached", "load", "heartbeat"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row["uid"], row["peer_id"][-10:], row["reached"], f"{row['load']:.1f}", f"{row['heartbeat_age_s']:.1f} s ago")
+        table.add_row(row["uid"], short(row["peer_id"]), row["reached"], f"{row['load']:.1f}", f"{duration(row['heartbeat_age_s'])} ago")
     Console().print(table)
     return 0
 

@@ -131,7 +131,7 @@ def build_options(args: argparse.Namespace):
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
     )
-    return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path())
+    return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir())
 
 
 def run_join(args: argparse.Namespace) -> int:
@@ -168,6 +168,10 @@ async def join(options, dashboard: bool) -> int:
                 from .dashboard import LiveDashboard
 
                 nursery.start_soon(LiveDashboard().run, daemon.snapshot)
+            else:  # systemd's journal: a one-line summary every 5 minutes
+                from .dashboard import log_summaries
+
+                nursery.start_soon(log_summaries, daemon.snapshot)
             await daemon.wait_left()
             nursery.cancel_scope.cancel()
     print("left the swarm: experts withdrawn, checkpoints saved", flush=True)

@@ -269,6 +269,8 @@ def testnet_table(net: Testnet, statuses: list[dict | None]):
     """One row per volunteer: peer, reachability, experts, requests, routing table."""
     from rich.table import Table
 
+    from ..widgets import short
+
     table = Table(title=f"testnet · relay {net.relay_addr[-20:]}", expand=False)
     for column in ("#", "peer", "reach", "experts", "requests", "DHT peers", "paused"):
         table.add_column(column)
@@ -279,7 +281,7 @@ def testnet_table(net: Testnet, statuses: list[dict | None]):
         requests = sum(e.get("requests", 0) for e in status.get("experts", []))
         table.add_row(
             str(i),
-            status["peer_id"][-8:],
+            short(status["peer_id"]),
             (status.get("reachability") or {}).get("status", "?"),
             str(len(status.get("experts", []))),
             str(requests),

@@ -86,6 +86,7 @@ class _Counters:
     batches: int = 0
     errors: int = 0
     busy: int = 0
+    compute_s: float = 0.0  # worker time spent in forward/backward (a volunteer's contribution)
     last_error: str | None = None
     last_error_time: float | None = None
     latencies: deque = field(default_factory=deque)
@@ -110,6 +111,7 @@ class ExpertStats:
     last_error_time: float | None  # wall clock
     queued: int  # requests waiting now
     updates: int  # optimizer steps of the backend
+    compute_s: float = 0.0  # seconds the worker spent computing this expert's batches
 
     def as_dict(self) -> dict:
         """Plain dict (JSON- and msgpack-able)."""
@@ -220,6 +222,7 @@ class Runtime:
                     last_error_time=c.last_error_time,
                     queued=queued,
                     updates=self.backends[uid].updates,
+                    compute_s=c.compute_s,
                 )
             return result
 
@@ -361,6 +364,7 @@ class Runtime:
         if self.config.nan_check:
             live = [r for r in live if self._finite(r)]
         runs = 0  # forward/backward calls that succeeded
+        started = time.perf_counter()
         if len(live) > 1:
             try:
                 self._compute(live)
@@ -374,6 +378,7 @@ class Runtime:
         with self._cond:
             counters = self._counters[batch[0].uid]
             counters.batches += runs
+            counters.compute_s += done - started
             counters.samples += sum(r.batch for r in live if r.error is None)
             for request in batch:
                 if request.error is not None:

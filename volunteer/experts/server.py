@@ -15,10 +15,10 @@ within ``backward_window``. Refusals are counted by reason in ``refusals``.
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from typing import Callable
 
 import trio
-
-from collections import Counter
 
 from ..errors import (
     ExpertBackwardRefusedError,
@@ -28,6 +28,7 @@ from ..errors import (
     VolunteerError,
     describe,
 )
+from ..net.identity import PeerID
 from ..net.streams import BufferedStream
 from ..net.pool import SERVE_IDLE
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
@@ -89,6 +90,9 @@ class ExpertServer:
         self.budget = RequestBudget(config)  # request bytes reserved now, per peer and in all
         self.forwards = ForwardRecord(config)  # who may call backward on what
         self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
+        # told of each call answered with a result: (caller, request op); the CLI counts the
+        # distinct trainers a volunteer served with it (its contributions)
+        self.on_served: Callable[[PeerID, str], None] | None = None
 
     @property
     def upload_limit(self) -> float | None:
@@ -162,6 +166,8 @@ class ExpertServer:
                     await self.upload.take(len(chunk))
                 await reader.send_all(chunk)
                 self.bytes_out += len(chunk)
+            if self.on_served is not None:
+                self.on_served(peer, request.op)
             return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise  # the caller went away: nobody to tell
