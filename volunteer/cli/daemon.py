@@ -143,6 +143,9 @@ class Daemon:
             if dht is not None:
                 snap["dht"] = dht
         snap["experts"] = node.expert_rows(trio.current_time()) if node is not None else []
+        coverage = node.coverage_view() if node is not None else None
+        if coverage is not None:  # the swarm declares grids: replicas per expert, unhosted ones
+            snap["coverage"] = coverage
         snap["compute"] = node.compute_view() if node is not None else {"device": "cpu"}
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]
         return snap

@@ -33,7 +33,7 @@ from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import Hosts, Placement, catch_up_source, place
+from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, place
 from .store import BackendStore
 from .syncdriver import ReplicaSync
 from .transfer import StateService, catch_up
@@ -322,6 +322,34 @@ class ReplicaManager:
         return result
 
 
+GPU_SHARE = 0.9  # of the device's memory placement fills when --max-gpu-memory does not say
+ACTIVATION_MARGIN = 1.25  # activations of a batch on top of parameters, gradients and Adam's moments
+
+
+def placement_capacity(
+    grids: Sequence[GridSpec],
+    device: Any,
+    *,
+    max_experts: int | None = None,
+    max_gpu_memory: float | None = None,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+) -> int:
+    """How many grid experts automatic placement hosts: ``--max-experts``; else what fits in the
+    allowed share of a CUDA device's memory (the grids' largest expert); else (no GPU) 8."""
+    if max_experts is not None or getattr(device, "type", "cpu") != "cuda" or not grids:
+        return capacity(max_experts=max_experts, config=config)
+    import torch
+
+    from ..experts.layers import get_expert_class
+
+    total = torch.cuda.get_device_properties(device.index or 0).total_memory
+    largest = max(
+        sum(p.numel() for p in get_expert_class(grid.expert_class).build(grid.hidden_dim).parameters()) for grid in grids
+    )
+    per_expert = int(expert_memory_bytes(largest) * ACTIVATION_MARGIN)
+    return capacity(gpu_memory_bytes=int(total * (max_gpu_memory or GPU_SHARE)), bytes_per_expert=per_expert, config=config)
+
+
 def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
     """The declarer's per-uid version provider: a hosted expert's count of optimizer updates."""
 
@@ -332,4 +360,4 @@ def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
     return version
 
 
-__all__ = ["BuildBackend", "ReplicaManager", "versions_of"]
+__all__ = ["BuildBackend", "ReplicaManager", "placement_capacity", "versions_of"]
