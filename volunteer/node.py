@@ -275,7 +275,7 @@ class VolunteerNode:
         expert_class = opts.expert_class
         if opts.place and not self.spec.grids:
             raise JoinError(f"swarm {self.spec.name!r} declares no [[grid]]: pass --experts CLASS:PATTERN")
-        if opts.backends is None and expert_class is None and not opts.place:
+        if opts.backends is None and expert_class is None and not self.spec.grids:  # grids name their class
             raise JoinError("cannot build experts: no expert class given (e.g. --experts ffn:expert.[0:4])")
 
         def build(uid: str, cls: str, hidden: int) -> ExpertBackend:

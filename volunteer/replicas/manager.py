@@ -35,6 +35,7 @@ from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, place
 from .store import BackendStore
+from .sync import SyncOutcome
 from .syncdriver import ReplicaSync
 from .transfer import StateService, catch_up
 
@@ -83,6 +84,7 @@ class ReplicaManager:
         self.moves = 0  # experts added or dropped by re-checks
         self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
         self.sync_failures = 0
+        self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
 
     @property
     def me(self) -> str:
@@ -286,6 +288,7 @@ class ReplicaManager:
             self.sync_failures += 1
             log.debug("sync of %s failed: %s", uid, describe(exc))
             return
+        self.outcomes[uid] = outcome
         if outcome.missing:
             log.debug("sync of %s finished without %d replica(s)", uid, len(outcome.missing))
 
