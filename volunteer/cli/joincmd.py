@@ -63,7 +63,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm "
                    "file's [experts].experts, else automatic placement on its [[grid]], else none)")
     p.add_argument("--max-experts", type=int, metavar="N", help="automatic placement hosts at most N experts "
-                   "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU)")
+                   "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU; 0: route the DHT only)")
+    # demos and tests of churn re-check placement more often than every 120 s
+    p.add_argument("--recheck-period", type=float, metavar="S", help=argparse.SUPPRESS)
     p.add_argument("--hidden-dim", type=int, metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
     p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
@@ -117,8 +119,13 @@ def build_options(args: argparse.Namespace):
     if experts:
         expert_class, uids = parse_experts_spec(experts)
     max_experts = getattr(args, "max_experts", None)
-    if max_experts is not None and max_experts < 1:
-        raise VolunteerError("--max-experts must be at least 1")
+    if max_experts is not None and max_experts < 0:
+        raise VolunteerError("--max-experts must be 0 or more")
+    replicas_config = None
+    if getattr(args, "recheck_period", None):
+        from ..replicas import ReplicasConfig
+
+        replicas_config = ReplicasConfig(recheck_period=args.recheck_period)
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     if hidden < 1:
         raise VolunteerError("--hidden-dim must be positive")
@@ -137,8 +144,9 @@ def build_options(args: argparse.Namespace):
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
-        place=not uids and bool(spec.grids),  # no experts named: the swarm's grid decides
+        place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
         max_experts=max_experts,
+        replicas_config=replicas_config,
     )
     return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path())
 
