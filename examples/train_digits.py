@@ -4,6 +4,14 @@
     python examples/train_digits.py --fail-rate 0.1      # a tenth of expert calls fail (Learning@home's test)
     python examples/train_digits.py --latency-ms 20      # every expert call waits 20 ms more
     python examples/train_digits.py --swarm demo         # use a running swarm instead
+    python examples/train_digits.py --churn              # volunteers join and leave all through training
+    python examples/train_digits.py --churn --replicas 1 # the same without replicas, for comparison
+
+--churn: the swarm file declares the grid ([[grid]], --replicas, --sync-period); volunteers run
+`volunteer join SWARM` with no --experts (automatic placement), each living a random
+--churn-life seconds (15:40), half leaving gracefully (hand-off) and half killed, never fewer
+than 2 alive, at least --churn-processes (6) over the run. It prints how many experts lost their
+state (must be 0 with replicas 2) and how many updates were lost.
 
 The model: Linear(64→H) → ReLU → RemoteMixtureOfExperts(H, grid 4x4, k_best 4) → Linear(H→10).
 Every forward and backward of the mixture goes to volunteer processes over libp2p (Noise,
@@ -27,6 +35,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
 
 from volunteer import RemoteMixtureOfExperts, Swarm  # noqa: E402
 
@@ -46,8 +55,10 @@ class Model(nn.Module):
     def __init__(self, swarm, hidden: int, grid: tuple[int, int], k_best: int, k_min: int, timeout: float) -> None:
         super().__init__()
         self.inp = nn.Linear(64, hidden)
+        # the swarm file's [[grid]] when it declares one (--churn): what the volunteers place themselves on
+        declared = swarm.spec.grids[0] if getattr(swarm.spec, "grids", None) else None
         self.moe = RemoteMixtureOfExperts(
-            swarm, in_features=hidden, grid_size=grid, uid_prefix="expert", k_best=k_best, k_min=k_min,
+            swarm, in_features=hidden, grid=declared, grid_size=grid, uid_prefix="expert", k_best=k_best, k_min=k_min,
             forward_timeout=timeout, backward_timeout=timeout, timeout_after_k_min=timeout / 4,
         )
         self.out = nn.Linear(hidden, 10)
@@ -128,14 +139,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show-status", action="store_true", help="print a volunteer's dashboard at the end")
     parser.add_argument("--kill-volunteer-at-epoch", type=int, metavar="E",
                         help="SIGKILL one volunteer of the testnet when epoch E starts (training must go on)")
+    parser.add_argument("--churn", action="store_true", help="volunteers join and leave all through training")
+    parser.add_argument("--replicas", type=int, default=2, help="--churn: the grid's replicas")
+    parser.add_argument("--sync-period", type=float, default=5.0, help="--churn: seconds between replica syncs")
+    parser.add_argument("--churn-life", default="15:40", help="--churn: each volunteer lives MIN:MAX seconds")
+    parser.add_argument("--churn-processes", type=int, default=6, help="--churn: volunteer processes over the run, at least")
+    parser.add_argument("--max-experts", type=int, help="--churn: experts per volunteer (default: the whole grid)")
     args = parser.parse_args(argv)
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
     torch.manual_seed(args.seed)
     x_train, x_test, y_train, y_test = load_digits_split(args.seed)
 
-    testnet = None if args.swarm else Testnet(args.volunteers, grid, args.hidden)
+    churn = ledger = None
+    if args.churn:
+        from churn_swarm import ChurnSwarm, ExpertLedger
+
+        life = tuple(float(v) for v in args.churn_life.split(":"))
+        churn = ChurnSwarm(grid=grid, hidden=args.hidden, replicas=args.replicas, sync_period=args.sync_period,
+                           max_experts=args.max_experts or grid[0] * grid[1], life=life, seed=args.seed)
+        ledger = ExpertLedger()
+    testnet = None if args.swarm or churn else Testnet(args.volunteers, grid, args.hidden)
     try:
-        swarm = Swarm.join(args.swarm or testnet.swarm_file)
+        if churn is not None:
+            churn.begin()
+        swarm = Swarm.join(args.swarm or (churn.swarm_file if churn else testnet.swarm_file))
         with swarm:
             from volunteer.experts.faults import FaultInjection
 
@@ -158,21 +185,29 @@ def main(argv: list[str] | None = None) -> int:
                     loss.backward()
                     optimizer.step()
                     losses.append(loss.item())
+                    if ledger is not None and (i // args.batch_size) % 5 == 0:
+                        ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
                 acc = accuracy(model, x_test, y_test)
                 best = max(best, acc)
                 stats = swarm.faults.summary()
                 print(f"epoch {epoch:>2}  loss {sum(losses) / len(losses):.3f}  test accuracy {acc:.3f}  "
                       f"({time.monotonic() - started:.0f} s{stats})", flush=True)
-                if acc >= args.target:
+                if acc >= args.target and (churn is None or churn.started >= args.churn_processes):
                     break
             mixture = model.moe.stats
             print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed, {mixture['rerouted']} samples "
                   f"re-routed to a second round, {mixture['samples_short']} short of k_min (zero output)", flush=True)
+            if churn is not None:
+                print(f"churn: {churn.started} volunteer processes ({churn.graceful} left gracefully, {churn.killed} "
+                      f"killed), replicas {args.replicas}: experts lost {ledger.experts_lost}, "
+                      f"updates lost {ledger.updates_lost}", flush=True)
             if args.show_status and testnet is not None:
                 _show_status(testnet)
     finally:
         if testnet is not None:
             testnet.stop()
+        if churn is not None:
+            churn.close()
     reached = best >= args.target
     print(f"{'reached' if reached else 'did NOT reach'} {args.target:.0%} test accuracy (best {best:.3f})")
     return 0 if reached else 1

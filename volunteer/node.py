@@ -42,6 +42,8 @@ from .swarmfile import SwarmSpec
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from .experts import ExpertsConfig
     from .experts.backend import ExpertBackend
+    from .replicas import HandOffResult, ReplicasConfig
+    from .replicas.manager import ReplicaManager
     from .experts.runtime import Runtime
     from .experts.server import ExpertServer
     from .net.host import Host
@@ -83,11 +85,15 @@ class VolunteerOptions:
     experts_config: "ExpertsConfig | None" = None  # default: from device and max_batch
     backends: "Sequence[ExpertBackend] | None" = None
     leave_deadline: float = LEAVE_DEADLINE
+    # replicated experts (the swarm file's [[grid]]): place=True picks uids by automatic placement
+    place: bool = False
+    max_experts: int | None = None  # placement capacity (default: what fits the GPU, else 8)
+    replicas_config: "ReplicasConfig | None" = None  # default: replicas.DEFAULT_CONFIG
 
     @property
     def hosts_experts(self) -> bool:
         """Whether this node serves experts at all (a node without them still routes the DHT)."""
-        return bool(self.uids) or bool(self.backends)
+        return bool(self.uids) or bool(self.backends) or self.place
 
 
 def check_device(device: str, max_gpu_memory: float | None) -> str:
@@ -121,6 +127,8 @@ class VolunteerNode:
         self.server: ExpertServer | None = None
         self.declarer: ExpertDeclarer | None = None
         self.hivemind: Any = None  # a hivemind.member.HivemindMember on a hivemind swarm
+        self.replicas: ReplicaManager | None = None  # grid experts: placement, catch-up, sync, hand-off
+        self.handed_off: HandOffResult | None = None  # what the graceful leave handed off
         self.device = device
         self.paused = False
         self._leave = trio.Event()
@@ -183,6 +191,10 @@ class VolunteerNode:
             with trio.move_on_after(self.options.leave_deadline):
                 while self.in_flight():
                     await trio.sleep(DRAIN_POLL)
+        if self.replicas is not None:
+            # sole copies go to volunteers with room (bounded by handoff_timeout); the runtime's
+            # exit saves every checkpoint afterwards, handed off or not
+            self.handed_off = await self.replicas.hand_off_all()
 
     async def _reach_swarm(self, timeout: float = REACH_TIMEOUT) -> None:
         entry = self.spec.entry_points
@@ -263,13 +275,26 @@ class VolunteerNode:
             device=self.device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks
         )
         expert_class = opts.expert_class
-        if opts.backends is None and expert_class is None:
+        if opts.place and not self.spec.grids:
+            raise JoinError(f"swarm {self.spec.name!r} declares no [[grid]]: pass --experts CLASS:PATTERN")
+        if opts.backends is None and expert_class is None and not self.spec.grids:  # grids name their class
             raise JoinError("cannot build experts: no expert class given (e.g. --experts ffn:expert.[0:4])")
+
+        def build(uid: str, cls: str, hidden: int) -> ExpertBackend:
+            return make_backend(uid, cls, hidden, config=config, checkpoint_dir=opts.checkpoint_dir)
+
         try:
-            backends = list(opts.backends) if opts.backends is not None else [
-                make_backend(uid, expert_class or "", opts.hidden_dim, config=config, checkpoint_dir=opts.checkpoint_dir)
-                for uid in opts.uids
-            ]
+            if opts.backends is not None:
+                backends = list(opts.backends)
+            elif self.spec.grids and self.spec.kind == "hivemind" and not opts.uids:
+                # hivemind has no replica protocols: host the declared grid, up to our capacity
+                every = [(uid, grid) for grid in self.spec.grids for uid in grid.uids()]
+                cap = opts.max_experts if opts.max_experts is not None else len(every)
+                backends = [build(uid, grid.expert_class, grid.hidden_dim) for uid, grid in every[:cap]]
+            elif self.spec.grids and self.spec.kind != "hivemind":
+                backends = await self._replicated_backends(build)
+            else:
+                backends = [build(uid, expert_class or "", opts.hidden_dim) for uid in opts.uids]
         except (ExpertConfigError, KeyError, ValueError) as exc:
             raise JoinError(f"cannot build experts: {describe(exc)}") from None
         async with open_runtime(backends, config) as runtime:
@@ -283,8 +308,19 @@ class VolunteerNode:
             if opts.max_upload:
                 self.server.upload_limit = opts.max_upload
             self.server.install()
-            self.declarer = ExpertDeclarer(self.dht, runtime.uids, loads=self.loads)
+            manager = self.replicas
+            if manager is not None:
+                manager.store.backends = runtime.backends  # the runtime's dict from now on
+                manager.store.runtime = runtime
+                for service in manager.services():  # before declaring: replicas sync with us at once
+                    await self.host.add_service(service)
+            from .replicas.manager import versions_of
+
+            self.declarer = ExpertDeclarer(self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends))
             await nursery.start(self.declarer.run)
+            if manager is not None:
+                manager.declarer = self.declarer
+                await nursery.start(manager.run)
             yield
         # leaving the runtime's block saved every checkpoint
 
@@ -299,6 +335,66 @@ class VolunteerNode:
             raise JoinError(f"cannot join hivemind swarm {self.spec.name!r}: {describe(exc)}") from None
         async with trio.open_nursery() as nursery, self._serve_experts(nursery):
             yield
+
+    async def _replicated_backends(self, build: Any) -> list[ExpertBackend]:
+        """The backends to start with when the swarm declares grids: placement's choice (or the
+        given uids), each caught up from its freshest live replica before it is ever declared."""
+        from .experts.backend import resolve_device
+        from .replicas import DEFAULT_CONFIG, BackendStore, grid_of
+        from .replicas.manager import SURVEY_TIMEOUT, ReplicaManager, placement_capacity
+
+        opts = self.options
+        rconfig = opts.replicas_config or DEFAULT_CONFIG
+        grids = self.spec.grids
+        if opts.place:
+            cap = placement_capacity(grids, resolve_device(self.device), max_experts=opts.max_experts,
+                                     max_gpu_memory=opts.max_gpu_memory, config=rconfig)
+        else:
+            cap = opts.max_experts if opts.max_experts is not None else len(opts.uids)
+
+        def factory(header: Any) -> ExpertBackend:  # a handed-off expert: only grid experts are taken
+            if grid_of(header.uid, grids) is None:
+                raise ExpertConfigError(f"{header.uid!r} is in no grid of this swarm")
+            return build(header.uid, header.expert_class, header.hidden_dim)
+
+        manager = ReplicaManager(host=self.host, dht=self.dht, swarm_id=self.spec.id, grids=grids, build=build,
+                                 store=BackendStore({}, capacity=cap, factory=factory, config=rconfig),
+                                 capacity=cap, auto_place=opts.place, config=rconfig)
+        manager.store.on_accepted = manager.accepted
+        self.replicas = manager
+        hosts: dict = {}
+        with trio.move_on_after(SURVEY_TIMEOUT):
+            try:
+                hosts = await manager.survey(opts.uids)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.warning("cannot survey the grid (placing on an empty view): %s", describe(exc))
+        if opts.place:
+            uids = list(manager.placement(hosts).host)
+            log.info("placement: hosting %d of the swarm's grid experts (capacity %d)", len(uids), cap)
+        else:
+            uids = list(opts.uids)
+            outside = [uid for uid in uids if grid_of(uid, grids) is None]
+            if outside:
+                log.warning("hosting %d expert(s) outside every grid the swarm declares: %s", len(outside),
+                            ", ".join(outside[:4]))
+        backends: list[ExpertBackend] = []
+        limiter = trio.CapacityLimiter(2)  # catch-ups at once: sources serve only a few transfers each
+
+        async def one(uid: str) -> None:
+            grid = grid_of(uid, grids)
+            if grid is not None and (opts.place or opts.expert_class is None):
+                backend = build(uid, grid.expert_class, grid.hidden_dim)
+            else:
+                backend = build(uid, opts.expert_class or "", opts.hidden_dim)
+            async with limiter:
+                ok = grid is None or await manager.prepare(backend, hosts)
+            if ok or not opts.place:  # uids the user named are hosted anyway (warned in prepare)
+                backends.append(backend)
+
+        async with trio.open_nursery() as catchups:
+            for uid in uids:
+                catchups.start_soon(one, uid)
+        return sorted(backends, key=lambda b: b.uid)
 
     # --- state views: pieces of the status snapshot, JSON-serialisable ---------------------------
     def reachability_view(self) -> dict | None:
@@ -363,6 +459,7 @@ class VolunteerNode:
         if self.runtime is None:
             return []
         rows = []
+        synced = self.replicas.sync.last_sync if self.replicas is not None else {}
         for uid, s in sorted(self.runtime.stats().items()):
             then, count = self._rate_marks.get(uid, (self._experts_since, 0))
             rate = (s.requests - count) / (now - then) if now > then else 0.0
@@ -379,9 +476,18 @@ class VolunteerNode:
                     "busy": s.busy,
                     "updates": s.updates,
                     "last_error": s.last_error,
+                    "version": s.updates,
+                    "last_sync_age_s": round(now - synced[uid], 1) if uid in synced else None,
                 }
             )
         return rows
+
+    def coverage_view(self) -> dict | None:
+        """The swarm's coverage of its declared grids (as this volunteer last surveyed it) and
+        warnings (experts with no host, experts hosted outside every grid); None without grids."""
+        if self.replicas is None:
+            return None
+        return self.replicas.coverage()
 
     def compute_view(self) -> dict:
         """The device the experts run on and, for CUDA, its memory and utilisation."""

@@ -9,6 +9,7 @@ import stat
 
 from volunteer.cli.joincmd import build_options
 from volunteer.cli.main import build_parser
+from volunteer.net.identity import KeyPair
 
 from .conftest import run_cli
 from .test_join_cli import one_line_error, unreachable_swarm
@@ -45,3 +46,18 @@ def test_share_tracebacks_flag_reaches_the_daemon_options(tmp_path):
 def test_share_tracebacks_refuses_unknown_policies(tmp_path, cli_env):
     result = run_cli("join", unreachable_swarm(tmp_path), "--share-tracebacks", "some", env=cli_env)
     assert result.returncode == 2 and "--share-tracebacks" in result.stderr
+
+
+def test_join_without_experts_places_on_the_swarm_files_grid(tmp_path):
+    swarm = tmp_path / "grid.toml"
+    swarm.write_text(
+        f'name = "grid"\nbootstrap = ["/ip4/127.0.0.1/tcp/9/p2p/{KeyPair.generate().peer_id}"]\n'
+        '[[grid]]\nprefix = "expert"\nsize = [4]\nexpert = "ffn"\nhidden_dim = 8\nreplicas = 2\n'
+    )
+    parser = build_parser()
+    base = ["join", str(swarm), "--identity", str(tmp_path / "key")]
+    placed = build_options(parser.parse_args(base)).node
+    assert placed.place and placed.uids == [] and placed.max_experts is None and placed.hosts_experts
+    assert build_options(parser.parse_args([*base, "--max-experts", "3"])).node.max_experts == 3
+    named = build_options(parser.parse_args([*base, "--experts", "ffn:expert.[0:2]"])).node
+    assert not named.place and named.uids == ["expert.0", "expert.1"]

@@ -100,3 +100,27 @@ def test_config_file_defaults_and_errors(tmp_path, monkeypatch):
         load_config(tmp_path / "other.toml")
     with pytest.raises(SwarmFileError, match="no config file"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_swarm_file_grids_are_parsed_and_their_errors_are_swarm_file_errors(tmp_path):
+    from volunteer.swarmfile import GridSpec, GridSpecError
+
+    path = tmp_path / "grid.toml"
+    path.write_text(
+        'name = "g"\n[[grid]]\nprefix = "expert"\nsize = [4, 8]\nexpert = "ffn"\nhidden_dim = 1024\nreplicas = 2\n'
+        '[[grid]]\nprefix = "block"\nsize = [2]\nexpert = "ffn"\nhidden_dim = 16\nsync_period = 5\n'
+    )
+    spec = load_swarm_file(path)
+    assert spec.grids == [GridSpec("expert", (4, 8), "ffn", 1024, replicas=2), GridSpec("block", (2,), "ffn", 16, sync_period=5.0)]
+    assert spec.grids[0].sync_period == 30.0
+    assert load_swarm_file(_write(tmp_path, 'name = "none"\n')).grids == []
+    bad = _write(tmp_path, 'name = "bad"\n[[grid]]\nprefix = "expert"\nsize = [4]\nexpert = "ffn"\n')
+    with pytest.raises(SwarmFileError, match="missing 'hidden_dim'") as info:
+        load_swarm_file(bad)
+    assert isinstance(info.value, GridSpecError) and str(bad) in str(info.value)
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / f"s{abs(hash(text))}.toml"
+    path.write_text(text)
+    return path

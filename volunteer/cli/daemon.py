@@ -194,6 +194,9 @@ class Daemon:
             if dht is not None:
                 snap["dht"] = dht
         snap["experts"] = self._windowed(node.expert_rows(now), now) if node is not None else []
+        coverage = node.coverage_view() if node is not None else None
+        if coverage is not None:  # the swarm declares grids: replicas per expert, unhosted ones
+            snap["coverage"] = coverage
         snap["compute"] = node.compute_view() if node is not None else {"device": "cpu"}
         snap["gpu"] = self.gpu.read(self.device)
         if node is not None:

@@ -18,7 +18,8 @@ from .control import ControlError, default_control_path, request
 
 JOIN_EXAMPLES = """\
 examples:
-  volunteer join demo                                   serve the DHT only, show the dashboard
+  volunteer join demo                                   host what the swarm's [[grid]] needs most (else serve the DHT only)
+  volunteer join demo --max-experts 4                   the same, at most 4 experts
   volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
   volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
   volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
@@ -59,7 +60,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         epilog=JOIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
-    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm file's, else none)")
+    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm "
+                   "file's [experts].experts, else automatic placement on its [[grid]], else none)")
+    p.add_argument("--max-experts", type=int, metavar="N", help="automatic placement hosts at most N experts "
+                   "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU; 0: route the DHT only)")
+    # demos and tests of churn re-check placement more often than every 120 s
+    p.add_argument("--recheck-period", type=float, metavar="S", help=argparse.SUPPRESS)
     p.add_argument("--hidden-dim", type=int, metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
     p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
@@ -112,6 +118,14 @@ def build_options(args: argparse.Namespace):
     expert_class, uids = (None, [])
     if experts:
         expert_class, uids = parse_experts_spec(experts)
+    max_experts = getattr(args, "max_experts", None)
+    if max_experts is not None and max_experts < 0:
+        raise VolunteerError("--max-experts must be 0 or more")
+    replicas_config = None
+    if getattr(args, "recheck_period", None):
+        from ..replicas import ReplicasConfig
+
+        replicas_config = ReplicasConfig(recheck_period=args.recheck_period)
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     if hidden < 1:
         raise VolunteerError("--hidden-dim must be positive")
@@ -130,13 +144,16 @@ def build_options(args: argparse.Namespace):
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
+        place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
+        max_experts=max_experts,
+        replicas_config=replicas_config,
     )
     return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir())
 
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
-    if options.node.uids:
+    if options.node.uids or options.node.place:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
 
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
@@ -163,6 +180,10 @@ async def join(options, dashboard: bool) -> int:
             if options.node.uids:
                 node = options.node
                 print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
+            elif options.node.place:
+                hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
+                print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
+                      + (" …" if len(hosted) > 8 else ""), flush=True)
             print(f"  control socket {options.control_path}", flush=True)
             if dashboard:
                 from .dashboard import LiveDashboard
@@ -174,6 +195,12 @@ async def join(options, dashboard: bool) -> int:
                 nursery.start_soon(log_summaries, daemon.snapshot)
             await daemon.wait_left()
             nursery.cancel_scope.cancel()
+    handed = daemon.node.handed_off if daemon.node is not None else None
+    if handed is not None:
+        for uid, (peer, version) in sorted(handed.done.items()):
+            print(f"  handed off {uid} (version {version}) to {peer[-10:]}", flush=True)
+        for uid, why in sorted(handed.failed.items()):
+            print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
     print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
     return 0
 

@@ -119,6 +119,7 @@ class Declaration:
     heartbeat: float
     children: tuple[tuple[int, str], ...] = ()  # prefix records: (next index, a uid below it)
     expiration: float = 0.0
+    version: int = 0  # uid records: the expert's count of optimizer updates ("v"; absent = 0)
 
     def encode(self) -> bytes:
         """The msgpack value stored in the DHT."""
@@ -128,6 +129,8 @@ class Declaration:
             "l": float(self.load),
             "h": float(self.heartbeat),
         }
+        if self.version:
+            msg["v"] = int(self.version)
         if self.children:
             msg["n"] = {int(c): uid for c, uid in self.children}
         return msgpack.packb(msg, use_bin_type=True)
@@ -148,6 +151,7 @@ class Declaration:
             addrs = tuple(msg.get("a", ()))
             load, heartbeat = msg["l"], msg["h"]
             children = msg.get("n", {})
+            version = msg.get("v", 0)
             ok = (
                 len(addrs) <= config.max_addrs
                 and all(isinstance(a, bytes) and len(a) <= config.max_addr_size for a in addrs)
@@ -158,12 +162,15 @@ class Declaration:
                 and all(
                     isinstance(c, int) and not isinstance(c, bool) and isinstance(u, str) for c, u in children.items()
                 )
+                and isinstance(version, int)
+                and not isinstance(version, bool)
+                and 0 <= version < 2**63
             )
         except (TypeError, KeyError, AttributeError, ValueError, PeerIDError):
             ok = False
         if not ok:
             raise DHTRecordError("declaration has missing or mistyped fields", "bad-declaration")
-        return cls(peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration)
+        return cls(peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration, version)
 
 
 def make_declarations(
@@ -173,6 +180,7 @@ def make_declarations(
     expiration: float,
     *,
     loads: Mapping[str, float] | None = None,
+    versions: Mapping[str, int] | None = None,
     config: DHTConfig | None = None,
 ) -> list[tuple[bytes, bytes, bytes, float]]:
     """``(key, sub-key, value, expiration)`` for every uid and grid prefix of this host.
@@ -190,7 +198,9 @@ def make_declarations(
     for uid in uids:
         name, coords = parse_uid(uid)
         load = float(loads.get(uid, host.load))
-        out.append((expert_key(uid), subkey, Declaration(host.peer, host.addrs, load, now).encode(), float(expiration)))
+        version = int((versions or {}).get(uid, 0))
+        decl = Declaration(host.peer, host.addrs, load, now, version=version)
+        out.append((expert_key(uid), subkey, decl.encode(), float(expiration)))
         for depth, prefix in enumerate(grid_prefixes(uid)):
             below = children.setdefault(prefix, {})
             best = below.get(coords[depth])

@@ -22,6 +22,7 @@ backward call only loses that expert's gradient. Gradients reach the gate throug
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Sequence
 
@@ -83,8 +84,9 @@ class _Plan:
             async def one(i: int) -> None:
                 nonlocal finished
                 try:
+                    started = time.monotonic()
                     results[i] = await self.calls[i].forward([inputs[i]])
-                    self.moe._answered(self.calls[i])
+                    self.moe._answered(self.calls[i], time.monotonic() - started)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
@@ -151,15 +153,21 @@ class _ParallelCalls(torch.autograd.Function):
 
 
 class RemoteMixtureOfExperts(nn.Module):
-    """A mixture of the live experts ``uid_prefix.i.j…`` of a swarm, usable as a local layer."""
+    """A mixture of the live experts ``uid_prefix.i.j…`` of a swarm, usable as a local layer.
+
+    ``grid``: a swarm file's ``[[grid]]`` (``swarm.spec.grids[0]``) instead of ``grid_size`` and
+    ``uid_prefix``, so trainers address what volunteers place themselves on. An expert with
+    several replicas gets each call from one of them, drawn by load and measured latency; the
+    backward of a call goes to the replica that ran its forward."""
 
     def __init__(
         self,
         swarm,
         *,
         in_features: int,
-        grid_size: Sequence[int],
+        grid_size: Sequence[int] | None = None,
         uid_prefix: str = "expert",
+        grid=None,
         k_best: int = 4,
         k_min: int = 1,
         forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
@@ -174,6 +182,10 @@ class RemoteMixtureOfExperts(nn.Module):
             raise ValueError("need 1 <= k_min <= k_best")
         self.swarm = swarm
         self.in_features = in_features
+        if grid is not None:  # a swarm file's [[grid]] (swarmfile.GridSpec): what volunteers host
+            grid_size, uid_prefix = grid.size, grid.prefix
+        if grid_size is None:
+            raise ValueError("give grid_size (and uid_prefix), or a swarm file's grid")
         self.grid_size = tuple(int(g) for g in grid_size)
         self.uid_prefix = uid_prefix.rstrip(".")
         self.k_best, self.k_min = k_best, k_min
@@ -188,6 +200,8 @@ class RemoteMixtureOfExperts(nn.Module):
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
+        self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
+        self._random = random.Random()
         self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0}
 
     @property
@@ -219,12 +233,20 @@ class RemoteMixtureOfExperts(nn.Module):
         return self._live
 
     def _pick_host(self, uid: str, hosts: list):
+        """One of the expert's replicas, drawn with weight 1 / ((1 + load) x latency): calls
+        spread over the replicas, most to the idle and near ones (a host never measured counts
+        as the median of those that were)."""
         now = time.monotonic()
-        for decl in hosts:
-            key = (uid, str(decl.peer))
-            if self._avoid.get(key, 0) <= now and key not in self._failed_now:
-                return decl
-        return None
+        eligible = [
+            decl for decl in hosts
+            if self._avoid.get((uid, str(decl.peer)), 0) <= now and (uid, str(decl.peer)) not in self._failed_now
+        ]
+        if len(eligible) <= 1:
+            return eligible[0] if eligible else None
+        known = sorted(self._latency.values())
+        typical = known[len(known) // 2] if known else 0.05
+        weights = [1.0 / ((1.0 + max(0.0, d.load)) * max(1e-3, self._latency.get(str(d.peer), typical))) for d in eligible]
+        return self._random.choices(eligible, weights)[0]
 
     def _failed(self, call: _Call, error: BaseException | None = None) -> None:
         # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
@@ -238,8 +260,11 @@ class RemoteMixtureOfExperts(nn.Module):
         if strikes >= 2:
             self._avoid[key] = time.monotonic() + min(self.backoff, 2.0 ** (strikes - 1))
 
-    def _answered(self, call: _Call) -> None:
+    def _answered(self, call: _Call, seconds: float | None = None) -> None:
         key = (call.uid, str(call.peer))
+        if seconds is not None:
+            old = self._latency.get(str(call.peer))
+            self._latency[str(call.peer)] = seconds if old is None else 0.8 * old + 0.2 * seconds
         if key in self._strikes:
             del self._strikes[key]
             self._avoid.pop(key, None)

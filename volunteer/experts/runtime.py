@@ -226,6 +226,35 @@ class Runtime:
                 )
             return result
 
+    # --- hosting changes while running (replicas: placement, hand-off receivers) ---------------
+    def add_backend(self, backend: ExpertBackend) -> None:
+        """Serve ``backend`` from now on (its state already loaded: a caught-up or pushed expert)."""
+        with self._cond:
+            if backend.uid in self.backends:
+                raise ExpertConfigError(f"this runtime already serves {backend.uid!r}")
+            for kind in (FORWARD, BACKWARD):
+                self._queues[backend.uid, kind] = _Queue()
+            self._counters[backend.uid] = _Counters()
+            self.backends[backend.uid] = backend
+
+    def remove_backend(self, uid: str) -> ExpertBackend:
+        """Stop serving ``uid`` and return its backend (the caller saves it if it wants to):
+        requests still queued for it fail with ExpertUnavailableError; one being computed finishes."""
+        with self._cond:
+            backend = self.backends.pop(uid, None)
+            if backend is None:
+                raise UnknownExpertError(f"no expert {uid!r} here")
+            stranded: list[_Request] = []
+            for kind in (FORWARD, BACKWARD):
+                queue = self._queues.pop((uid, kind))
+                stranded.extend(queue.requests)
+                self._queued_bytes -= sum(r.nbytes for r in queue.requests)
+            del self._counters[uid]
+        for request in stranded:
+            request.error = ExpertUnavailableError(f"this volunteer no longer hosts {uid!r}")
+        _wake(stranded)
+        return backend
+
     # --- submission -------------------------------------------------------------------------------
 
     def _backend(self, uid: str) -> ExpertBackend:
@@ -376,7 +405,8 @@ class Runtime:
             runs = self._compute_alone(live[0])
         done = time.perf_counter()
         with self._cond:
-            counters = self._counters[batch[0].uid]
+            # remove_backend may have dropped the expert while this batch ran: count into a stub
+            counters = self._counters.get(batch[0].uid) or _Counters()
             counters.batches += runs
             counters.compute_s += done - started
             counters.samples += sum(r.batch for r in live if r.error is None)

@@ -13,8 +13,8 @@ class ReplicaConfigError(ReplicaError, ValueError):
     """A ReplicasConfig value is out of range."""
 
 
-class GridSpecError(ReplicaError, ValueError):
-    """A ``[[grid]]`` table of a swarm file is malformed (missing key, wrong type, bad value)."""
+# a malformed [[grid]] table is a swarm-file error first (defined beside the swarm file's parser)
+from ..swarmfile import GridSpecError  # noqa: E402
 
 
 class StateProtocolError(ReplicaError, RemoteProtocolError):

@@ -116,12 +116,26 @@ class BackendStore:
         import_state(backend, header, payload)  # nobody else sees this backend yet
         if header.uid in self.backends:
             raise StateRefusedError(f"{header.uid!r} arrived twice at once", "busy")
-        self.backends[header.uid] = backend
+        self.add(backend)
         if self.on_accepted is not None:
             result = self.on_accepted(backend)
             if inspect.isawaitable(result):
                 await result
         return backend.updates
+
+    def add(self, backend: ExpertBackend) -> None:
+        """Host ``backend`` from now on: the runtime serves it (its ``add_backend``), or, without
+        a runtime, it joins the dict of backends."""
+        if self.runtime is not None:
+            self.runtime.add_backend(backend)  # the runtime's dict is ours: it adds it there
+        else:
+            self.backends[backend.uid] = backend
+
+    def remove(self, uid: str) -> ExpertBackend:
+        """Stop hosting ``uid``; returns its backend."""
+        if self.runtime is not None:
+            return self.runtime.remove_backend(uid)
+        return self.backends.pop(uid)
 
     # --- replica sync ---------------------------------------------------------------------------
     def parameter_layout(self, uid: str) -> tuple[TensorMeta, ...]:

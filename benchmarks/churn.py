@@ -1,0 +1,122 @@
+"""Replicated experts under churn (issue 13), side by side in one run:
+
+1. catch-up: time for a joiner to download an expert of ~8 M parameters (ffn, hidden 1024:
+   parameters + Adam state, sha256-verified) from a live replica over loopback;
+2. sync traffic: bytes one replica sends in one sync round of that expert, and per minute at the
+   default sync_period (30 s) with 2 replicas;
+3. accuracy under churn: ``examples/train_digits.py --churn`` with replicas 1 and with replicas 2
+   (best test accuracy, experts lost, updates lost).
+
+    python benchmarks/churn.py                 # all three (the churn runs take a few minutes)
+    python benchmarks/churn.py --skip-churn    # only the transfer figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from volunteer.dht import DHTConfig  # noqa: E402
+from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
+from volunteer.net.host import HostConfig  # noqa: E402
+from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
+from volunteer.replicas import ReplicasConfig  # noqa: E402
+from volunteer.replicas.transfer import catch_up  # noqa: E402
+from volunteer.swarmfile import GridSpec, SwarmSpec  # noqa: E402
+
+HIDDEN = 1024
+SWARM = "churnbench"
+GRID = GridSpec("big", (1,), "ffn", HIDDEN, replicas=2, sync_period=3600.0)
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+
+
+def options(**changes) -> VolunteerOptions:
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False,
+                dht_config=DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0),
+                experts_config=ExpertsConfig(device="cpu"), replicas_config=ReplicasConfig(sync_timeout=120.0))
+    return VolunteerOptions(**{**base, **changes})
+
+
+def sent(node) -> int:
+    return sum(conn.bytes_sent for conn in node.host.connections())
+
+
+async def transfer_figures(repeats: int) -> dict:
+    spec = SwarmSpec(SWARM, SWARM, [], [], grids=[GRID])
+    async with open_volunteer(spec, options(uids=["big.0"])) as source:
+        entry = source.host.full_addrs()[0]
+        params = sum(p.numel() for p in source.runtime.backends["big.0"].module.parameters())
+        joined = SwarmSpec(SWARM, SWARM, [entry], [], grids=[GRID])
+        async with open_volunteer(joined, options(uids=["big.0"])) as replica:
+            times = []
+            for _ in range(repeats):
+                backend = make_backend("big.0", "ffn", HIDDEN)
+                started = time.perf_counter()
+                await catch_up(replica.host, source.host.peer_id, backend, swarm_id=SWARM)
+                times.append(time.perf_counter() - started)
+            while not (await _both_declared(source)):
+                await trio.sleep(0.05)
+            before = sent(source)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(source.replicas.sync_grid, GRID)
+                nursery.start_soon(replica.replicas.sync_grid, GRID)
+            round_bytes = sent(source) - before
+    times.sort()
+    return {"params": params, "catch_up_s": times[len(times) // 2], "round_bytes": round_bytes}
+
+
+async def _both_declared(node) -> bool:
+    from volunteer.dht.grid import get_experts
+
+    return len((await get_experts(node.dht, ["big.0"]))["big.0"]) >= 2
+
+
+def churn_run(replicas: int, life: str) -> dict:
+    cmd = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--churn", "--grid", "2x2", "--replicas",
+           str(replicas), "--max-experts", "2", "--churn-life", life, "--sync-period", "5", "--epochs", "40"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT).stdout
+    best = re.search(r"best ([0-9.]+)\)", out)
+    churn = re.search(r"churn: (\d+) volunteer processes .*experts lost (\d+), updates lost (\d+)", out)
+    return {
+        "best": float(best.group(1)) if best else float("nan"),
+        "processes": int(churn.group(1)) if churn else -1,
+        "experts_lost": int(churn.group(2)) if churn else -1,
+        "updates_lost": int(churn.group(3)) if churn else -1,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-churn", action="store_true")
+    parser.add_argument("--churn-life", default="15:40")
+    args = parser.parse_args()
+
+    figures = trio.run(transfer_figures, args.repeats)
+    per_minute = figures["round_bytes"] * 60 / 30.0
+    print(f"expert: ffn hidden {HIDDEN}, {figures['params'] / 1e6:.1f} M parameters")
+    print(f"  catch-up (state download, median of {args.repeats}): {figures['catch_up_s']:.2f} s")
+    print(f"  sync round, bytes one replica sends: {figures['round_bytes'] / 2**20:.1f} MiB "
+          f"({figures['round_bytes'] / (4 * figures['params']):.2f}x its float32 parameters)")
+    print(f"  sync traffic per expert per minute (sync_period 30 s, 2 replicas): {per_minute / 2**20:.1f} MiB")
+    if args.skip_churn:
+        return 0
+    print("accuracy under churn (digits, grid 2x2, 2 experts per volunteer):")
+    rows = {replicas: churn_run(replicas, args.churn_life) for replicas in (1, 2)}
+    print(f"  {'':12}{'replicas 1':>14}{'replicas 2':>14}")
+    for key in ("best", "processes", "experts_lost", "updates_lost"):
+        print(f"  {key:12}{rows[1][key]:>14}{rows[2][key]:>14}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

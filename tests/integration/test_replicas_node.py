@@ -1,0 +1,168 @@
+"""Replicated experts through ``open_volunteer`` nodes (issue 13): a late joiner catches up before
+it declares, replicas agree after a sync, a replica killed mid-sync stalls nobody, and a leaver's
+sole expert is handed over at its version. Loopback only; the swarm file's grid is a SwarmSpec's."""
+
+from __future__ import annotations
+
+import torch
+import trio
+
+from volunteer.dht import DHTConfig
+from volunteer.dht.grid import get_experts
+from volunteer.experts import ExpertsConfig
+from volunteer.net.host import HostConfig
+from volunteer.node import VolunteerOptions, open_volunteer
+from volunteer.replicas import ReplicasConfig
+from volunteer.replicas.state import state_digest
+from volunteer.swarmfile import GridSpec, SwarmSpec
+
+SWARM = "replicanode"
+QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+# heartbeats at start and when the experts change (the manager wakes the declarer), not on a timer
+DHT = DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0)
+# rounds and re-checks only when a test asks: periods far beyond any test's bound; a round that
+# waited for its deadline would outlast the test's fail_after, so liveness shows without timing
+CONFIG = ReplicasConfig(sync_timeout=600.0, recheck_period=3600.0, handoff_timeout=60.0)
+HIDDEN = 8
+GRID = GridSpec("rep", (2,), "ffn", HIDDEN, replicas=2, sync_period=3600.0)
+ALONE = GridSpec("solo", (1,), "ffn", HIDDEN, replicas=1, sync_period=3600.0)
+
+
+def spec(*bootstrap, grids=(GRID,)) -> SwarmSpec:
+    return SwarmSpec(SWARM, SWARM, list(bootstrap), [], grids=list(grids))
+
+
+def options(**changes) -> VolunteerOptions:
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT, nat=False, mdns=False,
+                experts_config=ExpertsConfig(device="cpu"), replicas_config=CONFIG)
+    return VolunteerOptions(**{**base, **changes})
+
+
+async def train(node, uid: str, steps: int, seed: int = 0) -> None:
+    """``steps`` optimizer updates of ``uid`` through the node's runtime (a trainer's backward)."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, HIDDEN, generator=gen)
+        await node.runtime.backward(uid, [x], [torch.randn(4, HIDDEN, generator=gen)])
+
+
+async def declared_versions(dht, uid: str) -> dict:
+    return {str(d.peer): d.version for d in (await get_experts(dht, [uid]))[uid]}
+
+
+async def until(predicate, what: str) -> None:
+    while not await predicate():
+        await trio.sleep(0.02)
+
+
+async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_a_sync():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as first:
+            assert sorted(first.runtime.uids) == ["rep.0", "rep.1"]
+            await train(first, "rep.0", 3)
+            version = first.runtime.backends["rep.0"].updates
+            assert version == 3
+            digest = state_digest(first.runtime.backends["rep.0"])
+            first.declarer.resume()  # declare the new version now
+            await until(lambda: _has_version(seed.dht, "rep.0", str(first.host.peer_id), 3), "declared")
+
+            async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as late:
+                joined = late.runtime.backends["rep.0"]
+                # downloaded before the runtime even started: the state equals the replica's
+                assert late.replicas.caught_up["rep.0"] == version
+                assert state_digest(joined) == digest and joined.updates == version
+                # and its first declaration already carried the caught-up version
+                mine = str(late.host.peer_id)
+                await until(lambda: _has_version(seed.dht, "rep.0", mine, version), "declared")
+
+                # trained apart, then synced with no training in between: same outputs
+                await train(first, "rep.0", 2, seed=1)
+                await train(late, "rep.0", 1, seed=2)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(first.replicas.sync_grid, GRID)
+                    nursery.start_soon(late.replicas.sync_grid, GRID)
+                x = torch.randn(3, HIDDEN)
+                a = first.runtime.backends["rep.0"].forward([x])[0]
+                b = late.runtime.backends["rep.0"].forward([x])[0]
+                assert torch.allclose(a, b, atol=1e-6)
+                # the version after a sync is the group's highest
+                assert first.runtime.backends["rep.0"].updates == late.runtime.backends["rep.0"].updates == 5
+                assert late.replicas.outcomes["rep.0"].contributors
+                row = next(r for r in late.expert_rows(trio.current_time()) if r["uid"] == "rep.0")
+                assert row["version"] == 5 and row["last_sync_age_s"] is not None
+                coverage = late.coverage_view()
+                assert coverage["grids"][0]["prefix"] == "rep" and coverage["grids"][0]["total"] == 2
+
+
+async def _has_version(dht, uid: str, peer: str, version: int) -> bool:
+    return (await declared_versions(dht, uid)).get(peer) == version
+
+
+async def test_a_replica_killed_mid_sync_does_not_stall_the_others():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as a, open_volunteer(
+            spec(entry), options(place=True, max_experts=2)
+        ) as b:
+            async with trio.open_nursery() as nursery:
+                victim = await nursery.start(_doomed_replica, entry)
+                node, scope = victim
+                for uid in ("rep.0", "rep.1"):
+                    holders = lambda uid=uid: _holders(seed.dht, uid, 3)  # noqa: E731
+                    await until(holders, "three replicas declared")
+                async with trio.open_nursery() as rounds:
+                    rounds.start_soon(a.replicas.sync_grid, GRID)
+                    rounds.start_soon(b.replicas.sync_grid, GRID)
+                    # the victim received contributions (stashed: it opens no round) and dies
+                    while not node.replicas.sync._stash:
+                        await trio.sleep(0.01)
+                    scope.cancel()
+                dead = str(node.host.peer_id)
+                for survivor in (a, b):
+                    for uid in ("rep.0", "rep.1"):
+                        outcome = survivor.replicas.outcomes[uid]
+                        assert dead in outcome.missing and len(outcome.contributors) == 1
+
+
+async def _holders(dht, uid: str, count: int) -> bool:
+    return len((await get_experts(dht, [uid]))[uid]) >= count
+
+
+async def _doomed_replica(entry, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    with trio.CancelScope() as scope:
+        async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as node:
+            task_status.started((node, scope))
+            await trio.sleep_forever()
+
+
+async def test_a_leaver_hands_its_sole_expert_over_at_its_version():
+    grids = (GRID, ALONE)
+    async with open_volunteer(spec(grids=grids), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        # the receiver hosts one expert of another grid and has room for one more
+        async with open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=2)) as receiver:
+            async with open_volunteer(spec(entry, grids=grids), options(uids=["solo.0"])) as leaver:
+                assert leaver.runtime.uids == ["solo.0"]
+                await until(lambda: _holders(seed.dht, "rep.0", 1), "receiver declared")
+                await train(leaver, "solo.0", 4)
+                leaver.leave()
+            assert leaver.handed_off is not None
+            assert leaver.handed_off.done["solo.0"] == (str(receiver.host.peer_id), 4)
+            taken = receiver.runtime.backends["solo.0"]
+            assert taken.updates == 4
+            mine = str(receiver.host.peer_id)
+            await until(lambda: _has_version(seed.dht, "solo.0", mine, 4), "receiver declares it")
+
+
+async def test_a_full_volunteer_refuses_a_hand_off_and_the_leaver_says_so():
+    grids = (GRID, ALONE)
+    async with open_volunteer(spec(grids=grids), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=1)):
+            async with open_volunteer(spec(entry, grids=grids), options(uids=["solo.0"])) as leaver:
+                await train(leaver, "solo.0", 1)
+                # the receiver must be known as a host of the swarm's experts before the leave
+                await until(lambda: _holders(seed.dht, "rep.0", 1), "receiver declared")
+                leaver.leave()
+            assert "solo.0" in leaver.handed_off.failed and "no capacity" in leaver.handed_off.failed["solo.0"]

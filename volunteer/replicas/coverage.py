@@ -1,0 +1,66 @@
+"""Pure views of a swarm's replicated experts: when a grid's next sync round starts, and how well
+the swarm covers its grids. No trio, no clock: callers pass ``now`` and what the DHT said.
+
+Round timing is not negotiated between replicas: each one opens the round of a grid at the next
+wall-clock multiple of its ``sync_period`` (``next_round_at``), so replicas whose clocks agree
+within a few seconds meet within the sync driver's ``stash_ttl`` without a message."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+from .grid import GridSpec, grid_of
+from .placement import Hosts
+
+
+def next_round_at(now: float, period: float) -> float:
+    """The first multiple of ``period`` strictly after ``now`` (seconds of the wall clock)."""
+    if not period > 0:
+        raise ValueError("a sync period must be positive")
+    at = math.ceil(now / period) * period
+    return at + period if at <= now else at
+
+
+def grid_coverage(grid: GridSpec, hosts: Hosts) -> dict:
+    """How the swarm covers one grid: experts hosted, replicas per expert, under-replicated and
+    unhosted uids (the dashboard and ``volunteer experts`` show this)."""
+    counts = {uid: len(hosts.get(uid, {})) for uid in grid.uids()}
+    unhosted = sorted(uid for uid, n in counts.items() if n == 0)
+    under = sorted(uid for uid, n in counts.items() if 0 < n < grid.replicas)
+    return {
+        "prefix": grid.prefix,
+        "size": list(grid.size),
+        "total": grid.count,
+        "hosted": sum(1 for n in counts.values() if n),
+        "replicas_target": grid.replicas,
+        "under_replicated": under,
+        "unhosted": unhosted,
+    }
+
+
+def coverage(grids: Sequence[GridSpec], hosts: Hosts, *, mine: Sequence[str] = ()) -> dict:
+    """The swarm's coverage of every grid, plus warnings: experts with no host, and experts this
+    volunteer (``mine``) hosts outside every declared grid."""
+    rows = [grid_coverage(grid, hosts) for grid in grids]
+    warnings = []
+    for row in rows:
+        if row["unhosted"]:
+            warnings.append(f"grid {row['prefix']!r}: {len(row['unhosted'])} of {row['total']} experts have no host")
+    outside = sorted(uid for uid in mine if grid_of(uid, grids) is None)
+    if outside and grids:
+        warnings.append(f"hosting {len(outside)} expert(s) outside every declared grid: {', '.join(outside[:4])}")
+    return {"grids": rows, "warnings": warnings}
+
+
+def hosts_of(found: Mapping[str, Sequence[object]]) -> dict[str, dict[str, int]]:
+    """``uid → {peer id: version}`` from DHT declarations (``get_experts`` / ``list_experts``).
+    A declaration without a version (older hosts) counts as version 0."""
+    return {
+        uid: {str(getattr(decl, "peer")): int(getattr(decl, "version", 0) or 0) for decl in decls}
+        for uid, decls in found.items()
+        if decls
+    }
+
+
+__all__ = ["coverage", "grid_coverage", "hosts_of", "next_round_at"]

@@ -1,0 +1,366 @@
+"""``ReplicaManager``: a volunteer's replicated experts while it runs (issue 13, phase 2).
+
+It owns no decisions (placement, the sync round's bookkeeping and the hand-off plan are pure
+functions beside it); it feeds them what the DHT says, on a schedule, and carries out their
+answers through the runtime, the declarer and the two replica protocols:
+
+- ``survey`` asks the DHT who hosts each grid expert, at which version, and remembers their
+  addresses (catch-up, sync and hand-off dial them).
+- ``prepare`` brings a new backend up to date before anyone sees it: the freshest live replica's
+  state is downloaded into it (``catch_up``); an expert whose replicas all refuse or vanish is
+  not hosted, so a volunteer never serves random weights for an expert the swarm has trained.
+- ``run`` re-checks placement every ``recheck_period`` (automatic placement only) and opens a
+  sync round of every hosted grid expert at each wall-clock multiple of its grid's
+  ``sync_period`` with the other live replicas.
+- ``hand_off_all`` (a graceful leave) pushes the experts no other live replica holds to
+  volunteers with room, within ``handoff_timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import trio
+
+from ..dht.grid import Declaration, expert_key, get_experts, list_experts
+from ..errors import VolunteerError, describe
+from ..experts.backend import ExpertBackend
+from ..experts.client import remember_addrs
+from ..net.identity import PeerID
+from .config import DEFAULT_CONFIG, ReplicasConfig
+from .coverage import coverage, hosts_of, next_round_at
+from .grid import GridSpec, grid_of
+from .handoff import HandOffResult, hand_off, plan_handoff
+from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, place
+from .store import BackendStore
+from .sync import SyncOutcome
+from .syncdriver import ReplicaSync
+from .transfer import StateService, catch_up
+
+log = logging.getLogger(__name__)
+
+SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
+DIRECT_LOOKUP_LIMIT = 1024  # grids up to this many experts are surveyed uid by uid (one batch)
+CATCH_UP_SOURCES = 3  # replicas tried, freshest first, before an expert is given up for now
+
+# builds an empty backend (uid, class, hidden_dim): the daemon's make_backend with its settings
+BuildBackend = Callable[[str, str, int], ExpertBackend]
+
+
+class ReplicaManager:
+    """Keeps a volunteer's grid experts placed, caught up, in sync and handed off on leave."""
+
+    def __init__(
+        self,
+        *,
+        host: Any,
+        dht: Any,
+        swarm_id: str,
+        grids: Sequence[GridSpec],
+        store: BackendStore,
+        build: BuildBackend | None = None,
+        capacity: int = DEFAULT_CONFIG.default_capacity,
+        auto_place: bool = False,
+        config: ReplicasConfig = DEFAULT_CONFIG,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.host = host
+        self.dht = dht
+        self.swarm_id = swarm_id
+        self.grids = list(grids)
+        self.store = store
+        self.build = build
+        self.capacity = capacity
+        self.auto_place = auto_place
+        self.config = config
+        self.clock = clock  # the wall clock replicas align their sync rounds on
+        self.state = StateService(swarm_id, store, config)
+        self.sync = ReplicaSync(swarm_id, store, config)
+        self.declarer: Any = None  # set by the node once declaring (add/drop update it)
+        self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
+        self.surveyed_at: float | None = None  # trio time of the last survey
+        self.moves = 0  # experts added or dropped by re-checks
+        self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
+        self.sync_failures = 0
+        self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
+
+    @property
+    def me(self) -> str:
+        """This volunteer's peer id as placement and the sync core name it."""
+        return str(self.host.peer_id)
+
+    def services(self) -> list[Any]:
+        """The Host services to add before declaring: state transfer and replica sync."""
+        return [self.state, self.sync]
+
+    # --- what the DHT says ----------------------------------------------------------------------
+    async def survey(self, uids: Sequence[str] = ()) -> dict[str, dict[str, int]]:
+        """Live hosts (with versions) of every grid expert, plus ``uids``; their addresses are
+        remembered so that catch-up, sync and hand-off can dial them."""
+        found: dict[str, list[Declaration]] = {}
+        direct = list(dict.fromkeys(uids))
+        for grid in self.grids:
+            if grid.count <= DIRECT_LOOKUP_LIMIT:
+                direct.extend(grid.uids())
+            else:
+                listed = await list_experts(self.dht, grid.prefix + ".", limit=grid.count)
+                found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
+        if direct:
+            found.update(await get_experts(self.dht, list(dict.fromkeys(direct))))
+        for decls in found.values():
+            for decl in decls:
+                if decl.peer != self.host.peer_id and decl.addrs:
+                    remember_addrs(self.host, decl.peer, decl.addrs)
+        self.hosts = hosts_of(found)
+        self.surveyed_at = trio.current_time()
+        return self.hosts
+
+    def coverage(self) -> dict:
+        """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
+        view = coverage(self.grids, self.hosts, mine=list(self.store.backends))
+        view["surveyed_age_s"] = (
+            round(trio.current_time() - self.surveyed_at, 1) if self.surveyed_at is not None else None
+        )
+        return view
+
+    def placement(self, hosts: Hosts) -> Placement:
+        """What placement says this volunteer should host, given ``hosts``."""
+        return place(
+            self.grids, hosts, me=self.me, capacity=self.capacity, hosting=list(self.store.backends),
+            max_moves=self.config.max_moves_per_recheck,
+        )
+
+    # --- catch-up -------------------------------------------------------------------------------
+    async def prepare(self, backend: ExpertBackend, hosts: Hosts) -> bool:
+        """Bring ``backend`` up to date from the freshest live replica before it is declared.
+        True when it may be hosted: caught up, already as fresh (its own checkpoint), or no other
+        replica exists; False when replicas exist but none delivered its state."""
+        others = {peer: v for peer, v in hosts.get(backend.uid, {}).items() if peer != self.me}
+        tried: list[str] = []
+        while len(tried) < CATCH_UP_SOURCES:
+            source = catch_up_source({backend.uid: {p: v for p, v in others.items() if p not in tried}}, backend.uid, me=self.me)
+            if source is None:
+                break
+            tried.append(source)
+            if others[source] <= backend.updates and backend.updates > 0:
+                return True  # our checkpoint is as fresh as any replica: the next sync merges them
+            try:
+                header = await catch_up(
+                    self.host, PeerID.from_string(source), backend, swarm_id=self.swarm_id, config=self.config
+                )
+            except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                log.warning("catching up %s from %s failed: %s", backend.uid, source[-10:], describe(exc))
+                continue
+            self.caught_up[backend.uid] = header.version
+            log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
+            return True
+        if tried:
+            log.warning("not hosting %s: none of its %d live replicas delivered its state", backend.uid, len(others))
+            return False
+        return True
+
+    def make(self, uid: str) -> ExpertBackend | None:
+        """An empty backend of grid expert ``uid`` (None: outside every grid, or no builder)."""
+        grid = grid_of(uid, self.grids)
+        if grid is None or self.build is None:
+            return None
+        return self.build(uid, grid.expert_class, grid.hidden_dim)
+
+    # --- hosting changes ---------------------------------------------------------------------------
+    async def add(self, uid: str, hosts: Hosts) -> bool:
+        """Start hosting ``uid``: build, catch up, serve, then declare. True when it is hosted."""
+        if uid in self.store.backends:
+            return True
+        try:
+            backend = self.make(uid)
+        except VolunteerError as exc:
+            log.warning("cannot build %s: %s", uid, describe(exc))
+            return False
+        if backend is None or not await self.prepare(backend, hosts):
+            return False
+        if uid in self.store.backends:  # a hand-off delivered it meanwhile
+            return True
+        self.store.add(backend)
+        self.declare(uid)
+        return True
+
+    def declare(self, uid: str) -> None:
+        """Have the declarer announce ``uid`` at its next heartbeat, which starts at once."""
+        if self.declarer is not None and uid not in self.declarer.uids:
+            self.declarer.uids = sorted({*self.declarer.uids, uid})
+            if not self.declarer.paused:
+                self.declarer.resume()  # wakes its heartbeat: declared now, not in a period
+
+    async def drop(self, uid: str) -> None:
+        """Stop hosting ``uid``: tombstone its record first (trainers stop picking us), then let
+        the runtime forget it. Its grid prefix records are rewritten by the next heartbeat."""
+        declarer = self.declarer
+        if declarer is not None and uid in declarer.uids:
+            declarer.uids = [u for u in declarer.uids if u != uid]
+            if declarer.last_expiration:
+                item = (expert_key(uid), self.host.peer_id.to_bytes(), None, float(declarer.last_expiration))
+                with trio.move_on_after(self.config.request_timeout):
+                    try:
+                        await self.dht.store_many([item], cached_peers=True, replicas=self.dht.config.expert_replicas)
+                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                        log.debug("tombstone of %s failed: %s", uid, describe(exc))
+            if not declarer.paused:
+                declarer.resume()
+        if uid in self.store.backends:
+            self.store.remove(uid)
+
+    async def accepted(self, backend: ExpertBackend) -> None:
+        """A hand-off made us host ``backend``: declare it (BackendStore's ``on_accepted``)."""
+        log.info("took over %s at version %d (handed off by a leaving volunteer)", backend.uid, backend.updates)
+        self.declare(backend.uid)
+
+    async def recheck(self) -> Placement | None:
+        """One placement re-check: survey, decide, then add (caught up) and drop what it says."""
+        with trio.move_on_after(SURVEY_TIMEOUT):
+            hosts = await self.survey()
+            decision = self.placement(hosts)
+            if decision.outside:
+                log.warning("hosting %s outside every grid the swarm declares", ", ".join(decision.outside))
+            for uid in decision.add:
+                if await self.add(uid, hosts):
+                    self.moves += 1
+            for uid in decision.drop:
+                await self.drop(uid)
+                self.moves += 1
+            return decision
+        log.warning("placement re-check: the DHT did not answer within %.0f s", SURVEY_TIMEOUT)
+        return None
+
+    # --- the schedule ------------------------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Re-check placement (automatic placement only) and sync every grid, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            if self.auto_place:
+                nursery.start_soon(self._recheck_loop)
+            for grid in self.grids:
+                nursery.start_soon(self._sync_loop, grid)
+            task_status.started()
+
+    async def _recheck_loop(self) -> None:
+        while True:
+            await trio.sleep(self.config.recheck_period)
+            try:
+                await self.recheck()
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.warning("placement re-check failed: %s", describe(exc))
+
+    async def _sync_loop(self, grid: GridSpec) -> None:
+        while True:
+            now = self.clock()
+            await trio.sleep(max(0.0, next_round_at(now, grid.sync_period) - now))
+            await self.sync_grid(grid)
+
+    async def sync_grid(self, grid: GridSpec) -> int:
+        """One sync round of every hosted expert of ``grid`` with its other live replicas (from a
+        fresh DHT lookup), all in parallel, each bounded by ``sync_timeout``; rounds run."""
+        mine = [uid for uid in self.store.backends if grid.contains(uid)]
+        if not mine:
+            return 0
+        try:
+            with trio.fail_after(self.config.sync_timeout):
+                found = await get_experts(self.dht, mine)
+        except (VolunteerError, OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+            log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
+            return 0
+        rounds = 0
+        async with trio.open_nursery() as nursery:
+            for uid in mine:
+                peers = [d.peer for d in found.get(uid, []) if d.peer != self.host.peer_id]
+                for decl in found.get(uid, []):
+                    if decl.peer != self.host.peer_id and decl.addrs:
+                        remember_addrs(self.host, decl.peer, decl.addrs)
+                if peers:
+                    rounds += 1
+                    nursery.start_soon(self._one_round, uid, peers)
+        return rounds
+
+    async def _one_round(self, uid: str, peers: list[PeerID]) -> None:
+        try:
+            outcome = await self.sync.average(uid, peers)
+        except VolunteerError as exc:  # e.g. the expert was dropped or handed over meanwhile
+            self.sync_failures += 1
+            log.debug("sync of %s failed: %s", uid, describe(exc))
+            return
+        self.outcomes[uid] = outcome
+        if outcome.missing:
+            log.debug("sync of %s finished without %d replica(s)", uid, len(outcome.missing))
+
+    # --- leaving -------------------------------------------------------------------------------------
+    async def hand_off_all(self, timeout: float | None = None) -> HandOffResult:
+        """Push every hosted expert that no other live replica holds to a volunteer with room
+        (tried best first), within ``timeout`` (``handoff_timeout``). Never raises; the result says
+        what could not be handed off (the checkpoints still keep it)."""
+        budget = self.config.handoff_timeout if timeout is None else timeout
+        started = trio.current_time()
+        mine = self.store.versions()
+        if not mine:
+            return HandOffResult()
+        with trio.move_on_after(budget) as scope:
+            try:
+                hosts = await self.survey(list(mine))
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.warning("hand-off: the DHT lookup failed: %s", describe(exc))
+                hosts = {}
+        if scope.cancelled_caught:
+            hosts = {}
+        # receivers: volunteers serving experts of this swarm; how much room each has is not
+        # declared, so each is offered them all and a full one refuses (the next candidate is tried)
+        candidates = sorted({peer for holders in hosts.values() for peer in holders if peer != self.me})
+        spare = {peer: len(mine) for peer in candidates}
+        plan = plan_handoff(mine, hosts, spare, me=self.me, max_candidates=self.config.handoff_candidates)
+        addrs = {peer: PeerID.from_string(peer) for peer in candidates}
+        left = max(0.0, budget - (trio.current_time() - started))
+        result = await hand_off(
+            self.host, plan, self.store, swarm_id=self.swarm_id, addrs=addrs, timeout=left, config=self.config
+        )
+        for uid, (peer, version) in sorted(result.done.items()):
+            log.warning("handed off %s (version %d) to %s", uid, version, peer[-10:])
+        return result
+
+
+GPU_SHARE = 0.9  # of the device's memory placement fills when --max-gpu-memory does not say
+ACTIVATION_MARGIN = 1.25  # activations of a batch on top of parameters, gradients and Adam's moments
+
+
+def placement_capacity(
+    grids: Sequence[GridSpec],
+    device: Any,
+    *,
+    max_experts: int | None = None,
+    max_gpu_memory: float | None = None,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+) -> int:
+    """How many grid experts automatic placement hosts: ``--max-experts``; else what fits in the
+    allowed share of a CUDA device's memory (the grids' largest expert); else (no GPU) 8."""
+    if max_experts is not None or getattr(device, "type", "cpu") != "cuda" or not grids:
+        return capacity(max_experts=max_experts, config=config)
+    import torch
+
+    from ..experts.layers import get_expert_class
+
+    total = torch.cuda.get_device_properties(device.index or 0).total_memory
+    largest = max(
+        sum(p.numel() for p in get_expert_class(grid.expert_class).build(grid.hidden_dim).parameters()) for grid in grids
+    )
+    per_expert = int(expert_memory_bytes(largest) * ACTIVATION_MARGIN)
+    return capacity(gpu_memory_bytes=int(total * (max_gpu_memory or GPU_SHARE)), bytes_per_expert=per_expert, config=config)
+
+
+def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
+    """The declarer's per-uid version provider: a hosted expert's count of optimizer updates."""
+
+    def version(uid: str) -> int:
+        backend = backends.get(uid)
+        return backend.updates if backend is not None else 0
+
+    return version
+
+
+__all__ = ["BuildBackend", "ReplicaManager", "placement_capacity", "versions_of"]
