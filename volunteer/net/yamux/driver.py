@@ -147,6 +147,7 @@ class YamuxConnection:
     ) -> None:
         """``scope``: the resource manager's ConnectionScope (streams and windows reserved there)."""
         self.secure = secure
+        self._send_parts = getattr(secure, "send_all_parts", None)
         self.config = config or YamuxConfig()
         self.clock = clock
         self.session = Session(is_client, self.config, scope=scope)
@@ -301,10 +302,13 @@ class YamuxConnection:
             chunks = self.session.take_outbox()
             if not chunks:
                 return
-            data = b"".join(chunks)
-            self.bytes_sent += len(data)
+            self.bytes_sent += sum(len(chunk) for chunk in chunks)
             try:
-                await self.secure.send_all(data)
+                if self._send_parts is not None:
+                    # Noise frames the header/payload list itself: no join of every payload byte.
+                    await self._send_parts(chunks)
+                else:
+                    await self.secure.send_all(b"".join(chunks))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._terminate(exc)
                 raise StreamResetError(f"connection broke: {exc}") from exc
