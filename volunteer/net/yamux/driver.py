@@ -34,6 +34,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._conn = conn
         self.stream_id = stream_id
         self._chunks: deque[bytes] = deque()
+        self._head_offset = 0  # bytes of _chunks[0] already returned
         self._buffered = 0
         self._eof = False
         self._reset = False
@@ -52,10 +53,17 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                 await trio.lowlevel.checkpoint()
                 return b""
             await self._readable.park()
-        chunk = self._chunks.popleft()
-        if max_bytes is not None and len(chunk) > max_bytes:
-            self._chunks.appendleft(chunk[max_bytes:])
-            chunk = chunk[:max_bytes]
+        head = self._chunks[0]
+        start = self._head_offset
+        if max_bytes is not None and len(head) - start > max_bytes:
+            # Hand out a slice and keep an offset into the chunk: putting the remainder back as
+            # a new slice would copy it again on every small read (quadratic in the chunk size).
+            chunk = head[start : start + max_bytes]
+            self._head_offset = start + max_bytes
+        else:
+            self._chunks.popleft()
+            chunk = head[start:] if start else head
+            self._head_offset = 0
         self._buffered -= len(chunk)
         self._conn._consumed(self.stream_id, len(chunk))
         await trio.lowlevel.checkpoint()
@@ -111,6 +119,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
             # Unread data will never be read: give the peer its window back.
             self._conn._consumed(self.stream_id, self._buffered)
         self._chunks.clear()
+        self._head_offset = 0
         self._buffered = 0
         self._readable.unpark_all()
         self._conn._forget(self.stream_id)
