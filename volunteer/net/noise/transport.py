@@ -104,7 +104,9 @@ class NoiseTransport:
         frames = -(-size // NOISE_MAX_PLAINTEXT)
         if n + frames > cipher.max_nonce:
             raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
-        encrypt_into = cipher.aead.encrypt_into
+        aead = cipher.aead
+        assert aead is not None  # keyed: checked in __init__
+        encrypt_into = aead.encrypt_into
         out = bytearray(size + frames * _FRAME_OVERHEAD)
         with memoryview(out) as target:
             pos = 0
@@ -136,7 +138,9 @@ class NoiseTransport:
         frames = -(-size // NOISE_MAX_PLAINTEXT)
         if n + frames > cipher.max_nonce:
             raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
-        encrypt_into = cipher.aead.encrypt_into
+        aead = cipher.aead
+        assert aead is not None  # keyed: checked in __init__
+        encrypt_into = aead.encrypt_into
         out = bytearray(size + frames * _FRAME_OVERHEAD)
         pending = bytearray()  # the start of a frame that straddles parts
         with memoryview(out) as target:
@@ -235,6 +239,7 @@ class NoiseTransport:
         if n + len(parts) > cipher.max_nonce:
             raise RemoteProtocolError("the peer exhausted the Noise nonce space")
         aead = cipher.aead
+        assert aead is not None  # keyed: checked in __init__
         try:
             if len(parts) == 1:
                 plaintext = aead.decrypt(nonce_bytes(n), parts[0], None)
