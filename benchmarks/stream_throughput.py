@@ -1,11 +1,18 @@
 """Stream throughput, connection setup and ping RTT: ours vs raw trio TCP vs py-libp2p, in one run.
 
-    .venv/bin/python benchmarks/stream_throughput.py [--size-mib 64] [--skip-pylibp2p]
+    .venv/bin/python benchmarks/stream_throughput.py [--size-mib 64] [--runs 3] [--quick] [--skip-pylibp2p]
 
 Rows without "one process" are a client and a server in two processes on loopback (as two
 real peers would be); "one process" rows put both hosts in one process (py-libp2p's pair-bench,
 and ours the same way). Ratios compare like with like. Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
-what to read: this machine is shared and noisy, so absolute figures drift between runs.
+what to read: this machine is shared and noisy, so absolute figures drift between runs; with
+``--runs N`` every figure is the median of N runs. "cpu ms/MiB" is the CPU time both processes
+spent per MiB of echo (robust to other load on the machine, unlike MB/s).
+
+The "whole command" rows time a command line as a user runs it, process start to exit:
+``volunteer perf --upload S --download S ADDR`` against our node, and py-libp2p's own perf client
+(``libp2p.perf.PerfService``) against py-libp2p's perf server; MB/s counts both directions.
+``--quick`` moves 16 MiB instead of 64 and makes fewer connections and pings.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -51,6 +59,12 @@ class Subprocess:
         except (subprocess.TimeoutExpired, OSError):
             self.proc.kill()
             self.proc.wait()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def echo_through(stream, size: int) -> float:
@@ -104,8 +118,9 @@ trio.run(main)
 """
 
 
-async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int = 500) -> dict:
-    """Our client against a server at ``addr`` (ours or py-libp2p)."""
+async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int = 500, server_pid: int | None = None) -> dict:
+    """Our client against a server at ``addr`` (ours or py-libp2p); with ``server_pid``, the
+    echo's CPU time of both processes too."""
     result: dict = {}
     times = []
     for _ in range(setups):
@@ -122,7 +137,12 @@ async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int 
         result["ping_ms_p50"] = rtts[len(rtts) // 2] * 1000
         result["ping_ms_p99"] = rtts[int(len(rtts) * 0.99)] * 1000
         stream = await conn.new_stream([ECHO])
+        client_cpu = time.process_time()
+        server_cpu = process_cpu_seconds(server_pid) if server_pid else 0.0
         result["echo_MBps"] = 2 * size / await echo_through(stream, size) / 1e6
+        if server_pid:
+            spent = time.process_time() - client_cpu + process_cpu_seconds(server_pid) - server_cpu
+            result["echo_cpu_ms_per_MiB"] = spent * 1000 / (2 * size / (1 << 20))
         try:
             stream = await conn.new_stream([PERF])
             up, down = await perf_stream(stream, size, size)
@@ -172,6 +192,40 @@ def run_pylibp2p_two_processes(size: int) -> dict:
     return row
 
 
+def whole_command_MBps(argv: list[str], size: int) -> float | None:
+    """2 * size bytes over the wall-clock time of a perf command, process start to exit."""
+    started = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    if out.returncode != 0:
+        print(f"{argv[:4]} failed: {out.stderr[-1000:]}", file=sys.stderr)
+        return None
+    return 2 * size / seconds / 1e6
+
+
+def run_whole_commands(size: int, with_pylibp2p: bool) -> dict[str, dict]:
+    """`volunteer perf` against our node, py-libp2p's perf client against py-libp2p's server."""
+    rows: dict[str, dict] = {}
+    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
+    try:
+        figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
+                                     "--download", str(size), ours.addr], size)
+        if figure:
+            rows["volunteer perf, whole command"] = {"perf_MBps": figure}
+    finally:
+        ours.close()
+    if with_pylibp2p:
+        peer = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
+        try:
+            figure = whole_command_MBps([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "dial-perf", peer.addr,
+                                         "--upload", str(size), "--download", str(size)], size)
+            if figure:
+                rows["py-libp2p perf, whole command"] = {"perf_MBps": figure}
+        finally:
+            peer.close()
+    return rows
+
+
 def run_pylibp2p_pair(size: int) -> dict | None:
     """py-libp2p ↔ py-libp2p figures, measured by py-libp2p itself (tests/interop/peers)."""
     if not PYLIBP2P_PYTHON.exists():
@@ -185,35 +239,59 @@ def run_pylibp2p_pair(size: int) -> dict | None:
     return json.loads(lines[-1])
 
 
-async def main_async(args) -> None:
+async def one_run(args) -> dict[str, dict]:
+    """Every row once, side by side."""
     size = args.size_mib << 20
+    setups, pings = (5, 100) if args.quick else (30, 500)
     rows: dict[str, dict] = {}
     rows["raw trio TCP"] = await bench_raw_tcp(size)
     rows["ours ↔ ours, one process"] = await bench_ours_in_process(size)
     ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
     try:
-        rows["ours ↔ ours"] = await bench_ours_against(ours.addr, size)
+        rows["ours ↔ ours"] = await bench_ours_against(ours.addr, size, setups, pings, server_pid=ours.proc.pid)
     finally:
         ours.close()
-    if not args.skip_pylibp2p and PYLIBP2P_PYTHON.exists():
+    with_pylibp2p = not args.skip_pylibp2p and PYLIBP2P_PYTHON.exists()
+    if with_pylibp2p:
         peer = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
         try:
-            rows["ours → py-libp2p"] = await bench_ours_against(peer.addr, size, setups=10, pings=200)
+            rows["ours → py-libp2p"] = await bench_ours_against(peer.addr, size, setups=min(setups, 10), pings=min(pings, 200))
         finally:
             peer.close()
         pair = run_pylibp2p_pair(size)
         if pair:
             rows["py-libp2p ↔ py-libp2p, one process"] = pair
         rows["py-libp2p ↔ py-libp2p"] = run_pylibp2p_two_processes(size)
-    print_table(rows, args.size_mib)
+    rows.update(run_whole_commands(size, with_pylibp2p))
+    return rows
 
 
-def print_table(rows: dict[str, dict], size_mib: int) -> None:
+def median_rows(runs: list[dict[str, dict]]) -> dict[str, dict]:
+    """Each figure's median over the runs that have it."""
+    merged: dict[str, dict] = {}
+    for rows in runs:
+        for name, row in rows.items():
+            for key, value in row.items():
+                if isinstance(value, (int, float)):
+                    merged.setdefault(name, {}).setdefault(key, []).append(value)
+    return {name: {key: statistics.median(values) for key, values in row.items()} for name, row in merged.items()}
+
+
+async def main_async(args) -> None:
+    if args.quick:
+        args.size_mib = min(args.size_mib, 16)
+    runs = []
+    for _ in range(args.runs):
+        runs.append(await one_run(args))
+    print_table(median_rows(runs), args.size_mib, args.runs)
+
+
+def print_table(rows: dict[str, dict], size_mib: int, runs: int = 1) -> None:
     base = rows.get("py-libp2p ↔ py-libp2p", {})
     one_process_base = rows.get("py-libp2p ↔ py-libp2p, one process", {})
     cols = [("echo_MBps", "echo MB/s"), ("perf_MBps", "perf MB/s"), ("setup_ms_p50", "setup ms"),
-            ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms")]
-    print(f"\n{size_mib} MiB over one stream, loopback, both directions counted")
+            ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms"), ("echo_cpu_ms_per_MiB", "cpu ms/MiB")]
+    print(f"\n{size_mib} MiB over one stream, loopback, both directions counted" + (f"; median of {runs} runs" if runs > 1 else ""))
     print(f"{'':36}" + "".join(f"{title:>14}" for _, title in cols))
     for name, row in rows.items():
         print(f"{name:36}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
@@ -224,6 +302,9 @@ def print_table(rows: dict[str, dict], size_mib: int) -> None:
             for key, title in cols:
                 if key in rows[name] and key in reference and reference[key]:
                     print(f"  {title:12} {rows[name][key] / reference[key]:6.2f}x")
+    whole, whole_base = rows.get("volunteer perf, whole command", {}), rows.get("py-libp2p perf, whole command", {})
+    if whole.get("perf_MBps") and whole_base.get("perf_MBps"):
+        print(f"volunteer perf / py-libp2p perf, whole command: {whole['perf_MBps'] / whole_base['perf_MBps']:.2f}x")
     if "raw trio TCP" in rows and "echo_MBps" in ours:
         print(f"ours echo / raw TCP echo: {ours['echo_MBps'] / rows['raw trio TCP']['echo_MBps']:.2f}")
 
@@ -232,6 +313,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=64)
     parser.add_argument("--skip-pylibp2p", action="store_true")
+    parser.add_argument("--runs", type=int, default=1, help="repeat every row and print medians")
+    parser.add_argument("--quick", action="store_true", help="16 MiB, fewer connections and pings")
     trio.run(main_async, parser.parse_args())
 
 

@@ -229,3 +229,18 @@ def test_valid_headers_with_random_payload_bytes(data):
         assert cut != len(payload)
         return
     assert out.dtype == dtype and list(out.shape) == shape
+
+
+def test_a_small_call_goes_out_in_one_write_and_a_big_one_chunk_by_chunk():
+    """The bytes on the stream are the same either way; only how many writes carry them differs."""
+    from volunteer.experts.tensors import writes
+
+    config = ExpertsConfig(chunk_size=1000)
+    head = b"header"
+    small_header, small_chunks = serialize([torch.arange(600, dtype=torch.float32)], config=config)
+    small = list(writes(head, small_chunks))
+    assert len(small) == 1 and small[0] == head + encode([torch.arange(600, dtype=torch.float32)], config=config)[1]
+    big_chunks = list(serialize([torch.arange(600, dtype=torch.float32)], config=config)[1])
+    big = list(writes(head, iter(big_chunks), limit=2000))
+    assert big[0] is head and [bytes(b) for b in big[1:]] == [bytes(c) for c in big_chunks]
+    assert len(big_chunks) == 3  # 2400 bytes in chunks of at most 1000

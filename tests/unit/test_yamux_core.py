@@ -323,3 +323,23 @@ def test_window_violation_is_judged_from_the_header():
     events = pair.server.receive_data(header + b"z" * 100, 0)  # only 100 bytes of it sent yet
     assert kinds(events) == [ConnectionTerminated] and "window violation" in str(events[0].error)
     assert len(pair.server._inbound) == 0  # nothing of the announced payload was buffered
+
+
+@pytest.mark.parametrize("buffer_type", [bytes, bytearray, memoryview])
+def test_payloads_are_bytes_whatever_buffer_the_input_came_in(buffer_type):
+    """Noise may hand over a bytearray; the application still gets bytes, split or whole."""
+    pair = Pair()
+    sid = pair.client.open_stream(0)
+    pair.to_server()
+    pair.server.accept_stream(sid)
+    pair.to_client()
+    pair.client.send_data(sid, b"a" * 1000)
+    pair.client.send_data(sid, b"b" * 10)
+    wire = pair.client.data_to_send()
+    received = []
+    pieces = [wire[:5], wire[5:600], wire[600:]]  # a header split, a payload split, then the rest
+    for piece in pieces:
+        for event in pair.server.receive_data(buffer_type(piece), pair.now):
+            assert type(event.data) is bytes
+            received.append(event.data)
+    assert b"".join(received) == b"a" * 1000 + b"b" * 10

@@ -32,7 +32,7 @@ from ..net.pool import pool_of
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
 from .failures import raise_remote
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
-from .tensors import TensorReader, serialize
+from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
 
 
@@ -110,18 +110,23 @@ async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, c
         header, chunks = serialize(list(tensors), compression, config=config)
     request = Request(op, uid, compression, header, n_inputs or 0)
     reply: Reply | None = None
+    buffers = list(writes(request.encode(), chunks))
 
     async def send() -> None:
         try:
-            await reader.send_all(request.encode())
-            for chunk in chunks:
-                await reader.send_all(chunk)
+            for buffer in buffers:
+                await reader.send_all(buffer)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
     failed: BaseException | None = None
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(send)
+        if len(buffers) == 1:
+            # A small call goes out in one write, before we listen: no task to start. Safe even
+            # if the server answers early with an error: it drains up to DRAIN_LIMIT (8 MiB).
+            await send()
+        else:
+            nursery.start_soon(send)
         try:
             body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
         except (VolunteerError, trio.BrokenResourceError) as exc:

@@ -35,7 +35,7 @@ from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
-from .tensors import TensorReader, serialize
+from .tensors import TensorReader, serialize, writes
 
 log = logging.getLogger(__name__)
 
@@ -160,12 +160,15 @@ class ExpertServer:
             finally:
                 if reserved:
                     self.budget.release(peer, reserved)
-            await reader.send_all(Reply.result(reply).encode())
-            for chunk in chunks:
-                if self.upload is not None:
-                    await self.upload.take(len(chunk))
-                await reader.send_all(chunk)
-                self.bytes_out += len(chunk)
+            head = Reply.result(reply).encode()
+            buffers = list(writes(head, chunks))
+            for buffer in buffers:
+                # payload bytes in this write (the header is not limited or counted)
+                payload = 0 if buffer is head else len(buffer) - (len(head) if len(buffers) == 1 else 0)
+                if self.upload is not None and payload:
+                    await self.upload.take(payload)
+                await reader.send_all(buffer)
+                self.bytes_out += payload
             if self.on_served is not None:
                 self.on_served(peer, request.op)
             return True

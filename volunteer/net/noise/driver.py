@@ -34,7 +34,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
         self.local_peer = local_peer
         self._transport: NoiseTransport = handshake.transport()
         self._initial = initial  # transport bytes that arrived with the last handshake message
-        self._plain = b""  # decrypted; bytes before _plain_pos were returned already
+        self._plain: bytes | bytearray = b""  # decrypted; bytes before _plain_pos were returned already
         self._plain_pos = 0
         self._send_lock = trio.StrictFIFOLock()
         self._receiving = False
@@ -59,6 +59,20 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
                 self._send_broken = f"an earlier send failed ({type(exc).__name__})"
                 raise
 
+    async def send_all_parts(self, parts) -> None:
+        """``send_all(b"".join(parts))`` without the join (what yamux writes: headers and payloads)."""
+        async with self._send_lock:
+            self._check_send()
+            wire = self._transport.encrypt_parts(parts)
+            if not wire:
+                await trio.lowlevel.checkpoint()
+                return
+            try:
+                await self.raw.send_all(wire)
+            except BaseException as exc:
+                self._send_broken = f"an earlier send failed ({type(exc).__name__})"
+                raise
+
     async def wait_send_all_might_not_block(self) -> None:
         """Pass through to the raw stream."""
         await self.raw.wait_send_all_might_not_block()
@@ -79,8 +93,12 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
             raise trio.BrokenResourceError(self._send_broken)
 
     # --- receiving -----------------------------------------------------------------------------
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        """Decrypted bytes (at most ``max_bytes``); b"" once the peer has closed cleanly."""
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """Decrypted bytes (at most ``max_bytes``); b"" once the peer has closed cleanly.
+
+        Like trio's own streams this may return a bytearray (a batch of frames decrypted into
+        one buffer is handed over as it is, not copied again); the caller owns it.
+        """
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if self._receiving:
@@ -91,7 +109,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
         finally:
             self._receiving = False
 
-    async def _receive(self, max_bytes: int | None) -> bytes:
+    async def _receive(self, max_bytes: int | None) -> bytes | bytearray:
         if self._closed:
             raise trio.ClosedResourceError("the Noise connection is closed")
         if not self._plain:

@@ -34,6 +34,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._conn = conn
         self.stream_id = stream_id
         self._chunks: deque[bytes] = deque()
+        self._head_offset = 0  # bytes of _chunks[0] already returned
         self._buffered = 0
         self._eof = False
         self._reset = False
@@ -52,10 +53,17 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                 await trio.lowlevel.checkpoint()
                 return b""
             await self._readable.park()
-        chunk = self._chunks.popleft()
-        if max_bytes is not None and len(chunk) > max_bytes:
-            self._chunks.appendleft(chunk[max_bytes:])
-            chunk = chunk[:max_bytes]
+        head = self._chunks[0]
+        start = self._head_offset
+        if max_bytes is not None and len(head) - start > max_bytes:
+            # Hand out a slice and keep an offset into the chunk: putting the remainder back as
+            # a new slice would copy it again on every small read (quadratic in the chunk size).
+            chunk = head[start : start + max_bytes]
+            self._head_offset = start + max_bytes
+        else:
+            self._chunks.popleft()
+            chunk = head[start:] if start else head
+            self._head_offset = 0
         self._buffered -= len(chunk)
         self._conn._consumed(self.stream_id, len(chunk))
         await trio.lowlevel.checkpoint()
@@ -111,6 +119,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
             # Unread data will never be read: give the peer its window back.
             self._conn._consumed(self.stream_id, self._buffered)
         self._chunks.clear()
+        self._head_offset = 0
         self._buffered = 0
         self._readable.unpark_all()
         self._conn._forget(self.stream_id)
@@ -147,6 +156,7 @@ class YamuxConnection:
     ) -> None:
         """``scope``: the resource manager's ConnectionScope (streams and windows reserved there)."""
         self.secure = secure
+        self._send_parts = getattr(secure, "send_all_parts", None)
         self.config = config or YamuxConfig()
         self.clock = clock
         self.session = Session(is_client, self.config, scope=scope)
@@ -301,10 +311,13 @@ class YamuxConnection:
             chunks = self.session.take_outbox()
             if not chunks:
                 return
-            data = b"".join(chunks)
-            self.bytes_sent += len(data)
+            self.bytes_sent += sum(len(chunk) for chunk in chunks)
             try:
-                await self.secure.send_all(data)
+                if self._send_parts is not None:
+                    # Noise frames the header/payload list itself: no join of every payload byte.
+                    await self._send_parts(chunks)
+                else:
+                    await self.secure.send_all(b"".join(chunks))
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._terminate(exc)
                 raise StreamResetError(f"connection broke: {exc}") from exc

@@ -406,6 +406,10 @@ class Session:
             source = self._inbound
         else:
             source = data  # parse straight from the input; only a partial frame is kept
+        # Payloads handed to the application are bytes, copied once: slicing bytes copies, and
+        # anything else (a bytearray from Noise, our own partial-frame buffer) is sliced through
+        # a memoryview so that it is not copied twice.
+        view = None if type(source) is bytes else memoryview(source)
         events: list[Event] = []
         pos = 0
         end = len(source)
@@ -426,7 +430,7 @@ class Session:
                     if end - pos - HEADER_SIZE < length:
                         break
                     start = pos + HEADER_SIZE
-                    payload = source[start : start + length] if source is data else bytes(source[start : start + length])
+                    payload = source[start : start + length] if view is None else bytes(view[start : start + length])
                     pos = start + length
                     self._on_data(stream_id, flags, payload, now, events)
                 else:
@@ -451,6 +455,8 @@ class Session:
             self.terminated = True
             events.append(ConnectionTerminated(exc))
         finally:
+            if view is not None:
+                view.release()  # before resizing _inbound, which a live view would forbid
             # Bounded: what stays is at most a header plus one max-window payload.
             if source is self._inbound:
                 if pos:
