@@ -22,6 +22,20 @@ from .control import serve_control
 log = logging.getLogger(__name__)
 
 SNAPSHOT_LOG_LINES = 10  # warnings and errors a status snapshot carries for the log panel
+REACHABLE_POLL = 0.1  # seconds between looks at the node's reachability until it is reachable
+
+
+def reachable_how(view: dict | None) -> str:
+    """How others can reach this node, from its reachability view: "public", "reserved on relay
+    …" (the relay's peer id, shortened), or "" while neither."""
+    if not view:
+        return ""
+    if view.get("status") == "public":
+        return "public"
+    for relay in view.get("relays", []):
+        if relay.get("reserved"):
+            return f"reserved on relay …{relay.get('peer_id', '')[-6:]}"
+    return ""
 
 
 @dataclass
@@ -59,6 +73,9 @@ class Daemon:
         self.logs = LogBuffer()
         self._leave_asked = False
         self._left = trio.Event()
+        self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
+        self.reachable_how = ""
+        self.reachable = trio.Event()
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -68,12 +85,14 @@ class Daemon:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
+        began = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 async with open_volunteer(self.swarm, self.options.node) as node:
                     self.node = node
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
+                    nursery.start_soon(self._watch_reachable, began)
                     await nursery.start(self._serve_control)
                     task_status.started(self)
                     await node.wait_leave()
@@ -88,6 +107,18 @@ class Daemon:
             task_status.started()
             return
         await serve_control(self.options.control_path, self.handle_control, task_status=task_status)
+
+    async def _watch_reachable(self, began: float) -> None:
+        # the node publishes no event for "reservation held": look until reachable, then stop
+        while self.node is not None:
+            how = reachable_how(self.node.reachability_view())
+            if how:
+                self.reachable_after_s = round(trio.current_time() - began, 2)
+                self.reachable_how = how
+                log.info("reachable after %.1f s: %s", self.reachable_after_s, how)
+                self.reachable.set()
+                return
+            await trio.sleep(REACHABLE_POLL)
 
     def leave(self) -> None:
         """Start a graceful leave (Ctrl-C, SIGTERM, ``volunteer stop``)."""
@@ -133,6 +164,8 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "paused": node.paused if node is not None else False,
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
+            "reachable_after_s": self.reachable_after_s,
+            "reachable_how": self.reachable_how,
         }
         if node is not None:
             reachability = node.reachability_view()
