@@ -235,7 +235,8 @@ class VolunteerNode:
             addr, reason = next(iter(failures.items()))
             where = _host_port(addr)
             doctor = str(self.spec.path) if self.spec.path is not None else str(addr)
-            whom = f"its relay {where}" if len(entry) == 1 else f"none of its {len(entry)} bootstrap peers/relays ({where}: "
+            kind = "relay" if addr in self.spec.relays else "bootstrap peer"
+            whom = f"its {kind} {where}" if len(entry) == 1 else f"none of its {len(entry)} bootstrap peers/relays ({where}: "
             raise JoinError(
                 f"cannot reach swarm {self.spec.name!r}: "
                 + (f"{whom} did not answer ({reason})" if len(entry) == 1 else f"{whom}{reason}) answered")

@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run one ``volunteer`` command; the exit status: 0 done, 1 a failure (one line on stderr
     saying what to do), 2 a usage error, 130 interrupted."""
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe is then ours to silence
+        return code
     except BrokenPipeError:
         return _silence_broken_pipe()
 
