@@ -1,15 +1,25 @@
-"""Relay figures as Prometheus text, served over a minimal HTTP/1.0 responder on trio."""
+"""Relay figures for the dashboard, and as Prometheus metrics through ``prometheus_client``.
+
+The figures are read when scraped (a custom collector), never copied into metric objects as they
+change: the hop service's counters stay the one source. Names follow the OpenMetrics rules: a
+gauge never shares its name with a counter's ``_total`` (open circuits are
+``volunteer_relay_open_circuits``; the counter of circuits ever opened is
+``volunteer_relay_circuits_total``).
+"""
 
 from __future__ import annotations
 
-import logging
+import platform
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-import trio
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .service import HopService
 
-log = logging.getLogger(__name__)
-MAX_REQUEST = 8192
+DIRECTIONS = ("to_target", "to_source")  # bytes the circuit's initiator sent, and those it received
 
 
 def snapshot(service: HopService) -> dict:
@@ -20,6 +30,7 @@ def snapshot(service: HopService) -> dict:
         "circuits": resources.open_circuits,
         "circuits_total": resources.circuits_total,
         "bytes_relayed": resources.bytes_relayed,
+        "bytes_by_direction": dict(zip(DIRECTIONS, resources.bytes_by_direction)),
         "connections": len(service.host.connections()),
         "refusals": dict(resources.refusals),
         "resource_refusals": _resource_refusals(service),
@@ -34,62 +45,84 @@ def _resource_refusals(service: HopService) -> dict[str, dict[str, int]]:
     return manager.refusals() if manager is not None else {}
 
 
-def prometheus_text(service: HopService) -> str:
-    figures = snapshot(service)
-    lines = [
-        "# HELP volunteer_relay_reservations Reservations held now.",
-        "# TYPE volunteer_relay_reservations gauge",
-        f"volunteer_relay_reservations {figures['reservations']}",
-        "# HELP volunteer_relay_circuits Circuits open now.",
-        "# TYPE volunteer_relay_circuits gauge",
-        f"volunteer_relay_circuits {figures['circuits']}",
-        "# HELP volunteer_relay_circuits_total Circuits opened since start.",
-        "# TYPE volunteer_relay_circuits_total counter",
-        f"volunteer_relay_circuits_total {figures['circuits_total']}",
-        "# HELP volunteer_relay_bytes_total Bytes relayed, both directions.",
-        "# TYPE volunteer_relay_bytes_total counter",
-        f"volunteer_relay_bytes_total {figures['bytes_relayed']}",
-        "# HELP volunteer_relay_connections Connections open now.",
-        "# TYPE volunteer_relay_connections gauge",
-        f"volunteer_relay_connections {figures['connections']}",
-        "# HELP volunteer_relay_refusals_total Requests refused, by reason.",
-        "# TYPE volunteer_relay_refusals_total counter",
-    ]
-    for reason, count in sorted(figures["refusals"].items()):
-        lines.append(f'volunteer_relay_refusals_total{{reason="{reason}"}} {count}')
-    lines += [
-        "# HELP volunteer_refusals_total Resource-manager refusals, by scope and reason.",
-        "# TYPE volunteer_refusals_total counter",
-    ]
-    for scope, reasons in sorted(figures["resource_refusals"].items()):
+def refusal_metrics(refusals: Mapping[str, Mapping[str, int]]) -> CounterMetricFamily:
+    """``volunteer_refusals_total{scope,reason}``: the name the relay and the daemon share."""
+    family = CounterMetricFamily("volunteer_refusals", "Resource-manager refusals, by scope and reason.",
+                                 labels=["scope", "reason"])
+    for scope, reasons in sorted(refusals.items()):
         for reason, count in sorted(reasons.items()):
-            lines.append(f'volunteer_refusals_total{{scope="{scope}",reason="{reason}"}} {count}')
-    return "\n".join(lines) + "\n"
+            family.add_metric([scope, reason], count)
+    return family
 
 
-async def serve_metrics(service: HopService, host: str, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Answer every HTTP GET with the Prometheus text (any path)."""
+def build_info(component: str) -> InfoMetricFamily:
+    """``volunteer_build_info{component,version,python}``: which build answers this scrape."""
+    from volunteer import __version__
 
-    async def respond(stream: trio.SocketStream) -> None:
-        try:
-            with trio.move_on_after(5):
-                request = b""
-                while b"\r\n\r\n" not in request and b"\n\n" not in request and len(request) < MAX_REQUEST:
-                    chunk = await stream.receive_some(1024)
-                    if not chunk:
-                        break
-                    request += chunk
-                body = prometheus_text(service).encode()
-                status = b"200 OK" if request.startswith(b"GET ") else b"405 Method Not Allowed"
-                await stream.send_all(
-                    b"HTTP/1.0 " + status + b"\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                    + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-                )
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await trio.aclose_forcefully(stream)
+    return InfoMetricFamily("volunteer_build", "The volunteer build serving these metrics.", value={
+        "component": component, "version": __version__, "python": platform.python_version(),
+    })
 
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    task_status.started(listeners[0].socket.getsockname()[:2])
-    await trio.serve_listeners(respond, listeners)
+
+def dht_metrics(dhts: Mapping[str, Any]) -> Iterable[Metric]:
+    """Per-swarm DHT figures from each DHT node's ``snapshot()``."""
+    table = GaugeMetricFamily("volunteer_dht_routing_table_peers", "Peers in the DHT routing table.", labels=["swarm"])
+    records = GaugeMetricFamily("volunteer_dht_records", "Records stored by this DHT node.", labels=["swarm"])
+    requests = CounterMetricFamily("volunteer_dht_requests", "DHT requests answered.", labels=["swarm"])
+    failures = CounterMetricFamily("volunteer_dht_failures", "DHT requests that failed.", labels=["swarm"])
+    traffic = CounterMetricFamily("volunteer_dht_bytes", "DHT bytes, by direction.", labels=["swarm", "direction"])
+    for swarm, dht in sorted(dhts.items()):
+        figures = dht.snapshot()
+        table.add_metric([swarm], figures["routing_table"])
+        records.add_metric([swarm], figures["records"])
+        requests.add_metric([swarm], figures["requests"])
+        failures.add_metric([swarm], figures["failures"])
+        traffic.add_metric([swarm, "in"], figures["bytes_in"])
+        traffic.add_metric([swarm, "out"], figures["bytes_out"])
+    return [table, records, requests, failures, traffic]
+
+
+class RelayCollector(Collector):
+    """Reads the relay's figures at scrape time."""
+
+    def __init__(self, service: HopService, dhts: Mapping[str, Any] | None = None) -> None:
+        self.service = service
+        self.dhts = dhts if dhts is not None else {}
+
+    def collect(self) -> Iterable[Metric]:
+        figures = snapshot(self.service)
+        yield build_info("relay")
+        yield GaugeMetricFamily("volunteer_relay_reservations", "Reservations held now.", value=figures["reservations"])
+        yield GaugeMetricFamily("volunteer_relay_open_circuits", "Circuits open now.", value=figures["circuits"])
+        yield CounterMetricFamily("volunteer_relay_circuits", "Circuits opened since start.", value=figures["circuits_total"])
+        relayed = CounterMetricFamily("volunteer_relay_bytes", "Bytes relayed, by direction "
+                                      "(to_target: sent by the circuit's initiator).", labels=["direction"])
+        for direction, count in figures["bytes_by_direction"].items():
+            relayed.add_metric([direction], count)
+        yield relayed
+        yield GaugeMetricFamily("volunteer_relay_connections", "Connections open now.", value=figures["connections"])
+        refused = CounterMetricFamily("volunteer_relay_refusals", "Relay requests refused, by reason.", labels=["reason"])
+        for reason, count in sorted(figures["refusals"].items()):
+            refused.add_metric([reason], count)
+        yield refused
+        yield refusal_metrics(figures["resource_refusals"])
+        yield from dht_metrics(self.dhts)
+
+
+def relay_registry(service: HopService, dhts: Mapping[str, Any] | None = None, *, process: bool = True) -> CollectorRegistry:
+    """A registry of its own per relay (no global state: several relays in one test process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RelayCollector(service, dhts))
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+    return registry
+
+
+def prometheus_text(service: HopService, dhts: Mapping[str, Any] | None = None) -> str:
+    """The relay's metrics in the Prometheus text format (what ``GET /metrics`` answers)."""
+    return generate_latest(relay_registry(service, dhts, process=False)).decode()
+
+
+__all__ = ["DIRECTIONS", "RelayCollector", "build_info", "dht_metrics", "prometheus_text", "refusal_metrics",
+           "relay_registry", "snapshot"]

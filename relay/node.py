@@ -44,20 +44,29 @@ async def open_relay_node(
     swarms: Sequence[str] = ("default",),
     bootstrap: Sequence[str | Multiaddr] = (),
 ):
-    """Run a relay for the duration of the block."""
+    """Run a relay for the duration of the block. The metrics port is bound first: a busy one is
+    a ListenError before anything else starts."""
     config = HostConfig(announce=[Multiaddr(a) for a in announce])
+    metrics_listener = None
+    if metrics is not None:
+        from volunteer.metrics_http import open_metrics_listener
+
+        metrics_listener = await open_metrics_listener(*metrics)
     async with open_host(keypair, listen, config=config) as host, trio.open_nursery() as nursery:
         hop = HopService(host, limits)
         await nursery.start(hop.run)
         # Relays have public addresses: they answer AutoNAT dial-back requests for volunteers.
         await host.add_service(AutoNATServer())
         node = RelayNode(host, hop, nursery)
-        if metrics is not None:
-            from .metrics import serve_metrics
-
-            node.metrics_addr = await nursery.start(serve_metrics, hop, metrics[0], metrics[1])
         for swarm_id in swarms:
             node.dhts[swarm_id] = await nursery.start(_serve_dht, host, swarm_id, list(bootstrap))
+        if metrics_listener is not None:
+            from volunteer.metrics_http import listener_address, serve_registry
+
+            from .metrics import relay_registry
+
+            node.metrics_addr = listener_address(metrics_listener)
+            await nursery.start(serve_registry, metrics_listener, relay_registry(hop, node.dhts))
         try:
             yield node
         finally:

@@ -40,6 +40,7 @@ class RelayResources:
         self.open_circuits = 0
         self.refusals: Counter[str] = Counter()
         self.bytes_relayed = 0
+        self.bytes_by_direction = [0, 0]  # [sent by circuits' initiators, sent back to them]
         self.circuits_total = 0
         self._reserve_by_peer = self.limits.per_minute(self.limits.reserve_rate_per_peer)
         self._reserve_by_ip = self.limits.per_minute(self.limits.reserve_rate_per_ip)

@@ -180,6 +180,7 @@ class HopService:
                     return
                 counts[index] += len(data)
                 self.resources.bytes_relayed += len(data)
+                self.resources.bytes_by_direction[index] += len(data)
                 if self.limits.circuit_data and counts[index] > self.limits.circuit_data:
                     over_limit = True
                     raise RemoteProtocolError("circuit data limit exceeded")

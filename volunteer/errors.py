@@ -145,7 +145,11 @@ class ExpertError(VolunteerError):
 
 
 class RemoteExpertError(ExpertError):
-    """The expert raised on the server. Carries the remote type, message and traceback."""
+    """The expert raised on the server. Carries the remote type, message and traceback.
+
+    ``str()`` is one line (type, message, which expert on which peer), fit for a log line or the
+    CLI; the server's traceback stays in ``remote_traceback`` and is shown when the exception is
+    printed with its traceback (``traceback.print_exception``, an uncaught raise), as a note."""
 
     def __init__(
         self,
@@ -160,10 +164,11 @@ class RemoteExpertError(ExpertError):
         self.remote_traceback = remote_traceback
         self.expert_uid = expert_uid
         self.peer_id = peer_id
-        text = f"{error_type}: {message} (expert {expert_uid!r} on {peer_id})"
+        first_line = message.strip().splitlines()[0] if message.strip() else ""
+        super().__init__(f"{error_type}: {first_line} (expert {expert_uid!r} on {peer_id})")
         if remote_traceback:
-            text += "\n\nRemote traceback (most recent call last, on the server):\n" + remote_traceback.rstrip()
-        super().__init__(text)
+            # PEP 678 notes print after the local traceback, and only there: str() stays one line
+            self.add_note("Remote traceback (most recent call last, on the server):\n" + remote_traceback.rstrip())
 
 
 class ExpertTimeoutError(ExpertError, TimeoutError):

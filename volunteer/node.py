@@ -19,6 +19,7 @@ here; ``Swarm`` beside it is the trainer's side.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -94,6 +95,31 @@ class VolunteerOptions:
     def hosts_experts(self) -> bool:
         """Whether this node serves experts at all (a node without them still routes the DHT)."""
         return bool(self.uids) or bool(self.backends) or self.place
+
+
+def _root_reason(exc: BaseException) -> str:
+    """The innermost reason of a dial failure, without the addresses and peer ids each layer of
+    DialError adds: ``Connection refused``, ``handshake timed out``."""
+    from .errors import DialError
+
+    while isinstance(exc, DialError) and exc.causes:
+        exc = next(iter(exc.causes.values()))
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, OSError) and cause.errno:
+        return os.strerror(cause.errno)
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.rsplit(": ", 1)[-1][:80]  # the innermost clause of "while …: because …: reason"
+
+
+def _host_port(addr: Multiaddr) -> str:
+    """``127.0.0.1:4001`` from a multiaddr (the whole address, less its /p2p part, otherwise)."""
+    text = str(addr).split("/p2p/", 1)[0]
+    parts = text.split("/")
+    if len(parts) >= 5 and parts[1] in ("ip4", "ip6", "dns", "dns4", "dns6") and parts[3] in ("tcp", "udp"):
+        return f"{parts[2]}:{parts[4]}"
+    return text
 
 
 def check_device(device: str, max_gpu_memory: float | None) -> str:
@@ -201,7 +227,7 @@ class VolunteerNode:
         if not entry:
             return  # the first node of a new swarm: others will bootstrap from us
         host = self.host
-        failures: dict[str, str] = {}
+        failures: dict[Multiaddr, str] = {}
         reached = False
 
         async def one(addr: Multiaddr) -> None:
@@ -210,17 +236,25 @@ class VolunteerNode:
                 with trio.fail_after(timeout):
                     await host.connect(addr)
                 reached = True
-            except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
-                failures[str(addr)] = describe(exc)
+            except trio.TooSlowError:
+                failures[addr] = f"no answer within {timeout:g} s"
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                failures[addr] = _root_reason(exc)
 
         async with trio.open_nursery() as nursery:
             for addr in entry:
                 nursery.start_soon(one, addr)
         if not reached:
-            first = next(iter(failures.items()))
+            # one short line: where (host:port, no peer id), why (the innermost reason), what next
+            addr, reason = next(iter(failures.items()))
+            where = _host_port(addr)
+            doctor = str(self.spec.path) if self.spec.path is not None else str(addr)
+            kind = "relay" if addr in self.spec.relays else "bootstrap peer"
+            whom = f"its {kind} {where}" if len(entry) == 1 else f"none of its {len(entry)} bootstrap peers/relays ({where}: "
             raise JoinError(
-                f"cannot reach swarm {self.spec.name!r}: none of its {len(entry)} bootstrap peers/relays answered "
-                f"({first[0]}: {first[1]})"
+                f"cannot reach swarm {self.spec.name!r}: "
+                + (f"{whom} did not answer ({reason})" if len(entry) == 1 else f"{whom}{reason}) answered")
+                + f"; run `volunteer doctor {doctor}` to see why"
             )
 
     def _apply_reachability(self, reachability: Reachability) -> None:

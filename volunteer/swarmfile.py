@@ -1,9 +1,8 @@
-"""Where a volunteer's files live, what a swarm file says, and the ``--experts`` grid syntax.
+"""What a swarm file and ``config.toml`` say, and the ``--experts`` grid syntax.
 
-Paths follow XDG (``~/.config/volunteer``, ``~/.local/state/volunteer``, ``$XDG_RUNTIME_DIR``),
-with Windows' APPDATA / LOCALAPPDATA as the fallbacks there; every one can be moved by an
-environment variable (``VOLUNTEER_CONFIG_DIR``, ``VOLUNTEER_STATE_DIR``, ``VOLUNTEER_RUNTIME_DIR``)
-and by a flag of the command that uses it.
+Where the files live is ``volunteer.paths`` (re-exported here for the callers that import it
+from this module). Swarm files and the config file are validated alike (``validate_table``): an
+unknown key is one line naming it and the known ones, and every value's type is checked.
 
 A swarm file (TOML)::
 
@@ -23,24 +22,30 @@ A swarm file (TOML)::
     hidden_dim = 1024
     replicas = 2
     sync_period = 30                    # optional, seconds
+
+``volunteer testnet`` marks the swarm file it writes with a ``[testnet]`` table (its ``pid``), so
+that it is removed when that testnet stops and a real swarm's file is never overwritten.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import os
 import re
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+import tomli_w
+
 from .dht.config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH
 from .dht.grid import DELIMITER, parse_uid
 from .errors import VolunteerError
 from .net.multiaddr import Multiaddr
+from .paths import config_dir, config_file, identity_path, runtime_dir, state_dir, swarms_dir
 
 
 class SwarmFileError(VolunteerError):
@@ -172,44 +177,6 @@ def grid_of(uid: str, grids: Sequence[GridSpec]) -> GridSpec | None:
     return None
 
 
-
-
-def _base(env: str, xdg: str, default: str, windows: str) -> Path:
-    if os.environ.get(env):
-        return Path(os.environ[env]).expanduser()
-    if sys.platform == "win32" and os.environ.get(windows):
-        return Path(os.environ[windows]) / "volunteer"
-    return Path(os.environ.get(xdg) or Path.home() / default) / "volunteer"
-
-
-def config_dir() -> Path:
-    """Identity key, ``config.toml``, ``swarms/*.toml``."""
-    return _base("VOLUNTEER_CONFIG_DIR", "XDG_CONFIG_HOME", ".config", "APPDATA")
-
-
-def state_dir() -> Path:
-    """Logs and checkpoints."""
-    return _base("VOLUNTEER_STATE_DIR", "XDG_STATE_HOME", ".local/state", "LOCALAPPDATA")
-
-
-def runtime_dir() -> Path:
-    """The control socket (per-user, 0700)."""
-    if os.environ.get("VOLUNTEER_RUNTIME_DIR"):
-        path = Path(os.environ["VOLUNTEER_RUNTIME_DIR"]).expanduser()
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "volunteer"
-    else:
-        path = state_dir() / "run"
-    return path
-
-
-def identity_path() -> Path:
-    """$VOLUNTEER_IDENTITY, else the config dir's ``identity.key``."""
-    if os.environ.get("VOLUNTEER_IDENTITY"):
-        return Path(os.environ["VOLUNTEER_IDENTITY"]).expanduser()
-    return config_dir() / "identity.key"
-
-
 @dataclass
 class SwarmSpec:
     """A swarm to join: its protocol id and whom to ask first."""
@@ -222,6 +189,7 @@ class SwarmSpec:
     path: Path | None = None
     kind: str = "volunteer"  # "hivemind": join a hivemind 1.1 swarm (volunteer.hivemind)
     grids: list[GridSpec] = field(default_factory=list)  # [[grid]]: what the swarm's experts are
+    testnet_pid: int | None = None  # set in a file written by `volunteer testnet`: its process
 
     @property
     def entry_points(self) -> list[Multiaddr]:
@@ -233,16 +201,109 @@ class SwarmSpec:
         return out
 
     def to_toml(self) -> str:
-        lines = [f'name = "{self.name}"', f'id = "{self.id}"']
+        """The swarm file's text (written with tomli-w: quoting and escaping are its job)."""
+        data: dict = {
+            "name": self.name,
+            "id": self.id,
+            "bootstrap": [str(a) for a in self.bootstrap],
+            "relays": [str(a) for a in self.relays],
+        }
         if self.kind != "volunteer":
-            lines.append(f'kind = "{self.kind}"')
-        lines.append("bootstrap = [" + ", ".join(f'"{a}"' for a in self.bootstrap) + "]")
-        lines.append("relays = [" + ", ".join(f'"{a}"' for a in self.relays) + "]")
+            data["kind"] = self.kind
         if self.experts:
-            lines.append("[experts]")
-            for key, value in self.experts.items():
-                lines.append(f"{key} = {value!r}" if not isinstance(value, str) else f'{key} = "{value}"')
-        return "\n".join(lines) + "\n"
+            data["experts"] = dict(self.experts)
+        if self.testnet_pid is not None:
+            data["testnet"] = {"pid": self.testnet_pid}
+        return tomli_w.dumps(data)
+
+
+# --- validation: swarm files and config.toml alike ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Typed:
+    """A schema entry whose expected type is better said in words than by its Python type."""
+
+    types: tuple
+    words: str
+
+
+MULTIADDR_LIST = Typed((list,), "a list of multiaddr strings")
+
+JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
+    "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
+    "max_gpu_memory": (int, float), "max_upload": (int, float), "expert_file": str, "mdns": bool,
+    "share_tracebacks": str, "max_experts": int,
+}
+
+SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn
+    "name": str,
+    "id": str,
+    "bootstrap": MULTIADDR_LIST,
+    "relays": MULTIADDR_LIST,
+    "experts": JOIN_SETTINGS,
+    "grid": list,  # [[grid]]: the expert grids the swarm declares (volunteer.replicas.grid checks each)
+    "kind": str,  # which protocols the swarm speaks (e.g. "hivemind")
+    "testnet": {"pid": int},  # written by `volunteer testnet` only
+}
+
+CONFIG_KEYS: dict = {"join": JOIN_SETTINGS}  # config.toml's tables
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list", dict: "a table"}
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, Typed):
+        return kind.words
+    if isinstance(kind, dict):
+        return "a table"
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if float in kinds:
+        return "a number"
+    return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+
+
+def _value_type_name(value) -> str:
+    for kind in (bool, int, float, str, list, dict):
+        if isinstance(value, kind):
+            return _TYPE_NAMES[kind]
+    return type(value).__name__
+
+
+def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "") -> None:
+    """Check a parsed TOML table against ``schema`` (key → type, tuple of types, or a nested
+    schema for a sub-table). Raises SwarmFileError in one line: an unknown key with the known
+    ones (and the likeliest one meant), or a value of the wrong type with the type expected."""
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        kind = schema.get(key)
+        if kind is None:
+            close = difflib.get_close_matches(key, list(schema), n=1)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise SwarmFileError(f"{where}: unknown setting {dotted} ({hint}known: {', '.join(schema)})")
+        if isinstance(kind, dict):
+            if not isinstance(value, dict):
+                raise SwarmFileError(f"{where}: {dotted} has the wrong type: expected a table [{dotted}], got {_value_type_name(value)}")
+            validate_table(value, kind, where=where, prefix=f"{dotted}.")
+            continue
+        kinds = kind.types if isinstance(kind, Typed) else kind if isinstance(kind, tuple) else (kind,)
+        # TOML's true is a Python int too: a bool passes only where a bool is asked for
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise SwarmFileError(
+                f"{where}: {dotted} has the wrong type: expected {_type_name(kind)}, got {_value_type_name(value)}"
+            )
+
+
+def _read_toml(path: Path, what: str) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SwarmFileError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise SwarmFileError(f"{what} {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SwarmFileError(f"{what} {path} is not valid TOML: {exc}") from None
 
 
 SWARM_KINDS = ("volunteer", "hivemind")
@@ -259,12 +320,12 @@ HIVEMIND_UNSUPPORTED = {
 def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
     """Parse a swarm TOML file; raises SwarmFileError with the file and the problem."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SwarmFileError(f"cannot read swarm file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SwarmFileError(f"swarm file {path} is not valid TOML: {exc}") from None
+    data = _read_toml(path, "swarm file")
+    if data.get("kind") == "hivemind":  # hivemind's own features get a clearer line than "unknown"
+        for key, feature in HIVEMIND_UNSUPPORTED.items():
+            if key in data:
+                raise SwarmFileError(f"swarm file {path}: {key}: {feature} is not supported by volunteer's hivemind personality")
+    validate_table(data, SWARM_KEYS, where=f"swarm file {path}")
     name = data.get("name") or path.stem
     swarm_id = data.get("id") or name
     if not isinstance(name, str) or not isinstance(swarm_id, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", swarm_id):
@@ -282,17 +343,12 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
             if addr.peer_id is None:
                 raise SwarmFileError(f"swarm file {path}: {addr} needs a /p2p/PEER-ID at the end")
     experts = data.get("experts", {})
-    if not isinstance(experts, dict):
-        raise SwarmFileError(f"swarm file {path}: [experts] must be a table")
     kind = data.get("kind", "volunteer")
     if kind not in SWARM_KINDS:
         raise SwarmFileError(f"swarm file {path}: kind must be one of {', '.join(SWARM_KINDS)}, got {kind!r}")
-    if kind == "hivemind":
-        for key, feature in HIVEMIND_UNSUPPORTED.items():
-            if key in data:
-                raise SwarmFileError(f"swarm file {path}: {key}: {feature} is not supported by volunteer's hivemind personality")
     grids = _parse_grids(data.get("grid", []), path)
-    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids)
+    testnet_pid = data.get("testnet", {}).get("pid")
+    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids, testnet_pid)
 
 
 def _parse_grids(tables: object, path: Path) -> list[GridSpec]:
@@ -321,18 +377,13 @@ def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
         if not candidate.is_file():
             raise SwarmFileError(f"no swarm file {candidate}")
         return load_swarm_file(candidate)
-    known = config_dir() / "swarms" / f"{text}.toml"
+    known = swarms_dir() / f"{text}.toml"
     if known.is_file():
         return load_swarm_file(known)
     raise SwarmFileError(
-        f"unknown swarm {text!r}: no {known} (pass a swarm file, a bootstrap multiaddr, or run `volunteer testnet`)"
+        f"unknown swarm {text!r}: no {known}; ask the swarm's organiser for its swarm file and save it there "
+        f"(or pass its path, or a bootstrap multiaddr); `volunteer testnet --name {text}` starts a local one to try"
     )
-
-
-JOIN_SETTINGS = {  # config.toml's [join] keys and their types (same names as the flags)
-    "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
-    "max_gpu_memory": float, "max_upload": (int, float), "expert_file": str, "mdns": bool,
-}
 
 
 def load_config(path: str | os.PathLike | None = None) -> dict:
@@ -340,25 +391,14 @@ def load_config(path: str | os.PathLike | None = None) -> dict:
     defaults for ``volunteer join`` under ``[join]``, e.g. ``device = "cuda:0"``. Flags and the
     swarm file's ``[experts]`` win over it."""
     explicit = path is not None
-    path = Path(path) if explicit else config_dir() / "config.toml"
+    path = Path(path) if explicit else config_file()
     if not path.is_file():
         if explicit:
             raise SwarmFileError(f"no config file {path}")
         return {}
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SwarmFileError(f"config file {path}: {exc}") from None
-    join = data.get("join", {})
-    if not isinstance(join, dict):
-        raise SwarmFileError(f"config file {path}: [join] must be a table")
-    for key, value in join.items():
-        kind = JOIN_SETTINGS.get(key)
-        if kind is None:
-            raise SwarmFileError(f"config file {path}: unknown setting join.{key} (known: {', '.join(JOIN_SETTINGS)})")
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise SwarmFileError(f"config file {path}: join.{key} has the wrong type")
-    return dict(join)
+    data = _read_toml(path, "config file")
+    validate_table(data, CONFIG_KEYS, where=f"config file {path}")
+    return dict(data.get("join", {}))
 
 
 _RANGE = re.compile(r"^\[(\d+):(\d+)\]$")
@@ -403,6 +443,9 @@ __all__ = [
     "GridSpec",
     "GridSpecError",
     "MAX_GRID_EXPERTS",
+    "CONFIG_KEYS",
+    "JOIN_SETTINGS",
+    "SWARM_KEYS",
     "SwarmFileError",
     "SwarmSpec",
     "grid_of",
@@ -416,4 +459,6 @@ __all__ = [
     "resolve_swarm",
     "runtime_dir",
     "state_dir",
+    "swarms_dir",
+    "validate_table",
 ]

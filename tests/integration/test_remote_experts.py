@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
+import traceback
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from volunteer import RemoteExpert, Swarm
 from volunteer.dht import DHTConfig
 from volunteer.errors import (
+    ExpertInputError,
     ExpertTimeoutError,
     ExpertUnavailableError,
     RemoteExpertError,
@@ -77,7 +79,8 @@ def test_server_exception_carries_remote_traceback_and_server_keeps_serving(volu
         remote(torch.full((2, 8), 500.0))
     error = caught.value
     assert error.error_type == "ArithmeticError" and "refuses values above 100" in str(error)
-    assert "blow_up_on_purpose" in error.remote_traceback and "blow_up_on_purpose" in str(error)
+    assert "blow_up_on_purpose" in error.remote_traceback and "\n" not in str(error)
+    assert "blow_up_on_purpose" in "".join(traceback.format_exception(error))  # printed with its traceback
     assert error.expert_uid == "custom.0" and error.peer_id == str(volunteer.host.peer_id)
     assert remote(torch.ones(2, 8)).shape == (2, 8)  # same expert, good input: served
 
@@ -92,6 +95,19 @@ def test_bad_shapes_dtypes_and_unknown_uids_are_typed_errors(volunteer, swarm):
     with pytest.raises(UnknownExpertError):
         RemoteExpert("expert.9.9", volunteer.addr, swarm)(torch.randn(1, 8))
     assert remote(torch.randn(1, 8)).shape == (1, 8)
+
+
+def test_a_cached_schema_refuses_a_wrong_width_locally(volunteer, swarm):
+    remote = RemoteExpert("expert.0.1", volunteer.addr, swarm)
+    assert remote.info["inputs"] == [{"s": [8], "d": "float32"}]  # asked once, then cached
+    before = volunteer.runtime.stats()["expert.0.1"]
+    with pytest.raises(ExpertInputError, match=r"expert 'expert.0.1'.*input 0: got float32\[3, 7\], expected float32\[batch, 8\]"):
+        remote(torch.randn(3, 7))
+    with pytest.raises(ExpertInputError, match="float64"):
+        remote(torch.randn(3, 8, dtype=torch.float64))
+    after = volunteer.runtime.stats()["expert.0.1"]
+    assert (after.requests, after.errors) == (before.requests, before.errors)  # nothing reached the server
+    assert remote(torch.randn(2, 8)).shape == (2, 8)
 
 
 def test_compression_round_trip(volunteer, swarm):

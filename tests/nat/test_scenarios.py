@@ -101,8 +101,11 @@ def test_relay_restart_brings_reservations_back_and_direct_survives(easy_rig):
 def relay_bytes(rig) -> int:
     """The relay's bytes-relayed counter, read from its /metrics inside its namespace."""
     code = "import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"
+    from prometheus_client.parser import text_string_to_metric_families
+
     text = rig.run("relay", [PY, "-c", code], timeout=20).stdout
-    return int(next(line.split()[-1] for line in text.splitlines() if line.startswith("volunteer_relay_bytes_total")))
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    return int(sum(sample.value for sample in families["volunteer_relay_bytes"].samples))  # both directions
 
 
 def start_relay_with_metrics(rig):

@@ -124,3 +124,65 @@ def _write(tmp_path, text: str):
     path = tmp_path / f"s{abs(hash(text))}.toml"
     path.write_text(text)
     return path
+
+
+def test_swarm_and_config_files_are_validated_alike(tmp_path):
+    from volunteer.swarmfile import SWARM_KEYS, load_config
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\nkind = "hivemind"\n[[grid]]\nprefix = "ffn"\nsize = [2]\nexpert = "ffn"\n'
+                    'hidden_dim = 8\n[testnet]\npid = 1\n')
+    spec = load_swarm_file(path)  # grid and kind are known keys (parse_grids checks a grid's contents)
+    assert spec.testnet_pid == 1 and {"grid", "kind"} <= set(SWARM_KEYS)
+    for text, fragment in (
+        ('relay = []', r"unknown setting relay \(did you mean relays\? known: name, id, bootstrap, relays, experts, grid, kind, testnet\)"),
+        ('[experts]\nhiden_dim = 3', r"unknown setting experts.hiden_dim \(did you mean experts.hidden_dim\?"),
+        ('[experts]\nmdns = 1', "experts.mdns has the wrong type: expected true or false, got an integer"),
+        ('experts = 3', r"experts has the wrong type: expected a table \[experts\], got an integer"),
+        ('kind = 1', "kind has the wrong type: expected a string"),
+        ('[testnet]\npid = "x"', "testnet.pid has the wrong type: expected an integer"),
+    ):
+        path.write_text(text)
+        with pytest.raises(SwarmFileError, match=fragment):
+            load_swarm_file(path)
+    path.write_text('[join]\nmax_batch = true\n')
+    with pytest.raises(SwarmFileError, match="join.max_batch has the wrong type: expected an integer, got true or false"):
+        load_config(path)
+    path.write_text('[jion]\n')
+    with pytest.raises(SwarmFileError, match=r"unknown setting jion \(did you mean join\? known: join\)"):
+        load_config(path)
+
+
+def test_to_toml_quotes_what_it_must(tmp_path):
+    from volunteer.net.multiaddr import Multiaddr
+
+    spec = SwarmSpec('we "quote"', "q", [], [Multiaddr(ADDR)], {"experts": "ffn:e.[0:2]", "hidden_dim": 8}, testnet_pid=42)
+    path = tmp_path / "q.toml"
+    path.write_text(spec.to_toml())
+    loaded = load_swarm_file(path)
+    assert (loaded.name, loaded.experts, loaded.testnet_pid) == ('we "quote"', {"experts": "ffn:e.[0:2]", "hidden_dim": 8}, 42)
+
+
+def test_testnet_swarm_file_is_written_only_where_no_real_swarm_is(tmp_path):
+    import os
+
+    from volunteer.cli.testnet import remove_named_swarm_file, write_named_swarm_file
+    from volunteer.errors import VolunteerError
+
+    path = tmp_path / "swarms" / "t.toml"
+    mine = SwarmSpec("t", "t", testnet_pid=os.getpid()).to_toml()
+    write_named_swarm_file(path, mine, "t")
+    assert load_swarm_file(path).testnet_pid == os.getpid()
+    remove_named_swarm_file(path)
+    assert not path.exists()
+    path.write_text('name = "t"\n')  # a real swarm's file: never overwritten, never removed
+    with pytest.raises(VolunteerError, match="no testnet wrote"):
+        write_named_swarm_file(path, mine, "t")
+    remove_named_swarm_file(path)
+    assert path.read_text() == 'name = "t"\n'
+    path.write_text(SwarmSpec("t", "t", testnet_pid=os.getppid()).to_toml())  # a live testnet's
+    with pytest.raises(VolunteerError, match="already running"):
+        write_named_swarm_file(path, mine, "t")
+    path.write_text(SwarmSpec("t", "t", testnet_pid=2**22 + 12345).to_toml())  # a dead one's: replaced
+    write_named_swarm_file(path, mine, "t")
+    assert load_swarm_file(path).testnet_pid == os.getpid()

@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from .. import __version__
+from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
 from . import contributions as contrib
@@ -29,6 +30,19 @@ SNAPSHOT_LOG_LINES = 40  # warnings and errors a status snapshot carries (the pa
 CHECKPOINT_SCAN_LIMIT = 1000  # directory entries looked at for the last save (a huge dir stays cheap)
 CHECKPOINT_RESCAN = 5.0  # seconds between looks at the checkpoint directory
 UPLOAD_KEY = "\0upload"  # the rate window's key for reply bytes (no expert uid starts with NUL)
+
+
+def reachable_how(view: dict | None) -> str:
+    """How others can reach this node, from its reachability view: "public", "reserved on relay
+    …" (the relay's peer id, shortened), or "" while neither."""
+    if not view:
+        return ""
+    if view.get("status") == "public":
+        return "public"
+    for relay in view.get("relays", []):
+        if relay.get("reserved"):
+            return f"reserved on relay …{relay.get('peer_id', '')[-6:]}"
+    return ""
 
 
 @dataclass
@@ -77,6 +91,9 @@ class Daemon:
             contrib.load(self._contributions_path, now=time.time()) if self._contributions_path is not None
             else contrib.Contributions(since=time.time())
         )
+        self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
+        self.reachable_how = ""
+        self.reachable = trio.Event()
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -86,6 +103,7 @@ class Daemon:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
+        began = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
                 async with open_volunteer(self.swarm, self.options.node) as node:
@@ -94,6 +112,7 @@ class Daemon:
                         node.server.on_served = lambda peer, _op: self.contributions.served(peer)
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
+                    nursery.start_soon(self._watch_reachable, began)
                     await nursery.start(self._serve_control)
                     nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
@@ -137,6 +156,24 @@ class Daemon:
             task_status.started()
             return
         await serve_control(self.options.control_path, self.handle_control, task_status=task_status)
+
+    async def _watch_reachable(self, began: float) -> None:
+        # looked at again whenever the verdict or the relay reservations change, until reachable
+        node = self.node
+        if node is None:
+            return
+        with node.host.events.subscribe(ReachabilityChanged, RelayReservationsChanged) as changes:
+            how = reachable_how(node.reachability_view())
+            if not how:
+                async for _ in changes:
+                    if how := reachable_how(node.reachability_view()):
+                        break
+                else:
+                    return  # the host closed before this node became reachable
+        self.reachable_after_s = round(trio.current_time() - began, 2)
+        self.reachable_how = how
+        log.info("reachable after %.1f s: %s", self.reachable_after_s, how)
+        self.reachable.set()
 
     def leave(self) -> None:
         """Start a graceful leave (Ctrl-C, SIGTERM, ``volunteer stop``)."""
@@ -182,6 +219,8 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "paused": node.paused if node is not None else False,
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
+            "reachable_after_s": self.reachable_after_s,
+            "reachable_how": self.reachable_how,
         }
         now = trio.current_time()
         if node is not None:

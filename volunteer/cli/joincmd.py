@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
-from ..swarmfile import identity_path, load_config, parse_experts_spec, resolve_swarm, state_dir
+from ..swarmfile import identity_path, load_config, parse_experts_spec, resolve_swarm, state_dir, swarms_dir
 from .control import ControlError, default_control_path, request
 
 JOIN_EXAMPLES = """\
@@ -23,8 +24,8 @@ examples:
   volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
   volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
   volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
-SWARM is a name from ~/.config/volunteer/swarms/NAME.toml, a path to a swarm file, or a
-bootstrap multiaddr. Ctrl-C leaves gracefully (experts withdrawn, checkpoints saved); press it
+SWARM is a path to the swarm file its organiser gave you, a NAME saved as
+<config dir>/swarms/NAME.toml, or a bootstrap multiaddr. Ctrl-C leaves gracefully (experts withdrawn, checkpoints saved); press it
 again to quit at once. `volunteer status` shows the same dashboard from another terminal.
 """
 
@@ -36,6 +37,18 @@ def _fraction(text: str) -> float:
     return value
 
 
+# device names torch takes that make sense for experts; anything else is refused in one line
+# before torch lists its twenty device types at the user
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
+
+
+def check_device_name(device: str) -> str:
+    """``device`` if it names a device experts can run on; VolunteerError saying what to type if not."""
+    if not DEVICE_PATTERN.fullmatch(device):
+        raise VolunteerError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N (e.g. --device cuda:0), or mps")
+    return device
+
+
 def _rate(text: str) -> float:
     from ..net.perf import parse_size
 
@@ -43,6 +56,12 @@ def _rate(text: str) -> float:
         return float(parse_size(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc} (e.g. 10MiB for 10 MiB/s)") from None
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    from .relaycmd import host_port
+
+    return host_port(text)
 
 
 def add_control_flag(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +101,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="what your expert errors show trainers: full tracebacks, redacted (paths relative "
                    "to the package or ~; the default), or none (type and message only)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines, even in a terminal")
+    p.add_argument("--metrics", type=_host_port, metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9101)")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
     add_control_flag(p)
@@ -108,6 +129,14 @@ def build_options(args: argparse.Namespace):
     from .daemon import DaemonOptions
 
     spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
+    if spec.testnet_pid is not None:
+        from .testnet import _alive
+
+        if not _alive(spec.testnet_pid):
+            raise VolunteerError(
+                f"swarm file {spec.path} belongs to a testnet that is no longer running (pid {spec.testnet_pid}); "
+                f"start one with `volunteer testnet --name {spec.name}`, or delete the file"
+            )
     # precedence: flags, then the swarm file's [experts], then config.toml's [join], then built-ins
     settings = {**load_config(args.config), **spec.experts}
 
@@ -136,7 +165,7 @@ def build_options(args: argparse.Namespace):
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
-        device=pick(args.device, "device", "auto"),
+        device=check_device_name(pick(args.device, "device", "auto")),
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
@@ -153,19 +182,25 @@ def build_options(args: argparse.Namespace):
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
+    metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
 
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
-    return trio.run(join, options, dashboard)
+    return trio.run(join, options, dashboard, metrics)
 
 
-async def join(options, dashboard: bool) -> int:
+async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None) -> int:
     from .daemon import Daemon
 
     daemon = Daemon(options)
+    metrics_listener = None
+    if metrics is not None:
+        from ..metrics_http import open_metrics_listener
+
+        metrics_listener = await open_metrics_listener(*metrics)  # a busy port: one line, before joining
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             nursery.start_soon(_watch_signals, signals, daemon)
@@ -185,6 +220,15 @@ async def join(options, dashboard: bool) -> int:
                 print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
                       + (" …" if len(hosted) > 8 else ""), flush=True)
             print(f"  control socket {options.control_path}", flush=True)
+            if metrics_listener is not None:
+                from ..metrics_http import listener_address, serve_registry
+                from .metrics import daemon_registry
+
+                await nursery.start(serve_registry, metrics_listener, daemon_registry(daemon))
+                host, port = listener_address(metrics_listener)
+                print(f"  metrics on http://{host}:{port}/metrics", flush=True)
+            if not dashboard:
+                nursery.start_soon(_report_reachable, daemon)
             if dashboard:
                 from .dashboard import LiveDashboard
 
@@ -203,6 +247,12 @@ async def join(options, dashboard: bool) -> int:
             print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
     print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
     return 0
+
+
+async def _report_reachable(daemon) -> None:
+    """One line once others can reach us (the dashboard shows it in its own place)."""
+    await daemon.reachable.wait()
+    print(f"  reachable after {daemon.reachable_after_s:.1f} s: {daemon.reachable_how}", flush=True)
 
 
 async def _watch_signals(signals, daemon) -> None:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
+from .. import __version__
 from ..errors import VolunteerError, describe
 from . import doctor, expertscmd, joincmd, netcmds, perfcmd, relaycmd, testnet
 
+BROKEN_PIPE_EXIT = 141  # what a shell reports for a program ended by SIGPIPE: `volunteer status | head -1`
+
 EXAMPLES = """\
 examples:
-  volunteer join demo --experts ffn:expert.[0:4].[0:8]   donate this machine: host 32 experts
+  volunteer join ./demo.toml --experts ffn:expert.[0:4].[0:8]   donate: join the swarm whose file you were given
   volunteer status                              the running daemon's dashboard (--json for scripts)
   volunteer pause / volunteer resume            stop / restart taking expert requests
   volunteer experts demo                        which experts are alive, and where
@@ -32,6 +36,7 @@ COMMAND_MODULES = [joincmd, expertscmd, testnet, netcmds, perfcmd, relaycmd, doc
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``volunteer`` parser with every sub-command; ``-v`` is accepted before or after the command."""
     parser = argparse.ArgumentParser(
         prog="volunteer",
         description="Donate GPUs to train mixture-of-experts models, over libp2p, through NATs.",
@@ -39,19 +44,47 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    parser.add_argument("--version", action="version", version=f"volunteer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.add_parsers(sub)
+    for subparser in sub.choices.values():
+        # a separate dest: the sub-command's parse must not reset a count given before the command
+        subparser.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
+                               help="more log output (-vv for debug)")
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse like ``parse_args``, but a flag the sub-command does not know is reported with that
+    sub-command's own usage (argparse would show the top-level one); exits 2 either way."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        owner = subparsers.choices.get(args.command) if args.command else None
+        (owner or parser).error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``volunteer`` command; the exit status: 0 done, 1 a failure (one line on stderr
+    saying what to do), 2 a usage error, 130 interrupted."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe is then ours to silence
+        return code
+    except BrokenPipeError:
+        return _silence_broken_pipe()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    level = logging.WARNING - 10 * args.verbose
+    verbosity = args.verbose + getattr(args, "sub_verbose", 0)
+    level = logging.WARNING - 10 * verbosity
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.run(args) or 0)
@@ -65,11 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         leaves = list(_leaves(group))
         if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return 130
+        if any(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+            return _silence_broken_pipe()
         user_errors = [leaf for leaf in leaves if isinstance(leaf, VolunteerError)]
         if user_errors and len(user_errors) == len(leaves):
             print(f"volunteer {args.command}: {describe_error(user_errors[0])}", file=sys.stderr)
             return 1
         raise
+
+
+def _silence_broken_pipe() -> int:
+    """The reader went away (``| head -1``): not an error worth a word. Point stdout at devnull
+    so the interpreter's final flush does not complain either (Python's documented recipe)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return BROKEN_PIPE_EXIT
 
 
 def _leaves(group: BaseExceptionGroup):

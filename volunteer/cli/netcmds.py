@@ -27,14 +27,25 @@ def add_identity_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+EPHEMERAL_LISTEN = "/ip4/0.0.0.0/tcp/0"  # a port of the OS's choosing: enough for hole punching
+
+
 def add_listen_flag(parser: argparse.ArgumentParser) -> None:
+    """``--listen`` for the diagnostics: they listen like a real node by default (an ephemeral
+    port), so a relayed path can turn into a hole-punched one while they measure."""
     parser.add_argument(
         "--listen",
         metavar="MULTIADDR",
         action="append",
         default=[],
-        help="also listen here (e.g. /ip4/0.0.0.0/tcp/4001): lets hole punching turn a relayed path into a direct one",
+        help=f"listen here (repeatable; default {EPHEMERAL_LISTEN}, so hole punching can turn a relayed path "
+        "into a direct one); use your daemon's port, e.g. /ip4/0.0.0.0/tcp/4001, to test it exactly",
     )
+
+
+def listen_addrs(args: argparse.Namespace) -> list[str]:
+    """The ``--listen`` addresses given, else one ephemeral port."""
+    return list(args.listen) or [EPHEMERAL_LISTEN]
 
 
 def load_identity(args: argparse.Namespace) -> KeyPair:
@@ -65,8 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             "examples:\n"
             "  volunteer ping /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...\n"
             "  volunteer ping -c 10 -i 0.2 /ip4/198.51.100.1/tcp/4001/p2p/RELAY/p2p-circuit/p2p/PEER\n"
-            "  volunteer ping --listen /ip4/0.0.0.0/tcp/4001 -c 20 /ip4/198.51.100.1/tcp/4001/p2p/RELAY/p2p-circuit/p2p/PEER\n"
-            "      (listening lets hole punching move the path from relayed to direct while it pings)\n"
+            "  volunteer ping -c 20 /ip4/198.51.100.1/tcp/4001/p2p/RELAY/p2p-circuit/p2p/PEER\n"
+            "      (it listens on a port of its own, so hole punching moves the path from relayed to direct while it pings)\n"
             "exit status: 0 if every ping was answered, 1 otherwise (unreachable, wrong peer ID, handshake refused, timeout)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,7 +106,7 @@ def run_ping(args: argparse.Namespace) -> int:
 
 
 async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -> int:
-    async with open_host(keypair, args.listen) as host:
+    async with open_host(keypair, listen_addrs(args)) as host:
         started = trio.current_time()
         try:
             with trio.fail_after(args.timeout):

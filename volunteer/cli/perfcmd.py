@@ -14,7 +14,7 @@ from ..errors import DialError, HandshakeError, NegotiationError, VolunteerError
 from ..net.host import open_host
 from ..net.multiaddr import Multiaddr
 from ..net.perf import PERF, PerfResult, format_size, parse_size, perf_stream
-from .netcmds import add_identity_flag, load_identity
+from .netcmds import add_identity_flag, add_listen_flag, listen_addrs, load_identity
 
 
 def _size(text: str) -> int:
@@ -47,6 +47,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--streams", type=int, default=1, metavar="N", help="parallel perf streams (default 1)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole measurement (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_listen_flag(p)
     add_identity_flag(p)
     p.set_defaults(run=run_perf)
 
@@ -56,7 +57,8 @@ def run_perf(args: argparse.Namespace) -> int:
         raise VolunteerError("--streams must be at least 1")
     target = Multiaddr(args.addr)
     keypair = load_identity(args)
-    result = trio.run(measure, target, keypair, args.upload, args.download, args.streams, args.timeout, not args.json)
+    result = trio.run(measure, target, keypair, args.upload, args.download, args.streams, args.timeout, not args.json,
+                      listen_addrs(args))
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
@@ -64,9 +66,11 @@ def run_perf(args: argparse.Namespace) -> int:
     return 0
 
 
-async def measure(target, keypair, upload: int, download: int, streams: int, timeout: float, show_progress: bool) -> PerfResult:
-    """Connect to ``target`` and run ``streams`` perf exchanges in parallel."""
-    async with open_host(keypair) as host:
+async def measure(target, keypair, upload: int, download: int, streams: int, timeout: float, show_progress: bool,
+                  listen: list[str] | None = None) -> PerfResult:
+    """Connect to ``target`` and run ``streams`` perf exchanges in parallel (listening on ``listen``,
+    so a relayed path can be hole-punched)."""
+    async with open_host(keypair, listen or []) as host:
         try:
             with trio.fail_after(timeout):
                 started = trio.current_time()

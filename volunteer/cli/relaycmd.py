@@ -14,11 +14,14 @@ from ..net.perf import parse_size
 from .netcmds import add_identity_flag, load_identity
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+def host_port(text: str) -> tuple[str, int]:
+    """``--metrics HOST:PORT`` as argparse takes it (a bad one is a usage error, exit 2)."""
+    from ..metrics_http import parse_host_port
+
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _size(text: str) -> int:
@@ -52,7 +55,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
-    p.add_argument("--metrics", type=_host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP here")
+    p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
     p.add_argument("--swarm", action="append", metavar="SWARM_ID",
                    help="serve as DHT bootstrap peer for this swarm id (repeatable; default: default)")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",

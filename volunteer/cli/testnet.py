@@ -26,7 +26,7 @@ from pathlib import Path
 import trio
 
 from ..errors import VolunteerError
-from ..swarmfile import SwarmSpec, config_dir, parse_experts_spec
+from ..swarmfile import SwarmFileError, SwarmSpec, load_swarm_file, parse_experts_spec, swarms_dir
 from .control import ControlError, request
 
 START_TIMEOUT = 60.0
@@ -139,7 +139,7 @@ async def open_testnet(
             processes.append(relay)
             relay_addr = await _read_relay_addr(relay, workdir / "relay.log")
             nursery.start_soon(_drain, relay.stdout, workdir / "relay.log")
-            spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)])
+            spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)], testnet_pid=os.getpid())
             if expert_class:
                 spec.experts = {"hidden_dim": hidden_dim}
             swarm_file = workdir / "swarm.toml"
@@ -225,32 +225,78 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-n", type=int, default=4, metavar="N", help="volunteers to start (default 4)")
     p.add_argument("--experts", default="ffn:expert.[0:4].[0:4]", metavar="CLASS:PATTERN", help="grid shared round-robin")
     p.add_argument("--hidden-dim", type=int, default=64, metavar="N")
-    p.add_argument("--name", default="testnet", help="swarm name; its file is written to ~/.config/volunteer/swarms/NAME.toml")
+    p.add_argument("--name", default="testnet",
+                   help="swarm name; its file is written to <config dir>/swarms/NAME.toml unless a real swarm's file is there, "
+                   "and removed when the testnet stops")
     p.add_argument("--dir", type=Path, metavar="DIR", help="where keys, logs and sockets go (default: a temporary directory)")
     p.add_argument("--no-dashboard", action="store_true")
     p.set_defaults(run=run_testnet)
 
 
 def run_testnet(args: argparse.Namespace) -> int:
-    return trio.run(_testnet, args)
+    if not 1 <= args.n <= 64:
+        raise VolunteerError("-n must be between 1 and 64")
+    named = swarms_dir() / f"{args.name}.toml"
+    check_named_swarm_file(named, args.name)  # before starting anything: fail in one line, at once
+    return trio.run(_testnet, args, named)
 
 
-async def _testnet(args: argparse.Namespace) -> int:
+def check_named_swarm_file(path: Path, name: str) -> None:
+    """Refuse to start when ``path`` is a real swarm's file, or a running testnet's."""
+    if not path.exists():
+        return
+    try:
+        owner = load_swarm_file(path).testnet_pid
+    except SwarmFileError:
+        owner = None
+    if owner is None:
+        raise VolunteerError(
+            f"{path} is a swarm file that no testnet wrote, so it stays as it is; choose another name with --name"
+        )
+    if owner != os.getpid() and _alive(owner):
+        raise VolunteerError(f"testnet {name!r} is already running (pid {owner}); stop it, or choose another name with --name")
+
+
+def write_named_swarm_file(path: Path, text: str, name: str) -> None:
+    """Write a testnet's swarm file only where none is, or where a dead testnet left its own."""
+    check_named_swarm_file(path, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        path.unlink()  # a stale testnet's (checked just above): ours replaces it
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise VolunteerError(f"{path} appeared while the testnet started; choose another name with --name") from None
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def remove_named_swarm_file(path: Path) -> None:
+    """Remove the testnet's swarm file if it is still this process's (it points at a relay that is gone)."""
+    try:
+        if load_swarm_file(path).testnet_pid == os.getpid():
+            path.unlink()
+    except (SwarmFileError, OSError):
+        pass
+
+
+async def _testnet(args: argparse.Namespace, named: Path) -> int:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_testnet(args.n, args.experts, hidden_dim=args.hidden_dim, swarm_id=args.name, workdir=args.dir) as net:
-            named = config_dir() / "swarms" / f"{args.name}.toml"
-            named.parent.mkdir(parents=True, exist_ok=True)
-            named.write_text(net.swarm_file.read_text())
-            print(f"testnet {args.name!r}: relay {net.relay_addr}", flush=True)
-            print(f"  {args.n} volunteers ready; swarm file {named} (also {net.swarm_file})", flush=True)
-            print(f"  try: volunteer experts {args.name}   |   Ctrl-C stops everything", flush=True)
-            async with trio.open_nursery() as nursery:
-                if sys.stdout.isatty() and not args.no_dashboard:
-                    nursery.start_soon(_show, net)
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-                    break
-            print("stopping the testnet…", flush=True)
+            write_named_swarm_file(named, net.swarm_file.read_text(), args.name)
+            try:
+                print(f"testnet {args.name!r}: relay {net.relay_addr}", flush=True)
+                print(f"  {args.n} volunteers ready; swarm file {named} (removed when the testnet stops)", flush=True)
+                print(f"  try: volunteer experts {args.name}   |   volunteer join {args.name}   |   Ctrl-C stops everything", flush=True)
+                async with trio.open_nursery() as nursery:
+                    if sys.stdout.isatty() and not args.no_dashboard:
+                        nursery.start_soon(_show, net)
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+                        break
+                print("stopping the testnet…", flush=True)
+            finally:
+                remove_named_swarm_file(named)
     print("testnet stopped", flush=True)
     return 0
 

@@ -18,6 +18,7 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertInputError,
     ExpertPeerUnreachableError,
     ExpertProtocolError,
     ExpertTimeoutError,
@@ -235,6 +236,7 @@ class RemoteExpert(nn.Module):
             swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
         self._info: dict | None = None
+        self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
     @property
     def info(self) -> dict:
@@ -248,7 +250,31 @@ class RemoteExpert(nn.Module):
             self.swarm.host, self.peer, self.uid, "info", swarm_id=self.swarm.swarm_id, timeout=self._call.forward_timeout
         )
 
+    def check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuse inputs that cannot fit the expert's schema before any round trip, once the schema
+        is cached (``info`` was asked): ExpertInputError naming the expert. Without a cached schema
+        the server checks them as always. Values (NaN/inf) are left to the server: a pass over the
+        data is its worker thread's job, not the caller's."""
+        if self._info is None:
+            return
+        if self._input_specs is None:
+            from .schema import TensorSpec
+
+            try:
+                self._input_specs = [TensorSpec.from_dict(spec) for spec in self._info.get("inputs", [])]
+            except (ExpertProtocolError, TypeError, ValueError):
+                self._input_specs = []  # an info reply we cannot read: leave the check to the server
+        if not self._input_specs:
+            return
+        from .schema import check_tensors
+
+        try:
+            check_tensors(self._input_specs, inputs, nan_check=False)
+        except ExpertInputError as exc:
+            raise ExpertInputError(f"expert {self.uid!r} on {self.peer}: {exc} (its cached schema; nothing was sent)") from None
+
     def forward(self, *inputs: torch.Tensor):
+        self.check_inputs(inputs)
         outputs = _RemoteFunction.apply(DUMMY, self._call, *inputs)
         return outputs[0] if len(outputs) == 1 else outputs
 

@@ -75,6 +75,13 @@ class ReachabilityChanged(HostEvent):
     reachability: Any
 
 
+@dataclass(frozen=True)
+class RelayReservationsChanged(HostEvent):
+    """The relay circuits we hold (and advertise) changed (``circuit_addrs``: the current ones)."""
+
+    circuit_addrs: "tuple[Multiaddr, ...]"
+
+
 class Subscription:
     """A bounded queue of the events one subscriber asked for; iterate it, close it when done."""
 
@@ -168,6 +175,7 @@ __all__ = [
     "PeerDisconnected",
     "PeerIdentified",
     "ReachabilityChanged",
+    "RelayReservationsChanged",
     "RelayedConnectionUp",
     "Subscription",
 ]

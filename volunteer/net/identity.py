@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 
+from .. import paths
 from ..errors import KeyFileError, PeerIDError, RemoteProtocolError
 from .limits import MAX_PEER_ID_BYTES, MAX_PUBLIC_KEY_BYTES
 from .pb import keys_pb2
@@ -273,11 +274,8 @@ class PeerID:
 
 
 def default_identity_path() -> Path:
-    """$VOLUNTEER_IDENTITY, else $XDG_CONFIG_HOME/volunteer/identity.key (~/.config/…)."""
-    if os.environ.get("VOLUNTEER_IDENTITY"):
-        return Path(os.environ["VOLUNTEER_IDENTITY"]).expanduser()
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "volunteer" / "identity.key"
+    """$VOLUNTEER_IDENTITY, else the config dir's identity.key (see ``volunteer.paths``)."""
+    return paths.identity_path()
 
 
 def save_keypair(path: str | os.PathLike, keypair: KeyPair) -> None:

@@ -112,4 +112,5 @@ AUTONAT_PROBE_INTERVAL = 120.0  # re-check this often once reachability is known
 AUTONAT_UNKNOWN_PROBE_INTERVAL = 15.0  # ... and this often while it is not
 AUTONAT_REQUIRED_CONFIRMATIONS = 3  # distinct servers that must agree (fewer if fewer exist)
 AUTONAT_MEMORY = 8  # servers' latest answers kept
-RESERVE_WHEN_UNKNOWN_AFTER = 30.0  # no verdict by then: reserve relay slots anyway, to be reachable
+RESERVE_WHEN_UNKNOWN_AFTER = 0.0  # no verdict by then: reserve relay slots anyway, to be reachable at once
+# (a NATed node's "private" verdict waits for the server's dial-back timeout; a "public" one releases them)

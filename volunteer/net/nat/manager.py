@@ -89,17 +89,25 @@ class NatManager(BaseService):
         if host is not self.host:
             raise ValueError("a NatManager runs on the host it was made for")
         task_status.started()
-        started = trio.current_time()
-        while True:
-            await self.probe_round()
-            unknown_too_long = (
-                self.reachability is Reachability.UNKNOWN
-                and trio.current_time() - started >= self.config.reserve_when_unknown_after
-            )
-            if (self.reachability is Reachability.PRIVATE or unknown_too_long) and self.relays:
-                await self._ensure_reservations()
-            interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
-            await trio.sleep(interval)
+        async with trio.open_nursery() as nursery:
+            if self.relays:
+                # Reserve while the first verdict is pending: AutoNAT learns "private" only when
+                # the server's dial-back times out (10 s), and a volunteer should be reachable
+                # within seconds. A "public" verdict gives the slots back.
+                nursery.start_soon(self._reserve_if_still_unknown)
+            while True:
+                await self.probe_round()
+                if self.reachability is Reachability.PRIVATE and self.relays:
+                    await self._ensure_reservations()
+                elif self.reachability is Reachability.PUBLIC and self.reservations is not None:
+                    self.reservations.set_want(0)
+                interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
+                await trio.sleep(interval)
+
+    async def _reserve_if_still_unknown(self) -> None:
+        await trio.sleep(self.config.reserve_when_unknown_after)
+        if self.reachability is Reachability.UNKNOWN:
+            await self._ensure_reservations()
 
     async def probe_round(self) -> Reachability:
         """Ask each server once (in parallel); record what they found."""
@@ -130,6 +138,8 @@ class NatManager(BaseService):
         if self.reservations is None:
             self.reservations = ReservationManager(self.relays, want=self.config.want_reservations)
             await self.host.add_service(self.reservations)
+        elif self.reservations.want != self.config.want_reservations:
+            self.reservations.set_want(self.config.want_reservations)  # private again after public
 
     def snapshot(self) -> dict:
         """What the dashboard and ``volunteer doctor`` show."""

@@ -17,7 +17,7 @@ import trio
 from ...errors import DialError, RemoteProtocolError, VolunteerError, describe
 from ..connection import Path
 from .. import limits
-from ..events import PeerDisconnected, Subscription
+from ..events import PeerDisconnected, RelayReservationsChanged, Subscription
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..streams import BufferedStream, close_quietly, reset_quietly
@@ -153,6 +153,7 @@ class ReservationManager(BaseService):
         self.schedule = ReservationSchedule(relays, want=want, max_backoff=max_backoff)
         self.wall_clock = wall_clock
         self._changed = trio.Event()
+        self._announced: list[Multiaddr] = []
 
     @property
     def want(self) -> int:
@@ -161,6 +162,15 @@ class ReservationManager(BaseService):
     @property
     def relays(self) -> list[RelayStatus]:
         return self.schedule.relays
+
+    def set_want(self, want: int) -> None:
+        """Keep ``want`` reservations from now on; 0 gives them all up (we turned out public: the
+        relay's slots are for those who need them; they lapse there when not refreshed)."""
+        self.schedule.want = want
+        if want == 0:
+            for status in self.schedule.relays:
+                status.reservation = None
+        self._changed.set()
 
     @property
     def reservations(self) -> list[Reservation]:
@@ -197,7 +207,6 @@ class ReservationManager(BaseService):
 
     async def _maintain(self) -> None:
         now = trio.current_time()
-        before = self.circuit_addrs()
         for status in self.schedule.due(now):
             if self.schedule.satisfied(now):
                 break
@@ -209,7 +218,9 @@ class ReservationManager(BaseService):
                 continue
             conn = self.host.connection_to(reservation.relay)
             self.schedule.on_reserved(status, reservation, conn.rtt if conn else None)
-        if self.circuit_addrs() != before:
+        if self.circuit_addrs() != self._announced:
+            self._announced = self.circuit_addrs()
+            self.host.events.publish(RelayReservationsChanged(tuple(self._announced)))
             await self._announce()
 
     async def _announce(self) -> None:

@@ -1,0 +1,103 @@
+"""``volunteer join --metrics HOST:PORT``: the daemon's figures for Prometheus.
+
+Read at scrape time from the running node (a custom collector, as the relay's): reachability and
+how long it took, connections, per-expert counters, the DHT, and refusals by scope and reason
+(``volunteer_refusals_total{scope,reason}``: the resource manager's scopes, plus
+``expert_server`` for the expert server's own admission refusals), the same names the relay uses.
+Never calls the node's dashboard views that keep rate windows (``expert_rows``): a scrape must not
+move what the dashboard shows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from relay.metrics import build_info, dht_metrics, refusal_metrics
+
+if TYPE_CHECKING:
+    from .daemon import Daemon
+
+EXPERT_SERVER_SCOPE = "expert_server"  # the scope label of the expert server's own refusals
+REACHABILITY_STATES = ("public", "private", "unknown")
+
+
+def refusals_of(node) -> dict[str, dict[str, int]]:
+    """``{scope: {reason: count}}`` from the Host's resource manager and the expert server."""
+    from ..net.resources import ResourceManager
+
+    manager = node.host.service(ResourceManager)
+    out = {scope: dict(reasons) for scope, reasons in (manager.refusals() if manager is not None else {}).items()}
+    server = getattr(node, "server", None)
+    if server is not None and server.refusals:
+        out[EXPERT_SERVER_SCOPE] = dict(server.refusals)
+    return out
+
+
+class DaemonCollector(Collector):
+    """Reads a ``Daemon``'s node at scrape time."""
+
+    def __init__(self, daemon: "Daemon") -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterable[Metric]:
+        daemon = self.daemon
+        yield build_info("volunteer")
+        yield GaugeMetricFamily("volunteer_uptime_seconds", "Seconds since the daemon started.", value=time.time() - daemon.started)
+        node = daemon.node
+        if node is None:
+            return
+        yield GaugeMetricFamily("volunteer_paused", "1 while paused (experts withdrawn).", value=1 if node.paused else 0)
+        view = node.reachability_view() or {}
+        reach = GaugeMetricFamily("volunteer_reachability", "1 for the current AutoNAT verdict.", labels=["status"])
+        for state in REACHABILITY_STATES:
+            reach.add_metric([state], 1 if view.get("status") == state else 0)
+        yield reach
+        reserved = sum(1 for relay in view.get("relays", []) if relay.get("reserved"))
+        yield GaugeMetricFamily("volunteer_relay_reservations_held", "Relay reservations this node holds.", value=reserved)
+        if daemon.reachable_after_s is not None:
+            yield GaugeMetricFamily("volunteer_reachable_after_seconds",
+                                    "Seconds from start to reachable (public, or reserved on a relay).",
+                                    value=daemon.reachable_after_s)
+        yield GaugeMetricFamily("volunteer_connections", "Connections open now.",
+                                value=sum(1 for conn in node.host.connections() if not conn.is_closed))
+        yield from self._experts(node)
+        if node.dht is not None:
+            yield from dht_metrics({daemon.swarm.id: node.dht})
+        yield refusal_metrics(refusals_of(node))
+
+    def _experts(self, node) -> Iterable[Metric]:
+        runtime = getattr(node, "runtime", None)
+        if runtime is None:
+            return
+        families = {
+            "requests": CounterMetricFamily("volunteer_expert_requests", "Expert requests accepted.", labels=["uid"]),
+            "samples": CounterMetricFamily("volunteer_expert_samples", "Samples computed.", labels=["uid"]),
+            "errors": CounterMetricFamily("volunteer_expert_errors", "Requests answered with an error.", labels=["uid"]),
+            "busy": CounterMetricFamily("volunteer_expert_busy", "Requests refused: queue full.", labels=["uid"]),
+        }
+        version = GaugeMetricFamily("volunteer_expert_version", "Optimizer steps the expert's state has taken.", labels=["uid"])
+        for uid, stats in sorted(runtime.stats().items()):
+            for name, family in families.items():
+                family.add_metric([uid], getattr(stats, name))
+            version.add_metric([uid], stats.updates)
+        yield from families.values()
+        yield version
+
+
+def daemon_registry(daemon: "Daemon", *, process: bool = True) -> CollectorRegistry:
+    """A registry of the daemon's own (never the global one: tests run several in one process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(daemon))
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+    return registry
+
+
+__all__ = ["EXPERT_SERVER_SCOPE", "DaemonCollector", "daemon_registry", "refusals_of"]
