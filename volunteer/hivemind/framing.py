@@ -111,6 +111,11 @@ class DelimitedDecoder:
         self.trailing = b""
 
     @property
+    def started(self) -> bool:
+        """Whether any byte of a message has arrived (an EOF now would cut it)."""
+        return self._length is not None or bool(self._buffer)
+
+    @property
     def announced(self) -> int | None:
         """The body length the prefix announced (None until the prefix is complete): what a
         server reserves before it reads the body."""

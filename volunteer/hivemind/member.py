@@ -19,6 +19,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI
 from .dht import HivemindDHT
 from .errors import HivemindError
+from .kad import KadPeerRouting
 from .unsupported import HivemindRefusals
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ async def join_member(host: HostAPI, bootstrap: Sequence[Multiaddr]) -> Hivemind
     await host.add_service(dht)
     refusals = HivemindRefusals()
     await host.add_service(refusals)
+    if host.service(KadPeerRouting) is None:
+        await host.add_service(KadPeerRouting())
     if bootstrap and not await dht.bootstrap(list(bootstrap)):
         raise HivemindError(
             f"none of the {len(bootstrap)} initial peers answered a hivemind DHT ping "
