@@ -27,7 +27,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from .dht_protocol import FIND, PING, STORE, DHTProtocolCore, FindAnswer, StoreItem, merge
 from .dhtid import key_id, random_id
-from .kad import KadPeerRouting
+from .kad import ensure_routable
 from .errors import HivemindError
 from .limits import DEFAULT_DHT_LIMITS, DHTLimits
 from .lookup import Lookup
@@ -101,9 +101,7 @@ class HivemindDHT(BaseService):
 
     async def _call(self, peer: PeerID, protocol: str, data: bytes) -> bytes:
         # hivemind names nearest peers by id only: their addresses come from kad peer routing
-        kad = self.host.service(KadPeerRouting)
-        if kad is not None and not self.host.is_connected(peer) and not self.host.peerstore.addrs(peer):
-            await kad.find_peer(peer)
+        await ensure_routable(self.host, peer)
         return await call_unary(self.host, peer, protocol, data, timeout=self.limits.rpc_timeout)
 
     async def ping(self, peer: PeerID, *, validate: bool = False) -> int | None:

@@ -182,4 +182,12 @@ class KadPeerRouting(BaseService):
             await self.host.connect(target)
 
 
-__all__ = ["KadPeerRouting"]
+async def ensure_routable(host: HostAPI, peer: PeerID) -> None:
+    """Make ``peer`` dialable by id: when we are not connected and know no address of it, find its
+    addresses through kad (if the host runs ``KadPeerRouting``). Raises HivemindError if no one knows."""
+    kad = host.service(KadPeerRouting)
+    if kad is not None and not host.is_connected(peer) and not host.peerstore.addrs(peer):
+        await kad.find_peer(peer)
+
+
+__all__ = ["KadPeerRouting", "ensure_routable"]
