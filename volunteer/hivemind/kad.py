@@ -136,11 +136,12 @@ class KadPeerRouting(BaseService):
     async def find_peer(self, target: PeerID) -> list[Multiaddr]:
         """``target``'s addresses: from the peerstore if known, else by asking the peers nearest
         it, starting from those we are connected to. Raises HivemindError when no one knows."""
-        assert self.host is not None
-        known = self.host.peerstore.addrs(target)
+        host = self.host
+        assert host is not None
+        known = host.peerstore.addrs(target)
         if known:
             return known
-        connected = [wire.KnownPeer(c.remote_peer, (), True) for c in self.host.connections()]
+        connected = [wire.KnownPeer(c.remote_peer, (), True) for c in host.connections()]
         candidates = {known.peer: known for known in connected if known.peer != target}
         asked: set[PeerID] = set()
         found: list[Multiaddr] = []
@@ -153,9 +154,9 @@ class KadPeerRouting(BaseService):
                 log.debug("kad FIND_NODE at %s failed: %s", peer.short(), describe(exc))
                 return
             for closer in wire.closer_peers(reply, self.limits):
-                if closer.peer == self.host.peer_id or not closer.addrs:  # type: ignore[union-attr]
+                if closer.peer == host.peer_id or not closer.addrs:
                     continue
-                self.host.peerstore.add_addrs(closer.peer, list(closer.addrs))  # type: ignore[union-attr]
+                host.peerstore.add_addrs(closer.peer, list(closer.addrs))
                 if closer.peer == target:
                     found.extend(closer.addrs)
                 elif closer.peer not in candidates:
@@ -172,7 +173,7 @@ class KadPeerRouting(BaseService):
                     nursery.start_soon(ask, peer)
         if not found:
             raise HivemindError(f"no peer we asked knows where {target.short()} is (kad FIND_NODE)")
-        return self.host.peerstore.addrs(target)
+        return host.peerstore.addrs(target)
 
     async def connect(self, target: PeerID) -> None:
         """A connection to ``target`` by peer id alone (its addresses found through kad)."""
