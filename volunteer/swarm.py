@@ -67,7 +67,7 @@ class Swarm:
         await self._ready.wait()
         if self._error is not None:
             raise self._error
-        if self.spec.entry_points and len(self.dht.state.table) == 0:
+        if self.spec.kind == "volunteer" and self.spec.entry_points and len(self.dht.state.table) == 0:
             raise VolunteerError(f"cannot reach swarm {self.spec.name!r}: no bootstrap peer or relay answered")
 
     async def _main(self) -> None:
@@ -76,6 +76,13 @@ class Swarm:
         try:
             async with open_host(self.keypair, self.listen, config=HostConfig()) as host:
                 self.host = host
+                if self.spec.kind == "hivemind":  # hivemind's DHT and expert RPCs instead of ours
+                    from .hivemind.trainer import join_as_trainer
+
+                    self.dht = await join_as_trainer(self, host)
+                    self._ready.set()
+                    await self._closing.wait()
+                    return
                 async with open_dht(host, self.dht_config, bootstrap=self.spec.entry_points, client_mode=True) as dht:
                     self.dht = dht
                     self._ready.set()

@@ -14,6 +14,7 @@ import trio
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.hivemind import HivemindDHT, HivemindExperts, HivemindRPCError
 from volunteer.hivemind import expert_wire as wire
+from volunteer.hivemind.framing import DelimitedDecoder, FrameDecoder, FrameKind, UnaryCall, encode_call, encode_frame, new_call_id, parse_reply
 from volunteer.hivemind.limits import ExpertLimits
 from volunteer.hivemind.rpc import call_stream, call_unary
 from volunteer.hivemind.serializer import TensorDescriptor, loads
@@ -143,3 +144,56 @@ async def test_experts_are_declared_the_hivemind_way():
         grid = await client_dht.get("grid.2.")
         assert {k: v.value for k, v in grid.value.items.items()} == {3: ("grid.2.3", peer)}
         assert await client_dht.get("not_hivemind") is None
+
+
+async def wait_for(predicate, *, steps: int = 200) -> None:
+    for _ in range(steps):
+        if predicate():
+            return
+        await trio.sleep(0.01)
+    raise AssertionError("condition never held")
+
+
+@pytest.mark.trio_timeout(30)
+async def test_a_stream_call_is_refused_when_its_frame_header_arrives_before_its_body():
+    async with AsyncExitStack() as stack:
+        server, client, _, experts, _ = await setup(stack, limits=ExpertLimits(read_timeout=5))
+        experts.budget.per_peer_limit = 4096
+        stream = await client.new_stream(server.peer_id, [wire.FORWARD_STREAM])
+        # announce 1 MiB, send only the header and a few bytes: the refusal comes back at once
+        await stream.send_all(encode_frame(b"\0" * (1 << 20))[:20])
+        decoder = FrameDecoder()
+        frames: list = []
+        while not frames:
+            frames = decoder.receive_data(await stream.receive_some(1 << 16))
+        assert frames[0].kind is FrameKind.ERROR and "ExpertBusyError" in frames[0].error_message
+        assert experts.refusals["peer_request_bytes"] == 1
+        await stream.send_eof()
+        await wait_for(lambda: experts.budget.total == 0)
+        await stream.aclose()
+        # the service keeps serving calls that fit
+        (y,) = await forward(client, server, "ffn.0", np.zeros((2, HIDDEN), np.float32))
+        assert y.shape == (2, HIDDEN)
+        assert experts.budget.total == 0
+
+
+@pytest.mark.trio_timeout(30)
+async def test_a_unary_call_is_refused_on_its_length_prefix_and_its_body_read_past_unkept():
+    async with AsyncExitStack() as stack:
+        server, client, _, experts, _ = await setup(stack)
+        experts.budget.per_peer_limit = 4096
+        call = UnaryCall(new_call_id(), wire.FORWARD, wire.request("ffn.0", [np.zeros((64, 512), np.float32)]))
+        data = encode_call(call)
+        stream = await client.new_stream(server.peer_id, [wire.FORWARD])
+        await stream.send_all(data[:64])
+        await wait_for(lambda: experts.refusals["peer_request_bytes"] == 1)  # refused before the body
+        assert experts.budget.total == 0
+        await stream.send_all(data[64:])
+        decoder = DelimitedDecoder()
+        body = None
+        while body is None:
+            body = decoder.receive_data(await stream.receive_some(1 << 16))
+        reply = parse_reply(body)
+        assert reply.call_id == call.call_id and "ExpertBusyError" in (reply.error or "")
+        await stream.aclose()
+        assert experts.calls == 0  # the request never reached the runtime

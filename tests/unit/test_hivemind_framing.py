@@ -23,6 +23,7 @@ from volunteer.hivemind.framing import (
     new_call_id,
     parse_call,
     parse_reply,
+    peek_call_id,
 )
 from volunteer.hivemind.pb.hm_p2pd_pb2 import PersistentConnectionRequest
 from volunteer.net.varint import encode_uvarint
@@ -160,3 +161,42 @@ def test_fuzz_truncated_calls_never_decode_wrongly(call_id, proto, data, cut):
         assert parse_call(body) == UnaryCall(call_id, proto, data, peer=b"")
     else:
         assert body is None
+
+
+# --- admission before reading: announced lengths, skipping a refused body ------------------------
+
+
+def test_delimited_decoder_announces_the_length_before_the_body_and_skips_it_unkept():
+    call = UnaryCall(new_call_id(), "ConnectionHandler.rpc_forward", b"x" * 100_000)
+    data = encode_call(call)
+    decoder = DelimitedDecoder()
+    assert decoder.receive_data(data[:2]) is None
+    assert decoder.announced is None  # a 100 kB body needs a 3-byte prefix
+    assert decoder.receive_data(data[2:40]) is None
+    assert decoder.announced == len(data) - 3
+    decoder.skip()
+    for start in range(40, len(data), 4096):
+        prefix = decoder.receive_data(data[start : start + 4096])
+        assert len(decoder._buffer) <= 64  # a skipped body is never held
+    assert prefix is not None and len(prefix) == 64
+    assert peek_call_id(prefix) == call.call_id
+
+
+def test_skip_returns_trailing_bytes_and_peek_needs_a_call_id_first():
+    data = encode_call(UnaryCall(new_call_id(), "p", b"y" * 500))
+    decoder = DelimitedDecoder()
+    assert decoder.receive_data(data[:10]) is None
+    decoder.skip()
+    assert decoder.receive_data(data[10:] + b"tail") is not None
+    assert decoder.trailing == b"tail"
+    assert peek_call_id(b"\x12\x10" + bytes(16)) is None
+    assert peek_call_id(b"\x0a\x10" + bytes(5)) is None
+
+
+def test_frame_decoder_announces_a_frame_before_its_body_arrives():
+    decoder = FrameDecoder()
+    frame = encode_frame(b"z" * 1000)
+    assert decoder.receive_data(frame[:5]) == [] and decoder.announced == 0  # header incomplete
+    assert decoder.receive_data(frame[5:20]) == [] and decoder.announced == 1000
+    assert len(decoder.receive_data(frame[20:] + encode_frame(b"ab"))) == 2
+    assert decoder.announced == 1002

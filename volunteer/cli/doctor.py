@@ -71,6 +71,10 @@ def run_doctor(args: argparse.Namespace) -> int:
             from ..swarmfile import resolve_swarm
 
             spec = resolve_swarm(text)
+            if spec.kind == "hivemind" and len(args.peers) == 1:
+                from .hivemindcmd import run_hivemind_doctor
+
+                return run_hivemind_doctor(args, spec)
             if not spec.entry_points:
                 raise VolunteerError(f"swarm {spec.name!r} lists no bootstrap peers or relays to check")
             peers.extend(a for a in spec.entry_points if a not in peers)

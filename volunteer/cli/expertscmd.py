@@ -37,6 +37,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_experts(args: argparse.Namespace) -> int:
     spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
+    if spec.kind == "hivemind":
+        from .hivemindcmd import run_hivemind_experts
+
+        return run_hivemind_experts(args, spec)
     prefixes = [args.prefix] if args.prefix else [f"{g.prefix}." for g in spec.grids] or ["expert."]
     rows = trio.run(fetch_rows, spec, prefixes)
     if args.json:

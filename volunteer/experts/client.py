@@ -159,6 +159,12 @@ async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, c
     return outputs.finish()
 
 
+def caller_of(swarm):
+    """The function that calls ``swarm``'s experts: ``call_expert``, or the one a swarm of another
+    kind (hivemind) brings as ``swarm.call_expert`` (same signature)."""
+    return getattr(swarm, "call_expert", None) or call_expert
+
+
 class _Call:
     """What an autograd Function needs to reach one expert from a synchronous thread."""
 
@@ -167,13 +173,13 @@ class _Call:
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
 
     async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return await call_expert(
+        return await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
             compression=self.compression, timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
         )
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return await call_expert(
+        return await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "backward", [*inputs, *grads], swarm_id=self.swarm.swarm_id,
             n_inputs=len(inputs), compression=self.compression, timeout=self.backward_timeout,
             faults=getattr(self.swarm, "faults", None),
@@ -246,7 +252,7 @@ class RemoteExpert(nn.Module):
         return self._info
 
     async def _ask_info(self) -> dict:
-        return await call_expert(
+        return await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "info", swarm_id=self.swarm.swarm_id, timeout=self._call.forward_timeout
         )
 

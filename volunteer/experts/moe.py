@@ -45,9 +45,13 @@ from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 log = logging.getLogger(__name__)
 
 
-def find_grid(swarm, uid_prefix: str, dims: int, *, timeout: float = 30) -> dict[str, list]:
+def find_grid(swarm, uid_prefix: str, dims: int, *, grid_size: Sequence[int] | None = None, timeout: float = 30) -> dict[str, list]:
     """``{uid: [host declarations]}`` of a grid, from the swarm's DHT: the one place the mixture
-    reaches the DHT (so a change of the grid lookup touches this function only)."""
+    reaches the DHT (so a change of the grid lookup touches this function only). A swarm of
+    another kind (hivemind) brings its own lookup as ``swarm.find_grid``."""
+    other_kind = getattr(swarm, "find_grid", None)
+    if other_kind is not None:
+        return other_kind(uid_prefix, dims, grid_size=grid_size, timeout=timeout)
     from ..dht.grid import grid_experts
 
     return swarm.loop.run(grid_experts, swarm.dht, uid_prefix, dims, timeout=timeout)
@@ -218,7 +222,7 @@ class RemoteMixtureOfExperts(nn.Module):
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
         """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
         if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            found = find_grid(self.swarm, self.uid_prefix, len(self.grid_size))
+            found = find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size)
             valid = {}
             for uid, hosts in found.items():
                 try:

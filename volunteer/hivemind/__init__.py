@@ -4,7 +4,11 @@ DHT) from a volunteer Host, as a service of its own beside our DHT and experts.
 Layers inside: ``framing`` / ``serializer`` / ``dhtid`` / ``dht_protocol`` / ``storage`` /
 ``lookup`` are pure (bytes in, bytes or events out, ``now`` passed in); ``rpc`` and ``dht`` are the
 thin trio drivers; ``expert_wire`` (pure) and ``experts`` (the ``HivemindExperts`` service) serve
-our experts to hivemind clients. See docs in each module. ``HivemindExperts`` is loaded on first
+our experts to hivemind clients; ``kad_wire`` (pure) and ``kad`` (``KadPeerRouting``) find peers by
+id over ``/ipfs/kad/1.0.0``; ``unsupported`` answers hivemind's averaging RPCs with a clear error;
+``client`` and ``trainer`` let our RemoteExpert / RemoteMixtureOfExperts (``Swarm.join``) call
+hivemind-hosted experts; ``member`` is what ``open_volunteer`` runs; ``listing`` feeds
+``volunteer experts``. See docs in each module. ``HivemindExperts`` is loaded on first
 use: it brings torch, which a DHT-only node does not need.
 """
 

@@ -23,6 +23,7 @@ from ..errors import (
     ExpertBackwardRefusedError,
     ExpertBusyError,
     ExpertPausedError,
+    ExpertPeerUnreachableError,
     ExpertTimeoutError,
     ExpertUnavailableError,
     PeerIDError,
@@ -37,6 +38,7 @@ from ..net.service import HostAPI
 from . import expert_wire as wire
 from .dht import HivemindDHT
 from .errors import HivemindRPCError
+from .kad import ensure_routable
 from .limits import DEFAULT_EXPERT_LIMITS, MAX_UNARY_PAYLOAD, ExpertLimits
 from .pb.hm_runtime_pb2 import ExpertInfo
 from .rpc import call_stream, call_unary
@@ -99,6 +101,13 @@ class HivemindExpert:
         """Gradients of ``inputs`` (the server steps its optimizer)."""
         return await self._call(wire.BACKWARD, wire.BACKWARD_STREAM, [*inputs, *grad_outputs], self.backward_timeout)
 
+    async def _route(self) -> None:
+        # hivemind records name a peer id only: its addresses come from kad peer routing
+        try:
+            await ensure_routable(self.host, self.peer)
+        except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ExpertPeerUnreachableError(f"cannot find {self.peer} for expert {self.uid!r}: {describe(exc)}") from None
+
     async def _call(self, unary: str, streamed: str, arrays: list[np.ndarray], timeout: float) -> list[np.ndarray]:
         # hivemind's client switches to the stream RPC above this payload, and so do we
         if sum(array.nbytes for array in arrays) <= MAX_UNARY_PAYLOAD:
@@ -106,6 +115,7 @@ class HivemindExpert:
         requests = wire.stream_request(self.uid, arrays, limits=self.limits)
         try:
             with trio.fail_after(timeout):
+                await self._route()
                 frames = await call_stream(self.host, self.peer, streamed, requests, timeout=timeout)
         except BaseException as exc:
             raise self._translate(exc, timeout) from None
@@ -113,6 +123,8 @@ class HivemindExpert:
 
     async def _unary(self, protocol: str, data: bytes, timeout: float) -> bytes:
         try:
+            with trio.fail_after(timeout):
+                await self._route()
             return await call_unary(self.host, self.peer, protocol, data, timeout=timeout)
         except BaseException as exc:
             raise self._translate(exc, timeout) from None
@@ -120,6 +132,8 @@ class HivemindExpert:
     def _translate(self, exc: BaseException, timeout: float) -> BaseException:
         if isinstance(exc, HivemindRPCError):
             return remote_error(exc, self.uid, self.peer)
+        if isinstance(exc, ExpertPeerUnreachableError):
+            return exc
         if isinstance(exc, trio.TooSlowError):
             return ExpertTimeoutError(f"expert {self.uid!r} on {self.peer} did not answer within {timeout:g} s")
         if isinstance(exc, (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError)):

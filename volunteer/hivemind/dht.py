@@ -27,6 +27,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from .dht_protocol import FIND, PING, STORE, DHTProtocolCore, FindAnswer, StoreItem, merge
 from .dhtid import key_id, random_id
+from .kad import ensure_routable
 from .errors import HivemindError
 from .limits import DEFAULT_DHT_LIMITS, DHTLimits
 from .lookup import Lookup
@@ -99,6 +100,8 @@ class HivemindDHT(BaseService):
     # --- asking one peer -------------------------------------------------------------------
 
     async def _call(self, peer: PeerID, protocol: str, data: bytes) -> bytes:
+        # hivemind names nearest peers by id only: their addresses come from kad peer routing
+        await ensure_routable(self.host, peer)
         return await call_unary(self.host, peer, protocol, data, timeout=self.limits.rpc_timeout)
 
     async def ping(self, peer: PeerID, *, validate: bool = False) -> int | None:

@@ -5,7 +5,7 @@
 
 The calls go to our ``Runtime`` (its batching, queue bounds and schema checks), behind the same
 admission as our own expert server (``volunteer/experts/admission.py``): request bytes reserved
-per peer and in all, and a backward served only to a peer that ran forward on that expert within
+per peer and in all as the call's lengths are announced, before its bytes are read, and a backward served only to a peer that ran forward on that expert within
 ``backward_window``. Any failure goes back to the hivemind caller as its RPC error (hivemind's
 client raises it as ``P2PHandlerError``) and the service keeps serving everyone else.
 
@@ -46,6 +46,29 @@ def _to_torch(arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
 
 def _to_numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [tensor.detach().cpu().numpy() for tensor in outputs]
+
+
+class _CallReservation:
+    """The request bytes one hivemind call holds in the service's RequestBudget, grown as the call's
+    lengths are announced (before their bytes are read) and released once when the call ends."""
+
+    def __init__(self, service: "HivemindExperts", peer: PeerID) -> None:
+        self.service = service
+        self.peer = peer
+        self.held = 0
+
+    def grow(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` more; raises ExpertBusyError (nothing more held) past the limits."""
+        refused = self.service.budget.reserve(self.peer, nbytes)
+        if refused is not None:
+            self.service.refusals[refused] += 1
+            raise ExpertBusyError(f"request bytes in flight are at their limit ({refused})")
+        self.held += nbytes
+
+    def release(self) -> None:
+        """Give back everything this call reserved."""
+        self.service.budget.release(self.peer, self.held)
+        self.held = 0
 
 
 class HivemindExperts(BaseService):
@@ -143,7 +166,7 @@ class HivemindExperts(BaseService):
         async def answer(data: bytes, sender: PeerID) -> bytes:
             return wire.info_response(self._schema(wire.parse_info_request(data)))
 
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
 
     async def _serve_forward(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
@@ -151,7 +174,7 @@ class HivemindExperts(BaseService):
             outputs, compressions = await self._call("forward", uid, arrays, sender)
             return wire.response(outputs, compressions)
 
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
 
     async def _serve_backward(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
@@ -159,13 +182,18 @@ class HivemindExperts(BaseService):
             grads, compressions = await self._call("backward", uid, arrays, sender)
             return wire.response(grads, compressions)
 
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout)
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
 
     async def _serve_forward_stream(self, stream: NetStream) -> None:
-        await serve_stream(stream, self._streamed("forward"), timeout=self.limits.read_timeout)
+        await serve_stream(stream, self._streamed("forward"), timeout=self.limits.read_timeout, admission=self._admission)
 
     async def _serve_backward_stream(self, stream: NetStream) -> None:
-        await serve_stream(stream, self._streamed("backward"), timeout=self.limits.read_timeout)
+        await serve_stream(
+            stream, self._streamed("backward"), timeout=self.limits.read_timeout, admission=self._admission
+        )
+
+    def _admission(self, peer: PeerID) -> _CallReservation:
+        return _CallReservation(self, peer)
 
     def _streamed(self, op: str):
         async def answer(frames: list[bytes], sender: PeerID) -> AsyncIterator[bytes]:
@@ -183,21 +211,17 @@ class HivemindExperts(BaseService):
         the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
         self.calls += 1
         self.active += 1
-        nbytes = sum(array.nbytes for array in arrays)
         try:
-            self._admit(op, uid, peer, nbytes)
-            try:
-                schema = self._schema(uid)
-                tensors = _to_torch(arrays)
-                if op == "forward":
-                    outputs = await self.runtime.forward(uid, tensors)
-                    self.forwards.forwarded(peer, uid, now=trio.current_time())
-                    return _to_numpy(outputs), schema.output_compressions()
-                n_inputs = len(schema.inputs)
-                grads = await self.runtime.backward(uid, tensors[:n_inputs], tensors[n_inputs:])
-                return _to_numpy(grads), schema.input_compressions()
-            finally:
-                self.budget.release(peer, nbytes)
+            self._admit(op, uid, peer)
+            schema = self._schema(uid)
+            tensors = _to_torch(arrays)
+            if op == "forward":
+                outputs = await self.runtime.forward(uid, tensors)
+                self.forwards.forwarded(peer, uid, now=trio.current_time())
+                return _to_numpy(outputs), schema.output_compressions()
+            n_inputs = len(schema.inputs)
+            grads = await self.runtime.backward(uid, tensors[:n_inputs], tensors[n_inputs:])
+            return _to_numpy(grads), schema.input_compressions()
         except Exception as exc:
             self.errors += 1
             log.debug("hivemind %s of %s for %s failed: %s", op, uid, peer.short(), describe(exc))
@@ -205,16 +229,14 @@ class HivemindExperts(BaseService):
         finally:
             self.active -= 1
 
-    def _admit(self, op: str, uid: str, peer: PeerID, nbytes: int) -> None:
+    def _admit(self, op: str, uid: str, peer: PeerID) -> None:
+        # request bytes were reserved as they arrived (``_CallReservation``); what is left to
+        # check needs the parsed request
         if op == "backward" and not self.forwards.may_backward(peer, uid, now=trio.current_time()):
             self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
             raise ExpertBackwardRefusedError(
                 f"no forward from you on {uid!r} in the last {self.config.backward_window:g} s"
             )
-        refused = self.budget.reserve(peer, nbytes)
-        if refused is not None:
-            self.refusals[refused] += 1
-            raise ExpertBusyError(f"request bytes in flight are at their limit ({refused})")
 
 
 __all__ = ["HivemindExperts"]

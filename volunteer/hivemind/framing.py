@@ -106,10 +106,35 @@ class DelimitedDecoder:
         self.max_size = max_size
         self._buffer = bytearray()
         self._length: int | None = None
+        self._skipping = False
+        self._skipped = 0
         self.trailing = b""
 
+    @property
+    def started(self) -> bool:
+        """Whether any byte of a message has arrived (an EOF now would cut it)."""
+        return self._length is not None or bool(self._buffer)
+
+    @property
+    def announced(self) -> int | None:
+        """The body length the prefix announced (None until the prefix is complete): what a
+        server reserves before it reads the body."""
+        return self._length
+
+    def skip(self) -> None:
+        """Stop keeping the body: only its first ``SKIP_KEEP`` bytes are kept (enough for the
+        call id, so a refusal can still be answered) and ``receive_data`` returns that prefix once
+        the whole announced body went by. Call it after ``announced`` is known."""
+        if self._length is None:
+            raise RuntimeError("skip() before the length prefix is complete")
+        self._skipping = True
+        self._skipped = len(self._buffer)  # body bytes that arrived with the prefix
+        del self._buffer[SKIP_KEEP:]
+
     def receive_data(self, data: bytes | bytearray) -> bytes | None:
-        """Add bytes; the whole message once it is complete."""
+        """Add bytes; the whole message once it is complete (its prefix, after ``skip``)."""
+        if self._skipping:
+            return self._receive_skipping(data)
         self._buffer += data
         if self._length is None:
             try:
@@ -128,6 +153,30 @@ class DelimitedDecoder:
         self.trailing = bytes(self._buffer[self._length :])
         self._buffer.clear()
         return body
+
+    def _receive_skipping(self, data: bytes | bytearray) -> bytes | None:
+        assert self._length is not None
+        room = max(0, SKIP_KEEP - len(self._buffer))
+        self._buffer += data[:room]
+        self._skipped += len(data)
+        if self._skipped < self._length:
+            return None
+        self.trailing = bytes(data[len(data) - (self._skipped - self._length) :]) if self._skipped > self._length else b""
+        prefix = bytes(self._buffer[: self._length])
+        self._buffer.clear()
+        return prefix
+
+
+# Bytes of a skipped unary body kept: protobuf writes field 1 (the 16-byte call id) first.
+SKIP_KEEP = 64
+
+
+def peek_call_id(prefix: bytes) -> bytes | None:
+    """The call id at the start of a unary request's body (field 1, 16 bytes), or None when the
+    prefix does not start with one: how a request refused unread is still answered by id."""
+    if len(prefix) >= 2 + limits.CALL_ID_BYTES and prefix[0] == 0x0A and prefix[1] == limits.CALL_ID_BYTES:
+        return bytes(prefix[2 : 2 + limits.CALL_ID_BYTES])
+    return None
 
 
 def parse_call(body: bytes) -> UnaryCall:
@@ -220,6 +269,13 @@ class FrameDecoder:
         self._buffer = bytearray()
         self._frames = 0
         self._total = 0
+        self._pending = 0  # announced length of the frame whose header arrived, body not yet whole
+
+    @property
+    def announced(self) -> int:
+        """Payload bytes announced so far by frame headers, the frame still arriving included: what
+        a server reserves as a call's frames arrive, before their bodies are read."""
+        return self._total + self._pending
 
     @property
     def buffered(self) -> int:
@@ -238,7 +294,9 @@ class FrameDecoder:
             if length > self.max_frame:
                 raise HivemindFrameError(f"stream frame of {length} bytes exceeds {self.max_frame}")
             if len(self._buffer) < STREAM_HEADER + length:
+                self._pending = length
                 break
+            self._pending = 0
             self._frames += 1
             self._total += length
             if self._frames > self.max_frames or self._total > self.max_total:
@@ -264,4 +322,5 @@ __all__ = [
     "new_call_id",
     "parse_call",
     "parse_reply",
+    "peek_call_id",
 ]

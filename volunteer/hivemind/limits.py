@@ -76,3 +76,24 @@ class ExpertLimits:
 
 
 DEFAULT_EXPERT_LIMITS = ExpertLimits()
+
+
+@dataclass(frozen=True)
+class KadLimits:
+    """Bounds of our ``/ipfs/kad/1.0.0`` peer routing (``kad.KadPeerRouting``)."""
+
+    # one kad message (go-libp2p-kad-dht's own bound is 4 MiB)
+    max_message: int = 4 * 1024 * 1024
+    # peers in one answer (go's bucket size), and addresses kept per peer of an answer
+    max_closer: int = 20
+    max_addrs: int = 16
+    # requests one inbound stream may carry (go reuses streams) and how long it may sit idle
+    max_requests_per_stream: int = 256
+    idle_timeout: float = 60.0
+    # one request we make, peers asked at once, and rounds of a lookup
+    rpc_timeout: float = 5.0
+    alpha: int = 3
+    max_rounds: int = 6
+
+
+DEFAULT_KAD_LIMITS = KadLimits()

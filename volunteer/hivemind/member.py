@@ -6,7 +6,8 @@ DHT and declarer when the swarm file says ``kind = "hivemind"``.
 
 Our swarm id never goes on hivemind's wire (hivemind has no such thing). What we do not speak of
 hivemind (averaging, signed-record validators, authorizers) is refused where it is asked for:
-the swarm file (``swarmfile.HIVEMIND_UNSUPPORTED``) and the DHT's ``auth`` fields.
+the swarm file (``swarmfile.HIVEMIND_UNSUPPORTED``), the DHT's ``auth`` fields, and on the wire
+(``unsupported.HivemindRefusals`` answers averaging RPCs with an error saying so).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI
 from .dht import HivemindDHT
 from .errors import HivemindError
+from .kad import KadPeerRouting
+from .unsupported import HivemindRefusals
 
 if TYPE_CHECKING:
     from .experts import HivemindExperts
@@ -26,9 +29,10 @@ if TYPE_CHECKING:
 class HivemindMember:
     """Our node in a hivemind swarm: its DHT service and, once experts run, its expert service."""
 
-    def __init__(self, host: HostAPI, dht: HivemindDHT) -> None:
+    def __init__(self, host: HostAPI, dht: HivemindDHT, refusals: HivemindRefusals | None = None) -> None:
         self.host = host
         self.dht = dht
+        self.refusals = refusals
         self.experts: HivemindExperts | None = None
 
     async def serve(self, runtime: Any, config: Any) -> "HivemindExperts":
@@ -71,12 +75,16 @@ async def join_member(host: HostAPI, bootstrap: Sequence[Multiaddr]) -> Hivemind
     Raises HivemindError when initial peers were given and none answers a hivemind ping."""
     dht = HivemindDHT()
     await host.add_service(dht)
+    refusals = HivemindRefusals()
+    await host.add_service(refusals)
+    if host.service(KadPeerRouting) is None:
+        await host.add_service(KadPeerRouting())
     if bootstrap and not await dht.bootstrap(list(bootstrap)):
         raise HivemindError(
             f"none of the {len(bootstrap)} initial peers answered a hivemind DHT ping "
             "(is this a hivemind 1.1 swarm? its peers must not run in client mode)"
         )
-    return HivemindMember(host, dht)
+    return HivemindMember(host, dht, refusals)
 
 
 __all__ = ["HivemindMember", "join_member"]

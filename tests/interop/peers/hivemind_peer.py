@@ -4,15 +4,18 @@
 
 Prints ``READY <full multiaddr>`` once up, then answers one JSON command per stdin line with one
 JSON line: {"op": "store", "key", "value", "expiration", ["subkey"]}, {"op": "get", "key"},
-{"op": "peer_id"}. Values are JSON (lists for tuples); a dictionary value comes back as
+{"op": "peer_id"}, {"op": "ping", "peer_id"} (a DHT ping of a peer named by id only: p2pd finds
+its addresses through libp2p's kad peer routing; answers {"node_id": hex or null}). Values are JSON (lists for tuples); a dictionary value comes back as
 {"dictionary": [[subkey, value, expiration], ...], "expiration": ...}. Exits when stdin closes.
 """
 
 import argparse
+import functools
 import json
 import sys
 
 import hivemind
+from hivemind.p2p import PeerID
 from hivemind.dht.storage import DictionaryDHTValue
 
 
@@ -31,6 +34,12 @@ def encode(found):
             items.append([subkey, inner, item.expiration_time])
         return {"dictionary": items, "expiration": expiration}
     return {"value": value, "expiration": expiration}
+
+
+async def ping(_dht, node, peer_id: str):
+    """Runs in hivemind's DHT process: a DHTProtocol.rpc_ping to a peer given by id alone."""
+    node_id = await node.protocol.call_ping(PeerID.from_base58(peer_id))
+    return None if node_id is None else f"{int(node_id):040x}"
 
 
 def main() -> None:
@@ -56,6 +65,8 @@ def main() -> None:
             reply = {"ok": dht.store(command["key"], command["value"], command["expiration"], **kwargs)}
         elif op == "get":
             reply = {"found": encode(dht.get(command["key"], latest=True))}
+        elif op == "ping":
+            reply = {"node_id": dht.run_coroutine(functools.partial(ping, peer_id=command["peer_id"]))}
         elif op == "peer_id":
             reply = {"peer_id": str(dht.peer_id)}
         else:

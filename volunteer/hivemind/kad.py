@@ -1,0 +1,194 @@
+"""Peer routing over ``/ipfs/kad/1.0.0``, as a Host service: hivemind's daemons (go-libp2p-kad-dht
+inside p2pd) find our node by peer id through peers we share, and we find theirs.
+
+    kad = KadPeerRouting()
+    await host.add_service(kad)
+    addrs = await kad.find_peer(peer)   # asks connected peers FIND_NODE(peer), nearest first
+
+Answering: each inbound stream carries up to ``max_requests_per_stream`` requests (go reuses its
+streams), each answered from the peers we know with addresses (connected ones and the peerstore).
+Asking: an iterative lookup, ``alpha`` peers a round for at most ``max_rounds`` rounds, every
+answer's addresses kept in the peerstore. Wire formats are in ``kad_wire`` (pure).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import trio
+
+from ..errors import VolunteerError, describe
+from ..net.connection import NetStream
+from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.service import BaseService, Handler, HostAPI
+from ..net.streams import close_quietly, reset_quietly
+from . import kad_wire as wire
+from .errors import HivemindError
+from .framing import DelimitedDecoder
+from .limits import DEFAULT_KAD_LIMITS, KadLimits
+from .pb.hm_kad_pb2 import Message
+
+log = logging.getLogger(__name__)
+READ_CHUNK = 1 << 16
+# how many peerstore entries an answer is chosen from (the peerstore is bounded; this bounds the work)
+MAX_CANDIDATES = 4096
+
+_NETWORK_ERRORS = (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError)
+
+
+class _MessageReader:
+    """Reads uvarint-delimited kad messages off one stream, keeping bytes that follow a message."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream, limits: KadLimits) -> None:
+        self.stream = stream
+        self.limits = limits
+        self._pending = b""
+
+    async def next(self) -> Message | None:
+        """The next message, or None at a clean end of stream."""
+        decoder = DelimitedDecoder(self.limits.max_message)
+        data, self._pending = self._pending, b""
+        while True:
+            if data:
+                body = decoder.receive_data(data)
+                if body is not None:
+                    self._pending = decoder.trailing
+                    return wire.parse_message(body)
+            data = await self.stream.receive_some(READ_CHUNK)
+            if not data:
+                if decoder.started:
+                    raise HivemindError("stream ended inside a kad message")
+                return None
+
+
+class KadPeerRouting(BaseService):
+    """Answers and asks ``/ipfs/kad/1.0.0`` FIND_NODE and PING."""
+
+    def __init__(self, limits: KadLimits = DEFAULT_KAD_LIMITS) -> None:
+        self.limits = limits
+        self.host: HostAPI | None = None
+        self.answered = 0
+
+    def handlers(self) -> Mapping[str, Handler]:
+        return {wire.PROTOCOL: self._serve}
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        task_status.started()
+
+    # --- answering -------------------------------------------------------------------------------
+
+    def known_peers(self) -> list[wire.KnownPeer]:
+        """The peers we can name in answers: those with addresses in the peerstore."""
+        assert self.host is not None
+        known = []
+        for peer in self.host.peerstore.peers()[-MAX_CANDIDATES:]:
+            if peer == self.host.peer_id:
+                continue
+            addrs = self.host.peerstore.addrs(peer)
+            if addrs:
+                known.append(wire.KnownPeer(peer, tuple(addrs), self.host.is_connected(peer)))
+        return known
+
+    async def _serve(self, stream: NetStream) -> None:
+        reader = _MessageReader(stream, self.limits)
+        for _ in range(self.limits.max_requests_per_stream):
+            with trio.move_on_after(self.limits.idle_timeout):
+                request = await reader.next()
+                if request is None:
+                    break
+                reply = wire.answer(request, self.known_peers(), stream.remote_peer, self.limits)
+                await stream.send_all(wire.delimited(reply, self.limits))
+                self.answered += 1
+                continue
+            break  # idle past the timeout
+        await close_quietly(stream)
+
+    # --- asking ----------------------------------------------------------------------------------
+
+    async def request(self, peer: PeerID, message: Message) -> Message:
+        """Send ``message`` to ``peer`` on a fresh kad stream; its answer."""
+        assert self.host is not None
+        with trio.fail_after(self.limits.rpc_timeout):
+            stream = await self.host.new_stream(peer, [wire.PROTOCOL])
+            try:
+                await stream.send_all(wire.delimited(message, self.limits))
+                reply = await _MessageReader(stream, self.limits).next()
+            except BaseException:
+                await reset_quietly(stream)
+                raise
+        await close_quietly(stream)
+        if reply is None:
+            raise HivemindError(f"{peer.short()} closed the kad stream without an answer")
+        return reply
+
+    async def ping(self, peer: PeerID) -> bool:
+        """Whether ``peer`` answers a kad PING."""
+        try:
+            reply = await self.request(peer, wire.ping_request())
+        except _NETWORK_ERRORS as exc:
+            log.debug("kad ping to %s failed: %s", peer.short(), describe(exc))
+            return False
+        return reply.type == Message.PING
+
+    async def find_peer(self, target: PeerID) -> list[Multiaddr]:
+        """``target``'s addresses: from the peerstore if known, else by asking the peers nearest
+        it, starting from those we are connected to. Raises HivemindError when no one knows."""
+        host = self.host
+        assert host is not None
+        known = host.peerstore.addrs(target)
+        if known:
+            return known
+        connected = [wire.KnownPeer(c.remote_peer, (), True) for c in host.connections()]
+        candidates = {known.peer: known for known in connected if known.peer != target}
+        asked: set[PeerID] = set()
+        found: list[Multiaddr] = []
+        key = target.to_bytes()
+
+        async def ask(peer: PeerID) -> None:
+            try:
+                reply = await self.request(peer, wire.find_node_request(target))
+            except _NETWORK_ERRORS as exc:
+                log.debug("kad FIND_NODE at %s failed: %s", peer.short(), describe(exc))
+                return
+            for closer in wire.closer_peers(reply, self.limits):
+                if closer.peer == host.peer_id or not closer.addrs:
+                    continue
+                host.peerstore.add_addrs(closer.peer, list(closer.addrs))
+                if closer.peer == target:
+                    found.extend(closer.addrs)
+                elif closer.peer not in candidates:
+                    candidates[closer.peer] = closer
+
+        for _ in range(self.limits.max_rounds):
+            batch = [p.peer for p in wire.nearest(key, candidates.values(), len(candidates)) if p.peer not in asked]
+            batch = batch[: self.limits.alpha]
+            if not batch or found:
+                break
+            asked.update(batch)
+            async with trio.open_nursery() as nursery:
+                for peer in batch:
+                    nursery.start_soon(ask, peer)
+        if not found:
+            raise HivemindError(f"no peer we asked knows where {target.short()} is (kad FIND_NODE)")
+        return host.peerstore.addrs(target)
+
+    async def connect(self, target: PeerID) -> None:
+        """A connection to ``target`` by peer id alone (its addresses found through kad)."""
+        assert self.host is not None
+        if not self.host.is_connected(target):
+            await self.find_peer(target)
+            await self.host.connect(target)
+
+
+async def ensure_routable(host: HostAPI, peer: PeerID) -> None:
+    """Make ``peer`` dialable by id: when we are not connected and know no address of it, find its
+    addresses through kad (if the host runs ``KadPeerRouting``). Raises HivemindError if no one knows."""
+    kad = host.service(KadPeerRouting)
+    if kad is not None and not host.is_connected(peer) and not host.peerstore.addrs(peer):
+        await kad.find_peer(peer)
+
+
+__all__ = ["KadPeerRouting", "ensure_routable"]
