@@ -7,6 +7,8 @@ leftover is handed to whoever reads next (the next protocol on the same stream).
 
 from __future__ import annotations
 
+from typing import Protocol, cast
+
 import trio
 
 from ..errors import RemoteProtocolError
@@ -23,6 +25,13 @@ def forwarded(name: str, attribute: str = "stream") -> property:
     return property(get, doc=f"The wrapped stream's ``{name}``.")
 
 
+class Resettable(Protocol):
+    """A stream that can be aborted in both directions (a yamux stream, or a wrapper of one)."""
+
+    async def reset(self) -> None:
+        """Abort the stream in both directions (yamux RST)."""
+
+
 class BufferedStream(trio.abc.HalfCloseableStream):
     """A trio stream with a read buffer: ``receive_exactly``, ``receive_uvarint``, length-prefixed reads."""
 
@@ -31,7 +40,8 @@ class BufferedStream(trio.abc.HalfCloseableStream):
         self._buffer = bytearray(initial)
 
     # --- reading ---------------------------------------------------------------------------
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The buffered bytes first (at most ``max_bytes``), then the wrapped stream's."""
         if self._buffer:
             if max_bytes is None or max_bytes >= len(self._buffer):
                 data = bytes(self._buffer)
@@ -116,8 +126,12 @@ class BufferedStream(trio.abc.HalfCloseableStream):
 
     # --- the wrapped stream's extras, forwarded by name (no catch-all: a typo is an AttributeError) ---
     async def reset(self) -> None:
-        """Abort the wrapped stream in both directions (yamux RST)."""
-        await self.stream.reset()
+        """Abort the wrapped stream in both directions (yamux RST).
+
+        Only a muxed stream can abort; wrapping a bare transport and resetting it is a bug that
+        the AttributeError names.
+        """
+        await cast(Resettable, self.stream).reset()
 
     protocol = forwarded("protocol")
     connection = forwarded("connection")

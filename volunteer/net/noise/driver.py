@@ -28,6 +28,8 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
 
     def __init__(self, raw: trio.abc.Stream, handshake: Handshake, local_peer: PeerID, initial: bytes = b"") -> None:
         self.raw = raw
+        # a completed handshake has verified the peer (handshake.transport() refuses one that has not)
+        assert handshake.remote_peer is not None and handshake.remote_public_key is not None
         self.remote_peer: PeerID = handshake.remote_peer
         self.remote_public_key: PublicKey = handshake.remote_public_key
         self.remote_muxers: list[str] = list(handshake.remote_muxers)
@@ -113,6 +115,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return
+            chunk: bytes | bytearray
             if self._initial:
                 chunk, self._initial = self._initial, b""
                 await trio.lowlevel.checkpoint()

@@ -104,6 +104,7 @@ class NoiseTransport:
         frames = -(-size // NOISE_MAX_PLAINTEXT)
         if n + frames > cipher.max_nonce:
             raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
+        assert cipher.aead is not None  # __init__ refused unkeyed cipher states
         encrypt_into = cipher.aead.encrypt_into
         out = bytearray(size + frames * _FRAME_OVERHEAD)
         with memoryview(out) as target:
@@ -181,6 +182,7 @@ class NoiseTransport:
         if n + len(parts) > cipher.max_nonce:
             raise RemoteProtocolError("the peer exhausted the Noise nonce space")
         aead = cipher.aead
+        assert aead is not None  # __init__ refused unkeyed cipher states
         try:
             if len(parts) == 1:
                 plaintext = aead.decrypt(nonce_bytes(n), parts[0], None)

@@ -384,4 +384,5 @@ class YamuxConnection:
         await self._flush()
         await waiter.wait()
         self._check_open()
+        assert self.rtt is not None  # the pong that set our waiter measured it
         return self.rtt
