@@ -14,7 +14,7 @@ import trio
 
 from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
-from .streams import BufferedStream, forwarded
+from .streams import BufferedStream, check_max_bytes, forwarded
 from .varint import decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/multistream/1.0.0"
@@ -165,6 +165,7 @@ class LazyStream(trio.abc.HalfCloseableStream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """The wrapped stream's bytes, after checking the listener's echo of the protocol."""
+        check_max_bytes(max_bytes)
         if not self._confirmed:
             await self._confirm()
         return await self._stream.receive_some(max_bytes)

@@ -7,6 +7,7 @@ leftover is handed to whoever reads next (the next protocol on the same stream).
 
 from __future__ import annotations
 
+import operator
 from typing import Protocol, cast
 
 import trio
@@ -23,6 +24,15 @@ def forwarded(name: str, attribute: str = "stream") -> property:
         return getattr(getattr(self, attribute), name)
 
     return property(get, doc=f"The wrapped stream's ``{name}``.")
+
+
+def check_max_bytes(max_bytes: int | None) -> None:
+    """trio's ``receive_some`` contract: ``max_bytes`` is None or an int >= 1 (TypeError for
+    another type, ValueError for < 1), checked before anything blocks."""
+    if max_bytes is None:
+        return
+    if operator.index(max_bytes) < 1:
+        raise ValueError("max_bytes must be >= 1")
 
 
 class Resettable(Protocol):
@@ -42,6 +52,7 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     # --- reading ---------------------------------------------------------------------------
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """The buffered bytes first (at most ``max_bytes``), then the wrapped stream's."""
+        check_max_bytes(max_bytes)
         if self._buffer:
             if max_bytes is None or max_bytes >= len(self._buffer):
                 data = bytes(self._buffer)

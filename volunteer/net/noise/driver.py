@@ -13,6 +13,7 @@ import trio
 from ...errors import HandshakeError, RemoteProtocolError
 from ..identity import KeyPair, PeerID, PublicKey
 from ..limits import NOISE_MAX_MESSAGE, NOISE_READ_CHUNK
+from ..streams import check_max_bytes
 from .handshake import Handshake
 from .transport import NoiseTransport
 
@@ -83,8 +84,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
     # --- receiving -----------------------------------------------------------------------------
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Decrypted bytes (at most ``max_bytes``); b"" once the peer has closed cleanly."""
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError("max_bytes must be >= 1")
+        check_max_bytes(max_bytes)
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this Noise connection")
         self._receiving = True
