@@ -29,7 +29,7 @@ import trio
 
 from . import limits
 from .ratelimit import RateLimiter
-from .service import BaseService
+from .service import BaseService, HostAPI
 
 if TYPE_CHECKING:
     from .multiaddr import Multiaddr
@@ -434,7 +434,7 @@ class ResourceManager(BaseService):
             scope._chain = None
 
     # --- service -----------------------------------------------------------------------------
-    async def run(self, host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Nothing runs: the Host calls the manager synchronously. Kept for the Service interface."""
         self.host = host
         task_status.started()
