@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-import pytest
 import trio
 import trio.testing
 
@@ -75,14 +74,6 @@ async def test_noise_connection_contract():
     await trio.testing.check_two_way_stream(partial(noise_pair, trio.testing.memory_stream_pair), None)
 
 
-YAMUX_ACLOSE_GAP = (
-    "trio's contract: once the receiver aclose()s, the sender eventually gets BrokenResourceError. "
-    "YamuxStream.aclose sends FIN and drops what arrives later without resetting, so the peer "
-    "sends until its window is spent and then waits for ever; go-yamux answers such data with "
-    "RST. Fixing it changes the yamux driver, which the performance branch is rewriting."
-)
-
-
 # --- YamuxStream: two yamux connections over Noise; their reader tasks live in ``nursery`` -------
 async def yamux_pair(nursery: trio.Nursery) -> tuple[YamuxStream, YamuxStream]:
     secure_client, secure_server = await noise_pair(trio.testing.memory_stream_pair)
@@ -95,8 +86,6 @@ async def yamux_pair(nursery: trio.Nursery) -> tuple[YamuxStream, YamuxStream]:
     return opened, accepted
 
 
-@pytest.mark.trio_timeout(5)  # the gap hangs the check: end it early
-@pytest.mark.xfail(strict=True, reason=YAMUX_ACLOSE_GAP)
 async def test_yamux_stream_contract():
     # No clogged maker: a yamux stream's send side blocks only once the peer's 256 KiB window is
     # spent, and trio's clogged checks need a send_all that blocks on its first byte.
@@ -130,8 +119,6 @@ class HostPair:
         return outbound, inbound
 
 
-@pytest.mark.trio_timeout(5)  # the gap hangs the check: end it early
-@pytest.mark.xfail(strict=True, reason="over yamux: " + YAMUX_ACLOSE_GAP)
 async def test_net_stream_and_lazy_stream_contract():
     network = MemoryNetwork()
     async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as listener, open_host(

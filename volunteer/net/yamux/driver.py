@@ -41,6 +41,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._reset = False
         self._write_closed = False
         self._read_closed = False
+        self._closed = False  # aclose() was called: trio's contract then wants ClosedResourceError
         self._receiving = False
         self._readable = trio.lowlevel.ParkingLot()
         self._writable = trio.lowlevel.ParkingLot()
@@ -49,11 +50,16 @@ class YamuxStream(trio.abc.HalfCloseableStream):
     # --- reading ----------------------------------------------------------------------------
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         check_max_bytes(max_bytes)
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise trio.ClosedResourceError("this yamux stream was closed")
         if self._receiving:  # trio's contract: a second concurrent reader is a bug, said at once
             raise trio.BusyResourceError("another task is already receiving on this yamux stream")
         self._receiving = True
         try:
             while not self._chunks:
+                if self._closed:  # closed by another task while we waited
+                    raise trio.ClosedResourceError("this yamux stream was closed")
                 if self._reset:
                     raise StreamResetError(f"yamux stream {self.stream_id} was reset")
                 if self._eof or self._read_closed:
@@ -95,6 +101,8 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                     await self._writable.park()
 
     def _check_writable(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this yamux stream was closed")
         if self._reset:
             raise StreamResetError(f"yamux stream {self.stream_id} was reset")
         if self._write_closed:
@@ -102,6 +110,9 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._conn._check_open()
 
     async def wait_send_all_might_not_block(self) -> None:
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            raise trio.ClosedResourceError("this yamux stream was closed")
         while not self._reset and not self._write_closed and self._conn.session.send_window(self.stream_id) <= 0:
             await self._writable.park()
         await trio.lowlevel.checkpoint()  # trio's contract: always a checkpoint, even with window to spare
@@ -118,13 +129,15 @@ class YamuxStream(trio.abc.HalfCloseableStream):
             self._conn._maybe_forget(self)
 
     async def aclose(self) -> None:
-        """Close our side (FIN) and stop reading (go's Close)."""
-        try:
-            if not self._reset and not self._conn.closed.is_set():
-                await self.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+        """Close our side (FIN) and stop reading (go's Close). The stream counts as closed at once,
+        even when the FIN cannot be sent (``trio.aclose_forcefully`` cancels us): data the peer
+        sends from now on resets the stream, so its writer never waits for a reader that is gone."""
+        if self._closed:
+            await trio.lowlevel.checkpoint()
+            return
+        self._closed = True
         self._read_closed = True
+        self._conn.session.stop_reading(self.stream_id)
         if self._buffered:
             # Unread data will never be read: give the peer its window back.
             self._conn._consumed(self.stream_id, self._buffered)
@@ -132,7 +145,19 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._head_offset = 0
         self._buffered = 0
         self._readable.unpark_all()
-        self._conn._forget(self.stream_id)
+        try:
+            if not self._reset and not self._conn.closed.is_set():
+                await self.send_eof()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except trio.Cancelled:
+            # no FIN went out: abort instead of leaving the peer half-open, and let the
+            # connection's control writer send the RST, since this task may not wait for it
+            self._conn.session.reset(self.stream_id)
+            self._conn._control_pending.set()
+            raise
+        finally:
+            self._conn._forget(self.stream_id)
         await trio.lowlevel.checkpoint()
 
     async def reset(self) -> None:
@@ -140,6 +165,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         if not self._reset:
             self._reset = True
             self._conn.session.reset(self.stream_id)
+            self._conn._control_pending.set()  # sent even if this task is cancelled before flushing
             self._wake()
             self._conn._forget(self.stream_id)
             try:

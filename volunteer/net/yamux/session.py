@@ -139,7 +139,7 @@ class Phase(enum.Enum):
 class StreamState:
     __slots__ = (
         "stream_id", "send_window", "recv_window", "recv_credit", "consumed", "last_update",
-        "opening", "phase", "budget",
+        "opening", "phase", "budget", "reading",
     )
 
     def __init__(self, stream_id: int, window: int, now: float, opening: Opening, budget: "StreamScope | None" = None) -> None:
@@ -152,6 +152,7 @@ class StreamState:
         self.opening = opening
         self.phase = Phase.OPEN
         self.budget = budget  # the resource manager's scope: unread bytes are reserved there
+        self.reading = True  # False once our application closed the stream: data is no longer read
 
     @property
     def local_fin(self) -> bool:
@@ -312,6 +313,14 @@ class Session:
         state.finish_local()
         self._emit(WINDOW_UPDATE, FIN, stream_id, 0)
         self._maybe_forget(state)
+
+    def stop_reading(self, stream_id: int) -> None:
+        """Our application closed the stream: it will read nothing more. Data the peer sends after
+        this resets the stream (as go-yamux does), so the peer's writer learns it at once instead of
+        filling its window and waiting for ever."""
+        state = self.streams.get(stream_id)
+        if state is not None:
+            state.reading = False
 
     def reset(self, stream_id: int) -> None:
         state = self.streams.get(stream_id)
@@ -508,8 +517,9 @@ class Session:
         if state is None:
             return
         if payload:
-            if state.remote_fin:
-                # The peer broke this stream, not the connection: reset the stream alone.
+            if state.remote_fin or not state.reading:
+                # Data after the peer's FIN breaks this stream, not the connection; data after
+                # we stopped reading has nobody to read it. Either way: reset the stream alone.
                 self._emit(WINDOW_UPDATE, RST, stream_id, 0)
                 self._drop(state)
                 events.append(StreamReset(stream_id))
