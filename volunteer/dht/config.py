@@ -16,6 +16,9 @@ from ..net.limits import MAX_MULTIADDR_BYTES, MAX_PEER_ID_BYTES
 MAX_UID_LENGTH = 256
 MAX_GRID_DEPTH = 8  # indices after the prefix
 MAX_GRID_INDEX = 2**20  # an index is below this, so a coordinate fits in msgpack's small ints
+# an expert's declared version (its count of optimizer updates) is 0..this: a signed 64-bit int,
+# the range replica state transfer accepts too
+MAX_DECLARED_VERSION = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,17 @@ class DHTConfig:
     expert_replicas: int = 5
     expert_expiration: float = 15.0  # declarations live this long: a crashed host vanishes in < 20 s
     heartbeat_stale: float = 10.0  # a declaration whose heartbeat is older than this is a last resort
+    # Beam search reuses a grid key's lookup this long by default (find_best_experts(max_age=)).
+    # A leaver's tombstones reach the cache at once (watch.py), a crashed host's records expire
+    # in it as anywhere; what it delays is a new host's experts and load changes, by at most
+    # this: one heartbeat period, the delay any reader already has for a load change.
+    expert_cache_age: float = 5.0
+
+    # --- tombstone forwarding to caching readers (watch.py) ---------------------------------
+    watch_age: float = 10.0  # a holder forwards a key's tombstones to its readers this long after a read
+    max_watched_keys: int = 4096  # keys a holder keeps readers of
+    max_watchers_per_key: int = 32  # readers per key (the oldest dropped)
+    watch_forward_timeout: float = 1.0  # a STORE's answer waits at most this for the forwards it caused
 
     def __post_init__(self) -> None:
         if not self.swarm_id or "/" in self.swarm_id or len(self.swarm_id) > 64:
@@ -115,6 +129,8 @@ class DHTConfig:
                 raise ValueError(f"DHTConfig.{field.name} must be a positive number, not {value!r}")
         if self.expert_expiration <= self.expert_update_period:
             raise ValueError("expert_expiration must exceed expert_update_period")
+        if self.watch_age < self.expert_cache_age:
+            raise ValueError("watch_age must be at least expert_cache_age (tombstones must reach every cache)")
 
     @property
     def protocol_id(self) -> str:

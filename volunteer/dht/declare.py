@@ -18,8 +18,15 @@ from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
 
 log = logging.getLogger(__name__)
 
+def _no_version(uid: str) -> int:
+    return 0
+
+
 class ExpertDeclarer:
-    """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once."""
+    """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once.
+
+    ``loads()`` gives each uid's load and ``versions(uid)`` its version (count of optimizer
+    updates; 0 by default), both read afresh every heartbeat."""
 
     def __init__(
         self,
@@ -28,6 +35,7 @@ class ExpertDeclarer:
         *,
         loads: Callable[[], Mapping[str, float]] = dict,
         addrs: Callable[[], Sequence[bytes]] | None = None,
+        versions: Callable[[str], int] = _no_version,
     ) -> None:
         uids = list(uids)
         bad = [u for u in uids if not is_valid_uid(u)]
@@ -36,6 +44,7 @@ class ExpertDeclarer:
         self.dht = dht
         self.uids = sorted(set(uids))
         self.loads = loads
+        self.versions = versions
         self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.shareable_addrs()[: dht.config.max_addrs]])
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
@@ -54,7 +63,8 @@ class ExpertDeclarer:
         loads = dict(self.loads())
         host_load = sum(loads.values()) / len(loads) if loads else 0.0
         info = HostInfo(dht.host.peer_id, tuple(self.addrs()), host_load)
-        items = make_declarations(self.uids, info, now, expiration, loads=loads, config=dht.config)
+        versions = {uid: self.versions(uid) for uid in self.uids}
+        items = make_declarations(self.uids, info, now, expiration, loads=loads, versions=versions, config=dht.config)
         before = dht.stats["bytes_out"]
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         self.heartbeat_bytes += dht.stats["bytes_out"] - before

@@ -11,7 +11,12 @@ multiaddrs, binary)::
     {op: "ping",       cm, ad}
     {op: "store",      cm, ad, rs: [record, ...]}
     {op: "find_node",  cm, ad, tg: 32-byte target ID}
-    {op: "find_value", cm, ad, ks: [key, ...]}
+    {op: "find_value", cm, ad, ks: [key, ...], wt: true}   # wt (optional): watch these keys
+
+``wt``: the requester caches what it finds (``get_many(max_age=...)``, beam search); for
+``watch_age`` seconds the responder forwards it every tombstone it accepts under these keys, in a
+STORE, before it answers the STORE that brought the tombstone (``watch.py``), so a leaver's
+withdrawal reaches the caches before it returns. Peers that predate ``wt`` ignore it.
 
 Responses::
 
@@ -76,11 +81,13 @@ class FindNode:
 
 @dataclass(frozen=True)
 class FindValue:
-    """FIND_VALUE of many keys: records and closer contacts for each."""
+    """FIND_VALUE of many keys: records and closer contacts for each; ``watch``: forward me
+    tombstones of these keys for a while (the requester caches the result)."""
 
     keys: tuple[bytes, ...]
     client_mode: bool = False
     addrs: tuple[bytes, ...] = ()
+    watch: bool = False
 
 
 Request = Union[Ping, Store, FindNode, FindValue]
@@ -196,6 +203,8 @@ def encode_request(request: Request, config: DHTConfig) -> bytes:
     elif isinstance(request, FindValue):
         msg["op"] = "find_value"
         msg["ks"] = list(request.keys)
+        if request.watch:
+            msg["wt"] = True
     else:
         raise LocalProtocolError(f"not a DHT request: {request!r}")
     return _pack(msg, config)
@@ -350,7 +359,8 @@ def decode_request(body: bytes, config: DHTConfig) -> Request:
         keys = _list(_field(msg, "ks", list), config.max_keys_per_request, "keys")
         if not keys:
             raise _fail("FIND_VALUE without keys")
-        return FindValue(tuple(_bytes(k, config.max_key_size, "key") for k in keys), client_mode, addrs)
+        watch = _field(msg, "wt", bool, False, required=False)
+        return FindValue(tuple(_bytes(k, config.max_key_size, "key") for k in keys), client_mode, addrs, watch)
     raise _fail(f"unknown request op {op[:32]!r}")
 
 

@@ -122,8 +122,29 @@ class DHTNode:
             self.stats["bytes_in"] += length
             handled = self.state.handle(sender, body, self.clock(), source=source)
             self._ping_soon(handled.ping)
+            for key in handled.invalidated:
+                self.recent_values.forget(key)  # a tombstone reached us: our cached lookup is stale
+            if handled.forward:
+                await self._forward(handled.forward)
             self.stats["bytes_out"] += len(handled.reply)
             await reader.send_all(handled.reply)
+
+    async def _forward(self, forward: Sequence[tuple[Contact, Sequence[Record]]]) -> None:
+        # Tombstones to the readers that cache their keys, before we answer the STORE that brought
+        # them: the leaver's withdraw returns only once caches were told (watch.py). Bounded: a
+        # slow reader costs the leaver watch_forward_timeout, not request_timeout.
+        async def one(contact: Contact, records: Sequence[Record]) -> None:
+            try:
+                await self.request(contact, self.state.store_request(records))
+            except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.debug("forwarding tombstones to %s failed: %s", contact.peer.short(), describe(exc))
+
+        self.stats["forwards"] += len(forward)
+        with trio.move_on_after(self.config.watch_forward_timeout):
+            async with trio.open_nursery() as nursery:
+                for contact, records in forward:
+                    for part in chunks(range(len(records)), self.config.max_records_per_request):
+                        nursery.start_soon(one, contact, [records[i] for i in part])
 
     # --- outbound --------------------------------------------------------------------------------
     async def request(self, contact: Contact, request: Request) -> Response:
@@ -244,10 +265,13 @@ class DHTNode:
         returns is then at most ``max_age`` staler than a fresh lookup, never expired.
 
         All keys are looked up together: a peer that several keys' lookups ask in the same round
-        gets one FIND_VALUE for all of them.
+        gets one FIND_VALUE for all of them. With ``max_age`` > 0 those requests ask the holders
+        to forward us the keys' tombstones for ``watch_age`` (``watch.py``), so a withdrawal drops
+        the cached result at once; ``max_age`` beyond ``watch_age`` loses that guarantee.
         """
         keys = list(dict.fromkeys(bytes(k) for k in keys))
         now = self.clock()
+        generation = self.recent_values.generation
         found: dict[bytes, dict[bytes, Record]] = {}
         if not latest:
             # any live value will do (hivemind's default): keys we hold are answered locally
@@ -273,7 +297,7 @@ class DHTNode:
                 for contact in contacts:
                     by_peer.setdefault(contact.peer, (contact, []))[1].append(lookup.key)
             return [
-                (contact, self._value_asker(wanted[i : i + batch], lookups))
+                (contact, self._value_asker(wanted[i : i + batch], lookups, watch=max_age > 0))
                 for contact, wanted in by_peer.values()
                 for i in range(0, len(wanted), batch)
             ]
@@ -282,11 +306,11 @@ class DHTNode:
         now = self.clock()
         for key, lookup in lookups.items():
             found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
-            self.recent_values.put(key, found[key], now)
+            self.recent_values.put(key, found[key], now, since=generation)
         return found
 
-    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
-        request = self.state.find_value_request(keys)
+    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup], *, watch: bool = False):
+        request = self.state.find_value_request(keys, watch=watch)
 
         async def ask(contact: Contact) -> None:
             try:
