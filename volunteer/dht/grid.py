@@ -461,7 +461,7 @@ class BeamSearch:
 
 # --- the directory over a running DHTNode ------------------------------------------------------
 # Expert lookups stop once this many peers returned records for a key. Every host stores its
-# declarations (and tombstones) on the same k closest peers of a key, so two holders almost
+# declarations (and tombstones) on the same closest peers of a key, so two holders almost
 # always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
 # (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
 EXPERT_QUORUM = 2

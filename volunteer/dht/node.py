@@ -345,14 +345,14 @@ class DHTNode:
     async def store_many(
         self, items: Sequence[Item], *, cached_peers: bool = False, replicas: int | None = None
     ) -> list[int]:
-        """Sign and store records on the k closest peers of each key (and locally); one STORE per peer
+        """Sign and store records on the closest peers of each key (and locally); one STORE per peer
         carries every record bound for it. Returns, per item, how many copies were accepted.
 
         With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
         are reused: heartbeats re-declare to the same peers without a lookup each time.
-        ``replicas`` (default k) is how many of the closest peers get each record.
+        ``replicas`` (default ``store_replicas``) is how many of the closest peers get each record.
         """
-        replicas = replicas or self.config.k
+        replicas = replicas or self.config.store_replicas
         now = self.clock()
         plan = StorePlan([sign(self.host.keypair, *item) for item in items])
         for i, record in enumerate(plan.records):
@@ -473,7 +473,7 @@ class DHTNode:
 
     async def _republish(self, now: float) -> None:
         # Re-publication (Kademlia): peers closest to our keys change as volunteers come and go,
-        # so records we published with republish=True are stored again on the current k closest.
+        # so records we published with republish=True are stored again on the current closest peers.
         self._own = {item[:2]: item for item in self._own.values() if item[3] > now}
         if self._own:
             try:
