@@ -1,4 +1,5 @@
-"""Tombstone forwarding to caching readers (watch.py, NodeState.handle, messages), pure."""
+"""Tombstone forwarding to caching readers (watch.py, NodeState.handle, messages) and STOREs that
+answer as a FIND_NODE (a store's lookup), pure."""
 
 from __future__ import annotations
 
@@ -108,3 +109,26 @@ def test_recent_values_drop_answers_older_than_a_forget() -> None:
 def test_config_keeps_watches_at_least_as_long_as_the_cache() -> None:
     with pytest.raises(ValueError):
         DHTConfig(expert_cache_age=5.0, watch_age=4.0)
+
+
+def test_store_answers_as_a_find_node_when_asked() -> None:
+    from volunteer.dht.messages import Stored, decode_response
+    from volunteer.dht.routing import key_id
+
+    holder = NodeState(reader().peer, CONFIG)
+    known = [reader() for _ in range(4)]
+    for contact in known:
+        holder.table.update(contact, NOW)
+    kp = KeyPair.generate()
+    writer = NodeState(kp.peer_id)
+    record = sign(kp, b"key", owned_subkey(kp.peer_id), b"v", NOW + 60)
+    asked = writer.store_request([record], near=key_id(b"key"))
+    assert decode_request(unframe(encode_request(asked, CONFIG), CONFIG), CONFIG) == asked  # round trip
+    handled = ask(holder, kp.peer_id, asked)
+    reply = decode_response(unframe(handled.reply, CONFIG), CONFIG, asked)
+    assert isinstance(reply, Stored) and reply.codes == ("ok",)
+    assert {c.peer for c in reply.closer} == {c.peer for c in known}  # the closest it knows, not the writer
+    plain = ask(holder, kp.peer_id, writer.store_request([record]))
+    assert decode_response(unframe(plain.reply, CONFIG), CONFIG).closer == ()  # not asked: no contacts
+    bad = msgpack.packb({"op": "store", "rs": [], "nr": b"short"})
+    assert holder.handle(kp.peer_id, bad, NOW).error is not None

@@ -10,7 +10,8 @@ because expirations cross the wire, ``trio.current_time`` under a MockClock in s
 
 Streams: a requester may send several requests one after another on one stream (each answered
 before the next is sent); idle streams wait in the Host's ``StreamPool`` (``net/pool.py``), so a busy
-trainer pays for stream setup once, not per lookup step. Expert declarations and beam search
+trainer pays for stream setup once, not per lookup step. Writing records is ``storing.py``
+(a base of DHTNode). Expert declarations and beam search
 are in ``declare.py`` (``ExpertDeclarer``) and ``grid.py`` on top of ``get_many`` / ``store_many``.
 """
 
@@ -30,25 +31,24 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import SERVE_IDLE, pool_of
 from ..net.streams import BufferedStream
-from .caches import ClosestPeers, RecentValues, StorePlan, chunks
+from .caches import ClosestPeers, RecentValues, chunks
 from .config import DHTConfig
 from .messages import (
     Nodes,
     Request,
     Response,
-    Stored,
     Values,
     decode_response,
     encode_request,
 )
 from .query import Lookup, ValueLookup
-from .records import OK, STALE, Record, sign
+from .records import Record
 from .routing import Contact, key_id
 from .state import NodeState, source_of
+from .storing import Item, StoreMixin
 
 log = logging.getLogger(__name__)
 
-Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or None, expiration)
 
 _MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
 _MAINTENANCE_PERIOD = 1.0
@@ -58,7 +58,7 @@ _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap re
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
 
 
-class DHTNode:
+class DHTNode(StoreMixin):
     """A running DHT node. Create it with ``open_dht``."""
 
     def __init__(
@@ -215,20 +215,28 @@ class DHTNode:
             self._pinging.discard(peer)
 
     # --- lookups ---------------------------------------------------------------------------------
-    async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None) -> list[Contact]:
-        """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int)."""
+    async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None, via=None) -> list[Contact]:
+        """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int).
+
+        ``via(contact)``: None (send a FIND_NODE) or an awaitable of the closer contacts, for a
+        question asked some other way (``store_many``: a STORE that answers as a FIND_NODE)."""
         target = key_id(key_or_target) if isinstance(key_or_target, bytes) else key_or_target
         lookup = self.state.lookup(target, self.clock(), count=count)
         request = self.state.find_node_request(target)
 
         async def ask(contact: Contact) -> None:
             try:
-                response = await self.request(contact, request)
+                answer = via(contact) if via is not None else None
+                if answer is None:
+                    response = await self.request(contact, request)
+                    assert isinstance(response, Nodes)
+                    answer_peers = response.peers
+                else:
+                    answer_peers = await answer
             except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 lookup.on_failure(contact.peer, self.clock())
             else:
-                assert isinstance(response, Nodes)
-                lookup.on_success(contact.peer, response.peers, self.clock())
+                lookup.on_success(contact.peer, answer_peers, self.clock())
 
         await self._drive([lookup], lambda asked: [(c, ask) for _, contacts in asked for c in contacts])
         return lookup.result()
@@ -343,80 +351,6 @@ class DHTNode:
     async def get(self, key: bytes, *, quorum: int | None = None, latest: bool = True) -> dict[bytes, Record]:
         """Live records under ``key`` by sub-key (see ``get_many``)."""
         return (await self.get_many([key], quorum=quorum, latest=latest))[bytes(key)]
-
-    # --- storing ---------------------------------------------------------------------------------
-    async def store(
-        self, key: bytes, value: bytes | None, expiration: float, *, subkey: bytes = b"", republish: bool = False
-    ) -> int:
-        """Sign and store one record under our own sub-key (PeerID bytes + ``subkey``); returns how
-        many peers (ourselves included) accepted it. ``value=None`` writes a tombstone."""
-        item = (bytes(key), self.host.peer_id.to_bytes() + bytes(subkey), value, float(expiration))
-        if republish:
-            self._own[item[:2]] = item
-        accepted = await self.store_many([item])
-        return accepted[0]
-
-    async def store_many(
-        self, items: Sequence[Item], *, cached_peers: bool = False, replicas: int | None = None
-    ) -> list[int]:
-        """Sign and store records on the closest peers of each key (and locally); one STORE per peer
-        carries every record bound for it. Returns, per item, how many copies were accepted.
-
-        With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
-        are reused: heartbeats re-declare to the same peers without a lookup each time.
-        ``replicas`` (default ``store_replicas``) is how many of the closest peers get each record.
-        """
-        replicas = replicas or self.config.store_replicas
-        now = self.clock()
-        plan = StorePlan([sign(self.host.keypair, *item) for item in items])
-        for i, record in enumerate(plan.records):
-            try:
-                if self.state.storage.store(record, now, checked=True):  # signed by us just now
-                    plan.on_accepted([i])
-            except DHTError as exc:
-                log.debug("local store of %r refused: %s", record.key, describe(exc))
-        keys = plan.keys
-        for key in keys:
-            self.recent_values.forget(key)  # our own write (a tombstone on leave) shows at once
-
-        async def send(contact: Contact, indices: list[int]) -> None:
-            for part in chunks(indices, self.config.max_records_per_request):
-                try:
-                    response = await self.request(contact, self.state.store_request(plan.records[i] for i in part))
-                except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    for key in {plan.records[i].key for i in part}:
-                        self.closest_peers.forget(key)  # look again next time
-                    log.debug("STORE to %s failed: %s", contact.peer.short(), describe(exc))
-                    return
-                assert isinstance(response, Stored)
-                plan.on_accepted(i for i, code in zip(part, response.codes) if code in (OK, STALE))
-
-        def deliver(nursery: trio.Nursery, targets: dict[bytes, list[Contact]]) -> None:
-            for contact, indices in plan.deliver(targets):
-                nursery.start_soon(send, contact, indices)
-
-        async def locate(key: bytes, located: dict[bytes, list[Contact]]) -> None:
-            located[key] = await self.find_closest(key, count=replicas)
-            self.closest_peers.put(key, located[key], now)
-
-        async with trio.open_nursery() as nursery:
-            cached = {}
-            if cached_peers:
-                for key in keys:
-                    peers = self.closest_peers.get(key, now)
-                    if peers is not None:
-                        cached[key] = peers
-            deliver(nursery, cached)
-            unknown = [key for key in keys if key not in cached]
-            if unknown:
-                # the closest peers we know now while the lookups run, then the closer ones found
-                deliver(nursery, {key: self.state.table.closest(key_id(key), replicas, now) for key in unknown})
-                located: dict[bytes, list[Contact]] = {}
-                async with trio.open_nursery() as lookups:
-                    for key in unknown:
-                        lookups.start_soon(locate, key, located)
-                deliver(nursery, located)
-        return plan.accepted
 
     # --- joining and upkeep --------------------------------------------------------------------
     async def bootstrap(self, addrs: Sequence[Multiaddr | str] = ()) -> int:

@@ -184,7 +184,12 @@ class NodeState:
         if isinstance(request, Ping):
             return Pong(cm), ping
         if isinstance(request, Store):
-            return Stored(tuple(self.storage.store_many(request.records, now, source=source)), cm), ping
+            codes = tuple(self.storage.store_many(request.records, now, source=source))
+            closer: tuple[Contact, ...] = ()
+            if request.near is not None:  # the STORE is a lookup's question too
+                target = id_from_bytes(request.near)
+                closer = tuple(self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True))
+            return Stored(codes, cm, closer), ping
         if isinstance(request, FindNode):
             target = id_from_bytes(request.target)
             closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)
@@ -230,9 +235,10 @@ class NodeState:
         """A PING carrying our mode and addresses."""
         return Ping(self.client_mode, self.addrs)
 
-    def store_request(self, records: Iterable[Record]) -> Store:
-        """A STORE of ``records`` (at most ``max_records_per_request``)."""
-        return Store(tuple(records), self.client_mode, self.addrs)
+    def store_request(self, records: Iterable[Record], *, near: int | None = None) -> Store:
+        """A STORE of ``records`` (at most ``max_records_per_request``); ``near``: also ask for the
+        contacts closest to this 256-bit ID (a store's lookup)."""
+        return Store(tuple(records), self.client_mode, self.addrs, None if near is None else id_to_bytes(near))
 
     def find_node_request(self, target: int) -> FindNode:
         """A FIND_NODE for a 256-bit ID."""
