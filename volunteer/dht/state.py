@@ -185,11 +185,11 @@ class NodeState:
             return Pong(cm), ping
         if isinstance(request, Store):
             codes = tuple(self.storage.store_many(request.records, now, source=source))
-            closer: tuple[Contact, ...] = ()
+            nearest: list[Contact] = []
             if request.near is not None:  # the STORE is a lookup's question too
                 target = id_from_bytes(request.near)
-                closer = tuple(self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True))
-            return Stored(codes, cm, closer), ping
+                nearest = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)
+            return Stored(codes, cm, tuple(nearest)), ping
         if isinstance(request, FindNode):
             target = id_from_bytes(request.target)
             closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)

@@ -8,15 +8,20 @@ stores on with the STORE itself (``messages``: ``nr``), so the peers it writes t
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import trio
 
 from ..errors import DHTError, VolunteerError, describe
-from .caches import StorePlan, chunks
+from .caches import ClosestPeers, RecentValues, StorePlan, chunks
+from .config import DHTConfig
 from .messages import Stored
 from .records import OK, STALE, sign
 from .routing import Contact, key_id
+
+if TYPE_CHECKING:
+    from .messages import Request, Response
+    from .state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +31,20 @@ Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or Non
 class StoreMixin:
     """``store`` / ``store_many`` for DHTNode (which supplies host, config, state, clock, caches,
     ``request`` and ``find_closest``)."""
+
+    host: Any
+    config: DHTConfig
+    state: "NodeState"
+    clock: Callable[[], float]
+    closest_peers: ClosestPeers
+    recent_values: RecentValues
+    _own: dict[tuple[bytes, bytes], Item]
+
+    if TYPE_CHECKING:
+
+        async def request(self, contact: Contact, request: "Request") -> "Response": ...
+
+        async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None, via=None) -> list[Contact]: ...
 
     async def store(
         self, key: bytes, value: bytes | None, expiration: float, *, subkey: bytes = b"", republish: bool = False
@@ -44,8 +63,8 @@ class StoreMixin:
         """Sign and store records on the closest peers of each key (and locally); one STORE per peer
         carries every record bound for it. Returns, per item, how many copies were accepted.
 
-        With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
-        are reused: heartbeats re-declare to the same peers without a lookup each time.
+        With ``cached_peers`` a key's closest peers from a lookup less than ``caches.PEER_CACHE_AGE``
+        ago are reused: heartbeats re-declare to the same peers without a lookup each time.
         ``replicas`` (default ``store_replicas``) is how many of the closest peers get each record.
         """
         replicas = replicas or self.config.store_replicas
@@ -103,6 +122,7 @@ class StoreMixin:
             located[key] = await self.find_closest(key, count=replicas, via=via)
             self.closest_peers.put(key, located[key], now)
 
+        located: dict[bytes, list[Contact]] = {}
         async with trio.open_nursery() as nursery:
             cached = {}
             if cached_peers:
@@ -118,14 +138,12 @@ class StoreMixin:
                 # requests a store at 32 nodes)
                 key = keys[0]
                 optimistic = self.state.table.closest(key_id(key), replicas, now)
-                located = {}
                 await locate(key, located, optimistic)
                 deliver(nursery, {key: optimistic})  # any the lookup did not get to ask
                 deliver(nursery, located)
             elif unknown:
                 # the closest peers we know now while the lookups run, then the closer ones found
                 deliver(nursery, {key: self.state.table.closest(key_id(key), replicas, now) for key in unknown})
-                located: dict[bytes, list[Contact]] = {}
                 async with trio.open_nursery() as lookups:
                     for key in unknown:
                         lookups.start_soon(locate, key, located)
