@@ -173,12 +173,18 @@ class DHTNode(StoreMixin):
         peer = contact.peer
         if contact.addrs and not self.host.is_connected(peer):
             self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
-        async with pool_of(self.host).stream(peer, self.protocol) as lease:
+        # A write cut off mid-frame (opening the stream, or the request) breaks the whole
+        # connection: every stream on it fails and the next request redials. Lookups cancel their
+        # late requests when they finish, so opening and sending run shielded (bounded on their
+        # own) and a cancellation lands on the receive, which only resets this stream. Measured:
+        # 32 concurrent stores broke ~3 connections a batch before.
+        with trio.CancelScope(shield=True) as opening:
+            opening.deadline = trio.current_time() + self.config.request_timeout
+            lease = await pool_of(self.host).lend(peer, self.protocol)
+        if opening.cancelled_caught:
+            raise DHTError(f"no stream to {peer.short()} within {self.config.request_timeout} s")
+        async with lease:
             self.stats["bytes_out"] += len(body)
-            # A send cut off mid-frame breaks the whole connection (every stream on it, and a
-            # redial): lookups cancel their late requests when they finish, so the send runs
-            # shielded (bounded on its own) and a cancellation lands on the receive, which only
-            # resets this stream. Measured: 32 concurrent stores broke ~3 connections a batch.
             with trio.CancelScope(shield=True) as sending:
                 sending.deadline = trio.current_time() + self.config.request_timeout
                 await lease.stream.send_all(body)
@@ -245,18 +251,23 @@ class DHTNode(StoreMixin):
         """Run lookups until all finish. Each round, ``dispatch([(lookup, contacts it asks now)])``
         returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round.
 
-        Requests still out when the lookups finish run on in the node's nursery (each bounded by
-        request_timeout) rather than being cancelled: a request cancelled mid-send breaks its
-        whole connection (32 concurrent stores broke ~3 connections a batch, each a redial and
-        failed requests for every stream on it). Late answers still teach the routing table."""
+        Requests run in the node's nursery: when the lookups finish, those still out are
+        cancelled, which lands on their receive (``_exchange`` shields opening and sending: a
+        write cut off mid-frame breaks the whole connection), and the lookups return without
+        waiting for a slow dial or send to end."""
         woken = trio.Event()
+        late: set[trio.CancelScope] = set()
         async with trio.open_nursery() as nursery:
             spawn = self._nursery.start_soon if self._nursery is not None else nursery.start_soon
 
             async def run(ask, contact) -> None:
+                scope = trio.CancelScope()
+                late.add(scope)
                 try:
-                    await ask(contact)
+                    with scope:
+                        await ask(contact)
                 finally:
+                    late.discard(scope)
                     woken.set()
 
             while True:
@@ -271,7 +282,9 @@ class DHTNode(StoreMixin):
                 with trio.move_on_after(wait + 1e-3):
                     await woken.wait()
                 woken = trio.Event()
-            nursery.cancel_scope.cancel()  # not running yet (no node nursery): late answers are moot
+            for scope in late:
+                scope.cancel()  # late answers no longer change the result
+            nursery.cancel_scope.cancel()
 
     async def get_many(
         self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True, max_age: float = 0.0
