@@ -89,7 +89,7 @@ async def test_two_hundred_nodes(autojump_clock):
             publisher = rng.randrange(N)
             publishers[key] = publisher
             copies = await sim.nodes[publisher].store(key, b"value of " + key, trio.current_time() + 3000)
-            assert copies >= CONFIG.k // 2
+            assert copies >= CONFIG.store_replicas
         crashed = rng.sample(range(N), N // 5)
         for index in crashed:
             sim.crash(index)

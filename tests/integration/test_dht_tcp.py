@@ -33,7 +33,7 @@ async def test_sixteen_hosts_store_get_and_experts():
         for _ in range(15):
             nodes.append(await add_node(stack, [rng.choice(nodes).host.full_addrs()[0]]))
         for i in range(20):
-            assert await nodes[rng.randrange(16)].store(b"k%d" % i, b"v%d" % i, time.time() + 60) >= 8
+            assert await nodes[rng.randrange(16)].store(b"k%d" % i, b"v%d" % i, time.time() + 60) >= CONFIG.store_replicas
         for i in range(20):
             for asker in rng.sample(nodes, 4):
                 assert [r.value for r in (await asker.get(b"k%d" % i)).values()] == [b"v%d" % i]

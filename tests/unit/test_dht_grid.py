@@ -96,6 +96,42 @@ def test_make_declarations_one_record_per_uid_and_prefix(host_kp: KeyPair) -> No
         make_declarations(["ffn.1"], HostInfo(host_kp.peer_id, (b"x" * 9000,)), NOW, NOW + 15)
 
 
+def test_declarations_carry_versions(host_kp: KeyPair) -> None:
+    host = HostInfo(host_kp.peer_id, (b"/ip4/addr",))
+    versions = {"ffn.3.5": 7, "ffn.3.7": 2**63 - 1}  # ffn.4.1 left out: version 0
+    items = make_declarations(["ffn.3.5", "ffn.3.7", "ffn.4.1"], host, NOW, NOW + 15, versions=versions)
+    decoded = {k: Declaration.decode(v, CONFIG) for k, _, v, _ in items}
+    assert [decoded[k].version for k in (b"ffn.3.5", b"ffn.3.7", b"ffn.4.1")] == [7, 2**63 - 1, 0]
+    assert "v" not in msgpack.unpackb(items[2][2])  # zero is left out: a record the size it was before versions
+    # prefix records list each child's version; a leaf's declaration through its prefix record has it
+    assert decoded[b"ffn.3."].child_versions == ((5, 7), (7, 2**63 - 1))
+    assert decoded[b"ffn.3."].for_child(5).version == 7 and decoded[b"ffn.3."].for_child(7).version == 2**63 - 1
+    assert decoded[b"ffn.4."].child_versions == () and decoded[b"ffn.4."].for_child(1).version == 0
+    assert Declaration.decode(decoded[b"ffn.3."].encode(), CONFIG) == decoded[b"ffn.3."]  # round trip
+    for bad in (-1, 2**63, 1.5, True, "3"):
+        with pytest.raises(DHTRecordError):
+            make_declarations(["ffn.1"], host, NOW, NOW + 15, versions={"ffn.1": bad})
+
+
+def test_declaration_without_version_decodes_as_zero(host_kp: KeyPair) -> None:
+    # a record from a host that predates versions
+    old = msgpack.packb({"p": host_kp.peer_id.to_bytes(), "a": [], "l": 0.0, "h": NOW, "n": {1: "ffn.1.2"}},
+                        use_bin_type=True)
+    decl = Declaration.decode(old, CONFIG)
+    assert decl.version == 0 and decl.child_versions == () and decl.for_child(1).version == 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"v": -1}, {"v": 2**64 - 1}, {"v": 1.0}, {"v": True}, {"v": "1"}, {"w": [1]}, {"w": {2: 1}},  # 2 not in "n"
+     {"w": {1: -3}}, {"w": {1: None}}],
+)
+def test_declaration_rejects_bad_versions(host_kp: KeyPair, extra) -> None:
+    msg = {"p": host_kp.peer_id.to_bytes(), "a": [], "l": 0.0, "h": NOW, "n": {1: "ffn.1.2"}, **extra}
+    with pytest.raises(DHTRecordError):
+        Declaration.decode(msgpack.packb(msg, use_bin_type=True), CONFIG)
+
+
 def test_tombstones_cover_every_declared_key(host_kp: KeyPair) -> None:
     uids = ["ffn.3.5.1", "ffn.4.1.1"]
     declared = {k for k, _, _, _ in make_declarations(uids, HostInfo(host_kp.peer_id), NOW, NOW + 15)}
@@ -149,7 +185,7 @@ def test_declaration_decode_only_typed_errors(data: bytes) -> None:
 @settings(max_examples=100, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["p", "a", "l", "h", "n"]),
+        st.sampled_from(["p", "a", "l", "h", "n", "v", "w"]),
         st.recursive(
             st.none() | st.integers(-5, 5) | st.floats() | st.binary(max_size=40) | st.text(max_size=5),
             lambda x: st.lists(x, max_size=3) | st.dictionaries(st.integers(0, 3), x, max_size=3),
@@ -172,8 +208,9 @@ class FakeDHT:
         self.storage = Storage(CONFIG)
         self.calls: list[list[str]] = []
 
-    def publish(self, kp: KeyPair, uids, load=0.0, expiration=NOW + 15, heartbeat=NOW) -> None:
-        items = make_declarations(uids, HostInfo(kp.peer_id, (b"/addr",), load), heartbeat, expiration)
+    def publish(self, kp: KeyPair, uids, load=0.0, expiration=NOW + 15, heartbeat=NOW, versions=None) -> None:
+        items = make_declarations(uids, HostInfo(kp.peer_id, (b"/addr",), load), heartbeat, expiration,
+                                  versions=versions)
         assert set(self.storage.store_many(signed(kp, items), NOW)) == {"ok"}
 
     def get_many(self, keys: list[str]) -> dict:
@@ -257,6 +294,18 @@ def test_beam_search_flat_grid_and_empty_world() -> None:
     found = find_best_experts("flat", scores, 2, dht.get_many, NOW)
     assert [m.uid for m in found] == ["flat.20", "flat.3"]  # scores 6 and 3; flat.10 scores 3 too
     assert find_best_experts("none", [[1.0] * 64, [1.0] * 64], 4, FakeDHT().get_many, NOW) == []
+
+
+def test_beam_search_results_carry_versions() -> None:
+    dht = FakeDHT()
+    a, b = KeyPair.generate(), KeyPair.generate()
+    dht.publish(a, ["ffn.1.1", "ffn.1.2", "flat.4"], versions={"ffn.1.1": 11, "flat.4": 3})
+    dht.publish(b, ["ffn.1.1"], versions={"ffn.1.1": 9})
+    found = find_best_experts("ffn", [[1.0] * 4, [1.0, 2.0, 1.5]], 4, dht.get_many, NOW)
+    versions = {m.uid: {h.peer: h.version for h in m.hosts} for m in found}
+    assert versions == {"ffn.1.1": {a.peer_id: 11, b.peer_id: 9}, "ffn.1.2": {a.peer_id: 0}}
+    flat = find_best_experts("flat", [[1.0] * 8], 1, dht.get_many, NOW)  # one dimension: uid records
+    assert [(m.uid, m.hosts[0].version) for m in flat] == [("flat.4", 3)]
 
 
 def test_beam_search_ignores_lying_children() -> None:

@@ -24,10 +24,15 @@ MAX_PEER_CACHE_KEYS = 10_000  # keys whose closest peers are remembered
 
 
 class RecentValues:
-    """The live records each key's last lookup returned, oldest lookups forgotten first."""
+    """The live records each key's last lookup returned, oldest lookups forgotten first.
+
+    ``generation`` counts ``forget`` calls: a lookup notes it when it starts and passes it to
+    ``put``, which keeps nothing if anything was forgotten meanwhile (a tombstone that arrived
+    while the lookup was out must not be papered over by the older answer it brings back)."""
 
     def __init__(self, max_keys: int = MAX_RECENT_VALUES) -> None:
         self.max_keys = max_keys
+        self.generation = 0
         self._entries: OrderedDict[bytes, tuple[float, dict[bytes, Record]]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -41,16 +46,20 @@ class RecentValues:
             return None
         return {sub: rec for sub, rec in entry[1].items() if rec.expiration > now}
 
-    def put(self, key: bytes, records: Mapping[bytes, Record], now: float) -> None:
-        """Remember a lookup result of ``key`` made at ``now``."""
+    def put(self, key: bytes, records: Mapping[bytes, Record], now: float, *, since: int | None = None) -> None:
+        """Remember a lookup result of ``key`` made at ``now``; ``since``: the ``generation`` when
+        the lookup started (nothing is kept if a key was forgotten after that)."""
+        if since is not None and since != self.generation:
+            return
         self._entries.pop(key, None)  # re-inserted last: the oldest go first when full
         self._entries[key] = (now, dict(records))
         while len(self._entries) > self.max_keys:
             self._entries.popitem(last=False)
 
     def forget(self, key: bytes) -> None:
-        """Drop ``key`` (our own write to it must show at once)."""
+        """Drop ``key`` (our own write to it, or a tombstone that reached us, must show at once)."""
         self._entries.pop(key, None)
+        self.generation += 1
 
 
 class ClosestPeers:

@@ -16,6 +16,9 @@ from ..net.limits import MAX_MULTIADDR_BYTES, MAX_PEER_ID_BYTES
 MAX_UID_LENGTH = 256
 MAX_GRID_DEPTH = 8  # indices after the prefix
 MAX_GRID_INDEX = 2**20  # an index is below this, so a coordinate fits in msgpack's small ints
+# an expert's declared version (its count of optimizer updates) is 0..this: a signed 64-bit int,
+# the range replica state transfer accepts too
+MAX_DECLARED_VERSION = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,17 @@ class DHTConfig:
     """Bounds and timings of one DHT node. Frozen: share one instance freely."""
 
     swarm_id: str = "default"  # part of the protocol id: swarms never mix
-    k: int = 20  # bucket size, replication factor, lookup result size
+    k: int = 20  # bucket size, lookup result size
+    # Copies of a record that ``store`` writes (the k closest peers before). Each STORE target and
+    # the lookup that finds it cost a request, and on a loaded machine a store's cost is its
+    # request count (benchmarks/dht.py, 32 nodes: k=20 took 43.5 requests a store, 8 took 19.5,
+    # 5 took 13.5, with throughput in proportion). 5 is what expert declarations use and what
+    # hivemind uses for everything; it leaves value_quorum (3) holders to a lookup, and in the
+    # 200-node simulation (tests/integration/test_dht_swarm_sim.py) every key survived 20% of the
+    # nodes crashing at once (a key is lost only when all 5 of its holders go before the next
+    # re-publication: 0.2**5 = 0.03% there). Pass ``replicas=`` for a record that must outlive more.
+    # (Since then a one-key store's STOREs also answer its lookup: ~7.5 requests at 5 replicas.)
+    store_replicas: int = 5
     # Queries in flight per lookup. Measured (benchmarks/dht_alpha.py: 100 nodes, 20% silent,
     # 80 ms RTT): α=3 took 0.16 s median but 2.1 s at p95 (slots stuck on silent peers until
     # slot_timeout); α=5 took 0.08 s median and 0.16 s p95 for 5.5 requests a lookup instead of
@@ -103,6 +116,17 @@ class DHTConfig:
     expert_replicas: int = 5
     expert_expiration: float = 15.0  # declarations live this long: a crashed host vanishes in < 20 s
     heartbeat_stale: float = 10.0  # a declaration whose heartbeat is older than this is a last resort
+    # Beam search reuses a grid key's lookup this long by default (find_best_experts(max_age=)).
+    # A leaver's tombstones reach the cache at once (watch.py), a crashed host's records expire
+    # in it as anywhere; what it delays is a new host's experts and load changes, by at most
+    # this: one heartbeat period, the delay any reader already has for a load change.
+    expert_cache_age: float = 5.0
+
+    # --- tombstone forwarding to caching readers (watch.py) ---------------------------------
+    watch_age: float = 10.0  # a holder forwards a key's tombstones to its readers this long after a read
+    max_watched_keys: int = 4096  # keys a holder keeps readers of
+    max_watchers_per_key: int = 32  # readers per key (the oldest dropped)
+    watch_forward_timeout: float = 1.0  # a STORE's answer waits at most this for the forwards it caused
 
     def __post_init__(self) -> None:
         if not self.swarm_id or "/" in self.swarm_id or len(self.swarm_id) > 64:
@@ -115,6 +139,8 @@ class DHTConfig:
                 raise ValueError(f"DHTConfig.{field.name} must be a positive number, not {value!r}")
         if self.expert_expiration <= self.expert_update_period:
             raise ValueError("expert_expiration must exceed expert_update_period")
+        if self.watch_age < self.expert_cache_age:
+            raise ValueError("watch_age must be at least expert_cache_age (tombstones must reach every cache)")
 
     @property
     def protocol_id(self) -> str:

@@ -11,7 +11,13 @@ A host declares, under sub-key = its PeerID bytes, one record per uid (key = the
 grid prefix (key = the prefix). Every value is a msgpack map (a Declaration)::
 
     {"p": host PeerID bytes, "a": [multiaddr bytes], "l": load, "h": heartbeat time,
-     "n": {next index: an expert uid of this host below that index}}     # "n": prefix records only
+     "v": version,                                                       # uid records only
+     "n": {next index: an expert uid of this host below that index},    # prefix records only
+     "w": {next index: version of the uid "n" names there}}             # prefix records only
+
+A version is the expert's count of optimizer updates (replicas: the freshest replica is the one
+to catch up from). "v" and "w" are left out when zero, and absent decodes as 0, so records of
+hosts that predate versions still decode.
 
 Beam search (after Learning@home / hivemind's MoEBeamSearcher) walks the grid left to right: the
 best active first indices (fetched in score order), then for each further dimension the best
@@ -29,14 +35,14 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence, Union
 
 import msgpack
 
 from ..errors import DHTRecordError, ExpertUIDError, PeerIDError
 from ..net.identity import PeerID
-from .config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH, DHTConfig
+from .config import MAX_DECLARED_VERSION, MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH, DHTConfig
 from .records import Record
 
 if TYPE_CHECKING:
@@ -109,9 +115,17 @@ class HostInfo:
     load: float = 0.0
 
 
+def _is_version(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DECLARED_VERSION
+
+
 @dataclass(frozen=True)
 class Declaration:
-    """A decoded declaration value; ``expiration`` comes from its record (0 if not from one)."""
+    """A decoded declaration value; ``expiration`` comes from its record (0 if not from one).
+
+    ``version``: the expert's version (uid records; for a uid found through a prefix record, the
+    version that record lists for it, see ``for_child``). ``child_versions``: prefix records'
+    (next index, version of the uid ``children`` names there), only the non-zero ones."""
 
     peer: PeerID
     addrs: tuple[bytes, ...]
@@ -119,7 +133,8 @@ class Declaration:
     heartbeat: float
     children: tuple[tuple[int, str], ...] = ()  # prefix records: (next index, a uid below it)
     expiration: float = 0.0
-    version: int = 0  # uid records: the expert's count of optimizer updates ("v"; absent = 0)
+    version: int = 0
+    child_versions: tuple[tuple[int, int], ...] = ()
 
     def encode(self) -> bytes:
         """The msgpack value stored in the DHT."""
@@ -133,7 +148,15 @@ class Declaration:
             msg["v"] = int(self.version)
         if self.children:
             msg["n"] = {int(c): uid for c, uid in self.children}
+        versions = {int(c): int(v) for c, v in self.child_versions if v}
+        if versions:
+            msg["w"] = versions
         return msgpack.packb(msg, use_bin_type=True)
+
+    def for_child(self, index: int) -> "Declaration":
+        """This prefix record as the declaration of the uid it lists under ``index``: same host,
+        load and heartbeat, with that uid's version."""
+        return replace(self, version=dict(self.child_versions).get(index, 0))
 
     @classmethod
     def decode(cls, data: bytes, config: DHTConfig, expiration: float = 0.0) -> "Declaration":
@@ -152,6 +175,7 @@ class Declaration:
             load, heartbeat = msg["l"], msg["h"]
             children = msg.get("n", {})
             version = msg.get("v", 0)
+            child_versions = msg.get("w", {})
             ok = (
                 len(addrs) <= config.max_addrs
                 and all(isinstance(a, bytes) and len(a) <= config.max_addr_size for a in addrs)
@@ -162,15 +186,18 @@ class Declaration:
                 and all(
                     isinstance(c, int) and not isinstance(c, bool) and isinstance(u, str) for c, u in children.items()
                 )
-                and isinstance(version, int)
-                and not isinstance(version, bool)
-                and 0 <= version < 2**63
+                and _is_version(version)
+                and isinstance(child_versions, dict)
+                and all(c in children and _is_version(v) for c, v in child_versions.items())
             )
         except (TypeError, KeyError, AttributeError, ValueError, PeerIDError):
             ok = False
         if not ok:
             raise DHTRecordError("declaration has missing or mistyped fields", "bad-declaration")
-        return cls(peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration, version)
+        return cls(
+            peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration,
+            version, tuple(sorted((c, v) for c, v in child_versions.items() if v)),
+        )
 
 
 def make_declarations(
@@ -185,21 +212,25 @@ def make_declarations(
 ) -> list[tuple[bytes, bytes, bytes, float]]:
     """``(key, sub-key, value, expiration)`` for every uid and grid prefix of this host.
 
-    One record per uid (its own load from ``loads``, else the host's) and one per grid prefix
-    listing, for each next index, one of the host's uids below it (the least loaded). Sign each
-    with ``records.sign`` and store them on the k closest peers of each key.
+    One record per uid (its own load from ``loads``, else the host's; its version from
+    ``versions``, else 0) and one per grid prefix listing, for each next index, one of the host's
+    uids below it (the least loaded) with that uid's version. Sign each with ``records.sign`` and
+    store them on the closest peers of each key. Raises DHTRecordError for a version out of range.
     """
     config = config or DHTConfig()
     loads = loads or {}
+    versions = versions or {}
     subkey = host.peer.to_bytes()
     uids = sorted(set(uids))
+    for uid in uids:
+        if not _is_version(versions.get(uid, 0)):
+            raise DHTRecordError(f"version of {uid!r} must be an int in 0..2**63-1", "bad-declaration")
     children: dict[str, dict[int, str]] = {}
     out = []
     for uid in uids:
         name, coords = parse_uid(uid)
         load = float(loads.get(uid, host.load))
-        version = int((versions or {}).get(uid, 0))
-        decl = Declaration(host.peer, host.addrs, load, now, version=version)
+        decl = Declaration(host.peer, host.addrs, load, now, version=versions.get(uid, 0))
         out.append((expert_key(uid), subkey, decl.encode(), float(expiration)))
         for depth, prefix in enumerate(grid_prefixes(uid)):
             below = children.setdefault(prefix, {})
@@ -207,7 +238,9 @@ def make_declarations(
             if best is None or loads.get(uid, host.load) < loads.get(best, host.load):
                 below[coords[depth]] = uid
     for prefix, below in sorted(children.items()):
-        decl = Declaration(host.peer, host.addrs, float(host.load), now, tuple(sorted(below.items())))
+        listed = tuple(sorted(below.items()))
+        child_versions = tuple((c, versions.get(uid, 0)) for c, uid in listed)
+        decl = Declaration(host.peer, host.addrs, float(host.load), now, listed, child_versions=child_versions)
         out.append((expert_key(prefix), subkey, decl.encode(), float(expiration)))
     for key, _, value, _ in out:
         if len(value) > config.max_value_size:
@@ -350,6 +383,12 @@ class BeamSearch:
         best = heapq.nlargest(self.beam_size, self._found.items(), key=lambda kv: (kv[1][0], kv[0]))
         return [ExpertMatch(uid, score, tuple(hosts)) for uid, (score, hosts) in best]
 
+    def first_dimension_keys(self) -> list[str]:
+        """Every key the search could ask for along the first dimension (``name.i.``, or the uids
+        ``name.i`` of a one-dimensional grid): what a driver may prefetch."""
+        suffix = "" if self.depth == 1 else DELIMITER
+        return [f"{self.name}.{i}{suffix}" for i in range(len(self.scores[0]))]
+
     # --- steps -------------------------------------------------------------------------------------
     def _plan_initial(self) -> None:
         # next batch of dimension-0 candidates in score order (hivemind's initial beam)
@@ -366,11 +405,11 @@ class BeamSearch:
     def _advance(self) -> None:
         # every child listed in the beam may already name a full uid: score those exactly
         for entry in self._beam:
-            for pairs in entry.children.values():
+            for coord, pairs in entry.children.items():
                 for uid, decl in pairs:
                     score = self._score(uid)
                     if score is not None:
-                        self._add_expert(uid, score, [decl])
+                        self._add_expert(uid, score, [decl.for_child(coord)])
         if not self._beam or self._dim >= self.depth - 1:
             self.done = True  # the last dimension's children were full uids, now scored
             return
@@ -422,10 +461,13 @@ class BeamSearch:
 
 # --- the directory over a running DHTNode ------------------------------------------------------
 # Expert lookups stop once this many peers returned records for a key. Every host stores its
-# declarations (and tombstones) on the same k closest peers of a key, so two holders almost
+# declarations (and tombstones) on the same closest peers of a key, so two holders almost
 # always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
 # (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
 EXPERT_QUORUM = 2
+# A cold beam search fetches a grid's whole first dimension at once when it has at most this many
+# keys (max_keys_per_request: one FIND_VALUE per peer asked); wider grids fetch what they need.
+GRID_PREFETCH_KEYS = 64
 
 
 async def get_experts(dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0) -> dict[str, list[Declaration]]:
@@ -438,17 +480,36 @@ async def get_experts(dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0
 
 
 async def find_best_experts(
-    dht: DHTNode, prefix: str, grid_scores: Sequence[Sequence[float]], beam_size: int, *, max_age: float = 0.0
+    dht: DHTNode,
+    prefix: str,
+    grid_scores: Sequence[Sequence[float]],
+    beam_size: int,
+    *,
+    max_age: float | None = None,
 ) -> list[ExpertMatch]:
     """Beam search over a grid of experts (Learning@home): the ``beam_size`` best live experts.
 
-    ``max_age`` > 0 reuses this node's grid lookups of the last ``max_age`` seconds: a trainer
-    searching every step trades that much staleness (a host that left may linger that long) for
-    most of the round trips. The default asks the network every time, so a leaver is gone at once.
+    Grid lookups are reused for ``max_age`` seconds (default ``DHTConfig.expert_cache_age``; 0
+    asks the network every time): a trainer searches every step and the grid changes at the
+    pace of heartbeats. Staleness is bounded where it matters: a leaver's tombstones are
+    forwarded to this node by the holders it read from before its withdrawal returns (the
+    cached keys are dropped), a crashed host's declarations expire in the cache as anywhere,
+    and a new host shows up within ``max_age``. On a miss along the first dimension, every
+    uncached first-dimension key of the grid is fetched in the same round when there are at most
+    ``GRID_PREFETCH_KEYS`` of them (one FIND_VALUE per peer): the next searches, whatever their
+    scores, are then answered from the cache.
     """
+    max_age = dht.config.expert_cache_age if max_age is None else max_age
     search = BeamSearch(prefix, grid_scores, beam_size, dht.clock(), dht.config)
+    first = set(search.first_dimension_keys()) if max_age > 0 and len(search.scores[0]) <= GRID_PREFETCH_KEYS else set()
     while keys := search.wanted():
-        found = await dht.get_many([expert_key(k) for k in keys], quorum=EXPERT_QUORUM, max_age=max_age)
+        fetch = [expert_key(k) for k in keys]
+        if first and first.issuperset(keys):
+            now = dht.clock()
+            cold = [key for key in map(expert_key, sorted(first)) if dht.recent_values.get(key, now, max_age) is None]
+            if cold:
+                fetch = list(dict.fromkeys(fetch + cold))
+        found = await dht.get_many(fetch, quorum=EXPERT_QUORUM, max_age=max_age)
         search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
     return search.result()
 
@@ -471,7 +532,7 @@ async def walk_grid(dht: DHTNode, prefix: str, *, depth: int | None = None, limi
             for decl in select_alive(found[expert_key(key)], now, dht.config):
                 for index, uid in decl.children:
                     if uid == f"{key}{index}" and is_valid_uid(uid):
-                        result.setdefault(uid, []).append(decl)  # a leaf at this level
+                        result.setdefault(uid, []).append(decl.for_child(index))  # a leaf at this level
                     elif uid.startswith(f"{key}{index}."):
                         next_level.add(f"{key}{index}.")
         level = sorted(next_level)[: max(0, limit - fetched)]

@@ -9,14 +9,24 @@ Requests (``cm``: the sender is in client mode, never add it to a routing table;
 multiaddrs, binary)::
 
     {op: "ping",       cm, ad}
-    {op: "store",      cm, ad, rs: [record, ...]}
+    {op: "store",      cm, ad, rs: [record, ...], nr: 32-byte target ID}   # nr optional
     {op: "find_node",  cm, ad, tg: 32-byte target ID}
-    {op: "find_value", cm, ad, ks: [key, ...]}
+    {op: "find_value", cm, ad, ks: [key, ...], wt: true}   # wt (optional): watch these keys
+
+``wt``: the requester caches what it finds (``get_many(max_age=...)``, beam search); for
+``watch_age`` seconds the responder forwards it every tombstone it accepts under these keys, in a
+STORE, before it answers the STORE that brought the tombstone (``watch.py``), so a leaver's
+withdrawal reaches the caches before it returns. Peers that predate ``wt`` ignore it.
+
+``nr``: the STORE also answers as a FIND_NODE for that target (its reply's ``ps``), so a store's
+lookup asks the peers it stores on once, not twice. Peers that predate it reply without ``ps``:
+the lookup then learns no contacts from them, as from a peer that knows nobody closer.
 
 Responses::
 
     {op: "pong",   cm}
-    {op: "stored", cm, ok: [code per record]}              # "ok", "stale" or a refusal code
+    {op: "stored", cm, ok: [code per record],              # "ok", "stale" or a refusal code
+                   ps: [contact, ...]}                     # only when the STORE had nr
     {op: "nodes",  cm, ps: [contact, ...]}
     {op: "values", cm, ps: [contact, ...],                 # contacts shared by all keys
                        vs: [[[record, ...], [index into ps, ...]] per key, in request order]}
@@ -58,11 +68,13 @@ class Ping:
 
 @dataclass(frozen=True)
 class Store:
-    """STORE many records in one round trip."""
+    """STORE many records in one round trip; ``near``: a 32-byte target to also answer a
+    FIND_NODE for (the reply's ``closer``)."""
 
     records: tuple[Record, ...]
     client_mode: bool = False
     addrs: tuple[bytes, ...] = ()
+    near: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -76,11 +88,13 @@ class FindNode:
 
 @dataclass(frozen=True)
 class FindValue:
-    """FIND_VALUE of many keys: records and closer contacts for each."""
+    """FIND_VALUE of many keys: records and closer contacts for each; ``watch``: forward me
+    tombstones of these keys for a while (the requester caches the result)."""
 
     keys: tuple[bytes, ...]
     client_mode: bool = False
     addrs: tuple[bytes, ...] = ()
+    watch: bool = False
 
 
 Request = Union[Ping, Store, FindNode, FindValue]
@@ -96,10 +110,11 @@ class Pong:
 
 @dataclass(frozen=True)
 class Stored:
-    """Reply to STORE: one code per record."""
+    """Reply to STORE: one code per record; ``closer``: contacts closest to the STORE's ``near``."""
 
     codes: tuple[str, ...]
     client_mode: bool = False
+    closer: tuple[Contact, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,6 +203,10 @@ def encode_request(request: Request, config: DHTConfig) -> bytes:
     elif isinstance(request, Store):
         msg["op"] = "store"
         msg["rs"] = [record_to_wire(r) for r in request.records]
+        if request.near is not None:
+            if len(request.near) != TARGET_SIZE:
+                raise LocalProtocolError("a STORE's near target must be 32 bytes")
+            msg["nr"] = bytes(request.near)
     elif isinstance(request, FindNode):
         if len(request.target) != TARGET_SIZE:
             raise LocalProtocolError("FIND_NODE target must be 32 bytes")
@@ -196,6 +215,8 @@ def encode_request(request: Request, config: DHTConfig) -> bytes:
     elif isinstance(request, FindValue):
         msg["op"] = "find_value"
         msg["ks"] = list(request.keys)
+        if request.watch:
+            msg["wt"] = True
     else:
         raise LocalProtocolError(f"not a DHT request: {request!r}")
     return _pack(msg, config)
@@ -216,6 +237,8 @@ def encode_response(response: Response, config: DHTConfig) -> bytes:
     elif isinstance(response, Stored):
         msg["op"] = "stored"
         msg["ok"] = list(response.codes)
+        if response.closer:
+            msg["ps"] = [contact_to_wire(c) for c in response.closer]
     elif isinstance(response, Nodes):
         msg["op"] = "nodes"
         msg["ps"] = [contact_to_wire(c) for c in response.peers]
@@ -327,7 +350,20 @@ def _record(value: Any, config: DHTConfig) -> Record:
 def _contact(value: Any, config: DHTConfig) -> Contact:
     if not isinstance(value, list) or len(value) != 2:
         raise _fail("a contact is [peer ID, addrs]")
-    return Contact(_peer(value[0], config), _addrs(value[1], config))
+    data = _bytes(value[0], config.max_peer_id_size, "peer ID")
+    addrs = _addrs(value[1], config)
+    try:
+        return _make_contact(data, addrs)
+    except PeerIDError as exc:
+        raise _fail(f"invalid peer ID: {exc}") from None
+
+
+# The same few dozen contacts come back in every reply (30 a reply, ~240 a store at 32 nodes):
+# building each Contact (its node ID is a sha256) was a third of a concurrent store's client CPU.
+# Contacts are immutable; the inputs are checked against the config's bounds before the cache.
+@functools.lru_cache(maxsize=16384)
+def _make_contact(peer: bytes, addrs: tuple[bytes, ...]) -> Contact:
+    return Contact(_decode_peer(peer), addrs)
 
 
 def decode_request(body: bytes, config: DHTConfig) -> Request:
@@ -340,7 +376,10 @@ def decode_request(body: bytes, config: DHTConfig) -> Request:
         return Ping(client_mode, addrs)
     if op == "store":
         items = _list(_field(msg, "rs", list), config.max_records_per_request, "records")
-        return Store(tuple(_record(r, config) for r in items), client_mode, addrs)
+        near = _field(msg, "nr", bytes, None, required=False)
+        if near is not None and len(near) != TARGET_SIZE:
+            raise _fail("a STORE's near target must be 32 bytes")
+        return Store(tuple(_record(r, config) for r in items), client_mode, addrs, near)
     if op == "find_node":
         target = _field(msg, "tg", bytes)
         if len(target) != TARGET_SIZE:
@@ -350,7 +389,8 @@ def decode_request(body: bytes, config: DHTConfig) -> Request:
         keys = _list(_field(msg, "ks", list), config.max_keys_per_request, "keys")
         if not keys:
             raise _fail("FIND_VALUE without keys")
-        return FindValue(tuple(_bytes(k, config.max_key_size, "key") for k in keys), client_mode, addrs)
+        watch = _field(msg, "wt", bool, False, required=False)
+        return FindValue(tuple(_bytes(k, config.max_key_size, "key") for k in keys), client_mode, addrs, watch)
     raise _fail(f"unknown request op {op[:32]!r}")
 
 
@@ -373,7 +413,8 @@ def decode_response(body: bytes, config: DHTConfig, request: Request | None = No
         codes = _list(_field(msg, "ok", list), config.max_records_per_request, "codes")
         if not all(isinstance(c, str) and len(c) <= 64 for c in codes):
             raise _fail("STORE codes must be short strings")
-        response = Stored(tuple(codes), client_mode)
+        closer = _list(_field(msg, "ps", list, [], required=False), config.max_contacts, "contacts")
+        response = Stored(tuple(codes), client_mode, tuple(_contact(c, config) for c in closer))
     elif op == "nodes":
         peers = _list(_field(msg, "ps", list), config.max_contacts, "contacts")
         response = Nodes(tuple(_contact(c, config) for c in peers), client_mode)

@@ -10,7 +10,8 @@ because expirations cross the wire, ``trio.current_time`` under a MockClock in s
 
 Streams: a requester may send several requests one after another on one stream (each answered
 before the next is sent); idle streams wait in the Host's ``StreamPool`` (``net/pool.py``), so a busy
-trainer pays for stream setup once, not per lookup step. Expert declarations and beam search
+trainer pays for stream setup once, not per lookup step. Writing records is ``storing.py``
+(a base of DHTNode). Expert declarations and beam search
 are in ``declare.py`` (``ExpertDeclarer``) and ``grid.py`` on top of ``get_many`` / ``store_many``.
 """
 
@@ -30,25 +31,24 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import SERVE_IDLE, pool_of
 from ..net.streams import BufferedStream
-from .caches import ClosestPeers, RecentValues, StorePlan, chunks
+from .caches import ClosestPeers, RecentValues, chunks
 from .config import DHTConfig
 from .messages import (
     Nodes,
     Request,
     Response,
-    Stored,
     Values,
     decode_response,
     encode_request,
 )
 from .query import Lookup, ValueLookup
-from .records import OK, STALE, Record, sign
+from .records import Record
 from .routing import Contact, key_id
 from .state import NodeState, source_of
+from .storing import Item, StoreMixin
 
 log = logging.getLogger(__name__)
 
-Item = tuple[bytes, bytes, "bytes | None", float]  # (key, sub-key, value or None, expiration)
 
 _MAX_PINGS = 16  # concurrent maintenance pings (ping-before-evict, liveness checks)
 _MAINTENANCE_PERIOD = 1.0
@@ -58,7 +58,7 @@ _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap re
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
 
 
-class DHTNode:
+class DHTNode(StoreMixin):
     """A running DHT node. Create it with ``open_dht``."""
 
     def __init__(
@@ -122,8 +122,29 @@ class DHTNode:
             self.stats["bytes_in"] += length
             handled = self.state.handle(sender, body, self.clock(), source=source)
             self._ping_soon(handled.ping)
+            for key in handled.invalidated:
+                self.recent_values.forget(key)  # a tombstone reached us: our cached lookup is stale
+            if handled.forward:
+                await self._forward(handled.forward)
             self.stats["bytes_out"] += len(handled.reply)
             await reader.send_all(handled.reply)
+
+    async def _forward(self, forward: Sequence[tuple[Contact, Sequence[Record]]]) -> None:
+        # Tombstones to the readers that cache their keys, before we answer the STORE that brought
+        # them: the leaver's withdraw returns only once caches were told (watch.py). Bounded: a
+        # slow reader costs the leaver watch_forward_timeout, not request_timeout.
+        async def one(contact: Contact, records: Sequence[Record]) -> None:
+            try:
+                await self.request(contact, self.state.store_request(records))
+            except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.debug("forwarding tombstones to %s failed: %s", contact.peer.short(), describe(exc))
+
+        self.stats["forwards"] += len(forward)
+        with trio.move_on_after(self.config.watch_forward_timeout):
+            async with trio.open_nursery() as nursery:
+                for contact, records in forward:
+                    for part in chunks(range(len(records)), self.config.max_records_per_request):
+                        nursery.start_soon(one, contact, [records[i] for i in part])
 
     # --- outbound --------------------------------------------------------------------------------
     async def request(self, contact: Contact, request: Request) -> Response:
@@ -152,9 +173,23 @@ class DHTNode:
         peer = contact.peer
         if contact.addrs and not self.host.is_connected(peer):
             self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
-        async with pool_of(self.host).stream(peer, self.protocol) as lease:
+        # A write cut off mid-frame (opening the stream, or the request) breaks the whole
+        # connection: every stream on it fails and the next request redials. Lookups cancel their
+        # late requests when they finish, so opening and sending run shielded (bounded on their
+        # own) and a cancellation lands on the receive, which only resets this stream. Measured:
+        # 32 concurrent stores broke ~3 connections a batch before.
+        with trio.CancelScope(shield=True) as opening:
+            opening.deadline = trio.current_time() + self.config.request_timeout
+            lease = await pool_of(self.host).lend(peer, self.protocol)
+        if opening.cancelled_caught:
+            raise DHTError(f"no stream to {peer.short()} within {self.config.request_timeout} s")
+        async with lease:
             self.stats["bytes_out"] += len(body)
-            await lease.stream.send_all(body)
+            with trio.CancelScope(shield=True) as sending:
+                sending.deadline = trio.current_time() + self.config.request_timeout
+                await lease.stream.send_all(body)
+            if sending.cancelled_caught:
+                raise DHTError(f"{peer.short()} did not take a request within {self.config.request_timeout} s")
             reply = await lease.stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
             self.stats["bytes_in"] += len(reply)
             return reply
@@ -186,41 +221,60 @@ class DHTNode:
             self._pinging.discard(peer)
 
     # --- lookups ---------------------------------------------------------------------------------
-    async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None) -> list[Contact]:
-        """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int)."""
+    async def find_closest(self, key_or_target: bytes | int, *, count: int | None = None, via=None) -> list[Contact]:
+        """The ``count`` (default k) closest live peers to a key (bytes) or 256-bit ID (int).
+
+        ``via(contact)``: None (send a FIND_NODE) or an awaitable of the closer contacts, for a
+        question asked some other way (``store_many``: a STORE that answers as a FIND_NODE)."""
         target = key_id(key_or_target) if isinstance(key_or_target, bytes) else key_or_target
         lookup = self.state.lookup(target, self.clock(), count=count)
         request = self.state.find_node_request(target)
 
         async def ask(contact: Contact) -> None:
             try:
-                response = await self.request(contact, request)
+                answer = via(contact) if via is not None else None
+                if answer is None:
+                    response = await self.request(contact, request)
+                    assert isinstance(response, Nodes)
+                    answer_peers = response.peers
+                else:
+                    answer_peers = await answer
             except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 lookup.on_failure(contact.peer, self.clock())
             else:
-                assert isinstance(response, Nodes)
-                lookup.on_success(contact.peer, response.peers, self.clock())
+                lookup.on_success(contact.peer, answer_peers, self.clock())
 
         await self._drive([lookup], lambda asked: [(c, ask) for _, contacts in asked for c in contacts])
         return lookup.result()
 
     async def _drive(self, lookups: Sequence[Lookup], dispatch) -> None:
         """Run lookups until all finish. Each round, ``dispatch([(lookup, contacts it asks now)])``
-        returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round."""
+        returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round.
+
+        Requests run in the node's nursery: when the lookups finish, those still out are
+        cancelled, which lands on their receive (``_exchange`` shields opening and sending: a
+        write cut off mid-frame breaks the whole connection), and the lookups return without
+        waiting for a slow dial or send to end."""
         woken = trio.Event()
+        late: set[trio.CancelScope] = set()
         async with trio.open_nursery() as nursery:
+            spawn = self._nursery.start_soon if self._nursery is not None else nursery.start_soon
 
             async def run(ask, contact) -> None:
+                scope = trio.CancelScope()
+                late.add(scope)
                 try:
-                    await ask(contact)
+                    with scope:
+                        await ask(contact)
                 finally:
+                    late.discard(scope)
                     woken.set()
 
             while True:
                 now = self.clock()
                 asked = [(lookup, lookup.next(now)) for lookup in lookups]
                 for contact, ask in dispatch([pair for pair in asked if pair[1]]):
-                    nursery.start_soon(run, ask, contact)
+                    spawn(run, ask, contact)
                 if all(lookup.finished for lookup in lookups):
                     break
                 deadlines = [d for d in (lookup.next_deadline() for lookup in lookups) if d is not None]
@@ -228,7 +282,9 @@ class DHTNode:
                 with trio.move_on_after(wait + 1e-3):
                     await woken.wait()
                 woken = trio.Event()
-            nursery.cancel_scope.cancel()  # late answers no longer change the result
+            for scope in late:
+                scope.cancel()  # late answers no longer change the result
+            nursery.cancel_scope.cancel()
 
     async def get_many(
         self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True, max_age: float = 0.0
@@ -244,10 +300,13 @@ class DHTNode:
         returns is then at most ``max_age`` staler than a fresh lookup, never expired.
 
         All keys are looked up together: a peer that several keys' lookups ask in the same round
-        gets one FIND_VALUE for all of them.
+        gets one FIND_VALUE for all of them. With ``max_age`` > 0 those requests ask the holders
+        to forward us the keys' tombstones for ``watch_age`` (``watch.py``), so a withdrawal drops
+        the cached result at once; ``max_age`` beyond ``watch_age`` loses that guarantee.
         """
         keys = list(dict.fromkeys(bytes(k) for k in keys))
         now = self.clock()
+        generation = self.recent_values.generation
         found: dict[bytes, dict[bytes, Record]] = {}
         if not latest:
             # any live value will do (hivemind's default): keys we hold are answered locally
@@ -273,7 +332,7 @@ class DHTNode:
                 for contact in contacts:
                     by_peer.setdefault(contact.peer, (contact, []))[1].append(lookup.key)
             return [
-                (contact, self._value_asker(wanted[i : i + batch], lookups))
+                (contact, self._value_asker(wanted[i : i + batch], lookups, watch=max_age > 0))
                 for contact, wanted in by_peer.values()
                 for i in range(0, len(wanted), batch)
             ]
@@ -282,11 +341,11 @@ class DHTNode:
         now = self.clock()
         for key, lookup in lookups.items():
             found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
-            self.recent_values.put(key, found[key], now)
+            self.recent_values.put(key, found[key], now, since=generation)
         return found
 
-    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup]):
-        request = self.state.find_value_request(keys)
+    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup], *, watch: bool = False):
+        request = self.state.find_value_request(keys, watch=watch)
 
         async def ask(contact: Contact) -> None:
             try:
@@ -305,80 +364,6 @@ class DHTNode:
     async def get(self, key: bytes, *, quorum: int | None = None, latest: bool = True) -> dict[bytes, Record]:
         """Live records under ``key`` by sub-key (see ``get_many``)."""
         return (await self.get_many([key], quorum=quorum, latest=latest))[bytes(key)]
-
-    # --- storing ---------------------------------------------------------------------------------
-    async def store(
-        self, key: bytes, value: bytes | None, expiration: float, *, subkey: bytes = b"", republish: bool = False
-    ) -> int:
-        """Sign and store one record under our own sub-key (PeerID bytes + ``subkey``); returns how
-        many peers (ourselves included) accepted it. ``value=None`` writes a tombstone."""
-        item = (bytes(key), self.host.peer_id.to_bytes() + bytes(subkey), value, float(expiration))
-        if republish:
-            self._own[item[:2]] = item
-        accepted = await self.store_many([item])
-        return accepted[0]
-
-    async def store_many(
-        self, items: Sequence[Item], *, cached_peers: bool = False, replicas: int | None = None
-    ) -> list[int]:
-        """Sign and store records on the k closest peers of each key (and locally); one STORE per peer
-        carries every record bound for it. Returns, per item, how many copies were accepted.
-
-        With ``cached_peers`` a key's closest peers from a lookup less than ``_PEER_CACHE_AGE`` ago
-        are reused: heartbeats re-declare to the same peers without a lookup each time.
-        ``replicas`` (default k) is how many of the closest peers get each record.
-        """
-        replicas = replicas or self.config.k
-        now = self.clock()
-        plan = StorePlan([sign(self.host.keypair, *item) for item in items])
-        for i, record in enumerate(plan.records):
-            try:
-                if self.state.storage.store(record, now, checked=True):  # signed by us just now
-                    plan.on_accepted([i])
-            except DHTError as exc:
-                log.debug("local store of %r refused: %s", record.key, describe(exc))
-        keys = plan.keys
-        for key in keys:
-            self.recent_values.forget(key)  # our own write (a tombstone on leave) shows at once
-
-        async def send(contact: Contact, indices: list[int]) -> None:
-            for part in chunks(indices, self.config.max_records_per_request):
-                try:
-                    response = await self.request(contact, self.state.store_request(plan.records[i] for i in part))
-                except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    for key in {plan.records[i].key for i in part}:
-                        self.closest_peers.forget(key)  # look again next time
-                    log.debug("STORE to %s failed: %s", contact.peer.short(), describe(exc))
-                    return
-                assert isinstance(response, Stored)
-                plan.on_accepted(i for i, code in zip(part, response.codes) if code in (OK, STALE))
-
-        def deliver(nursery: trio.Nursery, targets: dict[bytes, list[Contact]]) -> None:
-            for contact, indices in plan.deliver(targets):
-                nursery.start_soon(send, contact, indices)
-
-        async def locate(key: bytes, located: dict[bytes, list[Contact]]) -> None:
-            located[key] = await self.find_closest(key, count=replicas)
-            self.closest_peers.put(key, located[key], now)
-
-        async with trio.open_nursery() as nursery:
-            cached = {}
-            if cached_peers:
-                for key in keys:
-                    peers = self.closest_peers.get(key, now)
-                    if peers is not None:
-                        cached[key] = peers
-            deliver(nursery, cached)
-            unknown = [key for key in keys if key not in cached]
-            if unknown:
-                # the closest peers we know now while the lookups run, then the closer ones found
-                deliver(nursery, {key: self.state.table.closest(key_id(key), replicas, now) for key in unknown})
-                located: dict[bytes, list[Contact]] = {}
-                async with trio.open_nursery() as lookups:
-                    for key in unknown:
-                        lookups.start_soon(locate, key, located)
-                deliver(nursery, located)
-        return plan.accepted
 
     # --- joining and upkeep --------------------------------------------------------------------
     async def bootstrap(self, addrs: Sequence[Multiaddr | str] = ()) -> int:
@@ -449,7 +434,7 @@ class DHTNode:
 
     async def _republish(self, now: float) -> None:
         # Re-publication (Kademlia): peers closest to our keys change as volunteers come and go,
-        # so records we published with republish=True are stored again on the current k closest.
+        # so records we published with republish=True are stored again on the current closest peers.
         self._own = {item[:2]: item for item in self._own.values() if item[3] > now}
         if self._own:
             try:

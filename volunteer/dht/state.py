@@ -47,17 +47,22 @@ from .messages import (
 from .query import Lookup, ValueLookup
 from .records import OK, STALE, Record, Source, Storage
 from .routing import Contact, RoutingTable, id_from_bytes, id_to_bytes, key_id
+from .watch import Watchers, forwards
 
 _REPLY_OVERHEAD = 256  # map keys, op, list headers: a generous allowance when budgeting replies
 
 
 @dataclass
 class Handled:
-    """Result of handling one inbound request: bytes to send back, peers to ping, the error if any."""
+    """Result of handling one inbound request: bytes to send back, peers to ping, the error if any;
+    for a STORE, the tombstones to forward to watching readers before replying (``watch.py``) and
+    the keys a tombstone arrived for (our own cached lookups of them are stale now)."""
 
     reply: bytes
     ping: list[PeerID] = field(default_factory=list)
     error: DHTError | None = None
+    forward: list[tuple[Contact, list[Record]]] = field(default_factory=list)
+    invalidated: list[bytes] = field(default_factory=list)
 
 
 def source_of(remote_addr: Multiaddr | None) -> Source:
@@ -117,6 +122,7 @@ class NodeState:
         self.table = RoutingTable(local, self.config)
         self.storage = Storage(self.config)
         self.limits = InboundLimits(self.config)
+        self.watchers = Watchers(self.config)  # readers to tell of tombstones (FIND_VALUE with watch)
         # inbound refusals by reason: rate-limited, store-flood, malformed, too-large, and every
         # STORE code other than ok/stale (signer-share, key-full, bad-signature, ...), per record
         self.rejected: Counter[str] = Counter()
@@ -145,11 +151,17 @@ class NodeState:
             self.rejected["store-flood"] += len(request.records)
             return self._refuse("rate-limited", "too many records stored; slow down")
         response, ping = self.handle_request(sender, request, now, source=source)
-        if isinstance(response, Stored):
+        forward: list[tuple[Contact, list[Record]]] = []
+        invalidated: list[bytes] = []
+        if isinstance(request, Store) and isinstance(response, Stored):
             for code in response.codes:
                 if code not in (OK, STALE):
                     self.rejected[code] += 1
-        return Handled(encode_response(response, self.config), ping)
+            coded = list(zip(request.records, response.codes))
+            # OK and STALE both mean the signature checked out: a real tombstone, new or known
+            invalidated = sorted({r.key for r, code in coded if r.value is None and code in (OK, STALE)})
+            forward = forwards(self.watchers, [r for r, code in coded if code == OK], now, [sender, self.local])
+        return Handled(encode_response(response, self.config), ping, forward=forward, invalidated=invalidated)
 
     def _refuse(self, code: str, message: str) -> Handled:
         reply = encode_response(ErrorReply(code, message), self.config)
@@ -168,12 +180,21 @@ class NodeState:
         if isinstance(request, Ping):
             return Pong(cm), ping
         if isinstance(request, Store):
-            return Stored(tuple(self.storage.store_many(request.records, now, source=source)), cm), ping
+            codes = tuple(self.storage.store_many(request.records, now, source=source))
+            nearest: list[Contact] = []
+            if request.near is not None:  # the STORE is a lookup's question too
+                target = id_from_bytes(request.near)
+                nearest = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)
+            return Stored(codes, cm, tuple(nearest)), ping
         if isinstance(request, FindNode):
             target = id_from_bytes(request.target)
             closer = self.table.closest(target, self.config.reply_contacts, now, exclude=[sender], responsive_only=True)
             return Nodes(tuple(closer), cm), ping
         if isinstance(request, FindValue):
+            if request.watch:
+                reader = Contact(sender, request.addrs)
+                for key in request.keys:
+                    self.watchers.watch(key, reader, now)
             return self._values(sender, request.keys, now), ping
         raise AssertionError(f"unhandled request {request!r}")  # decode_request returns only the above
 
@@ -210,17 +231,19 @@ class NodeState:
         """A PING carrying our mode and addresses."""
         return Ping(self.client_mode, self.addrs)
 
-    def store_request(self, records: Iterable[Record]) -> Store:
-        """A STORE of ``records`` (at most ``max_records_per_request``)."""
-        return Store(tuple(records), self.client_mode, self.addrs)
+    def store_request(self, records: Iterable[Record], *, near: int | None = None) -> Store:
+        """A STORE of ``records`` (at most ``max_records_per_request``); ``near``: also ask for the
+        contacts closest to this 256-bit ID (a store's lookup)."""
+        return Store(tuple(records), self.client_mode, self.addrs, None if near is None else id_to_bytes(near))
 
     def find_node_request(self, target: int) -> FindNode:
         """A FIND_NODE for a 256-bit ID."""
         return FindNode(id_to_bytes(target), self.client_mode, self.addrs)
 
-    def find_value_request(self, keys: Iterable[bytes]) -> FindValue:
-        """A FIND_VALUE for several keys (at most ``max_keys_per_request``)."""
-        return FindValue(tuple(keys), self.client_mode, self.addrs)
+    def find_value_request(self, keys: Iterable[bytes], *, watch: bool = False) -> FindValue:
+        """A FIND_VALUE for several keys (at most ``max_keys_per_request``); ``watch``: we cache the
+        result, so holders forward us the keys' tombstones for a while."""
+        return FindValue(tuple(keys), self.client_mode, self.addrs, watch)
 
     def on_reply(self, contact: Contact, request: Request, response: Response, now: float) -> list[PeerID]:
         """A well-formed reply came from ``contact``; returns peers to ping.
