@@ -21,6 +21,7 @@ from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.autonat import AutoNATServer
+from volunteer.net.resources import ResourceLimits, ResourceManager
 from volunteer.net.service import BaseService, HostAPI, Service
 
 from .limits import RelayLimits
@@ -94,6 +95,7 @@ async def open_relay_node(
     metrics: tuple[str, int] | None = None,
     swarms: Sequence[str] = ("default",),
     bootstrap: Sequence[str | Multiaddr] = (),
+    resources: ResourceLimits | None = None,
 ) -> AsyncIterator[RelayNode]:
     """Run a relay for the duration of the block. The metrics port is bound first: a busy one is
     a ListenError before anything else starts."""
@@ -102,6 +104,8 @@ async def open_relay_node(
     dhts: dict[str, DHTNode] = {}
     # Relays have public addresses: they answer AutoNAT dial-back requests for volunteers.
     services: list[Service] = [hop, AutoNATServer()]
+    if resources is not None:  # config.toml's [limits]; else the Host's defaults
+        services.append(ResourceManager(resources))
     metrics_service = None
     if metrics is not None:
         from volunteer.metrics_http import open_metrics_listener

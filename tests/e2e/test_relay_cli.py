@@ -139,3 +139,21 @@ def test_doctor_against_a_relay(tmp_path):
         proc.wait(timeout=15)
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_relay_takes_resource_limits_from_config(tmp_path):
+    from relay.node import open_relay_node
+    from volunteer.cli.relaycmd import resource_limits
+    from volunteer.net.identity import KeyPair
+    from volunteer.swarmfile import load_limits
+
+    path = tmp_path / "config.toml"
+    path.write_text("[limits]\nsystem_memory = 536870912\naddress_connections = 16\nbackward_window = 600\n")
+    limits = resource_limits(load_limits(path))
+    assert (limits.system_memory, limits.address_connections) == (512 * 1024 * 1024, 16)
+
+    async def main():
+        async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], resources=limits) as node:
+            return node.host.resources.limits
+
+    assert trio.run(main) is limits

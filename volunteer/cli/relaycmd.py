@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 import trio
 
 from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
 from ..net.perf import parse_size
+from ..swarmfile import load_limits
 from .netcmds import add_identity_flag, load_identity
 
 
@@ -62,6 +64,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="other relays or peers of the swarm's DHT (repeatable)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines instead of the live status view")
     add_identity_flag(p)
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="config.toml whose [limits] override the resource manager's bounds (default: the user's)")
     limits = p.add_argument_group("limits")
     limits.add_argument("--reservation-ttl", type=float, default=defaults.reservation_ttl, metavar="SECONDS")
     limits.add_argument("--max-reservations", type=int, default=defaults.max_reservations, metavar="N")
@@ -92,14 +96,25 @@ def run_relay(args: argparse.Namespace) -> int:
     keypair = load_identity(args)
     dashboard = not args.no_dashboard and sys.stdout.isatty()
     swarms = args.swarm or ["default"]
-    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap)
+    resources = resource_limits(load_limits(args.config))
+    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap, resources)
 
 
-async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool, swarms=("default",), bootstrap=()) -> int:
+def resource_limits(overrides: dict):
+    """The resource manager's bounds with config.toml's [limits] applied (the expert server's
+    request budget, also allowed there, means nothing to a relay)."""
+    from ..net.resources import ResourceLimits
+    from ..swarmfile import EXPERT_LIMITS
+
+    return ResourceLimits(**{k: v for k, v in overrides.items() if k not in EXPERT_LIMITS})
+
+
+async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool, swarms=("default",), bootstrap=(),
+                 resources=None) -> int:
     from relay.node import open_relay_node
 
     try:
-        async with open_relay_node(keypair, listen, announce, limits, metrics, swarms, bootstrap) as node:
+        async with open_relay_node(keypair, listen, announce, limits, metrics, swarms, bootstrap, resources) as node:
             print(f"relay {node.host.peer_id}", flush=True)
             for addr in node.host.full_addrs():
                 print(f"listening on {addr}", flush=True)
