@@ -14,7 +14,8 @@ from volunteer.net.identity import PeerID
 from volunteer.net.nat import circuit
 from volunteer.net.nat.circuit import HopMessage, Limit, StopMessage
 from volunteer.net.resources import ResourceManager
-from volunteer.net.service import HostAPI
+from volunteer.net.connection import NetStream
+from volunteer.net.service import BaseService, Handler, HostAPI
 from volunteer.net.streams import BufferedStream
 
 from .limits import RelayLimits
@@ -30,15 +31,15 @@ def _ip_of(addr) -> str:
     return str(addr)
 
 
-class HopService:
-    """Serves `/libp2p/circuit/relay/0.2.0/hop` on a Host within RelayLimits.
+class HopService(BaseService):
+    """Serves `/libp2p/circuit/relay/0.2.0/hop` within RelayLimits, as a Host service:
+    ``open_host(..., services=[HopService(limits)])`` or ``await host.add_service(...)``.
 
     ``wall_clock`` gives UNIX time for the reservation's ``expire`` field on the wire; all
     accounting uses the trio clock (monotonic, MockClock in tests).
     """
 
-    def __init__(self, host: HostAPI, limits: RelayLimits | None = None, wall_clock: Callable[[], float] = time.time) -> None:
-        self.host = host
+    def __init__(self, limits: RelayLimits | None = None, *, wall_clock: Callable[[], float] = time.time) -> None:
         self.limits = limits or RelayLimits()
         self.resources = RelayResources(self.limits)
         self.wall_clock = wall_clock
@@ -47,18 +48,23 @@ class HopService:
 
     @property
     def limit(self) -> Limit:
+        """The circuit limits every reservation and circuit announces."""
         return Limit(duration=int(self.limits.circuit_duration), data=self.limits.circuit_data)
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Install the handler and drop reservations of peers that disconnect."""
-        events = self.host.events.subscribe()
-        self.host.set_handler(circuit.HOP, self.handle)
-        task_status.started()
-        async for event in events:
-            if isinstance(event, PeerDisconnected) and not self.host.connections(event.peer):
-                self.resources.drop_reservation(event.peer)
+    def handlers(self) -> dict[str, Handler]:
+        return {circuit.HOP: self.handle}
 
-    async def handle(self, stream) -> None:
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Drop the reservation of a peer once its last connection to us is gone."""
+        self.host = host
+        with host.events.subscribe(PeerDisconnected) as events:
+            task_status.started()
+            async for event in events:
+                if isinstance(event, PeerDisconnected) and not host.connections(event.peer):
+                    self.resources.drop_reservation(event.peer)
+
+    async def handle(self, stream: NetStream) -> None:
+        """Serve one hop stream: a RESERVE or a CONNECT (then splice the circuit until it ends)."""
         buffered = BufferedStream(stream)
         try:
             message = await circuit.read_message(buffered, HopMessage)

@@ -38,7 +38,8 @@ from .net.identity import KeyPair, PeerID
 from .net.multiaddr import Multiaddr
 from .net.nat.autonat import Reachability
 from .net.nat.manager import NatManager
-from .swarmfile import SwarmSpec
+from .net.resources import ResourceLimits, ResourceManager
+from .swarmfile import EXPERT_LIMITS, SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from .experts import ExpertsConfig
@@ -68,6 +69,8 @@ class VolunteerOptions:
     keypair: KeyPair | None = None  # default: a fresh identity
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     host_config: HostConfig | None = None
+    # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
+    limits: dict = field(default_factory=dict)
     dht_config: DHTConfig | None = None  # default: DHTConfig(swarm_id=spec.id)
     nat: bool = True  # AutoNAT probes and relay reservations
     nat_servers: list[Multiaddr] | None = None  # default: the swarm's entry points
@@ -305,8 +308,9 @@ class VolunteerNode:
 
         if opts.expert_file:
             load_expert_file(opts.expert_file)
+        expert_limits = {k: v for k, v in opts.limits.items() if k in EXPERT_LIMITS}
         config = opts.experts_config or ExpertsConfig(
-            device=self.device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks
+            device=self.device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks, **expert_limits
         )
         expert_class = opts.expert_class
         if opts.place and not self.spec.grids:
@@ -555,7 +559,9 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
         device = check_device(opts.device, opts.max_gpu_memory)
     dht_config = opts.dht_config or DHTConfig(swarm_id=spec.id)
     keypair = opts.keypair or KeyPair.generate()
-    async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig()) as host:
+    resource_limits = {k: v for k, v in opts.limits.items() if k not in EXPERT_LIMITS}
+    services = [ResourceManager(ResourceLimits(**resource_limits))] if resource_limits else []
+    async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig(), services=services) as host:
         node = VolunteerNode(spec, opts, host, device)
         await node._reach_swarm()
         if spec.kind == "hivemind":  # a hivemind 1.1 swarm: its DHT and expert RPCs, not ours

@@ -35,7 +35,7 @@ import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
@@ -45,6 +45,7 @@ from .dht.config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH
 from .dht.grid import DELIMITER, parse_uid
 from .errors import VolunteerError
 from .net.multiaddr import Multiaddr
+from .net.resources import ResourceLimits
 from .paths import config_dir, config_file, identity_path, runtime_dir, state_dir, swarms_dir
 
 
@@ -247,7 +248,14 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
     "testnet": {"pid": int},  # written by `volunteer testnet` only
 }
 
-CONFIG_KEYS: dict = {"join": JOIN_SETTINGS}  # config.toml's tables
+# config.toml's [limits]: the resource manager's bounds (volunteer.net.resources.ResourceLimits,
+# sized for a 24 GiB desktop) and the expert server's request budget, for a machine that wants others
+LIMIT_SETTINGS = {
+    **{f.name: (int, float) for f in fields(ResourceLimits)},
+    "max_request_bytes_per_peer": int, "max_request_bytes_total": int, "backward_window": (int, float),
+}
+EXPERT_LIMITS = ("max_request_bytes_per_peer", "max_request_bytes_total", "backward_window")
+CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS}  # config.toml's tables
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "a list", dict: "a table"}
@@ -386,10 +394,9 @@ def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
     )
 
 
-def load_config(path: str | os.PathLike | None = None) -> dict:
-    """The user's ``config.toml`` (default ``<config dir>/config.toml``; missing is fine):
-    defaults for ``volunteer join`` under ``[join]``, e.g. ``device = "cuda:0"``. Flags and the
-    swarm file's ``[experts]`` win over it."""
+def read_config(path: str | os.PathLike | None = None) -> dict:
+    """The user's whole ``config.toml`` (default ``<config dir>/config.toml``; missing is fine),
+    validated: ``[join]`` (defaults for ``volunteer join``) and ``[limits]`` (resource bounds)."""
     explicit = path is not None
     path = Path(path) if explicit else config_file()
     if not path.is_file():
@@ -398,7 +405,19 @@ def load_config(path: str | os.PathLike | None = None) -> dict:
         return {}
     data = _read_toml(path, "config file")
     validate_table(data, CONFIG_KEYS, where=f"config file {path}")
-    return dict(data.get("join", {}))
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None) -> dict:
+    """Defaults for ``volunteer join`` from config.toml's ``[join]``, e.g. ``device = "cuda:0"``.
+    Flags and the swarm file's ``[experts]`` win over it."""
+    return dict(read_config(path).get("join", {}))
+
+
+def load_limits(path: str | os.PathLike | None = None) -> dict:
+    """Overrides of the default bounds from config.toml's ``[limits]`` (e.g. ``peer_memory =
+    268435456``): ResourceLimits fields and the expert server's request budget."""
+    return dict(read_config(path).get("limits", {}))
 
 
 _RANGE = re.compile(r"^\[(\d+):(\d+)\]$")
@@ -445,6 +464,7 @@ __all__ = [
     "MAX_GRID_EXPERTS",
     "CONFIG_KEYS",
     "JOIN_SETTINGS",
+    "LIMIT_SETTINGS",
     "SWARM_KEYS",
     "SwarmFileError",
     "SwarmSpec",
@@ -454,6 +474,8 @@ __all__ = [
     "config_dir",
     "identity_path",
     "load_config",
+    "load_limits",
+    "read_config",
     "load_swarm_file",
     "parse_experts_spec",
     "resolve_swarm",

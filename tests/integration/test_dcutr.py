@@ -27,8 +27,8 @@ async def test_relayed_connection_upgrades_to_direct():
         async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_host(
             listen=["/ip4/127.0.0.1/tcp/0"]
         ) as a, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as b, trio.open_nursery() as nursery:
-            service = HopService(relay)
-            await nursery.start(service.run)
+            service = HopService()
+            await relay.add_service(service)
             b.set_handler(ECHO, echo)
             reservation = await reserve(b, relay.full_addrs()[0])
             await a.connect(relay.full_addrs()[0])

@@ -52,8 +52,8 @@ async def test_circuit_flood_is_bounded_by_the_sources_budget():
     ) as target, open_host(transports=transports()) as attacker, open_host(
         transports=transports()
     ) as honest, trio.open_nursery() as nursery:
-        service = HopService(relay, RelayLimits(max_circuits_per_peer=64))
-        await nursery.start(service.run)
+        service = HopService(RelayLimits(max_circuits_per_peer=64))
+        await relay.add_service(service)
         target.set_handler(ECHO, echo)
         await reserve(target, relay.full_addrs()[0])
         circuit_addr = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{target.peer_id}")
@@ -87,8 +87,8 @@ async def test_reservation_flood_is_rate_limited_per_peer():
     async with open_host(listen=["/memory/0"], transports=transports()) as relay, open_host(
         transports=transports()
     ) as attacker, open_host(transports=transports()) as honest, trio.open_nursery() as nursery:
-        service = HopService(relay, RelayLimits(reserve_rate_per_peer=10))
-        await nursery.start(service.run)
+        service = HopService(RelayLimits(reserve_rate_per_peer=10))
+        await relay.add_service(service)
         granted = refused = 0
         for _ in range(50):  # bounded
             try:

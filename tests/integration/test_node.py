@@ -103,3 +103,30 @@ async def test_unknown_expert_class_is_one_join_error():
             raise AssertionError("started with experts it cannot build")
     [error] = leaves(caught.value)
     assert isinstance(error, JoinError) and "cannot build experts" in str(error)
+
+
+async def test_config_limits_reach_the_resource_manager_and_the_expert_server(tmp_path):
+    from volunteer.swarmfile import load_limits
+
+    path = tmp_path / "config.toml"
+    path.write_text("[limits]\npeer_memory = 33554432\naddress_pending_handshakes = 4\n"
+                    "max_request_bytes_per_peer = 268435456\nbackward_window = 600\n")
+    limits = load_limits(path)
+    chosen = options(experts_config=None, device="cpu", expert_class="ffn", uids=UIDS, hidden_dim=8, limits=limits)
+    async with open_volunteer(spec(), chosen) as node:
+        assert node.host.resources.limits.peer_memory == 32 * 1024 * 1024
+        assert node.host.resources.limits.address_pending_handshakes == 4
+        assert node.server.config.max_request_bytes_per_peer == 256 * 1024 * 1024
+        assert node.server.config.backward_window == 600
+
+
+def test_config_limits_are_validated_like_every_setting(tmp_path):
+    from volunteer.swarmfile import SwarmFileError, load_limits
+
+    path = tmp_path / "config.toml"
+    path.write_text("[limits]\npeer_memroy = 1\n")
+    with pytest.raises(SwarmFileError, match=r"unknown setting limits.peer_memroy \(did you mean limits.peer_memory\?"):
+        load_limits(path)
+    path.write_text('[limits]\npeer_memory = "lots"\n')
+    with pytest.raises(SwarmFileError, match="limits.peer_memory has the wrong type"):
+        load_limits(path)

@@ -47,8 +47,8 @@ async def test_reserve_and_connect_through_relay():
         async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
             transports=[MemoryTransport(network)]
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
-            service = HopService(relay)
-            await nursery.start(service.run)
+            service = HopService()
+            await relay.add_service(service)
             a.set_handler(ECHO, echo)
             reservation = await reserve(a, relay.full_addrs()[0])
             assert reservation.relay == relay.peer_id and reservation.ttl > 3000
@@ -73,8 +73,8 @@ async def test_refusals_use_spec_codes():
         async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
             transports=[MemoryTransport(network)]
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
-            service = HopService(relay, limits)
-            await nursery.start(service.run)
+            service = HopService(limits)
+            await relay.add_service(service)
             # No reservation for B yet: NO_RESERVATION.
             target = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{b.peer_id}")
             with pytest.raises(DialError, match="NO_RESERVATION"):
@@ -104,8 +104,8 @@ async def test_circuit_data_limit_resets_both_sides():
         async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
             transports=[MemoryTransport(network)]
         ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
-            service = HopService(relay, limits)
-            await nursery.start(service.run)
+            service = HopService(limits)
+            await relay.add_service(service)
             a.set_handler(ECHO, echo)
             await reserve(a, relay.full_addrs()[0])
             target = relay.full_addrs()[0].encapsulate(f"/p2p-circuit/p2p/{a.peer_id}")
@@ -132,11 +132,11 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
             transports=[MemoryTransport(network)]
         ) as b, trio.open_nursery() as outer:
             a.set_handler(ECHO, echo)
-            relay_cm = open_host(relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)])
-            relay = await relay_cm.__aenter__()
-            relay_nursery_cm = trio.open_nursery()
-            relay_nursery = await relay_nursery_cm.__aenter__()
-            await relay_nursery.start(HopService(relay, RelayLimits(reservation_ttl=120)).run)
+            relay_cm = open_host(
+                relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)],
+                services=[HopService(RelayLimits(reservation_ttl=120))],
+            )
+            await relay_cm.__aenter__()
             relay_addr = Multiaddr(f"/memory/4242/p2p/{relay_key.peer_id}")
             manager = ReservationManager([relay_addr], want=1, max_backoff=2.0)
             await a.add_service(manager)
@@ -149,19 +149,14 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
             await trio.sleep(100)
             assert manager.reservations and manager.reservations[0] is not first
             # The relay goes away and comes back on the same address with the same identity.
-            relay_nursery.cancel_scope.cancel()
-            await relay_nursery_cm.__aexit__(None, None, None)
             await relay_cm.__aexit__(None, None, None)
             while manager.reservations:
                 await trio.sleep(0.1)
-            relay_cm = open_host(relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)])
-            relay = await relay_cm.__aenter__()
-            async with trio.open_nursery() as relay_nursery:
-                await relay_nursery.start(HopService(relay).run)
+            async with open_host(
+                relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)], services=[HopService()]
+            ):
                 while not manager.reservations:
                     await trio.sleep(0.5)
                 stream = await b.new_stream(circuit_addr.encapsulate(f"/p2p/{a.peer_id}"), [ECHO])
                 assert await roundtrip(stream, b"back again") == b"back again"
-                relay_nursery.cancel_scope.cancel()
-            await relay_cm.__aexit__(None, None, None)
             outer.cancel_scope.cancel()

@@ -14,7 +14,7 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
-from ..swarmfile import identity_path, load_config, parse_experts_spec, resolve_swarm, state_dir, swarms_dir
+from ..swarmfile import identity_path, load_config, load_limits, parse_experts_spec, resolve_swarm, state_dir, swarms_dir
 from .control import ControlError, default_control_path, request
 
 JOIN_EXAMPLES = """\
@@ -175,6 +175,7 @@ def build_options(args: argparse.Namespace):
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
         place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
         max_experts=max_experts,
+        limits=load_limits(args.config),
         replicas_config=replicas_config,
     )
     return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir())

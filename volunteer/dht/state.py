@@ -13,7 +13,6 @@ free to mint, addresses are not. Refusals are counted by reason in ``rejected``.
 
 from __future__ import annotations
 
-import ipaddress
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable
@@ -24,6 +23,7 @@ from ..errors import DHTError, DHTMessageError, DHTRemoteError
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.ratelimit import RateLimiter
+from ..net.resources import address_key
 from .config import DHTConfig
 from .messages import (
     ErrorReply,
@@ -75,13 +75,9 @@ def source_of(remote_addr: Multiaddr | None) -> Source:
         relay_addr, _ = relayed
         relay = relay_addr.peer_id
         return ("relay", str(relay) if relay is not None else str(relay_addr))
-    ip4 = remote_addr.value_for("ip4")
-    if ip4 is not None:
-        return ("ip4", ip4)
-    ip6 = remote_addr.value_for("ip6")
-    if ip6 is not None:
-        return ("ip6", str(ipaddress.IPv6Network(f"{ip6}/64", strict=False).network_address))
-    return ("addr", str(remote_addr))
+    # the same buckets as the resource manager's address scopes
+    kind = next((k for k in ("ip4", "ip6") if remote_addr.value_for(k) is not None), "addr")
+    return (kind, address_key(remote_addr))
 
 
 class InboundLimits:

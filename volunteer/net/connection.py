@@ -17,7 +17,7 @@ import trio
 from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
-from .multistream import lazy_outbound, select_inbound, select_outbound
+from .multistream import LazyStream, lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
 from .streams import BufferedStream, reset_quietly
 from .transport.base import RawConnection
@@ -47,7 +47,7 @@ _connection_ids = itertools.count(1)
 class NetStream(trio.abc.HalfCloseableStream):
     """A negotiated stream: a yamux stream that knows its protocol and connection."""
 
-    def __init__(self, inner: trio.abc.HalfCloseableStream, protocol: str, connection: "Connection") -> None:
+    def __init__(self, inner: BufferedStream | LazyStream, protocol: str, connection: "Connection") -> None:
         self._inner = inner
         self.protocol = protocol
         self.connection = connection
@@ -63,7 +63,7 @@ class NetStream(trio.abc.HalfCloseableStream):
     async def wait_send_all_might_not_block(self) -> None:
         await self._inner.wait_send_all_might_not_block()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self._inner.receive_some(max_bytes)
         self.connection.bytes_received += len(data)
         return data

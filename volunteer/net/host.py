@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ..errors import (
     describe,
 )
 from . import limits
+from .addresses import advertised, shareable
 from .connection import Connection, Direction, NetStream, Path, negotiate_muxer, upgrade
 from .events import (
     DirectConnectionUp,
@@ -45,6 +45,7 @@ from .events import (
 )
 from .identify import Identify, IdentifyInfo
 from .identity import KeyPair, PeerID
+from .dialing import dial_staggered
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
 from .perf import PerfLimits, PerfServer
@@ -122,29 +123,15 @@ class Host:
     # --- addresses ------------------------------------------------------------------------------
     @property
     def addrs(self) -> list[Multiaddr]:
-        """Addresses we advertise (without /p2p): announce list, or listen addresses made concrete."""
-        if self.config.announce:
-            base = list(self.config.announce)
-        else:
-            base = []
-            for addr in self.listen_addrs:
-                for concrete in _expand_unspecified(addr):
-                    if concrete not in base:
-                        base.append(concrete)
-        extras: list[Multiaddr] = []
-        for service in self._services:
-            extras.extend(service.advertised_addrs())
-        for extra in extras:
-            if extra not in base:
-                base.append(extra)
-        return base
+        """Addresses we advertise (without /p2p): announce list, or listen addresses made concrete,
+        then what services add (relay circuits)."""
+        extras = [addr for service in self._services for addr in service.advertised_addrs()]
+        return advertised(self.config.announce, self.listen_addrs, extras)
 
     def shareable_addrs(self) -> list[Multiaddr]:
         """Advertised addresses worth giving to other machines: loopback ones are dropped when
         there is anything else (a peer dialing our 127.0.0.1 would reach itself)."""
-        addrs = self.addrs
-        outside = [a for a in addrs if not _is_loopback(a)]
-        return outside or addrs
+        return shareable(self.addrs)
 
     def full_addrs(self) -> list[Multiaddr]:
         """Advertised addresses with our /p2p/ID appended: what to give to someone who wants to dial us."""
@@ -155,9 +142,11 @@ class Host:
         addr = Multiaddr(addr)
         transport = self._transport_for(addr, listening=True)
         try:
-            bound = await self._nursery.start(transport.listen, addr, self.handle_inbound)
+            bound = await self._running_nursery().start(transport.listen, addr, self.handle_inbound)
         except* OSError as group:
-            exc = group.exceptions[0]
+            exc: OSError | BaseExceptionGroup[OSError] = group.exceptions[0]
+            while isinstance(exc, BaseExceptionGroup):  # a transport may nest its own group
+                exc = exc.exceptions[0]
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise ListenError(f"cannot listen on {addr}: {reason}") from None
         self.listen_addrs.extend(bound)
@@ -232,37 +221,7 @@ class Host:
             done.set()
 
     async def _dial_staggered(self, peer: PeerID, addrs: list[Multiaddr]) -> Connection:
-        """Dial all addresses, each a little after the previous one ("happy eyeballs"): a peer
-        behind NAT advertises LAN addresses that never answer, and waiting for each to time out
-        would delay the relay for tens of seconds. Direct addresses go first, relayed ones after."""
-        # Relayed addresses are advertised as ``…/p2p/RELAY/p2p-circuit``: the target is implied.
-        addrs = [a.encapsulate(f"/p2p/{peer}") if a.is_relayed() and a.relay_parts()[1] is None else a for a in addrs]
-        ordered = sorted(dict.fromkeys(addrs), key=lambda a: a.is_relayed())[: limits.MAX_DIAL_ADDRS]
-        causes: dict[str, BaseException] = {}
-        winners: list[Connection] = []
-        async with trio.open_nursery() as nursery:
-            go_on = [trio.Event() for _ in ordered]  # set when an attempt fails: the next need not wait
-
-            async def attempt(index: int, addr: Multiaddr) -> None:
-                if index:
-                    delay = limits.DIAL_STAGGER + (limits.RELAY_DIAL_DELAY if addr.is_relayed() else 0.0)
-                    with trio.move_on_after(delay):
-                        await go_on[index - 1].wait()
-                try:
-                    conn = await self._dial_addr(addr, peer)
-                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                    causes[str(addr)] = exc
-                    log.debug("dial %s via %s failed: %s", peer.short(), addr, describe(exc))
-                    go_on[index].set()
-                    return
-                winners.append(conn)
-                nursery.cancel_scope.cancel()
-
-            for index, addr in enumerate(ordered):
-                nursery.start_soon(attempt, index, addr)
-        if winners:
-            return min(winners, key=lambda c: c.path is Path.RELAYED)
-        raise DialError(f"could not reach {peer}", causes)
+        return await dial_staggered(self._dial_addr, peer, addrs)
 
     async def _dial_addr(self, addr: Multiaddr, peer: PeerID | None) -> Connection:
         return await self.dial_addr(addr, peer)
@@ -297,7 +256,7 @@ class Host:
             raw.path = path
         expected = peer if role is Direction.OUTBOUND else None
         try:
-            conn = await self._nursery.start(self._run_connection, raw, role, expected)
+            conn = await self._running_nursery().start(self._run_connection, raw, role, expected)
         except BaseException:
             await trio.aclose_forcefully(raw.stream)  # cancelled before the connection task owned it
             raise
@@ -370,7 +329,9 @@ class Host:
                 secure, needs_muxer_negotiation = await upgrade(
                     raw, self.keypair, direction, expected_peer, first_message_timeout=first_message_timeout
                 )
-                muxed_stream = secure
+                # the secure channel itself, or a BufferedStream over it that kept what the
+                # muxer negotiation read past its last message
+                muxed_stream: trio.abc.Stream = secure
                 if needs_muxer_negotiation:
                     muxed_stream = await negotiate_muxer(secure, direction)
         except trio.TooSlowError:
@@ -479,6 +440,12 @@ class Host:
         return Pinger(await self.new_stream(target, [PING]))
 
     # --- services and tasks ----------------------------------------------------------------------
+    def _running_nursery(self) -> trio.Nursery:
+        """The nursery ``open_host`` gave us; RuntimeError when the Host was built without one."""
+        if self._nursery is None:
+            raise RuntimeError("the host is not running (open it with open_host)")
+        return self._nursery
+
     def start_soon(self, async_fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
         """Run ``async_fn(*args)`` in the Host's nursery: it lives until it returns or the Host closes.
         Raises RuntimeError when the Host is not running (closing, or not yet opened)."""
@@ -590,34 +557,3 @@ def _install_resource_manager(services: list[Service], config: HostConfig) -> Re
 
 async def _run_service(service: Service, host: Host, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
     await service.run(host, task_status=task_status)
-
-
-def _is_loopback(addr: Multiaddr) -> bool:
-    components = addr.components
-    return bool(components) and components[0][0] in ("ip4", "ip6") and (
-        components[0][1].startswith("127.") or components[0][1] == "::1"
-    )
-
-
-def _expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
-    """Replace 0.0.0.0 / :: with this machine's addresses (loopback and the hostname's)."""
-    components = addr.components
-    if not components or components[0][1] not in ("0.0.0.0", "::"):
-        return [addr]
-    family = socket.AF_INET if components[0][0] == "ip4" else socket.AF_INET6
-    loopback = "127.0.0.1" if family == socket.AF_INET else "::1"
-    hosts = [loopback]
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, family, socket.SOCK_STREAM):
-            ip = info[4][0]
-            if ip not in hosts:
-                hosts.append(ip)
-    except OSError:
-        pass
-    rest = str(addr)[len(f"/{components[0][0]}/{components[0][1]}") :]
-    return [Multiaddr(f"/{components[0][0]}/{ip}{rest}") for ip in hosts]
-
-
-
-
-__all__ = ["AGENT_VERSION", "Handler", "Host", "HostConfig", "HostEvent", "open_host"]

@@ -26,7 +26,7 @@ from ..errors import KeyFileError, PeerIDError, RemoteProtocolError
 from .limits import MAX_PEER_ID_BYTES, MAX_PUBLIC_KEY_BYTES
 from .pb import keys_pb2
 from .pb.decode import parse
-from .varint import decode_uvarint, encode_uvarint
+from .varint import decode_uvarint, decode_uvarint_exact, encode_uvarint
 
 RSA, ED25519, SECP256K1, ECDSA = 0, 1, 2, 3
 KEY_TYPE_NAMES = {RSA: "RSA", ED25519: "Ed25519", SECP256K1: "Secp256k1", ECDSA: "ECDSA"}
@@ -244,7 +244,7 @@ class PeerID:
         """The public key inlined in an identity-multihash peer ID (Ed25519), else None."""
         if self._bytes[0] != IDENTITY_MULTIHASH:
             return None
-        _length, pos = decode_uvarint(self._bytes, 1)
+        _length, pos = decode_uvarint_exact(self._bytes, 1)
         return PublicKey.from_protobuf(self._bytes[pos:])
 
     def matches(self, key: PublicKey) -> bool:

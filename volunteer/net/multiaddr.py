@@ -113,6 +113,8 @@ class Multiaddr:
     """An immutable multiaddr; equality and hashing by the binary form."""
 
     __slots__ = ("_bytes", "_components")
+    _bytes: bytes
+    _components: tuple[tuple[str, str | None], ...]  # (protocol name, value as text or None)
 
     def __init__(self, addr: "str | bytes | Multiaddr") -> None:
         if isinstance(addr, Multiaddr):
@@ -141,6 +143,17 @@ class Multiaddr:
 
     def protocols(self) -> list[str]:
         return [name for name, _ in self._components]
+
+    def value_at(self, index: int) -> str:
+        """The value of component ``index`` (/ip4's address, /tcp's port...).
+
+        MultiaddrError for a protocol that carries no value (/p2p-circuit): callers ask this of
+        components whose protocol they have checked, so that is a bug, said plainly.
+        """
+        name, value = self._components[index]
+        if value is None:
+            raise MultiaddrError(f"/{name} carries no value")
+        return value
 
     def value_for(self, name: str) -> str | None:
         for proto, value in self._components:
@@ -173,7 +186,7 @@ class Multiaddr:
         from .identity import PeerID
 
         for name, value in reversed(self._components):
-            if name == "p2p":
+            if name == "p2p" and value is not None:  # the parser gives every /p2p a value
                 return PeerID.from_string(value)
         return None
 
@@ -198,7 +211,7 @@ class Multiaddr:
             if self._components[index][0] == "p2p-circuit":
                 relay = Multiaddr._from_components(self._components[:index])
                 rest = self._components[index + 1 :]
-                target = PeerID.from_string(rest[0][1]) if rest and rest[0][0] == "p2p" else None
+                target = PeerID.from_string(rest[0][1]) if rest and rest[0][0] == "p2p" and rest[0][1] else None
                 return relay, target
         return None
 
@@ -227,7 +240,7 @@ def _format(components: tuple[tuple[str, str | None], ...]) -> str:
     return "".join(parts)
 
 
-def _parse_text(text: str) -> tuple[bytes, tuple]:
+def _parse_text(text: str) -> tuple[bytes, tuple[tuple[str, str | None], ...]]:
     if len(text) > 4 * MAX_MULTIADDR_BYTES:
         raise MultiaddrError("multiaddr text too long")
     if not text.startswith("/"):
@@ -260,10 +273,10 @@ def _parse_text(text: str) -> tuple[bytes, tuple]:
     return _parse_bytes(data)
 
 
-def _parse_bytes(data: bytes) -> tuple[bytes, tuple]:
+def _parse_bytes(data: bytes) -> tuple[bytes, tuple[tuple[str, str | None], ...]]:
     if len(data) > MAX_MULTIADDR_BYTES:
         raise MultiaddrError(f"multiaddr of {len(data)} bytes exceeds {MAX_MULTIADDR_BYTES}")
-    components = []
+    components: list[tuple[str, str | None]] = []
     pos = 0
     try:
         while pos < len(data):

@@ -14,7 +14,7 @@ import trio
 
 from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
 from .limits import MAX_MULTISTREAM_MESSAGE, MAX_MULTISTREAM_ROUNDS
-from .streams import BufferedStream, forwarded
+from .streams import BufferedStream, check_max_bytes, forwarded
 from .varint import decode_uvarint, encode_uvarint
 
 PROTOCOL_ID = "/multistream/1.0.0"
@@ -59,8 +59,9 @@ async def read_message(stream: BufferedStream, *, exact: bool = False) -> str:
     if length > MAX_MULTISTREAM_MESSAGE:
         raise RemoteProtocolError(f"multistream message of {length} bytes exceeds {MAX_MULTISTREAM_MESSAGE}")
     body = await stream.receive_exactly(length, "multistream message", exact=exact)
-    text, _ = decode_message(encode_uvarint(length) + body)
-    return text
+    decoded = decode_message(encode_uvarint(length) + body)
+    assert decoded is not None  # the whole message is in hand, so it cannot be incomplete
+    return decoded[0]
 
 
 async def _expect_header(stream: BufferedStream, *, exact: bool = False) -> None:
@@ -134,6 +135,7 @@ class LazyStream(trio.abc.HalfCloseableStream):
 
     async def _flush_request(self, data: bytes | bytearray | memoryview = b"") -> None:
         request, self._pending_request = self._pending_request, None
+        assert request is not None  # callers flush only while a request is pending
         await self._stream.send_all(request + bytes(data) if len(data) < 65536 else request)
         if len(data) >= 65536:
             await self._stream.send_all(data)
@@ -161,7 +163,9 @@ class LazyStream(trio.abc.HalfCloseableStream):
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The wrapped stream's bytes, after checking the listener's echo of the protocol."""
+        check_max_bytes(max_bytes)
         if not self._confirmed:
             await self._confirm()
         return await self._stream.receive_some(max_bytes)

@@ -86,7 +86,7 @@ class StreamPool(BaseService):
         now = trio.current_time()
         while streams:
             stream, since = streams.pop()
-            if now - since < self.idle and not stream.stream.connection.is_closed:
+            if now - since < self.idle and not stream.connection.is_closed:
                 return stream
             self._close_soon(stream)
         return None

@@ -29,7 +29,7 @@ import trio
 
 from . import limits
 from .ratelimit import RateLimiter
-from .service import BaseService
+from .service import BaseService, HostAPI
 
 if TYPE_CHECKING:
     from .multiaddr import Multiaddr
@@ -112,14 +112,19 @@ def address_key(addr: "Multiaddr | str") -> str:
     addr = Multiaddr(addr) if isinstance(addr, str) else addr
     components = addr.components
     if components and components[0][0] == "ip4":
-        return components[0][1]
+        return addr.value_at(0)
     if components and components[0][0] == "ip6":
         try:
-            network = ipaddress.IPv6Network(f"{components[0][1]}/64", strict=False)
+            network = ipaddress.IPv6Network(f"{addr.value_at(0)}/64", strict=False)
         except ValueError:
-            return components[0][1]
+            return addr.value_at(0)
         return str(network)
     return str(addr)
+
+
+# A scope's key in the manager's table: its kind first ("address", "peer", "protocol",
+# "peer-protocol"), then what names it (an address bucket, a peer ID, a protocol).
+ScopeKey = tuple[object, ...]
 
 
 class Scope:
@@ -134,7 +139,7 @@ class Scope:
         name: str,
         scope_limits: dict[str, int],
         parents: tuple["Scope", ...] = (),
-        key: object = None,
+        key: ScopeKey | None = None,
     ) -> None:
         self.manager = manager
         self.kind = kind
@@ -312,7 +317,7 @@ class ResourceManager(BaseService):
             CONNECTIONS: lim.system_connections,
             HANDSHAKES: lim.system_pending_handshakes,
         })
-        self._scopes: dict[object, Scope] = {}
+        self._scopes: dict[ScopeKey, Scope] = {}
         self._refusals: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         # One WARNING line per reason per interval: a flood must not turn into a log flood.
         self._warn_gate = RateLimiter(rate=1.0 / lim.warn_interval, burst=1, max_keys=256)
@@ -414,13 +419,13 @@ class ResourceManager(BaseService):
             STREAMS_INBOUND: self.limits.peer_protocol_streams_inbound,
         }, ())
 
-    def _get(self, key: object, kind: str, name: str, scope_limits: dict[str, int], parents: tuple[Scope, ...]) -> Scope:
+    def _get(self, key: ScopeKey, kind: str, name: str, scope_limits: dict[str, int], parents: tuple[Scope, ...]) -> Scope:
         scope = self._scopes.get(key)
         if scope is None:
             scope = self._scopes[key] = Scope(self, kind, name, scope_limits, parents, key=key)
         return scope
 
-    def _forget(self, key: object, scope: Scope) -> None:
+    def _forget(self, key: ScopeKey, scope: Scope) -> None:
         if self._scopes.get(key) is scope:
             del self._scopes[key]
             for parent in scope.parents:
@@ -429,7 +434,7 @@ class ResourceManager(BaseService):
             scope._chain = None
 
     # --- service -----------------------------------------------------------------------------
-    async def run(self, host, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Nothing runs: the Host calls the manager synchronously. Kept for the Service interface."""
         self.host = host
         task_status.started()

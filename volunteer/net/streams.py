@@ -7,6 +7,9 @@ leftover is handed to whoever reads next (the next protocol on the same stream).
 
 from __future__ import annotations
 
+import operator
+from typing import Protocol, cast
+
 import trio
 
 from ..errors import RemoteProtocolError
@@ -23,6 +26,22 @@ def forwarded(name: str, attribute: str = "stream") -> property:
     return property(get, doc=f"The wrapped stream's ``{name}``.")
 
 
+def check_max_bytes(max_bytes: int | None) -> None:
+    """trio's ``receive_some`` contract: ``max_bytes`` is None or an int >= 1 (TypeError for
+    another type, ValueError for < 1), checked before anything blocks."""
+    if max_bytes is None:
+        return
+    if operator.index(max_bytes) < 1:
+        raise ValueError("max_bytes must be >= 1")
+
+
+class Resettable(Protocol):
+    """A stream that can be aborted in both directions (a yamux stream, or a wrapper of one)."""
+
+    async def reset(self) -> None:
+        """Abort the stream in both directions (yamux RST)."""
+
+
 class BufferedStream(trio.abc.HalfCloseableStream):
     """A trio stream with a read buffer: ``receive_exactly``, ``receive_uvarint``, length-prefixed reads."""
 
@@ -31,7 +50,9 @@ class BufferedStream(trio.abc.HalfCloseableStream):
         self._buffer = bytearray(initial)
 
     # --- reading ---------------------------------------------------------------------------
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        """The buffered bytes first (at most ``max_bytes``), then the wrapped stream's."""
+        check_max_bytes(max_bytes)
         if self._buffer:
             if max_bytes is None or max_bytes >= len(self._buffer):
                 data = bytes(self._buffer)
@@ -116,8 +137,12 @@ class BufferedStream(trio.abc.HalfCloseableStream):
 
     # --- the wrapped stream's extras, forwarded by name (no catch-all: a typo is an AttributeError) ---
     async def reset(self) -> None:
-        """Abort the wrapped stream in both directions (yamux RST)."""
-        await self.stream.reset()
+        """Abort the wrapped stream in both directions (yamux RST).
+
+        Only a muxed stream can abort; wrapping a bare transport and resetting it is a bug that
+        the AttributeError names.
+        """
+        await cast(Resettable, self.stream).reset()
 
     protocol = forwarded("protocol")
     connection = forwarded("connection")

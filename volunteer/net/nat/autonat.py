@@ -21,7 +21,7 @@ from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
-from ..pb import autonat_pb2
+from ..pb.autonat_pb2 import Message  # generated: mypy sees it as Any (pyproject's override)
 from ..pb.decode import parse
 from ..ratelimit import RateLimiter
 from ..service import BaseService, Handler, HostAPI
@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 AUTONAT = "/libp2p/autonat/1.0.0"
 MAX_DIAL_ADDRS = limits.AUTONAT_MAX_DIAL_ADDRS
-Message = autonat_pb2.Message
 OK, E_DIAL_ERROR, E_DIAL_REFUSED, E_BAD_REQUEST = (
     Message.OK, Message.E_DIAL_ERROR, Message.E_DIAL_REFUSED, Message.E_BAD_REQUEST,
 )
@@ -91,9 +90,15 @@ def _ip(addr: Multiaddr) -> str | None:
     return addr.value_for("ip4") or addr.value_for("ip6")
 
 
-def dialable_addrs(requested: list[Multiaddr], observed_ip: str) -> list[Multiaddr]:
-    """The spec's safety filter: direct TCP addresses on the requester's own observed IP."""
-    out = []
+def dialable_addrs(requested: list[Multiaddr], observed_ip: str | None) -> list[Multiaddr]:
+    """The spec's safety filter: direct TCP addresses on the requester's own observed IP.
+
+    A requester we see without an IP (over a relay, or the memory transport) gets nothing
+    dialled: otherwise its /dns addresses, which have no IP either, would pass as "its own".
+    """
+    if observed_ip is None:
+        return []
+    out: list[Multiaddr] = []
     for addr in requested:
         names = addr.without_peer_id().protocols()
         if addr.is_relayed() or len(names) != 2 or names[1] != "tcp" or _ip(addr) != observed_ip:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeGuard
 
 import trio
 
@@ -200,7 +201,7 @@ class HolePuncher(BaseService):
         return winner[0] if winner else None
 
 
-def _is_direct(conn: Connection | None) -> bool:
+def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:
     return conn is not None and conn.path is not Path.RELAYED
 
 

@@ -45,7 +45,7 @@ class Observation:
 def _ip_port(addr: Multiaddr) -> tuple[str, int] | None:
     components = addr.components
     if len(components) >= 2 and components[0][0] in ("ip4", "ip6") and components[1][0] == "tcp":
-        return components[0][1], int(components[1][1])
+        return addr.value_at(0), int(addr.value_at(1))
     return None
 
 
@@ -78,7 +78,9 @@ class ObservedAddrs:
         observations = self._fresh(now, local_port)
         by_ip: dict[str, set[tuple[str, int]]] = {}
         for o in observations:
-            by_ip.setdefault(o.observer_ip, set()).add(_ip_port(o.observed))
+            endpoint = _ip_port(o.observed)
+            if endpoint is not None:  # record() keeps only /ip/tcp observations
+                by_ip.setdefault(o.observer_ip, set()).add(endpoint)
         if len(by_ip) < MIN_OBSERVERS:
             return MappingType.UNKNOWN
         seen = set().union(*by_ip.values())

@@ -50,7 +50,7 @@ class AddressObserver(BaseService):
 
     def mapping(self, now: float) -> MappingType:
         """The NAT mapping type of our (first) TCP listen port."""
-        ports = [int(a.value_for("tcp")) for a in self.host.listen_addrs if a.value_for("tcp")]
+        ports = [int(port) for a in self.host.listen_addrs if (port := a.value_for("tcp"))]
         return self.observed.mapping(now, ports[0] if ports else None)
 
 

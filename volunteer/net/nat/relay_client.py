@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import trio
@@ -22,7 +23,7 @@ from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..streams import BufferedStream, close_quietly, reset_quietly
 from ..service import BaseService, Handler, HostAPI
-from ..transport.base import RawConnection
+from ..transport.base import InboundHandler, RawConnection
 from . import circuit
 from .circuit import HopMessage, Limit, StopMessage
 from .schedule import RelayStatus, Reservation, ReservationSchedule
@@ -77,8 +78,15 @@ class CircuitTransport:
     def can_listen(self, addr: Multiaddr) -> bool:
         return False
 
-    async def dial(self, addr: Multiaddr, **_options) -> RawConnection:
-        relay_addr, target = addr.relay_parts()
+    async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        """Never called (``can_listen`` is False): relayed connections arrive on the stop protocol."""
+        raise DialError(f"{addr}: circuit addresses are reached through a reservation, not listened on")
+
+    async def dial(self, addr: Multiaddr, **_options: Any) -> RawConnection:
+        parts = addr.relay_parts()
+        if parts is None:
+            raise DialError(f"{addr} is not a relayed address")
+        relay_addr, target = parts
         if target is None:
             raise DialError(f"{addr} does not name the peer to reach through the relay")
         relay_conn = await self.host.connect(relay_addr)

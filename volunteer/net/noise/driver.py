@@ -13,6 +13,7 @@ import trio
 from ...errors import HandshakeError, RemoteProtocolError
 from ..identity import KeyPair, PeerID, PublicKey
 from ..limits import NOISE_MAX_MESSAGE, NOISE_READ_CHUNK
+from ..streams import check_max_bytes
 from .handshake import Handshake
 from .transport import NoiseTransport
 
@@ -28,6 +29,8 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
 
     def __init__(self, raw: trio.abc.Stream, handshake: Handshake, local_peer: PeerID, initial: bytes = b"") -> None:
         self.raw = raw
+        # a completed handshake has verified the peer (handshake.transport() refuses one that has not)
+        assert handshake.remote_peer is not None and handshake.remote_public_key is not None
         self.remote_peer: PeerID = handshake.remote_peer
         self.remote_public_key: PublicKey = handshake.remote_public_key
         self.remote_muxers: list[str] = list(handshake.remote_muxers)
@@ -99,8 +102,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
         Like trio's own streams this may return a bytearray (a batch of frames decrypted into
         one buffer is handed over as it is, not copied again); the caller owns it.
         """
-        if max_bytes is not None and max_bytes < 1:
-            raise ValueError("max_bytes must be >= 1")
+        check_max_bytes(max_bytes)
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this Noise connection")
         self._receiving = True
@@ -131,6 +133,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
             if self._eof:
                 await trio.lowlevel.checkpoint()
                 return
+            chunk: bytes | bytearray
             if self._initial:
                 chunk, self._initial = self._initial, b""
                 await trio.lowlevel.checkpoint()

@@ -82,7 +82,10 @@ def public_bytes(key: X25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-def _dh(private: X25519PrivateKey, public: bytes) -> bytes:
+def _dh(private: X25519PrivateKey | None, public: bytes | None) -> bytes:
+    # The XX pattern sets each key (ours or the peer's) one step before its first use, so a None
+    # here is a bug in this module, not something a peer can cause.
+    assert private is not None and public is not None, "Noise key used before the step that sets it"
     try:
         return private.exchange(X25519PublicKey.from_public_bytes(public))
     except ValueError as exc:  # a low-order point gives an all-zero secret, which cryptography refuses
@@ -265,6 +268,7 @@ class Handshake:
     def _incoming_payload(self, plaintext: bytes) -> None:
         if self.step == 0:
             return  # sent in the clear, so it proves nothing; libp2p peers send it empty
+        assert self.remote_static is not None  # _read_static ran earlier in this same message
         identity = verify_payload(plaintext, self.remote_static, self.expected_peer)
         self.remote_public_key = identity.public_key
         self.remote_peer = identity.peer_id
@@ -282,6 +286,7 @@ class Handshake:
         """(send, receive) cipher states; ``max_nonce`` lowers the nonce limit (for tests)."""
         if not self.complete:
             raise LocalProtocolError("the Noise handshake is not complete")
+        assert self.send_cipher is not None and self.receive_cipher is not None  # set by _advance on completion
         if max_nonce is not None:
             self.send_cipher.max_nonce = self.receive_cipher.max_nonce = max_nonce
         return self.send_cipher, self.receive_cipher

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ..multiaddr import Multiaddr
+
+if TYPE_CHECKING:  # connection.py imports this module: the names are for annotations only
+    from ..connection import Path
+    from ..identity import PeerID
 
 
 class RawConnection:
@@ -22,8 +26,8 @@ class RawConnection:
         self.local_addr = local_addr
         self.remote_addr = remote_addr
         self.transport = transport
-        self.relay_peer = None
-        self.path = None
+        self.relay_peer: PeerID | None = None
+        self.path: Path | None = None  # None: DIRECT
 
     def __repr__(self) -> str:
         return f"<RawConnection {self.local_addr} -> {self.remote_addr}>"
@@ -39,7 +43,17 @@ class Transport(Protocol):
 
     def can_listen(self, addr: Multiaddr) -> bool: ...
 
-    async def dial(self, addr: Multiaddr, **options) -> RawConnection: ...
+    async def dial(
+        self,
+        addr: Multiaddr,
+        *,
+        local_port: int | None = None,
+        reuse_port_only: bool = False,
+        local_host: str | None = None,
+    ) -> RawConnection:
+        """A raw connection to ``addr``. The options steer the local end of a TCP dial (hole
+        punching, AutoNAT dial-back); transports without a local port ignore them."""
+        ...
 
     async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled; ``task_status.started(bound_addrs)`` once listening."""

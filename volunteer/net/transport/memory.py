@@ -7,6 +7,7 @@ import itertools
 
 import trio
 
+from ...errors import MultiaddrError
 from ..multiaddr import Multiaddr
 from .base import InboundHandler, RawConnection
 
@@ -37,7 +38,7 @@ DEFAULT_NETWORK = MemoryNetwork()
 def _memory_number(addr: Multiaddr) -> int | None:
     names = addr.protocols()
     if names and names[0] == "memory" and (len(names) == 1 or (len(names) == 2 and names[1] == "p2p")):
-        return int(addr.components[0][1])
+        return int(addr.value_at(0))
     return None
 
 
@@ -55,6 +56,8 @@ class MemoryTransport:
 
     async def dial(self, addr: Multiaddr, **_options) -> RawConnection:
         number = _memory_number(addr)
+        if number is None:
+            raise MultiaddrError(f"{addr} is not a memory address")
         channel = self.network._listeners.get(number)
         if channel is None:
             raise OSError(errno.ECONNREFUSED, f"nobody listens on /memory/{number}")
@@ -71,7 +74,10 @@ class MemoryTransport:
         return RawConnection(ours, local, remote, self)
 
     async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        number = self.network._allocate(_memory_number(addr))
+        wanted = _memory_number(addr)
+        if wanted is None:
+            raise MultiaddrError(f"{addr} is not a memory address")
+        number = self.network._allocate(wanted)
         send, receive = trio.open_memory_channel(MAX_PENDING_ACCEPTS)
         self.network._listeners[number] = send
         try:

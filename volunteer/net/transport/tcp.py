@@ -27,7 +27,9 @@ def tcp_endpoint(addr: Multiaddr) -> tuple[str, int]:
     components = addr.components
     if len(components) < 2 or components[0][0] not in ("ip4", "ip6", "dns", "dns4", "dns6") or components[1][0] != "tcp":
         raise MultiaddrError(f"{addr} is not a TCP address")
-    return components[0][1], int(components[1][1])
+    host, port = components[0][1], components[1][1]
+    assert host is not None and port is not None  # the parser gives every ip/dns/tcp component a value
+    return host, int(port)
 
 
 def _is_plain_tcp(addr: Multiaddr) -> bool:
@@ -88,6 +90,7 @@ class TcpTransport:
         if not infos:
             raise OSError(errno.EHOSTUNREACH, f"cannot resolve {host}")
         family, _, _, _, sockaddr = infos[0]
+        sock: trio.socket.SocketType | None
         if local_host is not None:
             sock = await self._connect(family, sockaddr, (local_host, local_port or 0))
             stream = trio.SocketStream(sock)

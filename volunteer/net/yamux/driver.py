@@ -10,6 +10,7 @@ import trio
 from ...errors import ConnectionClosed, LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from ...errors import StreamReset as StreamResetError
 from ..limits import READ_CHUNK, YAMUX_GOAWAY_FLUSH_TIMEOUT
+from ..streams import check_max_bytes
 from .frames import GO_AWAY_NORMAL
 from .session import (
     ConnectionTerminated,
@@ -40,34 +41,42 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._reset = False
         self._write_closed = False
         self._read_closed = False
+        self._receiving = False
         self._readable = trio.lowlevel.ParkingLot()
         self._writable = trio.lowlevel.ParkingLot()
         self._send_conflict = trio.StrictFIFOLock()
 
     # --- reading ----------------------------------------------------------------------------
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        while not self._chunks:
-            if self._reset:
-                raise StreamResetError(f"yamux stream {self.stream_id} was reset")
-            if self._eof or self._read_closed:
-                await trio.lowlevel.checkpoint()
-                return b""
-            await self._readable.park()
-        head = self._chunks[0]
-        start = self._head_offset
-        if max_bytes is not None and len(head) - start > max_bytes:
-            # Hand out a slice and keep an offset into the chunk: putting the remainder back as
-            # a new slice would copy it again on every small read (quadratic in the chunk size).
-            chunk = head[start : start + max_bytes]
-            self._head_offset = start + max_bytes
-        else:
-            self._chunks.popleft()
-            chunk = head[start:] if start else head
-            self._head_offset = 0
-        self._buffered -= len(chunk)
-        self._conn._consumed(self.stream_id, len(chunk))
-        await trio.lowlevel.checkpoint()
-        return chunk
+        check_max_bytes(max_bytes)
+        if self._receiving:  # trio's contract: a second concurrent reader is a bug, said at once
+            raise trio.BusyResourceError("another task is already receiving on this yamux stream")
+        self._receiving = True
+        try:
+            while not self._chunks:
+                if self._reset:
+                    raise StreamResetError(f"yamux stream {self.stream_id} was reset")
+                if self._eof or self._read_closed:
+                    await trio.lowlevel.checkpoint()
+                    return b""
+                await self._readable.park()
+            head = self._chunks[0]
+            start = self._head_offset
+            if max_bytes is not None and len(head) - start > max_bytes:
+                # Hand out a slice and keep an offset into the chunk: putting the remainder back as
+                # a new slice would copy it again on every small read (quadratic in the chunk size).
+                chunk = head[start : start + max_bytes]
+                self._head_offset = start + max_bytes
+            else:
+                self._chunks.popleft()
+                chunk = head[start:] if start else head
+                self._head_offset = 0
+            self._buffered -= len(chunk)
+            self._conn._consumed(self.stream_id, len(chunk))
+            await trio.lowlevel.checkpoint()
+            return chunk
+        finally:
+            self._receiving = False
 
     # --- writing ----------------------------------------------------------------------------
     async def send_all(self, data) -> None:
@@ -95,6 +104,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
     async def wait_send_all_might_not_block(self) -> None:
         while not self._reset and not self._write_closed and self._conn.session.send_window(self.stream_id) <= 0:
             await self._writable.park()
+        await trio.lowlevel.checkpoint()  # trio's contract: always a checkpoint, even with window to spare
 
     async def send_eof(self) -> None:
         async with self._send_conflict:
@@ -397,4 +407,5 @@ class YamuxConnection:
         await self._flush()
         await waiter.wait()
         self._check_open()
+        assert self.rtt is not None  # the pong that set our waiter measured it
         return self.rtt

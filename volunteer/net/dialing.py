@@ -1,0 +1,78 @@
+"""How a Host reaches a peer that has several addresses: staggered parallel dials ("happy
+eyeballs"), direct addresses before relayed ones, the first connection wins.
+
+A peer behind NAT advertises LAN addresses that never answer; waiting for each to time out would
+delay the relay for tens of seconds, so each attempt starts a little after the previous one (at
+once when the previous one has failed). ``dial_one`` is the Host's single-address dial, so this
+module holds no connection state of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import trio
+
+from ..errors import DialError, VolunteerError, describe
+from . import limits
+from .connection import Connection, Path
+from .identity import PeerID
+from .multiaddr import Multiaddr
+
+log = logging.getLogger(__name__)
+
+DialOne = Callable[[Multiaddr, PeerID], Awaitable[Connection]]
+
+
+def dial_order(peer: PeerID, addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
+    """The addresses to try, in order: each once, direct before relayed, at most MAX_DIAL_ADDRS.
+
+    Relayed addresses are advertised as ``…/p2p/RELAY/p2p-circuit``, the target implied: this
+    appends ``/p2p/PEER`` so the circuit transport knows whom to ask the relay for.
+    """
+    named = []
+    for addr in addrs:
+        parts = addr.relay_parts()
+        named.append(addr.encapsulate(f"/p2p/{peer}") if parts is not None and parts[1] is None else addr)
+    return sorted(dict.fromkeys(named), key=lambda a: a.is_relayed())[: limits.MAX_DIAL_ADDRS]
+
+
+def attempt_delay(addr: Multiaddr) -> float:
+    """Seconds an attempt waits for its predecessor to fail before starting anyway."""
+    return limits.DIAL_STAGGER + (limits.RELAY_DIAL_DELAY if addr.is_relayed() else 0.0)
+
+
+async def dial_staggered(dial_one: DialOne, peer: PeerID, addrs: Sequence[Multiaddr]) -> Connection:
+    """Dial ``peer`` at ``addrs`` (see the module docstring); DialError with every cause if none answers.
+
+    When two attempts succeed together, a direct connection is preferred to a relayed one.
+    """
+    ordered = dial_order(peer, addrs)
+    causes: dict[str, BaseException] = {}
+    winners: list[Connection] = []
+    async with trio.open_nursery() as nursery:
+        go_on = [trio.Event() for _ in ordered]  # set when an attempt fails: the next need not wait
+
+        async def attempt(index: int, addr: Multiaddr) -> None:
+            if index:
+                with trio.move_on_after(attempt_delay(addr)):
+                    await go_on[index - 1].wait()
+            try:
+                conn = await dial_one(addr, peer)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                causes[str(addr)] = exc
+                log.debug("dial %s via %s failed: %s", peer.short(), addr, describe(exc))
+                go_on[index].set()
+                return
+            winners.append(conn)
+            nursery.cancel_scope.cancel()
+
+        for index, addr in enumerate(ordered):
+            nursery.start_soon(attempt, index, addr)
+    if winners:
+        return min(winners, key=lambda c: c.path is Path.RELAYED)
+    raise DialError(f"could not reach {peer}", causes)
+
+
+__all__ = ["attempt_delay", "dial_order", "dial_staggered"]
