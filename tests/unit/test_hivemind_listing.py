@@ -3,6 +3,9 @@ prefixes one level down it names."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from volunteer.hivemind.listing import expand
 from volunteer.hivemind.serializer import DictionaryValue, ValueWithExpiration
 from volunteer.net.identity import KeyPair
@@ -52,3 +55,27 @@ def test_entries_that_do_not_fit_their_prefix_are_ignored():
     # a dictionary under a uid key, or a peer id under a prefix key, is no record of a grid
     assert expand("ffn.1", prefix_record({2: "ffn.1.2"}), NOW).rows == []
     assert expand("ffn.1.", ValueWithExpiration(PEER, NOW + 60), NOW).rows == []
+
+
+# what a hostile peer can put under a grid key: any msgpack-able value, any sub-keys
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.text(max_size=12), st.binary(max_size=8),
+                    st.sampled_from([PEER, "ffn.1.2", "ffn.1.2.3", "ffn.1", "ffn.2"]))
+entries = st.one_of(scalars, st.tuples(scalars, scalars), st.lists(scalars, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["ffn.1.", "ffn.1", "ffn."]), st.one_of(entries, st.dictionaries(scalars.filter(lambda k: k is not None and not isinstance(k, bytes)) | st.integers(-2, 9), entries, max_size=6)))
+def test_any_record_reads_without_raising_and_stays_under_its_key(key, payload):
+    if isinstance(payload, dict):
+        value = DictionaryValue()
+        for subkey, entry in payload.items():
+            value.store(subkey, entry, NOW + 60)
+        found = ValueWithExpiration(value, NOW + 60)
+    else:
+        found = ValueWithExpiration(payload, NOW + 60)
+    out = expand(key, found, NOW)
+    stem = key if key.endswith(".") else key + "."
+    for r in out.rows:
+        assert r["uid"] == key or r["uid"].startswith(stem) or r["uid"] == key[:-1]
+        assert r["peer_id"] == PEER
+    assert all(child.startswith(key) and child.endswith(".") and child != key for child in out.children)
