@@ -1,7 +1,7 @@
 """hivemind's side of benchmarks/hivemind_compat.py; runs in hivemind's own venv.
 
     python _hivemind_compat.py serve --uid U --hidden H      # a hivemind.moe.Server; prints READY <maddr>
-    python _hivemind_compat.py client --target MADDR --uid U --hidden H --batch B --repeats N
+    python _hivemind_compat.py client --target MADDR --uid U --hidden H --batch B --repeats N [--rows all|experts|dht]
 
 The client is an unmodified hivemind client (client-mode DHT joined through TARGET only, its
 RemoteExpert): it prints one JSON object with median milliseconds of forward, forward+backward,
@@ -58,12 +58,13 @@ def client(args) -> None:
     def get() -> None:
         assert dht.get("bench.get", latest=True) is not None
 
-    out = {
-        "forward_ms": median_ms(forward, args.repeats),
-        "forward_backward_ms": median_ms(forward_backward, args.repeats),
-        "dht_store_ms": median_ms(store, args.repeats),
-        "dht_get_ms": median_ms(get, args.repeats),
-    }
+    out = {}
+    if args.rows in ("all", "experts"):
+        out["forward_ms"] = median_ms(forward, args.repeats)
+        out["forward_backward_ms"] = median_ms(forward_backward, args.repeats)
+    if args.rows in ("all", "dht"):
+        out["dht_store_ms"] = median_ms(store, args.repeats)
+        out["dht_get_ms"] = median_ms(get, args.repeats)
     print(json.dumps(out), flush=True)
     dht.shutdown()
 
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rows", choices=["all", "experts", "dht"], default="all")
     args = parser.parse_args()
     serve(args) if args.mode == "serve" else client(args)
 

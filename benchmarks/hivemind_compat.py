@@ -1,7 +1,11 @@
 """hivemind compatibility, timed: an unmodified hivemind client calling our server vs the same
 client calling a hivemind server, in one run.
 
-    .venv/bin/python benchmarks/hivemind_compat.py [--repeats 30] [--quick]
+    .venv/bin/python benchmarks/hivemind_compat.py [--repeats 30] [--quick] [--rows all|experts|dht]
+        [--profile FILE.prof] [--ours-only]
+
+--profile writes a cProfile of our side (the trio thread serving the hivemind client) to FILE
+(read it with ``python -m pstats FILE``); --ours-only skips the hivemind-to-hivemind column.
 
 Rows (median ms, the hivemind client in hivemind 1.1.12's own venv, everything on loopback, CPU):
 forward and forward+backward of an ffn expert (hidden 1024, batch 64) served by our
@@ -13,6 +17,7 @@ hivemind's side: benchmarks/_hivemind_compat.py (setup: bash benchmarks/setup_hi
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import signal
 import subprocess
@@ -36,12 +41,12 @@ HIDDEN, BATCH, UID = 1024, 64, "ffn.0"
 ROWS = ("forward_ms", "forward_backward_ms", "dht_store_ms", "dht_get_ms")
 
 
-def client_args(target: str, repeats: int) -> list[str]:
+def client_args(target: str, repeats: int, rows: str) -> list[str]:
     return ["client", "--target", target, "--uid", UID, "--hidden", str(HIDDEN), "--batch", str(BATCH),
-            "--repeats", str(repeats)]
+            "--repeats", str(repeats), "--rows", rows]
 
 
-def hivemind_side(repeats: int) -> dict | None:
+def hivemind_side(repeats: int, rows: str) -> dict | None:
     """The hivemind client against a hivemind server (both in hivemind's venv; process groups killed)."""
     python = VENV / "bin" / "python"
     if not python.exists():
@@ -56,7 +61,7 @@ def hivemind_side(repeats: int) -> dict | None:
         if not line.startswith("READY "):
             print(f"hivemind server did not start: {line!r}")
             return None
-        return run_hivemind("_hivemind_compat.py", client_args(line.split()[1], repeats), timeout=900)
+        return run_hivemind("_hivemind_compat.py", client_args(line.split()[1], repeats, rows), timeout=900)
     finally:
         try:
             os.killpg(server.pid, signal.SIGKILL)
@@ -67,7 +72,7 @@ def hivemind_side(repeats: int) -> dict | None:
         server.stdout.close()
 
 
-async def our_side(repeats: int) -> dict | None:
+async def our_side(repeats: int, rows: str, profile: str | None = None) -> dict | None:
     """The hivemind client against our node: HivemindDHT + HivemindExperts on one Host."""
     config = ExpertsConfig(device="cpu")
     async with open_runtime([make_backend(UID, "ffn", HIDDEN, config=config)], config) as runtime:
@@ -75,26 +80,43 @@ async def our_side(repeats: int) -> dict | None:
         experts = HivemindExperts(runtime, dht=None, config=config)
         async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht, KadPeerRouting(), experts]) as host:
             target = str(host.full_addrs()[0])
-            return await trio.to_thread.run_sync(
-                lambda: run_hivemind("_hivemind_compat.py", client_args(target, repeats), timeout=900)
-            )
+            profiler = cProfile.Profile() if profile else None
+            if profiler is not None:
+                profiler.enable()  # this (trio) thread only: the hivemind client waits in another
+            try:
+                return await trio.to_thread.run_sync(
+                    lambda: run_hivemind("_hivemind_compat.py", client_args(target, repeats, rows), timeout=900)
+                )
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(profile)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--quick", action="store_true", help="5 repeats per row")
+    parser.add_argument("--rows", choices=["all", "experts", "dht"], default="all")
+    parser.add_argument("--profile", metavar="FILE", help="write a cProfile of our side to FILE")
+    parser.add_argument("--ours-only", action="store_true", help="skip the hivemind-to-hivemind column")
     args = parser.parse_args()
     repeats = 5 if args.quick else args.repeats
-    ours = trio.run(our_side, repeats)
-    theirs = hivemind_side(repeats)
+    ours = trio.run(our_side, repeats, args.rows, args.profile)
+    theirs = None if args.ours_only else hivemind_side(repeats, args.rows)
     print(f"hivemind client, ffn hidden {HIDDEN} batch {BATCH}, {repeats} repeats, median ms")
     print(f"{'row':<24}{'→ ours':>10}{'→ hivemind':>12}{'ratio':>8}")
     for row in ROWS:
+        if (ours or {}).get(row) is None and (theirs or {}).get(row) is None:
+            continue
         mine = ours.get(row) if ours else None
         other = theirs.get(row) if theirs else None
         ratio = f"{mine / other:.2f}" if mine is not None and other else "n/a"
-        print(f"{row:<24}{mine if mine is None else f'{mine:.2f}':>10}{other if other is None else f'{other:.2f}':>12}{ratio:>8}")
+        print(f"{row:<24}{_ms(mine):>10}{_ms(other):>12}{ratio:>8}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 
 import trio
@@ -13,7 +14,7 @@ import trio
 from ..errors import VolunteerError, describe
 from ..hivemind import HivemindDHT
 from ..hivemind.kad import KadPeerRouting
-from ..hivemind.listing import list_hivemind_experts
+from ..hivemind.listing import Listing, walk_hivemind_grid
 from ..net.host import open_host
 from ..widgets import duration, short
 from ..net.identity import KeyPair
@@ -29,21 +30,29 @@ def _shown(value, fmt: str = "{}") -> str:
     return DASH if value is None else fmt.format(value)
 
 
-async def fetch_hivemind_rows(spec, prefix: str) -> list[dict]:
-    """Rows of ``volunteer experts`` for a hivemind swarm (client-mode DHT through its bootstrap)."""
+async def fetch_hivemind_listing(spec, prefix: str) -> Listing:
+    """The grid under ``prefix`` in a hivemind swarm, walked through a client-mode DHT joined via
+    its bootstrap (at most ``LOOKUP_TIMEOUT`` seconds: past it, what was found)."""
     if not spec.bootstrap:
         raise JoinError(f"hivemind swarm {spec.name!r} lists no initial peers (bootstrap)")
     dht = HivemindDHT(client_mode=True)
     async with open_host(KeyPair.generate(), services=[dht, KadPeerRouting()]):
         if not await dht.bootstrap(list(spec.bootstrap)):
             raise JoinError(f"cannot reach hivemind swarm {spec.name!r}: no initial peer answered a hivemind DHT ping")
-        with trio.fail_after(LOOKUP_TIMEOUT):
-            return await list_hivemind_experts(dht, prefix)
+        return await walk_hivemind_grid(dht, prefix, timeout=LOOKUP_TIMEOUT)
+
+
+async def fetch_hivemind_rows(spec, prefix: str) -> list[dict]:
+    """Rows of ``volunteer experts`` for a hivemind swarm."""
+    return (await fetch_hivemind_listing(spec, prefix)).rows
 
 
 def run_hivemind_experts(args: argparse.Namespace, spec) -> int:
     """``volunteer experts`` on a hivemind swarm."""
-    rows = trio.run(fetch_hivemind_rows, spec, args.prefix)
+    listing = trio.run(fetch_hivemind_listing, spec, args.prefix)
+    rows = listing.rows
+    if listing.cut is not None:
+        print(f"listing incomplete: {listing.cut}", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -114,4 +123,4 @@ def run_hivemind_doctor(args: argparse.Namespace, spec) -> int:
     return 1 if any(c.status == "FAIL" for c in checks) else 0
 
 
-__all__ = ["fetch_hivemind_rows", "hivemind_checks", "run_hivemind_doctor", "run_hivemind_experts"]
+__all__ = ["fetch_hivemind_listing", "fetch_hivemind_rows", "hivemind_checks", "run_hivemind_doctor", "run_hivemind_experts"]
