@@ -354,7 +354,10 @@ class VolunteerNode:
                     await self.host.add_service(service)
             from .replicas.manager import versions_of
 
-            self.declarer = ExpertDeclarer(self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends))
+            synced = {"synced_ages": manager.synced_age} if manager is not None else {}
+            self.declarer = ExpertDeclarer(
+                self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends), **synced
+            )
             await nursery.start(self.declarer.run)
             if manager is not None:
                 manager.declarer = self.declarer

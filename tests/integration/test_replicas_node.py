@@ -93,6 +93,16 @@ async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_
                 assert row["version"] == 5 and row["last_sync_age_s"] is not None
                 coverage = late.coverage_view()
                 assert coverage["grids"][0]["prefix"] == "rep" and coverage["grids"][0]["total"] == 2
+                # and trainers see it too (`volunteer experts`): the next heartbeat declares the sync's age
+                late.declarer.resume()
+                await until(lambda: _has_synced(seed.dht, "rep.0", mine), "sync age declared")
+
+
+async def _has_synced(dht, uid: str, peer: str) -> bool:
+    from volunteer.dht.grid import get_experts
+
+    found = await get_experts(dht, [uid])
+    return any(str(d.peer) == peer and d.synced_age is not None for d in found.get(uid, []))
 
 
 async def _has_version(dht, uid: str, peer: str, version: int) -> bool:

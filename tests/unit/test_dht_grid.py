@@ -326,3 +326,31 @@ def test_beam_search_rejects_bad_arguments() -> None:
         BeamSearch("ffn", [], 1, NOW)
     with pytest.raises(ExpertUIDError):
         BeamSearch("ffn", [[1.0]], 0, NOW)
+
+
+def test_declarations_carry_the_age_of_the_last_replica_sync():
+    from volunteer.dht.config import MAX_SYNCED_AGE, DHTConfig
+    from volunteer.dht.grid import Declaration, HostInfo, make_declarations
+    from volunteer.net.identity import KeyPair
+
+    peer = KeyPair.generate().peer_id
+    config = DHTConfig()
+    items = make_declarations(["ffn.0.0", "ffn.0.1"], HostInfo(peer, (), 0.0), 100.0, 115.0,
+                              synced_ages={"ffn.0.0": 12.5}, config=config)
+    by_key = {key: Declaration.decode(value, config) for key, _, value, _ in items}
+    from volunteer.dht.grid import expert_key
+
+    assert by_key[expert_key("ffn.0.0")].synced_age == 12.5
+    assert by_key[expert_key("ffn.0.1")].synced_age is None  # never synced: the field is left out
+    clamped = make_declarations(["ffn.0.0"], HostInfo(peer, (), 0.0), 100.0, 115.0,
+                                synced_ages={"ffn.0.0": 1e12}, config=config)
+    assert Declaration.decode(clamped[0][2], config).synced_age == MAX_SYNCED_AGE
+    import msgpack
+    import pytest
+
+    from volunteer.errors import DHTRecordError
+
+    for bad in (-1.0, float("nan"), "soon", True, 10 * MAX_SYNCED_AGE):
+        value = msgpack.packb({"p": peer.to_bytes(), "a": [], "l": 0.0, "h": 1.0, "y": bad}, use_bin_type=True)
+        with pytest.raises(DHTRecordError):
+            Declaration.decode(value, config)

@@ -96,8 +96,8 @@ def print_coverage(console, grids, rows: list[dict]) -> None:
 
 async def fetch_rows(spec, prefixes: str | list[str]) -> list[dict]:
     """One row per (expert, host), best host first, for every grid prefix given. ``version`` is
-    the host's declared count of updates; ``last_sync_age_s`` is null here: declarations do not
-    carry the last sync (the daemon's own snapshot has it)."""
+    the host's declared count of updates; ``last_sync_age_s`` the seconds since that host's replicas
+    last averaged (null: never), as its latest heartbeat declared it."""
     if isinstance(prefixes, str):
         prefixes = [prefixes]
     if not spec.entry_points:
@@ -126,7 +126,8 @@ async def fetch_rows(spec, prefixes: str | list[str]) -> list[dict]:
                     "heartbeat_age_s": round(now - decl.heartbeat, 1),
                     "expires_in_s": round(decl.expiration - now, 1),
                     "version": int(getattr(decl, "version", 0) or 0),
-                    "last_sync_age_s": None,
+                    # the age declared at the heartbeat, plus the heartbeat's own age
+                    "last_sync_age_s": None if decl.synced_age is None else round(decl.synced_age + max(0.0, now - decl.heartbeat), 1),
                 }
             )
     return rows

@@ -19,6 +19,7 @@ MAX_GRID_INDEX = 2**20  # an index is below this, so a coordinate fits in msgpac
 # an expert's declared version (its count of optimizer updates) is 0..this: a signed 64-bit int,
 # the range replica state transfer accepts too
 MAX_DECLARED_VERSION = 2**63 - 1
+MAX_SYNCED_AGE = 365 * 24 * 3600.0  # a declared "seconds since the replicas last averaged" beyond a year is nonsense
 
 
 @dataclass(frozen=True)

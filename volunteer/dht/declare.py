@@ -22,11 +22,16 @@ def _no_version(uid: str) -> int:
     return 0
 
 
+def _never_synced(uid: str) -> float | None:
+    return None
+
+
 class ExpertDeclarer:
     """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once.
 
-    ``loads()`` gives each uid's load and ``versions(uid)`` its version (count of optimizer
-    updates; 0 by default), both read afresh every heartbeat."""
+    ``loads()`` gives each uid's load, ``versions(uid)`` its version (count of optimizer
+    updates; 0 by default) and ``synced_ages(uid)`` the seconds since its replicas last averaged
+    (None: never), all read afresh every heartbeat."""
 
     def __init__(
         self,
@@ -36,6 +41,7 @@ class ExpertDeclarer:
         loads: Callable[[], Mapping[str, float]] = dict,
         addrs: Callable[[], Sequence[bytes]] | None = None,
         versions: Callable[[str], int] = _no_version,
+        synced_ages: Callable[[str], float | None] = _never_synced,
     ) -> None:
         uids = list(uids)
         bad = [u for u in uids if not is_valid_uid(u)]
@@ -45,6 +51,7 @@ class ExpertDeclarer:
         self.uids = sorted(set(uids))
         self.loads = loads
         self.versions = versions
+        self.synced_ages = synced_ages
         self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.shareable_addrs()[: dht.config.max_addrs]])
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
@@ -64,11 +71,16 @@ class ExpertDeclarer:
         host_load = sum(loads.values()) / len(loads) if loads else 0.0
         info = HostInfo(dht.host.peer_id, tuple(self.addrs()), host_load)
         versions = {uid: self.versions(uid) for uid in self.uids}
-        items = make_declarations(self.uids, info, now, expiration, loads=loads, versions=versions, config=dht.config)
+        ages = {uid: age for uid in self.uids if (age := self.synced_ages(uid)) is not None}
+        items = make_declarations(
+            self.uids, info, now, expiration, loads=loads, versions=versions, synced_ages=ages, config=dht.config
+        )
+        # Recorded before the store: a withdraw while this heartbeat is in flight must write its
+        # tombstones at least this late, or the heartbeat could land after them and outlive them.
+        self.last_expiration = max(self.last_expiration, expiration)
         before = dht.stats["bytes_out"]
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         self.heartbeat_bytes += dht.stats["bytes_out"] - before
-        self.last_expiration = max(self.last_expiration, expiration)
         self.declarations += 1
         reached = max(accepted) if accepted else 0
         if reached > 1:  # more than our own storage

@@ -42,7 +42,7 @@ import msgpack
 
 from ..errors import DHTRecordError, ExpertUIDError, PeerIDError
 from ..net.identity import PeerID
-from .config import MAX_DECLARED_VERSION, MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH, DHTConfig
+from .config import MAX_DECLARED_VERSION, MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_SYNCED_AGE, MAX_UID_LENGTH, DHTConfig
 from .records import Record
 
 if TYPE_CHECKING:
@@ -135,6 +135,9 @@ class Declaration:
     expiration: float = 0.0
     version: int = 0
     child_versions: tuple[tuple[int, int], ...] = ()
+    # uid records of replicated experts: seconds between the replicas' last averaging and this
+    # heartbeat ("y"; a duration, so no clock crosses the wire); None: never synced
+    synced_age: float | None = None
 
     def encode(self) -> bytes:
         """The msgpack value stored in the DHT."""
@@ -146,6 +149,8 @@ class Declaration:
         }
         if self.version:
             msg["v"] = int(self.version)
+        if self.synced_age is not None:
+            msg["y"] = float(self.synced_age)
         if self.children:
             msg["n"] = {int(c): uid for c, uid in self.children}
         versions = {int(c): int(v) for c, v in self.child_versions if v}
@@ -176,6 +181,7 @@ class Declaration:
             children = msg.get("n", {})
             version = msg.get("v", 0)
             child_versions = msg.get("w", {})
+            synced_age = msg.get("y")
             ok = (
                 len(addrs) <= config.max_addrs
                 and all(isinstance(a, bytes) and len(a) <= config.max_addr_size for a in addrs)
@@ -189,6 +195,11 @@ class Declaration:
                 and _is_version(version)
                 and isinstance(child_versions, dict)
                 and all(c in children and _is_version(v) for c, v in child_versions.items())
+                and (
+                    synced_age is None
+                    or (isinstance(synced_age, (int, float)) and not isinstance(synced_age, bool)
+                        and math.isfinite(synced_age) and 0 <= synced_age <= MAX_SYNCED_AGE)
+                )
             )
         except (TypeError, KeyError, AttributeError, ValueError, PeerIDError):
             ok = False
@@ -197,6 +208,7 @@ class Declaration:
         return cls(
             peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration,
             version, tuple(sorted((c, v) for c, v in child_versions.items() if v)),
+            None if synced_age is None else float(synced_age),
         )
 
 
@@ -208,6 +220,7 @@ def make_declarations(
     *,
     loads: Mapping[str, float] | None = None,
     versions: Mapping[str, int] | None = None,
+    synced_ages: Mapping[str, float] | None = None,
     config: DHTConfig | None = None,
 ) -> list[tuple[bytes, bytes, bytes, float]]:
     """``(key, sub-key, value, expiration)`` for every uid and grid prefix of this host.
@@ -230,7 +243,9 @@ def make_declarations(
     for uid in uids:
         name, coords = parse_uid(uid)
         load = float(loads.get(uid, host.load))
-        decl = Declaration(host.peer, host.addrs, load, now, version=versions.get(uid, 0))
+        age = (synced_ages or {}).get(uid)
+        decl = Declaration(host.peer, host.addrs, load, now, version=versions.get(uid, 0),
+                           synced_age=None if age is None else min(max(0.0, float(age)), MAX_SYNCED_AGE))
         out.append((expert_key(uid), subkey, decl.encode(), float(expiration)))
         for depth, prefix in enumerate(grid_prefixes(uid)):
             below = children.setdefault(prefix, {})

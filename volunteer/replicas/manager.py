@@ -117,6 +117,11 @@ class ReplicaManager:
         self.surveyed_at = trio.current_time()
         return self.hosts
 
+    def synced_age(self, uid: str) -> float | None:
+        """Seconds since ``uid``'s replicas last averaged with us (None: never): declared with it."""
+        finished = self.sync.last_sync.get(uid)
+        return None if finished is None else max(0.0, trio.current_time() - finished)
+
     def coverage(self) -> dict:
         """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
         view = coverage(self.grids, self.hosts, mine=list(self.store.backends))
