@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,8 +38,15 @@ def test_trainer_behind_nat_trains_through_experts_behind_another_nat(easy_rig, 
     assert report["ok"], report
     assert report["losses"][-1] < report["losses"][0]
     assert report["path"] == "hole-punched", report  # calls started relayed; DCUtR moved them direct
-    status = rig.run("peer_b", [PY, "-m", "volunteer", "status", "--json", "--control", str(tmp_path / "b.sock")], timeout=30)
-    snapshot = json.loads(status.stdout)
+    # The daemon reserves its relay slot at once, before AutoNAT's verdict (a dial-back to a NATed
+    # port takes its whole 10 s timeout to fail): the trainer may finish first, so wait for it.
+    deadline = time.monotonic() + 60
+    while True:
+        status = rig.run("peer_b", [PY, "-m", "volunteer", "status", "--json", "--control", str(tmp_path / "b.sock")], timeout=30)
+        snapshot = json.loads(status.stdout)
+        if snapshot["reachability"]["status"] != "unknown" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert snapshot["reachability"]["status"] == "private"
     assert any(r["reserved"] for r in snapshot["reachability"]["relays"])
     assert sum(e["requests"] for e in snapshot["experts"]) > 0
