@@ -83,7 +83,12 @@ def run_doctor(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise VolunteerError(str(exc)) from None
     checks = trio.run(diagnose, load_identity(args), Multiaddr(args.listen), peers, perf_size)
-    if args.json:
+    return report(checks, as_json=args.json)
+
+
+def report(checks: list["Check"], *, as_json: bool) -> int:
+    """Print the checks (a table with fixes, or JSON); the exit status: 1 if any failed."""
+    if as_json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
         for check in checks:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
 
 import trio
 
@@ -20,7 +19,7 @@ from ..widgets import duration, short
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..node import JoinError
-from .doctor import CHECK_TIMEOUT, Check, diagnose
+from .doctor import CHECK_TIMEOUT, Check, diagnose, report
 
 LOOKUP_TIMEOUT = 60.0
 DASH = "–"
@@ -113,14 +112,7 @@ def run_hivemind_doctor(args: argparse.Namespace, spec) -> int:
         checks = await diagnose(load_identity(args), Multiaddr(args.listen), peers, 0)
         return checks + await hivemind_checks(peers)
 
-    checks = trio.run(both)
-    if args.json:
-        print(json.dumps([asdict(c) for c in checks], indent=2))
-    else:
-        for check in checks:
-            line = f"{check.status:<5} {check.name:<22} {check.detail}"
-            print(line + (f"\n{'':28}→ {check.fix}" if check.fix and check.status != "OK" else ""))
-    return 1 if any(c.status == "FAIL" for c in checks) else 0
+    return report(trio.run(both), as_json=args.json)
 
 
 __all__ = ["fetch_hivemind_listing", "fetch_hivemind_rows", "hivemind_checks", "run_hivemind_doctor", "run_hivemind_experts"]

@@ -99,15 +99,7 @@ class NoiseTransport:
         size = len(view)
         if not size:
             return bytearray()
-        cipher = self._send
-        n = cipher.n
-        frames = -(-size // NOISE_MAX_PLAINTEXT)
-        if n + frames > cipher.max_nonce:
-            raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
-        aead = cipher.aead
-        assert aead is not None  # keyed: checked in __init__
-        encrypt_into = aead.encrypt_into
-        out = bytearray(size + frames * _FRAME_OVERHEAD)
+        n, encrypt_into, out = self._start_frames(size)
         with memoryview(out) as target:
             pos = 0
             for start in range(0, size, NOISE_MAX_PLAINTEXT):
@@ -118,8 +110,19 @@ class NoiseTransport:
                 encrypt_into(nonce_bytes(n), chunk, None, target[pos + 2 : pos + 2 + length])
                 n += 1
                 pos += 2 + length
-        cipher.n = n
+        self._send.n = n
         return out
+
+    def _start_frames(self, size: int):
+        """For ``size`` plaintext bytes: the first nonce, the AEAD's ``encrypt_into`` and the output
+        buffer sized for every frame (refusing a send that would exhaust the nonce space)."""
+        cipher = self._send
+        frames = -(-size // NOISE_MAX_PLAINTEXT)
+        if cipher.n + frames > cipher.max_nonce:
+            raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
+        aead = cipher.aead
+        assert aead is not None  # keyed: checked in __init__
+        return cipher.n, aead.encrypt_into, bytearray(size + frames * _FRAME_OVERHEAD)
 
     def encrypt_parts(self, parts) -> bytearray:
         """``encrypt(b"".join(parts))`` without the join: the same frames, byte for byte.
@@ -133,15 +136,7 @@ class NoiseTransport:
         size = sum(len(view) for view in views)
         if not size:
             return bytearray()
-        cipher = self._send
-        n = cipher.n
-        frames = -(-size // NOISE_MAX_PLAINTEXT)
-        if n + frames > cipher.max_nonce:
-            raise LocalProtocolError("Noise nonce space exhausted; the connection must be re-established")
-        aead = cipher.aead
-        assert aead is not None  # keyed: checked in __init__
-        encrypt_into = aead.encrypt_into
-        out = bytearray(size + frames * _FRAME_OVERHEAD)
+        n, encrypt_into, out = self._start_frames(size)
         pending = bytearray()  # the start of a frame that straddles parts
         with memoryview(out) as target:
             pos = 0
@@ -171,7 +166,7 @@ class NoiseTransport:
                     pending = bytearray(view[whole_end:])
             if pending:
                 emit(pending)
-        cipher.n = n
+        self._send.n = n
         return out
 
     # --- receiving ---------------------------------------------------------------------------
