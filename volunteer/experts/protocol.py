@@ -21,7 +21,7 @@ by ``ExpertsConfig.max_payload_bytes``; everything is checked before a byte is k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import msgpack
 
@@ -39,23 +39,34 @@ def protocol_id(swarm_id: str) -> str:
     return f"/volunteer/{swarm_id}/experts/1.0.0"
 
 
+def pack_map(message: Mapping[str, Any], limit: int, error: type[Exception], what: str) -> bytes:
+    """``message`` as a uvarint-framed msgpack map: the framing of the expert protocol's headers
+    and of the protocols built on it (replica state and sync); ``error`` beyond ``limit`` bytes."""
+    body = msgpack.packb(dict(message), use_bin_type=True)
+    if len(body) > limit:
+        raise error(f"{what} of {len(body)} bytes exceeds {limit}")
+    return encode_uvarint(len(body)) + body
+
+
+def unpack_map(body: bytes, error: type[Exception], what: str) -> dict:
+    """Parse a framed message's body; anything but a msgpack map raises ``error``."""
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
+    except Exception:  # msgpack raises several unrelated types for bad bytes
+        raise error(f"{what} is not valid msgpack") from None
+    if not isinstance(message, dict):
+        raise error(f"{what} must be a msgpack map")
+    return message
+
+
 def pack(message: dict) -> bytes:
     """A framed msgpack message."""
-    body = msgpack.packb(message, use_bin_type=True)
-    if len(body) > MAX_HEADER:
-        raise ExpertProtocolError(f"message header of {len(body)} bytes exceeds {MAX_HEADER}")
-    return encode_uvarint(len(body)) + body
+    return pack_map(message, MAX_HEADER, ExpertProtocolError, "message header")
 
 
 def unpack(body: bytes) -> dict:
     """Parse a header body; anything but a msgpack map is an ExpertProtocolError."""
-    try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
-    except Exception:  # msgpack raises several unrelated types for bad bytes
-        raise ExpertProtocolError("header is not valid msgpack") from None
-    if not isinstance(message, dict):
-        raise ExpertProtocolError("header must be a msgpack map")
-    return message
+    return unpack_map(body, ExpertProtocolError, "header")
 
 
 def _field(message: dict, name: str, kind: type | tuple, what: str) -> Any:

@@ -32,14 +32,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import msgpack
 import torch
 
 from ..dht.grid import is_valid_uid
-from ..experts.tensors import DTYPE_NAMES, DTYPES
-from ..net.varint import encode_uvarint
-from .config import DEFAULT_CONFIG, ReplicasConfig
 from ..errors import LocalProtocolError
+from ..experts.protocol import pack_map, unpack_map
+from ..experts.tensors import DTYPE_NAMES, DTYPES
+from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError
 
 MAX_VERSION = 2**63 - 1
@@ -61,21 +60,12 @@ def sync_protocol(swarm_id: str) -> str:
 # --- framing ------------------------------------------------------------------------------
 def pack(message: Mapping[str, Any], config: ReplicasConfig = DEFAULT_CONFIG) -> bytes:
     """A framed msgpack message; LocalProtocolError beyond ``max_message``."""
-    body = msgpack.packb(dict(message), use_bin_type=True)
-    if len(body) > config.max_message:
-        raise LocalProtocolError(f"message of {len(body)} bytes exceeds {config.max_message}")
-    return encode_uvarint(len(body)) + body
+    return pack_map(message, config.max_message, LocalProtocolError, "message")
 
 
 def unpack(body: bytes) -> dict:
     """Parse a message body; anything but a msgpack map is a StateProtocolError."""
-    try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=True, max_ext_len=0)
-    except Exception:  # msgpack raises several unrelated types for bad bytes
-        raise StateProtocolError("message is not valid msgpack") from None
-    if not isinstance(message, dict):
-        raise StateProtocolError("message must be a msgpack map")
-    return message
+    return unpack_map(body, StateProtocolError, "message")
 
 
 def _get(message: Mapping, key: str, kind: type | tuple, what: str) -> Any:
