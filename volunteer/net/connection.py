@@ -19,7 +19,7 @@ from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
 from .multistream import LazyStream, lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
-from .streams import BufferedStream, reset_quietly
+from .streams import BufferedStream, reset_quietly, send_all_then_eof
 from .transport.base import RawConnection
 from .yamux import YamuxConnection, YamuxStream
 
@@ -70,6 +70,11 @@ class NetStream(trio.abc.HalfCloseableStream):
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()
+
+    async def send_all_then_eof(self, data) -> None:
+        """Send ``data`` and close our side, in one write when the window allows (a last reply)."""
+        await send_all_then_eof(self._inner, data)
+        self.connection.bytes_sent += len(data)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
