@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from volunteer.net.yamux import YamuxConnection
-from volunteer.net.yamux.frames import ACK, DATA, FIN, HEADER_SIZE, WINDOW_UPDATE, decode_header
+from volunteer.net.yamux.frames import ACK, DATA, FIN, HEADER_SIZE, SYN, WINDOW_UPDATE, decode_header
 from volunteer.net.yamux.session import YamuxConfig
 
 
@@ -132,4 +132,26 @@ async def test_send_all_then_eof_is_one_write_when_the_window_allows_and_correct
                 ]
             await outbound.aclose()
             await inbound.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unannounced_stream_sends_its_syn_with_its_first_write():
+    left, right = trio.testing.memory_stream_pair()
+    recorded = RecordingStream(left)
+    client, server = YamuxConnection(recorded, is_client=True), YamuxConnection(right, is_client=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        await trio.testing.wait_all_tasks_blocked()
+        before = len(recorded.writes)  # the keepalive's first ping and pong are behind us
+        outbound = await client.open_stream(announce=False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(recorded.writes) == before
+        await outbound.send_all(b"proposal")
+        assert len(recorded.writes) == before + 1
+        assert [f[:3] for f in frames_of(recorded.writes[-1])] == [
+            (WINDOW_UPDATE, SYN, outbound.stream_id), (DATA, 0, outbound.stream_id)
+        ]
+        inbound = await server.accept_stream()
+        assert await inbound.receive_some() == b"proposal"
         nursery.cancel_scope.cancel()

@@ -136,7 +136,9 @@ class Connection:
         """
         if not protocols:
             raise ValueError("new_stream needs at least one protocol")
-        inner = await self.muxer.open_stream()
+        # The SYN rides with the first write: the dialer proposes at once (select_outbound), or
+        # with its first data, its first read or its close (LazyStream): each one flushes it.
+        inner = await self.muxer.open_stream(announce=False)
         buffered = BufferedStream(inner)
         try:
             if lazy and len(protocols) == 1:

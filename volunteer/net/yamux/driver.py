@@ -422,7 +422,10 @@ class YamuxConnection:
             self._control_pending.set()
 
     # --- API ------------------------------------------------------------------------------------
-    async def open_stream(self) -> YamuxStream:
+    async def open_stream(self, *, announce: bool = True) -> YamuxStream:
+        """A new outbound stream. ``announce=False``: its SYN waits in the outbox for the stream's
+        first write (or any other flush) instead of costing a write of its own; only for a caller
+        that writes at once (multistream's dialer always does: it proposes first)."""
         while True:
             self._check_open()
             try:
@@ -436,7 +439,10 @@ class YamuxConnection:
                 raise ConnectionClosed(str(exc)) from None
         stream = YamuxStream(self, stream_id)
         self.streams[stream_id] = stream
-        await self._flush()
+        if announce:
+            await self._flush()
+        else:
+            await trio.lowlevel.checkpoint()
         return stream
 
     async def accept_stream(self) -> YamuxStream:
