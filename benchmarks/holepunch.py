@@ -38,9 +38,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_pairing(name: str, spec, attempts: int, size: int) -> dict:
+def run_pairing(name: str, spec, attempts: int, size: int, profile_relay: str | None = None) -> dict:
+    # with ``profile_relay``, the relay runs under cProfile and writes its profile there at the end
+    launcher = [PY, str(ROOT / "benchmarks" / "_profiled.py"), profile_relay] if profile_relay else [PY, "-m"]
     with Rig(spec) as rig:
-        relay = rig.popen("relay", [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
+        relay = rig.popen("relay", [*launcher, "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
                                     "--listen", "/ip4/0.0.0.0/tcp/4001", "--announce", f"/ip4/{rig.addr('relay')}/tcp/4001"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         read_line(relay, timeout=20)
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=float, default=4.0, help="echo size each way for the throughput rows")
     parser.add_argument("--pairing", choices=["easy", "symmetric", "cgnat"], action="append",
                         help="run only these pairings (repeatable; default all)")
+    parser.add_argument("--profile-relay", metavar="OUT.prof", help="run the relay under cProfile (one pairing)")
     args = parser.parse_args()
     pairings = [
         ("easy", "EIM ↔ EIM", easy_pair(delay_ms=args.delay_ms)),
@@ -86,7 +89,7 @@ def main() -> None:
         ("cgnat", "CGNAT+EIM ↔ EIM", double_nat_pair(delay_ms=args.delay_ms)),
     ]
     size = int(args.size_mib * MiB)
-    rows = [run_pairing(name, spec, args.attempts, size) for key, name, spec in pairings if not args.pairing or key in args.pairing]
+    rows = [run_pairing(name, spec, args.attempts, size, args.profile_relay) for key, name, spec in pairings if not args.pairing or key in args.pairing]
     cols = ["attempts", "success_rate", "to_direct_ms_p50", "to_direct_rtts_p50", "relay_rtt_ms", "direct_rtt_ms",
             "MBps_relayed", "MBps_final_path", "relayed/direct", "relay_cpu_ms/MiB"]
     print(f"\nhole punching on the rig, {args.attempts} fresh dials per pairing, WAN delay {args.delay_ms} ms each way,"
