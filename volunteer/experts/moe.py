@@ -288,14 +288,26 @@ class RemoteMixtureOfExperts(nn.Module):
         """(uid, declaration) of every live expert not backed off, sorted by uid."""
         live = self.live_experts()
         choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
-        choices = [(uid, host) for uid, host in choices if host is not None]
-        if not choices:
-            self._avoid.clear()  # everything is backed off: try them again rather than give up
-            choices = [(uid, self._pick_host(uid, hosts)) for uid, hosts in sorted(live.items())]
-            choices = [(uid, host) for uid, host in choices if host is not None]
-            if not choices:
-                raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
-        return choices
+        chosen = [(uid, host) for uid, host in choices if host is not None]
+        if len(chosen) < min(self.k_best, len(live)):
+            # Back-off must never starve a step: with fewer than k_best experts left, the backed-off
+            # ones whose back-off ends soonest come back (a random failure streak on many experts
+            # once left two, and a step with both failing raised though fourteen were alive).
+            waiting = sorted(
+                ((min(self._avoid.get((uid, str(d.peer)), 0.0) for d in hosts), uid, hosts)
+                 for uid, hosts in live.items() if uid not in {u for u, _ in chosen} and hosts),
+                key=lambda item: item[0],
+            )
+            for _, uid, hosts in waiting[: min(self.k_best, len(live)) - len(chosen)]:
+                for decl in hosts:
+                    self._avoid.pop((uid, str(decl.peer)), None)
+                host = self._pick_host(uid, hosts)
+                if host is not None:
+                    chosen.append((uid, host))
+            chosen.sort(key=lambda item: item[0])
+        if not chosen:
+            raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
+        return chosen
 
     def _forward(self, flat: torch.Tensor) -> torch.Tensor:
         batch = flat.shape[0]
