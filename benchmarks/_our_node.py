@@ -4,11 +4,15 @@ Prints `READY <multiaddr>` and runs until stdin closes. Run with the project's P
 """
 
 import sys
+from pathlib import Path
 
 import trio
 
-from volunteer.net.host import HostConfig, open_host
-from volunteer.net.perf import PerfLimits
+# this checkout's volunteer, not whichever copy the venv has installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.perf import PerfLimits  # noqa: E402
 
 ECHO = "/echo/1.0.0"
 

@@ -13,6 +13,7 @@ from volunteer.net.events import PeerConnected, PeerDisconnected, PeerIdentified
 from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.resources import ResourceLimits, ResourceManager
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.net.transport.tcp import TcpTransport
 
@@ -194,8 +195,12 @@ async def test_dial_nobody_fails_fast():
 
 
 async def test_thousand_concurrent_streams_on_one_connection():
+    # A thousand at once of one protocol from one peer is past the default per-peer, per-protocol
+    # inbound limit (512): the server is given room for them, so that the test does not hang on
+    # how fast it happens to finish the first ones.
+    room = ResourceManager(ResourceLimits(peer_protocol_streams_inbound=1000))
     with trio.fail_after(60):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], services=[room]) as server, open_host() as client:
             server.set_handler(ECHO, echo)
             conn = await client.connect(server.full_addrs()[0])
             results = {}

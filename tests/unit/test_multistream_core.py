@@ -17,6 +17,7 @@ from volunteer.net.multistream import (
     decode_message,
     encode_message,
     lazy_outbound,
+    read_message,
     select_inbound,
     select_outbound,
 )
@@ -158,3 +159,55 @@ def test_identify_random_bytes(data):
         decode_identify(data)
     except RemoteProtocolError:
         pass
+
+
+class CountingStream(trio.abc.Stream):
+    """Passes everything through and keeps each write, to count what an answer costs."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    async def send_all(self, data) -> None:
+        self.writes.append(bytes(data))
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None):
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_listener_answers_header_and_echo_in_one_write_when_the_proposal_came_with_the_header():
+    left, right = trio.testing.memory_stream_pair()
+    counted = CountingStream(right)
+    await left.send_all(encode_message(PROTOCOL_ID) + encode_message("/b/1"))
+    with trio.fail_after(5):
+        assert await select_inbound(BufferedStream(counted), {"/b/1"}) == "/b/1"
+    assert counted.writes == [encode_message(PROTOCOL_ID) + encode_message("/b/1")]
+
+
+async def test_listener_sends_its_header_first_to_a_dialer_that_waits_for_it_before_proposing():
+    """py-libp2p's dialer sends its header, waits for ours, then proposes: the listener must not
+    hold its header back for the echo, or both wait for ever."""
+    left, right = trio.testing.memory_stream_pair()
+    dialer = BufferedStream(left)
+    result = {}
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+
+            async def listen():
+                result["listener"] = await select_inbound(BufferedStream(right), {"/b/1"})
+
+            nursery.start_soon(listen)
+            await dialer.send_all(encode_message(PROTOCOL_ID))
+            assert await read_message(dialer) == PROTOCOL_ID
+            await dialer.send_all(encode_message("/a/1"))
+            assert await read_message(dialer) == "na"
+            await dialer.send_all(encode_message("/b/1"))
+            assert await read_message(dialer) == "/b/1"
+    assert result["listener"] == "/b/1"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from volunteer.errors import RemoteProtocolError
-from volunteer.net.streams import BufferedStream
+from volunteer.net.streams import BufferedStream, send_all_then_eof
 from volunteer.net.varint import decode_uvarint, decode_uvarint_exact, encode_uvarint
 
 
@@ -78,3 +78,10 @@ async def test_receive_until_eof_is_bounded():
         await left.send_all(b"x" * 100)
         with pytest.raises(RemoteProtocolError):
             await reader.receive_until_eof(50)
+
+
+async def test_send_all_then_eof_falls_back_to_send_all_and_send_eof():
+    """A stream without the one-write form still gets its data, then its EOF."""
+    left, right = trio.testing.memory_stream_pair()
+    await send_all_then_eof(BufferedStream(left), b"last reply")
+    assert await BufferedStream(right).receive_until_eof(100) == b"last reply"

@@ -113,7 +113,7 @@ async def serve_unary(
             call_id = peek_call_id(body)
             if call_id is None:
                 raise RemoteProtocolError("refused hivemind unary request carries no call id first")
-            await stream.send_all(encode_reply(UnaryReply(call_id, error=error_text(refusal))))
+            await stream.send_all_then_eof(encode_reply(UnaryReply(call_id, error=error_text(refusal))))
             return
         call = parse_call(body)
         try:
@@ -128,7 +128,8 @@ async def serve_unary(
     finally:
         if reservation is not None:
             reservation.release()
-    await stream.send_all(encode_reply(reply))
+    # the reply ends the call: it and the FIN leave in one write
+    await stream.send_all_then_eof(encode_reply(reply))
 
 
 async def call_unary(host: HostAPI, peer: PeerID, protocol: str, data: bytes, *, timeout: float) -> bytes:

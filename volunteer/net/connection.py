@@ -19,7 +19,7 @@ from .identity import KeyPair, PeerID
 from .multiaddr import Multiaddr
 from .multistream import LazyStream, lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
-from .streams import BufferedStream, reset_quietly
+from .streams import BufferedStream, reset_quietly, send_all_then_eof
 from .transport.base import RawConnection
 from .yamux import YamuxConnection, YamuxStream
 
@@ -70,6 +70,11 @@ class NetStream(trio.abc.HalfCloseableStream):
 
     async def send_eof(self) -> None:
         await self._inner.send_eof()
+
+    async def send_all_then_eof(self, data) -> None:
+        """Send ``data`` and close our side, in one write when the window allows (a last reply)."""
+        await send_all_then_eof(self._inner, data)
+        self.connection.bytes_sent += len(data)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -131,7 +136,9 @@ class Connection:
         """
         if not protocols:
             raise ValueError("new_stream needs at least one protocol")
-        inner = await self.muxer.open_stream()
+        # The SYN rides with the first write: the dialer proposes at once (select_outbound), or
+        # with its first data, its first read or its close (LazyStream): each one flushes it.
+        inner = await self.muxer.open_stream(announce=False)
         buffered = BufferedStream(inner)
         try:
             if lazy and len(protocols) == 1:

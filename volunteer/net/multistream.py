@@ -109,13 +109,20 @@ async def select_inbound(
             await _expect_header(stream, exact=exact)
         if waited.cancelled_caught:
             raise HandshakeError(f"no multistream header within {header_timeout}s")
-    await stream.send_all(encode_message(PROTOCOL_ID))
+    # Our header may wait to leave with the first answer (one write less) only when the dialer's
+    # proposal has begun to arrive: a dialer that waits for our header before proposing (as
+    # py-libp2p's does) would otherwise wait for us while we wait for it.
+    pending = encode_message(PROTOCOL_ID)
+    if not stream.has_buffered_data:
+        await stream.send_all(pending)
+        pending = b""
     for _ in range(MAX_MULTISTREAM_ROUNDS):
         proposal = await read_message(stream, exact=exact)
         if proposal != LS and accepts(proposal):
-            await stream.send_all(encode_message(proposal))
+            await stream.send_all(pending + encode_message(proposal))
             return proposal
-        await stream.send_all(encode_message(NA))
+        await stream.send_all(pending + encode_message(NA))
+        pending = b""
     raise RemoteProtocolError(f"peer proposed more than {MAX_MULTISTREAM_ROUNDS} protocols")
 
 

@@ -110,6 +110,12 @@ class BufferedStream(trio.abc.HalfCloseableStream):
                 return data
             self._buffer += chunk
 
+    @property
+    def has_buffered_data(self) -> bool:
+        """Bytes wait to be read, here or in the wrapped stream (False when the wrapped stream
+        cannot tell: callers then act as if nothing had arrived)."""
+        return bool(self._buffer) or bool(getattr(self.stream, "has_buffered_data", False))
+
     def take_buffered(self) -> bytes:
         """Remove and return whatever has been read but not consumed."""
         data = bytes(self._buffer)
@@ -119,6 +125,10 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     # --- writing / closing: pass through -------------------------------------------------
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.stream.send_all(data)
+
+    async def send_all_then_eof(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` and close our side, in one write when the wrapped stream can."""
+        await send_all_then_eof(self.stream, data)
 
     async def send_length_prefixed(self, payload: bytes) -> None:
         await self.stream.send_all(encode_uvarint(len(payload)) + payload)
@@ -149,6 +159,17 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     remote_peer = forwarded("remote_peer")
     stream_id = forwarded("stream_id")
     resource_scope = forwarded("resource_scope")
+
+
+async def send_all_then_eof(stream, data: bytes | bytearray | memoryview) -> None:
+    """``stream.send_all(data)`` then ``stream.send_eof()``, as one write where ``stream`` offers
+    it (a yamux stream puts the reply and its FIN in one frame batch)."""
+    combined = getattr(stream, "send_all_then_eof", None)
+    if combined is not None:
+        await combined(data)
+        return
+    await stream.send_all(data)
+    await stream.send_eof()
 
 
 async def close_quietly(stream) -> None:

@@ -100,6 +100,27 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                 else:
                     await self._writable.park()
 
+    async def send_all_then_eof(self, data) -> None:
+        """``send_all(data)`` then ``send_eof()``; when the peer's window takes all of ``data``,
+        the data and the FIN leave in one write (a reply that ends its stream)."""
+        async with self._send_conflict:
+            view = memoryview(data)
+            self._check_writable()
+            if len(view) <= self._conn.session.send_window(self.stream_id):
+                self._conn._queue_data(self.stream_id, view)
+                self._write_closed = True
+                self._conn.session.close_write(self.stream_id)
+                await self._conn._flush()
+                self._conn._maybe_forget(self)
+                return
+        await self.send_all(data)
+        await self.send_eof()
+
+    @property
+    def has_buffered_data(self) -> bool:
+        """Received bytes wait to be read (a read would return at once with data)."""
+        return bool(self._chunks)
+
     def _check_writable(self) -> None:
         if self._closed:
             raise trio.ClosedResourceError("this yamux stream was closed")
@@ -233,10 +254,13 @@ class YamuxConnection:
                     self._terminate(None if session.remote_go_away or session.local_go_away else ConnectionClosed("peer closed the connection"))
                     return
                 self.bytes_received += len(data)
+                queued = session.queued_frames
                 events = session.receive_data(data, self.clock())
                 for event in events:
                     self._dispatch(event)
-                if session.has_output:
+                if session.queued_frames > queued:
+                    # only what these frames asked for (pongs, window updates, RSTs): an ACK
+                    # already waiting rides with its stream's first write (see accept_stream)
                     self._control_pending.set()
                 if session.terminated:
                     # Try to say GoAway, but a peer that floods us and never reads would hold the
@@ -392,12 +416,16 @@ class YamuxConnection:
                 return
 
     def _consumed(self, stream_id: int, count: int) -> None:
+        queued = self.session.queued_frames
         self.session.consume(stream_id, count, self.clock())
-        if self.session.has_output:
+        if self.session.queued_frames > queued:  # a real window update, not a waiting ACK
             self._control_pending.set()
 
     # --- API ------------------------------------------------------------------------------------
-    async def open_stream(self) -> YamuxStream:
+    async def open_stream(self, *, announce: bool = True) -> YamuxStream:
+        """A new outbound stream. ``announce=False``: its SYN waits in the outbox for the stream's
+        first write (or any other flush) instead of costing a write of its own; only for a caller
+        that writes at once (multistream's dialer always does: it proposes first)."""
         while True:
             self._check_open()
             try:
@@ -411,7 +439,10 @@ class YamuxConnection:
                 raise ConnectionClosed(str(exc)) from None
         stream = YamuxStream(self, stream_id)
         self.streams[stream_id] = stream
-        await self._flush()
+        if announce:
+            await self._flush()
+        else:
+            await trio.lowlevel.checkpoint()
         return stream
 
     async def accept_stream(self) -> YamuxStream:
@@ -419,9 +450,10 @@ class YamuxConnection:
             stream = await self._accept_receive.receive()
         except (trio.EndOfChannel, trio.ClosedResourceError):
             raise ConnectionClosed("yamux connection is closed") from None
+        # The ACK waits in the outbox for the stream's first write (inbound negotiation answers
+        # at once: header, echo or na), or for any other flush on this connection, whichever
+        # comes first: one socket write less per call than waking the control writer for it.
         self.session.accept_stream(stream.stream_id)
-        if self.session.has_output:
-            self._control_pending.set()
         return stream
 
     async def ping(self) -> float:

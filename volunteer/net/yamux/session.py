@@ -223,6 +223,12 @@ class Session:
         return bool(self._outbox)
 
     @property
+    def queued_frames(self) -> int:
+        """Parts (headers and payloads) waiting in the outbox: a driver compares it before and
+        after a call to learn whether that call queued something to send."""
+        return len(self._outbox)
+
+    @property
     def control_queued(self) -> int:
         """Bytes of header-only frames waiting in the outbox."""
         return self._control_queued
@@ -265,7 +271,10 @@ class Session:
         return self._unacked_outbound < self.config.max_unacked_outbound
 
     def accept_stream(self, stream_id: int) -> None:
-        """The application took an inbound stream: acknowledge it."""
+        """The application took an inbound stream: queue its acknowledgement.
+
+        The ACK needs no flush of its own: the driver lets it ride with the stream's first write
+        (inbound negotiation always answers at once), saving one socket write per call."""
         state = self.streams.get(stream_id)
         if state is None or state.opening is not Opening.SYN_RECEIVED:
             return
