@@ -10,6 +10,7 @@ import trio.testing
 from volunteer.net.yamux import YamuxConnection
 from volunteer.net.yamux.frames import ACK, DATA, FIN, HEADER_SIZE, SYN, WINDOW_UPDATE, decode_header
 from volunteer.net.yamux.session import YamuxConfig
+from tests.recording import RecordingStream
 
 
 async def test_small_reads_from_a_big_chunk_return_every_byte_in_order_and_free_the_window():
@@ -40,26 +41,6 @@ async def test_small_reads_from_a_big_chunk_return_every_byte_in_order_and_free_
         await outbound.aclose()
         nursery.cancel_scope.cancel()
 
-
-class RecordingStream(trio.abc.Stream):
-    """A stream that keeps every write it passes on, to count the socket writes a call costs."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.writes: list[bytes] = []
-
-    async def send_all(self, data) -> None:
-        self.writes.append(bytes(data))
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes=None):
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def frames_of(write: bytes) -> list[tuple[int, int, int, int]]:

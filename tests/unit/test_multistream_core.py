@@ -22,6 +22,7 @@ from volunteer.net.multistream import (
     select_outbound,
 )
 from volunteer.net.streams import BufferedStream
+from tests.recording import RecordingStream
 
 
 def test_codec():
@@ -75,27 +76,6 @@ async def _listen_until_closed(stream, supported):
     except RemoteProtocolError:
         pass
 
-
-class RecordingStream(trio.abc.HalfCloseableStream):
-    def __init__(self, inner):
-        self.inner = inner
-        self.writes = []
-
-    async def send_all(self, data):
-        self.writes.append(bytes(data))
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self):
-        pass
-
-    async def receive_some(self, max_bytes=None):
-        return await self.inner.receive_some(max_bytes)
-
-    async def send_eof(self):
-        await self.inner.send_eof()
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
 async def test_lazy_form_sends_header_protocol_and_data_in_one_write():
@@ -161,30 +141,10 @@ def test_identify_random_bytes(data):
         pass
 
 
-class CountingStream(trio.abc.Stream):
-    """Passes everything through and keeps each write, to count what an answer costs."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.writes: list[bytes] = []
-
-    async def send_all(self, data) -> None:
-        self.writes.append(bytes(data))
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes=None):
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
 
 async def test_listener_answers_header_and_echo_in_one_write_when_the_proposal_came_with_the_header():
     left, right = trio.testing.memory_stream_pair()
-    counted = CountingStream(right)
+    counted = RecordingStream(right)
     await left.send_all(encode_message(PROTOCOL_ID) + encode_message("/b/1"))
     with trio.fail_after(5):
         assert await select_inbound(BufferedStream(counted), {"/b/1"}) == "/b/1"

@@ -1,0 +1,29 @@
+"""A pass-through stream that keeps every write: tests count the socket writes a call costs."""
+
+from __future__ import annotations
+
+import trio
+
+
+class RecordingStream(trio.abc.HalfCloseableStream):
+    """Passes everything through to ``inner`` and keeps each write in ``writes``."""
+
+    def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
+        self.inner = inner
+        self.writes: list[bytes] = []
+
+    async def send_all(self, data) -> None:
+        self.writes.append(bytes(data))
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes=None):
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
