@@ -33,7 +33,7 @@ from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, place
+from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, make_room_for, place
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import ReplicaSync
@@ -215,6 +215,28 @@ class ReplicaManager:
                 declarer.resume()
         if uid in self.store.backends:
             self.store.remove(uid)
+
+    async def make_room(self, incoming: str) -> bool:
+        """Full, and offered ``incoming`` by a leaver: drop the hosted expert with the most other
+        live hosts (asked of the DHT now) to take it (BackendStore's ``make_room``). False when
+        every hosted expert is a sole copy, or the DHT does not answer in time."""
+        mine = [uid for uid in self.store.backends if grid_of(uid, self.grids) is not None and uid != incoming]
+        if not mine or grid_of(incoming, self.grids) is None:
+            return False
+        hosts: dict[str, dict[str, int]] = {}
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                hosts = hosts_of(await get_experts(self.dht, mine))
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
+                return False
+        victim = make_room_for(incoming, hosts, me=self.me, hosting=mine)
+        if victim is None:
+            return False
+        log.info("dropping %s (other replicas hold it) to take %s from a leaving volunteer", victim, incoming)
+        await self.drop(victim)
+        self.moves += 1
+        return True
 
     async def accepted(self, backend: ExpertBackend) -> None:
         """A hand-off made us host ``backend``: declare it (BackendStore's ``on_accepted``)."""
