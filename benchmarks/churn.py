@@ -80,9 +80,10 @@ async def _both_declared(node) -> bool:
     return len((await get_experts(node.dht, ["big.0"]))["big.0"]) >= 2
 
 
-def churn_run(replicas: int, life: str) -> dict:
+def churn_run(replicas: int, life: str, processes: int) -> dict:
     cmd = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--churn", "--grid", "2x2", "--replicas",
-           str(replicas), "--max-experts", "2", "--churn-life", life, "--sync-period", "5", "--epochs", "40"]
+           str(replicas), "--max-experts", "2", "--churn-life", life, "--churn-processes", str(processes),
+           "--sync-period", "5", "--epochs", "2000"]  # trains on until `processes` volunteers have joined
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT).stdout
     best = re.search(r"best ([0-9.]+)\)", out)
     churn = re.search(r"churn: (\d+) volunteer processes .*experts lost (\d+), updates lost (\d+)", out)
@@ -99,6 +100,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-churn", action="store_true")
     parser.add_argument("--churn-life", default="15:40")
+    parser.add_argument("--churn-processes", type=int, default=6, help="volunteer processes over each churn run, at least")
     args = parser.parse_args()
 
     figures = trio.run(transfer_figures, args.repeats)
@@ -111,7 +113,7 @@ def main() -> int:
     if args.skip_churn:
         return 0
     print("accuracy under churn (digits, grid 2x2, 2 experts per volunteer):")
-    rows = {replicas: churn_run(replicas, args.churn_life) for replicas in (1, 2)}
+    rows = {replicas: churn_run(replicas, args.churn_life, args.churn_processes) for replicas in (1, 2)}
     print(f"  {'':12}{'replicas 1':>14}{'replicas 2':>14}")
     for key in ("best", "processes", "experts_lost", "updates_lost"):
         print(f"  {key:12}{rows[1][key]:>14}{rows[2][key]:>14}")

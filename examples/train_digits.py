@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--k-best", type=int, default=4)
     parser.add_argument("--k-min", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, help="at most this many epochs (default 30; --churn: 2000, as it "
+                        "trains on until --churn-processes volunteers have joined)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--timeout", type=float, default=5.0, help="forward/backward timeout per expert call (s)")
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-experts", type=int, help="--churn: experts per volunteer (default: the whole grid)")
     args = parser.parse_args(argv)
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
+    epochs = args.epochs or (2000 if args.churn else 30)
     torch.manual_seed(args.seed)
     x_train, x_test, y_train, y_test = load_digits_split(args.seed)
 
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             started = time.monotonic()
             best = 0.0
             generator = torch.Generator().manual_seed(args.seed)
-            for epoch in range(1, args.epochs + 1):
+            for epoch in range(1, epochs + 1):
                 if testnet is not None and epoch == args.kill_volunteer_at_epoch:
                     pid = testnet.kill_one()
                     print(f"killed volunteer process {pid} (SIGKILL): its experts vanish mid-training", flush=True)
