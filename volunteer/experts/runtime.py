@@ -399,13 +399,12 @@ class Runtime:
                     self._running = [job] if job is not None else batch
                 if owed is not None:
                     self._settle(owed)
+                    self._idle()
                 elif job is not None:
                     self._call(job)
+                    self._idle()
                 else:
-                    self._run(batch)
-                with self._cond:
-                    self._running = []
-                    self._working = False
+                    self._run(batch)  # goes idle itself
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("expert runtime worker crashed")
             self._crashed = exc
@@ -457,11 +456,20 @@ class Runtime:
             job.result, job.error = None, exc
         self._deliver([job])
 
+    def _idle(self) -> None:
+        with self._cond:
+            self._running = []
+            self._working = False
+
     def _run(self, batch: list[_Request]) -> None:
         backend = self._execute(batch)
+        if backend is None or not backend.step_owed:
+            self._idle()  # before the wake-up: the woken caller's next request may run inline
+            self._deliver(batch)
+            return
         self._deliver(batch)  # the reply first ...
-        if backend is not None and backend.step_owed:
-            self._settle(backend)  # ... then the step, before the worker computes anything else
+        self._settle(backend)  # ... then the step, before the worker computes anything else
+        self._idle()
 
     def _settle(self, backend: ExpertBackend) -> None:
         """Apply ``backend``'s deferred step; forget its kept graphs the step made useless."""
