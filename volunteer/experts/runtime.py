@@ -40,7 +40,6 @@ import threading
 import time
 from collections import deque
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -58,6 +57,8 @@ from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .schema import check_finite, signature
+from .stats import Counters as _Counters
+from .stats import ExpertStats
 
 log = logging.getLogger(__name__)
 
@@ -87,52 +88,6 @@ class _Queue:
     def __init__(self) -> None:
         self.requests: deque[_Request] = deque()
         self.samples = 0
-
-
-@dataclass
-class _Counters:
-    forward: int = 0
-    backward: int = 0
-    samples: int = 0
-    batches: int = 0
-    errors: int = 0
-    busy: int = 0
-    compute_s: float = 0.0  # worker time spent in forward/backward (a volunteer's contribution)
-    last_error: str | None = None
-    last_error_time: float | None = None
-    latencies: deque = field(default_factory=deque)
-
-
-@dataclass(frozen=True)
-class ExpertStats:
-    """A snapshot of one expert's counters, for the TUI and the control socket (seconds)."""
-
-    uid: str
-    requests: int  # accepted requests, forward + backward
-    forward: int
-    backward: int
-    samples: int  # samples computed
-    batches: int
-    mean_batch_size: float
-    latency_p50: float | None  # submit → answer, over the last ``latency_window`` requests
-    latency_p95: float | None
-    errors: int  # requests answered with an error
-    busy: int  # requests refused because a queue was full
-    last_error: str | None
-    last_error_time: float | None  # wall clock
-    queued: int  # requests waiting now
-    updates: int  # optimizer steps of the backend
-    compute_s: float = 0.0  # seconds the worker spent computing this expert's batches
-
-    def as_dict(self) -> dict:
-        """Plain dict (JSON- and msgpack-able)."""
-        return asdict(self)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 class Runtime:
@@ -220,29 +175,14 @@ class Runtime:
     def stats(self) -> dict[str, ExpertStats]:
         """A snapshot of every expert's counters."""
         with self._cond:
-            result = {}
-            for uid, c in self._counters.items():
-                latencies = sorted(c.latencies)
-                queued = sum(len(self._queues[uid, kind].requests) for kind in (FORWARD, BACKWARD))
-                result[uid] = ExpertStats(
-                    uid=uid,
-                    requests=c.forward + c.backward,
-                    forward=c.forward,
-                    backward=c.backward,
-                    samples=c.samples,
-                    batches=c.batches,
-                    mean_batch_size=c.samples / c.batches if c.batches else 0.0,
-                    latency_p50=_percentile(latencies, 0.5),
-                    latency_p95=_percentile(latencies, 0.95),
-                    errors=c.errors,
-                    busy=c.busy,
-                    last_error=c.last_error,
-                    last_error_time=c.last_error_time,
-                    queued=queued,
+            return {
+                uid: c.snapshot(
+                    uid,
+                    queued=sum(len(self._queues[uid, kind].requests) for kind in (FORWARD, BACKWARD)),
                     updates=self.backends[uid].updates,
-                    compute_s=c.compute_s,
                 )
-            return result
+                for uid, c in self._counters.items()
+            }
 
     # --- hosting changes while running (replicas: placement, hand-off receivers) ---------------
     def add_backend(self, backend: ExpertBackend) -> None:
