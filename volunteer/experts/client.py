@@ -11,6 +11,7 @@ Errors a trainer can act on, all ``ExpertError``s:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -35,6 +36,14 @@ from .failures import raise_remote
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
+PEER_IDS_REMEMBERED = 1024  # multiaddrs whose parsed PeerID call_expert keeps
+
+
+@lru_cache(maxsize=PEER_IDS_REMEMBERED)
+def _peer_id_in(addr: Multiaddr) -> PeerID | None:
+    # a multiaddr's /p2p part is parsed (base58, multihash checks) on every access: a trainer
+    # calling the same expert thousands of times parses it once
+    return addr.peer_id
 
 
 def as_peer(peer: PeerID | Multiaddr | str) -> PeerID | Multiaddr:
@@ -71,13 +80,15 @@ async def call_expert(
     config: ExpertsConfig = DEFAULT_CONFIG,
 ):
     """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors."""
-    peer_name = str(peer.peer_id if isinstance(peer, Multiaddr) else peer)
+    peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
+    peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
     with trio.move_on_after(timeout) as scope:
         if faults is not None:
             await faults.before_call(uid)
         try:
-            conn = await host.connect(peer)
+            # connected already: by PeerID, so the multiaddr is not parsed again
+            conn = await host.connect(peer_id if peer_id is not None and host.is_connected(peer_id) else peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
         pool = pool_of(host)
