@@ -261,6 +261,10 @@ class Runtime:
             return self._run_inline(request)
         return await self._wait(request, queue)
 
+    def _wake_worker(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
     def _may_inline(self, request: _Request) -> bool:
         """Under the lock: whether ``request`` would be the worker's next batch, alone, and is
         cheap enough to compute on the event loop (its last like call took <= the limit)."""
@@ -276,11 +280,18 @@ class Runtime:
         try:
             backend = self._execute([request])
         finally:
+            owed = backend is not None and backend.step_owed
             with self._cond:
                 self._working = False
-                if backend is not None and backend.step_owed:
-                    self._owed.append(backend)  # the worker applies it while we reply
-                self._cond.notify()
+                if owed:
+                    self._owed.append(backend)  # the worker applies it before anything else ...
+                else:
+                    self._cond.notify()
+            if owed:
+                # ... once our caller's reply is written: woken now, the worker's Python would
+                # contend for the GIL with the reply's serialization (a callback runs when the
+                # caller's task first yields, which is after its first send)
+                trio.lowlevel.current_trio_token().run_sync_soon(self._wake_worker)
         if request.error is not None:
             error, request.error = request.error, None
             raise error
