@@ -1,13 +1,14 @@
 """The batching runtime: requests from many trainers, per expert, on one torch worker thread.
 
 Design (measured in tests/integration/test_experts_runtime.py): a dedicated worker thread owns
-every torch call but the cheap inline ones below. The trio side checks a request's metadata (count, dtypes, shapes: no kernels),
-appends it to its expert's bounded queue under a ``threading.Condition`` and waits on a
-``trio.Event``. The worker picks the ready queue whose oldest request is oldest, takes compatible
-requests up to ``max_batch_size`` samples, runs one batched forward or backward, splits the
-outputs back, and wakes the waiters with one ``TrioToken.run_sync_soon`` per batch. That is two
-thread hand-offs per batch and no trio task per request; ``trio.to_thread.run_sync`` per batch
-would add a thread-cache round trip and could land torch on different OS threads.
+every torch call but the cheap inline ones below. The trio side checks a request's metadata
+(count, dtypes, shapes: no kernels), appends it to its expert's bounded queue under a
+``threading.Condition`` and waits on a ``trio.Event``. The worker picks the ready queue whose
+oldest request is oldest, takes compatible requests up to ``max_batch_size`` samples, runs one
+batched forward or backward, splits the outputs back, and wakes the waiters with one
+``TrioToken.run_sync_soon`` per batch. That is two thread hand-offs per batch and no trio task
+per request; ``trio.to_thread.run_sync`` per batch would add a thread-cache round trip and could
+land torch on different OS threads.
 
 Three shortcuts for the one-trainer case, where latency is what counts:
 - A request that the worker would take at once (nothing queued, nothing running) and that is
@@ -15,8 +16,9 @@ Three shortcuts for the one-trainer case, where latency is what counts:
   on the event loop, without the two hand-offs.
 - A backward's optimizer step is deferred: the reply leaves first, and the worker applies the
   step right after (an inline backward hands it to the worker once the reply is written),
-  before it computes anything else. ``backend.updates`` counts the step at once, and every backend method settles an owed
-  step before it computes or exports, so nothing sees the parameters without it.
+  before it computes anything else. ``backend.updates`` counts the step at once, and every
+  backend method settles an owed step before it computes or exports, so nothing sees the
+  parameters without it.
 - A lone forward keeps its autograd graph (``activations.py``), so its backward need not
   recompute it when nothing changed in between.
 
