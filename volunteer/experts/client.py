@@ -131,26 +131,31 @@ async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, c
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
-    failed: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        if len(buffers) == 1:
-            # A small call goes out in one write, before we listen: no task to start. Safe even
-            # if the server answers early with an error: it drains up to DRAIN_LIMIT (8 MiB).
-            await send()
-        else:
-            nursery.start_soon(send)
+    async def receive_reply(cancel_sending) -> tuple[Reply | None, BaseException | None]:
         try:
             body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
         except (VolunteerError, trio.BrokenResourceError) as exc:
-            failed = _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
-            nursery.cancel_scope.cancel()
-        else:
-            try:
-                reply = Reply.decode(body, op)
-            except ExpertProtocolError as exc:
-                failed = ExpertProtocolError(f"{peer_name} sent a bad reply to {uid!r}: {exc}")
-            if reply is None or not reply.ok:
-                nursery.cancel_scope.cancel()  # stop sending: the call failed
+            cancel_sending()
+            return None, _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
+        try:
+            reply = Reply.decode(body, op)
+        except ExpertProtocolError as exc:
+            cancel_sending()
+            return None, ExpertProtocolError(f"{peer_name} sent a bad reply to {uid!r}: {exc}")
+        if not reply.ok:
+            cancel_sending()  # stop sending: the call failed
+        return reply, None
+
+    if len(buffers) == 1:
+        # A small call goes out in one write, before we listen: no task and no nursery (tens of
+        # microseconds a call). Safe even if the server answers early with an error: it drains
+        # up to DRAIN_LIMIT (8 MiB).
+        await send()
+        reply, failed = await receive_reply(lambda: None)
+    else:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            reply, failed = await receive_reply(nursery.cancel_scope.cancel)
     if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
         if not isinstance(failed, _StaleStream):
             lease.discard()
