@@ -44,6 +44,7 @@ class ChurnSwarm:
         self.life, self.min_alive, self.max_experts = life, min_alive, max_experts
         self.random = random.Random(seed)
         self.verbose = verbose
+        self.log_flags = os.environ.get("CHURN_VOLUNTEER_FLAGS", "-v").split()  # e.g. "-vv" for a post-mortem
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", VOLUNTEER_CONFIG_DIR=str(self.dir / "config"),
                         VOLUNTEER_STATE_DIR=str(self.dir / "state"), VOLUNTEER_RUNTIME_DIR=str(self.dir / "run"),
                         VOLUNTEER_NO_MDNS="1", VOLUNTEER_EXIT_WITH_PARENT=str(os.getpid()))
@@ -57,6 +58,8 @@ class ChurnSwarm:
             f'name = "churn"\nbootstrap = ["/ip4/127.0.0.1/tcp/{port}/p2p/{keypair.peer_id}"]\n' + grid_table
         )
         anchor_file = self.dir / "anchor.toml"  # the first node of the swarm bootstraps from nobody
+        if verbose:
+            print(f"  churn: swarm directory {self.dir} (volunteer logs: vN.log)", flush=True)
         anchor_file.write_text('name = "churn"\n' + grid_table)
         self.started = 0  # volunteers that joined
         self._named = 0
@@ -86,21 +89,28 @@ class ChurnSwarm:
                 break
         else:
             raise RuntimeError(f"{name} exited before joining:\n" + "".join(lines[-20:]))
+        (self.dir / f"{name}.log").write_text("".join(lines))
+        if self.verbose:
+            for line in lines:
+                if "caught up" in line:
+                    print(f"  [{name}] {line.rstrip()}", flush=True)
         threading.Thread(target=self._drain, args=(proc, name), daemon=True).start()
         return proc
 
     def _drain(self, proc: subprocess.Popen, name: str) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if self.verbose and ("handed off" in line or "could not hand off" in line or "caught up" in line):
-                print(f"  [{name}] {line.rstrip()}", flush=True)
+        with open(self.dir / f"{name}.log", "a") as log:  # every line kept, for a post-mortem
+            for line in proc.stdout:
+                log.write(line)
+                if self.verbose and ("handed off" in line or "could not hand off" in line or "caught up" in line):
+                    print(f"  [{name}] {line.rstrip()}", flush=True)
 
     def start_volunteer(self) -> None:
         """One more volunteer, placed by the swarm (returns once it has joined)."""
         self._named += 1
         name = f"v{self._named}"
         proc = self._spawn(name, ["--max-experts", str(self.max_experts), "--identity", str(self.dir / f"{name}.key"),
-                                  "--checkpoints", str(self.dir / "checkpoints" / name), "--recheck-period", "5",
+                                  "--checkpoints", str(self.dir / "checkpoints" / name), "--recheck-period", "5", *self.log_flags,
                                   "--listen", "/ip4/127.0.0.1/tcp/0"])
         self.started += 1
         self.alive.append((proc, time.monotonic() + self.random.uniform(*self.life)))
@@ -171,24 +181,51 @@ class ChurnSwarm:
 
 
 class ExpertLedger:
-    """The freshest declared version of each expert, as a trainer sees it, and what was lost."""
+    """The freshest declared version of each expert, as a trainer sees it, and what was lost.
 
-    def __init__(self) -> None:
+    A host counts with its newest declaration (by heartbeat) until that declaration expires: one
+    lookup may be answered by DHT replicas that missed a host's latest heartbeat (a stale copy) or
+    lack its record for now (a partial answer), and neither is a loss. A host that leaves takes
+    its declared version with it once its record is gone (tombstoned or expired)."""
+
+    def __init__(self, verbose: bool = True) -> None:
         self.best: dict[str, int] = {}
+        # (uid, host) → (heartbeat, version, expiration) of its newest declaration seen
+        self.latest: dict[tuple[str, str], tuple[float, int, float]] = {}
         self.experts_lost = 0
         self.updates_lost = 0
+        self.stale_answers = 0  # declarations older than one already seen from the same host
+        self.verbose = verbose
 
-    def observe(self, found: dict) -> None:
-        """Feed ``get_experts``' answer (uid → declarations with ``version``)."""
+    def observe(self, found: dict, now: float) -> None:
+        """Feed ``get_experts``' answer (uid → declarations with ``version``, ``heartbeat`` and
+        ``expiration``) at DHT time ``now``."""
         for uid, decls in found.items():
-            if not decls:
+            answered = set()
+            for decl in decls:
+                key = (uid, str(decl.peer))
+                answered.add(key[1])
+                seen = self.latest.get(key)
+                if seen is not None and decl.heartbeat < seen[0]:
+                    self.stale_answers += 1
+                    continue
+                self.latest[key] = (decl.heartbeat, decl.version, decl.expiration)
+            current = {
+                peer: version
+                for (u, peer), (_, version, expiration) in self.latest.items()
+                if u == uid and (peer in answered or expiration > now)
+            }
+            if not current:
                 continue
-            fresh = max(getattr(d, "version", 0) for d in decls)
+            fresh = max(current.values())
             before = self.best.get(uid, 0)
             if fresh < before:
                 self.updates_lost += before - fresh
                 if fresh == 0:
                     self.experts_lost += 1
+                if self.verbose:
+                    hosts = ", ".join(f"{peer[-6:]}@{version}" for peer, version in sorted(current.items()))
+                    print(f"  ledger: {uid} fell from version {before} to {fresh} (hosts {hosts})", flush=True)
             self.best[uid] = fresh
 
     def watch(self, swarm, uids: list[str]) -> None:
@@ -196,7 +233,7 @@ class ExpertLedger:
         from volunteer.dht.grid import get_experts
 
         try:
-            self.observe(swarm.loop.run(get_experts, swarm.dht, uids))
+            self.observe(swarm.loop.run(get_experts, swarm.dht, uids), swarm.dht.clock())
         except Exception as exc:  # a missed look is not a loss; the next one counts
             print(f"  ledger: lookup failed: {exc}", flush=True)
 

@@ -195,12 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                 if acc >= args.target and (churn is None or churn.started >= args.churn_processes):
                     break
             mixture = model.moe.stats
-            print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed, {mixture['rerouted']} samples "
-                  f"re-routed to a second round, {mixture['samples_short']} short of k_min (zero output)", flush=True)
+            print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed ({mixture['failed_over']} "
+                  f"retried on another replica), {mixture['rerouted']} samples re-routed to a second round, "
+                  f"{mixture['samples_short']} short of k_min (zero output)", flush=True)
             if churn is not None:
                 print(f"churn: {churn.started} volunteer processes ({churn.graceful} left gracefully, {churn.killed} "
                       f"killed), replicas {args.replicas}: experts lost {ledger.experts_lost}, "
                       f"updates lost {ledger.updates_lost}", flush=True)
+                print(f"ledger: {ledger.stale_answers} stale DHT answers (an older heartbeat of a host) ignored", flush=True)
             if args.show_status and testnet is not None:
                 _show_status(testnet)
     finally:

@@ -402,6 +402,7 @@ class VolunteerNode:
                                  store=BackendStore({}, capacity=cap, factory=factory, config=rconfig),
                                  capacity=cap, auto_place=opts.place, config=rconfig)
         manager.store.on_accepted = manager.accepted
+        manager.store.make_room = manager.make_room
         self.replicas = manager
         hosts: dict = {}
         with trio.move_on_after(SURVEY_TIMEOUT):

@@ -84,3 +84,28 @@ def test_a_step_where_no_expert_answers_raises(world):
     finally:
         swarm.faults = None
     assert moe.stats["failures"] == 2
+
+
+def test_an_expert_whose_host_died_is_served_by_its_other_replica_in_the_same_forward():
+    torch.manual_seed(2)
+    first = Volunteer(GRID, hidden=8)
+    second = Volunteer(GRID, hidden=8, bootstrap=[first.addr])
+    swarm = Swarm.join(first.spec(), dht_config=DHT_CONFIG)
+    try:
+        moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(1, 2), uid_prefix="expert", k_best=2, k_min=2,
+                                     forward_timeout=5, backward_timeout=5, timeout_after_k_min=0.5, refresh_period=60)
+        live = moe.live_experts(refresh=True)
+        assert sorted(live) == GRID and all(len(hosts) == 2 for hosts in live.values())
+        moe._latency = {str(first.host.peer_id): 1e-4, str(second.host.peer_id): 10.0}  # calls go to first
+        first.stop(crash=True)  # gone without tombstones: the trainer still sees both replicas
+        before = {uid: second.runtime.backends[uid].updates for uid in GRID}
+        x = torch.randn(16, 8)
+        out = moe(x)  # every sample needs both experts, so each must come from second
+        assert moe.stats["failed_over"] == 2 and moe.stats["samples_short"] == 0 and moe.stats["rerouted"] == 0
+        assert bool((out.abs().sum(-1) > 0).all())
+        out.sum().backward()  # backward goes to the replica that ran the forward
+        assert all(second.runtime.backends[uid].updates == before[uid] + 1 for uid in GRID)
+    finally:
+        swarm.close()
+        first.stop()
+        second.stop()

@@ -176,3 +176,27 @@ async def test_a_full_volunteer_refuses_a_hand_off_and_the_leaver_says_so():
                 await until(lambda: _holders(seed.dht, "rep.0", 1), "receiver declared")
                 leaver.leave()
             assert "solo.0" in leaver.handed_off.failed and "no capacity" in leaver.handed_off.failed["solo.0"]
+
+
+async def test_a_full_volunteer_drops_an_expert_others_hold_to_take_a_leavers_sole_copy():
+    grids = (GRID, ALONE)
+    async with open_volunteer(spec(grids=grids), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        # both full (one expert each), both hosting rep.0: whichever the leaver tries first takes it
+        async with open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=1)) as one, \
+                open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=1)) as other:
+            async with open_volunteer(spec(entry, grids=grids), options(uids=["solo.0"])) as leaver:
+                await train(leaver, "solo.0", 3)
+                await until(lambda: _holders(seed.dht, "rep.0", 2), "both replicas of rep.0 declared")
+                leaver.leave()
+            receiver_id, version = leaver.handed_off.done["solo.0"]
+            receiver, keeper = (one, other) if receiver_id == str(one.host.peer_id) else (other, one)
+            assert receiver_id == str(receiver.host.peer_id) and version == 3
+            assert receiver.runtime.uids == ["solo.0"] and receiver.runtime.backends["solo.0"].updates == 3
+            assert keeper.runtime.uids == ["rep.0"]  # the copy the receiver gave up is still served
+            await until(lambda: _has_version(seed.dht, "solo.0", receiver_id, 3), "receiver declares it")
+            await until(lambda: _holders_are(seed.dht, "rep.0", {str(keeper.host.peer_id)}), "receiver withdrew rep.0")
+
+
+async def _holders_are(dht, uid: str, peers: set) -> bool:
+    return {str(d.peer) for d in (await get_experts(dht, [uid]))[uid]} == peers

@@ -171,3 +171,18 @@ async def test_push_to_a_volunteer_that_takes_no_new_experts_is_refused():
         with pytest.raises(StateRefusedError) as info:
             await push_state(sender, receiver.full_addrs()[0], export_state(trained("expert.0.0")), swarm_id=SWARM)
     assert info.value.code == "unknown"
+
+
+async def test_a_push_never_rolls_back_a_fresher_hosted_replica_but_brings_a_staler_one_forward():
+    network = MemoryNetwork()
+    hosted = trained("expert.0.1", steps=4)
+    digest = state_digest(hosted)
+    async with node(network, BackendStore({"expert.0.1": hosted})) as receiver, node(network) as sender:
+        addr = receiver.full_addrs()[0]
+        # an older state (a leaver whose survey missed this replica): ours is kept
+        assert await push_state(sender, addr, export_state(trained("expert.0.1", steps=2)), swarm_id=SWARM) == 4
+        assert hosted.updates == 4 and state_digest(hosted) == digest
+        # a fresher one replaces it
+        fresher = trained("expert.0.1", steps=6)
+        assert await push_state(sender, addr, export_state(fresher), swarm_id=SWARM) == 6
+        assert state_digest(hosted) == state_digest(fresher)

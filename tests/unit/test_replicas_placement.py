@@ -160,3 +160,15 @@ def test_capacity_rules():
     per_expert = expert_memory_bytes(1_000_000)
     assert per_expert == 16_000_000
     assert capacity(gpu_memory_bytes=10 * per_expert + 5, bytes_per_expert=per_expert) == 10
+
+
+def test_a_full_volunteer_makes_room_by_giving_up_its_most_replicated_expert():
+    from volunteer.replicas.placement import make_room_for
+
+    hosts = {"e.0": {"me": 5, "a": 5, "b": 5}, "e.1": {"me": 7, "a": 7}, "e.2": {"me": 9}, "e.3": {"me": 1, "a": 1}}
+    assert make_room_for("x.0", hosts, me="me", hosting=["e.0", "e.1", "e.2"]) == "e.0"  # two others hold it
+    # equally held: the stalest copy here goes
+    assert make_room_for("x.0", hosts, me="me", hosting=["e.1", "e.3"]) == "e.3"
+    # sole copies are never given up for another sole copy
+    assert make_room_for("x.0", hosts, me="me", hosting=["e.2"]) is None
+    assert make_room_for("e.0", hosts, me="me", hosting=["e.0"]) is None

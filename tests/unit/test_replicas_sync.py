@@ -90,3 +90,25 @@ def test_average_keeps_the_parameter_dtype():
     round_.add("b", 0, {"h": torch.full((4,), 3.0, dtype=torch.float16)})
     averaged = round_.finish().averaged["h"]
     assert averaged.dtype == torch.float16 and torch.equal(averaged, torch.full((4,), 2.0, dtype=torch.float16))
+
+
+def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
+    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.replicas.state import apply_parameters, sync_parameters
+
+    backend = make_backend("e.0", "ffn", 4, config=ExpertsConfig(device="cpu"))
+    base = dict(sync_parameters(backend))  # what the round was opened with
+    averaged = {name: t + 1.0 for name, t in base.items()}  # the round moved every value by +1
+    with torch.no_grad():  # an optimizer step while the round was open: +0.5 everywhere
+        for p in backend.module.parameters():
+            p.add_(0.5)
+    backend.updates = 3
+    apply_parameters(backend, averaged, version=9, base=base)
+    for name, p in backend.module.named_parameters():
+        assert torch.allclose(p, base[name] + 1.5)
+    assert backend.updates == 9
+    # without a base (or without training in between) the average is written as it is
+    apply_parameters(backend, averaged, version=2)
+    for name, p in backend.module.named_parameters():
+        assert torch.allclose(p, averaged[name])
+    assert backend.updates == 9

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import trio
@@ -206,7 +206,7 @@ class RemoteMixtureOfExperts(nn.Module):
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
-        self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0}
+        self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0}
 
     @property
     def calls(self) -> int:
@@ -323,6 +323,7 @@ class RemoteMixtureOfExperts(nn.Module):
         failed_experts: set[int] = set()
         errors: list[BaseException] = []
         parts = self._round(flat, choices, tried, [need] * batch, answered, failed_experts, errors)
+        parts += self._fail_over(flat, choices, tried, need, answered, failed_experts, errors)
 
         short = (answered.sum(-1) < need).nonzero().flatten().tolist()
         if short:
@@ -389,6 +390,27 @@ class RemoteMixtureOfExperts(nn.Module):
             else:
                 failed_experts.add(e)
         return parts
+
+    def _fail_over(self, flat, choices, assign, need, answered, failed_experts, errors) -> list:
+        """The failed experts that have another live replica get their samples again, on that
+        replica, once: a leaving or crashed host takes none of its experts out of the step while
+        their replicas serve (its failed calls already keep it out of ``_pick_host``)."""
+        live = self.live_experts()
+        retry: dict[int, Any] = {}
+        for e in sorted(failed_experts):
+            uid, _ = choices[e]
+            other = self._pick_host(uid, live.get(uid, []))
+            if other is not None:
+                retry[e] = other
+        if not retry:
+            return []
+        failed_experts.difference_update(retry)
+        self.stats["failed_over"] += len(retry)
+        moved = [(uid, retry.get(e, decl)) for e, (uid, decl) in enumerate(choices)]
+        again = torch.zeros_like(assign)
+        again[:, sorted(retry)] = assign[:, sorted(retry)]
+        deficits = [max(0, need - int(n)) for n in answered.sum(-1).tolist()]
+        return self._round(flat, moved, again, deficits, answered, failed_experts, errors)
 
     def extra_repr(self) -> str:
         return f"grid={self.grid_size}, prefix={self.uid_prefix!r}, k_best={self.k_best}, k_min={self.k_min}"

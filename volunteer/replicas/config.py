@@ -42,6 +42,11 @@ class ReplicasConfig:
     default_capacity: int = 8  # experts hosted on a machine without a GPU and no --max-experts
     handoff_timeout: float = 20.0  # a graceful leave waits this long for its hand-offs
     handoff_candidates: int = 3  # receivers tried per expert, best first
+    # a declared host we are not connected to must answer a dial this fast to count as alive: a
+    # killed volunteer's declarations outlive it by up to an expiration, and placement must not
+    # count it as a replica meanwhile (one that is merely slow is counted out: one copy too many)
+    liveness_timeout: float = 5.0
+    max_liveness_checks: int = 16  # dials at once while checking a survey's hosts
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -33,7 +33,7 @@ from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, place
+from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, make_room_for, place
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import ReplicaSync
@@ -113,9 +113,42 @@ class ReplicaManager:
             for decl in decls:
                 if decl.peer != self.host.peer_id and decl.addrs:
                     remember_addrs(self.host, decl.peer, decl.addrs)
-        self.hosts = hosts_of(found)
+        self.hosts = await self.alive_only(hosts_of(found))
         self.surveyed_at = trio.current_time()
         return self.hosts
+
+    async def alive_only(self, hosts: Hosts) -> dict[str, dict[str, int]]:
+        """``hosts`` without the hosts that do not answer: a killed volunteer's declarations stay
+        in the DHT until they expire, and an expert it held must not look replicated meanwhile.
+        A host we are connected to counts as alive; any other must take a dial within
+        ``liveness_timeout`` (a few at a time)."""
+        peers = sorted({peer for holders in hosts.values() for peer in holders if peer != self.me})
+        dead: set[str] = set()
+        limiter = trio.CapacityLimiter(self.config.max_liveness_checks)
+
+        async def check(peer: str) -> None:
+            try:
+                peer_id = PeerID.from_string(peer)
+            except (ValueError, VolunteerError):
+                dead.add(peer)
+                return
+            if self.host.is_connected(peer_id):
+                return
+            async with limiter:
+                with trio.move_on_after(self.config.liveness_timeout):
+                    try:
+                        await self.host.connect(peer_id)
+                        return
+                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                        log.debug("declared host %s does not answer: %s", peer[-10:], describe(exc))
+            dead.add(peer)
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(check, peer)
+        if dead:
+            log.info("%d declared host(s) of the grid do not answer: not counted as replicas", len(dead))
+        return {uid: {p: v for p, v in holders.items() if p not in dead} for uid, holders in hosts.items()}
 
     def synced_age(self, uid: str) -> float | None:
         """Seconds since ``uid``'s replicas last averaged with us (None: never): declared with it."""
@@ -215,6 +248,28 @@ class ReplicaManager:
                 declarer.resume()
         if uid in self.store.backends:
             self.store.remove(uid)
+
+    async def make_room(self, incoming: str) -> bool:
+        """Full, and offered ``incoming`` by a leaver: drop the hosted expert with the most other
+        live hosts (asked of the DHT now) to take it (BackendStore's ``make_room``). False when
+        every hosted expert is a sole copy, or the DHT does not answer in time."""
+        mine = [uid for uid in self.store.backends if grid_of(uid, self.grids) is not None and uid != incoming]
+        if not mine or grid_of(incoming, self.grids) is None:
+            return False
+        hosts: dict[str, dict[str, int]] = {}
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                hosts = hosts_of(await get_experts(self.dht, mine))
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
+                return False
+        victim = make_room_for(incoming, hosts, me=self.me, hosting=mine)
+        if victim is None:
+            return False
+        log.info("dropping %s (other replicas hold it) to take %s from a leaving volunteer", victim, incoming)
+        await self.drop(victim)
+        self.moves += 1
+        return True
 
     async def accepted(self, backend: ExpertBackend) -> None:
         """A hand-off made us host ``backend``: declare it (BackendStore's ``on_accepted``)."""

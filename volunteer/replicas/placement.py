@@ -105,6 +105,19 @@ def _may_drop(hosts: Hosts, uid: str, me: str, replicas: int) -> bool:
     return me in ranked[:excess]
 
 
+def make_room_for(incoming: str, hosts: Hosts, *, me: str, hosting: Collection[str]) -> str | None:
+    """Which hosted expert a full volunteer drops to take ``incoming``, a sole copy a leaver hands
+    off: the one with the most other live hosts (ties: the stalest here, then by hash), and only
+    one that keeps at least one other host. Two experts with a copy each beat one with two copies
+    and one lost. None: every hosted expert is a sole copy too."""
+    others = {uid: _others(hosts, uid, me) for uid in hosting if uid != incoming}
+    held = [uid for uid, peers in others.items() if peers]
+    if not held:
+        return None
+    mine = {uid: hosts.get(uid, {}).get(me, 0) for uid in held}
+    return max(held, key=lambda uid: (len(others[uid]), -mine[uid], tie_break(me, uid)))
+
+
 def catch_up_source(hosts: Hosts, uid: str, *, me: str) -> str | None:
     """The replica to download ``uid``'s state from: the freshest live one (highest version; ties
     by hash, so joiners spread over equally fresh replicas), or None when nobody else hosts it."""
@@ -136,4 +149,13 @@ def capacity(
     return config.default_capacity
 
 
-__all__ = ["Hosts", "Placement", "capacity", "catch_up_source", "expert_memory_bytes", "place", "tie_break"]
+__all__ = [
+    "Hosts",
+    "Placement",
+    "capacity",
+    "catch_up_source",
+    "expert_memory_bytes",
+    "make_room_for",
+    "place",
+    "tie_break",
+]

@@ -152,16 +152,30 @@ def sync_parameters(backend: ExpertBackend) -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def apply_parameters(backend: ExpertBackend, averaged: Mapping[str, torch.Tensor], version: int) -> None:
+def apply_parameters(
+    backend: ExpertBackend,
+    averaged: Mapping[str, torch.Tensor],
+    version: int,
+    base: Mapping[str, torch.Tensor] | None = None,
+) -> None:
     """Write a round's averages into the parameters and raise the version to ``version`` (the
-    group's highest). Parameters the round left out keep their values."""
+    group's highest). Parameters the round left out keep their values.
+
+    ``base``: the parameters this replica contributed when the round opened. Training goes on
+    while a round is open, so the round's change (``averaged - base``) is added to the parameters
+    as they are now, instead of overwriting the optimizer steps taken meanwhile; without training
+    in between that is exactly ``averaged``."""
     params = dict(backend.module.named_parameters())
     with torch.no_grad():
         for name, value in averaged.items():
             param = params.get(name)
             if param is None or param.shape != value.shape:
                 raise StateMismatchError(f"expert {backend.uid!r} has no parameter {name!r} of shape {list(value.shape)}")
-            param.copy_(value.to(param.device, param.dtype))
+            own = None if base is None else base.get(name)
+            if own is None:
+                param.copy_(value.to(param.device, param.dtype))
+            else:
+                param.add_((value.to(torch.float64) - own.to(torch.float64)).to(param.device, param.dtype))
     backend.updates = max(backend.updates, version)
 
 

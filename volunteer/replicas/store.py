@@ -30,6 +30,8 @@ from .state import (
 BackendFactory = Callable[[StateHeader], ExpertBackend]
 # told about a backend that a push made this volunteer host (the daemon serves and declares it)
 AcceptedHook = Callable[[ExpertBackend], Awaitable[None] | None]
+# asked, when full, to free a slot for a pushed uid (by dropping an expert others hold): True if it did
+MakeRoomHook = Callable[[str], Awaitable[bool]]
 
 
 class BackendStore:
@@ -46,6 +48,7 @@ class BackendStore:
         capacity: int | None = None,
         factory: BackendFactory | None = None,
         on_accepted: AcceptedHook | None = None,
+        make_room: MakeRoomHook | None = None,
         config: ReplicasConfig = DEFAULT_CONFIG,
     ) -> None:
         self.backends = backends
@@ -53,6 +56,7 @@ class BackendStore:
         self.capacity = capacity
         self.factory = factory
         self.on_accepted = on_accepted
+        self.make_room = make_room
         self.config = config
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -101,11 +105,24 @@ class BackendStore:
             return
         check_fits(backend, header)
 
+    async def admit(self, header: StateHeader) -> None:
+        """``offer``, except that a full volunteer first asks ``make_room`` to free a slot (a
+        leaver's sole copy is worth more here than a second copy of an expert others hold)."""
+        try:
+            self.offer(header)
+        except StateRefusedError as exc:
+            if exc.code != "full" or self.make_room is None or not await self.make_room(header.uid):
+                raise
+            self.offer(header)
+
     async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
-        """Load a pushed state (building the backend if needed); the version now hosted."""
+        """Load a pushed state (building the backend if needed); the version now hosted. A hosted
+        expert at least as fresh as the push keeps its own state."""
         self.offer(header)  # again: another push may have taken the room meanwhile
         backend = self.backends.get(header.uid)
         if backend is not None:
+            if backend.updates >= header.version:  # a push never rolls a replica back; syncs merge them
+                return backend.updates
             await self._run(import_state, backend, header, payload)
             return backend.updates
         assert self.factory is not None
@@ -147,13 +164,16 @@ class BackendStore:
         backend = self._backend(uid)
         return await self._run(lambda: (backend.updates, sync_parameters(backend)))
 
-    async def apply(self, uid: str, averaged: Mapping[str, torch.Tensor], version: int) -> None:
-        """Write a sync round's result into a hosted expert."""
-        await self._run(apply_parameters, self._backend(uid), averaged, version)
+    async def apply(
+        self, uid: str, averaged: Mapping[str, torch.Tensor], version: int, base: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Write a sync round's result into a hosted expert (``base``: what it contributed, so the
+        steps it took during the round are kept; see ``apply_parameters``)."""
+        await self._run(apply_parameters, self._backend(uid), averaged, version, base)
 
     def versions(self) -> dict[str, int]:
         """Version of every hosted expert."""
         return {uid: backend.updates for uid, backend in self.backends.items()}
 
 
-__all__ = ["AcceptedHook", "BackendFactory", "BackendStore"]
+__all__ = ["AcceptedHook", "BackendFactory", "BackendStore", "MakeRoomHook"]

@@ -184,7 +184,7 @@ class ReplicaSync(BaseService):
                         open_round.changed = trio.Event()
                 outcome = core.finish()
                 self._rounds.pop(uid, None)
-                await self.store.apply(uid, outcome.averaged, outcome.version)
+                await self.store.apply(uid, outcome.averaged, outcome.version, base=core.params)
                 self.last_sync[uid] = trio.current_time()
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)

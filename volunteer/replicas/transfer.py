@@ -110,7 +110,7 @@ class StateService(BaseService):
             await close_quietly(reader)
 
     async def _take_push(self, reader: BufferedStream, header: StateHeader) -> None:
-        self.store.offer(header)  # refusal before the payload is sent
+        await self.store.admit(header)  # refusal before the payload is sent
         await reader.send_all(pack({"ok": True}, self.config))
         payload = await receive_payload(reader, header.total, self.config)
         verify_payload(header, payload)
