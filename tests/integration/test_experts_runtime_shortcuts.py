@@ -56,16 +56,25 @@ async def test_backward_replies_before_its_step_and_the_next_forward_sees_the_st
         while not optimizers[0].entered.is_set():
             await trio.sleep(0.001)
         result: list = []
+        settled = trio.Event()
 
         async def forward_now() -> None:
             result.extend(await runtime.forward("ffn.0", [x]))
 
+        async def settle() -> None:
+            await runtime.settled()
+            settled.set()
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forward_now)
+            nursery.start_soon(settle)
             await trio.testing.wait_all_tasks_blocked()
             assert not result  # queued behind the step: it cannot run on the old parameters
+            assert not settled.is_set()
             optimizers[0].gate.set()
         assert torch.equal(result[0], want_y)  # the forward after the backward saw the new parameters
+        for mine, theirs in zip(backend.module.parameters(), reference.module.parameters()):
+            assert torch.equal(mine, theirs)  # read after settled(): the step is in
         assert runtime.stats()["ffn.0"].updates == 1
 
 

@@ -58,7 +58,12 @@ from ..errors import (
 from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .schema import check_finite, signature
+from .requests import Queue as _Queue
+from .requests import Request as _Request
+from .requests import concat as _concat
+from .requests import nbytes as _nbytes
+from .requests import wake as _wake
+from .schema import check_finite
 from .stats import Counters as _Counters
 from .stats import ExpertStats
 
@@ -66,30 +71,6 @@ log = logging.getLogger(__name__)
 
 FORWARD = "forward"
 BACKWARD = "backward"
-
-
-class _Request:
-    """One caller's request, shared between the trio side and the worker."""
-
-    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone")
-
-    def __init__(self, uid: str, kind: str, inputs, grads, batch: int, nbytes: int) -> None:
-        self.uid, self.kind, self.inputs, self.grads = uid, kind, inputs, grads
-        self.batch, self.nbytes = batch, nbytes
-        self.key = signature(inputs)  # requests batch together only when these agree
-        self.submitted = time.perf_counter()
-        self.event = trio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.gone = False  # the caller stopped waiting (cancelled)
-
-
-class _Queue:
-    __slots__ = ("requests", "samples")
-
-    def __init__(self) -> None:
-        self.requests: deque[_Request] = deque()
-        self.samples = 0
 
 
 class Runtime:
@@ -151,6 +132,12 @@ class Runtime:
             self._calls.append(call)
             self._cond.notify()
         return await self._wait(call)
+
+    async def settled(self) -> None:
+        """Return once every optimizer step owed by an answered backward is applied. Read a
+        backend's state on the event loop only after this (or through ``run_sync``): a backward
+        replies before its step (the worker applies owed steps before any other job)."""
+        await self.run_sync(_nothing)
 
     def info(self, uid: str) -> dict:
         """The expert's metadata (schema, class, updates) for the expert-info reply."""
@@ -571,19 +558,8 @@ class Runtime:
         return failures
 
 
-def _wake(requests: list[_Request]) -> None:
-    for request in requests:
-        request.event.set()
-
-
-def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.nelement() * t.element_size() for t in tensors)
-
-
-def _concat(requests: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    if len(requests) == 1:
-        return requests[0]
-    return [torch.cat(parts) for parts in zip(*requests)]
+def _nothing() -> None:
+    pass
 
 
 @asynccontextmanager
