@@ -49,7 +49,7 @@ async def test_backward_replies_before_its_step_and_the_next_forward_sees_the_st
     (want_dx,) = reference.backward([x], [g])
     (want_y,) = reference.forward([x])
     async with open_runtime([backend], config) as runtime:
-        await runtime.forward("ffn.0", [x])
+        await runtime.forward("ffn.0", [x], keep_graph=True)
         (dx,) = await runtime.backward("ffn.0", [x], [g])  # answered while the step waits at the gate
         assert torch.equal(dx, want_dx)
         assert backend.updates == 1  # counted at once
@@ -59,7 +59,7 @@ async def test_backward_replies_before_its_step_and_the_next_forward_sees_the_st
         settled = trio.Event()
 
         async def forward_now() -> None:
-            result.extend(await runtime.forward("ffn.0", [x]))
+            result.extend(await runtime.forward("ffn.0", [x], keep_graph=True))
 
         async def settle() -> None:
             await runtime.settled()
@@ -86,13 +86,13 @@ async def test_a_backward_uses_the_kept_forward_only_when_nothing_changed_in_bet
     async with open_runtime([backend], config) as runtime:
         cache = runtime.activations
         # forward then backward of the same inputs: the kept graph is used
-        await runtime.forward("ffn.0", [x])
+        await runtime.forward("ffn.0", [x], keep_graph=True)
         (dx,) = await runtime.backward("ffn.0", [x], [g])
         assert cache.hits == 1 and torch.equal(dx, reference.backward([x], [g])[0])
         # forward x, then another trainer's forward+backward steps the expert, then x's backward:
         # the kept graph of x is stale, so it is recomputed with the new parameters
-        await runtime.forward("ffn.0", [x])
-        await runtime.forward("ffn.0", [y])
+        await runtime.forward("ffn.0", [x], keep_graph=True)
+        await runtime.forward("ffn.0", [y], keep_graph=True)
         await runtime.backward("ffn.0", [y], [g[:2]])
         reference.backward([y], [g[:2]])
         await runtime.run_sync(int)  # the worker applies a step before its next job: it is past it now
@@ -101,7 +101,7 @@ async def test_a_backward_uses_the_kept_forward_only_when_nothing_changed_in_bet
         assert cache.hits == 2 and cache.misses == 1
         assert torch.equal(dx, reference.backward([x], [g])[0])
         # a backward of other inputs than the forward's recomputes too
-        await runtime.forward("ffn.0", [x])
+        await runtime.forward("ffn.0", [x], keep_graph=True)
         (dx,) = await runtime.backward("ffn.0", [x + 1], [g])
         assert cache.misses == 2 and torch.equal(dx, reference.backward([x + 1], [g])[0])
         assert backend.updates == reference.updates == 4
@@ -113,9 +113,22 @@ async def test_the_runtime_keeps_no_more_graphs_than_its_bound():
     config = ExpertsConfig(device="cpu", activation_cache_entries=3)
     async with open_runtime([make_backend("ffn.0", "ffn", 8, config=config)], config) as runtime:
         for i in range(10):
-            await runtime.forward("ffn.0", [torch.full((2, 8), float(i))])
+            await runtime.forward("ffn.0", [torch.full((2, 8), float(i))], keep_graph=True)
             assert len(runtime.activations) <= 3
         assert len(runtime.activations) == 3
+
+
+async def test_a_forward_without_an_announced_backward_keeps_no_graph():
+    config = ExpertsConfig(device="cpu")
+    backend = make_backend("ffn.0", "ffn", 8, config=config)
+    reference = copy.deepcopy(backend)
+    x, g = torch.randn(3, 8), torch.randn(3, 8)
+    async with open_runtime([backend], config) as runtime:
+        (y,) = await runtime.forward("ffn.0", [x])  # inference: no backward will come
+        assert len(runtime.activations) == 0 and torch.equal(y, reference.forward([x])[0])
+        (dx,) = await runtime.backward("ffn.0", [x], [g])  # one comes anyway: recomputed
+        assert runtime.activations.misses == 1
+    assert torch.equal(dx, reference.backward([x], [g])[0])
 
 
 async def test_graphs_are_off_with_a_zero_bound():
@@ -124,7 +137,7 @@ async def test_graphs_are_off_with_a_zero_bound():
     reference = copy.deepcopy(backend)
     x, g = torch.randn(3, 8), torch.randn(3, 8)
     async with open_runtime([backend], config) as runtime:
-        await runtime.forward("ffn.0", [x])
+        await runtime.forward("ffn.0", [x], keep_graph=True)
         (dx,) = await runtime.backward("ffn.0", [x], [g])
         assert len(runtime.activations) == 0 and runtime.activations.hits == 0
     assert torch.equal(dx, reference.backward([x], [g])[0])
@@ -163,7 +176,7 @@ async def test_cheap_lone_requests_run_inline_and_give_the_same_results(limit):
         for _ in range(3):
             # after a backward the worker may still be applying the step: then the next request
             # waits for it on the worker; either way the results are those of one trainer
-            (y,) = await runtime.forward("rec.0", [x])
+            (y,) = await runtime.forward("rec.0", [x], keep_graph=True)
             (dx,) = await runtime.backward("rec.0", [x], [g])
             assert torch.equal(y, reference.forward([x])[0])
             assert torch.equal(dx, reference.backward([x], [g])[0])

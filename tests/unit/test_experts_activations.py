@@ -133,3 +133,18 @@ def test_the_cache_answers_only_its_expert_and_state_and_drops_what_a_step_outda
     cache.drop("ffn.1")
     assert len(cache) == 0 and cache.nbytes == 0
     assert not ActivationCache(0, 1 << 30, 60).enabled and ActivationCache(1, 1, 1).enabled
+
+
+def test_a_forward_request_announces_its_backward_in_an_optional_field():
+    from volunteer.experts.protocol import Request, unpack
+
+    header = {"t": [], "n": 0}
+    announced = Request("forward", "ffn.0", tensors=header, keep_graph=True)
+    assert unpack(announced.encode()[1:])["g"] is True
+    assert Request.from_message(announced.to_message()).keep_graph
+    plain = Request("forward", "ffn.0", tensors=header)
+    assert "g" not in plain.to_message()  # what older servers always saw
+    assert not Request.from_message(plain.to_message()).keep_graph
+    assert not Request.from_message({**plain.to_message(), "g": 1}).keep_graph  # only a true bool counts
+    backward = Request("backward", "ffn.0", tensors={"t": [{}, {}], "n": 0}, n_inputs=1, keep_graph=True)
+    assert "g" not in backward.to_message()

@@ -11,6 +11,7 @@ Errors a trainer can act on, all ``ExpertError``s:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Sequence
 
@@ -78,8 +79,11 @@ async def call_expert(
     timeout: float = DEFAULT_FORWARD_TIMEOUT,
     faults=None,
     config: ExpertsConfig = DEFAULT_CONFIG,
+    backward_follows: bool = False,
 ):
-    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors."""
+    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors.
+    ``backward_follows`` (forward): we will call backward with these inputs, so the server may
+    keep the forward's graph for it instead of recomputing it."""
     peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
     peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
@@ -99,7 +103,8 @@ async def call_expert(
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
                 async with lease:
-                    return await _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config)
+                    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
+                    return await _exchange(lease, request, tensors, peer_name, config)
             except _StaleStream as exc:
                 if lease.reused and attempt == 0:
                     continue  # the server had dropped that idle stream: once more on a fresh one
@@ -114,13 +119,13 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config):
+async def _exchange(lease, request: Request, tensors, peer_name, config):
     reader = lease.stream
+    op, uid = request.op, request.uid
     chunks = iter(())
-    header = None
     if op != "info":
-        header, chunks = serialize(list(tensors), compression, config=config)
-    request = Request(op, uid, compression, header, n_inputs or 0)
+        header, chunks = serialize(list(tensors), request.compression, config=config)
+        request = replace(request, tensors=header)
     reply: Reply | None = None
     buffers = list(writes(request.encode(), chunks))
 
@@ -184,14 +189,19 @@ def caller_of(swarm):
 class _Call:
     """What an autograd Function needs to reach one expert from a synchronous thread."""
 
-    def __init__(self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str) -> None:
+    def __init__(
+        self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str,
+        backward_follows: bool = False,
+    ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
+        self.backward_follows = backward_follows  # forward under autograd: its backward will be called
 
     async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
             compression=self.compression, timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
+            backward_follows=self.backward_follows,
         )
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -256,7 +266,9 @@ class RemoteExpert(nn.Module):
         self.swarm = swarm
         if addrs and isinstance(self.peer, PeerID):
             swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
-        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
+        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True)
+        # for forwards without autograd (inference): no backward follows, the server keeps nothing
+        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -297,7 +309,8 @@ class RemoteExpert(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         self.check_inputs(inputs)
-        outputs = _RemoteFunction.apply(DUMMY, self._call, *inputs)
+        call = self._call if torch.is_grad_enabled() else self._inference_call
+        outputs = _RemoteFunction.apply(DUMMY, call, *inputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def extra_repr(self) -> str:

@@ -15,7 +15,7 @@ from .schema import signature
 class Request:
     """One caller's request, shared between the trio side and the worker."""
 
-    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone")
+    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone", "keep_graph")
 
     def __init__(self, uid: str, kind: str, inputs, grads, batch: int, nbytes: int) -> None:
         self.uid, self.kind, self.inputs, self.grads = uid, kind, inputs, grads
@@ -26,6 +26,7 @@ class Request:
         self.result: Any = None
         self.error: BaseException | None = None
         self.gone = False  # the caller stopped waiting (cancelled)
+        self.keep_graph = False  # a forward whose backward the caller announced
 
 
 class Queue:

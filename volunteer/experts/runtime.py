@@ -104,12 +104,16 @@ class Runtime:
 
     # --- public API (trio thread) -------------------------------------------------------------
 
-    async def forward(self, uid: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    async def forward(self, uid: str, inputs: Sequence[torch.Tensor], *, keep_graph: bool = False) -> list[torch.Tensor]:
         """The expert's outputs for one request (batched with others). Raises ExpertInputError,
-        ExpertBusyError, ExpertPausedError, UnknownExpertError, or what the expert raised."""
+        ExpertBusyError, ExpertPausedError, UnknownExpertError, or what the expert raised.
+        ``keep_graph``: the caller will send the backward of these inputs; if computed alone,
+        the forward's graph is kept for it (``activations.py``)."""
         backend = self._backend(uid)
         batch = backend.check_inputs(inputs, nan_check=False)
-        return await self._submit(_Request(uid, FORWARD, list(inputs), None, batch, _nbytes(inputs)))
+        request = _Request(uid, FORWARD, list(inputs), None, batch, _nbytes(inputs))
+        request.keep_graph = keep_graph
+        return await self._submit(request)
 
     async def backward(
         self, uid: str, inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]
@@ -500,10 +504,12 @@ class Runtime:
             request.result = [part[index] for part in parts]
 
     def _compute_with_graph(self, backend: ExpertBackend, request: _Request) -> bool:
-        """A lone forward keeps its graph; a lone backward uses the kept graph of its inputs if
+        """A lone forward that announced its backward keeps its graph; a lone backward uses the kept graph of its inputs if
         the expert did not change since. False: compute it the ordinary way. (Batches of several
         requests recompute: one graph per request would cost a backward pass per request.)"""
         if request.kind == FORWARD:
+            if not request.keep_graph:
+                return False  # no backward announced: a graph would only hold memory
             request.result, graph = backend.forward_keeping_graph(request.inputs)
             with self._cond:
                 self.activations.put(request.uid, graph, now=time.perf_counter())
