@@ -116,6 +116,21 @@ def test_forward_backward_from_a_plain_thread_match_a_local_copy(world):
     assert server.server.bytes_in > 0 and server.server.bytes_out > 0
 
 
+def test_the_server_keeps_a_forward_graph_only_when_a_backward_will_follow(world):
+    _, server, client = world
+    cache = server.runtime.activations
+    remote = RemoteExpert("ffn.0", server.addr, client)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        remote(x)  # inference: the request says no backward follows
+    assert len(cache) == 0
+    y = remote(x.clone().requires_grad_())  # training: the server keeps the graph (before replying)
+    assert len(cache) == 1
+    y.sum().backward()  # taken (before the reply): no forward recomputed
+    assert (cache.hits, cache.misses) == (1, 0)
+    assert server.runtime.backends["ffn.0"].updates == 1
+
+
 def test_peer_forms_and_no_grad_forward(world):
     _, server, client = world
     x = torch.randn(3, 8)

@@ -44,6 +44,7 @@ async def train(node, uid: str, steps: int, seed: int = 0) -> None:
     for _ in range(steps):
         x = torch.randn(4, HIDDEN, generator=gen)
         await node.runtime.backward(uid, [x], [torch.randn(4, HIDDEN, generator=gen)])
+    await node.runtime.settled()  # the last step is applied: the test reads the state next
 
 
 async def declared_versions(dht, uid: str) -> dict:

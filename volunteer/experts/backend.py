@@ -1,9 +1,13 @@
 """Expert backends: a torch module, its optimizer and its schema, with checkpoints.
 
-``forward`` runs without autograd; ``backward`` recomputes the forward with autograd (the server
-keeps no activations between calls, as in Learning@home), returns the gradients of the inputs
-and applies one optimizer step. A backend is not thread-safe: the runtime calls it from its one
-worker thread only.
+``forward`` runs without autograd; ``backward`` recomputes the forward with autograd (as in
+Learning@home), returns the gradients of the inputs and applies one optimizer step. The runtime
+may instead keep a forward's graph (``forward_keeping_graph``) and backward from it
+(``backward_from_graph``) when nothing changed in between (``activations.py``), and may defer the
+step (``defer_step=True``) so the reply leaves first: the step is then owed, counted in
+``updates`` at once, and applied by ``settle()``, which every method that computes or exports
+state calls first, so nothing ever sees the parameters without it. A backend is not
+thread-safe: the runtime calls it from one thread at a time.
 
 Checkpoints hold the module, the optimizer and the update count. They are written atomically
 with a checksum, the previous generation kept (``checkpoints.py``), every ``checkpoint_every``
@@ -17,6 +21,8 @@ import os
 import re
 import time
 from pathlib import Path
+from dataclasses import dataclass
+from itertools import chain
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -62,6 +68,20 @@ def _as_list(outputs: object) -> list[torch.Tensor]:
     raise ExpertConfigError(f"an expert must return a tensor or a tuple of tensors, not {type(outputs).__name__}")
 
 
+@dataclass
+class ForwardGraph:
+    """A forward computed with autograd, kept for the backward of the same inputs.
+
+    ``state`` fingerprints the module when the forward ran (``ExpertBackend.state_fingerprint``);
+    ``nbytes`` counts the activations the graph holds (saved tensors that are not parameters)."""
+
+    inputs: list[torch.Tensor]  # as received: compared with torch.equal to a backward's inputs
+    leaves: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    state: tuple
+    nbytes: int
+
+
 class ExpertBackend:
     """One expert served by this volunteer: module + optimizer (Adam by default) + schema."""
 
@@ -96,6 +116,7 @@ class ExpertBackend:
         self.updates = 0  # optimizer steps taken, across restarts
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None
         self._saved_at = 0  # self.updates when the last checkpoint was written or loaded
+        self._step_owed = False  # a deferred optimizer step, already counted in self.updates
         self.last_checkpoint_time: float | None = None  # wall clock of the last save, for the TUI
 
     def _infer_outputs(self) -> list[TensorSpec]:
@@ -137,17 +158,54 @@ class ExpertBackend:
 
     def forward(self, inputs: Sequence[torch.Tensor], *, validate: bool = True) -> list[torch.Tensor]:
         """Outputs for a batch, without autograd, on the CPU."""
+        self.settle()
         batch = self.check_inputs(inputs) if validate else inputs[0].shape[0]
         with torch.no_grad():
             outputs = _as_list(self.module(*(t.to(self.device, non_blocking=True) for t in inputs)))
         self._check_outputs(outputs, batch)
         return [t.detach().cpu() for t in outputs]
 
+    def forward_keeping_graph(self, inputs: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], ForwardGraph]:
+        """``forward`` (inputs already validated), computed with autograd: the outputs, and the
+        graph a backward of the same inputs can use instead of recomputing (``backward_from_graph``)."""
+        self.settle()
+        batch = inputs[0].shape[0]
+        parameters = {t.data_ptr() for t in chain(self.module.parameters(), self.module.buffers())}
+        saved = [0]
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.data_ptr() not in parameters:  # parameters are held anyway: not the graph's cost
+                saved[0] += tensor.nelement() * tensor.element_size()
+            return tensor
+
+        leaves = [t.to(self.device).detach().requires_grad_(t.is_floating_point()) for t in inputs]
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            outputs = _as_list(self.module(*leaves))
+        self._check_outputs(outputs, batch)
+        graph = ForwardGraph(list(inputs), leaves, outputs, self.state_fingerprint(), saved[0])
+        return [t.detach().cpu() for t in outputs], graph
+
+    def state_fingerprint(self) -> tuple:
+        """What a forward's result depends on besides its inputs: the update count, the training
+        mode, and the identity and version counter of every parameter and buffer. Torch bumps a
+        tensor's version on every in-place change (an optimizer step, ``load_state_dict``'s
+        copy, a replica's import), and replacing a parameter changes its identity: an equal
+        fingerprint means the module computes what it computed when the fingerprint was taken."""
+        tensors = chain(self.module.parameters(), self.module.buffers())
+        return (self.updates, self._step_owed, self.module.training, *((id(t), t._version) for t in tensors))
+
     def backward(
-        self, inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor], *, validate: bool = True
+        self,
+        inputs: Sequence[torch.Tensor],
+        grad_outputs: Sequence[torch.Tensor],
+        *,
+        validate: bool = True,
+        defer_step: bool = False,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs (zeros for non-float inputs), on the CPU; then one optimizer
-        step. Nothing is changed if it raises before the step."""
+        step (owed, and applied by ``settle()``, with ``defer_step``). Nothing is changed if it
+        raises before the step."""
+        self.settle()
         batch = self.check_backward(inputs, grad_outputs) if validate else inputs[0].shape[0]
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
@@ -157,25 +215,60 @@ class ExpertBackend:
         with torch.enable_grad():
             outputs = _as_list(self.module(*leaves))
             self._check_outputs(outputs, batch)
-            pairs = []
-            for index, (out, grad) in enumerate(zip(outputs, grad_outputs)):
-                if grad.shape != out.shape:
-                    raise ExpertInputError(f"gradient {index} has shape {list(grad.shape)}, the output {list(out.shape)}")
-                if out.requires_grad:
-                    pairs.append((out, grad.to(self.device, non_blocking=True)))
-            if pairs:
+        return self._backward(leaves, outputs, grad_outputs, defer_step)
+
+    def backward_from_graph(
+        self, graph: ForwardGraph, grad_outputs: Sequence[torch.Tensor], *, defer_step: bool = False
+    ) -> list[torch.Tensor]:
+        """``backward`` of ``graph.inputs`` through the kept graph instead of a recomputed forward.
+        The caller checks ``graph.state == state_fingerprint()`` first (ExpertConfigError if not:
+        the result would be stale). A graph is used once."""
+        self.settle()
+        if graph.state != self.state_fingerprint():
+            raise ExpertConfigError(f"expert {self.uid!r}: the kept forward is stale")
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step)
+
+    def _backward(self, leaves, outputs, grad_outputs, defer_step: bool) -> list[torch.Tensor]:
+        pairs = []
+        for index, (out, grad) in enumerate(zip(outputs, grad_outputs)):
+            if grad.shape != out.shape:
+                raise ExpertInputError(f"gradient {index} has shape {list(grad.shape)}, the output {list(out.shape)}")
+            if out.requires_grad:
+                pairs.append((out, grad.to(self.device, non_blocking=True)))
+        if pairs:
+            with torch.enable_grad():
                 torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
-        self._step()
+        if defer_step:
+            self.updates += 1  # counted now: whoever reads it sees what a settled backend will say
+            self._step_owed = True
+        else:
+            self._step()
         return [g.detach().cpu() for g in grads]
 
+    @property
+    def step_owed(self) -> bool:
+        """Whether a deferred optimizer step waits for ``settle()``."""
+        return self._step_owed
+
+    def settle(self) -> None:
+        """Apply a deferred optimizer step, if one is owed (a no-op otherwise)."""
+        if self._step_owed:
+            self._step_owed = False
+            self._apply_step()
+
     def _step(self) -> None:
+        self.updates += 1
+        self._apply_step()
+
+    def _apply_step(self) -> None:
         if self.optimizer is not None:
             if self.config.max_grad_norm is not None:
                 nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        self.updates += 1
         every = self.config.checkpoint_every
         if self.checkpoint_path is not None and every and self.updates - self._saved_at >= every:
             self.save_checkpoint()
@@ -196,6 +289,7 @@ class ExpertBackend:
 
     def state_dict(self) -> dict:
         """Everything a checkpoint holds (tensors and plain Python values only)."""
+        self.settle()
         return {
             "format": CHECKPOINT_FORMAT,
             "uid": self.uid,
@@ -210,6 +304,7 @@ class ExpertBackend:
         """Restore ``state_dict()``'s output; ExpertConfigError if it belongs to another expert."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
             raise ExpertConfigError("not a volunteer expert checkpoint (or a newer format)")
+        self.settle()
         for key, mine in (("class", self.expert_class), ("hidden_dim", self.hidden_dim)):
             if state.get(key) != mine:
                 raise ExpertConfigError(f"checkpoint has {key} {state.get(key)!r}, this expert {mine!r}")

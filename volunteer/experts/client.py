@@ -11,6 +11,8 @@ Errors a trainer can act on, all ``ExpertError``s:
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
 from typing import Sequence
 
 import torch
@@ -35,6 +37,14 @@ from .failures import raise_remote
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
+PEER_IDS_REMEMBERED = 1024  # multiaddrs whose parsed PeerID call_expert keeps
+
+
+@lru_cache(maxsize=PEER_IDS_REMEMBERED)
+def _peer_id_in(addr: Multiaddr) -> PeerID | None:
+    # a multiaddr's /p2p part is parsed (base58, multihash checks) on every access: a trainer
+    # calling the same expert thousands of times parses it once
+    return addr.peer_id
 
 
 def as_peer(peer: PeerID | Multiaddr | str) -> PeerID | Multiaddr:
@@ -69,15 +79,20 @@ async def call_expert(
     timeout: float = DEFAULT_FORWARD_TIMEOUT,
     faults=None,
     config: ExpertsConfig = DEFAULT_CONFIG,
+    backward_follows: bool = False,
 ):
-    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors."""
-    peer_name = str(peer.peer_id if isinstance(peer, Multiaddr) else peer)
+    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors.
+    ``backward_follows`` (forward): we will call backward with these inputs, so the server may
+    keep the forward's graph for it instead of recomputing it."""
+    peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
+    peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
     with trio.move_on_after(timeout) as scope:
         if faults is not None:
             await faults.before_call(uid)
         try:
-            conn = await host.connect(peer)
+            # connected already: by PeerID, so the multiaddr is not parsed again
+            conn = await host.connect(peer_id if peer_id is not None and host.is_connected(peer_id) else peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
         pool = pool_of(host)
@@ -88,7 +103,8 @@ async def call_expert(
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
                 async with lease:
-                    return await _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config)
+                    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
+                    return await _exchange(lease, request, tensors, peer_name, config)
             except _StaleStream as exc:
                 if lease.reused and attempt == 0:
                     continue  # the server had dropped that idle stream: once more on a fresh one
@@ -103,13 +119,13 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, config):
+async def _exchange(lease, request: Request, tensors, peer_name, config):
     reader = lease.stream
+    op, uid = request.op, request.uid
     chunks = iter(())
-    header = None
     if op != "info":
-        header, chunks = serialize(list(tensors), compression, config=config)
-    request = Request(op, uid, compression, header, n_inputs or 0)
+        header, chunks = serialize(list(tensors), request.compression, config=config)
+        request = replace(request, tensors=header)
     reply: Reply | None = None
     buffers = list(writes(request.encode(), chunks))
 
@@ -120,26 +136,31 @@ async def _exchange(lease, uid, op, tensors, n_inputs, compression, peer_name, c
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
-    failed: BaseException | None = None
-    async with trio.open_nursery() as nursery:
-        if len(buffers) == 1:
-            # A small call goes out in one write, before we listen: no task to start. Safe even
-            # if the server answers early with an error: it drains up to DRAIN_LIMIT (8 MiB).
-            await send()
-        else:
-            nursery.start_soon(send)
+    async def receive_reply(cancel_sending) -> tuple[Reply | None, BaseException | None]:
         try:
             body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
         except (VolunteerError, trio.BrokenResourceError) as exc:
-            failed = _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
-            nursery.cancel_scope.cancel()
-        else:
-            try:
-                reply = Reply.decode(body, op)
-            except ExpertProtocolError as exc:
-                failed = ExpertProtocolError(f"{peer_name} sent a bad reply to {uid!r}: {exc}")
-            if reply is None or not reply.ok:
-                nursery.cancel_scope.cancel()  # stop sending: the call failed
+            cancel_sending()
+            return None, _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
+        try:
+            reply = Reply.decode(body, op)
+        except ExpertProtocolError as exc:
+            cancel_sending()
+            return None, ExpertProtocolError(f"{peer_name} sent a bad reply to {uid!r}: {exc}")
+        if not reply.ok:
+            cancel_sending()  # stop sending: the call failed
+        return reply, None
+
+    if len(buffers) == 1:
+        # A small call goes out in one write, before we listen: no task and no nursery (tens of
+        # microseconds a call). Safe even if the server answers early with an error: it drains
+        # up to DRAIN_LIMIT (8 MiB).
+        await send()
+        reply, failed = await receive_reply(lambda: None)
+    else:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            reply, failed = await receive_reply(nursery.cancel_scope.cancel)
     if failed is not None:  # raised out here, not as an ExceptionGroup from the nursery
         if not isinstance(failed, _StaleStream):
             lease.discard()
@@ -168,14 +189,19 @@ def caller_of(swarm):
 class _Call:
     """What an autograd Function needs to reach one expert from a synchronous thread."""
 
-    def __init__(self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str) -> None:
+    def __init__(
+        self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str,
+        backward_follows: bool = False,
+    ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
+        self.backward_follows = backward_follows  # forward under autograd: its backward will be called
 
     async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
             compression=self.compression, timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
+            backward_follows=self.backward_follows,
         )
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -240,7 +266,9 @@ class RemoteExpert(nn.Module):
         self.swarm = swarm
         if addrs and isinstance(self.peer, PeerID):
             swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
-        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
+        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True)
+        # for forwards without autograd (inference): no backward follows, the server keeps nothing
+        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -281,7 +309,8 @@ class RemoteExpert(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         self.check_inputs(inputs)
-        outputs = _RemoteFunction.apply(DUMMY, self._call, *inputs)
+        call = self._call if torch.is_grad_enabled() else self._inference_call
+        outputs = _RemoteFunction.apply(DUMMY, call, *inputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
     def extra_repr(self) -> str:

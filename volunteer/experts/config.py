@@ -33,6 +33,16 @@ class ExpertsConfig:
     max_queue: int = 256  # queued requests per expert and kind (forward/backward); more → BUSY
     max_queue_bytes: int = 1024 * MiB  # input bytes queued in the whole runtime; more → BUSY
     latency_window: int = 1024  # recent latencies kept per expert for p50/p95
+    # A request the worker would take at once (idle runtime, nothing queued) whose kind of
+    # call on that expert last took at most this long (seconds) runs right on the event loop:
+    # two thread hand-offs cost more than a tiny batch (0 turns this off). It blocks the loop
+    # that long at most, and only when there was nothing else to compute anyway.
+    inline_compute_limit: float = 0.001
+
+    # --- kept forward graphs (activations.py): a backward of the same inputs skips the recompute
+    activation_cache_entries: int = 16  # graphs kept in the whole runtime (0 turns this off)
+    activation_cache_bytes: int = 256 * MiB  # activations they hold, in all
+    activation_cache_ttl: float = 60.0  # seconds a graph waits for its backward
 
     # --- backends ----------------------------------------------------------------------------
     device: str = "auto"  # "auto": CUDA when present, else CPU; or any torch device string

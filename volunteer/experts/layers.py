@@ -18,7 +18,7 @@ class, or a function, that takes ``hidden_dim`` and returns an ``nn.Module``, de
 ``inputs``/``outputs`` map ``hidden_dim`` to TensorSpecs (sizes after the batch dim). Inputs
 default to one float32 ``[batch, hidden_dim]``; outputs are found by running a dummy batch,
 which needs fixed sizes: an expert whose inputs have a free (``None``) size must give
-``outputs``. The module must be deterministic (no dropout): backward recomputes the forward.
+``outputs``. The module must be deterministic (no dropout): backward may recompute the forward.
 """
 
 from __future__ import annotations

@@ -372,7 +372,10 @@ class RemoteMixtureOfExperts(nn.Module):
         for e in used:
             uid, decl = choices[e]
             self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
-            calls.append(_Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression))
+            calls.append(_Call(
+                self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
+                backward_follows=torch.is_grad_enabled(),
+            ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)
         self.stats["calls"] += len(calls)

@@ -5,7 +5,9 @@ Request: a uvarint-length-prefixed msgpack header, then the tensors' payload byt
     {"op": "info" | "forward" | "backward", "uid": "expert.3.5",
      "c": compression wanted for the reply,            # see tensors.COMPRESSIONS
      "t": tensors header (tensors.serialize),          # forward: inputs; backward: inputs + grads
-     "ni": number of inputs among the tensors}         # backward only
+     "ni": number of inputs among the tensors,         # backward only
+     "g": true}                                        # forward only, optional: a backward of
+                                                       # these inputs will follow (keep the graph)
 
 Reply: the same framing::
 
@@ -95,6 +97,7 @@ class Request:
     compression: str = "none"
     tensors: dict | None = None
     n_inputs: int = 0
+    keep_graph: bool = False  # forward: the caller will send the backward of these inputs
 
     @property
     def payload_bytes(self) -> int:
@@ -108,6 +111,8 @@ class Request:
             message["t"] = self.tensors
         if self.op == "backward":
             message["ni"] = self.n_inputs
+        if self.op == "forward" and self.keep_graph:
+            message["g"] = True
         return message
 
     def encode(self) -> bytes:
@@ -135,7 +140,7 @@ class Request:
             inputs = _field(message, "ni", int, "number of inputs")
             if not 0 < inputs < count:
                 raise ExpertProtocolError(f"backward: {inputs} inputs among {count} tensors leaves no gradients")
-        return cls(op, uid, compression, tensors, inputs)
+        return cls(op, uid, compression, tensors, inputs, op == "forward" and message.get("g") is True)
 
     @classmethod
     def decode(cls, body: bytes) -> "Request":

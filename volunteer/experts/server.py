@@ -150,7 +150,7 @@ class ExpertServer:
                     inputs = tensors.finish()
                 n_inputs = request.n_inputs
                 if request.op == "forward":
-                    outputs = await self.runtime.forward(uid, inputs)
+                    outputs = await self.runtime.forward(uid, inputs, keep_graph=request.keep_graph)
                     self.forwards.forwarded(peer, uid, now=trio.current_time())
                 else:
                     outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:])
