@@ -59,6 +59,7 @@ def _optimizer_items(backend: ExpertBackend) -> tuple[list[tuple[str, torch.Tens
 
 def export_state(backend: ExpertBackend, config: ReplicasConfig = DEFAULT_CONFIG) -> ExportedState:
     """A copy of ``backend``'s state (parameters, optimizer state, version) with its sha256."""
+    backend.settle()  # a step the runtime deferred is counted in the version: apply it first
     named = [(MODULE + name, t) for name, t in backend.module.state_dict().items()]
     optimizer_tensors, scalars = _optimizer_items(backend)
     metas, parts, sha = encode_tensors(named + optimizer_tensors)
@@ -117,6 +118,7 @@ def verify_payload(header: StateHeader, payload: bytes | bytearray) -> None:
 def import_state(backend: ExpertBackend, header: StateHeader, payload: bytes | bytearray) -> None:
     """Load a received state into ``backend``: verified (length, sha256, fit) before anything
     changes, then the module, the optimizer state and the version."""
+    backend.settle()  # an owed step must not land on the imported parameters later
     verify_payload(header, payload)
     check_fits(backend, header)
     tensors = split_payload(header.tensors, payload)
@@ -145,6 +147,7 @@ def state_digest(backend: ExpertBackend) -> bytes:
 # --- replica sync ------------------------------------------------------------------------------
 def sync_parameters(backend: ExpertBackend) -> list[tuple[str, torch.Tensor]]:
     """Copies of the floating-point parameters a sync averages, by name."""
+    backend.settle()
     return [
         (name, p.detach().to("cpu", copy=True))
         for name, p in backend.module.named_parameters()
@@ -165,6 +168,7 @@ def apply_parameters(
     while a round is open, so the round's change (``averaged - base``) is added to the parameters
     as they are now, instead of overwriting the optimizer steps taken meanwhile; without training
     in between that is exactly ``averaged``."""
+    backend.settle()
     params = dict(backend.module.named_parameters())
     with torch.no_grad():
         for name, value in averaged.items():
