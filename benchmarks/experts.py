@@ -8,11 +8,17 @@ same computation done locally, and the overhead (remote minus local). Then serve
 samples/s with 16 concurrent trainers doing forward+backward (hidden 1024, batch 64). hivemind's
 figures come from benchmarks/_hivemind_experts.py in its own venv (benchmarks/setup_hivemind.sh).
 The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's.
+
+Every process (this one, our server, hivemind's) runs torch with ``--torch-threads`` intra-op
+threads, 1 by default: on a 2-core machine the client and the server share the cores, and a
+parallel region whose second thread waits for a busy core took ~24 ms instead of 0.2 ms, which
+made the local baselines (and so the overheads) noise. Both sides get the same setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,7 +105,12 @@ def main() -> None:
     parser.add_argument("--throughput-seconds", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-hivemind", action="store_true")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads in every process, ours and hivemind's (default 1)")
     args = parser.parse_args()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the server and hivemind's process inherit it
+        os.environ[name] = str(args.torch_threads)
+    torch.set_num_threads(args.torch_threads)
     if args.quick:
         args.repeats, args.throughput_seconds = 10, 4.0
 
@@ -109,7 +120,8 @@ def main() -> None:
         from hivemind_runner import run_hivemind
 
         theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else [], timeout=1800)
-    print(f"\nRemote ffn experts on CPU, loopback, server in another process (median of {args.repeats})")
+    print(f"\nRemote ffn experts on CPU, loopback, server in another process (median of {args.repeats}, "
+          f"{args.torch_threads} torch thread(s) per process)")
     print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}")
     for hidden, batch in CONFIGS:
         key = f"{hidden}x{batch}"
