@@ -201,3 +201,22 @@ async def test_a_full_volunteer_drops_an_expert_others_hold_to_take_a_leavers_so
 
 async def _holders_are(dht, uid: str, peers: set) -> bool:
     return {str(d.peer) for d in (await get_experts(dht, [uid]))[uid]} == peers
+
+
+async def test_a_killed_hosts_declarations_do_not_count_as_a_replica_in_a_survey():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(uids=["rep.0"])) as survivor:
+            async with trio.open_nursery() as nursery:
+                node, scope = await nursery.start(_doomed_replica, entry)
+                await until(lambda: _holders(seed.dht, "rep.0", 2), "both replicas declared")
+                dead = str(node.host.peer_id)
+                node.declarer.withdraw = _no_tombstones  # as a killed process: its records outlive it
+                scope.cancel()
+            assert dead in await declared_versions(seed.dht, "rep.0")
+            hosts = await survivor.replicas.survey()
+            assert set(hosts["rep.0"]) == {str(survivor.host.peer_id)}
+
+
+async def _no_tombstones() -> int:
+    return 0
