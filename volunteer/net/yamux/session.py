@@ -34,6 +34,12 @@ from .frames import (
 if TYPE_CHECKING:
     from ..resources import ConnectionScope, StreamScope
 
+# A data frame whose payload has only partly arrived is handed to its stream in parts once this
+# much of it is here, instead of being buffered whole: a 1 MiB frame spans several socket reads,
+# and buffering it copied most received bytes one extra time. Smaller pieces wait for the rest
+# (one event per frame, as before) so that small frames do not turn into many tiny events.
+PAYLOAD_PART_MIN = 16 * 1024
+
 
 @dataclass
 class YamuxConfig:
@@ -193,6 +199,11 @@ class Session:
         self._outbox: list[bytes] = []
         self._control_queued = 0  # bytes of header-only frames in the outbox
         self._inbound = bytearray()
+        # The data frame being delivered in parts: its stream, payload bytes still to come, and
+        # whether its FIN applies once they have (see PAYLOAD_PART_MIN).
+        self._part_stream = 0
+        self._part_left = 0
+        self._part_fin = False
         self._pending_accept = 0  # inbound streams not yet accepted by the application
         self._unacked_outbound = 0
         self._pings: dict[int, float] = {}
@@ -433,6 +444,13 @@ class Session:
         end = len(source)
         max_window = self.config.max_window
         try:
+            if self._part_left:
+                # the rest (or more) of a data frame's payload; nothing is buffered meanwhile
+                take = min(self._part_left, end)
+                payload = source[:take] if view is None else bytes(view[:take])
+                pos = take
+                self._part_left -= take
+                self._on_payload_part(payload, now, events)
             while end - pos >= HEADER_SIZE:
                 frame_type, flags, stream_id, length = decode_header(source, pos)
                 if frame_type == DATA:
@@ -446,6 +464,15 @@ class Session:
                                 f"yamux window violation on stream {stream_id}: {length} bytes > {state.recv_credit} granted"
                             )
                     if end - pos - HEADER_SIZE < length:
+                        available = end - pos - HEADER_SIZE
+                        if available < PAYLOAD_PART_MIN:
+                            break
+                        # Deliver what is here; the rest follows in later calls (_on_payload_part).
+                        start = pos + HEADER_SIZE
+                        payload = source[start:end] if view is None else bytes(view[start:end])
+                        pos = end
+                        self._part_stream, self._part_left, self._part_fin = stream_id, length - available, bool(flags & FIN)
+                        self._on_data(stream_id, flags & ~FIN, payload, now, events)
                         break
                     start = pos + HEADER_SIZE
                     payload = source[start : start + length] if view is None else bytes(view[start : start + length])
@@ -469,6 +496,7 @@ class Session:
                     break
         except RemoteProtocolError as exc:
             pos = end  # the session is over: keep none of what the peer sent
+            self._part_left = 0
             self.go_away(GO_AWAY_PROTOCOL_ERROR)
             self.terminated = True
             events.append(ConnectionTerminated(exc))
@@ -525,6 +553,24 @@ class Session:
         state = self._on_stream_flags(stream_id, flags, now, events)
         if state is None:
             return
+        self._accept_payload(state, payload, now, events)
+        if flags & FIN and not state.reset:
+            self._on_fin(state, events)
+
+    def _on_payload_part(self, payload: bytes, now: float, events: list[Event]) -> None:
+        """A later part of the data frame started in an earlier call: its flags were handled with
+        the first part; its FIN, if any, applies after the last. A stream reset or dropped in
+        between takes no more of it (and counts no dropped frame: the frame was counted once)."""
+        state = self.streams.get(self._part_stream)
+        if state is None or state.reset:
+            return
+        self._accept_payload(state, payload, now, events)
+        if not self._part_left and self._part_fin and not state.reset:
+            self._on_fin(state, events)
+
+    def _accept_payload(self, state: StreamState, payload: bytes, now: float, events: list[Event]) -> None:
+        """Hand ``payload`` to its stream, within its window and its memory budget."""
+        stream_id = state.stream_id
         if payload:
             if state.remote_fin or not state.reading:
                 # Data after the peer's FIN breaks this stream, not the connection; data after
@@ -546,8 +592,6 @@ class Session:
                 return
             state.recv_credit -= len(payload)
             events.append(DataReceived(stream_id, payload))
-        if flags & FIN:
-            self._on_fin(state, events)
 
     def _on_window_update(self, stream_id: int, flags: int, delta: int, now: float, events: list[Event]) -> None:
         state = self._on_stream_flags(stream_id, flags, now, events)
