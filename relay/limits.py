@@ -25,7 +25,11 @@ class RelayLimits:
     max_circuits_per_peer: int = 16  # as source or destination
     circuit_duration: float = 600.0  # seconds a circuit may live
     circuit_data: int = 512 * 1024 * 1024  # bytes per direction per circuit
-    buffer_size: int = 256 * 1024  # bytes read per splice step
+    # Bytes read per splice step. 1 MiB (a whole yamux frame as peers send them) rather than
+    # 256 KiB: a quarter of the copy loop's reads, writes and task switches per relayed byte
+    # (relay CPU 1.41 -> 1.25 ms per relayed MiB on loopback). Two such buffers per circuit are
+    # reserved from the source peer's memory: 16 circuits are 32 MiB of its 192 MiB.
+    buffer_size: int = 1024 * 1024
     reserve_rate_per_peer: int = 10  # RESERVE requests per minute per peer
     reserve_rate_per_ip: int = 60  # RESERVE requests per minute per IP
     connect_rate_per_peer: int = 120  # CONNECT requests per minute per peer

@@ -52,7 +52,7 @@ async def test_circuit_flood_is_bounded_by_the_sources_budget():
     ) as target, open_host(transports=transports()) as attacker, open_host(
         transports=transports()
     ) as honest, trio.open_nursery() as nursery:
-        service = HopService(RelayLimits(max_circuits_per_peer=64))
+        service = HopService(RelayLimits(max_circuits_per_peer=64, buffer_size=256 * 1024))
         await relay.add_service(service)
         target.set_handler(ECHO, echo)
         await reserve(target, relay.full_addrs()[0])

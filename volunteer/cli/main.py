@@ -8,13 +8,13 @@ non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
 
 from .. import __version__
 from ..errors import VolunteerError, describe
-from . import doctor, expertscmd, joincmd, netcmds, perfcmd, relaycmd, testnet
 
 BROKEN_PIPE_EXIT = 141  # what a shell reports for a program ended by SIGPIPE: `volunteer status | head -1`
 
@@ -32,11 +32,35 @@ examples:
   volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...                   check connectivity
 """
 
-COMMAND_MODULES = [joincmd, expertscmd, testnet, netcmds, perfcmd, relaycmd, doctor]
+# The sub-command modules, in the order ``--help`` lists their commands.
+COMMAND_MODULES = ["joincmd", "expertscmd", "testnet", "netcmds", "perfcmd", "relaycmd", "doctor"]
+# Which module registers each command. Only that module is imported to run a command: importing
+# all of them costs a `volunteer perf` or `volunteer ping` more start-up time than its transfer
+# (the DHT, the node, the dashboard); tests/unit/test_cli_lazy.py checks this table against
+# what the modules register.
+COMMAND_MODULE = {
+    "join": "joincmd", "status": "joincmd", "pause": "joincmd", "resume": "joincmd", "stop": "joincmd",
+    "experts": "expertscmd", "testnet": "testnet", "id": "netcmds", "ping": "netcmds", "perf": "perfcmd",
+    "relay": "relaycmd", "doctor": "doctor",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``volunteer`` parser with every sub-command; ``-v`` is accepted before or after the command."""
+def command_named(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` runs (its first word that is not a flag), if it is one we know."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMAND_MODULE else None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``volunteer`` parser; ``-v`` is accepted before or after the command.
+
+    With ``command``, only the module that defines it is imported and registered (what running
+    one command needs); without, every sub-command is (help, a typo, tests).
+    """
     parser = argparse.ArgumentParser(
         prog="volunteer",
         description="Donate GPUs to train mixture-of-experts models, over libp2p, through NATs.",
@@ -46,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     parser.add_argument("--version", action="version", version=f"volunteer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMAND_MODULES:
-        module.add_parsers(sub)
+    names = [COMMAND_MODULE[command]] if command in COMMAND_MODULE else COMMAND_MODULES
+    for name in names:
+        importlib.import_module(f"{__package__}.{name}").add_parsers(sub)
     for subparser in sub.choices.values():
         # a separate dest: the sub-command's parse must not reset a count given before the command
         subparser.add_argument("-v", "--verbose", dest="sub_verbose", action="count", default=0,
@@ -78,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
+    parser = build_parser(command_named(sys.argv[1:] if argv is None else argv))
     args = parse(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()

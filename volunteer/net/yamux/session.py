@@ -8,12 +8,12 @@ small window. A peer that sends beyond the window it was granted breaks the prot
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ...errors import LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from .. import limits
+from .state import Opening, Phase, StreamState  # re-exported: tests look at a stream's phase
 from .frames import (
     ACK,
     DATA,
@@ -33,6 +33,12 @@ from .frames import (
 
 if TYPE_CHECKING:
     from ..resources import ConnectionScope, StreamScope
+
+# A data frame whose payload has only partly arrived is handed to its stream in parts once this
+# much of it is here, instead of being buffered whole: a 1 MiB frame spans several socket reads,
+# and buffering it copied most received bytes one extra time. Smaller pieces wait for the rest
+# (one event per frame, as before) so that small frames do not turn into many tiny events.
+PAYLOAD_PART_MIN = 16 * 1024
 
 
 @dataclass
@@ -115,68 +121,6 @@ class ConnectionTerminated(Event):
         self.error = error
 
 
-# --- streams --------------------------------------------------------------------------------
-
-
-class Opening(enum.Enum):
-    """Where a stream's opening handshake stands."""
-
-    SYN_SENT = "syn-sent"  # ours: waiting for the peer's ACK
-    SYN_RECEIVED = "syn-received"  # theirs: waiting for the application to accept (we then ACK)
-    ESTABLISHED = "established"
-
-
-class Phase(enum.Enum):
-    """Which directions of a stream are still open."""
-
-    OPEN = "open"
-    LOCAL_CLOSED = "local-closed"  # we sent FIN; the peer may still send
-    REMOTE_CLOSED = "remote-closed"  # the peer sent FIN; we may still send
-    CLOSED = "closed"  # both FINs
-    RESET = "reset"  # RST either way: both directions aborted
-
-
-class StreamState:
-    __slots__ = (
-        "stream_id", "send_window", "recv_window", "recv_credit", "consumed", "last_update",
-        "opening", "phase", "budget", "reading",
-    )
-
-    def __init__(self, stream_id: int, window: int, now: float, opening: Opening, budget: "StreamScope | None" = None) -> None:
-        self.stream_id = stream_id
-        self.send_window = limits.YAMUX_INITIAL_WINDOW  # the peer's grant to us (spec default)
-        self.recv_window = window  # the window we currently grant
-        self.recv_credit = limits.YAMUX_INITIAL_WINDOW  # what the peer may still send us
-        self.consumed = 0  # bytes the application read since our last window update
-        self.last_update = now
-        self.opening = opening
-        self.phase = Phase.OPEN
-        self.budget = budget  # the resource manager's scope: unread bytes are reserved there
-        self.reading = True  # False once our application closed the stream: data is no longer read
-
-    @property
-    def local_fin(self) -> bool:
-        return self.phase is Phase.LOCAL_CLOSED or self.phase is Phase.CLOSED
-
-    @property
-    def remote_fin(self) -> bool:
-        return self.phase is Phase.REMOTE_CLOSED or self.phase is Phase.CLOSED
-
-    @property
-    def reset(self) -> bool:
-        return self.phase is Phase.RESET
-
-    @property
-    def closed(self) -> bool:
-        return self.phase is Phase.CLOSED or self.phase is Phase.RESET
-
-    def finish_local(self) -> None:
-        self.phase = Phase.CLOSED if self.phase is Phase.REMOTE_CLOSED else Phase.LOCAL_CLOSED
-
-    def finish_remote(self) -> None:
-        self.phase = Phase.CLOSED if self.phase is Phase.LOCAL_CLOSED else Phase.REMOTE_CLOSED
-
-
 class Session:
     """One side of a yamux connection. ``is_client`` picks odd stream IDs."""
 
@@ -193,6 +137,11 @@ class Session:
         self._outbox: list[bytes] = []
         self._control_queued = 0  # bytes of header-only frames in the outbox
         self._inbound = bytearray()
+        # The data frame being delivered in parts: its stream, payload bytes still to come, and
+        # whether its FIN applies once they have (see PAYLOAD_PART_MIN).
+        self._part_stream = 0
+        self._part_left = 0
+        self._part_fin = False
         self._pending_accept = 0  # inbound streams not yet accepted by the application
         self._unacked_outbound = 0
         self._pings: dict[int, float] = {}
@@ -433,6 +382,13 @@ class Session:
         end = len(source)
         max_window = self.config.max_window
         try:
+            if self._part_left:
+                # the rest (or more) of a data frame's payload; nothing is buffered meanwhile
+                take = min(self._part_left, end)
+                payload = source[:take] if view is None else bytes(view[:take])
+                pos = take
+                self._part_left -= take
+                self._on_payload_part(payload, now, events)
             while end - pos >= HEADER_SIZE:
                 frame_type, flags, stream_id, length = decode_header(source, pos)
                 if frame_type == DATA:
@@ -446,6 +402,15 @@ class Session:
                                 f"yamux window violation on stream {stream_id}: {length} bytes > {state.recv_credit} granted"
                             )
                     if end - pos - HEADER_SIZE < length:
+                        available = end - pos - HEADER_SIZE
+                        if available < PAYLOAD_PART_MIN:
+                            break
+                        # Deliver what is here; the rest follows in later calls (_on_payload_part).
+                        start = pos + HEADER_SIZE
+                        payload = source[start:end] if view is None else bytes(view[start:end])
+                        pos = end
+                        self._part_stream, self._part_left, self._part_fin = stream_id, length - available, bool(flags & FIN)
+                        self._on_data(stream_id, flags & ~FIN, payload, now, events)
                         break
                     start = pos + HEADER_SIZE
                     payload = source[start : start + length] if view is None else bytes(view[start : start + length])
@@ -469,6 +434,7 @@ class Session:
                     break
         except RemoteProtocolError as exc:
             pos = end  # the session is over: keep none of what the peer sent
+            self._part_left = 0
             self.go_away(GO_AWAY_PROTOCOL_ERROR)
             self.terminated = True
             events.append(ConnectionTerminated(exc))
@@ -525,6 +491,24 @@ class Session:
         state = self._on_stream_flags(stream_id, flags, now, events)
         if state is None:
             return
+        self._accept_payload(state, payload, now, events)
+        if flags & FIN and not state.reset:
+            self._on_fin(state, events)
+
+    def _on_payload_part(self, payload: bytes, now: float, events: list[Event]) -> None:
+        """A later part of the data frame started in an earlier call: its flags were handled with
+        the first part; its FIN, if any, applies after the last. A stream reset or dropped in
+        between takes no more of it (and counts no dropped frame: the frame was counted once)."""
+        state = self.streams.get(self._part_stream)
+        if state is None or state.reset:
+            return
+        self._accept_payload(state, payload, now, events)
+        if not self._part_left and self._part_fin and not state.reset:
+            self._on_fin(state, events)
+
+    def _accept_payload(self, state: StreamState, payload: bytes, now: float, events: list[Event]) -> None:
+        """Hand ``payload`` to its stream, within its window and its memory budget."""
+        stream_id = state.stream_id
         if payload:
             if state.remote_fin or not state.reading:
                 # Data after the peer's FIN breaks this stream, not the connection; data after
@@ -546,8 +530,6 @@ class Session:
                 return
             state.recv_credit -= len(payload)
             events.append(DataReceived(stream_id, payload))
-        if flags & FIN:
-            self._on_fin(state, events)
 
     def _on_window_update(self, stream_id: int, flags: int, delta: int, now: float, events: list[Event]) -> None:
         state = self._on_stream_flags(stream_id, flags, now, events)
