@@ -53,13 +53,13 @@ def test_one_command_parser_parses_like_the_full_one():
     assert vars(lazy) == vars(full)
 
 
-def test_perf_command_imports_neither_dht_nor_node_nor_torch():
+def test_perf_command_imports_neither_dht_nor_node_nor_torch_nor_rich():
     # A fresh interpreter: this test process has imported everything already.
     code = (
         "import sys\n"
         "from volunteer.cli.main import build_parser, command_named\n"
         "build_parser(command_named(['perf', '/ip4/127.0.0.1/tcp/1']))\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'zeroconf')"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'zeroconf', 'rich')"
         " or m.startswith(('volunteer.dht', 'volunteer.node', 'volunteer.experts', 'volunteer.cli.joincmd'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
