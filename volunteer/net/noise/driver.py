@@ -13,6 +13,7 @@ import trio
 from ...errors import HandshakeError, RemoteProtocolError
 from ..identity import KeyPair, PeerID, PublicKey
 from ..limits import NOISE_MAX_MESSAGE, NOISE_READ_CHUNK
+from ..sendlock import SendLock
 from ..streams import check_max_bytes
 from .handshake import Handshake
 from .transport import NoiseTransport
@@ -39,7 +40,7 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
         self._initial = initial  # transport bytes that arrived with the last handshake message
         self._plain: bytes | bytearray = b""  # decrypted; bytes before _plain_pos were returned already
         self._plain_pos = 0
-        self._send_lock = trio.StrictFIFOLock()
+        self._send_lock = SendLock()
         self._receiving = False
         self._eof = False
         self._closed = False

@@ -10,6 +10,7 @@ import trio
 from ...errors import ConnectionClosed, LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from ...errors import StreamReset as StreamResetError
 from ..limits import READ_CHUNK, YAMUX_GOAWAY_FLUSH_TIMEOUT
+from ..sendlock import SendLock
 from ..streams import check_max_bytes
 from .frames import GO_AWAY_NORMAL
 from .session import (
@@ -45,7 +46,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._receiving = False
         self._readable = trio.lowlevel.ParkingLot()
         self._writable = trio.lowlevel.ParkingLot()
-        self._send_conflict = trio.StrictFIFOLock()
+        self._send_conflict = SendLock()
 
     # --- reading ----------------------------------------------------------------------------
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
@@ -219,7 +220,7 @@ class YamuxConnection:
         self.session = Session(is_client, self.config, scope=scope)
         self.streams: dict[int, YamuxStream] = {}
         self._accept_send, self._accept_receive = trio.open_memory_channel(float("inf"))
-        self._send_lock = trio.StrictFIFOLock()
+        self._send_lock = SendLock()
         self._control_pending = trio.Event()
         self._ping_waiters: list[trio.Event] = []
         self._open_waiters = trio.lowlevel.ParkingLot()
