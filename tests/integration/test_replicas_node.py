@@ -199,6 +199,24 @@ async def test_a_full_volunteer_drops_an_expert_others_hold_to_take_a_leavers_so
             await until(lambda: _holders_are(seed.dht, "rep.0", {str(keeper.host.peer_id)}), "receiver withdrew rep.0")
 
 
+async def test_a_full_volunteer_does_not_give_up_a_copy_whose_other_host_is_dead():
+    grids = (GRID, ALONE)
+    async with open_volunteer(spec(grids=grids), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=1)) as receiver:
+            async with trio.open_nursery() as nursery:
+                node, scope = await nursery.start(_doomed_replica, entry)
+                await until(lambda: _holders(seed.dht, "rep.0", 2), "both replicas of rep.0 declared")
+                node.declarer.withdraw = _no_tombstones  # killed: its record of rep.0 lingers
+                scope.cancel()
+            async with open_volunteer(spec(entry, grids=grids), options(uids=["solo.0"])) as leaver:
+                await train(leaver, "solo.0", 2)
+                leaver.leave()
+            # the receiver's rep.0 is the only live copy: it keeps it and refuses the leaver's
+            assert "solo.0" in leaver.handed_off.failed and "no capacity" in leaver.handed_off.failed["solo.0"]
+            assert receiver.runtime.uids == ["rep.0"]
+
+
 async def _holders_are(dht, uid: str, peers: set) -> bool:
     return {str(d.peer) for d in (await get_experts(dht, [uid]))[uid]} == peers
 

@@ -109,13 +109,17 @@ class ReplicaManager:
                 found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
         if direct:
             found.update(await get_experts(self.dht, list(dict.fromkeys(direct))))
+        self._remember(found)
+        self.hosts = await self.alive_only(hosts_of(found))
+        self.surveyed_at = trio.current_time()
+        return self.hosts
+
+    def _remember(self, found: Mapping[str, Sequence[Declaration]]) -> None:
+        """Keep the addresses the declarations carry, so catch-up, sync and hand-off can dial them."""
         for decls in found.values():
             for decl in decls:
                 if decl.peer != self.host.peer_id and decl.addrs:
                     remember_addrs(self.host, decl.peer, decl.addrs)
-        self.hosts = await self.alive_only(hosts_of(found))
-        self.surveyed_at = trio.current_time()
-        return self.hosts
 
     async def alive_only(self, hosts: Hosts) -> dict[str, dict[str, int]]:
         """``hosts`` without the hosts that do not answer: a killed volunteer's declarations stay
@@ -259,10 +263,13 @@ class ReplicaManager:
         hosts: dict[str, dict[str, int]] = {}
         with trio.move_on_after(self.config.request_timeout):
             try:
-                hosts = hosts_of(await get_experts(self.dht, mine))
+                found = await get_experts(self.dht, mine)
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
                 return False
+            self._remember(found)
+            # as in a survey: a killed host's lingering record must not make our copy look spare
+            hosts = await self.alive_only(hosts_of(found))
         victim = make_room_for(incoming, hosts, me=self.me, hosting=mine)
         if victim is None:
             return False
@@ -330,12 +337,10 @@ class ReplicaManager:
             log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
             return 0
         rounds = 0
+        self._remember(found)
         async with trio.open_nursery() as nursery:
             for uid in mine:
                 peers = [d.peer for d in found.get(uid, []) if d.peer != self.host.peer_id]
-                for decl in found.get(uid, []):
-                    if decl.peer != self.host.peer_id and decl.addrs:
-                        remember_addrs(self.host, decl.peer, decl.addrs)
                 if peers:
                     rounds += 1
                     nursery.start_soon(self._one_round, uid, peers)
