@@ -90,10 +90,8 @@ class ChurnSwarm:
         else:
             raise RuntimeError(f"{name} exited before joining:\n" + "".join(lines[-20:]))
         (self.dir / f"{name}.log").write_text("".join(lines))
-        if self.verbose:
-            for line in lines:
-                if "caught up" in line:
-                    print(f"  [{name}] {line.rstrip()}", flush=True)
+        for line in lines:
+            self._echo(name, line)
         threading.Thread(target=self._drain, args=(proc, name), daemon=True).start()
         return proc
 
@@ -102,8 +100,12 @@ class ChurnSwarm:
         with open(self.dir / f"{name}.log", "a") as log:  # every line kept, for a post-mortem
             for line in proc.stdout:
                 log.write(line)
-                if self.verbose and ("handed off" in line or "could not hand off" in line or "caught up" in line):
-                    print(f"  [{name}] {line.rstrip()}", flush=True)
+                self._echo(name, line)
+
+    def _echo(self, name: str, line: str) -> None:
+        """Show what replicas did (catch-ups and hand-offs) among the trainer's lines."""
+        if self.verbose and any(what in line for what in ("caught up", "handed off", "could not hand off")):
+            print(f"  [{name}] {line.rstrip()}", flush=True)
 
     def start_volunteer(self) -> None:
         """One more volunteer, placed by the swarm (returns once it has joined)."""
@@ -190,8 +192,8 @@ class ExpertLedger:
 
     def __init__(self, verbose: bool = True) -> None:
         self.best: dict[str, int] = {}
-        # (uid, host) → (heartbeat, version, expiration) of its newest declaration seen
-        self.latest: dict[tuple[str, str], tuple[float, int, float]] = {}
+        # uid → host → (heartbeat, version, expiration) of its newest declaration seen
+        self.latest: dict[str, dict[str, tuple[float, int, float]]] = {}
         self.experts_lost = 0
         self.updates_lost = 0
         self.stale_answers = 0  # declarations older than one already seen from the same host
@@ -201,19 +203,18 @@ class ExpertLedger:
         """Feed ``get_experts``' answer (uid → declarations with ``version``, ``heartbeat`` and
         ``expiration``) at DHT time ``now``."""
         for uid, decls in found.items():
+            latest = self.latest.setdefault(uid, {})
             answered = set()
             for decl in decls:
-                key = (uid, str(decl.peer))
-                answered.add(key[1])
-                seen = self.latest.get(key)
+                peer = str(decl.peer)
+                answered.add(peer)
+                seen = latest.get(peer)
                 if seen is not None and decl.heartbeat < seen[0]:
                     self.stale_answers += 1
                     continue
-                self.latest[key] = (decl.heartbeat, decl.version, decl.expiration)
+                latest[peer] = (decl.heartbeat, decl.version, decl.expiration)
             current = {
-                peer: version
-                for (u, peer), (_, version, expiration) in self.latest.items()
-                if u == uid and (peer in answered or expiration > now)
+                peer: version for peer, (_, version, expiration) in latest.items() if peer in answered or expiration > now
             }
             if not current:
                 continue
