@@ -10,6 +10,8 @@ import torch
 from volunteer import RemoteMixtureOfExperts, Swarm
 from volunteer.errors import ExpertUnavailableError
 
+from tests.training import SumTask
+
 from .volunteer_fixture import DHT_CONFIG, Volunteer
 
 
@@ -22,34 +24,24 @@ def test_mixture_trains_survives_a_dead_volunteer_and_fails_clearly_when_all_are
         moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(2, 2), uid_prefix="expert", k_best=2, k_min=1,
                                      forward_timeout=5, backward_timeout=5, timeout_after_k_min=0.5, refresh_period=0.2)
         assert sorted(moe.live_experts(refresh=True)) == ["expert.0.0", "expert.0.1", "expert.1.0", "expert.1.1"]
-        head = torch.nn.Linear(8, 1)
-        optimizer = torch.optim.Adam([*moe.parameters(), *head.parameters()], lr=5e-2)
-        x = torch.randn(32, 8)
-        target = x.sum(-1, keepdim=True)
-        losses = []
-        for _ in range(15):
-            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
-            optimizer.zero_grad()
-            loss.backward()
+        task = SumTask(moe, 8, batch=32, lr=5e-2)
+
+        def gate_has_gradients() -> None:
             assert moe.gate.weight.grad is not None and moe.gate.weight.grad.abs().sum() > 0
-            optimizer.step()
-            losses.append(loss.item())
+
+        losses = task.fit(15, gate_has_gradients)
         assert losses[-1] < losses[0] * 0.8, losses
         updates = sum(b.updates for v in (first, second) for b in v.runtime.backends.values())
         assert updates > 0  # the experts learned too
 
         second.stop(crash=True)
-        for _ in range(5):  # still trains: the dead volunteer's experts fail, then are avoided
-            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        task.fit(5)  # still trains: the dead volunteer's experts fail, then are avoided
         assert moe.failures >= 1
 
         first.stop()
         with pytest.raises(ExpertUnavailableError):
             moe._live_at = float("-inf")
-            moe(x)
+            moe(task.x)
     finally:
         swarm.close()
         first.stop()

@@ -19,10 +19,12 @@ DHT_CONFIG = DHTConfig(swarm_id=SWARM, expert_update_period=1.0, expert_expirati
 
 
 class Volunteer:
-    """A volunteer node on loopback serving ``uids`` (or ready-made ``backends``) until ``stop``."""
+    """A volunteer node on loopback serving ``uids`` (or ready-made ``backends``) until ``stop``;
+    ``kind="hivemind"``: a member of a hivemind swarm (hivemind's DHT and expert RPCs)."""
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
-                 backends=None) -> None:
+                 backends=None, kind: str = "volunteer") -> None:
+        self.kind = kind
         self.options = VolunteerOptions(
             listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
@@ -39,14 +41,18 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
-        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [])
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind)
         try:
             with trio.CancelScope() as scope:
                 async with open_volunteer(spec, self.options) as node:
                     self.node = node
                     self.host, self.dht, self.runtime = node.host, node.dht, node.runtime
                     self.server, self.declarer = node.server, node.declarer
-                    await node.declarer.declare_once()  # trainers find us as soon as we are ready
+                    # trainers find us as soon as we are ready
+                    if node.hivemind is not None:
+                        await node.hivemind.experts.declare()
+                    else:
+                        await node.declarer.declare_once()
                     self._ready.set()
                     await self._stop.wait()
                     if self._crash:  # vanish without tombstones, as a killed process would
@@ -61,7 +67,7 @@ class Volunteer:
         return self.host.full_addrs()[0]
 
     def spec(self) -> SwarmSpec:
-        return SwarmSpec(SWARM, SWARM, [self.addr], [])
+        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind)
 
     def stop(self, *, crash: bool = False) -> None:
         async def stop() -> None:

@@ -5,6 +5,7 @@ routed around, its calls failing with our error types. Every hivemind process gr
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ from volunteer import RemoteExpert, RemoteMixtureOfExperts, Swarm
 from volunteer.errors import ExpertError, RemoteExpertError
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import SwarmSpec
+
+from tests.training import SumTask
 
 from .test_hivemind_dht import hivemind_python
 
@@ -77,17 +80,8 @@ def test_our_mixture_trains_on_hivemind_servers_and_routes_around_a_killed_one()
             if len(moe.live_experts(refresh=True)) == 4:
                 break
         assert sorted(moe.live_experts()) == ["ffn.0", "ffn.1", "ffn.2", "ffn.3"]
-        head = torch.nn.Linear(HIDDEN, 1)
-        optimizer = torch.optim.Adam([*moe.parameters(), *head.parameters()], lr=3e-2)
-        x = torch.randn(64, HIDDEN)
-        target = x.sum(-1, keepdim=True)
-        losses = []
-        for _ in range(40):
-            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+        task = SumTask(moe, HIDDEN, batch=64, lr=3e-2)
+        losses = task.fit(40)
         print("losses", losses[0], losses[-1])
         assert sum(losses[-5:]) < sum(losses[:5]) * 0.7, losses
 
@@ -97,14 +91,10 @@ def test_our_mixture_trains_on_hivemind_servers_and_routes_around_a_killed_one()
         dead = servers[1].addr.rsplit("/p2p/", 1)[1]
         servers[1].kill()
         with pytest.raises(ExpertError):  # unavailable or timed out: ours, never a hang
-            RemoteExpert("ffn.2", dead, swarm, forward_timeout=10)(x)
+            RemoteExpert("ffn.2", dead, swarm, forward_timeout=10)(task.x)
         failures = moe.failures
-        for _ in range(8):
-            loss = torch.nn.functional.mse_loss(head(moe(x)), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        assert moe.failures > failures and torch.isfinite(loss)
+        losses = task.fit(8)
+        assert moe.failures > failures and math.isfinite(losses[-1])
     finally:
         if swarm is not None:
             swarm.close()
