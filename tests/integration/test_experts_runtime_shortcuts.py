@@ -184,3 +184,69 @@ async def test_cheap_lone_requests_run_inline_and_give_the_same_results(limit):
         assert (stats.forward, stats.backward, stats.batches, stats.updates) == (6, 3, 9, 3)
     for mine, theirs in zip(backend.module.parameters(), reference.module.parameters()):
         assert torch.equal(mine, theirs)
+
+
+class ThreadRecordingSGD(torch.optim.SGD):
+    """SGD that notes which thread takes each step."""
+
+    def __init__(self, params) -> None:
+        super().__init__(params, lr=0.1)
+        self.threads: list[str] = []
+
+    def step(self, closure=None):
+        self.threads.append(threading.current_thread().name)
+        return super().step(closure)
+
+
+async def test_a_server_applies_a_cheap_owed_step_itself_once_its_reply_is_out():
+    # what ExpertServer does: backward(settle_later=True), write the reply, apply_owed_steps()
+    config = ExpertsConfig(device="cpu", inline_compute_limit=10.0)
+    optimizers: list[ThreadRecordingSGD] = []
+
+    def recording(params):
+        optimizers.append(ThreadRecordingSGD(params))
+        return optimizers[-1]
+
+    module = ThreadRecorder()
+    backend = ExpertBackend("rec.0", module, inputs=[TensorSpec((4,))], config=config, optimizer=recording)
+    reference = copy.deepcopy(backend)
+    reference.optimizer = torch.optim.SGD(reference.module.parameters(), lr=0.1)  # same steps, no notes
+    module.threads.clear()
+    x, g = torch.randn(2, 4), torch.randn(2, 4)
+    here = threading.current_thread().name
+    async with open_runtime([backend], config) as runtime:
+        for i in range(4):
+            (y,) = await runtime.forward("rec.0", [x], keep_graph=True)
+            (dx,) = await runtime.backward("rec.0", [x], [g], settle_later=True)
+            # computed inline once its cost is known: nothing takes the step before the caller
+            # says its reply is out (the first backward ran on the worker, which steps at once)
+            assert backend.step_owed == (i > 0)
+            runtime.apply_owed_steps()
+            assert torch.equal(y, reference.forward([x])[0])
+            assert torch.equal(dx, reference.backward([x], [g])[0])
+        await runtime.settled()
+        # the first step goes to the worker (its cost is unknown until then); later ones are cheap
+        # and applied right on the event loop, so every forward after them is inline as well
+        steps = optimizers[0].threads
+        assert steps[0] != here and steps[1:] == [here] * 3
+        assert module.threads[-3:] == [here] * 3
+        assert runtime.stats()["rec.0"].updates == 4
+    for mine, theirs in zip(backend.module.parameters(), reference.module.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+async def test_a_step_owed_to_a_caller_that_never_applies_it_runs_before_the_next_request():
+    config = ExpertsConfig(device="cpu", inline_compute_limit=10.0)
+    backend = ExpertBackend("rec.0", ThreadRecorder(), inputs=[TensorSpec((4,))], config=config)
+    reference = copy.deepcopy(backend)
+    x, g = torch.randn(2, 4), torch.randn(2, 4)
+    async with open_runtime([backend], config) as runtime:
+        for _ in range(3):
+            (y,) = await runtime.forward("rec.0", [x], keep_graph=True)
+            await runtime.backward("rec.0", [x], [g], settle_later=True)  # apply_owed_steps never called
+            assert torch.equal(y, reference.forward([x])[0])
+            reference.backward([x], [g])
+        await runtime.settled()
+        assert not backend.step_owed
+    for mine, theirs in zip(backend.module.parameters(), reference.module.parameters()):
+        assert torch.equal(mine, theirs)

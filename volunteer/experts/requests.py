@@ -15,7 +15,7 @@ from .schema import signature
 class Request:
     """One caller's request, shared between the trio side and the worker."""
 
-    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone", "keep_graph")
+    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone", "keep_graph", "settle_later")
 
     def __init__(self, uid: str, kind: str, inputs, grads, batch: int, nbytes: int) -> None:
         self.uid, self.kind, self.inputs, self.grads = uid, kind, inputs, grads
@@ -27,6 +27,7 @@ class Request:
         self.error: BaseException | None = None
         self.gone = False  # the caller stopped waiting (cancelled)
         self.keep_graph = False  # a forward whose backward the caller announced
+        self.settle_later = False  # a backward whose caller calls Runtime.apply_owed_steps
 
 
 class Queue:

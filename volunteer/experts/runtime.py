@@ -14,9 +14,11 @@ Three shortcuts for the one-trainer case, where latency is what counts:
 - A request that the worker would take at once (nothing queued, nothing running) and that is
   cheap (its kind of call on that expert last took at most ``inline_compute_limit``) runs right
   on the event loop, without the two hand-offs.
-- A backward's optimizer step is deferred: the reply leaves first, and the worker applies the
-  step right after (an inline backward hands it to the worker once the reply is written),
-  before it computes anything else. ``backend.updates`` counts the step at once, and every
+- A backward's optimizer step is deferred: the reply leaves first, and the step is applied
+  right after, before anything else computes. The worker applies it after a batch it
+  computed; after an inline backward the server applies it itself once the reply is written
+  (``apply_owed_steps``: on the event loop when the step is cheap, so the trainer's next forward
+  finds the runtime idle and runs inline too; else on the worker). ``backend.updates`` counts the step at once, and every
   backend method settles an owed step before it computes or exports, so nothing sees the
   parameters without it.
 - A lone forward keeps its autograd graph (``activations.py``), so its backward need not
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 
 FORWARD = "forward"
 BACKWARD = "backward"
+STEP = "step"  # an optimizer step owed by a backward (its cost decides where it runs)
 
 
 class Runtime:
@@ -116,13 +119,44 @@ class Runtime:
         return await self._submit(request)
 
     async def backward(
-        self, uid: str, inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]
+        self,
+        uid: str,
+        inputs: Sequence[torch.Tensor],
+        grad_outputs: Sequence[torch.Tensor],
+        *,
+        settle_later: bool = False,
     ) -> list[torch.Tensor]:
-        """Gradients of the inputs for one request; the expert takes an optimizer step per batch."""
+        """Gradients of the inputs for one request; the expert takes an optimizer step per batch.
+        ``settle_later``: the caller calls ``apply_owed_steps()`` once it has sent the result (a
+        step owed by a backward computed on the event loop then waits for it, or for the next
+        request, whichever comes first)."""
         backend = self._backend(uid)
         batch = backend.check_backward(inputs, grad_outputs, nan_check=False)
         nbytes = _nbytes(inputs) + _nbytes(grad_outputs)
-        return await self._submit(_Request(uid, BACKWARD, list(inputs), list(grad_outputs), batch, nbytes))
+        request = _Request(uid, BACKWARD, list(inputs), list(grad_outputs), batch, nbytes)
+        request.settle_later = settle_later
+        return await self._submit(request)
+
+    def apply_owed_steps(self) -> None:
+        """A backward's result is sent: apply the optimizer steps owed now. A cheap step (the
+        expert's last took at most ``inline_compute_limit``) runs right here on the event loop,
+        while the caller reads its reply: the next forward then finds the runtime idle and runs
+        inline too, with no hand-off to the worker and back. Others go to the worker."""
+        with self._cond:
+            if not self._owed:
+                return
+            last = self._cost.get((self._owed[0].uid, STEP))
+            if self._working or last is None or last[0] > self.config.inline_compute_limit:
+                self._cond.notify()
+                return
+            backend = self._owed.popleft()
+            self._working = True
+        try:
+            self._settle(backend)
+        finally:
+            with self._cond:
+                self._working = False
+                self._cond.notify()
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the worker thread between batches (torch work that must not race
@@ -203,7 +237,7 @@ class Runtime:
             del self._counters[uid]
             self._queued -= len(stranded)
             self.activations.drop(uid)
-            for kind in (FORWARD, BACKWARD):
+            for kind in (FORWARD, BACKWARD, STEP):
                 self._cost.pop((uid, kind), None)
         for request in stranded:
             request.error = ExpertUnavailableError(f"this volunteer no longer hosts {uid!r}")
@@ -277,10 +311,10 @@ class Runtime:
             with self._cond:
                 self._working = False
                 if owed:
-                    self._owed.append(backend)  # the worker applies it before anything else ...
+                    self._owed.append(backend)  # applied before anything else computes ...
                 else:
                     self._cond.notify()
-            if owed:
+            if owed and not request.settle_later:
                 # ... once our caller's reply is written: woken now, the worker's Python would
                 # contend for the GIL with the reply's serialization (a callback runs when the
                 # caller's task first yields, which is after its first send)
@@ -417,6 +451,7 @@ class Runtime:
 
     def _settle(self, backend: ExpertBackend) -> None:
         """Apply ``backend``'s deferred step; forget its kept graphs the step made useless."""
+        started = time.perf_counter()
         try:
             backend.settle()
         except Exception as exc:  # the reply is gone: log it and count it on the expert
@@ -426,8 +461,11 @@ class Runtime:
                 if counters is not None:
                     counters.errors += 1
                     counters.last_error, counters.last_error_time = describe(exc), time.time()
+        took = time.perf_counter() - started
         state = backend.state_fingerprint()
         with self._cond:
+            if backend.uid in self._counters:
+                self._cost[backend.uid, STEP] = (took, 1)
             self.activations.drop_stale(backend.uid, state)
 
     def _execute(self, batch: list[_Request]) -> ExpertBackend | None:

@@ -124,6 +124,7 @@ class ExpertServer:
         pending = 0  # request payload bytes not read yet (drained after an early error)
         peer = stream.remote_peer
         reserved = 0
+        owes_step = False  # a backward ran: its optimizer step waits until the reply is out
         self.active_requests += 1
         try:
             try:
@@ -153,7 +154,8 @@ class ExpertServer:
                     outputs = await self.runtime.forward(uid, inputs, keep_graph=request.keep_graph)
                     self.forwards.forwarded(peer, uid, now=trio.current_time())
                 else:
-                    outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:])
+                    owes_step = True
+                    outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True)
                 reply, chunks = serialize(outputs, request.compression, config=self.config)
             except trio.TooSlowError:
                 raise ExpertProtocolError(f"request not received within {READ_TIMEOUT:.0f} s") from None
@@ -185,6 +187,9 @@ class ExpertServer:
             return False
         finally:
             self.active_requests -= 1
+            if owes_step:
+                # not earlier: taken during the send, the step would slow the reply down
+                self.runtime.apply_owed_steps()
 
     def _admit(self, peer, request: Request, nbytes: int, *, now: float) -> None:
         """Authorize a forward/backward and reserve its announced bytes, or raise the typed
