@@ -93,6 +93,38 @@ def test_flow_control_and_window_growth():
     assert pair.server.streams[sid].recv_window == 512 * 1024
 
 
+def test_window_grows_for_bursts_drained_fast_after_idle_gaps():
+    # A pooled request/reply stream: a 256 KiB call, a minute idle, the next call. Each call is
+    # drained within a few round trips of its first byte, so the window is what holds the sender
+    # back (it waits for an update in mid-call): it grows, though the last update is a minute
+    # old, and window updates (a write on both sides) come ever more rarely.
+    pair = Pair()
+    sid = pair.client.open_stream(0)
+    pair.to_server()
+    pair.server.accept_stream(sid)
+    pair.to_client()
+    pair.server.rtt = 0.010
+    call = b"x" * (256 * 1024)
+    windows, updates = [], 0
+    for n in range(4):
+        pair.now = 60.0 * (n + 1)
+        assert pair.client.send_data(sid, call) == len(call)
+        received = sum(len(e.data) for e in pair.to_server() if isinstance(e, DataReceived))
+        pair.now += 0.001
+        pair.server.consume(sid, received, pair.now)
+        updates += sum(isinstance(e, WindowUpdated) for e in pair.to_client())
+        windows.append(pair.server.streams[sid].recv_window)
+    assert windows == [512 * 1024, 1024 * 1024, 1024 * 1024, 2048 * 1024]
+    assert updates == 3  # none after the third call: half of the 1 MiB window was not drained yet
+    # A burst drained slowly (past 4 round trips of its first byte) leaves the window as it is.
+    pair.now = 600.0
+    pair.client.send_data(sid, b"x" * (1024 * 1024))
+    received = sum(len(e.data) for e in pair.to_server() if isinstance(e, DataReceived))
+    pair.now += 1.0
+    pair.server.consume(sid, received, pair.now)
+    assert pair.server.streams[sid].recv_window == 2048 * 1024
+
+
 def test_window_violation_is_a_protocol_error():
     pair = Pair()
     sid = pair.client.open_stream(0)

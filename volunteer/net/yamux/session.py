@@ -2,7 +2,8 @@
 
 Flow control follows go-yamux: each stream grants the peer a receive window (256 KiB at first);
 when the application has consumed half of it we send a window update, and if that happens in
-less than four round trips the window doubles, up to 16 MiB, so a fast link is not throttled by a
+less than four round trips (of the previous update, or of the first byte of a burst that found
+the stream drained) the window doubles, up to 16 MiB, so a fast link is not throttled by a
 small window. A peer that sends beyond the window it was granted breaks the protocol.
 """
 
@@ -528,6 +529,12 @@ class Session:
                 self._drop(state)
                 events.append(StreamReset(stream_id))
                 return
+            if state.recv_window - state.recv_credit == state.consumed:
+                # Nothing unread: a burst starts. Time the drain from here, not from an update
+                # long ago: a pooled request/reply stream idles between calls, and its window
+                # would never grow however fast each call is read (a call larger than the
+                # window waits for an update in mid-call, a write and a wake-up on both sides).
+                state.last_update = now
             state.recv_credit -= len(payload)
             events.append(DataReceived(stream_id, payload))
 
