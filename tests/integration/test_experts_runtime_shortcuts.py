@@ -21,13 +21,15 @@ def _seed():
 
 
 class GatedSGD(torch.optim.SGD):
-    """SGD whose step waits (on the worker thread) until the test opens the gate."""
+    """SGD whose step waits until the test opens the gate, and notes which thread took it."""
 
     def __init__(self, params) -> None:
         super().__init__(params, lr=0.1)
         self.entered, self.gate = threading.Event(), threading.Event()
+        self.threads: list[str] = []
 
     def step(self, closure=None):
+        self.threads.append(threading.current_thread().name)
         self.entered.set()
         self.gate.wait(10)
         return super().step(closure)
@@ -186,25 +188,14 @@ async def test_cheap_lone_requests_run_inline_and_give_the_same_results(limit):
         assert torch.equal(mine, theirs)
 
 
-class ThreadRecordingSGD(torch.optim.SGD):
-    """SGD that notes which thread takes each step."""
-
-    def __init__(self, params) -> None:
-        super().__init__(params, lr=0.1)
-        self.threads: list[str] = []
-
-    def step(self, closure=None):
-        self.threads.append(threading.current_thread().name)
-        return super().step(closure)
-
-
 async def test_a_server_applies_a_cheap_owed_step_itself_once_its_reply_is_out():
     # what ExpertServer does: backward(settle_later=True), write the reply, apply_owed_steps()
     config = ExpertsConfig(device="cpu", inline_compute_limit=10.0)
-    optimizers: list[ThreadRecordingSGD] = []
+    optimizers: list[GatedSGD] = []
 
     def recording(params):
-        optimizers.append(ThreadRecordingSGD(params))
+        optimizers.append(GatedSGD(params))
+        optimizers[-1].gate.set()  # open: only the threads are of interest here
         return optimizers[-1]
 
     module = ThreadRecorder()
