@@ -379,8 +379,7 @@ class Runtime:
                     self._settle(owed)
                     self._idle()
                 elif job is not None:
-                    self._call(job)
-                    self._idle()
+                    self._call(job)  # goes idle itself
                 else:
                     self._run(batch)  # goes idle itself
         except BaseException as exc:  # a bug here must not leave callers waiting forever
@@ -432,6 +431,7 @@ class Runtime:
             job.result = fn(*args)
         except Exception as exc:
             job.result, job.error = None, exc
+        self._idle()  # before the wake-up: the woken caller's next request may run inline
         self._deliver([job])
 
     def _idle(self) -> None:
