@@ -17,10 +17,10 @@ Three shortcuts for the one-trainer case, where latency is what counts:
 - A backward's optimizer step is deferred: the reply leaves first, and the step is applied
   right after, before anything else computes. The worker applies it after a batch it
   computed; after an inline backward the server applies it itself once the reply is written
-  (``apply_owed_steps``: on the event loop when the step is cheap, so the trainer's next forward
-  finds the runtime idle and runs inline too; else on the worker). ``backend.updates`` counts the step at once, and every
-  backend method settles an owed step before it computes or exports, so nothing sees the
-  parameters without it.
+  (``apply_owed_steps``: on the event loop when the step is cheap, so the trainer's next
+  forward finds the runtime idle and runs inline too; else on the worker). ``backend.updates``
+  counts the step at once, and every backend method settles an owed step before it computes
+  or exports, so nothing sees the parameters without it.
 - A lone forward keeps its autograd graph (``activations.py``), so its backward need not
   recompute it when nothing changed in between.
 
