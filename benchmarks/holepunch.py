@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,15 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.nat.rig import Rig, double_nat_pair, easy_pair, read_line, symmetric_pair  # noqa: E402
 
+from _procstat import process_cpu_seconds  # noqa: E402
+
 PY = sys.executable
 MiB = 1 << 20
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux /proc)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 onwards
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_pairing(name: str, spec, attempts: int, size: int, profile_relay: str | None = None) -> dict:
@@ -50,10 +44,10 @@ def run_pairing(name: str, spec, attempts: int, size: int, profile_relay: str | 
         listener = rig.popen("peer_b", [PY, "-m", "tests.nat.node_runner", "listen-via-relay", relay_addr],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         circuit = read_line(listener, timeout=30).split()[1]
-        relay_cpu_before = cpu_seconds(relay.pid)
+        relay_cpu_before = process_cpu_seconds(relay.pid)
         out = rig.run("peer_a", [PY, "-m", "tests.nat.node_runner", "punch-loop", circuit, "--count", str(attempts),
                                  "--size", str(size)], timeout=60 + attempts * 15)
-        relay_cpu = cpu_seconds(relay.pid) - relay_cpu_before
+        relay_cpu = process_cpu_seconds(relay.pid) - relay_cpu_before
         results = json.loads(out.stdout.strip().splitlines()[-1])["results"]
     successes = [r for r in results if r["direct"]]
     row = {"pairing": name, "attempts": len(results), "success_rate": len(successes) / len(results)}

@@ -35,14 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from volunteer.net.host import HostConfig, open_host  # noqa: E402
 
+from _procstat import process_cpu_seconds  # noqa: E402
+
 ECHO = "/echo/1.0.0"
 MiB = 1 << 20
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def launch(args: list[str]) -> subprocess.Popen:
@@ -55,7 +51,7 @@ async def echo_once(conn, size: int, pids: tuple[int, int]) -> tuple[float, list
     stream = await conn.new_stream([ECHO])
     payload = bytes(size)
     received = 0
-    before = [time.process_time(), *(cpu_seconds(pid) for pid in pids)]
+    before = [time.process_time(), *(process_cpu_seconds(pid) for pid in pids)]
     started = trio.current_time()
 
     async def send() -> None:
@@ -67,7 +63,7 @@ async def echo_once(conn, size: int, pids: tuple[int, int]) -> tuple[float, list
         while data := await stream.receive_some(MiB):
             received += len(data)
     seconds = trio.current_time() - started
-    after = [time.process_time(), *(cpu_seconds(pid) for pid in pids)]
+    after = [time.process_time(), *(process_cpu_seconds(pid) for pid in pids)]
     if received != size:
         raise RuntimeError(f"echo returned {received} of {size} bytes")
     moved_mib = 2 * size / MiB

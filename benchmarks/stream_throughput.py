@@ -38,6 +38,8 @@ from volunteer.net.host import HostConfig, open_host  # noqa: E402
 from volunteer.net.perf import PERF, PerfLimits, perf_stream  # noqa: E402
 from volunteer.net.ping import PING, Pinger  # noqa: E402
 
+from _procstat import process_cpu_seconds  # noqa: E402
+
 ECHO = "/echo/1.0.0"
 INTEROP = Path(os.environ.get("VOLUNTEER_INTEROP_DIR", ROOT / ".interop"))
 PYLIBP2P_PYTHON = INTEROP / "pylibp2p" / "bin" / "python"
@@ -62,12 +64,6 @@ class Subprocess:
         except (subprocess.TimeoutExpired, OSError):
             self.proc.kill()
             self.proc.wait()
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def echo_through(stream, size: int) -> float:
