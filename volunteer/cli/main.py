@@ -32,17 +32,16 @@ examples:
   volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...                   check connectivity
 """
 
-# The sub-command modules, in the order ``--help`` lists their commands.
-COMMAND_MODULES = ["joincmd", "expertscmd", "testnet", "netcmds", "perfcmd", "relaycmd", "doctor"]
-# Which module registers each command. Only that module is imported to run a command: importing
-# all of them costs a `volunteer perf` or `volunteer ping` more start-up time than its transfer
-# (the DHT, the node, the dashboard); tests/unit/test_cli_lazy.py checks this table against
-# what the modules register.
+# Which module registers each command, in the order ``--help`` lists them. Only that module is
+# imported to run a command: importing all of them costs a `volunteer perf` or `volunteer ping`
+# more start-up time than its transfer (the DHT, the node, the dashboard);
+# tests/unit/test_cli_lazy.py checks this table against what the modules register.
 COMMAND_MODULE = {
     "join": "joincmd", "status": "joincmd", "pause": "joincmd", "resume": "joincmd", "stop": "joincmd",
     "experts": "expertscmd", "testnet": "testnet", "id": "netcmds", "ping": "netcmds", "perf": "perfcmd",
     "relay": "relaycmd", "doctor": "doctor",
 }
+COMMAND_MODULES = list(dict.fromkeys(COMMAND_MODULE.values()))  # each once, in that order
 
 
 def command_named(argv: list[str]) -> str | None:
