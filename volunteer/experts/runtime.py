@@ -63,7 +63,9 @@ from .config import DEFAULT_CONFIG, ExpertsConfig
 from .requests import Queue as _Queue
 from .requests import Request as _Request
 from .requests import concat as _concat
+from .requests import hand_out as _hand_out
 from .requests import nbytes as _nbytes
+from .requests import take_batch as _take_batch
 from .requests import wake as _wake
 from .schema import check_finite
 from .stats import Counters as _Counters
@@ -398,32 +400,14 @@ class Runtime:
 
     def _pick(self, now: float) -> tuple[list[_Request], float | None]:
         """Under the lock: take the next batch, or say how long to wait for one."""
-        best, wait = None, None
-        for queue in self._queues.values():
-            if not queue.requests:
-                continue
-            head = queue.requests[0]
-            due = head.submitted + self.config.batch_window
-            if queue.samples >= self.config.min_batch_size or now >= due or self._closing:
-                if best is None or head.submitted < best.requests[0].submitted:
-                    best = queue
-            else:
-                wait = due - now if wait is None else min(wait, due - now)
-        if best is None:
-            return [], wait
-        head = best.requests[0]
-        batch, kept, samples = [], deque(), 0
-        for request in best.requests:
-            if request.key == head.key and samples + request.batch <= self.config.max_batch_size:
-                batch.append(request)
-                samples += request.batch
-            else:
-                kept.append(request)
-        best.requests = kept
-        best.samples -= samples
+        config = self.config
+        batch, wait = _take_batch(
+            self._queues.values(), now, min_batch_size=config.min_batch_size, max_batch_size=config.max_batch_size,
+            batch_window=config.batch_window, closing=self._closing,
+        )
         self._queued_bytes -= sum(r.nbytes for r in batch)
         self._queued -= len(batch)
-        return batch, None
+        return batch, wait
 
     def _call(self, job: _Request) -> None:
         fn, args = job.result
@@ -533,13 +517,7 @@ class Runtime:
             outputs = backend.forward(inputs, validate=False)
         else:
             outputs = backend.backward(inputs, _concat([r.grads for r in batch]), validate=False, defer_step=True)
-        if len(batch) == 1:
-            batch[0].result = outputs
-            return
-        sizes = [r.batch for r in batch]
-        parts = [torch.split(tensor, sizes) for tensor in outputs]
-        for index, request in enumerate(batch):
-            request.result = [part[index] for part in parts]
+        _hand_out(batch, outputs)
 
     def _compute_with_graph(self, backend: ExpertBackend, request: _Request) -> bool:
         """A lone forward that announced its backward keeps its graph; a lone backward uses the kept graph of its inputs if
