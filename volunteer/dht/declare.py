@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import trio
 
 from ..errors import DHTError, VolunteerError, describe
-from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
+from .grid import HostInfo, expert_key, is_valid_uid, make_declarations, make_tombstones
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,18 @@ class ExpertDeclarer:
         items = make_tombstones(self.uids, dht.host.peer_id, self.last_expiration)
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         return max(accepted) if accepted else 0
+
+    async def forget(self, uid: str) -> None:
+        """Stop declaring ``uid`` and tombstone its record (an expert set aside while the others
+        stay declared); the next heartbeat rewrites the grid prefix records without it."""
+        if uid not in self.uids:
+            return
+        self.uids = [u for u in self.uids if u != uid]
+        if self.last_expiration:
+            item = (expert_key(uid), self.dht.host.peer_id.to_bytes(), None, float(self.last_expiration))
+            await self.dht.store_many([item], cached_peers=True, replicas=self.dht.config.expert_replicas)
+        if not self.paused:
+            self._wake.set()  # the prefix records are rewritten at once, without it
 
     async def pause(self) -> None:
         """Stop declaring and withdraw (``volunteer pause``)."""

@@ -361,6 +361,31 @@ class DHTNode(StoreMixin):
 
         return ask
 
+    async def held_elsewhere(self, key: bytes, subkey: bytes, *, ask: int = 3) -> int:
+        """How many of the ``ask`` peers closest to ``key`` hold a live ``subkey`` record under
+        it: what a trainer's lookup would find, without our own storage (which ``get`` counts).
+        A daemon checks with it that its declarations are visible to others."""
+        contacts = [c for c in await self.find_closest(key) if c.peer != self.host.peer_id][:ask]
+        request = self.state.find_value_request([key])
+        holders = 0
+
+        async def one(contact: Contact) -> None:
+            nonlocal holders
+            try:
+                response = await self.request(contact, request)
+            except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            now = self.clock()
+            if isinstance(response, Values) and response.results and any(
+                r.subkey == subkey and r.value is not None and r.expiration > now for r in response.results[0].records
+            ):
+                holders += 1
+
+        async with trio.open_nursery() as nursery:
+            for contact in contacts:
+                nursery.start_soon(one, contact)
+        return holders
+
     async def get(self, key: bytes, *, quorum: int | None = None, latest: bool = True) -> dict[bytes, Record]:
         """Live records under ``key`` by sub-key (see ``get_many``)."""
         return (await self.get_many([key], quorum=quorum, latest=latest))[bytes(key)]

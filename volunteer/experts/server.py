@@ -93,6 +93,10 @@ class ExpertServer:
         # told of each call answered with a result: (caller, request op); the CLI counts the
         # distinct trainers a volunteer served with it (its contributions)
         self.on_served: Callable[[PeerID, str], None] | None = None
+        # told of each forward/backward's outcome: (uid, None) answered, (uid, error) failed in
+        # the expert itself (refusals and protocol errors are not the expert's failures); the CLI
+        # sets aside an expert that keeps failing
+        self.on_outcome: Callable[[str, str | None], None] | None = None
 
     @property
     def upload_limit(self) -> float | None:
@@ -173,6 +177,8 @@ class ExpertServer:
                 self.bytes_out += payload
             if self.on_served is not None:
                 self.on_served(peer, request.op)
+            if self.on_outcome is not None:
+                self.on_outcome(uid, None)
             return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise  # the caller went away: nobody to tell
@@ -181,6 +187,8 @@ class ExpertServer:
             failure = to_failure(exc, expert_uid=uid, peer_id=str(self.host.peer_id), config=self.config)
             if failure["kind"] == "error":
                 log.warning("expert %s failed for %s: %s", uid or "?", stream.remote_peer.short(), describe(exc))
+                if self.on_outcome is not None and uid:
+                    self.on_outcome(uid, describe(exc))
             await reader.send_all(Reply.error(failure).encode())
             await reader.send_eof()
             await self._drain(reader, pending)

@@ -1,0 +1,105 @@
+"""A daemon that looks after itself, as pure cores the ``Steward`` drives.
+
+* ``FailureStreaks``: after K consecutive failed calls of one expert (Folding@home pauses a
+  resource group after 5 failed work units) that expert is set aside and the reason said; once
+  every hosted expert is set aside, the daemon holds itself out of the swarm. ``volunteer fold``
+  takes them back.
+* ``VisibilityWatch``: a daemon that believes it serves experts looks itself up in the DHT every
+  heartbeat, as a trainer would; when it has not been seen for ``misses`` heartbeats in a row it
+  re-joins (re-dials its bootstrap peers and relays, declares at once) and says so. Petals
+  servers were known to vanish from the DHT after an outage while still running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_FAILURE_LIMIT = 5  # consecutive failed calls of one expert before it is set aside
+DEFAULT_MISSES = 2  # heartbeats without seeing our own experts before re-joining
+LAST_ERROR_CHARS = 160
+
+
+@dataclass
+class FailureStreaks:
+    """Consecutive failures per expert; ``failed`` says when one reaches ``limit``."""
+
+    limit: int = DEFAULT_FAILURE_LIMIT
+    streaks: dict[str, int] = field(default_factory=dict)
+    set_aside: dict[str, str] = field(default_factory=dict)  # uid -> why
+
+    def succeeded(self, uid: str) -> None:
+        """A call of ``uid`` was answered with a result: its streak starts over."""
+        self.streaks.pop(uid, None)
+
+    def failed(self, uid: str, error: str) -> bool:
+        """A call of ``uid`` failed with ``error``; True exactly when this failure sets it aside."""
+        if uid in self.set_aside or not uid:
+            return False
+        count = self.streaks.get(uid, 0) + 1
+        self.streaks[uid] = count
+        if count < self.limit:
+            return False
+        self.streaks.pop(uid, None)
+        self.set_aside[uid] = f"failed {count} calls in a row (last: {error[:LAST_ERROR_CHARS]})"
+        return True
+
+    def take_back(self) -> list[str]:
+        """Forget every set-aside expert (``volunteer fold``); returns their uids."""
+        uids = sorted(self.set_aside)
+        self.set_aside.clear()
+        self.streaks.clear()
+        return uids
+
+    def hold(self, hosted: set[str]) -> str | None:
+        """Why the daemon should hold itself out of the swarm: every expert it hosts was set aside."""
+        if hosted or not self.set_aside:
+            return None
+        return (f"all {len(self.set_aside)} expert(s) failed {self.limit} calls in a row; "
+                "check the log, then `volunteer fold`")
+
+
+@dataclass
+class VisibilityWatch:
+    """Whether our experts are visible to trainers, heartbeat after heartbeat."""
+
+    misses_allowed: int = DEFAULT_MISSES
+    misses: int = 0
+    last_seen: float | None = None
+    rejoins: int = 0
+    last_rejoin: float | None = None
+
+    def observe(self, seen: bool, now: float) -> bool:
+        """One look-up of our own experts; True when it is time to re-join (the look-up missed
+        ``misses_allowed`` times in a row); the count starts over after each re-join."""
+        if seen:
+            self.misses, self.last_seen = 0, now
+            return False
+        self.misses += 1
+        if self.misses < self.misses_allowed:
+            return False
+        self.misses = 0
+        self.rejoins += 1
+        self.last_rejoin = now
+        return True
+
+    def reset(self) -> None:
+        """Not serving (paused): nothing should be visible, nothing is missed."""
+        self.misses = 0
+
+    @property
+    def visible(self) -> bool | None:
+        """Whether the last look-up saw us (None before the first)."""
+        if self.misses:
+            return False
+        return True if self.last_seen is not None else None
+
+    def view(self, now: float) -> dict:
+        """The snapshot's ``self_care.visibility`` piece."""
+        return {
+            "visible": self.visible, "misses": self.misses, "rejoins": self.rejoins,
+            "last_seen_age_s": round(now - self.last_seen, 1) if self.last_seen is not None else None,
+            "last_rejoin_age_s": round(now - self.last_rejoin, 1) if self.last_rejoin is not None else None,
+        }
+
+
+__all__ = ["DEFAULT_FAILURE_LIMIT", "DEFAULT_MISSES", "FailureStreaks", "VisibilityWatch"]

@@ -1,0 +1,320 @@
+"""The daemon part that applies fold / pause / finish, the run-when policies and self-care to a
+running volunteer node: a thin trio driver around the pure cores ``fold.Conduct``,
+``policy.RunPolicy`` and ``selfcare``'s ``FailureStreaks`` / ``VisibilityWatch``.
+
+Three tasks, started by ``run`` once the node is up:
+
+* the policy sampler: every ``period`` seconds it asks the probe (``probes.py``) how the machine
+  looks, hands the observations and the probe's ``now`` to ``RunPolicy`` and the verdict to
+  ``Conduct``; each change is logged with its reason and origin;
+* the reconciler: whenever ``Conduct`` changes it makes the node match, one change at a time:
+  ``node.pause()`` withdraws the experts at once, ``node.resume()`` declares them again, a finish
+  drains in-flight calls, hands off sole copies and saves checkpoints, and a pause that lasts
+  (``Conduct.pause_lasts``) hands off sole copies as a graceful leave would;
+* the visibility watch: every heartbeat while serving, it asks the peers closest to one of its
+  experts' keys whether they hold its record; after two misses it re-dials the swarm's bootstrap
+  peers and relays, bootstraps the DHT again and declares at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import VolunteerError, describe
+from .fold import Conduct, Event
+from .policy import Observations, PolicySettings, RunPolicy
+from .probes import CpuSample, SystemProbe, other_load
+from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, VisibilityWatch
+
+if TYPE_CHECKING:
+    from ..node import VolunteerNode
+
+log = logging.getLogger(__name__)
+
+POLICY_PERIOD = 5.0  # seconds between samples of the machine (BOINC looks every 10 s)
+VISIBILITY_CHECK_TIMEOUT = 20.0  # a look-up of our own record that takes longer counts as a miss
+DRAIN_POLL = 0.05
+FINISH_DEADLINE = 60.0  # in-flight calls a finish waits for at most
+
+
+class TrafficMeter:
+    """Bytes in and out over every connection, counted as each connection's counters grow
+    (a connection's bytes since the last look are lost if it closes in between)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, int]] = {}  # id(conn) -> (conn, bytes at the last look)
+
+    def step(self, connections: list[Any]) -> int:
+        """Bytes moved since the last call, over ``connections`` (the Host's, open or not)."""
+        grown = 0
+        seen: dict[int, tuple[Any, int]] = {}
+        for conn in connections:
+            total = int(conn.bytes_sent) + int(conn.bytes_received)
+            before = self._seen.get(id(conn))
+            grown += total - before[1] if before is not None and before[0] is conn else total
+            seen[id(conn)] = (conn, total)
+        self._seen = seen
+        return max(0, grown)
+
+
+class Steward:
+    """Applies the donor's choice, the run-when verdict and self-care to ``node``."""
+
+    def __init__(
+        self,
+        conduct: Conduct,
+        settings: PolicySettings,
+        probe: SystemProbe | None,
+        *,
+        period: float = POLICY_PERIOD,
+        failure_limit: int = DEFAULT_FAILURE_LIMIT,
+        transferred_today: Callable[[float], int] = lambda now: 0,
+        on_fold: Callable[[str], None] | None = None,
+    ) -> None:
+        self.conduct = conduct
+        self.settings = settings
+        self.policy = RunPolicy(settings)
+        self.probe = probe
+        self.period = period
+        self.streaks = FailureStreaks(limit=failure_limit)
+        self.visibility = VisibilityWatch()
+        self.transferred_today = transferred_today
+        self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
+        self.node: VolunteerNode | None = None
+        self.set_aside: dict[str, Any] = {}  # uid -> the backend taken out of the runtime
+        self.last_observations: Observations | None = None
+        self._cpu: CpuSample | None = None
+        self._changed = trio.Event()
+        self._rejoining = False
+
+    # --- wiring ----------------------------------------------------------------------------------------
+    def attach(self, node: VolunteerNode) -> None:
+        """Follow ``node``: its expert server tells each call's outcome."""
+        self.node = node
+        if node.server is not None:
+            node.server.on_outcome = self._outcome
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sample, reconcile and watch until cancelled (the node must be attached)."""
+        async with trio.open_nursery() as nursery:
+            if self.probe is not None:
+                self.sample()  # the first verdict before anything is declared
+            await self._reconcile()
+            nursery.start_soon(self._reconcile_loop)
+            if self.probe is not None:
+                nursery.start_soon(self._sample_loop)
+            nursery.start_soon(self._watch_visibility)
+            task_status.started()
+
+    def _note(self, event: Event | None) -> None:
+        if event is None:
+            return
+        log.warning("%s", event.line)
+        self._changed.set()
+
+    # --- the donor's verbs -----------------------------------------------------------------------------
+    def ask(self, action: str, origin: str) -> dict:
+        """fold / pause / finish from ``origin`` (cli, web); the reconciler carries it out."""
+        now = time.time()
+        if action == "fold":
+            self._take_back(now)
+            if self.on_fold is not None:
+                self.on_fold(origin)
+        event = self.conduct.ask(action, origin, now)
+        self._note(event)
+        self._changed.set()
+        return {"ok": True, "state": self.conduct.state, "text": self.conduct.text, "changed": event is not None}
+
+    # --- the run-when policies -------------------------------------------------------------------------
+    def sample(self) -> Observations:
+        """Observe the machine once and hand the verdict to ``Conduct``."""
+        assert self.probe is not None
+        probe = self.probe
+        now = probe.now()
+        load = probe.other_load()
+        if load is None:
+            cpu = probe.cpu()
+            if cpu is not None:
+                load = other_load(self._cpu, cpu)
+                self._cpu = cpu
+        seen = Observations(
+            on_battery=probe.on_battery(),
+            other_load=load,
+            programs=probe.programs() if self.settings.pause_programs else frozenset(),
+            input_idle_s=probe.input_idle_s() if self.settings.when_idle else None,
+            transferred_today=self.transferred_today(now) if self.settings.daily_transfer else 0,
+        )
+        self.last_observations = seen
+        self._note(self.conduct.set_verdict(self.policy.decide(seen, now), now))
+        return seen
+
+    async def _sample_loop(self) -> None:
+        while True:
+            await trio.sleep(self.period)
+            self.sample()
+            self._changed.set()  # a pause that lasts hands off: the reconciler looks again
+
+    # --- making the node match ---------------------------------------------------------------------------
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed = trio.Event()
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
+        node = self.node
+        if node is None:
+            return
+        conduct = self.conduct
+        if conduct.serving:
+            if node.paused:
+                node.resume()
+                self.visibility.reset()
+            return
+        if not node.paused:
+            await node.pause()
+        if conduct.choice == "finishing":
+            await self._finish(node)
+        elif conduct.pause_lasts(time.time()):
+            conduct.handed_off = True
+            await self._hand_off(node, "the pause lasts")
+
+    async def _finish(self, node: VolunteerNode) -> None:
+        with trio.move_on_after(FINISH_DEADLINE):
+            while node.in_flight():
+                await trio.sleep(DRAIN_POLL)
+        await self._hand_off(node, "finishing")
+        saved = await self._save_checkpoints(node)
+        self._note(self.conduct.finished(time.time(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
+
+    async def _hand_off(self, node: VolunteerNode, why: str) -> None:
+        if node.replicas is None:
+            return
+        result = await node.replicas.hand_off_all()
+        if result.done or result.failed:
+            log.warning("%s: handed off %d sole copies; %d could not be (their checkpoints keep them)",
+                        why, len(result.done), len(result.failed))
+
+    async def _save_checkpoints(self, node: VolunteerNode) -> int:
+        runtime = node.runtime
+        if runtime is None:
+            return 0
+        saved = 0
+        for backend in list(runtime.backends.values()):
+            if backend.checkpoint_path is None:
+                continue
+            try:
+                await runtime.run_sync(backend.save_checkpoint)
+                saved += 1
+            except (VolunteerError, OSError) as exc:
+                log.warning("could not save the checkpoint of %s: %s", backend.uid, describe(exc))
+        return saved
+
+    # --- self-care: experts that keep failing ----------------------------------------------------------
+    def _outcome(self, uid: str, error: str | None) -> None:
+        if error is None:
+            self.streaks.succeeded(uid)
+        elif self.streaks.failed(uid, error) and self.node is not None:
+            self.node.host.start_soon(self._set_aside, uid)
+
+    async def _set_aside(self, uid: str) -> None:
+        node = self.node
+        if node is None or node.runtime is None or uid not in node.runtime.backends:
+            return
+        why = self.streaks.set_aside.get(uid, "keeps failing")
+        log.warning("expert %s %s: set aside (withdrawn, calls refused); `volunteer fold` takes it back", uid, why)
+        if node.declarer is not None:
+            with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+                try:
+                    await node.declarer.forget(uid)
+                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                    log.info("tombstone of %s failed: %s", uid, describe(exc))
+        if uid in node.runtime.backends:
+            self.set_aside[uid] = node.runtime.remove_backend(uid)
+        self._note(self.conduct.set_hold(self.streaks.hold(set(node.runtime.backends)), time.time()))
+
+    def _take_back(self, now: float) -> None:
+        node = self.node
+        uids = self.streaks.take_back()
+        if node is None or node.runtime is None:
+            return
+        for uid in uids:
+            backend = self.set_aside.pop(uid, None)
+            if backend is not None and uid not in node.runtime.backends:
+                node.runtime.add_backend(backend)
+                if node.declarer is not None:
+                    node.declarer.uids = sorted({*node.declarer.uids, uid})
+        if uids:
+            log.warning("took back %d expert(s) set aside after failures: %s", len(uids), ", ".join(uids))
+        self._note(self.conduct.set_hold(None, now))
+
+    # --- self-care: visible in the DHT ----------------------------------------------------------------
+    async def _watch_visibility(self) -> None:
+        node = self.node
+        if node is None or node.dht is None or node.declarer is None:
+            return
+        period = node.dht.config.expert_update_period
+        while True:
+            await trio.sleep(period)
+            declarer = node.declarer
+            if not self.conduct.serving or node.paused or not declarer.uids or not declarer.declarations:
+                self.visibility.reset()
+                continue
+            seen = await self._visible(node, declarer.uids[0])
+            if self.visibility.observe(seen, time.time()):
+                await self._rejoin(node)
+
+    async def _visible(self, node: VolunteerNode, uid: str) -> bool:
+        from ..dht.grid import expert_key
+
+        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+            try:
+                return await node.dht.held_elsewhere(expert_key(uid), node.host.peer_id.to_bytes()) > 0
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.info("looking up our own expert %s failed: %s", uid, describe(exc))
+        return False
+
+    async def _rejoin(self, node: VolunteerNode) -> None:
+        entry = node.spec.entry_points
+        log.warning("our experts have not been visible in the DHT for %d heartbeats: re-joining the swarm "
+                    "(re-dialling %d bootstrap peers and relays)", self.visibility.misses_allowed, len(entry))
+        answered = 0
+        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+            try:
+                answered = await node.dht.bootstrap(entry)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.warning("re-joining failed: %s", describe(exc))
+        if node.declarer is not None and not node.declarer.paused:
+            node.declarer.resume()  # declare at once, not a heartbeat later
+        log.warning("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
+
+    # --- status ---------------------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
+        now = time.time()
+        seen = self.last_observations
+        return {
+            "conduct": self.conduct.view(now),
+            "policy": {
+                "settings": self.settings.as_dict(),
+                "lines": self.settings.describe(),
+                "verdict": self.conduct.verdict.as_dict(),
+                "observed": None if seen is None else {
+                    "on_battery": seen.on_battery, "other_load": seen.other_load,
+                    "input_idle_s": seen.input_idle_s, "transferred_today": seen.transferred_today,
+                },
+            },
+            "self_care": {
+                "failure_limit": self.streaks.limit,
+                "set_aside": dict(self.streaks.set_aside),
+                "visibility": self.visibility.view(now),
+            },
+        }
+
+
+__all__ = ["POLICY_PERIOD", "Steward", "TrafficMeter"]
