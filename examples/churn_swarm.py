@@ -73,7 +73,7 @@ class ChurnSwarm:
                                              "--listen", f"/ip4/127.0.0.1/tcp/{port}"], anchor_file)
 
     def _spawn(self, name: str, extra: list[str], swarm_file: Path | None = None) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "volunteer", "join", str(swarm_file or self.swarm_file), "--device", "cpu", "--no-dashboard",
+        cmd = [sys.executable, "-m", "volunteer", "join", str(swarm_file or self.swarm_file), "--yes", "--device", "cpu", "--no-dashboard",
                "--no-mdns", "--control", str(self.dir / f"{name}.sock"), *extra]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
                                 cwd=str(ROOT))

@@ -10,6 +10,7 @@ Host owns the tasks, and this module owns no nursery of its own.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -42,25 +43,27 @@ class RelayNode:
 
 
 class MetricsService(BaseService):
-    """Serves the relay's Prometheus metrics (hop, DHTs, process) over HTTP on an already bound
-    listener for the Host's lifetime (bound before anything starts: a busy port is one line)."""
+    """Serves the relay's Prometheus metrics (hop, DHTs, process) over HTTP (``volunteer.web``:
+    hypercorn's trio worker) on an already bound socket for the Host's lifetime (bound before
+    anything starts: a busy port is one line)."""
 
-    def __init__(self, hop: HopService, listener: trio.SocketListener, dhts: dict[str, "DHTNode"]) -> None:
-        from volunteer.metrics_http import listener_address
+    def __init__(self, hop: HopService, sock: socket.socket, dhts: dict[str, "DHTNode"]) -> None:
+        from volunteer.web.serve import listener_address
 
         self.hop = hop
-        self.listener = listener
+        self.sock = sock
         self.dhts = dhts  # filled as the swarms' DHT services start
-        self.addr: tuple[str, int] = listener_address(listener)
+        self.addr: tuple[str, int] = listener_address(sock)
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        from volunteer.metrics_http import serve_registry  # imported on use: only relays started with --metrics
+        from volunteer.web.metrics import metrics_app  # imported on use: only relays started with --metrics
+        from volunteer.web.serve import serve_app
 
         from .metrics import relay_registry
 
         self.host = host
         async with trio.open_nursery() as nursery:  # the server task, owned by this service's own task
-            await nursery.start(serve_registry, self.listener, relay_registry(self.hop, self.dhts))
+            await nursery.start(serve_app, metrics_app(relay_registry(self.hop, self.dhts)), self.sock)
             task_status.started()
 
 
@@ -108,9 +111,9 @@ async def open_relay_node(
         services.append(ResourceManager(resources))
     metrics_service = None
     if metrics is not None:
-        from volunteer.metrics_http import open_metrics_listener
+        from volunteer.web.serve import open_web_socket
 
-        metrics_service = MetricsService(hop, await open_metrics_listener(*metrics), dhts)
+        metrics_service = MetricsService(hop, open_web_socket(*metrics, flag="--metrics", what="metrics"), dhts)
         services.append(metrics_service)
     async with open_host(keypair, listen, config=config, services=services) as host:
         node = RelayNode(host, hop, metrics_addr=metrics_service.addr if metrics_service is not None else None, dhts=dhts)

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,7 @@ class VolunteerOptions:
     uids: list[str] = field(default_factory=list)
     hidden_dim: int = 64
     device: str = "auto"
+    devices: list[str] = field(default_factory=list)  # several CUDA devices: experts spread over them
     max_batch: int = 1024
     checkpoint_dir: Path | None = None
     max_gpu_memory: float | None = None  # fraction of the GPU's memory torch may take
@@ -91,6 +92,7 @@ class VolunteerOptions:
     leave_deadline: float = LEAVE_DEADLINE
     # replicated experts (the swarm file's [[grid]]): place=True picks uids by automatic placement
     place: bool = False
+    start_paused: bool = False  # serve nothing until resume(): experts loaded, never declared before
     max_experts: int | None = None  # placement capacity (default: what fits the GPU, else 8)
     replicas_config: "ReplicasConfig | None" = None  # default: replicas.DEFAULT_CONFIG
 
@@ -318,8 +320,16 @@ class VolunteerNode:
         if opts.backends is None and expert_class is None and not self.spec.grids:  # grids name their class
             raise JoinError("cannot build experts: no expert class given (e.g. --experts ffn:expert.[0:4])")
 
+        configs = {device: replace(config, device=device) for device in opts.devices}
+        placed: dict[str, str] = {}  # uid -> the device its backend was built on
+
         def build(uid: str, cls: str, hidden: int) -> ExpertBackend:
-            return make_backend(uid, cls, hidden, config=config, checkpoint_dir=opts.checkpoint_dir)
+            own = config
+            if configs:  # one daemon, several GPUs: each new expert goes where fewest are
+                device = placed.get(uid) or min(configs, key=lambda d: sum(1 for v in placed.values() if v == d))
+                placed[uid] = device
+                own = configs[device]
+            return make_backend(uid, cls, hidden, config=own, checkpoint_dir=opts.checkpoint_dir)
 
         try:
             if opts.backends is not None:
@@ -358,6 +368,9 @@ class VolunteerNode:
             self.declarer = ExpertDeclarer(
                 self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends), **synced
             )
+            if opts.start_paused:  # a first start without the donor's consent: nothing is announced
+                self.paused = self.declarer.paused = True
+                runtime.pause()
             await nursery.start(self.declarer.run)
             if manager is not None:
                 manager.declarer = self.declarer
@@ -561,6 +574,8 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
         device = str(opts.experts_config.device)
     elif opts.hosts_experts:
         device = check_device(opts.device, opts.max_gpu_memory)
+        for other in opts.devices:
+            check_device(other, opts.max_gpu_memory)
     dht_config = opts.dht_config or DHTConfig(swarm_id=spec.id)
     keypair = opts.keypair or KeyPair.generate()
     resource_limits = {k: v for k, v in opts.limits.items() if k not in EXPERT_LIMITS}

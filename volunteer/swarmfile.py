@@ -255,7 +255,13 @@ LIMIT_SETTINGS = {
     "max_request_bytes_per_peer": int, "max_request_bytes_total": int, "backward_window": (int, float),
 }
 EXPERT_LIMITS = ("max_request_bytes_per_peer", "max_request_bytes_total", "backward_window")
-CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS}  # config.toml's tables
+# config.toml's [run]: consent and the run-when policies (volunteer/cli/policy.py checks values)
+RUN_SETTINGS = {
+    "consent": bool, "on_battery": bool, "when_idle": (int, float), "max_other_load": (int, float),
+    "pause_programs": list, "compute_hours": (str, list), "network_hours": (str, list), "daily_transfer": (int, str),
+    "gpus": list, "exclude_gpus": list, "failure_limit": int,
+}
+CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS, "run": RUN_SETTINGS}  # config.toml's tables
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "a list", dict: "a table"}
@@ -412,6 +418,11 @@ def load_config(path: str | os.PathLike | None = None) -> dict:
     """Defaults for ``volunteer join`` from config.toml's ``[join]``, e.g. ``device = "cuda:0"``.
     Flags and the swarm file's ``[experts]`` win over it."""
     return dict(read_config(path).get("join", {}))
+
+
+def load_run(path: str | os.PathLike | None = None) -> dict:
+    """config.toml's ``[run]``: consent and the run-when policies (``volunteer/cli/policy.py``)."""
+    return dict(read_config(path).get("run", {}))
 
 
 def load_limits(path: str | os.PathLike | None = None) -> dict:

@@ -55,7 +55,7 @@ def test_dashboard_in_a_terminal_with_warnings_and_resizes(relay, tmp_path, cli_
     env = {**cli_env, "PYTHONPATH": os.getcwd(), "VOLUNTEER_NO_MDNS": "1", "TERM": "xterm-256color"}
     script = tmp_path / "join.sh"
     exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in env.items())
-    script.write_text(f"{exports}exec {shlex.quote(sys.executable)} -m volunteer join {shlex.quote(relay)} "
+    script.write_text(f"{exports}exec {shlex.quote(sys.executable)} -m volunteer join --yes {shlex.quote(relay)} "
                       f"--listen /ip4/127.0.0.1/tcp/0 --control {shlex.quote(control)}\n")
     tmux = Tmux(str(tmp_path / "tmux.sock"))
     try:

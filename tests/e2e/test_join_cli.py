@@ -79,7 +79,7 @@ class Daemon:
     """`volunteer join` in a subprocess, stdout captured."""
 
     def __init__(self, *args: str, env: dict) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", "--yes", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env)
         self.lines = []
         deadline = time.monotonic() + 60

@@ -34,7 +34,7 @@ def cli_env(tmp_path) -> dict:
 def start_join(swarm_file: str, control: str, env: dict) -> subprocess.Popen:
     """``volunteer join`` in its own process group; returns once its control socket is up."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "volunteer", "join", swarm_file, "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard",
+        [sys.executable, "-m", "volunteer", "join", swarm_file, "--yes", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard",
          "--control", control, "--experts", "ffn:ffn.[0:4]", "--hidden-dim", str(HIDDEN), "--device", "cpu"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )

@@ -24,7 +24,7 @@ def test_trainer_behind_nat_trains_through_experts_behind_another_nat(easy_rig, 
     _, relay_addr = start_relay(rig)  # serves the DHT of swarm "default"
     swarm_file = tmp_path / "swarm.toml"
     swarm_file.write_text(f'name = "rig"\nid = "default"\nrelays = ["{relay_addr}"]\n')
-    volunteer = rig.popen("peer_b", [PY, "-m", "volunteer", "join", str(swarm_file), "--no-dashboard",
+    volunteer = rig.popen("peer_b", [PY, "-m", "volunteer", "join", str(swarm_file), "--yes", "--no-dashboard",
                                      "--experts", "ffn:expert.[0:2].[0:2]", "--hidden-dim", "16", "--device", "cpu",
                                      "--listen", "/ip4/0.0.0.0/tcp/4001", "--identity", str(tmp_path / "b.key"),
                                      "--control", str(tmp_path / "b.sock"), "--checkpoints", str(tmp_path / "ckpt")],

@@ -23,7 +23,7 @@ PY = sys.executable
 def join_in(rig, node: str, swarm_file: str, tag: str) -> subprocess.Popen:
     env = {**os.environ, "VOLUNTEER_CONFIG_DIR": f"/tmp/{tag}-cfg", "VOLUNTEER_STATE_DIR": f"/tmp/{tag}-state",
            "VOLUNTEER_RUNTIME_DIR": f"/tmp/{tag}-run", "PYTHONUNBUFFERED": "1"}
-    return rig.popen(node, [PY, "-m", "volunteer", "join", swarm_file, "--no-dashboard", "--no-mdns",
+    return rig.popen(node, [PY, "-m", "volunteer", "join", swarm_file, "--yes", "--no-dashboard", "--no-mdns",
                             "--listen", "/ip4/0.0.0.0/tcp/4001"],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
 

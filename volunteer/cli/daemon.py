@@ -9,7 +9,8 @@ import collections
 import logging
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -19,7 +20,12 @@ from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
 from . import contributions as contrib
+from . import history as hist
 from .control import serve_control
+from .fold import Conduct
+from .policy import PolicySettings
+from .probes import SystemProbe
+from .steward import POLICY_PERIOD, Steward, TrafficMeter
 from .gpu import GpuMonitor
 from .rates import Window
 from .roles import classify_connections
@@ -53,6 +59,13 @@ class DaemonOptions:
     node: VolunteerOptions
     control_path: Path | None = None
     state_dir: Path | None = None  # where contributions are kept across restarts (None: not kept)
+    policy: PolicySettings = field(default_factory=PolicySettings)  # the run-when policies
+    folding: bool = True  # start serving (consent given), else start paused until `volunteer fold`
+    start_reason: str = ""  # why it starts as it does (the first event of the log)
+    probe: SystemProbe | None = None  # the machine's battery, load, programs and clock (None: no policies)
+    policy_period: float = POLICY_PERIOD
+    failure_limit: int = 5
+    on_fold: Callable[[str], None] | None = None  # told of a fold from the donor (records consent)
 
 
 class LogBuffer(logging.Handler):
@@ -91,9 +104,23 @@ class Daemon:
             contrib.load(self._contributions_path, now=time.time()) if self._contributions_path is not None
             else contrib.Contributions(since=time.time())
         )
+        probe = options.probe
+        self.clock: Callable[[], float] = probe.now if probe is not None else time.time
+        self._history_path = (
+            hist.history_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
+        )
+        self.history = hist.load(self._history_path) if self._history_path is not None else hist.History()
+        self._history_deltas = hist.Deltas()
+        self.traffic = TrafficMeter()
+        self.conduct = Conduct(folding=options.folding, origin="start" if options.folding else "consent",
+                               reason=options.start_reason, now=self.clock())
+        self.steward = Steward(self.conduct, options.policy, probe, period=options.policy_period,
+                               failure_limit=options.failure_limit, transferred_today=self._transferred_today,
+                               on_fold=options.on_fold)
         self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
         self.reachable_how = ""
         self.reachable = trio.Event()
+        self.web_url: str | None = None  # the local web page's address, once it is served
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -109,10 +136,12 @@ class Daemon:
                 async with open_volunteer(self.swarm, self.options.node) as node:
                     self.node = node
                     if node.server is not None:
-                        node.server.on_served = lambda peer, _op: self.contributions.served(peer)
+                        node.server.on_served = self._served
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
                     nursery.start_soon(self._watch_reachable, began)
+                    self.steward.attach(node)
+                    await nursery.start(self.steward.run)  # a consent-less first start pauses here
                     await nursery.start(self._serve_control)
                     nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
@@ -132,24 +161,53 @@ class Daemon:
             self._observe_contributions()
             self._save_contributions()
 
+    def _served(self, peer, _op: str) -> None:
+        self.contributions.served(peer)
+        self.history.served(self.clock(), str(peer))
+
     def _observe_contributions(self) -> None:
         node = self.node
-        if node is None or node.runtime is None:
+        if node is None:
             return
-        stats = node.runtime.stats().values()
-        self.contributions.observe(
-            requests=sum(s.requests - s.errors for s in stats),  # answered with a result
-            samples=sum(s.samples for s in stats),
-            compute_s=sum(s.compute_s for s in stats),
-            bytes_sent=node.server.bytes_out if node.server is not None else 0,
-        )
+        now = self.clock()
+        counters: dict[str, float] = {"traffic": 0.0}
+        if node.runtime is not None:
+            stats = node.runtime.stats()
+            self.contributions.observe(
+                requests=sum(s.requests - s.errors for s in stats.values()),  # answered with a result
+                samples=sum(s.samples for s in stats.values()),
+                compute_s=sum(s.compute_s for s in stats.values()),
+                bytes_sent=node.server.bytes_out if node.server is not None else 0,
+            )
+            for uid, s in stats.items():  # per expert: one handed off or set aside takes its counts along
+                backend = node.runtime.backends.get(uid)
+                on_gpu = backend is not None and backend.device.type == "cuda"
+                counters[f"calls {uid}"] = s.requests - s.errors
+                counters[f"samples {uid}"] = s.samples
+                counters[f"{'gpu' if on_gpu else 'cpu'}_s {uid}"] = s.compute_s
+            counters["bytes_sent"] = node.server.bytes_out if node.server is not None else 0
+        grown = self._history_deltas.step(counters)
+        figures = {"traffic": self.traffic.step(node.host.connections())}
+        for key, value in grown.items():
+            name = key.split(" ", 1)[0]
+            if name != "traffic" and value > 0:
+                figures[name] = figures.get(name, 0) + value
+        self.history.add(now, figures)
+        self.history.tick(now, serving=self.conduct.serving)
+
+    def _transferred_today(self, now: float) -> int:
+        self._observe_contributions()
+        return self.history.today(now).traffic
 
     def _save_contributions(self) -> None:
+        failed = []
         if self._contributions_path is not None and not contrib.save(self._contributions_path, self.contributions):
-            if not getattr(self, "_save_warned", False):
-                self._save_warned = True
-                log.warning("cannot save contributions to %s (they are still counted for this session)",
-                            self._contributions_path)
+            failed.append(self._contributions_path)
+        if self._history_path is not None and not hist.save(self._history_path, self.history):
+            failed.append(self._history_path)
+        if failed and not getattr(self, "_save_warned", False):
+            self._save_warned = True
+            log.warning("cannot save contributions to %s (they are still counted for this session)", failed[0])
 
     async def _serve_control(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.options.control_path is None:
@@ -187,18 +245,14 @@ class Daemon:
 
     # --- control ---------------------------------------------------------------------------------
     async def handle_control(self, request: dict) -> dict:
-        """Answer one control-socket request (status, pause, resume, leave)."""
+        """Answer one control-socket request: status, fold (resume), pause, finish, leave."""
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "status": self.snapshot()}
         if self.node is None:  # the control socket only opens once the node is up
             return {"ok": False, "error": "the node is not running"}
-        if cmd == "pause":
-            await self.node.pause()
-            return {"ok": True, "paused": True}
-        if cmd == "resume":
-            self.node.resume()
-            return {"ok": True, "paused": False}
+        if cmd in ("fold", "resume", "pause", "finish"):
+            return await self.steward.ask("fold" if cmd == "resume" else cmd, "cli")
         if cmd == "leave":
             self.leave()
             return {"ok": True}
@@ -217,7 +271,9 @@ class Daemon:
             "swarm": self.swarm.name,
             "swarm_id": self.swarm.id,
             "uptime_s": round(time.time() - self.started, 1),
-            "paused": node.paused if node is not None else False,
+            "paused": node.paused if node is not None else not self.conduct.serving,
+            "state": self.conduct.state,
+            "state_text": self.conduct.text,
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
             "reachable_after_s": self.reachable_after_s,
             "reachable_how": self.reachable_how,
@@ -245,6 +301,9 @@ class Daemon:
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
+        snap.update(self.steward.snapshot())
+        if self.web_url is not None:
+            snap["web"] = {"url": self.web_url}
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]
         return snap
 

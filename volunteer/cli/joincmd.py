@@ -14,8 +14,18 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
-from ..swarmfile import identity_path, load_config, load_limits, parse_experts_spec, resolve_swarm, state_dir, swarms_dir
+from ..swarmfile import (
+    identity_path,
+    load_config,
+    load_limits,
+    load_run,
+    parse_experts_spec,
+    resolve_swarm,
+    state_dir,
+    swarms_dir,
+)
 from .control import ControlError, default_control_path, request
+from .donorflags import add_donor_flags, choose_gpus, donor_choices
 
 JOIN_EXAMPLES = """\
 examples:
@@ -106,12 +116,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
     add_control_flag(p)
+    add_donor_flags(p)
     p.set_defaults(run=run_join)
 
     for name, helptext in (
         ("status", "show a running daemon's dashboard (or --json for scripts)"),
+        ("fold", "start or resume serving: declare the experts and take calls (the first one records your consent)"),
         ("pause", "stop taking expert requests and withdraw the experts from the DHT"),
-        ("resume", "take expert requests again and re-declare the experts"),
+        ("resume", "the same as fold"),
+        ("finish", "stop taking new calls, finish the running ones, hand off sole copies, save checkpoints, stay connected"),
         ("stop", "ask a running daemon to leave gracefully"),
     ):
         q = sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
@@ -158,6 +171,14 @@ def build_options(args: argparse.Namespace):
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     if hidden < 1:
         raise VolunteerError("--hidden-dim must be positive")
+    donor = donor_choices(args, load_run(args.config))
+    device = check_device_name(pick(args.device, "device", "auto"))
+    devices: list[str] = []
+    if donor.gpus is not None or donor.exclude_gpus:
+        import torch
+
+        chosen = choose_gpus(torch.cuda.device_count() if torch.cuda.is_available() else 0, donor.gpus, donor.exclude_gpus)
+        device, devices = f"cuda:{chosen[0]}", [f"cuda:{i}" for i in chosen] if len(chosen) > 1 else []
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
@@ -165,7 +186,8 @@ def build_options(args: argparse.Namespace):
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
-        device=check_device_name(pick(args.device, "device", "auto")),
+        device=device,
+        devices=devices,
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
@@ -178,11 +200,57 @@ def build_options(args: argparse.Namespace):
         limits=load_limits(args.config),
         replicas_config=replicas_config,
     )
-    return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir())
+    from .probes import probe_from_env
+    from .steward import POLICY_PERIOD
+
+    period = args.policy_period if args.policy_period is not None else POLICY_PERIOD
+    if not period > 0:
+        raise VolunteerError("--policy-period must be positive")
+    return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir(),
+                         policy=donor.policy, folding=donor.consent, probe=probe_from_env(), policy_period=period,
+                         failure_limit=donor.failure_limit)
+
+
+def settle_consent(args: argparse.Namespace, options) -> None:
+    """Consent first: with ``--yes`` or ``[run] consent = true`` the daemon folds; otherwise it
+    shows what it will use and asks on a terminal, or starts paused with one line saying how to
+    start. A yes at the prompt (or a later ``volunteer fold``) is recorded in config.toml."""
+    from ..paths import config_file
+    from . import consent
+
+    path = Path(args.config) if args.config else config_file()
+    recorded = [False]
+
+    def remember(origin: str) -> None:
+        if not recorded[0]:
+            recorded[0] = consent.record(path)
+
+    options.on_fold = remember
+    if options.folding:  # --yes is said again at each start (a testnet's or a unit's); it is not recorded
+        return
+    web = None
+    if getattr(args, "web", None):
+        web = f"http://{args.web[0]}:{args.web[1]}/"
+    lines = consent.summary_lines(options.node, policy_lines=options.policy.describe(), web=web)
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        if consent.ask(lines):
+            remember("consent")
+            options.folding = True
+            options.start_reason = "you agreed at the first start"
+            return
+        print("starting paused: nothing is computed until you run `volunteer fold`", flush=True)
+    else:
+        print("first start on this machine: volunteer will use", flush=True)
+        for line in lines:
+            print(f"  {line}", flush=True)
+        print("starting paused: run `volunteer fold` to start donating (or join with --yes)", flush=True)
+    options.node.start_paused = True
+    options.start_reason = "waiting for your consent: `volunteer fold` starts"
 
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
+    settle_consent(args, options)
     metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
@@ -190,18 +258,19 @@ def run_join(args: argparse.Namespace) -> int:
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
-    return trio.run(join, options, dashboard, metrics)
+    return trio.run(join, options, dashboard, metrics, getattr(args, "web", None))
 
 
-async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None) -> int:
+async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None) -> int:
+    from ..web.serve import open_web_socket
     from .daemon import Daemon
 
     daemon = Daemon(options)
-    metrics_listener = None
-    if metrics is not None:
-        from ..metrics_http import open_metrics_listener
-
-        metrics_listener = await open_metrics_listener(*metrics)  # a busy port: one line, before joining
+    metrics_sock = web_sock = None
+    if metrics is not None:  # busy ports: one line each, before joining
+        metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
+    if web is not None:
+        web_sock = open_web_socket(*web, flag="--web")
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             nursery.start_soon(_watch_signals, signals, daemon)
@@ -221,13 +290,17 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None)
                 print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
                       + (" …" if len(hosted) > 8 else ""), flush=True)
             print(f"  control socket {options.control_path}", flush=True)
-            if metrics_listener is not None:
-                from ..metrics_http import listener_address, serve_registry
-                from .metrics import daemon_registry
+            if metrics_sock is not None:
+                from .webserve import serve_metrics
 
-                await nursery.start(serve_registry, metrics_listener, daemon_registry(daemon))
-                host, port = listener_address(metrics_listener)
-                print(f"  metrics on http://{host}:{port}/metrics", flush=True)
+                print(f"  metrics on {await serve_metrics(nursery, daemon, metrics_sock)}/metrics", flush=True)
+            if web_sock is not None:
+                from .webserve import serve_page
+
+                print(f"  web page on {await serve_page(nursery, daemon, web_sock)} (the link holds this machine's token)",
+                      flush=True)
+            if not daemon.conduct.serving:
+                print(f"  {daemon.conduct.text}", flush=True)
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
             if dashboard:
@@ -273,9 +346,15 @@ def run_control(args: argparse.Namespace) -> int:
     if cmd == "status":
         return run_status(args, path)
     reply = trio.run(request, path, "leave" if cmd == "stop" else cmd)
-    print({"pause": "paused: experts withdrawn, new requests refused",
-           "resume": "resumed: experts declared again",
-           "stop": "the daemon is leaving the swarm"}[cmd])
+    if cmd == "stop":
+        print("the daemon is leaving the swarm")
+    else:
+        print({"pause": "paused: experts withdrawn, new requests refused; `volunteer fold` resumes",
+               "fold": "folding: experts declared, taking calls", "resume": "folding: experts declared, taking calls",
+               "finish": "finishing: no new calls; running ones finish, sole copies are handed off, checkpoints "
+                         "saved, then idle and connected"}[cmd])
+        if reply.get("text") and not reply.get("text", "").startswith(("folding", "finishing", "paused by you")):
+            print(f"now: {reply['text']}")  # a policy or self-care still holds it back
     return 0 if reply.get("ok") else 1
 
 

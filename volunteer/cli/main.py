@@ -21,8 +21,10 @@ BROKEN_PIPE_EXIT = 141  # what a shell reports for a program ended by SIGPIPE: `
 EXAMPLES = """\
 examples:
   volunteer join ./demo.toml --experts ffn:expert.[0:4].[0:8]   donate: join the swarm whose file you were given
+  volunteer join demo --web 127.0.0.1:7396      the same, with a local web page (live state, plots, buttons)
   volunteer status                              the running daemon's dashboard (--json for scripts)
-  volunteer pause / volunteer resume            stop / restart taking expert requests
+  volunteer fold / pause / finish               serve / stop serving / finish what runs, then idle
+  volunteer history                             what this machine gave, by day and by month
   volunteer experts demo                        which experts are alive, and where
   volunteer testnet -n 4                        a whole local swarm to try things out
   volunteer id                                  print this machine's peer ID (created on first use)
@@ -37,8 +39,8 @@ examples:
 # more start-up time than its transfer (the DHT, the node, the dashboard);
 # tests/unit/test_cli_lazy.py checks this table against what the modules register.
 COMMAND_MODULE = {
-    "join": "joincmd", "status": "joincmd", "pause": "joincmd", "resume": "joincmd", "stop": "joincmd",
-    "experts": "expertscmd", "testnet": "testnet", "id": "netcmds", "ping": "netcmds", "perf": "perfcmd",
+    "join": "joincmd", "status": "joincmd", "fold": "joincmd", "pause": "joincmd", "resume": "joincmd",
+    "finish": "joincmd", "stop": "joincmd", "history": "historycmd", "experts": "expertscmd", "testnet": "testnet", "id": "netcmds", "ping": "netcmds", "perf": "perfcmd",
     "relay": "relaycmd", "doctor": "doctor",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMAND_MODULE.values()))  # each once, in that order

@@ -18,7 +18,7 @@ from .netcmds import add_identity_flag, load_identity
 
 def host_port(text: str) -> tuple[str, int]:
     """``--metrics HOST:PORT`` as argparse takes it (a bad one is a usage error, exit 2)."""
-    from ..metrics_http import parse_host_port
+    from ..web.serve import parse_host_port
 
     try:
         return parse_host_port(text)

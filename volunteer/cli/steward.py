@@ -90,7 +90,7 @@ class Steward:
         self.last_observations: Observations | None = None
         self._cpu: CpuSample | None = None
         self._changed = trio.Event()
-        self._rejoining = False
+        self._lock = trio.Lock()  # one change of the node's state at a time
 
     # --- wiring ----------------------------------------------------------------------------------------
     def attach(self, node: VolunteerNode) -> None:
@@ -118,8 +118,9 @@ class Steward:
         self._changed.set()
 
     # --- the donor's verbs -----------------------------------------------------------------------------
-    def ask(self, action: str, origin: str) -> dict:
-        """fold / pause / finish from ``origin`` (cli, web); the reconciler carries it out."""
+    async def ask(self, action: str, origin: str) -> dict:
+        """fold / pause / finish from ``origin`` (cli, web). Returns once the experts are declared
+        or withdrawn accordingly; a finish's draining, hand-off and checkpoints go on after."""
         now = time.time()
         if action == "fold":
             self._take_back(now)
@@ -127,6 +128,7 @@ class Steward:
                 self.on_fold(origin)
         event = self.conduct.ask(action, origin, now)
         self._note(event)
+        await self._match()
         self._changed.set()
         return {"ok": True, "state": self.conduct.state, "text": self.conduct.text, "changed": event is not None}
 
@@ -166,18 +168,27 @@ class Steward:
             self._changed = trio.Event()
             await self._reconcile()
 
+    async def _match(self) -> None:
+        """Declare and take calls, or withdraw and refuse them, as ``Conduct`` says now."""
+        node = self.node
+        if node is None:
+            return
+        async with self._lock:
+            if self.conduct.serving:
+                if node.paused:
+                    node.resume()
+                    self.visibility.reset()
+            elif not node.paused:
+                await node.pause()
+
     async def _reconcile(self) -> None:
         node = self.node
         if node is None:
             return
+        await self._match()
         conduct = self.conduct
         if conduct.serving:
-            if node.paused:
-                node.resume()
-                self.visibility.reset()
             return
-        if not node.paused:
-            await node.pause()
         if conduct.choice == "finishing":
             await self._finish(node)
         elif conduct.pause_lasts(time.time()):

@@ -150,7 +150,7 @@ async def open_testnet(
                 net.assignments.append(mine)
                 control = workdir / f"v{i}.sock"
                 # loopback volunteers find each other through the relay: no mDNS on the real LAN
-                args = [*_python(), "join", str(swarm_file), "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--no-mdns",
+                args = [*_python(), "join", str(swarm_file), "--yes", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--no-mdns",
                         "--identity", str(workdir / f"v{i}.key"), "--control", str(control),
                         "--checkpoints", str(workdir / f"checkpoints-v{i}"), "--hidden-dim", str(hidden_dim),
                         *(extra_join_args or [])]

@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from html import escape
 from pathlib import Path
 
@@ -241,7 +241,7 @@ def render_page(snap: dict, history: History, now: float) -> str:
 # --- the app --------------------------------------------------------------------------------------
 
 
-def page_app(snapshot: Callable[[], dict], history: Callable[[], History], ask: Callable[[str, str], dict],
+def page_app(snapshot: Callable[[], dict], history: Callable[[], History], ask: Callable[[str, str], Awaitable[dict]],
              policy: GuardPolicy, registry=None):
     """The page as an ASGI app behind its guard. ``ask(action, origin)`` runs fold/pause/finish."""
     from starlette.applications import Starlette
@@ -284,7 +284,7 @@ def page_app(snapshot: Callable[[], dict], history: Callable[[], History], ask: 
         if name not in ACTIONS:
             return PlainTextResponse("unknown action: fold, pause or finish\n", status_code=404, headers=headers)
         await request.body()  # bounded by the guard; forms carry nothing we need
-        result = ask(name, "web")
+        result = await ask(name, "web")
         if "application/json" in request.headers.get("accept", ""):
             return JSONResponse(result, headers=headers)
         return RedirectResponse("/", status_code=303, headers=headers)

@@ -1,0 +1,53 @@
+"""The daemon's HTTP endpoints on the project's web stack (``volunteer.web``): Prometheus
+metrics (``join --metrics``) and the donor's page (``join --web``), each on a socket bound before
+the daemon started, served in the daemon's nursery."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import trio
+
+from ..web.guard import Guard, GuardPolicy, loopback_hosts
+from ..web.serve import listener_address, serve_app, url_of
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address a socket is bound to) is on the loopback network."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def serve_metrics(nursery: trio.Nursery, daemon, sock: socket.socket) -> str:
+    """Serve the daemon's metrics on ``sock``; its URL. On loopback, only requests naming this
+    server in their Host header are answered (a rebinding site cannot read them); elsewhere any
+    scraper's Host is."""
+    from ..web.metrics import metrics_app
+    from .metrics import daemon_registry
+
+    host, port = listener_address(sock)
+    hosts = loopback_hosts(port) if is_loopback(host) else None
+    app = Guard(metrics_app(daemon_registry(daemon)), GuardPolicy(allowed_hosts=hosts, read_only=True))
+    await nursery.start(serve_app, app, sock)
+    return url_of(sock)
+
+
+async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket) -> str:
+    """Serve the donor's page on ``sock``; the link that logs a browser in (it holds the token)."""
+    from ..paths import config_dir
+    from .metrics import daemon_registry
+    from .webpage import load_or_create_token, page_app, page_policy
+
+    token = load_or_create_token(config_dir() / "web-token")
+    host, port = listener_address(sock)
+    policy = page_policy(host, port, token)
+    app = page_app(daemon.snapshot, lambda: daemon.history, daemon.steward.ask, policy, registry=daemon_registry(daemon))
+    await nursery.start(serve_app, app, sock)
+    daemon.web_url = f"{url_of(sock)}/"
+    return f"{url_of(sock)}/?token={token}"
+
+
+__all__ = ["is_loopback", "serve_metrics", "serve_page"]
