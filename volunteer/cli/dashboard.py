@@ -43,9 +43,21 @@ NAT_WORDS = {
 }
 
 
+STATE_STYLES = {"folding": "green", "paused": "bold yellow", "waiting": "bold cyan", "finishing": "bold magenta",
+                "finished": "bold"}
+
+
+def _state(s: dict) -> str:
+    """What the daemon does and why (fold/pause/finish, run-when policies, self-care)."""
+    word = line(s.get("state") or ("paused" if s.get("paused") else "folding"))
+    why = line(s.get("state_text") or "")
+    style = STATE_STYLES.get(word, "bold")
+    return f"[{style}]{word.upper()}[/]" + (f" ({text(why)})" if why and why != word else "")
+
+
 def _identity(s: dict, compact: bool) -> Table:
     table = section("Identity", 1)
-    state = "[bold yellow]PAUSED[/]" if s.get("paused") else "[green]running[/]"
+    state = _state(s)
     head = f"{state} · swarm {text(s.get('swarm'))} · up {duration(s.get('uptime_s'))} · volunteer {text(s.get('version'))}"
     if compact:
         table.add_row(f"{head} · peer {text(s.get('peer_id'))}")
@@ -311,7 +323,7 @@ def summary_line(snapshot: dict) -> str:
     session = as_dict(as_dict(s.get("contributions")).get("session"))
     warnings = len(as_dicts(s.get("log")))
     return line(
-        f"{'PAUSED' if s.get('paused') else 'running'} · up {duration(s.get('uptime_s'))} · "
+        f"{line(s.get('state_text') or ('paused' if s.get('paused') else 'running'))} · up {duration(s.get('uptime_s'))} · "
         f"{as_dict(s.get('reachability')).get('status') or 'unknown'} · peers: {peers} · "
         f"{len(experts)} experts {rate:.1f} req/s · given this session: {num(session.get('requests'), '{:.0f}', '0')} requests, "
         f"{format_size(int(finite(session.get('bytes_sent')) or 0))} sent, {num(session.get('trainers'), '{:.0f}', '0')} trainers · "

@@ -156,6 +156,8 @@ class Conduct:
     def text(self) -> str:
         """What the daemon does, in words: ``folding``, ``paused: on battery``, ``paused by you
         (web)``, ``waiting: computer in use, resumes after 3 idle minutes``."""
+        if self.choice == "paused" and self.origin == "consent":
+            return "paused until you agree to donate: `volunteer fold` starts"
         if self.choice == "paused":
             return f"paused by you ({self.origin}): `volunteer fold` resumes"
         if self.choice == "finishing":

@@ -230,7 +230,7 @@ def settle_consent(args: argparse.Namespace, options) -> None:
         return
     web = None
     if getattr(args, "web", None):
-        web = f"http://{args.web[0]}:{args.web[1]}/"
+        web = f"http://{args.web[0]}:{args.web[1] or '(a free port)'}/"
     lines = consent.summary_lines(options.node, policy_lines=options.policy.describe(), web=web)
     if sys.stdin.isatty() and sys.stdout.isatty():
         if consent.ask(lines):

@@ -85,6 +85,7 @@ class Steward:
         self.visibility = VisibilityWatch()
         self.transferred_today = transferred_today
         self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
+        self.clock: Callable[[], float] = probe.now if probe is not None else time.time  # wall clock
         self.node: VolunteerNode | None = None
         self.set_aside: dict[str, Any] = {}  # uid -> the backend taken out of the runtime
         self.last_observations: Observations | None = None
@@ -121,7 +122,7 @@ class Steward:
     async def ask(self, action: str, origin: str) -> dict:
         """fold / pause / finish from ``origin`` (cli, web). Returns once the experts are declared
         or withdrawn accordingly; a finish's draining, hand-off and checkpoints go on after."""
-        now = time.time()
+        now = self.clock()
         if action == "fold":
             self._take_back(now)
             if self.on_fold is not None:
@@ -191,7 +192,7 @@ class Steward:
             return
         if conduct.choice == "finishing":
             await self._finish(node)
-        elif conduct.pause_lasts(time.time()):
+        elif conduct.pause_lasts(self.clock()):
             conduct.handed_off = True
             await self._hand_off(node, "the pause lasts")
 
@@ -201,7 +202,7 @@ class Steward:
                 await trio.sleep(DRAIN_POLL)
         await self._hand_off(node, "finishing")
         saved = await self._save_checkpoints(node)
-        self._note(self.conduct.finished(time.time(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
+        self._note(self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
 
     async def _hand_off(self, node: VolunteerNode, why: str) -> None:
         if node.replicas is None:
@@ -247,7 +248,7 @@ class Steward:
                     log.info("tombstone of %s failed: %s", uid, describe(exc))
         if uid in node.runtime.backends:
             self.set_aside[uid] = node.runtime.remove_backend(uid)
-        self._note(self.conduct.set_hold(self.streaks.hold(set(node.runtime.backends)), time.time()))
+        self._note(self.conduct.set_hold(self.streaks.hold(set(node.runtime.backends)), self.clock()))
 
     def _take_back(self, now: float) -> None:
         node = self.node
@@ -277,7 +278,7 @@ class Steward:
                 self.visibility.reset()
                 continue
             seen = await self._visible(node, declarer.uids[0])
-            if self.visibility.observe(seen, time.time()):
+            if self.visibility.observe(seen, self.clock()):
                 await self._rejoin(node)
 
     async def _visible(self, node: VolunteerNode, uid: str) -> bool:
@@ -307,7 +308,7 @@ class Steward:
     # --- status ---------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
-        now = time.time()
+        now = self.clock()
         seen = self.last_observations
         return {
             "conduct": self.conduct.view(now),

@@ -25,6 +25,7 @@ from .history import History
 
 DEFAULT_PORT = 7396  # the port the README suggests (Folding@home's client listens on 7396 too)
 REFRESH_S = 3
+CHART_WIDTH = 640  # two plots side by side on a laptop's screen
 ACTIONS = ("fold", "pause", "finish")
 STATE_COLORS = {"folding": "#2e7d32", "paused": "#ef6c00", "waiting": "#1565c0", "finishing": "#6a1b9a", "finished": "#555"}
 
@@ -96,7 +97,8 @@ def _state_part(snap: dict) -> str:
         for a in ACTIONS
     )
     return (f'<section class="state"><span id="state" class="badge" style="background:{color}">{escape(state)}</span>'
-            f' <span id="state-text">{escape(conduct.get("text", ""))}</span><div class="buttons">{buttons}</div></section>')
+            f' <span id="state-text">{escape(conduct.get("text", "") if conduct.get("text") != state else "")}</span>'
+            f'<div class="buttons">{buttons}</div></section>')
 
 
 def _policy_part(snap: dict) -> str:
@@ -171,7 +173,11 @@ def _events_part(snap: dict) -> str:
 
 
 def _hours_fmt(seconds: float) -> str:
-    return f"{seconds / 3600:.2g} h" if seconds >= 360 else f"{seconds / 60:.2g} min" if seconds >= 1 else f"{seconds:g} s"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.3g} s"
 
 
 def history_charts(history: History, now: float) -> str:
@@ -183,13 +189,13 @@ def history_charts(history: History, now: float) -> str:
     compute = lambda rows: [Series("GPU", [b.gpu_s for _, b in rows], PALETTE[0]), Series("CPU", [b.cpu_s for _, b in rows], PALETTE[1])]
     charts = [
         bar_chart(hour_labels, [Series("calls", [b.calls for _, b in hours], PALETTE[2])], title="Calls per hour, last 7 days",
-                  tick_every=24, chart_id="chart-calls-hourly"),
+                  tick_every=24, chart_id="chart-calls-hourly", width=CHART_WIDTH),
         bar_chart(hour_labels, compute(hours), title="Compute per hour, last 7 days", fmt=_hours_fmt, tick_every=24,
-                  chart_id="chart-compute-hourly"),
+                  chart_id="chart-compute-hourly", width=CHART_WIDTH),
         bar_chart(day_labels, [Series("calls", [b.calls for _, b in days], PALETTE[2])], title="Calls per day, last 90 days",
-                  tick_every=15, chart_id="chart-calls-daily"),
+                  tick_every=15, chart_id="chart-calls-daily", width=CHART_WIDTH),
         bar_chart(day_labels, compute(days), title="Compute per day, last 90 days", fmt=_hours_fmt, tick_every=15,
-                  chart_id="chart-compute-daily"),
+                  chart_id="chart-compute-daily", width=CHART_WIDTH),
     ]
     return '<section class="charts"><h2>Contribution history</h2>' + "".join(f"<div>{c}</div>" for c in charts) + "</section>"
 
