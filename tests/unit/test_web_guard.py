@@ -1,0 +1,81 @@
+"""Who may use a local page: Host header, origins, token, sizes (``GuardPolicy.check``), and
+plots drawn as inline SVG."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from volunteer.web.guard import GuardPolicy, loopback_hosts, origins_of
+from volunteer.web.svg import Series, bar_chart, nice_ceiling
+
+HOSTS = loopback_hosts(7396)
+PAGE = GuardPolicy(allowed_hosts=HOSTS, allowed_origins=origins_of(HOSTS), token="s3cret-token-123456",
+                   open_paths=frozenset({"/app.js"}))
+OK_HOST = {"host": "127.0.0.1:7396"}
+
+
+def status(method="GET", path="/", query="", **headers):
+    refusal = PAGE.check(method, path, query, {k.replace("_", "-"): v for k, v in headers.items()})
+    return refusal.status if refusal else 200
+
+
+def test_host_header_must_name_this_server():
+    assert status(host="127.0.0.1:7396", cookie="volunteer_token=s3cret-token-123456") == 200
+    assert status(host="localhost:7396", authorization="Bearer s3cret-token-123456") == 200
+    assert status(host="evil.example:7396", cookie="volunteer_token=s3cret-token-123456") == 403  # DNS rebinding
+    assert status(host="127.0.0.1:7397", cookie="volunteer_token=s3cret-token-123456") == 403
+    assert status(cookie="volunteer_token=s3cret-token-123456") == 403  # no Host at all
+
+
+def test_token_from_cookie_bearer_or_login_link():
+    assert status(**OK_HOST) == 401
+    assert status(**OK_HOST, cookie="volunteer_token=wrong") == 401
+    assert status(query="token=s3cret-token-123456", **OK_HOST) == 200
+    assert status(path="/app.js", **OK_HOST) == 200  # open paths need no token
+    assert status(**OK_HOST, cookie="other=1; volunteer_token=s3cret-token-123456") == 200
+    assert status(**OK_HOST, cookie='bad"cookie') == 401
+
+
+def test_origins_and_changes():
+    cookie = "volunteer_token=s3cret-token-123456"
+    assert status(**OK_HOST, cookie=cookie, origin="http://evil.example") == 403
+    assert status("POST", "/api/pause", **OK_HOST, cookie=cookie, origin="http://127.0.0.1:7396") == 200
+    assert status("POST", "/api/pause", **OK_HOST, cookie=cookie) == 403  # a change needs our Origin...
+    assert status("POST", "/api/pause", **OK_HOST, authorization="Bearer s3cret-token-123456") == 200  # ...or a bearer
+    assert status("POST", "/api/pause", **OK_HOST, origin="http://127.0.0.1:7396") == 401  # and the token anyway
+    assert status("POST", "/api/pause", **OK_HOST, origin="null", cookie=cookie) == 403
+
+
+def test_sizes_and_read_only():
+    assert status(path="/" + "a" * 3000, **OK_HOST) == 414
+    assert status("POST", "/api/fold", **OK_HOST, content_length="999999") == 413
+    assert status("POST", "/api/fold", **OK_HOST, content_length="-1") == 413
+    scrape = GuardPolicy(allowed_hosts=None, read_only=True)
+    assert scrape.check("GET", "/metrics", "", {"host": "anything:1"}) is None
+    assert scrape.check("POST", "/metrics", "", {}).status == 405
+
+
+@given(st.sampled_from(["GET", "POST", "HEAD", "PUT", ""]), st.text(max_size=60), st.text(max_size=60),
+       st.dictionaries(st.sampled_from(["host", "origin", "cookie", "authorization", "content-length"]), st.text(max_size=80)))
+def test_check_never_raises(method, path, query, headers):
+    refusal = PAGE.check(method, path, query, headers)
+    assert refusal is None or refusal.status in (401, 403, 405, 413, 414)
+    if refusal is None and path not in PAGE.open_paths:
+        assert headers.get("host", "").lower() in HOSTS
+
+
+def test_bar_chart_draws_stacked_bars_with_tooltips_and_escapes():
+    svg = bar_chart(["a", "<b>"], [Series("GPU", [1, 2]), Series("CPU", [float("nan"), 3], "#f00")],
+                    title="Compute & more", unit=" s")
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert len(re.findall(r"<rect ", svg)) == 3  # NaN draws nothing
+    assert "<b>" not in svg and "&lt;b&gt;" in svg and "Compute &amp; more" in svg
+    assert "&lt;b&gt;: GPU 2 s, CPU 3 s" in svg
+    assert "nothing yet" in bar_chart(["x"], [Series("calls", [0])], title="t")
+
+
+def test_nice_ceiling():
+    assert [nice_ceiling(v) for v in (0, 0.7, 1, 3, 7, 11, 240, float("inf"))] == [1, 1, 1, 5, 10, 20, 250, 1]
