@@ -51,6 +51,7 @@ def test_origins_and_changes():
 
 def test_sizes_and_read_only():
     assert status(path="/" + "a" * 3000, **OK_HOST) == 414
+    assert status(**OK_HOST, cookie="volunteer_token=s3cret-token-123456", x_filler="y" * 9000) == 431
     assert status("POST", "/api/fold", **OK_HOST, content_length="999999") == 413
     assert status("POST", "/api/fold", **OK_HOST, content_length="-1") == 413
     scrape = GuardPolicy(allowed_hosts=None, read_only=True)
@@ -62,7 +63,7 @@ def test_sizes_and_read_only():
        st.dictionaries(st.sampled_from(["host", "origin", "cookie", "authorization", "content-length"]), st.text(max_size=80)))
 def test_check_never_raises(method, path, query, headers):
     refusal = PAGE.check(method, path, query, headers)
-    assert refusal is None or refusal.status in (401, 403, 405, 413, 414)
+    assert refusal is None or refusal.status in (401, 403, 405, 413, 414, 431)
     if refusal is None and path not in PAGE.open_paths:
         assert headers.get("host", "").lower() in HOSTS
 

@@ -11,7 +11,7 @@ Jupyter's local servers do, every request passes four checks (``GuardPolicy.chec
   ``Authorization: Bearer`` header (which no foreign page can set without a preflight we deny);
 * **token**: a per-install secret, presented once as ``?token=`` (the page then keeps it in an
   HttpOnly, SameSite=Strict cookie), or as a bearer header by scripts;
-* **size**: request targets, declared bodies and streamed bodies are bounded.
+* **size**: request targets, headers, declared bodies and streamed bodies are bounded.
 
 ``Guard`` is the ASGI middleware that applies it; a refusal is a short plain-text reply.
 """
@@ -27,6 +27,7 @@ from urllib.parse import parse_qs
 TOKEN_COOKIE = "volunteer_token"
 MAX_BODY = 16 * 1024  # bytes of a request body (the page's forms and actions are tiny)
 MAX_TARGET = 2048  # bytes of a request's path and query
+MAX_HEADERS = 8 * 1024  # bytes of a request's headers (names and values)
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
@@ -60,6 +61,7 @@ class GuardPolicy:
     open_paths: frozenset[str] = frozenset()
     max_body: int = MAX_BODY
     max_target: int = MAX_TARGET
+    max_headers: int = MAX_HEADERS
     read_only: bool = False  # refuse every method but GET and HEAD
     cookie: str = field(default=TOKEN_COOKIE)
 
@@ -67,6 +69,8 @@ class GuardPolicy:
         """The refusal for a request, or None to let it through. ``headers``: lower-case names."""
         if len(path) + len(query) > self.max_target:
             return Refusal(414, "request target too long")
+        if sum(len(name) + len(value) for name, value in headers.items()) > self.max_headers:
+            return Refusal(431, "request headers too large")
         host = headers.get("host", "").lower()
         if self.allowed_hosts is not None and host not in self.allowed_hosts:
             return Refusal(403, "unknown Host header: open the page by the address the daemon printed")
@@ -113,7 +117,7 @@ def _query_token(query: str) -> str:
 
 
 class BodyTooLarge(Exception):
-    """A streamed request body passed the guard's bound (the connection's reply is 413)."""
+    """A streamed request body passed the guard's bound (the guard has replied 413)."""
 
 
 class Guard:
@@ -142,28 +146,28 @@ class Guard:
             await _refuse(send, refusal)
             return
         budget = self.policy.max_body
-        started = False
+        refused = False  # the 413 went out: whatever the app sends after is dropped
 
         async def bounded_receive():
-            nonlocal budget
+            nonlocal budget, refused
             message = await receive()
             if message["type"] == "http.request":
                 budget -= len(message.get("body", b""))
                 if budget < 0:
+                    if not refused:
+                        refused = True
+                        await _refuse(send, Refusal(413, f"request body larger than {self.policy.max_body} bytes"))
                     raise BodyTooLarge()
             return message
 
-        async def tracking_send(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+        async def guarded_send(message):
+            if not refused:
+                await send(message)
 
         try:
-            await self.app(scope, bounded_receive, tracking_send)
+            await self.app(scope, bounded_receive, guarded_send)
         except BodyTooLarge:
-            if not started:
-                await _refuse(send, Refusal(413, f"request body larger than {self.policy.max_body} bytes"))
+            pass  # answered with 413 above; frameworks re-raise what the app's receive raised
 
 
 async def _refuse(send, refusal: Refusal) -> None:
