@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 import tomllib
 from types import SimpleNamespace
 
@@ -40,6 +42,9 @@ def test_fake_probe_reads_its_file_each_time(tmp_path):
     import datetime
 
     assert probe.now() == datetime.datetime(2030, 1, 10, 23, 30).timestamp()
+    path.write_text(json.dumps({"now": 1000.0, "running": True}))
+    os.utime(path, (time.time() - 30, time.time() - 30))
+    assert 1029 < probe.now() < 1100  # a running fake clock: 30 s since the file was written
     path.write_text("[1, 2")
     assert probe.on_battery() is None
 

@@ -267,9 +267,10 @@ class PsutilProbe:
 
 class FakeProbe:
     """Figures from a JSON file, re-read at every sample, so a test drives a running daemon:
-    ``{"now": "2030-01-01T23:30:00" or epoch, "on_battery": true, "other_load": 80,
-    "programs": ["steam"], "input_idle_s": 30}``; a missing key means "the platform does not
-    tell" (``now`` missing: the real clock)."""
+    ``{"now": "2030-01-01T23:30:00" or epoch, "running": true, "on_battery": true,
+    "other_load": 80, "programs": ["steam"], "input_idle_s": 30}``; a missing key means "the
+    platform does not tell" (``now`` missing: the real clock; ``running``: the fake clock runs
+    from ``now`` on, else it stands still)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -286,18 +287,28 @@ class FakeProbe:
         return data if isinstance(data, dict) else {}
 
     def now(self) -> float:
-        """The file's ``now`` (ISO local time or epoch seconds), else the real clock."""
-        value = self._read().get("now")
+        """The file's ``now`` (ISO local time or epoch seconds), else the real clock; with
+        ``"running": true`` the fake clock starts at ``now`` when the file was written and runs."""
+        data = self._read()
+        value = data.get("now")
+        base: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            base = float(value)
+        elif isinstance(value, str):
             import datetime
 
             try:
-                return datetime.datetime.fromisoformat(value).timestamp()
+                base = datetime.datetime.fromisoformat(value).timestamp()
             except ValueError:
                 log.warning("fake probe: now %r is not an ISO time", value[:40])
-        return time.time()
+        if base is None:
+            return time.time()
+        if data.get("running") is True:
+            try:
+                base += max(0.0, time.time() - self.path.stat().st_mtime)
+            except OSError:
+                pass
+        return base
 
     def on_battery(self) -> bool | None:
         """The file's ``on_battery``."""
