@@ -77,7 +77,10 @@ class LogBuffer(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.records.append({"time": record.created, "level": record.levelname, "message": record.getMessage()})
+            entry = {"time": record.created, "level": record.levelname, "message": record.getMessage()}
+            if getattr(record, "conduct_event", False):  # fold/pause/finish: the event log shows them already
+                entry["event"] = True
+            self.records.append(entry)
         except Exception:  # a log record that cannot format must not break the daemon
             pass
 

@@ -289,7 +289,6 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                 hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
                 print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
                       + (" …" if len(hosted) > 8 else ""), flush=True)
-            print(f"  control socket {options.control_path}", flush=True)
             if metrics_sock is not None:
                 from .webserve import serve_metrics
 
@@ -301,6 +300,7 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                       flush=True)
             if not daemon.conduct.serving:
                 print(f"  {daemon.conduct.text}", flush=True)
+            print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
             if dashboard:

@@ -115,7 +115,7 @@ class Steward:
     def _note(self, event: Event | None) -> None:
         if event is None:
             return
-        log.warning("%s", event.line)
+        log.warning("%s", event.line, extra={"conduct_event": True})
         self._changed.set()
 
     # --- the donor's verbs -----------------------------------------------------------------------------

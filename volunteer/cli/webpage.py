@@ -71,6 +71,8 @@ def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "–"
     seconds = float(seconds)
+    if seconds < 10:
+        return f"{seconds:.2g} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
@@ -135,9 +137,9 @@ def _machine_part(snap: dict) -> str:
         ["reachable", escape(snap.get("reachable_how") or "not yet")],
         ["device", escape(str(snap.get("compute", {}).get("device", "cpu")))],
         ["this session", f"{session.get('requests', 0)} calls, {session.get('samples', 0)} samples, "
-                         f"{_duration(session.get('compute_s'))} compute, {session.get('trainers', 0)} trainers"],
+                         f"{_duration(session.get('compute_s'))} compute, {_trainers(session.get('trainers'))}"],
         ["in all", f"{total.get('requests', 0)} calls, {total.get('samples', 0)} samples, "
-                   f"{_duration(total.get('compute_s'))} compute, {total.get('trainers', 0)} trainers"],
+                   f"{_duration(total.get('compute_s'))} compute, {_trainers(total.get('trainers'))}"],
     ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<section><h2>This machine</h2><table class="kv">{body}</table></section>'
@@ -166,18 +168,22 @@ def _events_part(snap: dict) -> str:
         f"<li>{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['time']))} <b>{escape(e['action'])}</b> "
         f"({escape(e['origin'])}){': ' + escape(e['reason']) if e.get('reason') else ''}</li>" for e in events
     )
-    logs = "".join(f"<li class=\"{escape(r.get('level', '').lower())}\">{escape(str(r.get('message', ''))[:300])}</li>"
-                   for r in list(reversed(snap.get("log", [])))[:8])
+    logs = "".join([f"<li class=\"{escape(r.get('level', '').lower())}\">{escape(str(r.get('message', ''))[:300])}</li>"
+                   for r in list(reversed(snap.get("log", [])))[:20] if not r.get("event")][:8]
     return (f'<section><h2>What happened</h2><ul id="events">{items}</ul>'
             + (f"<h3>Recent warnings</h3><ul class=\"log\">{logs}</ul>" if logs else "") + "</section>")
 
 
 def _hours_fmt(seconds: float) -> str:
-    if seconds >= 3600:
+    if seconds >= 7200:
         return f"{seconds / 3600:.3g} h"
-    if seconds >= 60:
+    if seconds >= 120:
         return f"{seconds / 60:.3g} min"
     return f"{seconds:.3g} s"
+
+
+def _trainers(count: object) -> str:
+    return "1 trainer" if count == 1 else f"{count or 0} trainers"
 
 
 def history_charts(history: History, now: float) -> str:
@@ -261,7 +267,9 @@ def page_app(snapshot: Callable[[], dict], history: Callable[[], History], ask: 
         "cache-control": "no-store",
         "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; "
                                    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        "x-frame-options": "DENY", "x-content-type-options": "nosniff", "referrer-policy": "no-referrer",
+        "x-frame-options": "DENY", "x-content-type-options": "nosniff",
+        # not no-referrer: with it, browsers send "Origin: null" on the page's own form posts
+        "referrer-policy": "same-origin",
     }
 
     async def index(request: Request) -> Response:

@@ -1,0 +1,125 @@
+"""Every ``volunteer`` command README.md's donor section shows works as written, in the order it
+shows them, against a local swarm named "demo" (a relay on loopback and its swarm file, saved
+both as ./demo.toml and as a named swarm). Lines that install or manage the system (git, pip,
+systemctl, journalctl) are not run here; ``MULTIADDR`` stands for the relay's address."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_cli
+from .test_relay_cli import start_relay
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def donor_commands() -> list[str]:
+    """The ``volunteer`` lines of the bash blocks of README's "Donating a GPU" section, less comments."""
+    text = README.read_text()
+    section = text.split("## Donating a GPU", 1)[1].split("\n## ", 1)[0]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if words and words[0] == "volunteer":
+                commands.append(shlex.join(words))
+    return commands
+
+
+def test_the_donor_section_shows_the_donor_verbs():
+    commands = donor_commands()
+    for verb in ("join", "status", "pause", "fold", "finish", "history", "stop"):
+        assert any(c.split()[1] == verb for c in commands), verb
+
+
+class Daemon:
+    def __init__(self, argv: list[str], env: dict, cwd: Path) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if "control socket" in line:
+                return
+        self.stop()
+        raise AssertionError(f"{shlex.join(argv[2:])} did not start:\n" + "".join(self.lines))
+
+    def stop(self, *, signal_it: bool = True) -> int:
+        """Ctrl-C (or, after `volunteer stop`, just wait) and the exit status."""
+        if signal_it and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.lines += self.proc.stdout.readlines()
+        self.proc.stdout.close()
+        return code
+
+
+@pytest.mark.slow
+def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
+    relay, relay_addr, _ = start_relay(tmp_path, "--swarm", "demo")
+    env = {**os.environ, **cli_env, "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "run").mkdir(mode=0o700)  # as a login session's XDG_RUNTIME_DIR is
+    swarm = f'name = "demo"\nrelays = ["{relay_addr}"]\n'
+    (tmp_path / "demo.toml").write_text(swarm)
+    (tmp_path / "config" / "volunteer" / "swarms").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config" / "volunteer" / "swarms" / "demo.toml").write_text(swarm)
+    daemon: Daemon | None = None
+    ran = []
+    try:
+        for command in donor_commands():
+            words = [relay_addr if w == "MULTIADDR" else w for w in shlex.split(command)]
+            argv = [sys.executable, "-m", "volunteer", *words[1:]]
+            if words[1] == "join":
+                if daemon is not None:
+                    assert daemon.stop() == 0
+                daemon = Daemon([*argv, "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"], env, tmp_path)
+                started = "".join(daemon.lines)
+                first = not any(c.split()[1] == "join" for c in ran)
+                # the first start on this machine, without a terminal, waits for `volunteer fold`,
+                # which the README runs next; that consent is remembered for later starts
+                assert ("starting paused: run `volunteer fold`" in started) == first, started
+                ran.append(command)
+                continue
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+            assert result.returncode == 0, f"{command}: {result.stderr or result.stdout}"
+            assert "Traceback" not in result.stderr, command
+            ran.append(command)
+            if words[1:] == ["stop"]:
+                stopped, daemon = daemon, None
+                assert stopped is not None and stopped.stop(signal_it=False) == 0
+            if words[1:] == ["status", "--json"]:
+                assert json.loads(result.stdout)["swarm"] == "demo"
+        assert daemon is not None
+        status = json.loads(run_cli("status", "--json", env=env).stdout)
+        # the last join shown is the policies example: its settings reached the daemon
+        assert status["policy"]["settings"]["pause_programs"] == ["steam"]
+        assert status["policy"]["settings"]["compute_hours"] == ["22:00-07:00"]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        relay.send_signal(signal.SIGTERM)
+        try:
+            relay.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            relay.kill()
+            relay.wait()
+        relay.stdout.close()
+        relay.stderr.close()
+    assert len(ran) == len(donor_commands())
