@@ -56,6 +56,18 @@ def wait_until(condition, what: str, timeout: float = 30, driver=None):
         time.sleep(0.2)
 
 
+def text_of(driver, element_id: str) -> str:
+    """An element's text, read in one step (the page swaps its live part every few seconds,
+    so an element found in one call may be gone in the next)."""
+    return driver.execute_script("const e = document.getElementById(arguments[0]); return e ? e.textContent : '';",
+                                 element_id) or ""
+
+
+def press(driver, button: str) -> None:
+    """Click one of the page's buttons, as a donor would (found and clicked in one step)."""
+    driver.execute_script("document.getElementById(arguments[0]).click();", f"btn-{button}")
+
+
 def shot(driver, tmp_path, name: str) -> None:
     path = tmp_path / f"{name}.png"
     driver.save_screenshot(str(path))
@@ -128,12 +140,10 @@ def test_the_page_in_a_real_browser(relay, tmp_path, cli_env):  # noqa: F811
         driver.get(login)
         assert driver.current_url == base + "/"  # the token went into a cookie, out of the address bar
         def state() -> str:  # the page's state badge; "" while a page loads or if it is not the page
-            found = driver.find_elements("id", "state")
-            return found[0].text.lower() if found else ""
+            return text_of(driver, "state").lower()
 
         wait_until(lambda: state() == "folding", "the page shows the daemon folding")
-        assert "expert.0" in driver.find_element("id", "experts").text
-        assert "relay" in driver.find_element("id", "connections").text
+        assert "expert.0" in text_of(driver, "experts") and "relay" in text_of(driver, "connections")
         for chart in ("chart-calls-hourly", "chart-compute-hourly", "chart-calls-daily", "chart-compute-daily"):
             assert bars(driver, chart) >= 10, chart
         # this session's calls (live, not yet saved) are in the newest hour's bar
@@ -141,23 +151,23 @@ def test_the_page_in_a_real_browser(relay, tmp_path, cli_env):  # noqa: F811
                    "the calls of this hour drawn")
         shot(driver, tmp_path, "1-folding")
 
-        driver.find_element("id", "btn-pause").click()
+        press(driver, "pause")
         wait_until(lambda: state() == "paused", "the page shows the daemon paused", driver=driver)
-        assert "paused by you (web)" in driver.find_element("id", "state-text").text
+        assert "paused by you (web)" in text_of(driver, "state-text")
         status = daemon.status()
         assert status["paused"] and status["conduct"]["events"][-1]["origin"] == "web"
         wait_listed(relay, env, [])
         shot(driver, tmp_path, "2-paused")
 
-        driver.find_element("id", "btn-fold").click()
+        press(driver, "fold")
         wait_until(lambda: state() == "folding", "folding again")
         wait_listed(relay, env, ["expert.0", "expert.1"])
 
-        driver.find_element("id", "btn-finish").click()
+        press(driver, "finish")
         wait_until(lambda: state() == "finished", "finished: idle and connected")
         assert not daemon.status()["conduct"]["serving"]
         shot(driver, tmp_path, "3-finished")
-        driver.find_element("id", "btn-fold").click()
+        press(driver, "fold")
         wait_until(lambda: state() == "folding", "folding after a finish")
 
         # a page of another origin cannot press the buttons, even in the donor's own browser

@@ -169,7 +169,7 @@ def _events_part(snap: dict) -> str:
         f"({escape(e['origin'])}){': ' + escape(e['reason']) if e.get('reason') else ''}</li>" for e in events
     )
     logs = "".join([f"<li class=\"{escape(r.get('level', '').lower())}\">{escape(str(r.get('message', ''))[:300])}</li>"
-                   for r in list(reversed(snap.get("log", [])))[:20] if not r.get("event")][:8]
+                    for r in list(reversed(snap.get("log", [])))[:20] if not r.get("event")][:8])
     return (f'<section><h2>What happened</h2><ul id="events">{items}</ul>'
             + (f"<h3>Recent warnings</h3><ul class=\"log\">{logs}</ul>" if logs else "") + "</section>")
 
