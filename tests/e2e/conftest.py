@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,40 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subproc
         [sys.executable, "-m", "volunteer", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+class JoinProcess:
+    """``volunteer ARGS`` (a ``join``) in a subprocess, stdout and stderr captured together; the
+    constructor returns once it printed its control socket (the last line of a start)."""
+
+    def __init__(self, args: list[str], *, env: dict, cwd: Path | None = None, timeout: float = 60) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "volunteer", *args], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.lines: list[str] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if "control socket" in line:
+                return
+        self.stop()
+        raise AssertionError(f"volunteer {' '.join(args[:2])} did not start:\n" + "".join(self.lines))
+
+    def stop(self, sig=signal.SIGINT) -> int:
+        """Send ``sig`` (None: only wait, after `volunteer stop`) and return the exit status."""
+        if sig is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if not self.proc.stdout.closed:
+            self.lines += self.proc.stdout.readlines()
+            self.proc.stdout.close()
+        return code
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,32 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import JoinProcess, run_cli
 from .test_join_cli import relay  # noqa: F401  (fixture: a relay subprocess and its swarm file)
 
 EXPERTS = ["--experts", "ffn:expert.[0:2]", "--hidden-dim", "8", "--device", "cpu"]
 
 
-class Joined:
-    """``volunteer join`` in a subprocess; ``lines`` is what it printed up to its control socket."""
+class Joined(JoinProcess):
+    """``volunteer join SWARM ARGS`` on loopback with its own control socket, and the commands
+    a donor runs against it."""
 
     def __init__(self, swarm: str, *args: str, env: dict, control: Path) -> None:
         self.control = str(control)
         self.env = env
-        self.proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", swarm, "--listen", "/ip4/127.0.0.1/tcp/0",
-                                      "--no-dashboard", "--control", self.control, *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if "control socket" in line:
-                return
-        self.stop()
-        raise AssertionError("daemon did not start:\n" + "".join(self.lines))
+        super().__init__(["join", swarm, "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--control", self.control,
+                          *args], env=env)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         return run_cli(*args, "--control", self.control, env=self.env)
@@ -58,18 +46,6 @@ class Joined:
                 return status
             assert time.monotonic() < deadline, f"{what}: last status {status.get('state_text')!r}"
             time.sleep(0.3)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.lines += self.proc.stdout.readlines()
-        self.proc.stdout.close()
-        return code
 
 
 def listed(swarm: str, env: dict) -> list[str]:

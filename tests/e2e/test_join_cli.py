@@ -15,7 +15,7 @@ import pytest
 
 from volunteer.net.identity import KeyPair
 
-from .conftest import run_cli
+from .conftest import JoinProcess, run_cli
 
 
 def one_line_error(result) -> str:
@@ -75,35 +75,11 @@ def test_status_without_daemon(cli_env):
     assert "no daemon running" in one_line_error(run_cli("pause", env=cli_env))
 
 
-class Daemon:
-    """`volunteer join` in a subprocess, stdout captured."""
+class Daemon(JoinProcess):
+    """`volunteer join --yes ARGS` in a subprocess, stdout captured."""
 
     def __init__(self, *args: str, env: dict) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", "--yes", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if "control socket" in line:
-                return
-        self.stop()
-        raise AssertionError("daemon did not start:\n" + "".join(self.lines))
-
-    def stop(self, sig=signal.SIGINT) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.lines += self.proc.stdout.readlines()
-        self.proc.stdout.close()
-        return code
+        super().__init__(["join", "--yes", *args], env=env)
 
 
 @pytest.fixture

@@ -9,15 +9,14 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import run_cli
+from .conftest import JoinProcess, run_cli
+from .test_metrics_and_paths import stop
 from .test_relay_cli import start_relay
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -42,35 +41,6 @@ def test_the_donor_section_shows_the_donor_verbs():
         assert any(c.split()[1] == verb for c in commands), verb
 
 
-class Daemon:
-    def __init__(self, argv: list[str], env: dict, cwd: Path) -> None:
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
-        self.lines: list[str] = []
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line)
-            if "control socket" in line:
-                return
-        self.stop()
-        raise AssertionError(f"{shlex.join(argv[2:])} did not start:\n" + "".join(self.lines))
-
-    def stop(self, *, signal_it: bool = True) -> int:
-        """Ctrl-C (or, after `volunteer stop`, just wait) and the exit status."""
-        if signal_it and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            code = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.lines += self.proc.stdout.readlines()
-        self.proc.stdout.close()
-        return code
-
-
 @pytest.mark.slow
 def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
     relay, relay_addr, _ = start_relay(tmp_path, "--swarm", "demo")
@@ -80,7 +50,7 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
     (tmp_path / "demo.toml").write_text(swarm)
     (tmp_path / "config" / "volunteer" / "swarms").mkdir(parents=True, exist_ok=True)
     (tmp_path / "config" / "volunteer" / "swarms" / "demo.toml").write_text(swarm)
-    daemon: Daemon | None = None
+    daemon: JoinProcess | None = None
     ran = []
     try:
         for command in donor_commands():
@@ -89,7 +59,8 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
             if words[1] == "join":
                 if daemon is not None:
                     assert daemon.stop() == 0
-                daemon = Daemon([*argv, "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"], env, tmp_path)
+                daemon = JoinProcess([*words[1:], "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"], env=env, cwd=tmp_path,
+                                     timeout=90)
                 started = "".join(daemon.lines)
                 first = not any(c.split()[1] == "join" for c in ran)
                 # the first start on this machine, without a terminal, waits for `volunteer fold`,
@@ -103,7 +74,7 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
             ran.append(command)
             if words[1:] == ["stop"]:
                 stopped, daemon = daemon, None
-                assert stopped is not None and stopped.stop(signal_it=False) == 0
+                assert stopped is not None and stopped.stop(None) == 0
             if words[1:] == ["status", "--json"]:
                 assert json.loads(result.stdout)["swarm"] == "demo"
         assert daemon is not None
@@ -114,12 +85,5 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
     finally:
         if daemon is not None:
             daemon.stop()
-        relay.send_signal(signal.SIGTERM)
-        try:
-            relay.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            relay.kill()
-            relay.wait()
-        relay.stdout.close()
-        relay.stderr.close()
+        stop(relay)
     assert len(ran) == len(donor_commands())

@@ -10,6 +10,8 @@ import sys
 import time
 
 from ..errors import VolunteerError
+from ..net.perf import format_size
+from ..widgets import duration
 from .history import Bucket, load_all
 
 HISTORY_EXAMPLES = """\
@@ -32,27 +34,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run_history)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 COLUMNS = ("calls", "samples", "GPU time", "CPU time", "sent", "uptime", "trainers")
 
 
 def _row(label: str, b: Bucket) -> list[str]:
-    return [label, str(b.calls), str(b.samples), _duration(b.gpu_s), _duration(b.cpu_s), _size(b.bytes_sent),
-            _duration(b.uptime_s), str(b.trainers.count())]
+    return [label, str(b.calls), str(b.samples), duration(b.gpu_s), duration(b.cpu_s), format_size(b.bytes_sent),
+            duration(b.uptime_s), str(b.trainers.count())]
 
 
 def _print_table(title: str, rows: list[list[str]]) -> None:
@@ -90,7 +77,7 @@ def run_history(args: argparse.Namespace) -> int:
     for b in history.months.values():
         total = total.merge(b)
     print()
-    print(f"in all: {total.calls} calls, {total.samples} samples, {_duration(total.gpu_s)} on GPUs, "
-          f"{_duration(total.cpu_s)} on CPUs, {_size(total.bytes_sent)} sent, {_duration(total.uptime_s)} up")
+    print(f"in all: {total.calls} calls, {total.samples} samples, {duration(total.gpu_s)} on GPUs, "
+          f"{duration(total.cpu_s)} on CPUs, {format_size(total.bytes_sent)} sent, {duration(total.uptime_s)} up")
     sys.stdout.flush()
     return 0

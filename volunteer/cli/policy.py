@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..errors import VolunteerError
+from ..net.perf import format_size
 
 DEFAULT_IDLE_LOAD = 25.0  # % of the machine: BOINC's "in use" threshold for other programs' CPU
 LOAD_RESUME_SAMPLES = 2  # samples below the load limit before a load pause lifts (no flapping)
@@ -131,7 +132,7 @@ class PolicySettings:
         if self.network_hours:
             lines.append("network only " + ", ".join(str(w) for w in self.network_hours))
         if self.daily_transfer:
-            lines.append(f"at most {_size(self.daily_transfer)} transferred per day")
+            lines.append(f"at most {format_size(self.daily_transfer)} transferred per day")
         return lines
 
     def as_dict(self) -> dict:
@@ -147,13 +148,6 @@ def _minutes(value: float) -> str:
     if value < 1:
         return f"{value * 60:g} s"
     return f"{value:g} idle minute" + ("" if value == 1 else "s")
-
-
-def _size(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def _windows(value: object, key: str) -> tuple[Window, ...]:
@@ -289,7 +283,7 @@ class RunPolicy:
                 return Verdict("paused", f"outside {what} hours, resumes at {_clock(until)}", code, until)
         if s.daily_transfer and seen.transferred_today >= s.daily_transfer:
             until = _next_local_midnight(now)
-            return Verdict("paused", f"daily transfer cap of {_size(s.daily_transfer)} reached, resumes at midnight",
+            return Verdict("paused", f"daily transfer cap of {format_size(s.daily_transfer)} reached, resumes at midnight",
                            "transfer", until)
         if self._load_paused:
             load = seen.other_load if seen.other_load is not None else 0.0

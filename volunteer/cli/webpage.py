@@ -19,8 +19,10 @@ from collections.abc import Awaitable, Callable
 from html import escape
 from pathlib import Path
 
+from ..net.perf import format_size
 from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
 from ..web.svg import PALETTE, Series, bar_chart
+from ..widgets import duration
 from .history import History
 
 DEFAULT_PORT = 7396  # the port the README suggests (Folding@home's client listens on 7396 too)
@@ -58,30 +60,6 @@ def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] =
 # --- rendering (pure) -----------------------------------------------------------------------------
 
 
-def _size(n: float | None) -> str:
-    if not n:
-        return "0 B"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = float(seconds)
-    if seconds < 10:
-        return f"{seconds:.2g} s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
 def _table(headers: list[str], rows: list[list[str]], empty: str, table_id: str) -> str:
     if not rows:
         return f'<p class="empty" id="{table_id}">{escape(empty)}</p>'
@@ -114,9 +92,9 @@ def _policy_part(snap: dict) -> str:
     if seen.get("other_load") is not None:
         observed.append(f"other programs {seen['other_load']:.0f} % CPU")
     if seen.get("input_idle_s") is not None:
-        observed.append(f"no input for {_duration(seen['input_idle_s'])}")
+        observed.append(f"no input for {duration(seen['input_idle_s'])}")
     if seen.get("transferred_today"):
-        observed.append(f"{_size(seen['transferred_today'])} transferred today")
+        observed.append(f"{format_size(int(seen['transferred_today']))} transferred today")
     care = snap.get("self_care", {})
     aside = "".join(f"<li>{escape(uid)}: {escape(why)}</li>" for uid, why in sorted(care.get("set_aside", {}).items()))
     visibility = care.get("visibility", {})
@@ -133,13 +111,13 @@ def _machine_part(snap: dict) -> str:
     rows = [
         ["swarm", escape(str(snap.get("swarm", "")))],
         ["peer id", f'<code>{escape(str(snap.get("peer_id", "")))}</code>'],
-        ["uptime", _duration(snap.get("uptime_s"))],
+        ["uptime", duration(snap.get("uptime_s"))],
         ["reachable", escape(snap.get("reachable_how") or "not yet")],
         ["device", escape(str(snap.get("compute", {}).get("device", "cpu")))],
         ["this session", f"{session.get('requests', 0)} calls, {session.get('samples', 0)} samples, "
-                         f"{_duration(session.get('compute_s'))} compute, {_trainers(session.get('trainers'))}"],
+                         f"{duration(session.get('compute_s'))} compute, {_trainers(session.get('trainers'))}"],
         ["in all", f"{total.get('requests', 0)} calls, {total.get('samples', 0)} samples, "
-                   f"{_duration(total.get('compute_s'))} compute, {_trainers(total.get('trainers'))}"],
+                   f"{duration(total.get('compute_s'))} compute, {_trainers(total.get('trainers'))}"],
     ]
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return f'<section><h2>This machine</h2><table class="kv">{body}</table></section>'
@@ -156,7 +134,8 @@ def _experts_part(snap: dict) -> str:
 
 def _connections_part(snap: dict) -> str:
     rows = [[f'<code>…{escape(c.get("peer_id", "")[-10:])}</code>', escape(str(c.get("role", ""))), escape(str(c.get("path", ""))),
-             escape(str(c.get("via") or "")[-10:]), str(c.get("rtt_ms") or "–"), _size(c.get("bytes_in")), _size(c.get("bytes_out"))]
+             escape(str(c.get("via") or "")[-10:]), str(c.get("rtt_ms") or "–"),
+             format_size(int(c.get("bytes_in") or 0)), format_size(int(c.get("bytes_out") or 0))]
             for c in snap.get("connections", [])[:50]]
     table = _table(["peer", "role", "path", "via", "RTT ms", "in", "out"], rows, "no connections", "connections")
     return f"<section><h2>Connections</h2>{table}</section>"
