@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -86,6 +87,29 @@ def call_experts(swarm: str, uids: list[str], times: int = 1) -> list[str]:
 @pytest.fixture
 def env(cli_env):
     return {**os.environ, **cli_env, "PYTHONUNBUFFERED": "1"}
+
+
+def test_bad_policy_settings_are_one_line(tmp_path, env):
+    from .test_join_cli import one_line_error, unreachable_swarm
+
+    swarm = unreachable_swarm(tmp_path)
+    for args, words in ((["--when-idle", "-1"], "when_idle is minutes"), (["--compute-hours", "22-07"], "is not HH:MM-HH:MM"),
+                        (["--max-other-load", "150"], "max_other_load is a percentage"),
+                        (["--daily-transfer", "lots"], "daily_transfer:"), (["--failure-limit", "0"], "--failure-limit"),
+                        (["--gpus", "7"], "no CUDA device cuda:7")):
+        assert words in one_line_error(run_cli("join", swarm, *args, env=env)), args
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        line = one_line_error(run_cli("join", swarm, "--yes", "--web", f"127.0.0.1:{port}", env=env))
+        assert line.endswith(f"cannot serve the web page on 127.0.0.1:{port}: the port is in use; choose another --web HOST:PORT")
+    config = tmp_path / "config.toml"
+    config.write_text('[run]\ncompute_hours = "25:00-01:00"\n')
+    assert "does not exist" in one_line_error(run_cli("join", swarm, "--config", str(config), env=env))
+    config.write_text("[run]\nconsent = 1\n")
+    assert "run.consent has the wrong type" in one_line_error(run_cli("join", swarm, "--config", str(config), env=env))
+    assert run_cli("join", swarm, "--gpus", "x", env=env).returncode == 2
 
 
 @pytest.mark.slow

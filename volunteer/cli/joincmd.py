@@ -34,6 +34,8 @@ examples:
   volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
   volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
   volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
+  volunteer join demo --web 127.0.0.1:7396              a local web page: live state, plots, fold/pause/finish
+  volunteer join demo --when-idle 3 --pause-while steam --compute-hours 22:00-07:00
 SWARM is a path to the swarm file its organiser gave you, a NAME saved as
 <config dir>/swarms/NAME.toml, or a bootstrap multiaddr. Ctrl-C leaves gracefully (experts withdrawn, checkpoints saved); press it
 again to quit at once. `volunteer status` shows the same dashboard from another terminal.
@@ -294,10 +296,12 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
 
                 print(f"  metrics on {await serve_metrics(nursery, daemon, metrics_sock)}/metrics", flush=True)
             if web_sock is not None:
-                from .webserve import serve_page
+                from .webserve import is_loopback, serve_page
 
                 print(f"  web page on {await serve_page(nursery, daemon, web_sock)} (the link holds this machine's token)",
                       flush=True)
+                if not is_loopback(web_sock.getsockname()[0]):
+                    print("  note: the web page listens beyond this machine; only the token keeps others out", flush=True)
             if not daemon.conduct.serving:
                 print(f"  {daemon.conduct.text}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
