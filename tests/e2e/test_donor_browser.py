@@ -191,7 +191,8 @@ def test_the_page_in_a_real_browser(relay, tmp_path, cli_env):  # noqa: F811
         driver.get(base + "/")
         wait_until(lambda: state() == "folding", "the page again")
         shot(driver, tmp_path, "5-folding-again")
-        assert json.loads(daemon.cli("status", "--json").stdout)["web"]["url"] == base + "/"
+        web = json.loads(daemon.cli("status", "--json").stdout)["web"]
+        assert web == {"url": base + "/", "login": login}  # where the donor finds the link again
         assert listed(relay, env) == ["expert.0", "expert.1"]
     finally:
         for driver in drivers:

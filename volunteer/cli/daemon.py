@@ -124,6 +124,7 @@ class Daemon:
         self.reachable_how = ""
         self.reachable = trio.Event()
         self.web_url: str | None = None  # the local web page's address, once it is served
+        self.web_login: str | None = None  # ... and the link that logs a browser in (it holds the token)
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -305,8 +306,8 @@ class Daemon:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
         snap.update(self.steward.snapshot())
-        if self.web_url is not None:
-            snap["web"] = {"url": self.web_url}
+        if self.web_url is not None:  # the control socket is the user's alone: the login link may go there
+            snap["web"] = {"url": self.web_url, "login": self.web_login}
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]
         return snap
 

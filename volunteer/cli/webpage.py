@@ -54,7 +54,8 @@ def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] =
     names = {host if ":" not in host else f"[{host}]", *extra_hosts}
     hosts = loopback_hosts(port, names)
     return GuardPolicy(allowed_hosts=hosts, allowed_origins=origins_of(hosts), token=token,
-                       open_paths=frozenset({"/app.js", "/favicon.ico"}))
+                       open_paths=frozenset({"/app.js", "/favicon.ico"}),
+                       token_hint="open the link `volunteer join --web` printed (`volunteer status --json` shows it as web.login)")
 
 
 # --- rendering (pure) -----------------------------------------------------------------------------

@@ -46,8 +46,9 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket) -> str:
     policy = page_policy(host, port, token)
     app = page_app(daemon.snapshot, lambda: daemon.history, daemon.steward.ask, policy, registry=daemon_registry(daemon))
     await nursery.start(serve_app, app, sock)
-    daemon.web_url = f"{url_of(sock)}/"
-    return f"{url_of(sock)}/?token={token}"
+    login = f"{url_of(sock)}/?token={token}"
+    daemon.web_url, daemon.web_login = f"{url_of(sock)}/", login
+    return login
 
 
 __all__ = ["is_loopback", "serve_metrics", "serve_page"]

@@ -63,6 +63,7 @@ class GuardPolicy:
     max_target: int = MAX_TARGET
     max_headers: int = MAX_HEADERS
     read_only: bool = False  # refuse every method but GET and HEAD
+    token_hint: str = "ask whoever runs this server for the link"  # where a refused visitor finds the token
     cookie: str = field(default=TOKEN_COOKIE)
 
     def check(self, method: str, path: str, query: str, headers: dict[str, str]) -> Refusal | None:
@@ -88,7 +89,7 @@ class GuardPolicy:
         bearer = _bearer(headers.get("authorization", ""))
         presented = bearer or _cookie(headers.get("cookie", ""), self.cookie) or _query_token(query)
         if not presented or not secrets.compare_digest(presented, self.token):
-            return Refusal(401, "missing or wrong token: open the link `volunteer join --web` printed")
+            return Refusal(401, f"missing or wrong token: {self.token_hint}")
         if method not in SAFE_METHODS and not allowed_origin and not bearer:
             return Refusal(403, "a change needs the page's own Origin or a bearer token")
         return None
