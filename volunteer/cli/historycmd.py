@@ -24,6 +24,7 @@ examples:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register ``volunteer history``."""
     p = sub.add_parser("history", help="what this machine contributed, by day and by month (--json for scripts)",
                        description="Print the contribution history this machine keeps: calls answered, samples, "
                        "compute time on GPU and CPU, bytes sent, uptime and trainers served, by day and by month.",
@@ -51,6 +52,7 @@ def _print_table(title: str, rows: list[list[str]]) -> None:
 
 
 def run_history(args: argparse.Namespace) -> int:
+    """Print the kept history by day and by month (or all of it as JSON)."""
     from ..swarmfile import state_dir
 
     if args.days < 1:

@@ -231,6 +231,8 @@ class PsutilProbe:
 
     def _windows_idle(self) -> float | None:
         class LastInput(ctypes.Structure):
+            """Windows' LASTINPUTINFO."""
+
             _fields_ = [("cbSize", ctypes.c_uint), ("dwTime", ctypes.c_uint)]
 
         info = LastInput()
