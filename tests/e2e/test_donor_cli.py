@@ -174,7 +174,7 @@ def test_every_policy_through_the_cli_with_a_fake_machine(relay, tmp_path, env):
         reasons = [e["reason"] for e in events if e["origin"] == "policy"]
         assert "on battery" in reasons and "steam is running" in reasons and reasons[-1] == "run-when policies allow it"
         rendered = daemon.cli("status").stdout  # the dashboard says why too
-        assert "FOLDING" in rendered
+        assert "running · swarm e2e" in rendered
         log = "".join(daemon.lines)
     finally:
         assert daemon.stop() == 0

@@ -43,7 +43,7 @@ NAT_WORDS = {
 }
 
 
-STATE_STYLES = {"folding": "green", "paused": "bold yellow", "waiting": "bold cyan", "finishing": "bold magenta",
+STATE_STYLES = {"paused": "bold yellow", "waiting": "bold cyan", "finishing": "bold magenta",
                 "finished": "bold"}
 
 
@@ -51,8 +51,9 @@ def _state(s: dict) -> str:
     """What the daemon does and why (fold/pause/finish, run-when policies, self-care)."""
     word = line(s.get("state") or ("paused" if s.get("paused") else "folding"))
     why = line(s.get("state_text") or "")
-    style = STATE_STYLES.get(word, "bold")
-    return f"[{style}]{word.upper()}[/]" + (f" ({text(why)})" if why and why != word else "")
+    if word == "folding":  # serving: said as every view has said it
+        return "[green]running[/]"
+    return f"[{STATE_STYLES.get(word, 'bold')}]{word.upper()}[/]" + (f" ({text(why)})" if why and why != word else "")
 
 
 def _identity(s: dict, compact: bool) -> Table:

@@ -115,7 +115,9 @@ class Steward:
     def _note(self, event: Event | None) -> None:
         if event is None:
             return
-        log.warning("%s", event.line, extra={"conduct_event": True})
+        # what the donor did themselves is noted; what a policy or self-care did is told
+        level = logging.WARNING if event.origin in ("policy", "self-care") else logging.INFO
+        log.log(level, "%s", event.line, extra={"conduct_event": True})
         self._changed.set()
 
     # --- the donor's verbs -----------------------------------------------------------------------------
