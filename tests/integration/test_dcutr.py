@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 
 from relay.service import HopService
-from volunteer.net.connection import Direction, Path
+from volunteer.net.transport.base import Direction, Path
 from volunteer.net.host import open_host
 from volunteer.net.nat.dcutr import HolePuncher, attempt_roles, punchable
 from volunteer.net.nat.observed import MappingType, ObservedAddrs

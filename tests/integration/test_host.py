@@ -286,7 +286,7 @@ async def test_identify_feeds_the_observer_which_publishes_our_observed_address(
 
 
 async def test_an_expected_punch_is_classified_as_ours():
-    from volunteer.net.connection import Direction, Path
+    from volunteer.net.transport.base import Direction, Path
     from volunteer.net.nat.dcutr import HolePuncher
     from volunteer.net.transport.base import RawConnection
 

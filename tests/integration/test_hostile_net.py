@@ -15,12 +15,12 @@ import socket
 import pytest
 import trio
 
-from volunteer.net.connection import Direction, negotiate_muxer, upgrade
+from volunteer.net.connection import negotiate_muxer, upgrade
 from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multistream import PROTOCOL_ID, encode_message
 from volunteer.net.resources import HANDSHAKES, MEMORY, ResourceLimits, ResourceManager
-from volunteer.net.transport.base import RawConnection
+from volunteer.net.transport.base import Direction, RawConnection
 from volunteer.net.transport.tcp import sockaddr_to_multiaddr
 from volunteer.net.yamux import YamuxConnection
 from volunteer.net.yamux.frames import DATA, PING, SYN, WINDOW_UPDATE, encode_header

@@ -10,7 +10,7 @@ import trio
 from relay.limits import RelayLimits
 from relay.service import HopService
 from volunteer.errors import DialError
-from volunteer.net.connection import Path
+from volunteer.net.transport.base import Path
 from volunteer.net.host import open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from . import limits
 from .addresses import advertised, shareable
-from .connection import Connection, Direction, NetStream, Path, negotiate_muxer, upgrade
+from .connection import Connection, NetStream, negotiate_muxer, upgrade
 from .events import (
     DirectConnectionUp,
     EventBus,
@@ -51,12 +51,12 @@ from .peerstore import Peerstore
 from .perf import PerfLimits, PerfServer
 from .ping import PING, Ping, Pinger
 from .pool import StreamPool
-from .resources import ResourceLimits, ResourceManager, address_key
+from .resources import ResourceLimits, ResourceManager, StreamScope, address_key
 from .service import Handler, InboundClass, Service
-from .transport.base import RawConnection, Transport
+from .transport.base import Direction, Path, RawConnection, Transport
 from .transport.memory import MemoryTransport
 from .transport.tcp import TcpTransport
-from .yamux import YamuxConnection
+from .yamux import YamuxConnection, YamuxStream
 from .streams import close_quietly, reset_quietly
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,7 @@ class Host:
             await trio.aclose_forcefully(secure)
             raise HandshakeError(f"connection from {secure.remote_peer.short()} at {raw.remote_addr} refused: resource limit")
         # From here the muxer owns the scope: it gives it back when the connection ends.
-        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, scope=scope)
+        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, budget=scope)
         path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
         return Connection(raw, secure, muxer, direction, path)
 
@@ -385,12 +385,17 @@ class Host:
         conn = await self.connect(target)
         return await conn.new_stream(list(protocols))
 
-    async def _serve_stream(self, conn: Connection, inner) -> None:
+    async def _serve_stream(self, conn: Connection, inner: YamuxStream) -> None:
         try:
             with trio.fail_after(self.config.stream_negotiation_timeout):
                 stream = await conn.negotiate_inbound(inner, self._handlers.__contains__)
         except (trio.TooSlowError, NegotiationError, RemoteProtocolError, trio.BrokenResourceError) as exc:
             log.debug("stream negotiation with %s failed: %s", conn.remote_peer.short(), describe(exc))
+            return
+        if not self._admit(inner, stream.protocol):
+            # The peer's (or everyone's) inbound streams of this protocol are at their limit.
+            log.debug("too many inbound %s streams from %s: refused with RST", stream.protocol, conn.remote_peer.short())
+            await reset_quietly(stream)
             return
         handler = self._handlers.get(stream.protocol)
         if handler is None:  # removed while negotiating
@@ -409,6 +414,13 @@ class Host:
         else:
             with trio.move_on_after(1):
                 await close_quietly(stream)
+
+    def _admit(self, inner: YamuxStream, protocol: str) -> bool:
+        """Count an inbound stream against ``protocol``'s limits in the resource manager (False,
+        refusal counted, past them). The muxer only knows the stream's memory budget; the
+        protocol is ours to account once it is negotiated."""
+        budget = inner.budget
+        return not isinstance(budget, StreamScope) or budget.set_protocol(protocol, now=trio.current_time())
 
     # --- identify, ping, perf (services; these delegate) -------------------------------------
     def _identify_service(self) -> Identify:
