@@ -5,10 +5,8 @@ bootstrap peer restarted empty) re-joins by itself."""
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 
-import pytest
 import trio
 
 from volunteer.cli.fold import Conduct
@@ -17,14 +15,12 @@ from volunteer.cli.steward import Steward, TrafficMeter
 from volunteer.dht import DHTConfig
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
-from volunteer.net.host import HostConfig
-from volunteer.net.identity import KeyPair
-from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.stack import StackOptions
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
 SWARM = "stewardtest"
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 UIDS = ["ffn.0.0", "ffn.0.1"]
 
 
@@ -58,7 +54,7 @@ class Machine:
 
 def options(period: float = 600.0, **changes) -> VolunteerOptions:
     dht = DHTConfig(swarm_id=SWARM, expert_update_period=period, expert_expiration=max(3 * period, 3.0))
-    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=dht, nat=False, mdns=False,
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=dht, nat=False, mdns=False,
                 experts_config=ExpertsConfig(device="cpu"))
     return VolunteerOptions(**{**base, **changes})
 
