@@ -149,7 +149,7 @@ def test_swarm_and_config_files_are_validated_alike(tmp_path):
     with pytest.raises(SwarmFileError, match="join.max_batch has the wrong type: expected an integer, got true or false"):
         load_config(path)
     path.write_text('[jion]\n')
-    with pytest.raises(SwarmFileError, match=r"unknown setting jion \(did you mean join\? known: join, limits\)"):
+    with pytest.raises(SwarmFileError, match=r"unknown setting jion \(did you mean join\? known: join, limits, run\)"):
         load_config(path)
 
 

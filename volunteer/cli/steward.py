@@ -133,7 +133,9 @@ class Steward:
         self._note(event)
         await self._match()
         self._changed.set()
-        return {"ok": True, "state": self.conduct.state, "text": self.conduct.text, "changed": event is not None}
+        paused = self.node.paused if self.node is not None else not self.conduct.serving
+        return {"ok": True, "paused": paused, "state": self.conduct.state, "text": self.conduct.text,
+                "changed": event is not None}
 
     # --- the run-when policies -------------------------------------------------------------------------
     def sample(self) -> Observations:
