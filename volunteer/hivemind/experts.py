@@ -98,6 +98,8 @@ class HivemindExperts(BaseService):
         self.calls = 0
         self.errors = 0
         self.active = 0  # forward/backward calls being served now
+        self._idle = trio.Event()  # set while no call is being served
+        self._idle.set()
         self.last_declared: float | None = None  # DHT time of the last round that reached anyone
         self.declared: list[str] = []  # uids declared in the last round
         self.skipped = [uid for uid in runtime.uids if not wire.is_hivemind_uid(uid)]
@@ -127,6 +129,27 @@ class HivemindExperts(BaseService):
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 log.info("declaring experts in the hivemind DHT failed: %s", describe(exc))
             await trio.sleep(self.limits.declare_period)
+
+    @property
+    def active_requests(self) -> int:
+        """Calls being served now (the runtime's queue counts the rest)."""
+        return self.active
+
+    async def wait_idle(self) -> None:
+        """Return once no call is being served (at once when none is)."""
+        while self.active:
+            await self._idle.wait()
+
+    def snapshot(self) -> dict:
+        """Calls served and being served, errors, refusals by reason, what was declared last."""
+        return {
+            "active_requests": self.active,
+            "calls": self.calls,
+            "errors": self.errors,
+            "refusals": dict(self.refusals),
+            "declared": len(self.declared),
+            "last_declared": self.last_declared,
+        }
 
     # --- declaring -----------------------------------------------------------------------------
 
@@ -210,6 +233,8 @@ class HivemindExperts(BaseService):
         """Run one forward or backward through the runtime, admitted as our server admits calls;
         the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
         self.calls += 1
+        if not self.active:
+            self._idle = trio.Event()
         self.active += 1
         try:
             self._admit(op, uid, peer)
@@ -228,6 +253,8 @@ class HivemindExperts(BaseService):
             raise
         finally:
             self.active -= 1
+            if not self.active:
+                self._idle.set()
 
     def _admit(self, op: str, uid: str, peer: PeerID) -> None:
         # request bytes were reserved as they arrived (``_CallReservation``); what is left to
