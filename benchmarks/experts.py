@@ -34,7 +34,7 @@ from volunteer import RemoteExpert  # noqa: E402
 from volunteer.experts.client import DHTDirectory  # noqa: E402
 from volunteer.experts.layers import FeedForward  # noqa: E402
 from volunteer.experts.loop import BackgroundLoop  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
 CONFIGS = [(256, 16), (1024, 64)]
 
@@ -56,7 +56,7 @@ class Client:
             ready = trio.Event()
 
             async def main() -> None:
-                async with open_host(config=HostConfig(enable_hole_punching=False, enable_relay_client=False)) as host:
+                async with open_stack(options=StackOptions(relay_client=False, hole_punching=False)) as host:
                     self.host = host
                     self.directory = DHTDirectory(host, None, self.swarm_id)
                     self._stop = trio.Event()

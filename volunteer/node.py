@@ -37,10 +37,11 @@ from .errors import ExpertConfigError, JoinError, VolunteerError, describe
 from .kinds import BuildBackend, ExpertServing, NodeContext, NodeParts, SwarmKind, kind_of
 from .kinds.entry import reach_swarm
 from .kinds.options import VolunteerOptions
-from .net.host import HostConfig, Host, open_host
+from .net.host import Host
 from .net.identity import KeyPair
 from .net.resources import ResourceLimits, ResourceManager
 from .net.service import Service
+from .net.stack import open_stack
 from .swarmfile import EXPERT_LIMITS, SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
@@ -191,7 +192,7 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
     resource_limits = {k: v for k, v in opts.limits.items() if k not in EXPERT_LIMITS}
     host_services: list[Service] = [ResourceManager(ResourceLimits(**resource_limits))] if resource_limits else []
     keypair = opts.keypair or KeyPair.generate()
-    async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig(), services=host_services) as host:
+    async with open_stack(keypair, opts.listen, options=opts.stack, config=opts.host_config, services=host_services) as host:
         await reach_swarm(host, spec)
         async with _open_experts(kind, spec, opts, device) as (runtime, config, build):
             parts = kind.node_parts(NodeContext(host, spec, opts, device, runtime, config, build))

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from .dht import DHTConfig
 from .errors import VolunteerError
 from .kinds import SwarmKind, TrainerParts, kind_of
-from .net.host import Host, HostConfig, open_host
+from .net.host import Host
+from .net.stack import open_stack
 from .net.identity import KeyPair
 from .swarmfile import SwarmSpec, resolve_swarm
 
@@ -106,7 +107,7 @@ class Swarm:
 
     async def _main(self) -> None:
         try:
-            async with open_host(self.keypair, self.listen, config=HostConfig()) as host:
+            async with open_stack(self.keypair, self.listen) as host:
                 self._host = host
                 self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config)
                 self._ready.set()

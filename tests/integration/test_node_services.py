@@ -15,15 +15,15 @@ from volunteer.dht.node import DHTNode
 from volunteer.errors import VolunteerError
 from volunteer.experts import ExpertsConfig
 from volunteer.kinds import KINDS, Check, DoctorPlan, ExpertListing, NodeContext, NodeParts, TrainerParts
-from volunteer.net.host import HostConfig
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.service import BaseService, HostAPI
+from volunteer.net.stack import StackOptions
 from volunteer.net.streams import BufferedStream
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
 SWARM = "servicetest"
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 DHT = DHTConfig(swarm_id=SWARM)
 
 
@@ -64,7 +64,7 @@ async def greet(host: HostAPI, target, name: str) -> str:
 
 
 def options(**changes) -> VolunteerOptions:
-    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT, nat=False, mdns=False)
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT, nat=False, mdns=False)
     return VolunteerOptions(**{**base, **changes})
 
 

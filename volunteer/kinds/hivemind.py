@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..errors import JoinError, VolunteerError, describe
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI, Service
@@ -88,7 +88,7 @@ class HivemindKind:
         dht = HivemindDHT(client_mode=True)
         rows: list[dict] = []
         incomplete = None
-        async with open_host(KeyPair.generate(), services=[dht, KadPeerRouting()]):
+        async with open_stack(KeyPair.generate(), services=[dht, KadPeerRouting()]):
             if not await dht.bootstrap(list(spec.bootstrap)):
                 raise JoinError(f"cannot reach hivemind swarm {spec.name!r}: no initial peer answered a hivemind DHT ping")
             for prefix in prefixes:
@@ -109,7 +109,7 @@ class HivemindKind:
 
         checks: list[Check] = []
         dht, kad = HivemindDHT(client_mode=True), KadPeerRouting()
-        async with open_host(KeyPair.generate(), services=[dht, kad]) as host:
+        async with open_stack(KeyPair.generate(), services=[dht, kad]) as host:
             for addr in peers:
                 name = f"hivemind {addr.peer_id.short() if addr.peer_id else addr}"[:22]
                 try:

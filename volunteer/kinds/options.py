@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..dht import DHTConfig
-from ..net.host import HostConfig
+from ..net.config import HostConfig
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..net.service import Service
+from ..net.stack import StackOptions
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from ..experts import ExpertsConfig
@@ -33,6 +34,7 @@ class VolunteerOptions:
     keypair: KeyPair | None = None  # default: a fresh identity
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     host_config: HostConfig | None = None
+    stack: StackOptions | None = None  # default: every standard service (NAT wing, perf...)
     # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
     limits: dict = field(default_factory=dict)
     dht_config: DHTConfig | None = None  # default: DHTConfig(swarm_id=spec.id)

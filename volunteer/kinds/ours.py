@@ -30,7 +30,7 @@ from ..dht.grid import list_experts as list_grid
 from ..dht.lan import LanDiscovery
 from ..dht.node import DHTNode, open_dht
 from ..errors import ExpertConfigError, JoinError, VolunteerError
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..net.nat.manager import NatManager
@@ -139,7 +139,7 @@ class VolunteerKind:
     async def list_experts(self, spec: SwarmSpec, prefixes: Sequence[str]) -> ExpertListing:
         if not spec.entry_points:
             raise JoinError(f"swarm {spec.name!r} lists no bootstrap peers or relays")
-        async with open_host(KeyPair.generate()) as host:
+        async with open_stack(KeyPair.generate()) as host:
             async with open_dht(host, DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
                 if len(dht.state.table) == 0:
                     raise JoinError(f"cannot reach swarm {spec.name!r}: no bootstrap peer answered")
