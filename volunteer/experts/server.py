@@ -35,6 +35,7 @@ from ..net.service import BaseService, Handler, HostAPI
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
+from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
 from .runtime import Runtime
 from .tensors import TensorReader, serialize, writes
@@ -102,7 +103,7 @@ class ExpertServer(BaseService):
         self.runtime = runtime
         self.config = config
         self.protocol = protocol_id(swarm_id)
-        self.active_requests = 0
+        self.in_flight = InFlight()  # calls being served now
         self.bytes_in = 0
         self.bytes_out = 0
         self.errors = 0
@@ -111,21 +112,23 @@ class ExpertServer(BaseService):
         self.forwards = ForwardRecord(config)  # who may call backward on what
         self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
         self.on_served = on_served
-        self._idle = trio.Event()  # set while no call is being served
-        self._idle.set()
 
     @property
     def upload_limit(self) -> float | None:
         """Reply payload bytes per second (None: unlimited)."""
         return self.upload.rate if self.upload else None
 
+    @property
+    def active_requests(self) -> int:
+        """Calls being served now."""
+        return self.in_flight.count
+
     def handlers(self) -> Mapping[str, Handler]:
         return {self.protocol: self.handle}
 
     async def wait_idle(self) -> None:
         """Return once no call is being served (at once when none is)."""
-        while self.active_requests:
-            await self._idle.wait()
+        await self.in_flight.wait_idle()
 
     def snapshot(self) -> dict:
         """Calls being served, bytes, errors and refusals by reason (``volunteer status``)."""
@@ -138,15 +141,6 @@ class ExpertServer(BaseService):
             "upload_limit_bps": self.upload_limit,
         }
 
-    def _call_started(self) -> None:
-        if not self.active_requests:
-            self._idle = trio.Event()
-        self.active_requests += 1
-
-    def _call_ended(self) -> None:
-        self.active_requests -= 1
-        if not self.active_requests:
-            self._idle.set()
 
     async def handle(self, stream) -> None:
         """Calls on one stream, one after another: a caller reuses an idle stream for its next
@@ -165,7 +159,7 @@ class ExpertServer(BaseService):
         peer = stream.remote_peer
         reserved = 0
         owes_step = False  # a backward ran: its optimizer step waits until the reply is out
-        self._call_started()
+        self.in_flight.started()
         try:
             try:
                 with trio.fail_after(READ_TIMEOUT):
@@ -226,7 +220,7 @@ class ExpertServer(BaseService):
             await self._drain(reader, pending)
             return False
         finally:
-            self._call_ended()
+            self.in_flight.ended()
             if owes_step:
                 # not earlier: taken during the send, the step would slow the reply down
                 self.runtime.apply_owed_steps()

@@ -28,6 +28,7 @@ import trio
 from ..errors import ExpertBackwardRefusedError, ExpertBusyError, VolunteerError, describe
 from ..experts.admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from ..experts.config import DEFAULT_CONFIG, ExpertsConfig
+from ..experts.inflight import InFlight
 from ..net.connection import NetStream
 from ..net.identity import PeerID
 from ..net.service import BaseService, Handler, HostAPI
@@ -97,9 +98,7 @@ class HivemindExperts(BaseService):
         self.refusals: Counter[str] = Counter()
         self.calls = 0
         self.errors = 0
-        self.active = 0  # forward/backward calls being served now
-        self._idle = trio.Event()  # set while no call is being served
-        self._idle.set()
+        self.in_flight = InFlight()  # forward/backward calls being served now
         self.last_declared: float | None = None  # DHT time of the last round that reached anyone
         self.declared: list[str] = []  # uids declared in the last round
         self.skipped = [uid for uid in runtime.uids if not wire.is_hivemind_uid(uid)]
@@ -133,17 +132,16 @@ class HivemindExperts(BaseService):
     @property
     def active_requests(self) -> int:
         """Calls being served now (the runtime's queue counts the rest)."""
-        return self.active
+        return self.in_flight.count
 
     async def wait_idle(self) -> None:
         """Return once no call is being served (at once when none is)."""
-        while self.active:
-            await self._idle.wait()
+        await self.in_flight.wait_idle()
 
     def snapshot(self) -> dict:
         """Calls served and being served, errors, refusals by reason, what was declared last."""
         return {
-            "active_requests": self.active,
+            "active_requests": self.in_flight.count,
             "calls": self.calls,
             "errors": self.errors,
             "refusals": dict(self.refusals),
@@ -233,9 +231,7 @@ class HivemindExperts(BaseService):
         """Run one forward or backward through the runtime, admitted as our server admits calls;
         the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
         self.calls += 1
-        if not self.active:
-            self._idle = trio.Event()
-        self.active += 1
+        self.in_flight.started()
         try:
             self._admit(op, uid, peer)
             schema = self._schema(uid)
@@ -252,9 +248,7 @@ class HivemindExperts(BaseService):
             log.debug("hivemind %s of %s for %s failed: %s", op, uid, peer.short(), describe(exc))
             raise
         finally:
-            self.active -= 1
-            if not self.active:
-                self._idle.set()
+            self.in_flight.ended()
 
     def _admit(self, op: str, uid: str, peer: PeerID) -> None:
         # request bytes were reserved as they arrived (``_CallReservation``); what is left to
