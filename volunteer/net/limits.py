@@ -114,3 +114,9 @@ AUTONAT_REQUIRED_CONFIRMATIONS = 3  # distinct servers that must agree (fewer if
 AUTONAT_MEMORY = 8  # servers' latest answers kept
 RESERVE_WHEN_UNKNOWN_AFTER = 0.0  # no verdict by then: reserve relay slots anyway, to be reachable at once
 # (a NATed node's "private" verdict waits for the server's dial-back timeout; a "public" one releases them)
+
+# --- libp2p TLS (net/tls/) ---
+TLS_MAX_CERTIFICATE = 16 * 1024  # a libp2p certificate: one self-signed cert with a small extension
+TLS_MAX_SIGNED_KEY = 4096  # the extension's DER SignedKey: a public key protobuf and a signature
+TLS_CERT_BACKDATE = 3600.0  # seconds our certificate is valid before now: peers' clocks run behind
+TLS_CERT_LIFETIME = 100 * 365 * 24 * 3600.0  # a host key outlives any process that holds it
