@@ -80,6 +80,8 @@ class HostConfig:
     enable_perf: bool = True
     # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
     enable_relay_client: bool = True
+    # Dial and listen on /udp/N/quic-v1 (a QuicTransport service; listen on such an address to use it).
+    enable_quic: bool = True
     # Run DCUtR: upgrade relayed connections to direct, hole-punched ones.
     enable_hole_punching: bool = True
     perf_limits: PerfLimits = field(default_factory=PerfLimits)
@@ -258,7 +260,7 @@ class Host:
         try:
             conn = await self._running_nursery().start(self._run_connection, raw, role, expected)
         except BaseException:
-            await trio.aclose_forcefully(raw.stream)  # cancelled before the connection task owned it
+            await raw.abort()  # cancelled before the connection task owned it
             raise
         if peer is not None and conn.remote_peer != peer:
             await conn.aclose()
@@ -292,7 +294,7 @@ class Host:
         try:
             conn = await self._upgrade(raw, direction, expected_peer)
         except BaseException as exc:
-            await trio.aclose_forcefully(raw.stream)
+            await raw.abort()
             accepted = task_status is trio.TASK_STATUS_IGNORED  # nobody waits for this connection
             if accepted and isinstance(exc, Exception):
                 # A stranger's failed handshake must never take the listener down.
@@ -319,6 +321,8 @@ class Host:
                 await conn.muxer.aclose()
 
     async def _upgrade(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
+        if raw.session is not None:
+            return self._adopt_secured(raw, direction, expected_peer)
         inbound = direction is Direction.INBOUND
         slot = self._try_acquire_handshake_slot(raw) if inbound else None
         if inbound and slot is None:
@@ -353,6 +357,18 @@ class Host:
         muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, scope=scope)
         path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
         return Connection(raw, secure, muxer, direction, path)
+
+    def _adopt_secured(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
+        """A connection its transport secured and multiplexed (QUIC): check the peer, charge the
+        resource manager, and use the session as both channel and muxer."""
+        session = raw.session
+        assert session is not None
+        session.check_expected(expected_peer)
+        scope = self.resources.open_connection(session.remote_peer, raw.remote_addr, now=trio.current_time())
+        if scope is None:
+            raise HandshakeError(f"connection from {session.remote_peer.short()} at {raw.remote_addr} refused: resource limit")
+        session.attach_scope(scope)
+        return Connection(raw, session, session, direction, raw.path or Path.DIRECT)  # type: ignore[arg-type]
 
     def _try_acquire_handshake_slot(self, raw: RawConnection):
         """A pending-handshake slot shared per source address (None: that address's share, or
@@ -494,6 +510,7 @@ class Host:
 
 
 def default_transports() -> list[Transport]:
+    """TCP and memory; QUIC joins as a service (it needs the Host's identity and a nursery)."""
     return [TcpTransport(), MemoryTransport()]
 
 
@@ -501,6 +518,10 @@ def default_services(config: HostConfig) -> list[Service]:
     """The services every Host runs unless given its own of the same type: the stream pool,
     identify, ping, and as ``config`` enables them perf, the relay client and the hole puncher."""
     services: list[Service] = [StreamPool(), Identify(config.identify_on_connect), Ping()]
+    if config.enable_quic:
+        from .transport.quic import QuicTransport  # aioquic loads only for hosts that speak QUIC
+
+        services.append(QuicTransport(handshake_timeout=config.handshake_timeout))
     if config.enable_perf:
         services.append(PerfServer(config.perf_limits))
     if config.enable_relay_client:

@@ -120,3 +120,23 @@ TLS_MAX_CERTIFICATE = 16 * 1024  # a libp2p certificate: one self-signed cert wi
 TLS_MAX_SIGNED_KEY = 4096  # the extension's DER SignedKey: a public key protobuf and a signature
 TLS_CERT_BACKDATE = 3600.0  # seconds our certificate is valid before now: peers' clocks run behind
 TLS_CERT_LIFETIME = 100 * 365 * 24 * 3600.0  # a host key outlives any process that holds it
+
+# --- QUIC (net/transport/quic/) ---
+QUIC_MAX_STREAMS = 256  # concurrent streams the peer may open on one connection (go-libp2p: 256)
+QUIC_STREAM_WINDOW = 2 * 1024 * 1024  # unread bytes one stream may hold: the credit we grant beyond what was read
+QUIC_CONNECTION_WINDOW = 16 * 1024 * 1024  # unread bytes of all streams of one connection
+QUIC_SEND_BUFFER = 1024 * 1024  # bytes written to a stream and not yet acknowledged before a writer waits
+QUIC_SEND_CHUNK = 256 * 1024  # a large write is queued in pieces this big, each waiting for room
+QUIC_ACCEPT_BACKLOG = 256  # streams the peer opened that nobody accepted yet
+QUIC_IDLE_TIMEOUT = 30.0  # a connection that hears nothing this long is gone (go-libp2p: 30 s)
+QUIC_KEEPALIVE_INTERVAL = 15.0  # a PING this often keeps NAT mappings and the idle timer alive
+QUIC_MAX_DATAGRAM = 1452  # what we send; what we read is one whole UDP datagram (65535)
+QUIC_CONNECTION_ID_LENGTH = 8
+QUIC_MAX_PENDING_HANDSHAKES = 64  # inbound handshakes in flight per endpoint (spoofable sources)
+QUIC_ADDRESS_PENDING_HANDSHAKES = 16  # ... from one source address
+QUIC_MAX_CONNECTIONS_PER_ENDPOINT = 1024  # connection ids are routed per connection: this bounds the table
+QUIC_UNKNOWN_DATAGRAM_LOG_INTERVAL = 10.0  # at most one log line per reason this often for dropped datagrams
+QUIC_HOLE_PUNCH_TIMEOUT = 5.0  # a UDP punch sends packets this long, at most (go-libp2p's holePunch)
+QUIC_HOLE_PUNCH_FIRST_GAP = 0.01  # seconds between the first punch packets; the gap grows with jitter
+QUIC_HOLE_PUNCH_MAX_GAP = 0.2  # ... up to this (DCUtR: random intervals between 10 and 200 ms)
+QUIC_HOLE_PUNCH_PACKET = 64  # bytes of random payload in each punch packet
