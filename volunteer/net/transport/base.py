@@ -48,7 +48,7 @@ class RawConnection:
         *,
         session: NativeSession | None = None,
     ) -> None:
-        if (stream is None) == (session is None):
+        if stream is not None and session is not None:
             raise ValueError("a raw connection has a byte stream or a native session, not both")
         self.stream = stream
         self.session = session
