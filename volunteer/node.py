@@ -67,7 +67,7 @@ class VolunteerOptions:
     """Everything a volunteer node is started with, besides the swarm it joins."""
 
     keypair: KeyPair | None = None  # default: a fresh identity
-    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"])
     host_config: HostConfig | None = None
     # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
     limits: dict = field(default_factory=dict)
@@ -473,6 +473,8 @@ class VolunteerNode:
                 {
                     "peer_id": str(conn.remote_peer),
                     "path": conn.path.value if hasattr(conn.path, "value") else str(conn.path),
+                    "transport": conn.transport,
+                    "path_label": conn.path_label,
                     "via": str(relay[1]) if relay and relay[1] else None,
                     "rtt_ms": round(conn.rtt * 1000, 2) if conn.rtt else None,
                     "bytes_in": conn.bytes_received,
