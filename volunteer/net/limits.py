@@ -77,7 +77,7 @@ REFUSAL_WARN_INTERVAL = 10.0  # at most one WARNING line per refusal reason this
 # --- NAT wing: DCUtR hole punching (net/nat/dcutr.py, punch.py, messages.py) ---
 DCUTR_MAX_MESSAGE = 4096  # a HolePunch message: a type and a few addresses
 DCUTR_MAX_ATTEMPTS = 3  # CONNECT/SYNC rounds per relayed connection; the last swaps roles
-DCUTR_MAX_PUNCH_ADDRS = 4  # sockets opened per attempt, at most
+DCUTR_MAX_PUNCH_ADDRS = 4  # addresses punched per transport and attempt, at most (each TCP one opens a socket)
 DCUTR_MAX_ADDRS_READ = 4 * DCUTR_MAX_PUNCH_ADDRS  # addresses looked at in a message before filtering
 DCUTR_MAX_CONCURRENT_PUNCHES = 8
 DCUTR_DIAL_TIMEOUT = 5.0  # longer than one SYN retransmission (1 s), for the SYN the NAT dropped first
@@ -140,3 +140,8 @@ QUIC_HOLE_PUNCH_TIMEOUT = 5.0  # a UDP punch sends packets this long, at most (g
 QUIC_HOLE_PUNCH_FIRST_GAP = 0.01  # seconds between the first punch packets; the gap grows with jitter
 QUIC_HOLE_PUNCH_MAX_GAP = 0.2  # ... up to this (DCUtR: random intervals between 10 and 200 ms)
 QUIC_HOLE_PUNCH_PACKET = 64  # bytes of random payload in each punch packet
+DCUTR_PUNCH_RTTS = 8.0  # a punch's dials and handshakes get this many relayed round trips ...
+DCUTR_MIN_PUNCH = 2.0  # ... but at least this long (one lost SYN is retransmitted after 1 s) ...
+DCUTR_MAX_PUNCH = 5.0  # ... and at most this long: a failed attempt ends well inside DCUTR_STREAM_TIMEOUT
+TCP_REFUSED_REDIAL_DELAY = 0.05  # a punched SYN refused (RST from the peer's router) is re-sent this much later
+DCUTR_REPUNCH_INTERVAL = 30.0  # after a network change, a relayed peer is punched again at most this often

@@ -16,6 +16,7 @@ import socket
 from collections.abc import Awaitable, Callable
 
 import trio
+from aioquic.quic.configuration import QuicConfiguration
 
 from ....errors import HandshakeError, VolunteerError, describe
 from ... import limits
@@ -29,7 +30,7 @@ MAX_BATCH = 256  # datagrams drained from the socket before the touched connecti
 SOCKET_BUFFER = 4 * 1024 * 1024
 
 SessionHandler = Callable[[QuicSession], Awaitable[None]]
-ConfigFactory = Callable[[bool], object]
+ConfigFactory = Callable[[bool], QuicConfiguration]  # is_client -> a fresh configuration
 
 
 def open_udp_socket(host: str, port: int, family: int) -> socket.socket:
