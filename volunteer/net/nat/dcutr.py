@@ -133,6 +133,10 @@ class HolePuncher(BaseService):
             "in_progress": len(self._punching),
         }
 
+    def _record(self, outcome: PunchOutcome) -> None:
+        self.outcomes.append(outcome)
+        del self.outcomes[: -limits.DCUTR_MAX_OUTCOMES]
+
     def _count(self, plan: PunchPlan, step: PunchStep, winner: Connection | None, ours: bool) -> None:
         tried = sorted({t for a in step.addrs if (t := punch_transport(a)) is not None})
         if winner is None:
@@ -190,8 +194,7 @@ class HolePuncher(BaseService):
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 plan.outcome.error = describe(exc)
         outcome = plan.finish(trio.current_time())
-        self.outcomes.append(outcome)
-        del self.outcomes[: -limits.DCUTR_MAX_OUTCOMES]
+        self._record(outcome)
         log.info("hole punch with %s: %s after %d attempt(s)", peer.short(),
                  "direct" if outcome.success else f"stays relayed ({outcome.error})", outcome.attempts)
         if outcome.success:
@@ -205,22 +208,27 @@ class HolePuncher(BaseService):
         peer = stream.remote_peer
         plan = PunchPlan(str(peer), started_at=trio.current_time(), initiator=False, max_attempts=self.max_attempts)
         await self._await_observed_addrs()
-        while plan.attempts_left:
-            try:
-                with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
-                    request = await read(buffered, CONNECT)
-                    attempt = plan.peer_connect(request.addrs, trio.current_time())
-                    with self._expecting(peer, request.addrs, plan.our_role(attempt)):
-                        await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
-                        await read(buffered, SYNC)
-                        step = plan.sync_received(trio.current_time())
-                        direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
-            except (RemoteProtocolError, trio.TooSlowError):
-                return  # B closed the stream (done, or gave up) or broke the protocol
-            if step.addrs:
-                self._count(plan, step, direct, ours)
-            if direct is not None:
-                plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
+        try:
+            while plan.attempts_left:
+                try:
+                    # the next CONNECT comes within one attempt's bounded punch, far inside this
+                    with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
+                        request = await read(buffered, CONNECT)
+                        attempt = plan.peer_connect(request.addrs, trio.current_time())
+                        with self._expecting(peer, request.addrs, plan.our_role(attempt)):
+                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
+                            await read(buffered, SYNC)
+                            step = plan.sync_received(trio.current_time())
+                            direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
+                except (RemoteProtocolError, trio.TooSlowError):
+                    return  # B closed the stream (done, or gave up) or broke the protocol
+                if step.addrs:
+                    self._count(plan, step, direct, ours)
+                if direct is not None:
+                    plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
+        finally:
+            if plan.attempt:
+                self._record(plan.finish(trio.current_time()))
 
     async def _await_observed_addrs(self) -> None:
         """Identify with the relay may still be in flight: give our observed addresses a moment
