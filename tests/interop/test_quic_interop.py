@@ -24,6 +24,11 @@ from .peers import p2pd_control
 pytestmark = pytest.mark.interop
 ECHO = "/echo/1.0.0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
+# py-libp2p 0.8.1's QUIC stream drops bytes once 2 MiB sit unread in it (stream.py,
+# handle_data_received: "receive buffer overflow, dropping N bytes"; MAX_STREAM_RECEIVE_BUFFER in
+# config.py): its credit follows aioquic's, which grows as bytes arrive, not as they are read.
+# What we send it on one stream stays below that, so a test measures us, not that bug.
+PYLIBP2P_SAFE = 1_500_000
 
 
 async def echo(stream) -> None:
@@ -108,13 +113,13 @@ async def test_we_dial_pylibp2p_over_quic(pylibp2p_quic_server):
             await pinger.aclose()
             info = await host.identify(conn.remote_peer)
             assert ECHO in info.protocols and PERF in info.protocols
-            payload = os.urandom(3_000_000)  # beyond any one window on either side
+            payload = os.urandom(PYLIBP2P_SAFE)
             assert await echoed(await host.new_stream(conn.remote_peer, [ECHO]), payload) == payload
             # py-libp2p's own PerfService serving our perf client
             stream = await host.new_stream(conn.remote_peer, [PERF])
             uploaded, downloaded = [], []
-            await perf_stream(stream, 2_000_003, 4_000_005, uploaded.append, downloaded.append)
-            assert sum(uploaded) == 2_000_003 and sum(downloaded) == 4_000_005
+            await perf_stream(stream, PYLIBP2P_SAFE, 4_000_005, uploaded.append, downloaded.append)
+            assert sum(uploaded) == PYLIBP2P_SAFE and sum(downloaded) == 4_000_005
 
 
 async def test_pylibp2p_dials_us_over_quic(pylibp2p_python):
@@ -124,13 +129,13 @@ async def test_pylibp2p_dials_us_over_quic(pylibp2p_python):
             addr = str(host.full_addrs()[0])
             assert "/quic-v1/" in addr
             run = partial(run_pylibp2p, pylibp2p_python, "--quic")
-            report = await trio.to_thread.run_sync(partial(run, "dial-echo", addr, "--size", "2000000"))
-            assert report["ok"] and report["bytes"] == 2_000_000, report
+            report = await trio.to_thread.run_sync(partial(run, "dial-echo", addr, "--size", str(PYLIBP2P_SAFE)))
+            assert report["ok"] and report["bytes"] == PYLIBP2P_SAFE, report
             report = await trio.to_thread.run_sync(partial(run, "dial-ping", addr, "--count", "3"))
             assert report["ok"], report
-            report = await trio.to_thread.run_sync(partial(run, "dial-perf", addr, "--upload", "1000001", "--download", "3000003"))
-            assert report["ok"] and report["uploaded"] == 1_000_001 and report["downloaded"] == 3_000_003, report
-            assert host.perf.stats.bytes_received == 1_000_001 and host.perf.stats.bytes_sent == 3_000_003
+            report = await trio.to_thread.run_sync(partial(run, "dial-perf", addr, "--upload", "3000001", "--download", "1400003"))
+            assert report["ok"] and report["uploaded"] == 3_000_001 and report["downloaded"] == 1_400_003, report
+            assert host.perf.stats.bytes_received == 3_000_001 and host.perf.stats.bytes_sent == 1_400_003
             assert {c.transport for c in host.connections()} == {"quic"}
 
 
@@ -138,7 +143,7 @@ def test_volunteer_ping_and_perf_cli_over_quic_to_pylibp2p(pylibp2p_quic_server,
     result = cli("ping", "-c", "2", "-i", "0.1", pylibp2p_quic_server, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "2 sent, 2 received" in result.stdout and "transport=quic" in result.stdout
-    result = cli("perf", "--json", "--upload", "4MiB", "--download", "4MiB", pylibp2p_quic_server, tmp_path=tmp_path)
+    result = cli("perf", "--json", "--upload", "1MiB", "--download", "4MiB", pylibp2p_quic_server, tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["transport"] == "quic" and report["upload_bytes"] == report["download_bytes"] == 4 << 20
+    assert report["transport"] == "quic" and report["upload_bytes"] == 1 << 20 and report["download_bytes"] == 4 << 20

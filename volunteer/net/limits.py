@@ -131,6 +131,9 @@ QUIC_ACCEPT_BACKLOG = 256  # streams the peer opened that nobody accepted yet
 QUIC_IDLE_TIMEOUT = 30.0  # a connection that hears nothing this long is gone (go-libp2p: 30 s)
 QUIC_KEEPALIVE_INTERVAL = 15.0  # a PING this often keeps NAT mappings and the idle timer alive
 QUIC_MAX_DATAGRAM = 1452  # what we send; what we read is one whole UDP datagram (65535)
+# ... and to a peer on loopback (MTU 64 KiB), once its transport parameters allow it: aioquic's
+# cost is per packet, so bigger datagrams carry several times the bytes for the same CPU
+QUIC_LOOPBACK_DATAGRAM = 16 * 1024
 QUIC_CONNECTION_ID_LENGTH = 8
 QUIC_MAX_PENDING_HANDSHAKES = 64  # inbound handshakes in flight per endpoint (spoofable sources)
 QUIC_ADDRESS_PENDING_HANDSHAKES = 16  # ... from one source address

@@ -13,8 +13,10 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 
+from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import pull_quic_transport_parameters
 
 from ... import limits
 from ...tls import ALPN, Certificate
@@ -32,6 +34,7 @@ class QuicLimits:
     idle_timeout: float = limits.QUIC_IDLE_TIMEOUT
     keepalive_interval: float = limits.QUIC_KEEPALIVE_INTERVAL
     max_datagram: int = limits.QUIC_MAX_DATAGRAM
+    loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
 
 
 def configuration(cert: Certificate, *, is_client: bool, quic_limits: QuicLimits) -> QuicConfiguration:
@@ -59,6 +62,7 @@ class Engine(QuicConnection):
         super().__init__(configuration=configuration, **kwargs)
         self.quic_limits = quic_limits
         self.read_offsets: dict[int, int] = {}  # stream id -> bytes the application has read
+        self.peer_max_udp_payload = 65527  # RFC 9000's default when the peer does not say
         self.read_total = 0
         # the peer's concurrent bidirectional streams; libp2p uses no unidirectional ones
         self._local_max_streams_bidi.value = self._local_max_streams_bidi.sent = quic_limits.max_streams
@@ -69,6 +73,23 @@ class Engine(QuicConnection):
         if not self._is_client:
             # libp2p TLS: the server MUST require the client's certificate (aioquic's default is not to)
             self.tls._request_client_certificate = True
+
+    def _parse_transport_parameters(self, data: bytes, from_session_ticket: bool = False) -> None:
+        super()._parse_transport_parameters(data, from_session_ticket)
+        # aioquic checks the peer's max_udp_payload_size but does not keep it: read it again
+        # (the parameters already parsed once, so this cannot fail)
+        params = pull_quic_transport_parameters(Buffer(data=data))
+        if params.max_udp_payload_size is not None:
+            self.peer_max_udp_payload = params.max_udp_payload_size
+
+    def raise_datagram_size(self, size: int) -> int:
+        """Send datagrams of up to ``size`` bytes from now on (never more than the peer accepts);
+        returns the size in force. For paths whose MTU we know (loopback)."""
+        size = max(self._max_datagram_size, min(size, self.peer_max_udp_payload))
+        self._max_datagram_size = size
+        self._loss._pacer._max_datagram_size = size
+        self._loss._cc._max_datagram_size = size
+        return size
 
     def consumed(self, stream_id: int, count: int) -> None:
         """The application read ``count`` more bytes of ``stream_id``: credit may be granted again."""
