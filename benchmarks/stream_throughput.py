@@ -214,22 +214,15 @@ def run_whole_commands(size: int, with_pylibp2p: bool) -> dict[str, dict]:
     """`volunteer perf` against our node, py-libp2p's perf client against py-libp2p's server."""
     rows: dict[str, dict] = {}
     byte_compile_ours()
-    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
-    try:
-        figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
-                                     "--download", str(size), ours.addr], size)
-        if figure:
-            rows["volunteer perf, whole command"] = {"perf_MBps": figure}
-    finally:
-        ours.close()
-    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py"), "--quic"])
-    try:
-        figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
-                                     "--download", str(size), ours.addr], size)
-        if figure:
-            rows["volunteer perf over QUIC, whole command"] = {"perf_MBps": figure}
-    finally:
-        ours.close()
+    for name, flags in (("volunteer perf, whole command", []), ("volunteer perf over QUIC, whole command", ["--quic"])):
+        ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py"), *flags])
+        try:
+            figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
+                                         "--download", str(size), ours.addr], size)
+            if figure:
+                rows[name] = {"perf_MBps": figure}
+        finally:
+            ours.close()
     if with_pylibp2p:
         peer = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
         try:

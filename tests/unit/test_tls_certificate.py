@@ -33,9 +33,12 @@ def _spki(key) -> bytes:
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def _forge(extension_value: bytes | None, *, critical=False, signer=None, not_before=NOW - 60, not_after=NOW + 60, twice=False):
-    """A self-signed certificate with whatever extension value a test wants."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def _forge(extension_value, *, critical=False, signer=None, key=None, not_before=NOW - 60, not_after=NOW + 60):
+    """A self-signed certificate with whatever extension value a test wants (a callable gets the
+    certificate key and returns the value: a SignedKey over that very key)."""
+    key = key or ec.generate_private_key(ec.SECP256R1())
+    if callable(extension_value):
+        extension_value = extension_value(key)
     name = x509.Name([x509.NameAttribute(x509.oid.NameOID.SERIAL_NUMBER, "1")])
     builder = (
         x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(1)
@@ -78,16 +81,8 @@ def test_a_forged_certificate_fails():
     cert, _ = _forge(_signed_key_for(other_key))
     with pytest.raises(HandshakeError, match="does not verify"):
         verify_certificate(cert, now=NOW)
-    # signed over the right key with the wrong prefix: build the certificate around that key
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.SERIAL_NUMBER, "3")])
-    wrong_prefix = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(3)
-        .not_valid_before(datetime.datetime.fromtimestamp(NOW - 5, datetime.timezone.utc))
-        .not_valid_after(datetime.datetime.fromtimestamp(NOW + 5, datetime.timezone.utc))
-        .add_extension(x509.UnrecognizedExtension(EXTENSION_OID, _signed_key_for(key, prefix=b"libp2p-tls:")), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    # signed over the right key with the wrong prefix
+    wrong_prefix, _ = _forge(lambda key: _signed_key_for(key, prefix=b"libp2p-tls:"))
     with pytest.raises(HandshakeError, match="does not verify"):
         verify_certificate(wrong_prefix, now=NOW)
 
@@ -107,15 +102,7 @@ def test_expired_missing_duplicated_and_not_self_signed_are_refused():
 
 
 def test_a_critical_extension_still_verifies():
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.SERIAL_NUMBER, "7")])
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key()).serial_number(7)
-        .not_valid_before(datetime.datetime.fromtimestamp(NOW - 5, datetime.timezone.utc))
-        .not_valid_after(datetime.datetime.fromtimestamp(NOW + 5, datetime.timezone.utc))
-        .add_extension(x509.UnrecognizedExtension(EXTENSION_OID, _signed_key_for(key)), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    cert, _ = _forge(_signed_key_for, critical=True)
     assert verify_certificate(cert, now=NOW) == HOST.public_key
 
 
