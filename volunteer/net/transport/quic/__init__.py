@@ -1,19 +1,16 @@
-"""QUIC v1 with libp2p TLS, on aioquic's sans-I/O ``QuicConnection``, over one shared UDP socket
-per address family (``endpoint``), with a pure demultiplexer (``demux``)."""
+"""QUIC v1 with libp2p TLS, on aioquic's sans-I/O ``QuicConnection`` (``engine``, ``session``,
+``stream``), over one shared UDP socket per address family (``endpoint``), with a pure
+demultiplexer (``demux``). Importing this package loads no aioquic: the modules that need it are
+imported where a connection starts."""
 
 from .demux import Admission, Route, route
 from .endpoint import UdpEndpoint
-from .engine import Engine, QuicLimits
-from .session import QuicSession
-from .stream import QuicStream
+from .settings import QuicLimits
 from .transport import QuicTransport, is_quic, quic_endpoint, quic_multiaddr
 
 __all__ = [
     "Admission",
-    "Engine",
     "QuicLimits",
-    "QuicSession",
-    "QuicStream",
     "QuicTransport",
     "Route",
     "UdpEndpoint",

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from aioquic.buffer import Buffer, BufferReadError
-from aioquic.quic.packet import QuicPacketType, QuicProtocolVersion, pull_quic_header
-
 from ... import limits
 
 # RFC 9000 section 14.1: a client's Initial is padded to at least 1200 bytes (anti-amplification)
 MIN_INITIAL_SIZE = 1200
-SUPPORTED_VERSIONS = (QuicProtocolVersion.VERSION_1,)
+QUIC_VERSION_1 = 0x00000001
+SUPPORTED_VERSIONS = (QUIC_VERSION_1,)
+MAX_CID_LENGTH = 20
 
 
 @dataclass(frozen=True)
@@ -41,17 +40,23 @@ def route(datagram: bytes, cid_length: int = limits.QUIC_CONNECTION_ID_LENGTH) -
         if not first & 0x40 or len(datagram) < 1 + cid_length:
             return None
         return Route(bytes(datagram[1 : 1 + cid_length]), False)
-    try:
-        header = pull_quic_header(Buffer(data=datagram), host_cid_length=cid_length)
-    except (ValueError, BufferReadError):
+    # a long header (RFC 9000 section 17.2): flags, version, DCID length and DCID; the rest is
+    # the connection's business (aioquic parses it again)
+    if len(datagram) < 6:
         return None
+    version = int.from_bytes(datagram[1:5], "big")
+    cid_len = datagram[5]
+    if cid_len > MAX_CID_LENGTH or len(datagram) < 6 + cid_len:
+        return None
+    destination_cid = bytes(datagram[6 : 6 + cid_len])
+    initial = version == QUIC_VERSION_1 and (first & 0x30) == 0x00  # v1 long packet type 0: Initial
     opens = (
-        header.packet_type == QuicPacketType.INITIAL
-        and header.version in SUPPORTED_VERSIONS
+        initial
+        and first & 0x40 != 0  # the fixed bit
         and len(datagram) >= MIN_INITIAL_SIZE
-        and len(header.destination_cid) >= 8  # RFC 9000 section 7.2: a client's first DCID has 8 bytes or more
+        and cid_len >= 8  # RFC 9000 section 7.2: a client's first DCID has 8 bytes or more
     )
-    return Route(bytes(header.destination_cid), opens)
+    return Route(destination_cid, opens)
 
 
 class Admission:

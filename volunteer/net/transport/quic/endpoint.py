@@ -15,22 +15,30 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
+from typing import TYPE_CHECKING
+
 import trio
-from aioquic.quic.configuration import QuicConfiguration
 
 from ....errors import HandshakeError, VolunteerError, describe
 from ... import limits
 from .demux import Admission, route
-from .engine import Engine, QuicLimits
-from .session import Address, QuicSession
+from .settings import QuicLimits
+
+if TYPE_CHECKING:
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from .engine import Engine
+    from .session import QuicSession
+
+Address = tuple  # a socket address: (host, port) or (host, port, flowinfo, scope_id)
 
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 256  # datagrams drained from the socket before the touched connections answer
 SOCKET_BUFFER = 4 * 1024 * 1024
 
-SessionHandler = Callable[[QuicSession], Awaitable[None]]
-ConfigFactory = Callable[[bool], QuicConfiguration]  # is_client -> a fresh configuration
+SessionHandler = Callable[["QuicSession"], Awaitable[None]]
+ConfigFactory = Callable[[bool], "QuicConfiguration"]  # is_client -> a fresh configuration
 
 
 def open_udp_socket(host: str, port: int, family: int) -> socket.socket:
@@ -81,8 +89,8 @@ class UdpEndpoint:
         self.admission = admission or Admission()
         self.closes_when_idle = closes_when_idle
         self.accept: SessionHandler | None = None
-        self._routes: dict[bytes, QuicSession] = {}
-        self.sessions: set[QuicSession] = set()
+        self._routes: dict[bytes, "QuicSession"] = {}
+        self.sessions: set["QuicSession"] = set()
         self._nursery: trio.Nursery | None = None
         self.send_dropped = 0
         self.datagrams_received = 0
@@ -131,7 +139,7 @@ class UdpEndpoint:
         while True:
             await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
-            touched: set[QuicSession] = set()
+            touched: set["QuicSession"] = set()
             for _ in range(MAX_BATCH):
                 try:
                     data, addr = sock.recvfrom(65535)
@@ -149,7 +157,7 @@ class UdpEndpoint:
                 if not session.closed.is_set():
                     session.flush(now)
 
-    def _dispatch(self, data: bytes, addr: Address, now: float) -> QuicSession | None:
+    def _dispatch(self, data: bytes, addr: Address, now: float) -> "QuicSession | None":
         found = route(data, limits.QUIC_CONNECTION_ID_LENGTH)
         if found is None:
             self.admission.drop("not_quic")  # hole-punch packets and garbage
@@ -168,6 +176,8 @@ class UdpEndpoint:
         if not self.admission.admit(source):
             self._note("handshake_refused", f"QUIC handshake from {source} refused: too many pending handshakes")
             return None
+        from .engine import Engine  # aioquic loads with the first connection, not with the socket
+
         engine = Engine(
             configuration=self._make_config(False),
             quic_limits=self.quic_limits,
@@ -179,7 +189,9 @@ class UdpEndpoint:
         self._spawn(self._serve_inbound, session, source)
         return session
 
-    def _adopt(self, engine: Engine, remote: Address) -> QuicSession:
+    def _adopt(self, engine: "Engine", remote: Address) -> "QuicSession":
+        from .session import QuicSession
+
         session = QuicSession(engine, remote, self.send, quic_limits=self.quic_limits)
         session.on_route(self._route_changed)
         session.on_closed(self._forget)
@@ -189,13 +201,13 @@ class UdpEndpoint:
         self._spawn(session.run_timers)
         return session
 
-    def _route_changed(self, session: QuicSession, cid: bytes, issued: bool) -> None:
+    def _route_changed(self, session: "QuicSession", cid: bytes, issued: bool) -> None:
         if issued:
             self._routes[cid] = session
         elif self._routes.get(cid) is session:
             del self._routes[cid]
 
-    def _forget(self, session: QuicSession) -> None:
+    def _forget(self, session: "QuicSession") -> None:
         for cid in [cid for cid, owner in self._routes.items() if owner is session]:
             del self._routes[cid]
         self.sessions.discard(session)
@@ -203,7 +215,7 @@ class UdpEndpoint:
             self.close()
 
     # --- connections -------------------------------------------------------------------------
-    async def _serve_inbound(self, session: QuicSession, source: str) -> None:
+    async def _serve_inbound(self, session: "QuicSession", source: str) -> None:
         try:
             try:
                 with trio.fail_after(self.handshake_timeout):
@@ -225,9 +237,11 @@ class UdpEndpoint:
             if not session.closed.is_set():
                 await session.aclose()
 
-    async def connect(self, remote: Address) -> QuicSession:
+    async def connect(self, remote: Address) -> "QuicSession":
         """Dial ``remote`` from this socket; returns once the handshake and the certificate check
         are done (the caller bounds the time; a cancelled dial aborts the connection)."""
+        from .engine import Engine
+
         engine = Engine(configuration=self._make_config(True), quic_limits=self.quic_limits)
         session = self._adopt(engine, remote)
         engine.connect(remote, now=trio.current_time())

@@ -11,7 +11,6 @@ aioquic internals (pinned in pyproject.toml); tests/unit/test_quic_engine.py gua
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass
 
 from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
@@ -20,21 +19,7 @@ from aioquic.quic.packet import pull_quic_transport_parameters
 
 from ... import limits
 from ...tls import ALPN, Certificate
-
-
-@dataclass(frozen=True)
-class QuicLimits:
-    """The bounds of one QUIC connection (defaults from volunteer.net.limits)."""
-
-    max_streams: int = limits.QUIC_MAX_STREAMS
-    stream_window: int = limits.QUIC_STREAM_WINDOW
-    connection_window: int = limits.QUIC_CONNECTION_WINDOW
-    send_buffer: int = limits.QUIC_SEND_BUFFER
-    accept_backlog: int = limits.QUIC_ACCEPT_BACKLOG
-    idle_timeout: float = limits.QUIC_IDLE_TIMEOUT
-    keepalive_interval: float = limits.QUIC_KEEPALIVE_INTERVAL
-    max_datagram: int = limits.QUIC_MAX_DATAGRAM
-    loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
+from .settings import QuicLimits
 
 
 def configuration(cert: Certificate, *, is_client: bool, quic_limits: QuicLimits) -> QuicConfiguration:
@@ -88,7 +73,8 @@ class Engine(QuicConnection):
         size = max(self._max_datagram_size, min(size, self.peer_max_udp_payload))
         self._max_datagram_size = size
         self._loss._pacer._max_datagram_size = size
-        self._loss._cc._max_datagram_size = size
+        # reno and cubic keep their own copy, for their window arithmetic
+        setattr(self._loss._cc, "_max_datagram_size", size)
         return size
 
     def consumed(self, stream_id: int, count: int) -> None:

@@ -7,6 +7,9 @@ Noise and yamux. Listening binds the shared endpoint of that address family; dia
 (the source port is the advertised one, which hole punching and observed addresses rely on), or
 from a throw-away socket when asked for another port (AutoNAT's dial-back) or when we do not
 listen.
+
+Nothing here loads aioquic or builds a certificate until the first QUIC connection: a Host that
+listens on QUIC but only ever speaks TCP starts as fast as one that does not listen on QUIC.
 """
 
 from __future__ import annotations
@@ -17,16 +20,21 @@ import time
 
 import trio
 
+from typing import TYPE_CHECKING
+
 from ....errors import MultiaddrError
 from ... import limits
 from ...multiaddr import Multiaddr
 from ...service import BaseService, HostAPI
-from ...tls import Certificate, make_certificate
 from ..base import InboundHandler, RawConnection
 from .demux import Admission
-from .endpoint import UdpEndpoint, open_udp_socket
-from .engine import QuicLimits, configuration
-from .session import Address, QuicSession
+from .endpoint import Address, UdpEndpoint, open_udp_socket
+from .settings import QuicLimits
+
+if TYPE_CHECKING:
+    from ...identity import KeyPair
+    from ...tls import Certificate
+    from .session import QuicSession
 
 HOSTS = ("ip4", "ip6", "dns", "dns4", "dns6")
 
@@ -63,16 +71,15 @@ class QuicTransport(BaseService):
         self.quic_limits = quic_limits or QuicLimits()
         self.handshake_timeout = handshake_timeout
         self.shared: dict[int, UdpEndpoint] = {}  # address family -> the listening endpoint
-        self._certificate: Certificate | None = None
+        self._certificate: "Certificate | None" = None
+        self._identity: "KeyPair | None" = None
         self._nursery: trio.Nursery | None = None
         self._admission = Admission()
 
     # --- service ------------------------------------------------------------------------------
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
-        # one certificate for every connection of this run (the spec allows reuse); made from the
-        # wall clock because certificates carry calendar dates
-        self._certificate = make_certificate(host.keypair, now=time.time())
+        self._identity = host.keypair
         host.add_transport(self)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -80,8 +87,15 @@ class QuicTransport(BaseService):
             await trio.sleep_forever()
 
     def _config(self, is_client: bool):
-        if self._certificate is None:
+        from ...tls import make_certificate
+        from .engine import configuration
+
+        if self._identity is None:
             raise trio.ClosedResourceError("the QUIC transport is not running (it is a Host service)")
+        if self._certificate is None:
+            # one certificate for every connection of this run (the spec allows reuse); made from
+            # the wall clock because certificates carry calendar dates
+            self._certificate = make_certificate(self._identity, now=time.time())
         return configuration(self._certificate, is_client=is_client, quic_limits=self.quic_limits)
 
     def _running_nursery(self) -> trio.Nursery:
@@ -109,7 +123,7 @@ class QuicTransport(BaseService):
         endpoint = UdpEndpoint(sock, self._config, quic_limits=self.quic_limits,
                                handshake_timeout=self.handshake_timeout, admission=self._admission)
 
-        async def accept(session: QuicSession) -> None:
+        async def accept(session: "QuicSession") -> None:
             await handler(self._raw(session, endpoint))
 
         endpoint.accept = accept
@@ -154,7 +168,7 @@ class QuicTransport(BaseService):
                 endpoint.close()
         return self._raw(session, endpoint)
 
-    def _raw(self, session: QuicSession, endpoint: UdpEndpoint) -> RawConnection:
+    def _raw(self, session: "QuicSession", endpoint: UdpEndpoint) -> RawConnection:
         return RawConnection(None, quic_multiaddr(endpoint.local), quic_multiaddr(session.remote), self, session=session)
 
     # --- hole punching ------------------------------------------------------------------------
