@@ -193,3 +193,26 @@ async def test_a_peer_that_never_reads_holds_a_bounded_amount_of_ours_and_only_i
         other = await b.new_stream(a.peer_id, [ECHO])
         assert await roundtrip(other, b"unaffected") == b"unaffected"
         never_read.set()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+@pytest.mark.trio_timeout(30)
+async def test_quic_over_ipv6_has_a_socket_of_its_own():
+    v6 = "/ip6/::1/udp/0/quic-v1"
+    async with open_host(listen=[QUIC, v6]) as a, open_host(listen=[QUIC, v6]) as b:
+        a.set_handler(ECHO, echo)
+        target = next(addr for addr in a.full_addrs() if addr.protocols()[0] == "ip6")
+        stream = await b.new_stream(target, [ECHO])
+        assert await roundtrip(stream, b"six") == b"six"
+        assert stream.connection.local_addr.protocols()[0] == "ip6"
+        assert udp_port(stream.connection.local_addr) == udp_port(next(x for x in b.listen_addrs if x.protocols()[0] == "ip6"))
+        assert len(quic_of(b).stats()) == 2  # one shared socket per address family
