@@ -83,6 +83,9 @@ async def test_streams_over_quic_both_ways_on_one_connection():
                 nursery.start_soon(one)
         assert sorted(results) == sorted(str(i).encode() for i in range(20))
         assert await conn.muxer.ping() >= 0
+        # streams over in both directions are forgotten: per-stream state does not pile up
+        for side in (conn, a.connection_to(b.peer_id)):
+            assert len(side.muxer.streams) <= 3 and len(side.muxer.engine.read_offsets) <= 3
 
 
 @pytest.mark.trio_timeout(30)

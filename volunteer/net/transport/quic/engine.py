@@ -86,6 +86,11 @@ class Engine(QuicConnection):
         """``stream_id`` is done: its read offset is no longer needed."""
         self.read_offsets.pop(stream_id, None)
 
+    def discarded(self, count: int) -> None:
+        """Bytes of a stream nobody will read (refused or already forgotten) arrived: they count
+        as read for the connection's credit."""
+        self.read_total += count
+
     def credit_due(self, stream_id: int) -> bool:
         """Whether reads on ``stream_id`` (or the connection) earned an update worth sending now."""
         stream = self._streams.get(stream_id)

@@ -70,6 +70,11 @@ class QuicSession:
         self.closed = trio.Event()
         self.close_reason: BaseException | None = None
         self.streams: dict[int, QuicStream] = {}
+        # The highest stream id the peer opened, and the lower ones its opening implied (RFC 9000
+        # section 3.2) whose first bytes have not come yet: any other id at or below it is a
+        # stream we already forgot. At most max_streams of them: the peer's own limit.
+        self._peer_stream_high = -1
+        self._peer_streams_implied: set[int] = set()
         self._scope: "ConnectionScope | None" = None
         self._accept_send, self._accept_receive = trio.open_memory_channel[QuicStream](quic_limits.accept_backlog)
         self._timer_changed = trio.Event()
@@ -187,8 +192,10 @@ class QuicSession:
         stream_id = event.stream_id
         stream = self.streams.get(stream_id)
         if stream is None:
-            if stream_id % 4 != (1 if self.is_client else 0) or stream_id in self.engine.read_offsets:
-                # a unidirectional stream (libp2p has none), or one we already forgot: not wanted
+            forgotten = stream_id <= self._peer_stream_high and stream_id not in self._peer_streams_implied
+            if stream_id % 4 != (1 if self.is_client else 0) or forgotten:
+                # one of ours or a unidirectional one (libp2p has none), or one we already forgot:
+                # late bytes nobody will read
                 self._refuse(stream_id, event, reset=stream_id % 4 < 2)
                 return
             stream = self._accept(stream_id, now)
@@ -209,6 +216,11 @@ class QuicSession:
             scope = self._scope.open_stream(True, now=now)
             if scope is None:
                 return None
+        if stream_id > self._peer_stream_high:
+            first = self._peer_stream_high + 4 if self._peer_stream_high >= 0 else stream_id % 4
+            self._peer_streams_implied.update(range(first, stream_id, 4))
+            self._peer_stream_high = stream_id
+        self._peer_streams_implied.discard(stream_id)
         stream = QuicStream(self, stream_id, scope)
         try:
             self._accept_send.send_nowait(stream)
@@ -221,14 +233,17 @@ class QuicSession:
 
     def _refuse(self, stream_id: int, event: events.StreamDataReceived, *, reset: bool) -> None:
         """Drop a stream we will not serve: its bytes count as read (the credit stays right)."""
-        self.engine.consumed(stream_id, len(event.data))
+        self.engine.discarded(len(event.data))
         if reset and not event.end_stream:
             self.reset_stream(stream_id, 0, reading=True)
 
     # --- what streams ask of the connection -------------------------------------------------
     def consumed(self, stream_id: int, count: int) -> None:
         """The application read ``count`` bytes: grant credit (and send it) when enough is due."""
-        self.engine.consumed(stream_id, count)
+        if stream_id in self.streams:
+            self.engine.consumed(stream_id, count)
+        else:
+            self.engine.discarded(count)
         if self.engine.credit_due(stream_id) and not self.closed.is_set():
             self.flush()
 
@@ -277,6 +292,7 @@ class QuicSession:
         """Drop a stream that is over in both directions (its resource scope is released)."""
         if stream.finished and self.streams.get(stream.stream_id) is stream:
             del self.streams[stream.stream_id]
+            self.engine.forget(stream.stream_id)
             stream._release_scope()
 
     # --- the muxer the Host drives ----------------------------------------------------------

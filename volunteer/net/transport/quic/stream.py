@@ -99,6 +99,7 @@ class QuicStream(trio.abc.HalfCloseableStream):
             if self._error is not None:
                 raise self._error
             if self._eof:
+                self._session.maybe_forget(self)  # read to the end: over, once our side is too
                 await trio.lowlevel.checkpoint()
                 return b""
             await self._readable.park()
@@ -153,6 +154,7 @@ class QuicStream(trio.abc.HalfCloseableStream):
             self._fin_sent = True
             if self._write_error is None:
                 self._session.write(self.stream_id, b"", end_stream=True)
+            self._session.maybe_forget(self)
             await trio.lowlevel.checkpoint()
 
     async def aclose(self) -> None:
