@@ -8,8 +8,10 @@ Noise and yamux. Listening binds the shared endpoint of that address family; dia
 from a throw-away socket when asked for another port (AutoNAT's dial-back) or when we do not
 listen.
 
-Nothing here loads aioquic or builds a certificate until the first QUIC connection: a Host that
-listens on QUIC but only ever speaks TCP starts as fast as one that does not listen on QUIC.
+Nothing here loads aioquic or builds a certificate when the Host starts: a Host that listens on
+QUIC starts as fast as one that does not. Listening loads them in a worker thread (``_load``),
+so the event loop keeps running meanwhile (importing aioquic takes most of a second on a busy
+machine); a dial waits for that load the same way.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class QuicTransport(BaseService):
         self.shared: dict[int, UdpEndpoint] = {}  # address family -> the listening endpoint
         self._certificate: "Certificate | None" = None
         self._identity: "KeyPair | None" = None
+        self._loaded: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
         self._admission = Admission()
 
@@ -87,8 +90,12 @@ class QuicTransport(BaseService):
             await trio.sleep_forever()
 
     def _config(self, is_client: bool):
-        from ...tls import make_certificate
         from .engine import configuration
+
+        return configuration(self._certificate_now(), is_client=is_client, quic_limits=self.quic_limits)
+
+    def _certificate_now(self) -> "Certificate":
+        from ...tls import make_certificate
 
         if self._identity is None:
             raise trio.ClosedResourceError("the QUIC transport is not running (it is a Host service)")
@@ -96,7 +103,23 @@ class QuicTransport(BaseService):
             # one certificate for every connection of this run (the spec allows reuse); made from
             # the wall clock because certificates carry calendar dates
             self._certificate = make_certificate(self._identity, now=time.time())
-        return configuration(self._certificate, is_client=is_client, quic_limits=self.quic_limits)
+        return self._certificate
+
+    async def _load(self) -> None:
+        """Import aioquic and make our certificate in a worker thread, once."""
+        if self._loaded is None:
+            self._loaded = trio.Event()
+
+            def load() -> None:
+                from . import engine, session  # noqa: F401  (the import is the point)
+
+                self._certificate_now()
+
+            try:
+                await trio.to_thread.run_sync(load)
+            finally:
+                self._loaded.set()
+        await self._loaded.wait()
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
@@ -127,7 +150,9 @@ class QuicTransport(BaseService):
             await handler(self._raw(session, endpoint))
 
         endpoint.accept = accept
-        await self._running_nursery().start(endpoint.serve)
+        nursery = self._running_nursery()
+        await nursery.start(endpoint.serve)
+        nursery.start_soon(self._load)
         self.shared[family] = endpoint
         try:
             task_status.started([quic_multiaddr(endpoint.local)])
@@ -146,6 +171,7 @@ class QuicTransport(BaseService):
     ) -> RawConnection:
         """A connection to ``addr``, secured and multiplexed (see the module docstring)."""
         host, port = quic_endpoint(addr)
+        await self._load()
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         if not infos:
             raise OSError(errno.EHOSTUNREACH, f"cannot resolve {host}")
