@@ -219,3 +219,23 @@ async def test_quic_over_ipv6_has_a_socket_of_its_own():
         assert stream.connection.local_addr.protocols()[0] == "ip6"
         assert udp_port(stream.connection.local_addr) == udp_port(next(x for x in b.listen_addrs if x.protocols()[0] == "ip6"))
         assert len(quic_of(b).stats()) == 2  # one shared socket per address family
+
+
+@pytest.mark.trio_timeout(30)
+async def test_quic_handshakes_share_the_resource_managers_slots_per_source_address():
+    from volunteer.net.resources import ResourceLimits
+
+    manager = ResourceManager(ResourceLimits(address_pending_handshakes=3))
+    async with open_host(listen=[QUIC], config=HostConfig(handshake_timeout=2.0), services=[manager]) as a:
+        target = ("127.0.0.1", udp_port(a.listen_addrs[0]))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flood:
+            flood.bind(("127.0.0.2", 0))
+            for _ in range(8):
+                flood.sendto(_initial_from_a_stranger(), target)
+            await trio.sleep(0.3)
+        stats = quic_of(a).stats()[0]
+        assert stats["dropped"].get("shared_pending_handshakes", 0) == 5  # the manager's share: 3
+        assert manager.refusals()["address"]["pending_handshakes"] == 5  # counted where status shows it
+        await trio.sleep(2.5)  # the strangers' handshakes time out and give their slots back
+        assert manager.stat()["system"].get("pending_handshakes", 0) == 0
+        assert not quic_of(a)._admission.pending

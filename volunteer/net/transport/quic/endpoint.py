@@ -38,6 +38,9 @@ MAX_BATCH = 256  # datagrams drained from the socket before the touched connecti
 SOCKET_BUFFER = 4 * 1024 * 1024
 
 SessionHandler = Callable[["QuicSession"], Awaitable[None]]
+# A pending-handshake slot shared with the Host's other transports (the resource manager's, per
+# source address): a function that releases it, or None when refused.
+SharedSlot = Callable[[Address], "Callable[[], None] | None"]
 ConfigFactory = Callable[[bool], "QuicConfiguration"]  # is_client -> a fresh configuration
 
 
@@ -62,6 +65,10 @@ def open_udp_socket(host: str, port: int, family: int) -> socket.socket:
     return sock
 
 
+def _nothing() -> None:
+    """The release of a slot nobody shares."""
+
+
 class UdpEndpoint:
     """A UDP socket and the QUIC connections on it (see the module docstring).
 
@@ -79,6 +86,7 @@ class UdpEndpoint:
         handshake_timeout: float = limits.HANDSHAKE_TIMEOUT,
         admission: Admission | None = None,
         closes_when_idle: bool = False,
+        shared_slot: SharedSlot | None = None,
     ) -> None:
         self.sock = sock
         self.local: Address = sock.getsockname()
@@ -88,6 +96,7 @@ class UdpEndpoint:
         self.handshake_timeout = handshake_timeout
         self.admission = admission or Admission()
         self.closes_when_idle = closes_when_idle
+        self._shared_slot = shared_slot
         self.accept: SessionHandler | None = None
         self._routes: dict[bytes, "QuicSession"] = {}
         self.sessions: set["QuicSession"] = set()
@@ -176,6 +185,12 @@ class UdpEndpoint:
         if not self.admission.admit(source):
             self._note("handshake_refused", f"QUIC handshake from {source} refused: too many pending handshakes")
             return None
+        release = self._shared_slot(addr) if self._shared_slot is not None else _nothing
+        if release is None:  # the address's share of the Host's handshakes (TCP ones too) is taken
+            self.admission.handshake_over(source)
+            self.admission.connection_over()
+            self.admission.drop("shared_pending_handshakes")
+            return None
         from .engine import Engine  # aioquic loads with the first connection, not with the socket
 
         engine = Engine(
@@ -186,7 +201,7 @@ class UdpEndpoint:
         session = self._adopt(engine, addr)
         self._routes[found.destination_cid] = session
         session.datagram_received(data, addr, now)
-        self._spawn(self._serve_inbound, session, source)
+        self._spawn(self._serve_inbound, session, source, release)
         return session
 
     def _adopt(self, engine: "Engine", remote: Address) -> "QuicSession":
@@ -215,7 +230,7 @@ class UdpEndpoint:
             self.close()
 
     # --- connections -------------------------------------------------------------------------
-    async def _serve_inbound(self, session: "QuicSession", source: str) -> None:
+    async def _serve_inbound(self, session: "QuicSession", source: str, release: Callable[[], None]) -> None:
         try:
             try:
                 with trio.fail_after(self.handshake_timeout):
@@ -227,6 +242,7 @@ class UdpEndpoint:
                 return
             finally:
                 self.admission.handshake_over(source)
+                release()
             accept = self.accept
             if accept is None:
                 await session.aclose()

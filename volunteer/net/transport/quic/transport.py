@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from ....errors import MultiaddrError
 from ... import limits
 from ...multiaddr import Multiaddr
+from ...resources import ResourceManager
 from ...service import BaseService, HostAPI
 from ..base import InboundHandler, RawConnection
 from .demux import Admission
@@ -121,6 +122,17 @@ class QuicTransport(BaseService):
                 self._loaded.set()
         await self._loaded.wait()
 
+    def _handshake_slot(self, remote: Address):
+        """The resource manager's pending-handshake slot for ``remote`` (shared per source address
+        with TCP's), as a release function; None when refused (the manager counts the refusal)."""
+        manager = self.host.service(ResourceManager)
+        if manager is None:
+            return lambda: None
+        scope = manager.open_handshake(quic_multiaddr(remote), now=trio.current_time())
+        if scope is None:
+            return None
+        return lambda: manager.close_handshake(scope)
+
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
             raise trio.ClosedResourceError("the QUIC transport is not running (it is a Host service)")
@@ -143,8 +155,8 @@ class QuicTransport(BaseService):
         if family in self.shared:
             raise OSError(errno.EADDRINUSE, "one shared QUIC socket per address family")
         sock = open_udp_socket(host, port, family)
-        endpoint = UdpEndpoint(sock, self._config, quic_limits=self.quic_limits,
-                               handshake_timeout=self.handshake_timeout, admission=self._admission)
+        endpoint = UdpEndpoint(sock, self._config, quic_limits=self.quic_limits, handshake_timeout=self.handshake_timeout,
+                               admission=self._admission, shared_slot=self._handshake_slot)
 
         async def accept(session: "QuicSession") -> None:
             await handler(self._raw(session, endpoint))
