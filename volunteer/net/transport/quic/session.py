@@ -65,7 +65,6 @@ class QuicSession:
         self.is_client = engine.configuration.is_client
         self._remote_peer: PeerID | None = None
         self._remote_public_key: PublicKey | None = None
-        self.remote_muxers: tuple[str, ...] = ()
         self.handshake_done = trio.Event()
         self.closed = trio.Event()
         self.close_reason: BaseException | None = None
