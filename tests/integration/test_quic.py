@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from volunteer.errors import DialError, PeerIDMismatch
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.config import HostConfig
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.resources import ResourceManager
@@ -59,7 +60,7 @@ def udp_port(addr: Multiaddr) -> int:
 
 @pytest.mark.trio_timeout(30)
 async def test_streams_over_quic_both_ways_on_one_connection():
-    async with open_host(listen=[QUIC]) as a, open_host(listen=[QUIC]) as b:
+    async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
         a.set_handler(ECHO, echo)
         b.set_handler(ECHO, echo)
         stream = await b.new_stream(a.full_addrs()[0], [ECHO])
@@ -90,7 +91,7 @@ async def test_streams_over_quic_both_ways_on_one_connection():
 
 @pytest.mark.trio_timeout(30)
 async def test_dials_leave_from_the_listen_port():
-    async with open_host(listen=[QUIC]) as a, open_host(listen=[QUIC]) as b:
+    async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
         a.set_handler(ECHO, echo)
         conn = await b.connect(a.full_addrs()[0])
         b_port = udp_port(b.listen_addrs[0])
@@ -106,7 +107,7 @@ async def test_dials_leave_from_the_listen_port():
 
 @pytest.mark.trio_timeout(30)
 async def test_a_dial_to_the_wrong_peer_fails_and_a_host_without_a_listener_dials_from_a_fresh_socket():
-    async with open_host(listen=[QUIC]) as a, open_host() as b:
+    async with open_stack(listen=[QUIC]) as a, open_stack() as b:
         a.set_handler(ECHO, echo)
         wrong = a.listen_addrs[0].with_peer_id(KeyPair.generate().peer_id)
         with pytest.raises((PeerIDMismatch, DialError)):
@@ -118,7 +119,7 @@ async def test_a_dial_to_the_wrong_peer_fails_and_a_host_without_a_listener_dial
 
 @pytest.mark.trio_timeout(30)
 async def test_garbage_datagrams_are_dropped_and_counted():
-    async with open_host(listen=[QUIC]) as a, open_host(listen=[QUIC]) as b:
+    async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
         a.set_handler(ECHO, echo)
         target = ("127.0.0.1", udp_port(a.listen_addrs[0]))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as junk:
@@ -145,7 +146,7 @@ def _initial_from_a_stranger() -> bytes:
 @pytest.mark.trio_timeout(40)
 async def test_a_flood_of_initials_and_handshakes_that_never_finish_lock_out_no_one_else():
     config = HostConfig(handshake_timeout=2.0)
-    async with open_host(listen=[QUIC], config=config) as a, open_host(listen=[QUIC]) as b:
+    async with open_stack(listen=[QUIC], config=config) as a, open_stack(listen=[QUIC]) as b:
         a.set_handler(ECHO, echo)
         target = ("127.0.0.1", udp_port(a.listen_addrs[0]))
         initials = [_initial_from_a_stranger() for _ in range(60)]
@@ -169,7 +170,7 @@ async def test_a_flood_of_initials_and_handshakes_that_never_finish_lock_out_no_
 
 @pytest.mark.trio_timeout(40)
 async def test_a_peer_that_never_reads_holds_a_bounded_amount_of_ours_and_only_its_own_stream_stalls():
-    async with open_host(listen=[QUIC]) as a, open_host(listen=[QUIC]) as b:
+    async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
         never_read = trio.Event()
 
         async def deaf(stream) -> None:
@@ -211,7 +212,7 @@ def _ipv6_loopback() -> bool:
 @pytest.mark.trio_timeout(30)
 async def test_quic_over_ipv6_has_a_socket_of_its_own():
     v6 = "/ip6/::1/udp/0/quic-v1"
-    async with open_host(listen=[QUIC, v6]) as a, open_host(listen=[QUIC, v6]) as b:
+    async with open_stack(listen=[QUIC, v6]) as a, open_stack(listen=[QUIC, v6]) as b:
         a.set_handler(ECHO, echo)
         target = next(addr for addr in a.full_addrs() if addr.protocols()[0] == "ip6")
         stream = await b.new_stream(target, [ECHO])
@@ -226,7 +227,7 @@ async def test_quic_handshakes_share_the_resource_managers_slots_per_source_addr
     from volunteer.net.resources import ResourceLimits
 
     manager = ResourceManager(ResourceLimits(address_pending_handshakes=3))
-    async with open_host(listen=[QUIC], config=HostConfig(handshake_timeout=2.0), services=[manager]) as a:
+    async with open_stack(listen=[QUIC], config=HostConfig(handshake_timeout=2.0), services=[manager]) as a:
         target = ("127.0.0.1", udp_port(a.listen_addrs[0]))
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as flood:
             flood.bind(("127.0.0.2", 0))

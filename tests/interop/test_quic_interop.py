@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from volunteer.net.events import PeerIdentified
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import PeerID
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.perf import PERF, perf_stream
@@ -59,7 +59,7 @@ def cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
 async def test_we_dial_go_libp2p_over_quic_from_our_listen_port(p2pd_quic):
     assert "/quic-v1" in p2pd_quic.full_addr()
     with trio.fail_after(30):
-        async with open_host(listen=[QUIC]) as host:
+        async with open_stack(listen=[QUIC]) as host:
             conn = await host.connect(p2pd_quic.full_addr())
             assert str(conn.remote_peer) == p2pd_quic.peer_id and conn.path_label == "direct quic"
             pinger = await host.open_pinger(conn.remote_peer)
@@ -76,7 +76,7 @@ async def test_we_dial_go_libp2p_over_quic_from_our_listen_port(p2pd_quic):
 
 async def test_go_libp2p_dials_us_over_quic_and_streams_data(p2pd_quic):
     with trio.fail_after(30):
-        async with open_host(listen=[QUIC]) as host:
+        async with open_stack(listen=[QUIC]) as host:
             host.set_handler(ECHO, echo)
             with host.events.subscribe(PeerIdentified) as events:
                 await p2pd_control.connect(p2pd_quic.control, host.peer_id.to_bytes(), [a.to_bytes() for a in host.addrs])
@@ -104,7 +104,7 @@ def test_volunteer_ping_and_perf_cli_over_quic_to_go_libp2p(p2pd_quic, tmp_path)
 # --- py-libp2p ------------------------------------------------------------------------------------
 async def test_we_dial_pylibp2p_over_quic(pylibp2p_quic_server):
     with trio.fail_after(60):
-        async with open_host(listen=[QUIC]) as host:
+        async with open_stack(listen=[QUIC]) as host:
             conn = await host.connect(pylibp2p_quic_server)
             assert str(conn.remote_peer) == Multiaddr(pylibp2p_quic_server).peer_id.to_base58()
             assert conn.path_label == "direct quic"
@@ -124,7 +124,7 @@ async def test_we_dial_pylibp2p_over_quic(pylibp2p_quic_server):
 
 async def test_pylibp2p_dials_us_over_quic(pylibp2p_python):
     with trio.fail_after(120):
-        async with open_host(listen=[QUIC]) as host:
+        async with open_stack(listen=[QUIC]) as host:
             host.set_handler(ECHO, echo)
             addr = str(host.full_addrs()[0])
             assert "/quic-v1/" in addr

@@ -26,13 +26,14 @@ import trio
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
-from ..connection import Connection, Direction, Path
+from ..connection import Connection
 from ..events import DirectConnectionUp, ObservedAddrChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, Handler, HostAPI, InboundClass
 from ..streams import BufferedStream, close_quietly
-from ..transport.base import RawConnection
+from ..transport.base import Direction, Path, RawConnection
+from ..transport.quic import QuicTransport
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punch_transport, punchable
 from .observer import AddressObserver
@@ -267,7 +268,7 @@ class HolePuncher(BaseService):
         first direct connection wins, ours or one the peer opened to us (DirectConnectionUp).
         Returns it (or None) and whether it was our own dial."""
         winner: list[tuple[Connection, bool]] = []
-        quic = self.host.service(_quic_transport_type())
+        quic = self.host.service(QuicTransport)
         with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_after(step.budget):
             async with trio.open_nursery() as nursery:
 
@@ -314,12 +315,6 @@ class HolePuncher(BaseService):
                     elif transport == "quic":
                         nursery.start_soon(spray, addr)
         return winner[0] if winner else (None, False)
-
-
-def _quic_transport_type() -> type:
-    from ..transport.quic import QuicTransport  # aioquic loads only where QUIC is used
-
-    return QuicTransport
 
 
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:

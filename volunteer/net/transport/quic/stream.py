@@ -8,7 +8,7 @@ at most that much of ours.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
@@ -17,17 +17,30 @@ from ... import limits
 from ...sendlock import SendLock
 from ...streams import check_max_bytes
 
-if TYPE_CHECKING:
-    from .session import QuicSession
-
 # Application error codes on RESET_STREAM / STOP_SENDING (libp2p uses 0 for a plain reset).
 RESET = 0
+
+
+class StreamOwner(Protocol):
+    """What a stream needs of its connection (the QUIC session provides it)."""
+
+    def consumed(self, stream_id: int, count: int) -> None: ...
+
+    async def wait_send_room(self, stream: "QuicStream") -> None: ...
+
+    def write(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None: ...
+
+    def stop_reading(self, stream_id: int, code: int) -> None: ...
+
+    def reset_stream(self, stream_id: int, code: int, *, reading: bool) -> None: ...
+
+    def maybe_forget(self, stream: "QuicStream") -> None: ...
 
 
 class QuicStream(trio.abc.HalfCloseableStream):
     """One bidirectional QUIC stream (see the module docstring)."""
 
-    def __init__(self, session: "QuicSession", stream_id: int, scope=None) -> None:
+    def __init__(self, session: StreamOwner, stream_id: int, scope=None) -> None:
         self._session = session
         self.stream_id = stream_id
         self._scope = scope  # the resource manager's StreamScope, or None when unaccounted
@@ -86,8 +99,8 @@ class QuicStream(trio.abc.HalfCloseableStream):
         return reading_done and writing_done
 
     @property
-    def resource_scope(self):
-        """This stream's scope in the resource manager (None when unaccounted or already closed)."""
+    def budget(self):
+        """This stream's scope in the resource manager: its memory budget (None when unaccounted or closed)."""
         return self._scope
 
     # --- HalfCloseableStream ---------------------------------------------------------------
@@ -185,4 +198,4 @@ class QuicStream(trio.abc.HalfCloseableStream):
         await trio.lowlevel.checkpoint()
 
 
-__all__ = ["QuicStream", "RESET"]
+__all__ = ["QuicStream", "RESET", "StreamOwner"]

@@ -70,9 +70,11 @@ def quic_multiaddr(sockaddr: Address) -> Multiaddr:
 class QuicTransport(BaseService):
     """Dial and listen on QUIC v1 multiaddrs; a Host service that adds itself as a transport."""
 
-    def __init__(self, quic_limits: QuicLimits | None = None, handshake_timeout: float = limits.HANDSHAKE_TIMEOUT) -> None:
+    def __init__(self, quic_limits: QuicLimits | None = None, handshake_timeout: float | None = None) -> None:
+        """``handshake_timeout``: None takes the Host's (``HostConfig.handshake_timeout``)."""
         self.quic_limits = quic_limits or QuicLimits()
-        self.handshake_timeout = handshake_timeout
+        self.handshake_timeout = handshake_timeout if handshake_timeout is not None else limits.HANDSHAKE_TIMEOUT
+        self._own_timeout = handshake_timeout is not None
         self.shared: dict[int, UdpEndpoint] = {}  # address family -> the listening endpoint
         self._certificate: "Certificate | None" = None
         self._identity: "KeyPair | None" = None
@@ -84,6 +86,8 @@ class QuicTransport(BaseService):
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
         self._identity = host.keypair
+        if not self._own_timeout:
+            self.handshake_timeout = host.config.handshake_timeout
         host.add_transport(self)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
