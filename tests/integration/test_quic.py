@@ -20,32 +20,11 @@ from volunteer.net.tls import make_certificate
 from volunteer.net.transport.quic import QuicTransport
 from volunteer.net.transport.quic.engine import Engine, QuicLimits, configuration
 
+from ..echo import echo, roundtrip
+
 ECHO = "/test/echo/1.0.0"
 SINK = "/test/sink/1.0.0"
 QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
-
-
-async def echo(stream) -> None:
-    while True:
-        data = await stream.receive_some(65536)
-        if not data:
-            break
-        await stream.send_all(data)
-    await stream.send_eof()
-
-
-async def roundtrip(stream, payload: bytes) -> bytes:
-    chunks = []
-    async with trio.open_nursery() as nursery:
-
-        async def writer():
-            await stream.send_all(payload)
-            await stream.send_eof()
-
-        nursery.start_soon(writer)
-        while data := await stream.receive_some(1 << 20):
-            chunks.append(data)
-    return b"".join(chunks)
 
 
 def quic_of(host) -> QuicTransport:

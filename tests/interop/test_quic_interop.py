@@ -18,6 +18,7 @@ from volunteer.net.identity import PeerID
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.perf import PERF, perf_stream
 
+from ..echo import echo, roundtrip
 from .conftest import run_pylibp2p
 from .peers import p2pd_control
 
@@ -29,25 +30,6 @@ QUIC = "/ip4/127.0.0.1/udp/0/quic-v1"
 # config.py): its credit follows aioquic's, which grows as bytes arrive, not as they are read.
 # What we send it on one stream stays below that, so a test measures us, not that bug.
 PYLIBP2P_SAFE = 1_500_000
-
-
-async def echo(stream) -> None:
-    while data := await stream.receive_some(1 << 20):
-        await stream.send_all(data)
-    await stream.send_eof()
-
-
-async def echoed(stream, payload: bytes) -> bytes:
-    received = bytearray()
-    async with trio.open_nursery() as nursery:
-        async def send():
-            await stream.send_all(payload)
-            await stream.send_eof()
-
-        nursery.start_soon(send)
-        while data := await stream.receive_some(1 << 20):
-            received += data
-    return bytes(received)
 
 
 def cli(*args: str, tmp_path) -> subprocess.CompletedProcess:
@@ -114,7 +96,7 @@ async def test_we_dial_pylibp2p_over_quic(pylibp2p_quic_server):
             info = await host.identify(conn.remote_peer)
             assert ECHO in info.protocols and PERF in info.protocols
             payload = os.urandom(PYLIBP2P_SAFE)
-            assert await echoed(await host.new_stream(conn.remote_peer, [ECHO]), payload) == payload
+            assert await roundtrip(await host.new_stream(conn.remote_peer, [ECHO]), payload) == payload
             # py-libp2p's own PerfService serving our perf client
             stream = await host.new_stream(conn.remote_peer, [PERF])
             uploaded, downloaded = [], []
