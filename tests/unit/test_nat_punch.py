@@ -129,3 +129,4 @@ def test_attempts_are_counted_by_transport_and_result():
     assert plan.tally == {"quic": {"failed": 1, "direct": 1}, "tcp": {"failed": 1, "reversed": 1}}
     outcome = plan.succeeded(now=1.0, transport="quic", result=DIRECT)
     assert outcome.transport == "quic" and outcome.result == DIRECT
+

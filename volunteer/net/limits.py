@@ -42,6 +42,7 @@ MAX_CONNECTIONS = 1024
 MAX_DIAL_ADDRS = 16  # addresses tried per peer dial
 DIAL_STAGGER = 0.25  # seconds between starting dials to a peer's addresses (unless one failed already)
 RELAY_DIAL_DELAY = 0.5  # extra wait before relayed addresses: a direct path is preferred
+QUIC_DIAL_DELAY = 0.5  # extra wait before QUIC addresses when TCP ones came first: TCP is cheaper for us
 STREAM_NEGOTIATION_TIMEOUT = 10.0  # multistream on a new stream
 MAX_INBOUND_STREAMS_PER_PROTOCOL = 512
 
