@@ -25,6 +25,8 @@ def reachability_view(node: "VolunteerNode") -> dict | None:
         "status": nat["reachability"],
         "nat_type": nat["mapping"],
         "observed_addrs": nat["observed_addrs"],
+        # punch attempts by transport and result, time to direct (the HolePuncher's snapshot)
+        "hole_punching": nat["hole_punching"],
         "relays": [
             {
                 "peer_id": str(Multiaddr(r["addr"]).peer_id or ""),
@@ -40,7 +42,8 @@ def reachability_view(node: "VolunteerNode") -> dict | None:
 
 
 def connections_view(host: HostAPI) -> list[dict]:
-    """One row per open connection: peer, path (direct, relayed, hole-punched), RTT, bytes."""
+    """One row per open connection: peer, path (direct quic, direct tcp, relayed), whether it was
+    hole-punched, RTT, bytes."""
     rows = []
     for conn in host.connections():
         if conn.is_closed:
@@ -50,7 +53,9 @@ def connections_view(host: HostAPI) -> list[dict]:
         rows.append(
             {
                 "peer_id": str(conn.remote_peer),
-                "path": conn.path.value,
+                "path": conn.path_label,  # direct quic, direct tcp, relayed
+                "hole_punched": conn.path.value == "hole-punched",
+                "transport": conn.transport,
                 "via": str(relay[1]) if relay and relay[1] else None,
                 "rtt_ms": round(conn.rtt * 1000, 2) if conn.rtt else None,
                 "bytes_in": conn.bytes_received,

@@ -32,7 +32,7 @@ class VolunteerOptions:
     """Everything a volunteer node is started with, besides the swarm it joins."""
 
     keypair: KeyPair | None = None  # default: a fresh identity
-    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"])
     host_config: HostConfig | None = None
     stack: StackOptions | None = None  # default: every standard service (NAT wing, perf...)
     # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
