@@ -26,18 +26,73 @@ DHTID_BYTES = 20
 
 
 @dataclass(frozen=True)
-class DHTLimits:
-    """Bounds of the hivemind DHT service (our storage and what one request may ask of it)."""
+class DoorLimits:
+    """What one hivemind service's callers may make us hold (``door.Door``): request bytes being
+    read or served at once, per peer and for all peers (reserved from the Host's resource manager
+    as lengths are announced), the largest unary request, and how fast a request must arrive and
+    its answer be read: after ``grace`` seconds, ``min_rate`` bytes a second on average (half of
+    a 1 Mbit/s home uplink, so two calls at once still pass on the slowest links we expect)."""
 
-    # keys per store or find request (hivemind batches a few dozen at most)
+    per_peer: int
+    total: int
+    max_request: int
+    min_rate: float = 64 * 1024
+    grace: float = 2.0
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one msgpack value may make us build (``serializer.loads``). Every msgpack object
+    counts, ext payloads' included: a 1-byte empty map is a 64-byte dict, so bytes alone do not
+    bound memory. hivemind's largest honest value is a dictionary value of one grid dimension's
+    sub-keys (``[maxsize, latest, [[subkey, value, expiration], ...]]``: about 5 objects a
+    sub-key), so 65536 objects hold 4096 sub-keys with room to spare and cost at most ~5 MiB."""
+
+    # objects in one decoded value (containers, scalars, ext types)
+    max_objects: int = 65536
+    # elements of one array or map (a dictionary value's item list: at most DHTLimits.max_subkeys)
+    max_container: int = 8192
+    # bytes of the whole input, and of one str, bin or ext payload in it: the largest value
+    # hivemind's DHT carries, a dictionary of a grid dimension's declarations, is ~600 KiB. Scalars
+    # inside unfinished containers are counted late, and the costliest (a 2-character str) takes
+    # ~22 bytes of memory per input byte: a refused value peaks at ~22 MiB plus the object budget
+    max_bytes: int = 1024 * 1024
+
+
+DEFAULT_DECODE_LIMITS = DecodeLimits()
+
+
+@dataclass(frozen=True)
+class DHTLimits:
+    """Bounds of the hivemind DHT service (our storage and what one request may ask of it).
+
+    Sizes follow what hivemind 1.1's own DHT sends (``hivemind/dht/node.py``, ``protocol.py``,
+    ``moe/server/dht_handler.py``): a find asks for at most ``chunk_size`` (16) keys; a store
+    carries one key's items from ``store_many`` (a server declaring its experts: one item per
+    expert under a grid prefix) or a new neighbour's hand-off of small records; values are
+    expert declarations, averaging keys and progress records of tens to hundreds of bytes;
+    sub-keys are grid coordinates (ints), peer ids (~40 bytes) or public keys (~400 bytes).
+    """
+
+    # keys per find request (hivemind asks for at most chunk_size = 16 at once)
     max_keys_per_request: int = 256
-    # one value (msgpack bytes) as hivemind sends it; experts' declarations are tens of bytes
-    max_value_bytes: int = 1024 * 1024
+    # items per store request: store_many sends all of one key's sub-keys in one call, so a
+    # server declaring a whole grid dimension sends one item per expert (as many as max_subkeys)
+    max_store_items: int = 4096
+    # one regular or sub-key value (msgpack bytes); hivemind's records are < 1 KiB
+    max_value_bytes: int = 64 * 1024
+    # one sub-key, msgpack-packed (an RSA public key, the largest hivemind uses, is ~400 bytes)
+    max_subkey_bytes: int = 1024
     # keys kept in our storage, and sub-keys in one dictionary value
     max_stored_keys: int = 100_000
     max_subkeys: int = 4096
-    # total bytes of values we keep
-    max_stored_bytes: int = 256 * 1024 * 1024
+    # bytes our storage may hold, every entry counted as its value, its packed sub-key and
+    # ``entry_overhead`` (the Python objects that keep it: measured ~300 bytes a sub-key entry)
+    max_stored_bytes: int = 64 * 1024 * 1024
+    entry_overhead: int = 320
+    # what one peer's stores may hold of it: a server declaring 4096 experts holds ~3 MiB;
+    # a full storage takes room from the largest holder first
+    max_stored_bytes_per_peer: int = 16 * 1024 * 1024
     # clocks disagree (hivemind's own bound is 3 s); an expiration further than this ahead of our
     # clock is capped to it, so a peer can't pin a record forever
     max_expiration_ahead: float = 24 * 3600.0
@@ -50,6 +105,11 @@ class DHTLimits:
     max_lookup_rounds: int = 8
     # one RPC to a hivemind peer (hivemind's wait_timeout default is 3 s)
     rpc_timeout: float = 5.0
+    # the door: one request as it arrives is at most 1 MiB (a store of 4096 declarations is
+    # ~600 KiB; p2pd's own bound is 4 MiB, which hivemind's DHT never comes near); hivemind runs
+    # 4 DHT workers a node, each with one request of a few KiB in flight, so 4 MiB a peer is room
+    # for four of the largest stores at once; 32 MiB for all peers
+    door: DoorLimits = DoorLimits(per_peer=4 * 1024 * 1024, total=32 * 1024 * 1024, max_request=1024 * 1024)
 
 
 DEFAULT_DHT_LIMITS = DHTLimits()
@@ -70,6 +130,15 @@ class ExpertLimits:
     stream_part_bytes: int = MAX_UNARY_PAYLOAD
     # a caller has this long to deliver its request, and the expert this long to answer it
     read_timeout: float = 60.0
+    # ... and its bytes must keep arriving (``DoorLimits``: ``min_rate`` after ``grace``): a
+    # tensor may take a few seconds to start on a slow link; the budgets of the door are
+    # ``ExpertsConfig.hivemind_request_bytes_*``
+    min_body_rate: float = 64 * 1024
+    body_grace: float = 5.0
+
+    def door(self, per_peer: int, total: int) -> DoorLimits:
+        """The expert service's door limits with the budgets ``ExpertsConfig`` gives."""
+        return DoorLimits(per_peer, total, MAX_UNARY_MESSAGE, self.min_body_rate, self.body_grace)
     # hivemind's DHTHandlerThread: declare every 30 s, records expire 60 s after each declaration
     declare_period: float = 30.0
     declare_expiration: float = 60.0
@@ -84,6 +153,9 @@ class KadLimits:
 
     # one kad message (go-libp2p-kad-dht's own bound is 4 MiB)
     max_message: int = 4 * 1024 * 1024
+    # what callers may make us hold: requests are FIND_NODE/PING of a ~40-byte key (64 KiB is
+    # generous), a few at once a peer
+    door: DoorLimits = DoorLimits(per_peer=256 * 1024, total=8 * 1024 * 1024, max_request=64 * 1024)
     # peers in one answer (go's bucket size), and addresses kept per peer of an answer
     max_closer: int = 20
     max_addrs: int = 16
