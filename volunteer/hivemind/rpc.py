@@ -1,7 +1,8 @@
 """The trio side of hivemind's RPC framings: serve and make unary and stream calls on our Host.
 
-Thin: all parsing and every bound lives in ``framing``. One call per libp2p stream, as hivemind's
-p2pd does it (it cannot share a stream between calls, so the stream pool is not used here).
+Thin: all parsing and every bound lives in ``framing``, and what a served call may hold in the
+service's ``door.Door`` (its budgets and pace). One call per libp2p stream, as hivemind's p2pd
+does it (it cannot share a stream between calls, so the stream pool is not used here).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 from contextlib import aclosing
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import NoReturn
 
 import trio
 
@@ -19,8 +20,10 @@ from ..net.identity import PeerID
 from ..net.service import HostAPI
 from ..net.streams import close_quietly, reset_quietly
 from . import limits
-from .errors import HivemindRPCError
+from .door import SLOW_BODY, SLOW_READER, Door, Reservation
+from .errors import HivemindBusy, HivemindRPCError, HivemindTooSlow
 from .framing import (
+    BodyPace,
     DelimitedDecoder,
     Frame,
     FrameDecoder,
@@ -45,19 +48,6 @@ StreamHandler = Callable[[list[bytes], PeerID], AsyncIterator[bytes]]
 READ_CHUNK = 1 << 16
 
 
-class Reservation(Protocol):
-    """Request bytes one served call holds (the expert service's admission): ``grow`` reserves
-    more as lengths are announced and raises to refuse the call; ``release`` gives all back."""
-
-    def grow(self, nbytes: int) -> None: ...
-
-    def release(self) -> None: ...
-
-
-# Opens the reservation of one call from the connection's peer.
-Admission = Callable[[PeerID], Reservation]
-
-
 class _Refused(Exception):
     """A reservation refused a stream call while its frames arrived (``reason``: its exception)."""
 
@@ -71,8 +61,23 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}({str(exc)!r})"
 
 
+async def receive_paced(stream: trio.abc.ReceiveStream, pace: BodyPace | None) -> bytes | bytearray:
+    """The next bytes of a request, or HivemindTooSlow when none came by ``pace``'s deadline
+    (``pace`` None: wait as long as it takes)."""
+    if pace is None:
+        return await stream.receive_some(READ_CHUNK)
+    with trio.move_on_at(pace.deadline):
+        data = await stream.receive_some(READ_CHUNK)
+        pace.on_data(len(data))
+        return data
+    raise HivemindTooSlow(f"request arrived slower than {pace.min_rate:.0f} B/s ({pace.received} bytes)")
+
+
 async def _read_delimited(
-    stream: trio.abc.ReceiveStream, max_size: int, reservation: Reservation | None = None
+    stream: trio.abc.ReceiveStream,
+    max_size: int,
+    reservation: Reservation | None = None,
+    pace: BodyPace | None = None,
 ) -> tuple[bytes, Exception | None]:
     """One delimited message, and None; or, when ``reservation`` refused the announced length, the
     message's first bytes (read past, never held) and the refusal."""
@@ -80,7 +85,7 @@ async def _read_delimited(
     refusal: Exception | None = None
     reserved = reservation is None
     while True:
-        data = await stream.receive_some(READ_CHUNK)
+        data = await receive_paced(stream, pace)
         if not data:
             raise RemoteProtocolError("stream ended inside a hivemind unary message")
         body = decoder.receive_data(data)
@@ -88,8 +93,8 @@ async def _read_delimited(
             reserved = True
             assert reservation is not None
             try:
-                reservation.grow(decoder.announced)  # before the body is read
-            except Exception as exc:
+                reservation.grow(decoder.announced, trio.current_time())  # before the body is read
+            except HivemindBusy as exc:
                 if body is None:
                     decoder.skip()
                 refusal = exc
@@ -97,39 +102,101 @@ async def _read_delimited(
             return body, refusal
 
 
-async def serve_unary(
-    stream: NetStream, handler: UnaryHandler, *, timeout: float, admission: Admission | None = None
-) -> None:
+class _Served:
+    """One served call at its door (or at none): the reservation of what it holds, the pace its
+    request must keep, and how its answer goes out. The answer's bytes are reserved too, and due
+    at the door's pace: a caller that does not read its answer loses the stream, and with it what
+    the answer held."""
+
+    def __init__(self, stream: NetStream, door: Door | None) -> None:
+        self.stream = stream
+        self.door = door
+        self.reservation: Reservation | None = None
+        self.pace: BodyPace | None = None
+        self._answer_pace: BodyPace | None = None
+        if door is not None:
+            self.reservation = door.open(stream.remote_peer)
+            self.pace = door.pace(trio.current_time())
+
+    @property
+    def max_request(self) -> int:
+        return self.door.max_request if self.door is not None else limits.MAX_UNARY_MESSAGE
+
+    def too_slow(self, exc: HivemindTooSlow, reason: str = SLOW_BODY) -> NoReturn:
+        """Count ``exc`` against the caller and raise it (the Host resets the stream)."""
+        if self.door is not None:
+            self.door.refuse(reason, self.stream.remote_peer, now=trio.current_time())
+        raise exc
+
+    def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` of the answer (HivemindBusy past a budget)."""
+        if self.reservation is not None:
+            self.reservation.grow(nbytes, trio.current_time())
+
+    async def send(self, data: bytes, *, eof: bool = False) -> None:
+        """Send ``data`` (then EOF, with ``eof``) at the door's pace."""
+        if self.door is None:
+            await (self.stream.send_all_then_eof(data) if eof else self.stream.send_all(data))
+            return
+        if self._answer_pace is None:
+            self._answer_pace = self.door.pace(trio.current_time())
+        self._answer_pace.on_data(len(data))
+        with trio.move_on_at(self._answer_pace.deadline):
+            await (self.stream.send_all_then_eof(data) if eof else self.stream.send_all(data))
+            return
+        self.too_slow(HivemindTooSlow(f"the caller did not read its answer of {len(data)} bytes"), SLOW_READER)
+
+    def release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.release()
+
+
+async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: float, door: Door | None = None) -> None:
     """Answer one unary call on ``stream``. The caller's identity is the connection's peer, never
-    the ``peer`` field of its message. With ``admission``, the announced request length is reserved
-    before its body is read; a refused request is read past (not kept) and answered with the
-    refusal. A handler's failure goes back as the call's error; a malformed request raises (the
-    Host resets the stream)."""
-    reservation = admission(stream.remote_peer) if admission is not None else None
+    the ``peer`` field of its message. With a ``door``, the request is bounded by its
+    ``max_request``, its announced length is reserved before its body is read (a refused request
+    is read past, not kept, and answered with the refusal), its bytes must keep the door's pace,
+    and so must the caller reading the answer, whose bytes are reserved too (past the budget, the
+    answer is the refusal). A handler's failure goes back as the call's error; a malformed or too
+    slow request raises (the Host resets the stream)."""
+    served = _Served(stream, door)
     try:
-        with trio.fail_after(timeout):
-            body, refusal = await _read_delimited(stream, limits.MAX_UNARY_MESSAGE, reservation)
+        try:
+            with trio.fail_after(timeout):
+                body, refusal = await _read_delimited(stream, served.max_request, served.reservation, served.pace)
+        except trio.TooSlowError:
+            served.too_slow(HivemindTooSlow(f"request did not arrive within {timeout:g} s"))
+        except HivemindTooSlow as exc:
+            served.too_slow(exc)
         if refusal is not None:
             call_id = peek_call_id(body)
             if call_id is None:
                 raise RemoteProtocolError("refused hivemind unary request carries no call id first")
-            await stream.send_all_then_eof(encode_reply(UnaryReply(call_id, error=error_text(refusal))))
+            await served.send(encode_reply(UnaryReply(call_id, error=error_text(refusal))), eof=True)
             return
         call = parse_call(body)
+        del body
+        call_id, pending = call.call_id, handler(call.data, stream.remote_peer)
+        del call  # the handler holds the request's bytes, and may drop them once parsed
         try:
-            reply = UnaryReply(call.call_id, response=await handler(call.data, stream.remote_peer))
+            reply = UnaryReply(call_id, response=await pending)
         except (trio.Cancelled, KeyboardInterrupt):
             raise
         except Exception as exc:
             log.debug(
                 "hivemind handler %s failed for %s: %s", stream.protocol, stream.remote_peer.short(), describe(exc)
             )
-            reply = UnaryReply(call.call_id, error=error_text(exc))
+            reply = UnaryReply(call_id, error=error_text(exc))
+        answer = encode_reply(reply)
+        del reply
+        try:
+            served.reserve(len(answer))
+        except HivemindBusy as exc:
+            answer = encode_reply(UnaryReply(call_id, error=error_text(exc)))
+        # the reply ends the call: it and the FIN leave in one write
+        await served.send(answer, eof=True)
     finally:
-        if reservation is not None:
-            reservation.release()
-    # the reply ends the call: it and the FIN leave in one write
-    await stream.send_all_then_eof(encode_reply(reply))
+        served.release()
 
 
 async def call_unary(host: HostAPI, peer: PeerID, protocol: str, data: bytes, *, timeout: float) -> bytes:
@@ -153,11 +220,14 @@ async def call_unary(host: HostAPI, peer: PeerID, protocol: str, data: bytes, *,
 
 
 async def _read_frames(
-    stream: trio.abc.ReceiveStream, decoder: FrameDecoder, reservation: Reservation | None = None
+    stream: trio.abc.ReceiveStream,
+    decoder: FrameDecoder,
+    reservation: Reservation | None = None,
+    pace: BodyPace | None = None,
 ) -> AsyncGenerator[tuple[FrameKind, bytes], None]:
     reserved = 0
     while True:
-        data = await stream.receive_some(READ_CHUNK)
+        data = await receive_paced(stream, pace)
         if not data:
             if decoder.buffered:
                 raise RemoteProtocolError("stream ended inside a hivemind frame")
@@ -166,8 +236,8 @@ async def _read_frames(
         if reservation is not None and decoder.announced > reserved:
             # reserve what the headers announced before the bodies they announce are read
             try:
-                reservation.grow(decoder.announced - reserved)
-            except Exception as exc:
+                reservation.grow(decoder.announced - reserved, trio.current_time())
+            except HivemindBusy as exc:
                 raise _Refused(exc) from exc
             reserved = decoder.announced
         for frame in frames:
@@ -182,44 +252,49 @@ async def drain(stream: trio.abc.ReceiveStream, *, timeout: float) -> None:
             pass
 
 
-async def serve_stream(
-    stream: NetStream, handler: StreamHandler, *, timeout: float, admission: Admission | None = None
-) -> None:
+async def serve_stream(stream: NetStream, handler: StreamHandler, *, timeout: float, door: Door | None = None) -> None:
     """Answer one stream call: read message frames up to the end marker (bounded by
-    ``FrameDecoder``; with ``admission``, each frame's announced length reserved before its body is
-    read, and a refusal answered at once as an error frame), run ``handler`` on them, send its
-    outputs as frames (or its failure as one error frame) and close our side."""
-    reservation = admission(stream.remote_peer) if admission is not None else None
+    ``FrameDecoder``; with a ``door``, each frame's announced length reserved before its body is
+    read, a refusal answered at once as an error frame, and the frames due at the door's pace),
+    run ``handler`` on them (it may empty the list as it parses it, so that the frames are not
+    held twice), send its outputs as frames (reserved and read at the door's pace, as a unary
+    answer) or its failure as one error frame, and close our side."""
+    served = _Served(stream, door)
     requests: list[bytes] = []
     try:
         try:
             with trio.fail_after(timeout):
-                async with aclosing(_read_frames(stream, FrameDecoder(), reservation)) as frames:
+                async with aclosing(_read_frames(stream, FrameDecoder(), served.reservation, served.pace)) as frames:
                     async for kind, payload in frames:
                         if kind is FrameKind.ERROR:
                             break  # hivemind ends its input with an (empty) error frame
                         requests.append(payload)
         except _Refused as refused:
             requests.clear()
-            await stream.send_all(encode_error(error_text(refused.reason)))
+            await served.send(encode_error(error_text(refused.reason)))
             await stream.send_eof()
             await drain(stream, timeout=timeout)
             return
+        except trio.TooSlowError:
+            served.too_slow(HivemindTooSlow(f"request did not arrive within {timeout:g} s"))
+        except HivemindTooSlow as exc:
+            served.too_slow(exc)
         try:
             async with aclosing(handler(requests, stream.remote_peer)) as outputs:  # type: ignore[type-var]
                 async for output in outputs:
-                    await stream.send_all(encode_frame(output))
-        except (trio.Cancelled, KeyboardInterrupt):
+                    frame = encode_frame(output)
+                    served.reserve(len(frame))
+                    await served.send(frame)
+        except (trio.Cancelled, KeyboardInterrupt, HivemindTooSlow):
             raise
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise
         except Exception as exc:
             log.debug("hivemind stream handler %s failed: %s", stream.protocol, describe(exc))
-            await stream.send_all(encode_error(error_text(exc)))
+            await served.send(encode_error(error_text(exc)))
+        await stream.send_eof()
     finally:
-        if reservation is not None:
-            reservation.release()
-    await stream.send_eof()
+        served.release()
 
 
 async def call_stream(
@@ -246,4 +321,14 @@ async def call_stream(
     return outputs
 
 
-__all__ = ["Admission", "Reservation", "StreamHandler", "drain", "UnaryHandler", "call_stream", "call_unary", "error_text", "serve_stream", "serve_unary"]
+__all__ = [
+    "StreamHandler",
+    "UnaryHandler",
+    "call_stream",
+    "call_unary",
+    "drain",
+    "error_text",
+    "receive_paced",
+    "serve_stream",
+    "serve_unary",
+]

@@ -1,0 +1,156 @@
+"""What hivemind callers may make us hold: one ``Door`` per hivemind service that serves requests
+(the DHT, the experts), under the Host's resource manager.
+
+go-libp2p's resource manager is the model: a service has a scope of its own and a scope per peer
+below it (its *service* and *service-peer* scopes), and a request's bytes are reserved, as its
+length is announced and before its body is read, in the peer's scope (which also holds the peer's
+yamux windows), the service's peer scope, the service's scope and the system's, all or nothing:
+
+    system ─┬─ peer ───────────────────────────┐
+            └─ hivemind-dht ── hivemind-dht-peer ┴─ one request's bytes
+
+A refusal is counted by the resource manager under the kind of the scope that had no room
+(``hivemind-dht-peer: memory``: that peer's share is taken; ``hivemind-dht: memory``: all peers'
+share is), like every other refusal in ``volunteer status --json`` and the metrics, and so are the
+door's own refusals (``slow_body``: a request that stopped arriving; ``slow_reader``: a caller
+that stopped reading its answer; what the service reports). The door also says how fast a
+request must arrive, and its answer be read (``pace``, a ``framing.BodyPace``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..net.identity import PeerID
+from ..net.resources import MEMORY, ResourceManager, Scope
+from ..net.service import HostAPI
+from .errors import HivemindBusy
+from .framing import BodyPace
+from .limits import DoorLimits
+
+# Refusal reasons the door counts besides the resource manager's memory refusals.
+PEER_REQUEST_BYTES = "peer_request_bytes"
+TOTAL_REQUEST_BYTES = "total_request_bytes"
+PEER_MEMORY = "peer_memory"
+SLOW_BODY = "slow_body"  # a request that stopped arriving
+SLOW_READER = "slow_reader"  # a caller that stopped reading its answer
+
+
+class Reservation:
+    """The request bytes one served call holds: ``grow`` reserves more as lengths are announced
+    (raising ``HivemindBusy``, with nothing more held, past a budget); ``release`` gives all back."""
+
+    def __init__(self, door: "Door", peer: PeerID) -> None:
+        self.door = door
+        self.peer = peer
+        self.held = 0
+        self._scope: Scope | None = None
+
+    def grow(self, nbytes: int, now: float) -> None:
+        """Reserve ``nbytes`` more at ``now`` (the resource manager's clock, for its log gate)."""
+        if nbytes <= 0:
+            return
+        door = self.door
+        if self._scope is None:
+            share = door._share(self.peer)
+            self._scope = door.manager.reserve_for_peer(self.peer, nbytes, kind=door.name, now=now, within=(share,))
+            if self._scope is None:
+                door._unshare(self.peer)
+                door._refused(self.peer, nbytes, share)
+        elif not self._scope.reserve(MEMORY, nbytes, now=now):
+            door._refused(self.peer, nbytes, door._shares[self.peer])
+        self.held += nbytes
+
+    def release(self) -> None:
+        """Give back everything this call reserved (idempotent)."""
+        if self._scope is not None:
+            self._scope.close()
+            self._scope = None
+            self.door._unshare(self.peer)
+        self.held = 0
+
+
+class Door:
+    """Budgets, pace and refusal counts of one hivemind service's inbound requests.
+
+    ``name`` is the service's scope kind (``hivemind-dht``); ``limits`` say how many request
+    bytes each peer may hold at once and all peers, how large one request may be, and how fast
+    a request must arrive (``pace``)."""
+
+    def __init__(self, manager: ResourceManager, name: str, limits: DoorLimits) -> None:
+        if not 0 < limits.per_peer <= limits.total:
+            raise ValueError("a Door needs 0 < per_peer <= total")
+        self.manager = manager
+        self.name = name
+        self.limits = limits
+        self.scope = Scope(manager, name, "all peers", {MEMORY: limits.total}, (manager.system,))
+        self._shares: dict[PeerID, Scope] = {}  # only peers with a request in flight
+        self.refusals: Counter[str] = Counter()
+
+    @property
+    def max_request(self) -> int:
+        """The largest unary request the door lets in."""
+        return self.limits.max_request
+
+    @property
+    def held(self) -> int:
+        """Request bytes reserved now, all peers together."""
+        return self.scope.in_use(MEMORY)
+
+    def held_by(self, peer: PeerID) -> int:
+        """Request bytes ``peer``'s calls hold now."""
+        share = self._shares.get(peer)
+        return share.in_use(MEMORY) if share is not None else 0
+
+    def open(self, peer: PeerID) -> Reservation:
+        """An empty reservation for one call of ``peer`` (``grow`` it as lengths are announced)."""
+        return Reservation(self, peer)
+
+    def pace(self, now: float) -> BodyPace:
+        """The pace a request starting at ``now`` must keep."""
+        return BodyPace(self.limits.min_rate, self.limits.grace, now)
+
+    def refuse(self, reason: str, peer: PeerID, *, now: float) -> None:
+        """Count a refusal of ``peer``'s request for ``reason`` (here and in the resource manager)."""
+        self.refusals[reason] += 1
+        self.manager.refuse(self.name, reason, now=now, detail=peer.short())
+
+    # --- per-peer shares -----------------------------------------------------------------------
+    def _share(self, peer: PeerID) -> Scope:
+        share = self._shares.get(peer)
+        if share is None:
+            share = self._shares[peer] = Scope(
+                self.manager, f"{self.name}-peer", peer.short(), {MEMORY: self.limits.per_peer}, (self.scope,)
+            )
+        return share
+
+    def _unshare(self, peer: PeerID) -> None:
+        # a peer's share lives while one of its calls holds a reservation: the table is bounded
+        # by calls in flight, not by every peer that ever called
+        share = self._shares.get(peer)
+        if share is not None and share.refs == 0:
+            share.close()
+            del self._shares[peer]
+
+    def _refused(self, peer: PeerID, nbytes: int, share: Scope) -> None:
+        if share.in_use(MEMORY) + nbytes > self.limits.per_peer:
+            reason = PEER_REQUEST_BYTES
+        elif self.held + nbytes > self.limits.total:
+            reason = TOTAL_REQUEST_BYTES
+        else:
+            reason = PEER_MEMORY  # the peer's own connection buffers, or the whole node, are full
+        self.refusals[reason] += 1
+        raise HivemindBusy(f"{self.name}: request bytes in flight are at their limit ({reason})")
+
+
+def door_for(host: HostAPI, name: str, limits: DoorLimits) -> Door:
+    """A ``Door`` named ``name`` under ``host``'s resource manager. A Host always runs one; one
+    built by hand without it gets a manager of the door's own, so the budgets still hold (only
+    the node-wide ones are then not shared)."""
+    manager = host.service(ResourceManager)
+    if manager is None:
+        manager = ResourceManager()
+    return Door(manager, name, limits)
+
+
+__all__ = ["Door", "door_for", "PEER_MEMORY", "PEER_REQUEST_BYTES", "Reservation", "SLOW_BODY", "SLOW_READER", "TOTAL_REQUEST_BYTES"]
