@@ -254,11 +254,12 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
 LIMIT_SETTINGS = {
     **{f.name: (int, float) for f in fields(ResourceLimits)},
     "max_request_bytes_per_peer": int, "max_request_bytes_total": int, "backward_window": (int, float),
-    "hivemind_request_bytes_per_peer": int, "hivemind_request_bytes_total": int,
+    "hivemind_request_bytes_per_peer": int, "hivemind_request_bytes_per_address": int,
+    "hivemind_request_bytes_total": int,
 }
 EXPERT_LIMITS = (
     "max_request_bytes_per_peer", "max_request_bytes_total", "backward_window",
-    "hivemind_request_bytes_per_peer", "hivemind_request_bytes_total",
+    "hivemind_request_bytes_per_peer", "hivemind_request_bytes_per_address", "hivemind_request_bytes_total",
 )
 CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS}  # config.toml's tables
 

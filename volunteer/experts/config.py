@@ -64,13 +64,16 @@ class ExpertsConfig:
     # runtime may queue, which a 24 GiB desktop holds easily next to its experts.
     max_request_bytes_per_peer: int = 512 * MiB
     max_request_bytes_total: int = 1024 * MiB
-    # The hivemind door (volunteer/hivemind/experts.py), reserved from the Host's resource
-    # manager: hivemind's client sends a call's tensors whole (a forward's inputs, 2 MiB for a
-    # 512 x 1024 float32 batch; a backward's inputs and gradients, twice that), so a trainer with
-    # its k_best calls and a backward in flight holds ~16 MiB; 64 MiB a peer is four such steps.
-    # In all, 128 MiB: a queued call holds its request's bytes about once more as decoded arrays,
-    # so what hivemind callers make us hold stays under 256 MiB.
+    # The hivemind door (volunteer/hivemind/experts.py): request bytes reserved from the Host's
+    # resource manager, per peer, per source address and in all. hivemind's client sends a
+    # call's tensors whole (a forward's inputs, 2 MiB for a 512 x 1024 float32 batch; a
+    # backward's inputs and gradients, twice that), so a trainer with its k_best calls and a
+    # backward in flight holds ~16 MiB; 64 MiB a peer is four such steps, or one call of a
+    # 16384 x 1024 batch. An address (a household's trainers, or one attacker's many identities)
+    # holds 96 MiB, all callers 128 MiB: what a held call costs on top of its bytes keeps the
+    # hivemind door within 256 MiB.
     hivemind_request_bytes_per_peer: int = 64 * MiB
+    hivemind_request_bytes_per_address: int = 96 * MiB
     hivemind_request_bytes_total: int = 128 * MiB
 
     # --- backward authorization ----------------------------------------------------------
@@ -103,9 +106,11 @@ class ExpertsConfig:
             raise ExpertConfigError(
                 "ExpertsConfig needs max_payload_bytes <= max_request_bytes_per_peer <= max_request_bytes_total"
             )
-        if not 0 < self.hivemind_request_bytes_per_peer <= self.hivemind_request_bytes_total:
+        if not (0 < self.hivemind_request_bytes_per_peer <= self.hivemind_request_bytes_per_address
+                <= self.hivemind_request_bytes_total):
             raise ExpertConfigError(
-                "ExpertsConfig needs 0 < hivemind_request_bytes_per_peer <= hivemind_request_bytes_total"
+                "ExpertsConfig needs 0 < hivemind_request_bytes_per_peer <= hivemind_request_bytes_per_address"
+                " <= hivemind_request_bytes_total"
             )
         if self.backward_window < DEFAULT_FORWARD_TIMEOUT + DEFAULT_BACKWARD_TIMEOUT:
             raise ExpertConfigError(

@@ -87,8 +87,8 @@ class DHTProtocolCore:
         self.limits = limits
         self.client_mode = client_mode
         self.storage = Storage(limits, on_refusal)
-        # a sub-key is decoded from at most max_subkey_bytes
-        self.subkey_decoding = DecodeLimits(max_bytes=limits.max_subkey_bytes, max_objects=limits.max_subkey_bytes)
+        # the storage charges what a decoded sub-key takes in memory
+        self.subkey_decoding = DecodeLimits(max_bytes=limits.max_subkey_bytes, max_objects=limits.max_subkey_objects)
         self.contacts = Contacts(node_id, limits)
 
     def node_info(self) -> pb.NodeInfo:

@@ -2,12 +2,14 @@
 (the DHT, the experts), under the Host's resource manager.
 
 go-libp2p's resource manager is the model: a service has a scope of its own and a scope per peer
-below it (its *service* and *service-peer* scopes), and a request's bytes are reserved, as its
-length is announced and before its body is read, in the peer's scope (which also holds the peer's
-yamux windows), the service's peer scope, the service's scope and the system's, all or nothing:
+below it (its *service* and *service-peer* scopes; here with a scope per source address between
+them, as our own DHT's storage groups holders by address: peer ids are free, addresses are not),
+and a request's bytes are reserved, as its length is announced and before its body is read, in
+the peer's scope (which also holds the peer's yamux windows), the service's peer, address and
+own scopes and the system's, all or nothing:
 
-    system ─┬─ peer ───────────────────────────┐
-            └─ hivemind-dht ── hivemind-dht-peer ┴─ one request's bytes
+    system ─┬─ peer ──────────────────────────────────────────────────────┐
+            └─ hivemind-dht ── hivemind-dht-address ── hivemind-dht-peer ──┴─ one request's bytes
 
 A refusal is counted by the resource manager under the kind of the scope that had no room
 (``hivemind-dht-peer: memory``: that peer's share is taken; ``hivemind-dht: memory``: all peers'
@@ -20,16 +22,21 @@ request must arrive, and its answer be read (``pace``, a ``framing.BodyPace``).
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING, NoReturn
 
 from ..net.identity import PeerID
-from ..net.resources import MEMORY, ResourceManager, Scope
+from ..net.resources import MEMORY, ResourceManager, Scope, address_key
 from ..net.service import HostAPI
 from .errors import HivemindBusy
 from .framing import BodyPace
 from .limits import DoorLimits
 
+if TYPE_CHECKING:
+    from ..net.multiaddr import Multiaddr
+
 # Refusal reasons the door counts besides the resource manager's memory refusals.
 PEER_REQUEST_BYTES = "peer_request_bytes"
+ADDRESS_REQUEST_BYTES = "address_request_bytes"
 TOTAL_REQUEST_BYTES = "total_request_bytes"
 PEER_MEMORY = "peer_memory"
 SLOW_BODY = "slow_body"  # a request that stopped arriving
@@ -40,25 +47,26 @@ class Reservation:
     """The request bytes one served call holds: ``grow`` reserves more as lengths are announced
     (raising ``HivemindBusy``, with nothing more held, past a budget); ``release`` gives all back."""
 
-    def __init__(self, door: "Door", peer: PeerID) -> None:
+    def __init__(self, door: "Door", peer: PeerID, address: str) -> None:
         self.door = door
         self.peer = peer
+        self.address = address
         self.held = 0
         self._scope: Scope | None = None
 
     def grow(self, nbytes: int, now: float) -> None:
-        """Reserve ``nbytes`` more at ``now`` (the resource manager's clock, for its log gate)."""
+        """Reserve ``nbytes`` more at ``now`` (the resource manager's clock, for its log gate;
+        nothing for ``nbytes`` <= 0)."""
         if nbytes <= 0:
             return
         door = self.door
         if self._scope is None:
-            share = door._share(self.peer)
+            share = door._share(self.peer, self.address)
             self._scope = door.manager.reserve_for_peer(self.peer, nbytes, kind=door.name, now=now, within=(share,))
             if self._scope is None:
-                door._unshare(self.peer)
-                door._refused(self.peer, nbytes, share)
+                door._refused(self.peer, nbytes)
         elif not self._scope.reserve(MEMORY, nbytes, now=now):
-            door._refused(self.peer, nbytes, door._shares[self.peer])
+            door._refused(self.peer, nbytes)
         self.held += nbytes
 
     def release(self) -> None:
@@ -74,17 +82,20 @@ class Door:
     """Budgets, pace and refusal counts of one hivemind service's inbound requests.
 
     ``name`` is the service's scope kind (``hivemind-dht``); ``limits`` say how many request
-    bytes each peer may hold at once and all peers, how large one request may be, and how fast
-    a request must arrive (``pace``)."""
+    bytes each peer may hold at once, each source address (all the peers dialling from it: new
+    identities are free, addresses are not) and all peers, how large one request may be, and how
+    fast a request must arrive and its answer be read (``pace``)."""
 
     def __init__(self, manager: ResourceManager, name: str, limits: DoorLimits) -> None:
-        if not 0 < limits.per_peer <= limits.total:
-            raise ValueError("a Door needs 0 < per_peer <= total")
+        if not 0 < limits.per_peer <= limits.per_address <= limits.total:
+            raise ValueError("a Door needs 0 < per_peer <= per_address <= total")
         self.manager = manager
         self.name = name
         self.limits = limits
         self.scope = Scope(manager, name, "all peers", {MEMORY: limits.total}, (manager.system,))
-        self._shares: dict[PeerID, Scope] = {}  # only peers with a request in flight
+        # shares live while a call holds a reservation: the tables are bounded by calls in flight
+        self._peers: dict[PeerID, Scope] = {}
+        self._addresses: dict[str, Scope] = {}
         self.refusals: Counter[str] = Counter()
 
     @property
@@ -99,12 +110,13 @@ class Door:
 
     def held_by(self, peer: PeerID) -> int:
         """Request bytes ``peer``'s calls hold now."""
-        share = self._shares.get(peer)
+        share = self._peers.get(peer)
         return share.in_use(MEMORY) if share is not None else 0
 
-    def open(self, peer: PeerID) -> Reservation:
-        """An empty reservation for one call of ``peer`` (``grow`` it as lengths are announced)."""
-        return Reservation(self, peer)
+    def open(self, peer: PeerID, remote: "Multiaddr | str") -> Reservation:
+        """An empty reservation for one call of ``peer`` connected from ``remote`` (``grow`` it
+        as lengths are announced)."""
+        return Reservation(self, peer, address_key(remote))
 
     def pace(self, now: float) -> BodyPace:
         """The pace a request starting at ``now`` must keep."""
@@ -115,30 +127,46 @@ class Door:
         self.refusals[reason] += 1
         self.manager.refuse(self.name, reason, now=now, detail=peer.short())
 
-    # --- per-peer shares -----------------------------------------------------------------------
-    def _share(self, peer: PeerID) -> Scope:
-        share = self._shares.get(peer)
+    # --- shares ----------------------------------------------------------------------------------
+    def _share(self, peer: PeerID, address: str) -> Scope:
+        """``peer``'s share, below its address's share (a peer calling from two addresses at once
+        stays in the share of the first)."""
+        share = self._peers.get(peer)
         if share is None:
-            share = self._shares[peer] = Scope(
-                self.manager, f"{self.name}-peer", peer.short(), {MEMORY: self.limits.per_peer}, (self.scope,)
+            parent = self._addresses.get(address)
+            if parent is None:
+                parent = self._addresses[address] = Scope(
+                    self.manager, f"{self.name}-address", address, {MEMORY: self.limits.per_address}, (self.scope,)
+                )
+            share = self._peers[peer] = Scope(
+                self.manager, f"{self.name}-peer", peer.short(), {MEMORY: self.limits.per_peer}, (parent,)
             )
         return share
 
     def _unshare(self, peer: PeerID) -> None:
-        # a peer's share lives while one of its calls holds a reservation: the table is bounded
-        # by calls in flight, not by every peer that ever called
-        share = self._shares.get(peer)
-        if share is not None and share.refs == 0:
-            share.close()
-            del self._shares[peer]
+        share = self._peers.get(peer)
+        if share is None or share.refs:
+            return
+        (parent,) = share.parents
+        share.close()
+        del self._peers[peer]
+        if not parent.refs:
+            parent.close()
+            del self._addresses[parent.name]
 
-    def _refused(self, peer: PeerID, nbytes: int, share: Scope) -> None:
+    def _refused(self, peer: PeerID, nbytes: int) -> NoReturn:
+        """Count why ``nbytes`` more for ``peer`` did not fit, and raise HivemindBusy."""
+        share = self._peers[peer]
+        (address,) = share.parents
         if share.in_use(MEMORY) + nbytes > self.limits.per_peer:
             reason = PEER_REQUEST_BYTES
+        elif address.in_use(MEMORY) + nbytes > self.limits.per_address:
+            reason = ADDRESS_REQUEST_BYTES
         elif self.held + nbytes > self.limits.total:
             reason = TOTAL_REQUEST_BYTES
         else:
             reason = PEER_MEMORY  # the peer's own connection buffers, or the whole node, are full
+        self._unshare(peer)  # unless another of its calls still holds some
         self.refusals[reason] += 1
         raise HivemindBusy(f"{self.name}: request bytes in flight are at their limit ({reason})")
 
@@ -153,4 +181,4 @@ def door_for(host: HostAPI, name: str, limits: DoorLimits) -> Door:
     return Door(manager, name, limits)
 
 
-__all__ = ["Door", "door_for", "PEER_MEMORY", "PEER_REQUEST_BYTES", "Reservation", "SLOW_BODY", "SLOW_READER", "TOTAL_REQUEST_BYTES"]
+__all__ = ["ADDRESS_REQUEST_BYTES", "Door", "door_for", "PEER_MEMORY", "PEER_REQUEST_BYTES", "Reservation", "SLOW_BODY", "SLOW_READER", "TOTAL_REQUEST_BYTES"]

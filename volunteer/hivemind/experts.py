@@ -100,7 +100,10 @@ class HivemindExperts(BaseService):
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
         config = self.config
-        door = self.limits.door(config.hivemind_request_bytes_per_peer, config.hivemind_request_bytes_total)
+        door = self.limits.door(
+            config.hivemind_request_bytes_per_peer, config.hivemind_request_bytes_per_address,
+            config.hivemind_request_bytes_total,
+        )
         self._door = door_for(host, "hivemind-experts", door)
         task_status.started()
         if self.dht is None:

@@ -67,7 +67,7 @@ class _MessageReader:
                     pace = door.pace(trio.current_time())  # the message has started
                 body = decoder.receive_data(data)
                 if door is not None and self.held is None and decoder.announced is not None:
-                    self.held = door.open(self.stream.remote_peer)
+                    self.held = door.open(self.stream.remote_peer, self.stream.connection.remote_addr)
                     self.held.grow(decoder.announced, trio.current_time())  # HivemindBusy: the stream is reset
                 if body is not None:
                     self._pending = decoder.trailing

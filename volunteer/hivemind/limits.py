@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MiB = 1024 * 1024
+
 # p2pd's persistentConnMaxMsgSize default (hivemind DEFAULT_MAX_MSG_SIZE): one unary message.
 MAX_UNARY_MESSAGE = 4 * 1024 * 1024
 # hivemind clients switch to the *_stream RPCs above this payload (MAX_UNARY_PAYLOAD_SIZE).
@@ -28,12 +30,14 @@ DHTID_BYTES = 20
 @dataclass(frozen=True)
 class DoorLimits:
     """What one hivemind service's callers may make us hold (``door.Door``): request bytes being
-    read or served at once, per peer and for all peers (reserved from the Host's resource manager
-    as lengths are announced), the largest unary request, and how fast a request must arrive and
+    read or served at once, per peer, per source address (a household's peers, or one attacker's
+    many identities) and for all peers (reserved from the Host's resource manager as lengths are
+    announced), the largest unary request, and how fast a request must arrive and
     its answer be read: after ``grace`` seconds, ``min_rate`` bytes a second on average (half of
     a 1 Mbit/s home uplink, so two calls at once still pass on the slowest links we expect)."""
 
     per_peer: int
+    per_address: int
     total: int
     max_request: int
     min_rate: float = 64 * 1024
@@ -81,16 +85,19 @@ class DHTLimits:
     max_store_items: int = 4096
     # one regular or sub-key value (msgpack bytes); hivemind's records are < 1 KiB
     max_value_bytes: int = 64 * 1024
-    # one sub-key, msgpack-packed (an RSA public key, the largest hivemind uses, is ~400 bytes)
+    # one sub-key, msgpack-packed (an RSA public key, the largest hivemind uses, is ~400 bytes),
+    # and the objects it decodes to (hivemind's are one int or bytes; a tuple of a few leaves room)
     max_subkey_bytes: int = 1024
+    max_subkey_objects: int = 64
     # keys kept in our storage, and sub-keys in one dictionary value
     max_stored_keys: int = 100_000
     max_subkeys: int = 4096
     # bytes our storage may hold, every entry counted as its value, its packed sub-key and
-    # ``entry_overhead`` (the Python objects that keep it: measured ~300 bytes a sub-key entry)
+    # ``entry_overhead`` (the Python objects that keep it and its bookkeeping: measured with
+    # tracemalloc at ~540 bytes an entry, regular or sub-key)
     max_stored_bytes: int = 64 * 1024 * 1024
-    entry_overhead: int = 320
-    # what one peer's stores may hold of it: a server declaring 4096 experts holds ~3 MiB;
+    entry_overhead: int = 576
+    # what one peer's stores may hold of it: a server declaring 4096 experts holds ~6 MiB;
     # a full storage takes room from the largest holder first
     max_stored_bytes_per_peer: int = 16 * 1024 * 1024
     # clocks disagree (hivemind's own bound is 3 s); an expiration further than this ahead of our
@@ -108,8 +115,9 @@ class DHTLimits:
     # the door: one request as it arrives is at most 1 MiB (a store of 4096 declarations is
     # ~600 KiB; p2pd's own bound is 4 MiB, which hivemind's DHT never comes near); hivemind runs
     # 4 DHT workers a node, each with one request of a few KiB in flight, so 4 MiB a peer is room
-    # for four of the largest stores at once; 32 MiB for all peers
-    door: DoorLimits = DoorLimits(per_peer=4 * 1024 * 1024, total=32 * 1024 * 1024, max_request=1024 * 1024)
+    # for four of the largest stores at once; 8 MiB an address (a household's few nodes), 32 MiB
+    # for all peers
+    door: DoorLimits = DoorLimits(per_peer=4 * MiB, per_address=8 * MiB, total=32 * MiB, max_request=1 * MiB)
 
 
 DEFAULT_DHT_LIMITS = DHTLimits()
@@ -136,9 +144,9 @@ class ExpertLimits:
     min_body_rate: float = 64 * 1024
     body_grace: float = 5.0
 
-    def door(self, per_peer: int, total: int) -> DoorLimits:
+    def door(self, per_peer: int, per_address: int, total: int) -> DoorLimits:
         """The expert service's door limits with the budgets ``ExpertsConfig`` gives."""
-        return DoorLimits(per_peer, total, MAX_UNARY_MESSAGE, self.min_body_rate, self.body_grace)
+        return DoorLimits(per_peer, per_address, total, MAX_UNARY_MESSAGE, self.min_body_rate, self.body_grace)
     # hivemind's DHTHandlerThread: declare every 30 s, records expire 60 s after each declaration
     declare_period: float = 30.0
     declare_expiration: float = 60.0
@@ -155,7 +163,7 @@ class KadLimits:
     max_message: int = 4 * 1024 * 1024
     # what callers may make us hold: requests are FIND_NODE/PING of a ~40-byte key (64 KiB is
     # generous), a few at once a peer
-    door: DoorLimits = DoorLimits(per_peer=256 * 1024, total=8 * 1024 * 1024, max_request=64 * 1024)
+    door: DoorLimits = DoorLimits(per_peer=256 * 1024, per_address=1 * MiB, total=8 * MiB, max_request=64 * 1024)
     # peers in one answer (go's bucket size), and addresses kept per peer of an answer
     max_closer: int = 20
     max_addrs: int = 16

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 UnaryHandler = Callable[[bytes, PeerID], Awaitable[bytes]]
 StreamHandler = Callable[[list[bytes], PeerID], AsyncIterator[bytes]]
 READ_CHUNK = 1 << 16
+SEND_PART = 1 << 16  # an answer is sent, and its pace checked, in parts of this many bytes
 
 
 class _Refused(Exception):
@@ -114,8 +115,9 @@ class _Served:
         self.reservation: Reservation | None = None
         self.pace: BodyPace | None = None
         self._answer_pace: BodyPace | None = None
+        self._answer_bytes = 0
         if door is not None:
-            self.reservation = door.open(stream.remote_peer)
+            self.reservation = door.open(stream.remote_peer, stream.connection.remote_addr)
             self.pace = door.pace(trio.current_time())
 
     @property
@@ -128,23 +130,34 @@ class _Served:
             self.door.refuse(reason, self.stream.remote_peer, now=trio.current_time())
         raise exc
 
-    def reserve(self, nbytes: int) -> None:
-        """Reserve ``nbytes`` of the answer (HivemindBusy past a budget)."""
+    def reserve_answer(self, nbytes: int) -> None:
+        """Reserve what ``nbytes`` more of the answer hold (HivemindBusy past a budget). By then
+        the request's bytes are parsed and dropped, so the call holds the larger of its request
+        and its answer: only an answer larger than the request reserves more."""
+        self._answer_bytes += nbytes
         if self.reservation is not None:
-            self.reservation.grow(nbytes, trio.current_time())
+            self.reservation.grow(self._answer_bytes - self.reservation.held, trio.current_time())
 
     async def send(self, data: bytes, *, eof: bool = False) -> None:
-        """Send ``data`` (then EOF, with ``eof``) at the door's pace."""
+        """Send ``data`` (then EOF, with ``eof``) at the door's pace: in parts of ``SEND_PART``
+        bytes, each due once the bytes before it and itself are (a reader that stalls is caught
+        after the door's grace, however large the answer)."""
         if self.door is None:
             await (self.stream.send_all_then_eof(data) if eof else self.stream.send_all(data))
             return
         if self._answer_pace is None:
             self._answer_pace = self.door.pace(trio.current_time())
-        self._answer_pace.on_data(len(data))
-        with trio.move_on_at(self._answer_pace.deadline):
-            await (self.stream.send_all_then_eof(data) if eof else self.stream.send_all(data))
-            return
-        self.too_slow(HivemindTooSlow(f"the caller did not read its answer of {len(data)} bytes"), SLOW_READER)
+        pace = self._answer_pace
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), SEND_PART):
+            part = view[start : start + SEND_PART]
+            last = start + SEND_PART >= len(view)
+            pace.on_data(len(part))
+            with trio.move_on_at(pace.deadline) as scope:
+                await (self.stream.send_all_then_eof(part) if eof and last else self.stream.send_all(part))
+            if scope.cancelled_caught:
+                stalled = HivemindTooSlow(f"the caller stopped reading its answer after {pace.received} bytes")
+                self.too_slow(stalled, SLOW_READER)
 
     def release(self) -> None:
         if self.reservation is not None:
@@ -156,8 +169,8 @@ async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: floa
     the ``peer`` field of its message. With a ``door``, the request is bounded by its
     ``max_request``, its announced length is reserved before its body is read (a refused request
     is read past, not kept, and answered with the refusal), its bytes must keep the door's pace,
-    and so must the caller reading the answer, whose bytes are reserved too (past the budget, the
-    answer is the refusal). A handler's failure goes back as the call's error; a malformed or too
+    and so must the caller reading the answer, which is reserved too when it is larger than the
+    request (past the budget, the answer is the refusal). A handler's failure goes back as the call's error; a malformed or too
     slow request raises (the Host resets the stream)."""
     served = _Served(stream, door)
     try:
@@ -190,7 +203,7 @@ async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: floa
         answer = encode_reply(reply)
         del reply
         try:
-            served.reserve(len(answer))
+            served.reserve_answer(len(answer))
         except HivemindBusy as exc:
             answer = encode_reply(UnaryReply(call_id, error=error_text(exc)))
         # the reply ends the call: it and the FIN leave in one write
@@ -283,7 +296,7 @@ async def serve_stream(stream: NetStream, handler: StreamHandler, *, timeout: fl
             async with aclosing(handler(requests, stream.remote_peer)) as outputs:  # type: ignore[type-var]
                 async for output in outputs:
                     frame = encode_frame(output)
-                    served.reserve(len(frame))
+                    served.reserve_answer(len(frame))
                     await served.send(frame)
         except (trio.Cancelled, KeyboardInterrupt, HivemindTooSlow):
             raise

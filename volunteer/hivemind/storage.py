@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..net.identity import PeerID
 from .limits import DEFAULT_DHT_LIMITS, DHTLimits
-from .serializer import DictionaryValue, ValueWithExpiration, dumps
+from .serializer import DictionaryValue, TensorDescriptor, ValueWithExpiration, dumps
 
 
 # Who stored an entry: the peer whose request carried it, or None for this node's own stores.
@@ -26,6 +27,17 @@ SUBKEY_SIZE = "subkey_size"
 PEER_QUOTA = "peer_quota"
 KEY_FULL = "key_full"
 STORAGE_FULL = "storage_full"
+
+
+def footprint(obj: Any) -> int:
+    """Bytes of memory a decoded sub-key takes, with the tuples and descriptors it holds and
+    their items (what hivemind's msgpack decodes to a hashable value)."""
+    size = sys.getsizeof(obj)
+    if isinstance(obj, tuple):
+        size += sum(footprint(item) for item in obj)
+    elif isinstance(obj, TensorDescriptor):
+        size += sum(footprint(getattr(obj, f.name)) for f in fields(obj))
+    return size
 
 
 class _Whole:
@@ -57,7 +69,8 @@ class Storage:
     ``now + max_expiration_ahead`` are capped there (a peer with a fast clock cannot pin a record).
 
     Accounting: every entry (a regular value, or one sub-key of a dictionary) costs its value's
-    bytes, its packed sub-key's bytes and ``entry_overhead`` (the objects that keep it), and is
+    bytes, its decoded sub-key's memory (``footprint``) and ``entry_overhead`` (the objects that
+    keep it), and is
     charged to the peer that stored it (``holder``; None: this node). A peer holds at most
     ``max_stored_bytes_per_peer``; all together at most ``max_stored_bytes`` and ``max_stored_keys``.
     Fairness as in our own DHT's storage: a full storage makes room at the expense of the largest
@@ -141,7 +154,8 @@ class Storage:
         holder: Holder = None, subkey_bytes: int | None = None,
     ) -> bool:
         """Keep one sub-key of a dictionary value (see the class docstring for the rules);
-        ``subkey_bytes``: the sub-key's packed size, when the caller has it already."""
+        ``subkey_bytes``: the sub-key's packed size (at most ``max_subkey_bytes``), when the
+        caller has it already."""
         if not self._usable(value, expiration, now):
             return False
         if subkey_bytes is None:
@@ -149,7 +163,9 @@ class Storage:
         if not self.fits_subkey(subkey_bytes):
             return False
         expiration = self._cap(expiration, now)
-        cost = len(value) + subkey_bytes + self.limits.entry_overhead
+        # what the decoded sub-key takes in memory, not on the wire: a tuple of short strings
+        # takes ~20 times its packed bytes
+        cost = len(value) + footprint(subkey) + self.limits.entry_overhead
         current = self.get(key, now)
         if current is None or (not isinstance(current.value, DictionaryValue) and current.expiration_time < expiration):
             if not self._make_room(key, holder, cost, now):
