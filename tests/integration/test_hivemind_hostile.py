@@ -21,28 +21,25 @@ import numpy as np
 import pytest
 import trio
 
-from volunteer.errors import VolunteerError
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.hivemind import HivemindDHT, HivemindExperts, key_id
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.dht_protocol import STORE
-from volunteer.hivemind.dhtid import id_to_bytes
 from volunteer.hivemind.framing import UnaryCall, encode_call, encode_frame, new_call_id
 from volunteer.hivemind.kad import KadPeerRouting
 from volunteer.hivemind.kad_wire import PROTOCOL as KAD
-from volunteer.hivemind.pb import hm_dht_pb2 as pb
 from volunteer.hivemind.rpc import call_unary
-from volunteer.hivemind.serializer import dumps
 from volunteer.net.host import HostConfig, open_host
 from volunteer.net.resources import ResourceManager
-from volunteer.net.varint import encode_uvarint
 
+from ..hivemind_attacks import (
+    PEER_ERRORS, flood, held_unary, map_bomb, reset_all, resets, send_filler, store_request, stored, string_tuple,
+    try_call,
+)
 from ..memwatch import MiB, PeakGrowth
 
 QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
 BOUND = 256 * MiB  # what the personality may grow by under any one attack
-PEER_ERRORS = (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError)
-FILLER = memoryview(bytes(1 << 20))
 HIDDEN = 8
 
 
@@ -50,44 +47,6 @@ async def _host(address: str, services=(), *, task_status=trio.TASK_STATUS_IGNOR
     async with open_host(listen=[f"/ip4/{address}/tcp/0"], config=QUIET, services=list(services)) as host:
         task_status.started(host)
         await trio.sleep_forever()
-
-
-async def _send_filler(stream, nbytes: int) -> None:
-    while nbytes:
-        part = min(nbytes, len(FILLER))
-        await stream.send_all(FILLER[:part])
-        nbytes -= part
-
-
-async def held_unary(attacker, target, protocol: str, size: int, count: int, head: bytes = b"") -> list:
-    """``count`` streams that each announce a ``size``-byte unary request and send all of it but
-    its last byte (``head``, then zeros): bodies held open. Streams the node refuses are skipped."""
-    streams = []
-    for _ in range(count):
-        try:
-            stream = await attacker.new_stream(target, [protocol])
-            await stream.send_all(encode_uvarint(size) + head)
-            await _send_filler(stream, size - len(head) - 1)
-        except PEER_ERRORS:
-            continue
-        streams.append(stream)
-    return streams
-
-
-async def resets(streams) -> int:
-    """How many of ``streams`` the node has reset (without reading what they carry)."""
-    count = 0
-    for stream in streams:
-        try:
-            await stream.send_all(b"")
-        except PEER_ERRORS:
-            count += 1
-    return count
-
-
-async def reset_all(streams) -> None:
-    for stream in streams:
-        await stream.reset()
 
 
 async def settle(predicate, *, timeout: float = 20) -> None:
@@ -119,25 +78,6 @@ async def honest_store(dht: HivemindDHT, honest_dht: HivemindDHT, key: str) -> N
     assert dht.core.storage.get(key_id(key), time.time()) is not None
 
 
-def store_request(key: str, tag: bytes, value: bytes, count: int = 1) -> bytes:
-    return pb.StoreRequest(
-        keys=[id_to_bytes(key_id(key))] * count, subkeys=[tag] * count, values=[value] * count,
-        expiration_time=[time.time() + 3600] * count, in_cache=[False] * count,
-    ).SerializeToString()
-
-
-async def try_call(attacker, target, protocol: str, data: bytes) -> bytes | None:
-    try:
-        return await call_unary(attacker, target, protocol, data, timeout=20)
-    except PEER_ERRORS:
-        return None
-
-
-def stored(answer: bytes | None) -> bool:
-    """Whether a store's answer says every item was kept (None: the node refused the call)."""
-    return answer is not None and all(pb.StoreResponse.FromString(answer).store_ok)
-
-
 @pytest.mark.slow
 @pytest.mark.trio_timeout(90)
 async def test_held_dht_requests_stay_within_budget_and_honest_stores_are_served():
@@ -157,18 +97,6 @@ async def test_held_dht_requests_stay_within_budget_and_honest_stores_are_served
         nursery.cancel_scope.cancel()
 
 
-def map_bomb(size: int, run: int | None = None) -> bytes:
-    """About ``size`` bytes of msgpack: an array of ``{0: {}}`` maps, or (``run``) an array of
-    arrays of ``run`` such maps each."""
-    element = b"\x81\x00\x80"
-    if run is None:
-        count = (size - 256) // len(element)
-        return b"\xdd" + count.to_bytes(4, "big") + element * count
-    inner = b"\xdc" + run.to_bytes(2, "big") + element * run
-    count = (size - 256) // len(inner)
-    return b"\xdd" + count.to_bytes(4, "big") + inner * count
-
-
 @pytest.mark.trio_timeout(60)
 async def test_msgpack_object_bombs_stay_within_budget():
     async with trio.open_nursery() as nursery:
@@ -185,28 +113,6 @@ async def test_msgpack_object_bombs_stay_within_budget():
         assert watch.growth < BOUND, f"grew by {watch.mib} decoding msgpack bombs"
         assert dht.core.storage.get(key_id("bomb"), time.time()) is None
         nursery.cancel_scope.cancel()
-
-
-def string_tuple(count: int) -> bytes:
-    """A tuple (hivemind's ext 0x40) of ``count`` two-character strings, packed: ~59 bytes of
-    memory each once decoded, 3 on the wire."""
-    payload = b"\xdd" + count.to_bytes(4, "big") + b"\xa2ab" * count
-    return b"\xc9" + len(payload).to_bytes(4, "big") + b"\x40" + payload
-
-
-async def flood(peer, target, name: str, items: int, strings: int) -> None:
-    """One store request of ``items`` sub-keys under a few keys, each sub-key a tuple of a
-    number and ``strings`` two-character strings (as large in memory as the door lets one be)."""
-    request = pb.StoreRequest()
-    expiration = time.time() + 3600
-    filler = tuple(f"{i % 100:02d}" for i in range(strings))
-    for count in range(items):
-        request.keys.append(id_to_bytes(key_id(f"{name}.{count % 8}")))
-        request.subkeys.append(dumps((count, *filler)))
-        request.values.append(b"\x01")
-        request.expiration_time.append(expiration)
-        request.in_cache.append(False)
-    await try_call(peer, target, STORE, request.SerializeToString())
 
 
 @pytest.mark.slow
@@ -291,8 +197,13 @@ async def test_held_expert_calls_stay_within_budget_and_honest_calls_are_served(
             node = await expert_node(nursery, runtime, config)
             watch = PeakGrowth().start()
             nursery.start_soon(watch.sample)
-            # unary calls of the largest size, all but their last byte sent ...
-            held = await held_unary(node.attacker, node.server.peer_id, wire.FORWARD, (4 << 20) - 64, 120)
+            # unary calls of the largest size, all but their last byte sent, from two addresses
+            # (together they fill all callers' share: the honest caller's call takes room from
+            # the address holding the most) ...
+            other = await nursery.start(_host, "127.0.0.3")
+            await other.connect(node.server.full_addrs()[0])
+            held = await held_unary(node.attacker, node.server.peer_id, wire.FORWARD, 4 << 20, 120)
+            held += await held_unary(other, node.server.peer_id, wire.FORWARD, 4 << 20, 120)
             # ... and a stream call's frames of the largest size, without their end marker
             stream = await node.attacker.new_stream(node.server.peer_id, [wire.FORWARD_STREAM])
             frame = (16 << 20) - 64
@@ -300,14 +211,14 @@ async def test_held_expert_calls_stay_within_budget_and_honest_calls_are_served(
                 try:
                     for _ in range(15):
                         await stream.send_all(encode_frame(b"")[:1] + frame.to_bytes(8, "big"))
-                        await _send_filler(stream, frame)
+                        await send_filler(stream, frame)
                 except PEER_ERRORS:
                     pass  # refused: the node answered and drops the rest
             await node.honest_forward()
             assert watch.growth < BOUND, f"grew by {watch.mib} under held expert calls"
             door = node.experts.door
             assert door.held_by(node.attacker.peer_id) <= config.hivemind_request_bytes_per_peer
-            assert door.refusals["peer_request_bytes"] > 0
+            assert door.refusals["peer_request_bytes"] > 0 and door.refusals["evicted"] > 0
             await reset_all([*held, stream])
             await settle(lambda: door.held == 0)
             nursery.cancel_scope.cancel()

@@ -68,13 +68,14 @@ class ExpertsConfig:
     # resource manager, per peer, per source address and in all. hivemind's client sends a
     # call's tensors whole (a forward's inputs, 2 MiB for a 512 x 1024 float32 batch; a
     # backward's inputs and gradients, twice that), so a trainer with its k_best calls and a
-    # backward in flight holds ~16 MiB; 64 MiB a peer is four such steps, or one call of a
-    # 16384 x 1024 batch. An address (a household's trainers, or one attacker's many identities)
-    # holds 96 MiB, all callers 128 MiB: what a held call costs on top of its bytes keeps the
-    # hivemind door within 256 MiB.
-    hivemind_request_bytes_per_peer: int = 64 * MiB
-    hivemind_request_bytes_per_address: int = 96 * MiB
-    hivemind_request_bytes_total: int = 128 * MiB
+    # backward in flight holds ~16 MiB; 48 MiB a peer is three such steps, or one call of a
+    # 12288 x 1024 batch. An address (a household's trainers, or one attacker's many identities)
+    # holds 64 MiB, all callers 96 MiB (held calls cost ~1.3 times their bytes: ~125 MiB), so
+    # that the hivemind door's budgets together (the DHT's and its storage's too) stay within
+    # 256 MiB.
+    hivemind_request_bytes_per_peer: int = 48 * MiB
+    hivemind_request_bytes_per_address: int = 64 * MiB
+    hivemind_request_bytes_total: int = 96 * MiB
 
     # --- backward authorization ----------------------------------------------------------
     # A backward steps the expert's optimizer: only a peer that ran forward on that expert this

@@ -15,13 +15,16 @@ A refusal is counted by the resource manager under the kind of the scope that ha
 (``hivemind-dht-peer: memory``: that peer's share is taken; ``hivemind-dht: memory``: all peers'
 share is), like every other refusal in ``volunteer status --json`` and the metrics, and so are the
 door's own refusals (``slow_body``: a request that stopped arriving; ``slow_reader``: a caller
-that stopped reading its answer; what the service reports). The door also says how fast a
+that stopped reading its answer; ``evicted``: a call dropped because all peers' share was full
+and its address held the most, as our DHT's storage makes room: the largest holder loses first;
+what the service reports). The door also says how fast a
 request must arrive, and its answer be read (``pace``, a ``framing.BodyPace``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn
 
 from ..net.identity import PeerID
@@ -41,17 +44,22 @@ TOTAL_REQUEST_BYTES = "total_request_bytes"
 PEER_MEMORY = "peer_memory"
 SLOW_BODY = "slow_body"  # a request that stopped arriving
 SLOW_READER = "slow_reader"  # a caller that stopped reading its answer
+EVICTED = "evicted"  # a call dropped to make room for a smaller holder's
 
 
 class Reservation:
     """The request bytes one served call holds: ``grow`` reserves more as lengths are announced
-    (raising ``HivemindBusy``, with nothing more held, past a budget); ``release`` gives all back."""
+    (raising ``HivemindBusy``, with nothing more held, past a budget); ``release`` gives all back.
+    ``evict``: how the call's driver drops the call when the door takes its room for a smaller
+    holder (None: the call cannot be dropped)."""
 
     def __init__(self, door: "Door", peer: PeerID, address: str) -> None:
         self.door = door
         self.peer = peer
         self.address = address
         self.held = 0
+        self.evict: Callable[[], None] | None = None
+        self.evicted = False
         self._scope: Scope | None = None
 
     def grow(self, nbytes: int, now: float) -> None:
@@ -65,6 +73,7 @@ class Reservation:
             self._scope = door.manager.reserve_for_peer(self.peer, nbytes, kind=door.name, now=now, within=(share,))
             if self._scope is None:
                 door._refused(self.peer, nbytes)
+            door._live.setdefault(self.address, {})[self] = None
         elif not self._scope.reserve(MEMORY, nbytes, now=now):
             door._refused(self.peer, nbytes)
         self.held += nbytes
@@ -75,6 +84,7 @@ class Reservation:
             self._scope.close()
             self._scope = None
             self.door._unshare(self.peer)
+            self.door._released(self)
         self.held = 0
 
 
@@ -96,6 +106,8 @@ class Door:
         # shares live while a call holds a reservation: the tables are bounded by calls in flight
         self._peers: dict[PeerID, Scope] = {}
         self._addresses: dict[str, Scope] = {}
+        self._live: dict[str, dict[Reservation, None]] = {}  # by address, oldest first
+        self._listeners: list[Callable[[], None]] = []
         self.refusals: Counter[str] = Counter()
 
     @property
@@ -126,6 +138,53 @@ class Door:
         """Count a refusal of ``peer``'s request for ``reason`` (here and in the resource manager)."""
         self.refusals[reason] += 1
         self.manager.refuse(self.name, reason, now=now, detail=peer.short())
+
+    # --- the largest holder loses first ----------------------------------------------------------
+    def evict_for(self, reservation: Reservation, nbytes: int, *, now: float) -> bool:
+        """All peers' share is full and ``reservation`` needs ``nbytes`` more: drop the newest calls
+        of the source address that holds the most, if it holds more than ``reservation``'s would
+        with them (as our DHT's storage makes room: one address cannot keep everyone else out
+        by filling the total). Whether any call was dropped; their room comes back as their
+        drivers unwind (``listen``)."""
+        needed = self.held + nbytes - self.limits.total
+        mine = self._address_held(reservation.address) + nbytes
+        ranked = sorted(
+            ((self._address_held(address), address) for address in self._live if address != reservation.address),
+            reverse=True,
+        )
+        if needed <= 0 or not ranked or ranked[0][0] <= mine:
+            return False
+        _, victim = ranked[0]
+        dropped = False
+        for call in reversed(list(self._live[victim])):
+            if needed <= 0:
+                break
+            if call.evict is None or call.evicted:
+                continue
+            call.evicted = True
+            needed -= call.held
+            call.evict()
+            self.refuse(EVICTED, call.peer, now=now)
+            dropped = True
+        return dropped
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, the next time a reservation is released."""
+        self._listeners.append(callback)
+
+    def _released(self, reservation: Reservation) -> None:
+        calls = self._live.get(reservation.address)
+        if calls is not None:
+            calls.pop(reservation, None)
+            if not calls:
+                del self._live[reservation.address]
+        listeners, self._listeners = self._listeners, []
+        for callback in listeners:
+            callback()
+
+    def _address_held(self, address: str) -> int:
+        share = self._addresses.get(address)
+        return share.in_use(MEMORY) if share is not None else 0
 
     # --- shares ----------------------------------------------------------------------------------
     def _share(self, peer: PeerID, address: str) -> Scope:
@@ -168,7 +227,7 @@ class Door:
             reason = PEER_MEMORY  # the peer's own connection buffers, or the whole node, are full
         self._unshare(peer)  # unless another of its calls still holds some
         self.refusals[reason] += 1
-        raise HivemindBusy(f"{self.name}: request bytes in flight are at their limit ({reason})")
+        raise HivemindBusy(f"{self.name}: request bytes in flight are at their limit ({reason})", reason)
 
 
 def door_for(host: HostAPI, name: str, limits: DoorLimits) -> Door:
@@ -181,4 +240,4 @@ def door_for(host: HostAPI, name: str, limits: DoorLimits) -> Door:
     return Door(manager, name, limits)
 
 
-__all__ = ["ADDRESS_REQUEST_BYTES", "Door", "door_for", "PEER_MEMORY", "PEER_REQUEST_BYTES", "Reservation", "SLOW_BODY", "SLOW_READER", "TOTAL_REQUEST_BYTES"]
+__all__ = ["ADDRESS_REQUEST_BYTES", "Door", "EVICTED", "door_for", "PEER_MEMORY", "PEER_REQUEST_BYTES", "Reservation", "SLOW_BODY", "SLOW_READER", "TOTAL_REQUEST_BYTES"]

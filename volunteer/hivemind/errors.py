@@ -29,7 +29,12 @@ class HivemindFrameError(RemoteProtocolError):
 
 class HivemindBusy(HivemindError):
     """A hivemind request refused because what it would make us hold is over a budget (that
-    peer's share, or all peers' share, of the service's request bytes)."""
+    peer's share, its address's, or all peers' share of the service's request bytes): ``reason``
+    says which."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class HivemindTooSlow(RemoteProtocolError):

@@ -10,8 +10,9 @@ MiB = 1024 * 1024
 MAX_UNARY_MESSAGE = 4 * 1024 * 1024
 # hivemind clients switch to the *_stream RPCs above this payload (MAX_UNARY_PAYLOAD_SIZE).
 MAX_UNARY_PAYLOAD = MAX_UNARY_MESSAGE // 2
-# One frame of a stream call. hivemind splits tensors into chunks of ~2 MiB (DEFAULT_MAX_MSG_SIZE
-# // 2 in its moe client), so 16 MiB leaves room for metadata without letting a peer make us buffer GBs.
+# One frame of a stream call. hivemind splits tensors into parts of DEFAULT_MAX_MSG_SIZE (4 MiB,
+# split_for_streaming in its moe client and server), so 16 MiB leaves room for metadata without
+# letting a peer make us buffer GBs.
 MAX_STREAM_FRAME = 16 * 1024 * 1024
 # Frames one stream call may send us before its end marker (a forward of a very large batch).
 MAX_STREAM_FRAMES = 4096
@@ -94,12 +95,12 @@ class DHTLimits:
     max_subkeys: int = 4096
     # bytes our storage may hold, every entry counted as its value, its packed sub-key and
     # ``entry_overhead`` (the Python objects that keep it and its bookkeeping: measured with
-    # tracemalloc at ~540 bytes an entry, regular or sub-key)
-    max_stored_bytes: int = 64 * 1024 * 1024
+    # tracemalloc at ~540 bytes an entry, regular or sub-key): 48 MiB is ~75000 declarations
+    max_stored_bytes: int = 48 * MiB
     entry_overhead: int = 576
     # what one peer's stores may hold of it: a server declaring 4096 experts holds ~6 MiB;
     # a full storage takes room from the largest holder first
-    max_stored_bytes_per_peer: int = 16 * 1024 * 1024
+    max_stored_bytes_per_peer: int = 12 * MiB
     # clocks disagree (hivemind's own bound is 3 s); an expiration further than this ahead of our
     # clock is capped to it, so a peer can't pin a record forever
     max_expiration_ahead: float = 24 * 3600.0
@@ -115,9 +116,9 @@ class DHTLimits:
     # the door: one request as it arrives is at most 1 MiB (a store of 4096 declarations is
     # ~600 KiB; p2pd's own bound is 4 MiB, which hivemind's DHT never comes near); hivemind runs
     # 4 DHT workers a node, each with one request of a few KiB in flight, so 4 MiB a peer is room
-    # for four of the largest stores at once; 8 MiB an address (a household's few nodes), 32 MiB
-    # for all peers
-    door: DoorLimits = DoorLimits(per_peer=4 * MiB, per_address=8 * MiB, total=32 * MiB, max_request=1 * MiB)
+    # for four of the largest stores at once; 8 MiB an address (a household's few nodes), 16 MiB
+    # for all peers (thousands of honest requests at once)
+    door: DoorLimits = DoorLimits(per_peer=4 * MiB, per_address=8 * MiB, total=16 * MiB, max_request=1 * MiB)
 
 
 DEFAULT_DHT_LIMITS = DHTLimits()

@@ -20,7 +20,7 @@ from ..net.identity import PeerID
 from ..net.service import HostAPI
 from ..net.streams import close_quietly, reset_quietly
 from . import limits
-from .door import SLOW_BODY, SLOW_READER, Door, Reservation
+from .door import EVICTED, SLOW_BODY, SLOW_READER, TOTAL_REQUEST_BYTES, Door, Reservation
 from .errors import HivemindBusy, HivemindRPCError, HivemindTooSlow
 from .framing import (
     BodyPace,
@@ -47,6 +47,9 @@ UnaryHandler = Callable[[bytes, PeerID], Awaitable[bytes]]
 StreamHandler = Callable[[list[bytes], PeerID], AsyncIterator[bytes]]
 READ_CHUNK = 1 << 16
 SEND_PART = 1 << 16  # an answer is sent, and its pace checked, in parts of this many bytes
+# how long a call waits for the room its door freed by dropping a larger holder's calls (they
+# unwind at their next checkpoint: well under a second)
+EVICTION_WAIT = 1.0
 
 
 class _Refused(Exception):
@@ -75,16 +78,14 @@ async def receive_paced(stream: trio.abc.ReceiveStream, pace: BodyPace | None) -
 
 
 async def _read_delimited(
-    stream: trio.abc.ReceiveStream,
-    max_size: int,
-    reservation: Reservation | None = None,
-    pace: BodyPace | None = None,
+    stream: trio.abc.ReceiveStream, max_size: int, served: "_Served | None" = None
 ) -> tuple[bytes, Exception | None]:
-    """One delimited message, and None; or, when ``reservation`` refused the announced length, the
-    message's first bytes (read past, never held) and the refusal."""
+    """One delimited message, and None; or, when ``served``'s door refused the announced length,
+    the message's first bytes (read past, never held) and the refusal."""
     decoder = DelimitedDecoder(max_size)
     refusal: Exception | None = None
-    reserved = reservation is None
+    reserved = served is None
+    pace = served.pace if served is not None else None
     while True:
         data = await receive_paced(stream, pace)
         if not data:
@@ -92,9 +93,9 @@ async def _read_delimited(
         body = decoder.receive_data(data)
         if not reserved and decoder.announced is not None:
             reserved = True
-            assert reservation is not None
+            assert served is not None
             try:
-                reservation.grow(decoder.announced, trio.current_time())  # before the body is read
+                await served.reserve(decoder.announced)  # before the body is read
             except HivemindBusy as exc:
                 if body is None:
                     decoder.skip()
@@ -107,18 +108,46 @@ class _Served:
     """One served call at its door (or at none): the reservation of what it holds, the pace its
     request must keep, and how its answer goes out. The answer's bytes are reserved too, and due
     at the door's pace: a caller that does not read its answer loses the stream, and with it what
-    the answer held."""
+    the answer held. ``scope`` is the call's own: the door cancels it to drop the call when its
+    address holds the most of a full door and a smaller holder needs room."""
 
     def __init__(self, stream: NetStream, door: Door | None) -> None:
         self.stream = stream
         self.door = door
+        self.scope = trio.CancelScope()
         self.reservation: Reservation | None = None
         self.pace: BodyPace | None = None
         self._answer_pace: BodyPace | None = None
         self._answer_bytes = 0
         if door is not None:
             self.reservation = door.open(stream.remote_peer, stream.connection.remote_addr)
+            self.reservation.evict = self.scope.cancel
             self.pace = door.pace(trio.current_time())
+
+    async def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` more; when all peers' share is full, the door may drop a larger
+        holder's calls, and this call waits (``EVICTION_WAIT`` at most) for the room they free.
+        HivemindBusy when it does not fit."""
+        if self.reservation is None or self.door is None:
+            return
+        try:
+            self.reservation.grow(nbytes, trio.current_time())
+            return
+        except HivemindBusy as refused:
+            full = refused.reason == TOTAL_REQUEST_BYTES
+            if not (full and self.door.evict_for(self.reservation, nbytes, now=trio.current_time())):
+                raise
+        with trio.move_on_after(EVICTION_WAIT):
+            while self.door.held + nbytes > self.door.limits.total:
+                released = trio.Event()
+                self.door.listen(released.set)
+                await released.wait()
+        self.reservation.grow(nbytes, trio.current_time())  # HivemindBusy if the room did not come
+
+    def dropped(self) -> None:
+        """Raise if the door dropped this call (the Host then resets its stream)."""
+        if self.scope.cancelled_caught:
+            raise HivemindBusy(f"{self.stream.protocol}: dropped to make room for a smaller holder's calls", EVICTED)
 
     @property
     def max_request(self) -> int:
@@ -130,13 +159,13 @@ class _Served:
             self.door.refuse(reason, self.stream.remote_peer, now=trio.current_time())
         raise exc
 
-    def reserve_answer(self, nbytes: int) -> None:
+    async def reserve_answer(self, nbytes: int) -> None:
         """Reserve what ``nbytes`` more of the answer hold (HivemindBusy past a budget). By then
         the request's bytes are parsed and dropped, so the call holds the larger of its request
         and its answer: only an answer larger than the request reserves more."""
         self._answer_bytes += nbytes
         if self.reservation is not None:
-            self.reservation.grow(self._answer_bytes - self.reservation.held, trio.current_time())
+            await self.reserve(self._answer_bytes - self.reservation.held)
 
     async def send(self, data: bytes, *, eof: bool = False) -> None:
         """Send ``data`` (then EOF, with ``eof``) at the door's pace: in parts of ``SEND_PART``
@@ -173,10 +202,16 @@ async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: floa
     request (past the budget, the answer is the refusal). A handler's failure goes back as the call's error; a malformed or too
     slow request raises (the Host resets the stream)."""
     served = _Served(stream, door)
+    with served.scope:
+        await _serve_unary(stream, handler, timeout, served)
+    served.dropped()
+
+
+async def _serve_unary(stream: NetStream, handler: UnaryHandler, timeout: float, served: "_Served") -> None:
     try:
         try:
             with trio.fail_after(timeout):
-                body, refusal = await _read_delimited(stream, served.max_request, served.reservation, served.pace)
+                body, refusal = await _read_delimited(stream, served.max_request, served)
         except trio.TooSlowError:
             served.too_slow(HivemindTooSlow(f"request did not arrive within {timeout:g} s"))
         except HivemindTooSlow as exc:
@@ -203,7 +238,7 @@ async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: floa
         answer = encode_reply(reply)
         del reply
         try:
-            served.reserve_answer(len(answer))
+            await served.reserve_answer(len(answer))
         except HivemindBusy as exc:
             answer = encode_reply(UnaryReply(call_id, error=error_text(exc)))
         # the reply ends the call: it and the FIN leave in one write
@@ -233,12 +268,10 @@ async def call_unary(host: HostAPI, peer: PeerID, protocol: str, data: bytes, *,
 
 
 async def _read_frames(
-    stream: trio.abc.ReceiveStream,
-    decoder: FrameDecoder,
-    reservation: Reservation | None = None,
-    pace: BodyPace | None = None,
+    stream: trio.abc.ReceiveStream, decoder: FrameDecoder, served: "_Served | None" = None
 ) -> AsyncGenerator[tuple[FrameKind, bytes], None]:
     reserved = 0
+    pace = served.pace if served is not None else None
     while True:
         data = await receive_paced(stream, pace)
         if not data:
@@ -246,10 +279,10 @@ async def _read_frames(
                 raise RemoteProtocolError("stream ended inside a hivemind frame")
             return
         frames = decoder.receive_data(data)
-        if reservation is not None and decoder.announced > reserved:
+        if served is not None and decoder.announced > reserved:
             # reserve what the headers announced before the bodies they announce are read
             try:
-                reservation.grow(decoder.announced - reserved, trio.current_time())
+                await served.reserve(decoder.announced - reserved)
             except HivemindBusy as exc:
                 raise _Refused(exc) from exc
             reserved = decoder.announced
@@ -273,11 +306,17 @@ async def serve_stream(stream: NetStream, handler: StreamHandler, *, timeout: fl
     held twice), send its outputs as frames (reserved and read at the door's pace, as a unary
     answer) or its failure as one error frame, and close our side."""
     served = _Served(stream, door)
+    with served.scope:
+        await _serve_stream(stream, handler, timeout, served)
+    served.dropped()
+
+
+async def _serve_stream(stream: NetStream, handler: StreamHandler, timeout: float, served: "_Served") -> None:
     requests: list[bytes] = []
     try:
         try:
             with trio.fail_after(timeout):
-                async with aclosing(_read_frames(stream, FrameDecoder(), served.reservation, served.pace)) as frames:
+                async with aclosing(_read_frames(stream, FrameDecoder(), served)) as frames:
                     async for kind, payload in frames:
                         if kind is FrameKind.ERROR:
                             break  # hivemind ends its input with an (empty) error frame
@@ -296,7 +335,7 @@ async def serve_stream(stream: NetStream, handler: StreamHandler, *, timeout: fl
             async with aclosing(handler(requests, stream.remote_peer)) as outputs:  # type: ignore[type-var]
                 async for output in outputs:
                     frame = encode_frame(output)
-                    served.reserve_answer(len(frame))
+                    await served.reserve_answer(len(frame))
                     await served.send(frame)
         except (trio.Cancelled, KeyboardInterrupt, HivemindTooSlow):
             raise

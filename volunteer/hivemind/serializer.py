@@ -11,9 +11,9 @@ a few bytes of empty maps cannot become hundreds of MiB of dicts. Any malformed 
 input raises ``MalformedValue`` (a RemoteProtocolError), never anything else.
 
 How the object budget holds: msgpack calls our hooks once for every array and map it completes,
-and each call counts the container and its elements. Elements of containers still being built
-are not yet counted, but each is at least one input byte, so what a refused value built before
-the refusal is at most ``max_objects`` objects plus one small scalar per input byte.
+and each call counts its elements. Elements of containers still being built are not yet
+counted, but each is at least one input byte, so what a refused value built before the refusal
+is at most ``max_objects`` objects plus one small scalar per input byte.
 """
 
 from __future__ import annotations
@@ -134,17 +134,20 @@ class _Decoder:
         if self.objects > self.limits.max_objects:
             raise MalformedValue(f"msgpack value holds more than {self.limits.max_objects} objects")
 
+    # Every object once: the root of each ``loads`` here, and each element (each key and value
+    # of a map) when its container completes. An ext type is an element of its container, and
+    # its payload's root one more object.
     def _array(self, items: list) -> list:
-        self._count(1 + len(items))
+        self._count(len(items))
         return items
 
     def _map(self, items: dict) -> dict:
-        self._count(1 + 2 * len(items))
+        self._count(2 * len(items))
         return items
 
     def loads(self, data: bytes) -> Any:
         limits = self.limits
-        self._count(1)  # the value itself, when it is a scalar or an ext type
+        self._count(1)
         return msgpack.unpackb(
             data, raw=False, ext_hook=self.ext, strict_map_key=False, list_hook=self._array, object_hook=self._map,
             max_str_len=limits.max_bytes, max_bin_len=limits.max_bytes, max_ext_len=limits.max_bytes,
