@@ -50,6 +50,13 @@ class PeakGrowth:
             self.hwm = False
         return self
 
+    @classmethod
+    def watching(cls, nursery: trio.Nursery) -> "PeakGrowth":
+        """Started now, with its sampling task in ``nursery``."""
+        watch = cls().start()
+        nursery.start_soon(watch.sample)
+        return watch
+
     async def sample(self, period: float = 0.005) -> None:
         """Sample the resident size until cancelled (what counts where the peak cannot be reset)."""
         while True:

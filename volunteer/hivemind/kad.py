@@ -60,6 +60,7 @@ class _MessageReader:
         door = self.door
         decoder = DelimitedDecoder(door.max_request if door is not None else self.limits.max_message)
         pace = None
+        data: bytes | bytearray
         data, self._pending = self._pending, b""
         while True:
             if data:

@@ -85,24 +85,23 @@ def decode(message: Tensor, *, max_bytes: int = 1 << 30, buffer: bytearray | Non
         if isinstance(data, bytearray) and dtype.isnative:
             return array  # writable, and ours alone: no copy
         return array.astype(dtype.newbyteorder("="))
-    buffer = data  # type: ignore[assignment]
     if message.compression not in (FLOAT16, MEANSTD_16BIT):
         raise HivemindUnsupported(f"hivemind compression {message.compression} is not supported")
     if dtype.kind != "f":
         raise HivemindFrameError(f"a float16-compressed tensor cannot restore to {message.dtype}")
     if message.compression == FLOAT16:
-        if len(buffer) != count * 2:
+        if len(data) != count * 2:
             raise HivemindFrameError("float16 tensor buffer does not match its size")
-        return np.frombuffer(buffer, dtype="<f2").astype(dtype.newbyteorder("=")).reshape(shape)
+        return np.frombuffer(data, dtype="<f2").astype(dtype.newbyteorder("=")).reshape(shape)
     if not shape or shape[-1] == 0:
         raise HivemindFrameError("a MEANSTD_16BIT tensor needs a non-empty last dimension")
     rows = count // shape[-1]
-    if len(buffer) != count * 2 + rows * 8:
+    if len(data) != count * 2 + rows * 8:
         raise HivemindFrameError("MEANSTD_16BIT tensor buffer does not match its size")
-    scaled = np.frombuffer(buffer, dtype="<f2", count=count).astype(np.float32).reshape(shape)
+    scaled = np.frombuffer(data, dtype="<f2", count=count).astype(np.float32).reshape(shape)
     stats_shape = (*shape[:-1], 1)
-    means = np.frombuffer(buffer, dtype="<f4", offset=count * 2, count=rows).reshape(stats_shape)
-    stds = np.frombuffer(buffer, dtype="<f4", offset=count * 2 + rows * 4, count=rows).reshape(stats_shape)
+    means = np.frombuffer(data, dtype="<f4", offset=count * 2, count=rows).reshape(stats_shape)
+    stds = np.frombuffer(data, dtype="<f4", offset=count * 2 + rows * 4, count=rows).reshape(stats_shape)
     return (scaled * stds + means).astype(dtype.newbyteorder("="))
 
 
