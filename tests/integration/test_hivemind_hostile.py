@@ -31,8 +31,8 @@ from volunteer.hivemind.framing import UnaryCall, encode_call, encode_frame, new
 from volunteer.hivemind.kad import KadPeerRouting
 from volunteer.hivemind.kad_wire import PROTOCOL as KAD
 from volunteer.hivemind.rpc import call_unary
-from volunteer.net.host import HostConfig, open_host
 from volunteer.net.resources import ResourceManager
+from volunteer.net.stack import StackOptions, open_stack
 
 from ..hivemind_attacks import (
     PEER_ERRORS, flood, held_unary, map_bomb, reset_all, resets, send_filler, store_request, stored, string_tuple,
@@ -40,13 +40,13 @@ from ..hivemind_attacks import (
 )
 from ..memwatch import MiB, PeakGrowth
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 BOUND = 256 * MiB  # what the personality may grow by under any one attack
 HIDDEN = 8
 
 
 async def _host(address: str, services=(), *, task_status=trio.TASK_STATUS_IGNORED):
-    async with open_host(listen=[f"/ip4/{address}/tcp/0"], config=QUIET, services=list(services)) as host:
+    async with open_stack(listen=[f"/ip4/{address}/tcp/0"], options=QUIET, services=list(services)) as host:
         task_status.started(host)
         await trio.sleep_forever()
 

@@ -13,7 +13,7 @@ import trio
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.dht_protocol import STORE
 from volunteer.hivemind.framing import UnaryCall, encode_call, new_call_id
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.resources import ResourceManager
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import load_swarm_file
@@ -30,7 +30,7 @@ ROUNDS = 40  # attack rounds at most (each renews what the node's timeouts dropp
 
 
 async def _attacker(address: str, *, task_status=trio.TASK_STATUS_IGNORED):
-    async with open_host(listen=[f"/ip4/{address}/tcp/0"], config=QUIET) as host:
+    async with open_stack(listen=[f"/ip4/{address}/tcp/0"], options=QUIET) as host:
         task_status.started(host)
         await trio.sleep_forever()
 
@@ -68,7 +68,7 @@ async def test_an_unmodified_hivemind_trainer_is_served_while_the_door_is_attack
     swarm_file = tmp_path / "hm.toml"
     swarm_file.write_text('name = "hm"\nkind = "hivemind"\n[experts]\nexperts = "ffn:ffn.[0:4]"\n')
     options = VolunteerOptions(
-        listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False, device="cpu",
+        listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, nat=False, mdns=False, device="cpu",
         expert_class="ffn", uids=[f"ffn.{i}" for i in range(GRID)], hidden_dim=HIDDEN,
     )
     async with open_volunteer(load_swarm_file(swarm_file), options) as node:
