@@ -114,6 +114,7 @@ async def test_errors_reach_the_caller_and_the_service_keeps_serving():
         with pytest.raises(HivemindRPCError, match="ExpertBackwardRefusedError"):
             await call_unary(client, server.peer_id, wire.BACKWARD, wire.request("ffn.1", [x, x]), timeout=10)
         assert experts.refusals["backward_without_forward"] == 1
+        assert server.service(ResourceManager).refusals()["hivemind-experts"]["backward_without_forward"] == 1
         assert runtime.backends["ffn.1"].updates == 0
         assert experts.door.held == 0
         (y,) = await forward(client, server, "ffn.0", x)

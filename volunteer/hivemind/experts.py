@@ -5,11 +5,12 @@
 
 The calls go to our ``Runtime`` (its batching, queue bounds and schema checks), behind the
 hivemind door (``door.Door``, scope ``hivemind-experts``): request bytes reserved from the Host's
-resource manager, per peer and in all (``ExpertsConfig.hivemind_request_bytes_*``), as the call's
-lengths are announced and before its bytes are read, a minimum rate for their arrival
-(``ExpertLimits.min_body_rate``), and a backward served only to a peer that ran forward on that
-expert within ``backward_window``, as our own server admits calls. Any failure goes back to the hivemind caller as its RPC error (hivemind's
-client raises it as ``P2PHandlerError``) and the service keeps serving everyone else.
+resource manager, per peer, per address and in all (``ExpertsConfig.hivemind_request_bytes_*``),
+as the call's lengths are announced and before its bytes are read, a minimum rate for their
+arrival (``ExpertLimits.min_body_rate``), and a backward served only to a peer that ran forward
+on that expert within ``backward_window``, as our own server admits calls. Any failure goes back
+to the hivemind caller as its RPC error (hivemind's client raises it as ``P2PHandlerError``) and
+the service keeps serving everyone else.
 
 Declarations follow hivemind's ``DHTHandlerThread``: uid → peer id, and prefix records, written
 every ``declare_period`` (30 s) and expiring ``declare_expiration`` (60 s) after each write.
@@ -222,6 +223,7 @@ class HivemindExperts(BaseService):
         # the parsed request
         if op == "backward" and not self.forwards.may_backward(peer, uid, now=trio.current_time()):
             self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
+            self.door.refuse(BACKWARD_WITHOUT_FORWARD, peer, now=trio.current_time())  # status, metrics
             raise ExpertBackwardRefusedError(
                 f"no forward from you on {uid!r} in the last {self.config.backward_window:g} s"
             )

@@ -43,6 +43,10 @@ class DoorLimits:
     max_request: int
     min_rate: float = 64 * 1024
     grace: float = 2.0
+    # each part of an answer must be taken within this long (and its bytes at ``min_rate``):
+    # generous, since what an answer holds is reserved anyway, and a busy loop of our own, or a
+    # caller's, counts against it too
+    answer_grace: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,10 @@ StreamHandler = Callable[[list[bytes], PeerID], AsyncIterator[bytes]]
 READ_CHUNK = 1 << 16
 SEND_PART = 1 << 16  # an answer is sent, and its pace checked, in parts of this many bytes
 # how long a call waits for the room its door freed by dropping a larger holder's calls (they
-# unwind at their next checkpoint: well under a second)
-EVICTION_WAIT = 1.0
+# unwind at their next checkpoint: well under a second, unless the machine is very busy)
+EVICTION_WAIT = 5.0
+# how long past its pace's deadline a request's bytes still count, if they come at once
+PACE_SLACK = 1.0
 
 
 class _Refused(Exception):
@@ -67,13 +69,15 @@ def error_text(exc: BaseException) -> str:
 
 async def receive_paced(stream: trio.abc.ReceiveStream, pace: BodyPace | None) -> bytes | bytearray:
     """The next bytes of a request, or HivemindTooSlow when none came by ``pace``'s deadline
-    (``pace`` None: wait as long as it takes)."""
+    (``pace`` None: wait as long as it takes). Past the deadline, bytes that arrive within
+    ``PACE_SLACK`` still count: our own busy event loop may be what kept them waiting."""
     if pace is None:
         return await stream.receive_some(READ_CHUNK)
-    with trio.move_on_at(pace.deadline):
-        data = await stream.receive_some(READ_CHUNK)
-        pace.on_data(len(data))
-        return data
+    for deadline in (pace.deadline, max(pace.deadline, trio.current_time()) + PACE_SLACK):
+        with trio.move_on_at(deadline):
+            data = await stream.receive_some(READ_CHUNK)
+            pace.on_data(len(data))
+            return data
     raise HivemindTooSlow(f"request arrived slower than {pace.min_rate:.0f} B/s ({pace.received} bytes)")
 
 
@@ -117,7 +121,6 @@ class _Served:
         self.scope = trio.CancelScope()
         self.reservation: Reservation | None = None
         self.pace: BodyPace | None = None
-        self._answer_pace: BodyPace | None = None
         self._answer_bytes = 0
         if door is not None:
             self.reservation = door.open(stream.remote_peer, stream.connection.remote_addr)
@@ -151,6 +154,7 @@ class _Served:
 
     @property
     def max_request(self) -> int:
+        """The largest unary request this call may send."""
         return self.door.max_request if self.door is not None else limits.MAX_UNARY_MESSAGE
 
     def too_slow(self, exc: HivemindTooSlow, reason: str = SLOW_BODY) -> NoReturn:
@@ -168,27 +172,26 @@ class _Served:
             await self.reserve(self._answer_bytes - self.reservation.held)
 
     async def send(self, data: bytes, *, eof: bool = False) -> None:
-        """Send ``data`` (then EOF, with ``eof``) at the door's pace: in parts of ``SEND_PART``
-        bytes, each due once the bytes before it and itself are (a reader that stalls is caught
-        after the door's grace, however large the answer)."""
+        """Send ``data`` (then EOF, with ``eof``) as the caller reads it: in parts of
+        ``SEND_PART`` bytes, each of which must go within the door's ``answer_grace`` (and its own
+        bytes at the door's rate) of its start. A reader that stalls is caught after that grace,
+        however large the answer."""
         if self.door is None:
             await (self.stream.send_all_then_eof(data) if eof else self.stream.send_all(data))
             return
-        if self._answer_pace is None:
-            self._answer_pace = self.door.pace(trio.current_time())
-        pace = self._answer_pace
+        limits = self.door.limits
         view = memoryview(data)
         for start in range(0, max(len(view), 1), SEND_PART):
             part = view[start : start + SEND_PART]
             last = start + SEND_PART >= len(view)
-            pace.on_data(len(part))
-            with trio.move_on_at(pace.deadline) as scope:
+            with trio.move_on_after(limits.answer_grace + len(part) / limits.min_rate) as scope:
                 await (self.stream.send_all_then_eof(part) if eof and last else self.stream.send_all(part))
             if scope.cancelled_caught:
-                stalled = HivemindTooSlow(f"the caller stopped reading its answer after {pace.received} bytes")
+                stalled = HivemindTooSlow(f"the caller stopped reading its answer after {start} bytes")
                 self.too_slow(stalled, SLOW_READER)
 
     def release(self) -> None:
+        """Give back all the call holds (idempotent)."""
         if self.reservation is not None:
             self.reservation.release()
 
@@ -199,8 +202,9 @@ async def serve_unary(stream: NetStream, handler: UnaryHandler, *, timeout: floa
     ``max_request``, its announced length is reserved before its body is read (a refused request
     is read past, not kept, and answered with the refusal), its bytes must keep the door's pace,
     and so must the caller reading the answer, which is reserved too when it is larger than the
-    request (past the budget, the answer is the refusal). A handler's failure goes back as the call's error; a malformed or too
-    slow request raises (the Host resets the stream)."""
+    request (past the budget, the answer is the refusal). A handler's failure goes back as the
+    call's error; a malformed or too slow request, or a call the door dropped, raises (the Host
+    resets the stream)."""
     served = _Served(stream, door)
     with served.scope:
         await _serve_unary(stream, handler, timeout, served)
@@ -323,6 +327,7 @@ async def _serve_stream(stream: NetStream, handler: StreamHandler, timeout: floa
                         requests.append(payload)
         except _Refused as refused:
             requests.clear()
+            served.release()  # what it read so far: draining the rest keeps nothing
             await served.send(encode_error(error_text(refused.reason)))
             await stream.send_eof()
             await drain(stream, timeout=timeout)
