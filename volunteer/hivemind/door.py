@@ -1,5 +1,5 @@
 """What hivemind callers may make us hold: one ``Door`` per hivemind service that serves requests
-(the DHT, the experts), under the Host's resource manager.
+(the DHT, the experts, kad), under the Host's resource manager.
 
 go-libp2p's resource manager is the model: a service has a scope of its own and a scope per peer
 below it (its *service* and *service-peer* scopes; here with a scope per source address between
@@ -17,8 +17,8 @@ share is), like every other refusal in ``volunteer status --json`` and the metri
 door's own refusals (``slow_body``: a request that stopped arriving; ``slow_reader``: a caller
 that stopped reading its answer; ``evicted``: a call dropped because all peers' share was full
 and its address held the most, as our DHT's storage makes room: the largest holder loses first;
-what the service reports). The door also says how fast a
-request must arrive, and its answer be read (``pace``, a ``framing.BodyPace``).
+what the service reports). The door also says how fast a request must arrive (``pace``, a
+``framing.BodyPace``) and how long each part of an answer may wait for its reader.
 """
 
 from __future__ import annotations

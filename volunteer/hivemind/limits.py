@@ -33,9 +33,9 @@ class DoorLimits:
     """What one hivemind service's callers may make us hold (``door.Door``): request bytes being
     read or served at once, per peer, per source address (a household's peers, or one attacker's
     many identities) and for all peers (reserved from the Host's resource manager as lengths are
-    announced), the largest unary request, and how fast a request must arrive and
-    its answer be read: after ``grace`` seconds, ``min_rate`` bytes a second on average (half of
-    a 1 Mbit/s home uplink, so two calls at once still pass on the slowest links we expect)."""
+    announced), the largest unary request, and how fast a request must arrive: after ``grace``
+    seconds, ``min_rate`` bytes a second on average (half of a 1 Mbit/s home uplink, so two calls
+    at once still pass on the slowest links we expect)."""
 
     per_peer: int
     per_address: int
@@ -97,8 +97,8 @@ class DHTLimits:
     # keys kept in our storage, and sub-keys in one dictionary value
     max_stored_keys: int = 100_000
     max_subkeys: int = 4096
-    # bytes our storage may hold, every entry counted as its value, its packed sub-key and
-    # ``entry_overhead`` (the Python objects that keep it and its bookkeeping: measured with
+    # bytes our storage may hold, every entry counted as its value, its decoded sub-key's memory
+    # and ``entry_overhead`` (the Python objects that keep it and its bookkeeping: measured with
     # tracemalloc at ~540 bytes an entry, regular or sub-key): 48 MiB is ~75000 declarations
     max_stored_bytes: int = 48 * MiB
     entry_overhead: int = 576
