@@ -22,7 +22,7 @@ from ..swarmfile import SwarmSpec
 from . import contributions as contrib
 from . import history as hist
 from . import views
-from .control import serve_control
+from .control import DaemonLock, serve_control
 from .fold import Conduct
 from .policy import PolicySettings
 from .probes import SystemProbe
@@ -90,8 +90,9 @@ class Daemon:
     """One volunteer under the CLI: run it with ``await nursery.start(daemon.run)``; ``leave()``
     ends it gracefully."""
 
-    def __init__(self, options: DaemonOptions) -> None:
+    def __init__(self, options: DaemonOptions, *, control_lock: DaemonLock | None = None) -> None:
         self.options = options
+        self.control_lock = control_lock  # "a daemon runs here", taken by `join` (None: taken with the socket)
         self.swarm = options.swarm
         self.started = time.time()
         self.node: VolunteerNode | None = None
@@ -219,7 +220,8 @@ class Daemon:
         if self.options.control_path is None:
             task_status.started()
             return
-        await serve_control(self.options.control_path, self.handle_control, task_status=task_status)
+        await serve_control(self.options.control_path, self.handle_control, lock=self.control_lock,
+                            task_status=task_status)
 
     async def _watch_reachable(self, began: float) -> None:
         # looked at again whenever the verdict or the relay reservations change, until reachable

@@ -24,7 +24,7 @@ from ..swarmfile import (
     state_dir,
     swarms_dir,
 )
-from .control import ControlError, default_control_path, request
+from .control import ControlError, DaemonLock, default_control_path, request
 from .donorflags import add_donor_flags, choose_gpus, donor_choices
 
 JOIN_EXAMPLES = """\
@@ -252,6 +252,9 @@ def settle_consent(args: argparse.Namespace, options) -> None:
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
+    # one lock decides whether a daemon already runs here: taken before anything else starts, so a
+    # second `join` says so in one line and touches nothing of the first one's
+    lock = DaemonLock(options.control_path).acquire() if options.control_path is not None else None
     settle_consent(args, options)
     metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
@@ -260,14 +263,15 @@ def run_join(args: argparse.Namespace) -> int:
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
-    return trio.run(join, options, dashboard, metrics, getattr(args, "web", None))
+    return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
 
-async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None) -> int:
+async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None,
+               lock: DaemonLock | None = None) -> int:
     from ..web.serve import open_web_socket
     from .daemon import Daemon
 
-    daemon = Daemon(options)
+    daemon = Daemon(options, control_lock=lock)
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
