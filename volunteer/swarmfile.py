@@ -378,6 +378,16 @@ def _parse_grids(tables: object, path: Path) -> list[GridSpec]:
     return parse_grids(tables, f"swarm file {path}")
 
 
+SWARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it goes into protocol ids and file names
+
+
+def check_swarm_id(text: str) -> str:
+    """``text`` if it can be a swarm id; SwarmFileError saying what one may hold if not."""
+    if not SWARM_ID.fullmatch(text) or text in (".", ".."):
+        raise SwarmFileError(f"bad swarm id {text[:80]!r}: use 1-64 letters, digits, '_', '.', '-' (e.g. demo)")
+    return text
+
+
 def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
     """SWARM as users type it: a bootstrap multiaddr, a path to a swarm file, or a name from
     ``<config>/swarms/NAME.toml``."""
@@ -390,7 +400,7 @@ def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
             raise SwarmFileError(f"{text!r} is neither a swarm file nor a multiaddr: {exc}") from None
         if addr.peer_id is None:
             raise SwarmFileError(f"{text} needs a /p2p/PEER-ID at the end to be a bootstrap peer")
-        sid = swarm_id or "default"
+        sid = check_swarm_id(swarm_id or "default")
         return SwarmSpec(sid, sid, [addr], [addr])
     candidate = Path(text).expanduser()
     if candidate.suffix == ".toml" or candidate.is_file():

@@ -26,6 +26,7 @@ from ..swarmfile import (
 )
 from .control import ControlError, DaemonLock, default_control_path, request
 from .donorflags import add_donor_flags, choose_gpus, donor_choices
+from .netcmds import swarm_id_arg
 
 JOIN_EXAMPLES = """\
 examples:
@@ -106,7 +107,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
-    p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
+    p.add_argument("--swarm-id", type=swarm_id_arg, help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
     p.add_argument("--share-tracebacks", choices=("full", "redacted", "none"), default=None,

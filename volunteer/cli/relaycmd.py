@@ -13,7 +13,7 @@ from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
 from ..net.perf import parse_size
 from ..swarmfile import load_limits
-from .netcmds import add_identity_flag, load_identity
+from .netcmds import add_identity_flag, load_identity, swarm_id_arg
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -59,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "peers learn their QUIC address for hole punching from a relay that speaks QUIC)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
     p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
-    p.add_argument("--swarm", action="append", metavar="SWARM_ID",
+    p.add_argument("--swarm", action="append", metavar="SWARM_ID", type=swarm_id_arg,
                    help="serve as DHT bootstrap peer for this swarm id (repeatable; default: default)")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="other relays or peers of the swarm's DHT (repeatable)")
