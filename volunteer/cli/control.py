@@ -43,7 +43,11 @@ def use_tcp() -> bool:
 
 
 def _prepare_dir(path: Path) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # every directory made here is the user's alone: a runtime dir made 0755 on the way would be
+    # refused by the next command's platformdirs (it wants XDG_RUNTIME_DIR 0700)
+    missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
     if os.name == "posix":
         mode = stat.S_IMODE(path.parent.stat().st_mode)
         if mode & 0o077:
