@@ -123,7 +123,7 @@ class Runtime:
         with self._cond:
             job = self._core.step_inline()
             if job is None:
-                if self._core.owed:
+                if self._core.pending:
                     self._cond.notify()
                 return
         self._run_inline(job)
@@ -250,8 +250,8 @@ class Runtime:
         finally:
             with self._cond:
                 self._core.finished(job, seconds, step_owed=owed)  # an owed step waits for ...
-                if not owed:
-                    self._cond.notify()
+                if not owed and self._core.pending:
+                    self._cond.notify()  # a wake-up for nothing costs the event loop the GIL
         if owed and not job.requests[0].settle_later:
             # ... our caller's reply: woken now, the worker's Python would contend for the GIL
             # with the reply's serialization (a callback runs when the caller's task first
