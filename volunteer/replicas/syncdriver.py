@@ -2,11 +2,13 @@
 
 ``ReplicaSync`` is a Host service. ``average(uid, peers)`` opens a round, sends our parameters to
 every peer (one stream each, in parallel), and waits until every peer contributed or is gone (its
-send failed, it refused, or its last connection closed) or the round's deadline passes; then it
-writes the average into the expert through the store. A contribution that arrives before our own
-round opens (the peers' timers are not aligned) waits ``stash_ttl`` for it, within
-``max_stashed_bytes``. A replica that dies mid-round never stalls the others: nobody waits for
-it longer than ``sync_timeout``, and usually only until its connection drops.
+send failed, it refused, or its last connection closed) or the round's deadline passes; then the
+store has the runtime aggregate what arrived with our own parameters (``aggregate.py``: the mean
+by default) and write the result into the expert, as a job beside its forwards and backwards. A
+contribution that arrives before our own round opens (the peers' timers are not aligned) waits
+``stash_ttl`` for it, within ``max_stashed_bytes``. A replica that dies mid-round never stalls
+the others: nobody waits for it longer than ``sync_timeout``, and usually only until its
+connection drops.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
@@ -64,12 +67,21 @@ def peer_of(target: PeerID | Multiaddr | str) -> PeerID:
 
 
 class ReplicaSync(BaseService):
-    """Averages hosted experts' parameters with their other live replicas."""
+    """Averages hosted experts' parameters with their other live replicas (``aggregate``: how a
+    round's contributions and ours become new parameters)."""
 
-    def __init__(self, swarm_id: str, store: BackendStore, config: ReplicasConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        swarm_id: str,
+        store: BackendStore,
+        config: ReplicasConfig = DEFAULT_CONFIG,
+        *,
+        aggregate: Aggregate = mean,
+    ) -> None:
         self.protocol = sync_protocol(swarm_id)
         self.store = store
         self.config = config
+        self.aggregate = aggregate
         self._rounds: dict[str, _OpenRound] = {}
         self._stash: dict[str, dict[str, _Stashed]] = {}
         self._stashed_bytes = 0
@@ -184,7 +196,7 @@ class ReplicaSync(BaseService):
                         open_round.changed = trio.Event()
                 outcome = core.finish()
                 self._rounds.pop(uid, None)
-                await self.store.apply(uid, outcome.averaged, outcome.version, base=core.params)
+                await self.store.merge(uid, core.params, core.contributions, outcome.version, self.aggregate)
                 self.last_sync[uid] = trio.current_time()
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
