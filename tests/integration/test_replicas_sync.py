@@ -88,9 +88,10 @@ async def test_the_runtime_aggregates_a_round_after_the_step_its_expert_owes():
             reference.forward([x])
             reference.backward([x], [g])
         assert a.step_owed
+        threaded = ReplicasConfig(offload_bytes=1)  # hash, encode and decode in a thread, as for a big expert
         async with (
-            volunteer(network, a, runtime=runtime, aggregate=recording) as (host_a, sync_a),
-            volunteer(network, b) as (host_b, sync_b),
+            volunteer(network, a, threaded, runtime=runtime, aggregate=recording) as (host_a, sync_a),
+            volunteer(network, b, threaded) as (host_b, sync_b),
         ):
             for _ in range(2):
                 async with trio.open_nursery() as nursery:

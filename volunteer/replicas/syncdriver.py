@@ -8,7 +8,8 @@ by default) and write the result into the expert, as a job beside its forwards a
 contribution that arrives before our own round opens (the peers' timers are not aligned) waits
 ``stash_ttl`` for it, within ``max_stashed_bytes``. A replica that dies mid-round never stalls
 the others: nobody waits for it longer than ``sync_timeout``, and usually only until its
-connection drops.
+connection drops. Hashing and encoding big parameters runs in a thread and the aggregate on the
+runtime: the event loop only moves bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 from hashlib import sha256
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import trio
@@ -36,6 +37,7 @@ from .sync import SyncOutcome, SyncRound
 from .transfer import receive_message, receive_payload, send_chunks
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -53,6 +55,13 @@ class _OpenRound:
 
     def poke(self) -> None:
         self.changed.set()
+
+
+def _open_contribution(header: Contribution, payload: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """A contribution's tensors, once its payload matches its sha256."""
+    if sha256(payload).digest() != header.sha256:
+        raise StateProtocolError(f"sync contribution for {header.uid!r} does not match its sha256")
+    return split_payload(header.tensors, payload)
 
 
 def peer_of(target: PeerID | Multiaddr | str) -> PeerID:
@@ -113,9 +122,7 @@ class ReplicaSync(BaseService):
                 raise StateMismatchError(f"parameters of {header.uid!r} differ from this replica's")
             with trio.fail_after(self.config.transfer_timeout):
                 payload = await receive_payload(reader, header.total, self.config)
-            if sha256(payload).digest() != header.sha256:
-                raise StateProtocolError(f"sync contribution for {header.uid!r} does not match its sha256")
-            self._deliver(peer, header, split_payload(header.tensors, payload))
+            self._deliver(peer, header, await self._off_the_loop(header.total, _open_contribution, header, payload))
             await reader.send_all(pack({"ok": True}, self.config))
         except (StateRefusedError, StateProtocolError, SyncError) as exc:
             self.refused += 1
@@ -155,6 +162,13 @@ class ReplicaSync(BaseService):
             if not stash:
                 del self._stash[uid]
 
+    async def _off_the_loop(self, nbytes: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, tensor bytes work on ``nbytes``: in a thread from ``offload_bytes`` on
+        (hashing and copying tens of MiB would stall every other task), else right here."""
+        if nbytes >= self.config.offload_bytes:
+            return await trio.to_thread.run_sync(fn, *args)
+        return fn(*args)
+
     # --- our rounds ------------------------------------------------------------------------------
     async def average(
         self, uid: str, peers: Sequence[PeerID | Multiaddr | str], *, timeout: float | None = None
@@ -184,7 +198,8 @@ class ReplicaSync(BaseService):
                         core.add(peer, early.version, early.tensors)
                     except (SyncError, StateMismatchError) as exc:
                         log.debug("early sync contribution of %s dropped: %s", peer, describe(exc))
-            metas, parts, sha = encode_tensors(params)
+            nbytes = sum(t.nelement() * t.element_size() for _, t in params)
+            metas, parts, sha = await self._off_the_loop(nbytes, encode_tensors, params)
             header = Contribution(uid, version, metas, sum(len(p) for p in parts), sha)
             chunks = chunked(parts, self.config.chunk_size)
             async with trio.open_nursery() as nursery:
