@@ -60,15 +60,14 @@ class CostKey(NamedTuple):
     kind: Kind
 
 
-@dataclass(frozen=True)
-class Cost:
+class Cost(NamedTuple):
     """How long the last whole run of one cost key took, and for how many samples."""
 
     seconds: float
     samples: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """Work the scheduler handed out: a batch of one expert's forwards or backwards, an owed step,
     or one job request. ``inline``: it runs on the event loop, not on the worker."""
