@@ -74,7 +74,34 @@ class HandshakeError(VolunteerError):
 
 
 class PeerIDMismatch(HandshakeError):
-    """The peer authenticated as someone other than the peer we dialled."""
+    """The peer authenticated as someone other than the peer we dialled (``expected`` and
+    ``answered``, as text, where the raiser knew them)."""
+
+    def __init__(self, message: str, *, expected: object = None, answered: object = None) -> None:
+        super().__init__(message)
+        self.expected = str(expected) if expected is not None else None
+        self.answered = str(answered) if answered is not None else None
+
+    @classmethod
+    def between(cls, expected: object, answered: object) -> "PeerIDMismatch":
+        """The error for a dial of ``expected`` that ``answered`` took."""
+        return cls(f"dialled {expected} but {answered} answered", expected=expected, answered=answered)
+
+    @classmethod
+    def inside(cls, exc: BaseException) -> "PeerIDMismatch | None":
+        """The PeerIDMismatch a dial failure comes down to (DialError's first cause, all the
+        way down), if that is what it was."""
+        while isinstance(exc, DialError) and exc.causes:
+            exc = next(iter(exc.causes.values()))
+        return exc if isinstance(exc, PeerIDMismatch) else None
+
+    def advice(self, where: str) -> str:
+        """One line, the same in every command: who answered at ``where`` instead of whom, and
+        what to do (every id whole, never cut)."""
+        if self.expected is None or self.answered is None:
+            return f"{where}: {self}"
+        return (f"{where} answered as peer {self.answered}, not {self.expected} as its address says: the address's "
+                "/p2p/ id is wrong, or that node has a new identity; ask for its current address")
 
 
 class NegotiationError(HandshakeError):

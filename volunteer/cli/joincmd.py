@@ -87,7 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recheck-period", type=float, metavar="S", help=argparse.SUPPRESS)
     p.add_argument("--hidden-dim", type=_setting("hidden_dim"), metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
-    p.add_argument("--device", type=_setting("device"), help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
     p.add_argument("--max-batch", type=_setting("max_batch"), metavar="N", help="largest batch per expert call (default 1024)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
@@ -158,7 +158,10 @@ def build_options(args: argparse.Namespace):
         replicas_config = ReplicasConfig(recheck_period=args.recheck_period)
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     donor = donor_choices(args, load_run(args.config))
-    device = pick(args.device, "device", "auto")
+    try:  # the schema's check, as for the file; one line (exit 1) like the other device errors
+        device = JOIN_CHECKS["device"](pick(args.device, "device", "auto"))
+    except ValueError as exc:
+        raise VolunteerError(str(exc)) from None
     devices: list[str] = []
     if donor.gpus is not None or donor.exclude_gpus:
         import torch

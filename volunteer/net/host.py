@@ -240,7 +240,7 @@ class Host:
             raise
         if peer is not None and conn.remote_peer != peer:
             await conn.aclose()
-            raise PeerIDMismatch(f"dialled {peer} but {conn.remote_peer} answered")
+            raise PeerIDMismatch.between(peer, conn.remote_peer)
         return conn
 
     async def handle_inbound(self, raw: RawConnection) -> None:
