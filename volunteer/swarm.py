@@ -3,6 +3,7 @@
     swarm = Swarm.join("demo")                      # a name, a swarm file, or a bootstrap multiaddr
     moe = RemoteMixtureOfExperts(swarm, in_features=64, grid_size=(4, 4), uid_prefix="expert", k_best=4)
     ...train as usual...
+    swarm.trust_report()                            # what audits found, per volunteer
     swarm.close()
 
 A Swarm owns a background thread running trio with a Host and a client-mode DHT node, so a plain
@@ -20,6 +21,8 @@ import trio
 
 from .dht import DHTConfig
 from .errors import VolunteerError
+from .experts.guard import ReplyGuard
+from .experts.trust import DEFAULT_POLICY, TrustLedger, TrustPolicy
 from .net.host import HostConfig, open_host
 from .net.identity import KeyPair
 from .swarmfile import SwarmSpec, resolve_swarm
@@ -31,9 +34,13 @@ class Swarm:
     """A connection to a swarm for trainers and scripts; create it with ``Swarm.join``."""
 
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
-                 dht_config: DHTConfig | None = None) -> None:
+                 dht_config: DHTConfig | None = None, trust: TrustPolicy = DEFAULT_POLICY) -> None:
         from .experts.loop import BackgroundLoop
 
+        # what this trainer has seen of each volunteer (standings, streaks, exclusions) and the
+        # guard every mixture on this swarm checks replies with (experts/trust.py, guard.py)
+        self.trust = TrustLedger(trust)
+        self.guard = ReplyGuard(self.trust)
         self.spec = spec
         self.swarm_id = spec.id
         self.keypair = keypair or KeyPair.generate()
@@ -113,6 +120,13 @@ class Swarm:
 
         return self.loop.run(list_experts, self.dht, prefix, timeout=timeout)
 
+    def trust_report(self) -> dict[str, dict]:
+        """Per volunteer this trainer called: its standing (unproven, proven, suspect, excluded),
+        its streak of audits passed, whether it is trusted, its audits passed and disagreed, its
+        replies the guard rejected, why it was excluded, and its standing per expert. Results
+        are audited (compared with other replicas), never verified."""
+        return self.loop.run(_report, self.trust) if self.loop.running else self.trust.report()
+
     # --- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leave the swarm and stop the background thread (idempotent)."""
@@ -137,6 +151,10 @@ class Swarm:
     def __repr__(self) -> str:
         peer = self.host.peer_id.short() if self.host else "not joined"
         return f"<Swarm {self.spec.name!r} as {peer}>"
+
+
+async def _report(trust: TrustLedger) -> dict[str, dict]:
+    return trust.report()  # read on the loop that updates it
 
 
 __all__ = ["Swarm"]

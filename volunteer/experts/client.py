@@ -20,6 +20,7 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertExcludedError,
     ExpertInputError,
     ExpertPeerUnreachableError,
     ExpertProtocolError,
@@ -34,6 +35,8 @@ from ..net.pool import pool_of
 
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
 from .failures import raise_remote
+from .guard import ReplyGuard
+from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
@@ -187,29 +190,55 @@ def caller_of(swarm):
 
 
 class _Call:
-    """What an autograd Function needs to reach one expert from a synchronous thread."""
+    """What an autograd Function needs to reach one expert from a synchronous thread. With a
+    ``guard``, a reply that fails the trainer's checks raises ``ExpertReplyRejected`` and a
+    host the trainer excluded is not called (``ExpertExcludedError``)."""
 
     def __init__(
         self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str,
-        backward_follows: bool = False,
+        backward_follows: bool = False, guard: ReplyGuard | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
+        self.guard = guard
+        self.peer_key = peer_key(peer)
 
     async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return await caller_of(self.swarm)(
+        _refuse_excluded(self)
+        outputs = await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
             compression=self.compression, timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
             backward_follows=self.backward_follows,
         )
+        if self.guard is not None:
+            self.guard.check_outputs(self.uid, self.peer_key, outputs)
+        return outputs
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return await caller_of(self.swarm)(
+        _refuse_excluded(self)
+        grad_inputs = await caller_of(self.swarm)(
             self.swarm.host, self.peer, self.uid, "backward", [*inputs, *grads], swarm_id=self.swarm.swarm_id,
             n_inputs=len(inputs), compression=self.compression, timeout=self.backward_timeout,
             faults=getattr(self.swarm, "faults", None),
         )
+        if self.guard is not None:
+            self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
+        return grad_inputs
+
+
+def peer_key(peer: PeerID | Multiaddr) -> str:
+    """How the trust ledger names a host: its PeerID string (a multiaddr's /p2p part)."""
+    if isinstance(peer, Multiaddr):
+        found = _peer_id_in(peer)
+        return str(found) if found is not None else str(peer)
+    return str(peer)
+
+
+def _refuse_excluded(call: _Call) -> None:
+    if call.guard is not None and call.guard.ledger.excluded(call.peer_key):
+        why = call.guard.ledger.exclusion_reason(call.peer_key)
+        raise ExpertExcludedError(f"expert {call.uid!r} on {call.peer_key}: this trainer excluded that host ({why})")
 
 
 def detached_cpu(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -247,6 +276,12 @@ class RemoteExpert(nn.Module):
     ``peer`` is a PeerID (with addresses the swarm knows, e.g. from ``swarm.get_experts``), a PeerID
     string, or a multiaddr ending in /p2p/ID. Forward and backward are remote calls; gradients flow
     back to the inputs, and the server updates the expert's parameters on backward.
+
+    Every reply passes ``guard`` (``experts/guard.py``) before it reaches autograd: NaN or
+    infinity, or a scale far from this expert's recent replies, raises ``ExpertReplyRejected``.
+    By default the expert has a guard of its own; ``guard=swarm.guard`` shares the swarm's
+    (its trust ledger, which ``Swarm.trust_report`` shows, and its learned ranges);
+    ``check_replies=False`` takes every reply as it comes (to measure what the checks cost).
     """
 
     def __init__(
@@ -259,6 +294,8 @@ class RemoteExpert(nn.Module):
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
         compression: str = "none",
         addrs: Sequence[bytes | str] = (),
+        guard: ReplyGuard | None = None,
+        check_replies: bool = True,
     ) -> None:
         super().__init__()
         self.uid = uid
@@ -266,9 +303,12 @@ class RemoteExpert(nn.Module):
         self.swarm = swarm
         if addrs and isinstance(self.peer, PeerID):
             swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
-        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True)
+        self.guard = (guard if guard is not None else ReplyGuard(TrustLedger())) if check_replies else None
+        self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
+                           guard=self.guard)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
-        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression)
+        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression,
+                                     guard=self.guard)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -321,4 +361,4 @@ async def _remember(host, peer, addrs) -> None:
     remember_addrs(host, peer, addrs)
 
 
-__all__ = ["RemoteExpert", "as_peer", "call_expert", "remember_addrs"]
+__all__ = ["RemoteExpert", "as_peer", "call_expert", "peer_key", "remember_addrs"]
