@@ -3,6 +3,9 @@ background event loop, for tests that drive trainers from plain synchronous code
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import trio
 
 from volunteer.dht import DHTConfig
@@ -12,6 +15,8 @@ from volunteer.net.host import HostConfig
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # lying_volunteer: liars for the tests
 
 QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
 SWARM = "testswarm"
@@ -23,12 +28,15 @@ class Volunteer:
     ``kind="hivemind"``: a member of a hivemind swarm (hivemind's DHT and expert RPCs)."""
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
-                 backends=None, kind: str = "volunteer") -> None:
+                 backends=None, kind: str = "volunteer", grid=None, replicas_config=None) -> None:
         self.kind = kind
+        self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
             listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
             experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
+            place=grid is not None and not uids, max_experts=len(list(grid.uids())) if grid is not None else None,
+            replicas_config=replicas_config,
         )
         self.bootstrap = list(bootstrap)
         self.loop = BackgroundLoop().start()
@@ -41,7 +49,7 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
-        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind)
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids)
         try:
             with trio.CancelScope() as scope:
                 async with open_volunteer(spec, self.options) as node:
@@ -67,7 +75,20 @@ class Volunteer:
         return self.host.full_addrs()[0]
 
     def spec(self) -> SwarmSpec:
-        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind)
+        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind, grids=self.grids)
+
+    @property
+    def peer(self) -> str:
+        return str(self.host.peer_id)
+
+    def lie(self, lie) -> None:
+        """From now on every expert here returns ``lie(honest output)`` (its state stays honest)."""
+        from lying_volunteer import lie_in_module
+
+        async def corrupt() -> None:
+            await self.runtime.run_sync(lambda: [lie_in_module(b.module, lie) for b in self.runtime.backends.values()])
+
+        self.loop.run(corrupt)
 
     def stop(self, *, crash: bool = False) -> None:
         async def stop() -> None:
