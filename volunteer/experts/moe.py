@@ -17,6 +17,12 @@ For a batch ``x`` of shape ``[batch, in_features]``:
 (samples sent to a second round).
 Backward goes only to the experts that answered forward (their optimizers step); a failed
 backward call only loses that expert's gradient. Gradients reach the gate through the weights.
+
+Every reply passes the swarm's guard first (``guard.py``: NaN, infinity or an implausible scale
+fail the call, which then fails over like any failure) and some are audited against a second
+replica (``audit.py``); hosts are chosen with the trust ledger's weights (``trust.py``) and an
+excluded host is never called. ``stats`` also counts ``rejected`` replies, ``audits``,
+``disagreements``, ``exclusions``, ``unauditable`` (no comparable replica) and ``audits_skipped``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from .audit import DEFAULT_AUDITS, AuditConfig, Auditor
 from .client import DUMMY, _Call, detached_cpu, remember_addrs
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .guard import ReplyGuard
+from .trust import TrustLedger
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +231,9 @@ class RemoteMixtureOfExperts(nn.Module):
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
         self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0}
-        self.guard = guard if guard is not None else swarm.guard
+        # the swarm's guard and trust ledger, shared by its mixtures (a mixture built without a
+        # swarm, to test its choices, keeps its own)
+        self.guard = guard or (swarm.guard if swarm is not None else ReplyGuard(TrustLedger()))
         self.trust = self.guard.ledger
         self._auditor = Auditor(
             self.trust, self._replicas_for_audit, self._audit_call, self.stats, config=audit_config,

@@ -40,6 +40,7 @@ class HivemindHost:
 
     peer: PeerID
     addrs: tuple[Multiaddr, ...] = ()
+    synced_age: float | None = None  # hivemind's replicas never average: no audit compares them
 
 
 def grid_uids(prefix: str, grid_size: Sequence[int]) -> list[str]:
