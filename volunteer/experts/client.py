@@ -212,6 +212,7 @@ class _Call:
             backward_follows=self.backward_follows,
         )
         if self.guard is not None:
+            _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
             self.guard.check_outputs(self.uid, self.peer_key, outputs)
         return outputs
 
@@ -223,6 +224,7 @@ class _Call:
             faults=getattr(self.swarm, "faults", None),
         )
         if self.guard is not None:
+            _refuse_excluded(self)
             self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
         return grad_inputs
 
