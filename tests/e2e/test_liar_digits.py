@@ -8,31 +8,18 @@ started is killed when the test ends."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import run_example_in_own_group
+
 RUN_LIMIT = 420  # seconds for the whole run (four volunteers start one after another), on a loaded 2-core machine
 
 
 def run_example(*args: str) -> tuple[int, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # five processes share two cores
-    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_digits.py"), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True, env=env)
-    try:
-        out, _ = proc.communicate(timeout=RUN_LIMIT)
-        return proc.returncode, out
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the trainer, the anchor and every volunteer left
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    # five processes share two cores: one torch thread each
+    return run_example_in_own_group(["train_digits.py", *args], limit=RUN_LIMIT,
+                                    env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 @pytest.mark.slow

@@ -246,25 +246,22 @@ class TrustLedger:
 
     # --- tables ---------------------------------------------------------------------------------
     def _pair(self, uid: str, peer: str) -> PairRecord:
-        key = (uid, peer)
-        pair = self._pairs.get(key)
-        if pair is None:
-            pair = self._pairs[key] = PairRecord()
-            while len(self._pairs) > self.policy.max_pairs:
-                self._pairs.popitem(last=False)
-        else:
-            self._pairs.move_to_end(key)
-        return pair
+        return _touch(self._pairs, (uid, peer), PairRecord, self.policy.max_pairs)
 
     def _peer(self, peer: str) -> PeerRecord:
-        record = self._peers.get(peer)
-        if record is None:
-            record = self._peers[peer] = PeerRecord()
-            while len(self._peers) > self.policy.max_peers:
-                self._peers.popitem(last=False)
-        else:
-            self._peers.move_to_end(peer)
-        return record
+        return _touch(self._peers, peer, PeerRecord, self.policy.max_peers)
+
+
+def _touch(table: OrderedDict, key, make, bound: int):
+    """``table[key]``, made if missing, as the most recently used; the least recent go past ``bound``."""
+    record = table.get(key)
+    if record is None:
+        record = table[key] = make()
+        while len(table) > bound:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return record
 
 
 def _overall(standings) -> Standing:
