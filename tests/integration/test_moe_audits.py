@@ -39,8 +39,9 @@ class Replicated:
     """``honest`` volunteers each hosting the whole grid, then (``lie``) one more whose experts lie,
     and a trainer's swarm; ``close`` stops them all."""
 
-    def __init__(self, honest: int, lie=None, *, trust: TrustPolicy | None = None) -> None:
-        spec = grid(honest + (1 if lie is not None else 0))
+    def __init__(self, honest: int, lie=None, *, corrupt=None, trust: TrustPolicy | None = None) -> None:
+        liars = 1 if lie is not None or corrupt is not None else 0
+        spec = grid(honest + liars)
         self.honest: list[Volunteer] = []
         self.liar: Volunteer | None = None
         self.swarm: Swarm | None = None
@@ -48,14 +49,15 @@ class Replicated:
             for _ in range(honest):
                 bootstrap = [self.honest[0].addr] if self.honest else []
                 self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap, replicas_config=REPLICAS))
-            if lie is not None:
+            if liars:
                 self.liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr], replicas_config=REPLICAS)
-                self.liar.lie(lie)  # caught up from an honest replica first: only its outputs lie
+                # caught up from an honest replica first: its state is honest, only its replies lie
+                self.liar.lie(lie) if lie is not None else self.liar.corrupt(corrupt)
             options = {"trust": trust} if trust is not None else {}
             self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT_CONFIG, **options)
             self.moe = RemoteMixtureOfExperts(self.swarm, in_features=HIDDEN, grid=spec, k_best=2, forward_timeout=5,
                                               backward_timeout=5, timeout_after_k_min=1.0, refresh_period=0.5)
-            self.wait_for_replicas(len(self.honest) + (1 if self.liar else 0))
+            self.wait_for_replicas(honest + liars)
         except BaseException:
             self.close()
             raise
@@ -107,11 +109,11 @@ def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes
         assert trust[liar]["excluded_after_replies"] <= LIAR_BUDGET
         print(f"{kind}: excluded after {trust[liar]['excluded_after_replies']} replies: {trust[liar]['excluded_because']}")
         assert world.moe.stats["exclusions"] == 1
-        for volunteer in world.honest:
-            assert trust[volunteer.peer]["standing"] != "excluded", trust[volunteer.peer]
         more = [task.step() for _ in range(10)]  # the liar is called no more
-        after = world.trust()[liar]["replies"]
-        assert after == trust[liar]["replies"]
+        after = world.trust()
+        assert after[liar]["replies"] == trust[liar]["replies"]
+        for volunteer in world.honest:
+            assert after[volunteer.peer]["standing"] != "excluded", after[volunteer.peer]
         assert_trained_finite(task, losses + more)
     finally:
         world.close()
@@ -129,8 +131,41 @@ def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
         assert trust[liar]["standing"] == "excluded", trust[liar]
         assert "differed from those of" in trust[liar]["excluded_because"]
         assert world.moe.stats["rejected"] == 0 and world.moe.stats["disagreements"] >= 1
-        assert all(trust[v.peer]["standing"] != "excluded" for v in world.honest)
-        assert any(trust[v.peer]["standing"] == "proven" for v in world.honest)
+        assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
+        assert any(trust.get(v.peer, {}).get("standing") == "proven" for v in world.honest)
+    finally:
+        world.close()
+
+
+class _TripledInputGradient(torch.autograd.Function):
+    """Identity forward; its backward hands back three times the input gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3.0
+
+
+def lie_in_backward_only(module: torch.nn.Module) -> None:
+    """Honest outputs, input gradients x3: only audits that compare backwards can see it."""
+    honest = module.forward
+    module.forward = lambda x: honest(_TripledInputGradient.apply(x))
+
+
+@pytest.mark.slow
+def test_a_liar_in_backward_only_is_outvoted_on_its_input_gradients():
+    world = Replicated(2, corrupt=lie_in_backward_only)
+    try:
+        liar = world.liar.peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
+        trust = world.trust()
+        assert trust[liar]["standing"] == "excluded", trust[liar]
+        assert "its input gradients of expert" in trust[liar]["excluded_because"]
+        assert world.moe.stats["rejected"] == 0  # within the guard's range: audits caught it
+        assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
     finally:
         world.close()
 

@@ -85,10 +85,14 @@ class Volunteer:
         """From now on every expert here returns ``lie(honest output)`` (its state stays honest)."""
         from lying_volunteer import lie_in_module
 
-        async def corrupt() -> None:
-            await self.runtime.run_sync(lambda: [lie_in_module(b.module, lie) for b in self.runtime.backends.values()])
+        self.corrupt(lambda module: lie_in_module(module, lie))
 
-        self.loop.run(corrupt)
+    def corrupt(self, patch) -> None:
+        """Apply ``patch(module)`` to every expert's module here, between batches."""
+        async def apply() -> None:
+            await self.runtime.run_sync(lambda: [patch(b.module) for b in self.runtime.backends.values()])
+
+        self.loop.run(apply)
 
     def stop(self, *, crash: bool = False) -> None:
         async def stop() -> None:

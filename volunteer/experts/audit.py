@@ -31,7 +31,7 @@ import math
 import random
 from dataclasses import dataclass, fields
 from enum import Enum
-from typing import Callable, MutableMapping, Sequence
+from typing import Any, Callable, MutableMapping, Protocol, Sequence
 
 import torch
 import trio
@@ -160,7 +160,22 @@ class Case:
         self.backward_done = trio.Event()
 
 
-Replicas = Callable[[str], Sequence[tuple[object, float | None]]]  # uid -> (declaration, sync age) of usable hosts
+class Declared(Protocol):
+    """What an audit reads of a host's declaration."""
+
+    @property
+    def peer(self) -> Any: ...
+
+
+class ExpertCall(Protocol):
+    """A call to one host of one expert (``client._Call``)."""
+
+    async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+
+    async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+
+
+Replicas = Callable[[str], Sequence[tuple[Declared, float | None]]]  # uid -> (declaration, sync age) of usable hosts
 
 
 class Auditor:
@@ -174,7 +189,7 @@ class Auditor:
         self,
         ledger: TrustLedger,
         replicas: Replicas,
-        make_call: Callable[[str, object, bool], object],
+        make_call: Callable[[str, Any, bool], ExpertCall],
         stats: MutableMapping[str, int],
         *,
         config: AuditConfig = DEFAULT_AUDITS,
@@ -324,13 +339,13 @@ class Auditor:
         if chosen is None:
             return None
         decl, age = chosen
-        backward = kind == GRADIENTS
-        call = self.make_call(case.uid, decl, backward)
+        grad_outputs = case.grad_outputs if kind == GRADIENTS else None
+        call = self.make_call(case.uid, decl, grad_outputs is not None)
         try:
             outputs = await call.forward([case.inputs])
             third = Opinion(decl.peer, age, outputs)
-            if backward:
-                third.grads = await call.backward([case.inputs], [case.grad_outputs])
+            if grad_outputs is not None:
+                third.grads = await call.backward([case.inputs], [grad_outputs])
         except ExpertError as exc:
             log.info("third opinion on %s from %s failed: %s", case.uid, decl.peer, describe(exc))
             if isinstance(exc, ExpertReplyRejected) and exc.excluded:
@@ -345,7 +360,7 @@ class Auditor:
                 return age
         return None
 
-    def _other(self, uid: str, skip: set[str], comparable_with: list[Opinion]) -> tuple[object, float | None] | None:
+    def _other(self, uid: str, skip: set[str], comparable_with: list[Opinion]) -> tuple[Declared, float | None] | None:
         """A host of ``uid`` other than ``skip``, comparable with each opinion, drawn with the
         ledger's pick weights (proven hosts first)."""
         candidates, weights = [], []
