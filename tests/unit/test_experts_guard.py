@@ -99,6 +99,17 @@ def test_implausible_replies_fail_count_and_exclude_after_the_policys_strikes():
     assert report["honest"]["replies_rejected"] == 0
 
 
+def test_an_all_zero_input_may_get_an_all_zero_output():
+    ledger = TrustLedger()
+    guard = ReplyGuard(ledger, CONFIG)
+    for i in range(CONFIG.warmup):
+        guard.check_outputs("e.0", "honest", honest(seed=i), honest(seed=100 + i))
+    guard.check_outputs("e.0", "honest", [torch.zeros(8, 16)], [torch.zeros(8, 16)])  # f(0) = 0: no lie
+    with pytest.raises(ImplausibleReplyError):
+        guard.check_outputs("e.0", "honest", [torch.zeros(8, 16)], honest(seed=7))
+    assert ledger.report()["honest"]["replies_rejected"] == 1
+
+
 def test_input_gradients_are_judged_by_the_experts_gain_so_a_shrinking_loss_is_no_lie():
     ledger = TrustLedger()
     guard = ReplyGuard(ledger, CONFIG)

@@ -213,7 +213,7 @@ class _Call:
         )
         if self.guard is not None:
             _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
-            self.guard.check_outputs(self.uid, self.peer_key, outputs)
+            self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
         return outputs
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -37,6 +37,7 @@ OUTPUTS = "outputs"
 GRADIENTS = "input gradients"
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation is 1.4826 MADs
 TINY = 1e-30  # the RMS an all-zero reply counts as (log(0) would poison the statistics)
+ZERO = math.log(TINY)  # log_rms of all zeros
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def log_rms(tensors: Sequence[torch.Tensor]) -> float | None:
         count += tensor.numel()
     if count == 0:
         return math.nan
-    return 0.5 * math.log(max(squares / count, TINY * TINY))
+    return 0.5 * math.log(squares / count) if squares > 0.0 else ZERO
 
 
 class _Range:
@@ -136,9 +137,10 @@ class ReplyGuard:
         self.config = config
         self.ranges = RangeTracker(config)
 
-    def check_outputs(self, uid: str, peer: str, outputs: Sequence[torch.Tensor]) -> None:
-        """Raise ``NonFiniteReplyError`` / ``ImplausibleReplyError`` if a forward's reply fails."""
-        self._check(uid, peer, OUTPUTS, log_rms(outputs), outputs)
+    def check_outputs(self, uid: str, peer: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = ()) -> None:
+        """Raise ``NonFiniteReplyError`` / ``ImplausibleReplyError`` if a forward's reply fails.
+        ``inputs``: what was sent (an all-zero input may honestly give an all-zero output)."""
+        self._check(uid, peer, OUTPUTS, log_rms(outputs), outputs, inputs)
 
     def check_gradients(
         self, uid: str, peer: str, grad_inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]
@@ -150,9 +152,12 @@ class ReplyGuard:
             scale -= sent  # the expert's gain
         elif scale is not None:
             scale = math.nan  # nothing to relate it to: finiteness is all we can check
-        self._check(uid, peer, GRADIENTS, scale, grad_inputs)
+        self._check(uid, peer, GRADIENTS, scale, grad_inputs, grad_outputs)
 
-    def _check(self, uid: str, peer: str, kind: str, scale: float | None, tensors: Sequence[torch.Tensor]) -> None:
+    def _check(
+        self, uid: str, peer: str, kind: str, scale: float | None, tensors: Sequence[torch.Tensor],
+        sent: Sequence[torch.Tensor],
+    ) -> None:
         ledger = self.ledger
         ledger.replied(peer)
         if scale is None:
@@ -165,6 +170,9 @@ class ReplyGuard:
             return
         key = (uid, kind)
         if not self.ranges.plausible(key, scale):
+            if sent and log_rms(sent) == ZERO:  # all zeros sent: no scale to expect (measured only here: rare)
+                ledger.accepted(peer)
+                return
             low, high = self.ranges.bounds(key) or (-math.inf, math.inf)
             detail = (f"the RMS of its {kind} of expert {uid} is {_exp(scale):.3g}, outside the plausible "
                       f"{_exp(low):.3g}..{_exp(high):.3g} its replicas set")
