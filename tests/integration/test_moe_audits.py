@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,9 @@ from lying_volunteer import Lie  # noqa: E402
 
 HIDDEN = 16
 REPLICAS = ReplicasConfig(recheck_period=3600.0, sync_timeout=5.0)
+# heartbeats every second (declared sync ages stay fresh), but a declaration outlives a loaded
+# machine's stalls: no volunteer here leaves, and an expired one would empty the trainer's grid
+DHT = replace(DHT_CONFIG, expert_expiration=60.0)
 LIAR_BUDGET = 200  # replies of the liar by which it must be excluded
 
 
@@ -48,13 +52,15 @@ class Replicated:
         try:
             for _ in range(honest):
                 bootstrap = [self.honest[0].addr] if self.honest else []
-                self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap, replicas_config=REPLICAS))
+                self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap, replicas_config=REPLICAS,
+                                             dht_config=DHT))
             if liars:
-                self.liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr], replicas_config=REPLICAS)
+                self.liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr], replicas_config=REPLICAS,
+                                       dht_config=DHT)
                 # caught up from an honest replica first: its state is honest, only its replies lie
                 self.liar.lie(lie) if lie is not None else self.liar.corrupt(corrupt)
             options = {"trust": trust} if trust is not None else {}
-            self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT_CONFIG, **options)
+            self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT, **options)
             self.moe = RemoteMixtureOfExperts(self.swarm, in_features=HIDDEN, grid=spec, k_best=2, forward_timeout=5,
                                               backward_timeout=5, timeout_after_k_min=1.0, refresh_period=0.5)
             self.wait_for_replicas(honest + liars)

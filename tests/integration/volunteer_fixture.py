@@ -28,11 +28,12 @@ class Volunteer:
     ``kind="hivemind"``: a member of a hivemind swarm (hivemind's DHT and expert RPCs)."""
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
-                 backends=None, kind: str = "volunteer", grid=None, replicas_config=None) -> None:
+                 backends=None, kind: str = "volunteer", grid=None, replicas_config=None,
+                 dht_config: DHTConfig = DHT_CONFIG) -> None:
         self.kind = kind
         self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
-            listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
+            listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=dht_config, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
             experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
             place=grid is not None and not uids, max_experts=len(list(grid.uids())) if grid is not None else None,
