@@ -274,6 +274,7 @@ class Auditor:
             outputs = await call.forward([case.inputs])
         except ExpertError as exc:  # the auditor failed (the guard counted a bad reply): no verdict
             log.debug("audit call to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
+            self._count_exclusion(exc)
             return
         second = Opinion(decl.peer, age, outputs)
         outcome = await self._settle(case, first, second, OUTPUTS)
@@ -287,6 +288,7 @@ class Auditor:
             second.grads = await call.backward([case.inputs], [case.grad_outputs])
         except ExpertError as exc:
             log.debug("audit backward to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
+            self._count_exclusion(exc)
             return
         if outcome is Outcome.AGREE and first.grads is not None and not self.ledger.excluded(str(first.peer)):
             await self._settle(case, first, second, GRADIENTS)
@@ -348,8 +350,7 @@ class Auditor:
                 third.grads = await call.backward([case.inputs], [grad_outputs])
         except ExpertError as exc:
             log.info("third opinion on %s from %s failed: %s", case.uid, decl.peer, describe(exc))
-            if isinstance(exc, ExpertReplyRejected) and exc.excluded:
-                self.stats["exclusions"] += 1
+            self._count_exclusion(exc)
             return None
         return third
 
@@ -384,6 +385,12 @@ class Auditor:
         if mine is None or theirs is None:
             return None
         return Gap(distance(mine, theirs), allowed)
+
+    def _count_exclusion(self, error: ExpertError) -> None:
+        """An audit's own call got its host excluded by the guard (a non-finite reply, or one
+        implausible reply too many): the mixture counts it as its calls' exclusions are."""
+        if isinstance(error, ExpertReplyRejected) and error.excluded:
+            self.stats["exclusions"] += 1
 
     def _exclude(self, peer, reason: str) -> None:
         if self.ledger.exclude(str(peer), reason):
