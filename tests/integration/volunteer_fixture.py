@@ -11,14 +11,14 @@ import trio
 from volunteer.dht import DHTConfig
 from volunteer.experts import ExpertsConfig
 from volunteer.experts.loop import BackgroundLoop
-from volunteer.net.host import HostConfig
+from volunteer.net.stack import StackOptions
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # lying_volunteer: liars for the tests
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 SWARM = "testswarm"
 DHT_CONFIG = DHTConfig(swarm_id=SWARM, expert_update_period=1.0, expert_expiration=3.0)
 
@@ -33,7 +33,7 @@ class Volunteer:
         self.kind = kind
         self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
-            listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=dht_config, nat=False, mdns=False,
+            listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=dht_config, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
             experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
             place=grid is not None and not uids, max_experts=len(list(grid.uids())) if grid is not None else None,
