@@ -12,8 +12,8 @@ replicas synced every 5 s).
 3. the subtle liar, +3 % on a random 20 % of its forwards (``--subtle-runs``, ``--fixed-epochs``):
    its share of the replies, the accuracy it costs against the honest runs (best accuracy over the
    same epochs and seeds), and whether audits flagged it;
-4. what audits cost (``--overhead-runs``, no liar): audits switched off every other step of the
-   same run (``--audits alternate``), median step time with and without (the goal: <= 5 %).
+4. what audits cost (``--overhead-runs``, no liar): audits switched on and off every 10 steps of
+   the same run (``--audits alternate``), median step time with and without (the goal: <= 5 %).
 
 Every process runs torch with one intra-op thread (as benchmarks/experts.py). On a shared machine
 step times are noisy: only figures of the same run are compared.
@@ -85,7 +85,7 @@ def main() -> None:
     print("subtle liar", flush=True)
     subtle = [run(["--liar", "subtle", "--seed", str(seed), "--epochs", str(args.fixed_epochs), "--target", "1.0"])
               for seed in range(args.subtle_runs)]
-    print("audits on and off, alternate steps", flush=True)
+    print("audits on and off, alternating every 10 steps", flush=True)
     overhead = [run(["--honest", "3", "--seed", str(100 + seed), "--epochs", "6", "--target", "1.0", "--audits", "alternate"])
                 for seed in range(args.overhead_runs)]
 
@@ -115,7 +115,7 @@ def main() -> None:
     measured = [r for r in overhead if "error" not in r and r["step_median_audits_on"] and r["step_median_audits_off"]]
     for r in measured:
         on, off = r["step_median_audits_on"], r["step_median_audits_off"]
-        print(f"step time (same run, alternate steps): audits on {on * 1000:.1f} ms, off {off * 1000:.1f} ms, "
+        print(f"step time (same run, blocks of 10 steps): audits on {on * 1000:.1f} ms, off {off * 1000:.1f} ms, "
               f"cost {on / off - 1:+.1%}")
     if measured:
         ratios = [r["step_median_audits_on"] / r["step_median_audits_off"] - 1 for r in measured]
