@@ -12,8 +12,10 @@ replicas synced every 5 s).
 3. the subtle liar, +3 % on a random 20 % of its forwards (``--subtle-runs``, ``--fixed-epochs``):
    its share of the replies, the accuracy it costs against the honest runs (best accuracy over the
    same epochs and seeds), and whether audits flagged it;
-4. what audits cost (``--overhead-runs``, no liar): audits switched on and off every 10 steps of
-   the same run (``--audits alternate``), median step time with and without (the goal: <= 5 %).
+4. what audits cost (``--overhead-runs`` of each, no liar): audits switched on and off every 10
+   steps of the same run (``--audits alternate``), median step time with and without (the goal:
+   <= 5 %), at the policy's floor (2 % of every host's calls) and with the adaptive policy from a
+   cold start (20 % of an untrusted host's calls until it has passed 10 audits in a row).
 
 Every process runs torch with one intra-op thread (as benchmarks/experts.py). On a shared machine
 step times are noisy: only figures of the same run are compared.
@@ -86,8 +88,12 @@ def main() -> None:
     subtle = [run(["--liar", "subtle", "--seed", str(seed), "--epochs", str(args.fixed_epochs), "--target", "1.0"])
               for seed in range(args.subtle_runs)]
     print("audits on and off, alternating every 10 steps", flush=True)
-    overhead = [run(["--honest", "3", "--seed", str(100 + seed), "--epochs", "6", "--target", "1.0", "--audits", "alternate"])
-                for seed in range(args.overhead_runs)]
+    overhead = {
+        policy: [run(["--honest", "3", "--seed", str(100 + seed), "--epochs", "6", "--target", "1.0", "--audits", "alternate",
+                      *extra]) for seed in range(args.overhead_runs)]
+        for policy, extra in (("the default floor, 2 % of every host's calls", ["--audit-rate", "0.02"]),
+                              ("the adaptive policy from a cold start", []))
+    }
 
     print("\nOne liar among 3 honest replicas of every expert (digits, 4x4 grid, replicas synced every 5 s)")
     print(f"{'lie':<9}{'runs':>5}{'best accuracy':>32}{'excluded':>10}  {'after its replies':<30}")
@@ -105,21 +111,25 @@ def main() -> None:
     print(f"no liar: {len(fine)} runs, honest volunteers excluded: {wrongly} "
           f"(best accuracy median {statistics.median([r['best'] for r in fine]):.3f})" if fine else "no liar: no run finished")
     done = [r for r in subtle if "error" not in r]
-    if done and fine:
+    paired = [(h["best"], r["best"]) for h, r in zip(honest, subtle) if "error" not in h and "error" not in r]
+    if done and paired:
         share = statistics.median(r["liar_replies"] / max(1, r["liar_replies"] + r["honest_replies"]) for r in done)
-        cost = statistics.median(r["best"] for r in fine) - statistics.median(r["best"] for r in done)
+        cost = statistics.median(h - r for h, r in paired)  # the same seed: the same data split and model init
         flagged = sum(1 for r in done if r["liar_audits_disagreed"] > 0)
         excluded = sum(1 for r in done if r["liar_excluded"])
         print(f"subtle liar (+3 % on 20 % of forwards): {len(done)} runs, {share:.1%} of the replies, accuracy cost "
-              f"{cost:+.3f} (median best, honest minus subtle), audits flagged it in {flagged} run(s), excluded in {excluded}")
-    measured = [r for r in overhead if "error" not in r and r["step_median_audits_on"] and r["step_median_audits_off"]]
-    for r in measured:
-        on, off = r["step_median_audits_on"], r["step_median_audits_off"]
-        print(f"step time (same run, blocks of 10 steps): audits on {on * 1000:.1f} ms, off {off * 1000:.1f} ms, "
-              f"cost {on / off - 1:+.1%}")
-    if measured:
-        ratios = [r["step_median_audits_on"] / r["step_median_audits_off"] - 1 for r in measured]
-        print(f"audit cost over {len(measured)} runs: median {statistics.median(ratios):+.1%} of the step time (goal <= 5 %)")
+              f"{cost:+.3f} (best accuracy, honest run minus subtle run of the same seed, median), audits flagged it "
+              f"in {flagged} run(s), excluded it in {excluded}")
+    for policy, rows in overhead.items():
+        measured = [r for r in rows if "error" not in r and r["step_median_audits_on"] and r["step_median_audits_off"]]
+        print(f"audits at {policy}:")
+        for r in measured:
+            on, off = r["step_median_audits_on"], r["step_median_audits_off"]
+            print(f"  step time (same run, blocks of 10 steps): audits on {on * 1000:.1f} ms, off {off * 1000:.1f} ms, "
+                  f"cost {on / off - 1:+.1%}; {r['audits']} audits for {r['calls']} calls (half the run without)")
+        if measured:
+            ratios = [r["step_median_audits_on"] / r["step_median_audits_off"] - 1 for r in measured]
+            print(f"  cost over {len(measured)} runs: median {statistics.median(ratios):+.1%} of the step time (goal <= 5 %)")
 
 
 if __name__ == "__main__":

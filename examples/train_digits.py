@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from volunteer import RemoteMixtureOfExperts, Swarm  # noqa: E402
+from volunteer import RemoteMixtureOfExperts, Swarm, TrustPolicy  # noqa: E402
 
 ALTERNATE_EVERY = 10  # --audits alternate: steps with audits on, then as many with them off
 
@@ -147,7 +147,7 @@ class ReplicatedSwarm:
             print(f"liar: {self.liar_peer} ({self.lie})", flush=True)
         return self.swarm.swarm_file
 
-    def report(self, trust: dict, best: float, step_times: dict[bool, list[float]]) -> None:
+    def report(self, trust: dict, best: float, step_times: dict[bool, list[float]], mixture: dict) -> None:
         """What the trainer's checks did to the liar and to the honest volunteers, and a summary
         line for benchmarks/audits.py."""
         import json
@@ -172,6 +172,7 @@ class ReplicatedSwarm:
             "honest_excluded": len(honest_excluded),
             "honest_replies": sum(trust.get(p, {}).get("replies", 0) for p in self.honest_peers),
             "step_median_audits_on": medians[True], "step_median_audits_off": medians[False],
+            "calls": mixture["calls"], "audits": mixture["audits"],
         }
         print("summary: " + json.dumps(summary), flush=True)
 
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--honest", type=int, help="honest replicas of every expert (default 3 with --liar)")
     parser.add_argument("--audits", choices=("on", "off", "alternate"), default="on",
                         help="audit calls (alternate: on and off every 10 steps, to compare step times)")
+    parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
+                        "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
+                        "at least 2 %%)")
     args = parser.parse_args(argv)
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
     epochs = args.epochs or (2000 if args.churn else 30)
@@ -242,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         if churn is not None:
             churn.begin()
         swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
-        swarm = Swarm.join(args.swarm or swarm_file)
+        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher)
+        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30)
+        trust = {"trust": flat} if args.audit_rate else {}
+        swarm = Swarm.join(args.swarm or swarm_file, **trust)
         with swarm:
             from volunteer.experts.faults import FaultInjection
 
@@ -288,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"checks: {mixture['rejected']} replies rejected by the guard, {mixture['audits']} audits, "
                   f"{mixture['disagreements']} disagreements, {mixture['exclusions']} volunteers excluded", flush=True)
             if replicated is not None:
-                replicated.report(swarm.trust_report(), best, step_times)
+                replicated.report(swarm.trust_report(), best, step_times, mixture)
             if churn is not None:
                 print(f"churn: {churn.started} volunteer processes ({churn.graceful} left gracefully, {churn.killed} "
                       f"killed), replicas {args.replicas}: experts lost {ledger.experts_lost}, "
