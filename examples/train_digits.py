@@ -147,7 +147,7 @@ class ReplicatedSwarm:
             print(f"liar: {self.liar_peer} ({self.lie})", flush=True)
         return self.swarm.swarm_file
 
-    def report(self, trust: dict, best: float, step_times: dict[bool, list[float]], mixture: dict) -> None:
+    def report(self, trust: dict, best: float, step_times: dict[bool, list[tuple[float, float]]], mixture: dict) -> None:
         """What the trainer's checks did to the liar and to the honest volunteers, and a summary
         line for benchmarks/audits.py."""
         import json
@@ -164,7 +164,8 @@ class ReplicatedSwarm:
             else:
                 print(f"liar NOT excluded ({liar.get('standing', 'never called')}, {liar.get('replies', 0)} replies, "
                       f"{liar.get('audits_disagreed', 0)} audits disagreed)", flush=True)
-        medians = {on: statistics.median(t) if t else None for on, t in step_times.items()}
+        medians = {on: statistics.median(wall for wall, _ in t) if t else None for on, t in step_times.items()}
+        cpu = {on: statistics.median(cpu for _, cpu in t) if t else None for on, t in step_times.items()}
         summary = {
             "lie": self.lie, "best": best, "liar_excluded": liar.get("standing") == "excluded",
             "liar_excluded_after": liar.get("excluded_after_replies"), "liar_replies": liar.get("replies", 0),
@@ -172,6 +173,7 @@ class ReplicatedSwarm:
             "honest_excluded": len(honest_excluded),
             "honest_replies": sum(trust.get(p, {}).get("replies", 0) for p in self.honest_peers),
             "step_median_audits_on": medians[True], "step_median_audits_off": medians[False],
+            "step_cpu_median_audits_on": cpu[True], "step_cpu_median_audits_off": cpu[False],
             "calls": mixture["calls"], "audits": mixture["audits"],
         }
         print("summary: " + json.dumps(summary), flush=True)
@@ -241,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                            max_experts=args.max_experts or grid[0] * grid[1], life=life, seed=args.seed)
         ledger = ExpertLedger()
     testnet = None if args.swarm or churn or replicated else Testnet(args.volunteers, grid, args.hidden)
-    step_times: dict[bool, list[float]] = {True: [], False: []}  # audits on / off -> seconds per step
+    # audits on / off -> (wall, this process's CPU) seconds per step; the CPU time of all our
+    # threads (the trio one runs the audits) is what other processes' load disturbs least
+    step_times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     try:
         if churn is not None:
             churn.begin()
@@ -272,12 +276,12 @@ def main(argv: list[str] | None = None) -> int:
                     if args.audits == "alternate" and steps % ALTERNATE_EVERY == 0:
                         model.moe.audits = not model.moe.audits
                     steps += 1
-                    step_started = time.perf_counter()
+                    step_started, cpu_started = time.perf_counter(), time.process_time()
                     loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
-                    step_times[model.moe.audits].append(time.perf_counter() - step_started)
+                    step_times[model.moe.audits].append((time.perf_counter() - step_started, time.process_time() - cpu_started))
                     losses.append(loss.item())
                     if ledger is not None and (i // args.batch_size) % 5 == 0:
                         ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
