@@ -10,13 +10,15 @@ and shape as work, sent in the same round as the call it checks (no odd timing),
 backward follows exactly when the audited call did, and followed by that backward with the same
 output gradients (so no audit is a forward whose backward never comes; the auditor's expert takes
 the step a replica would have taken for that work). The protocol carries no audit flag. Only a
-third opinion, asked after a disagreement, is a lone forward, as evaluation calls are.
+third opinion on outputs, asked after a disagreement, is a lone forward, as evaluation calls are.
 
 How answers compare: ``distance`` is the relative L2 gap of two replies. Replicas that trained
-apart since their last sync differ honestly (measured on the digits experts with Adam at 1e-3 and
-a 5 s sync period: median 0.19, up to 0.42), so ``tolerance`` grows from ``drift_floor`` with the
-declared sync ages of both (plus ``heartbeat_slack`` for the declaration's own age) up to
-``max_tolerance``; replicas that never synced, or not recently enough, are not compared. A gap
+apart since their last sync differ honestly (measured on the digits experts, ffn h64 with Adam at
+1e-3, syncs every 5 s or 30 s: median 0.2, at most 0.42, no larger a minute after a sync), so
+``tolerance`` grows from ``drift_floor`` with the declared sync ages of both (plus
+``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``; replicas that never
+synced, or not recently enough, are not compared. Other experts and learning rates drift otherwise:
+``AuditConfig`` holds these numbers. A gap
 beyond the tolerance is a disagreement: both become suspect, and a third replica decides
 (``judge``): the one the two others outvote is excluded for this trainer. With no third replica
 both stay suspect (down-weighted, audited at ``suspect_rate``) until an audit passes. A lie
