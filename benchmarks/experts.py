@@ -115,6 +115,23 @@ def checks_cost(checked, unchecked, x: torch.Tensor, repeats: int) -> dict[str, 
     return {"checked_ms": statistics.median(times[True]) * 1000, "unchecked_ms": statistics.median(times[False]) * 1000}
 
 
+def guard_us(hidden: int, batch: int, repeats: int = 2000) -> float:
+    """Median microseconds the reply checks of one forward+backward take in this process alone
+    (the guard's statistic of the outputs and of the input gradients, its range, the ledger)."""
+    from volunteer.experts.guard import ReplyGuard
+    from volunteer.experts.trust import TrustLedger
+
+    guard = ReplyGuard(TrustLedger())
+    outputs, grad_inputs, grad_outputs = ([torch.randn(batch, hidden)] for _ in range(3))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        guard.check_outputs("ffn.0", "peer", outputs, outputs)
+        guard.check_gradients("ffn.0", "peer", grad_inputs, grad_outputs)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
+
+
 def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hidden: int = 1024, batch: int = 64) -> float:
     expert = RemoteExpert(f"ffn{hidden}.0", addr, client, forward_timeout=60, backward_timeout=60)
     return trainers_throughput(expert, seconds, trainers, hidden, batch)
@@ -160,11 +177,13 @@ def main() -> None:
     print(f"{'throughput samples/s (16 trainers)':<34}{ours['throughput']:>10.0f}{(f'{o:.0f}' if o else 'n/a'):>10}{ratio:>8}")
     print("(overhead ratio: ours / hivemind, goal <= 0.25; throughput ratio: ours / hivemind, goal >= 1)")
     print(f"\nThe trainer's reply checks, ours only (fwd+bwd, median of {args.repeats}, alternating call by call)")
-    print(f"{'figure':<34}{'checks on':>10}{'off':>10}{'cost':>8}")
+    print(f"{'figure':<34}{'checks on':>10}{'off':>10}{'cost':>8}{'checks alone':>14}")
     for hidden, batch in CONFIGS:
         mine = ours[f"{hidden}x{batch}"]
         on, off = mine["checked_ms"], mine["unchecked_ms"]
-        print(f"{f'h{hidden} b{batch} fwd+bwd ms':<34}{on:>10.2f}{off:>10.2f}{on / off - 1:>+8.1%}")
+        alone = guard_us(hidden, batch)
+        print(f"{f'h{hidden} b{batch} fwd+bwd ms':<34}{on:>10.2f}{off:>10.2f}{on / off - 1:>+8.1%}{f'{alone:.0f} us':>14}")
+    print("(checks alone: what they take of one forward+backward in this process, without the network)")
 
 
 if __name__ == "__main__":
