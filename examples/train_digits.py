@@ -249,15 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if churn is not None:
             churn.begin()
+        from volunteer.experts.faults import FaultInjection
+
         swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
         # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher)
         flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30)
         trust = {"trust": flat} if args.audit_rate else {}
-        swarm = Swarm.join(args.swarm or swarm_file, **trust)
-        with swarm:
-            from volunteer.experts.faults import FaultInjection
 
-            swarm.faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
+        faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
+        swarm = Swarm.join(args.swarm or swarm_file, faults=faults, **trust)
+        with swarm:
             model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout)
             model.moe.audits = args.audits != "off"
             optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                         ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
                 acc = accuracy(model, x_test, y_test)
                 best = max(best, acc)
-                stats = swarm.faults.summary()
+                stats = faults.summary()
                 print(f"epoch {epoch:>2}  loss {sum(losses) / len(losses):.3f}  test accuracy {acc:.3f}  "
                       f"({time.monotonic() - started:.0f} s{stats})", flush=True)
                 if acc >= args.target and (churn is None or churn.started >= args.churn_processes):
