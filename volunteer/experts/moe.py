@@ -95,9 +95,9 @@ class _Plan:
                 nonlocal finished
                 try:
                     started = time.monotonic()
-                    results[i] = await self.calls[i].forward([inputs[i]])
+                    outputs = results[i] = await self.calls[i].forward([inputs[i]])
                     self.moe._answered(self.calls[i], time.monotonic() - started)
-                    self.audits[i] = self.moe._auditor.answered(self.calls[i], inputs[i], results[i])
+                    self.audits[i] = self.moe._auditor.answered(self.calls[i], inputs[i], outputs)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
