@@ -11,7 +11,8 @@ syncs and timing stay honest, as a real attacker's modified install would. The l
 - ``nan``: outputs times NaN;
 - ``subtle``: outputs +3 % on a random 20 % of forward passes (close to replicas' honest drift).
 
-``Lie`` and ``lie_in_module`` are importable too (tests make an in-process volunteer lie with them).
+``Lie``, ``lie_in_module`` and ``lie_in_backward`` are importable too (tests make an in-process
+volunteer lie with them).
 """
 
 from __future__ import annotations
@@ -54,6 +55,26 @@ def lie_in_module(module: nn.Module, lie: Lie) -> None:
         return lie(honest(*args, **kwargs))
 
     module.forward = forward
+
+
+class _ScaledInputGradient(torch.autograd.Function):
+    """Identity forward; its backward hands back the input gradient times ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+def lie_in_backward(module: nn.Module, factor: float) -> None:
+    """Make this module instance answer honest outputs but input gradients times ``factor``
+    (NaN, or a scale the guard's range lets pass): only checks of backwards can see it."""
+    honest = module.forward
+    module.forward = lambda x: honest(_ScaledInputGradient.apply(x, factor))
 
 
 def lie_in_every_ffn(lie: Lie) -> None:

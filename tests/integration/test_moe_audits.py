@@ -25,7 +25,7 @@ from .volunteer_fixture import DHT_CONFIG, Volunteer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from lying_volunteer import Lie  # noqa: E402
+from lying_volunteer import Lie, lie_in_backward  # noqa: E402
 
 HIDDEN = 16
 REPLICAS = ReplicasConfig(recheck_period=3600.0, sync_timeout=5.0)
@@ -143,22 +143,9 @@ def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
         world.close()
 
 
-class _TripledInputGradient(torch.autograd.Function):
-    """Identity forward; its backward hands back three times the input gradient."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 3.0
-
-
 def lie_in_backward_only(module: torch.nn.Module) -> None:
     """Honest outputs, input gradients x3: only audits that compare backwards can see it."""
-    honest = module.forward
-    module.forward = lambda x: honest(_TripledInputGradient.apply(x))
+    lie_in_backward(module, 3.0)
 
 
 @pytest.mark.slow

@@ -21,24 +21,11 @@ from .volunteer_fixture import DHT_CONFIG, SWARM, Volunteer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
-from lying_volunteer import Lie  # noqa: E402
-
-
-class _NaNInputGradient(torch.autograd.Function):
-    """Identity forward; its backward hands back NaN (a host lying only in backward)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * float("nan")
+from lying_volunteer import Lie, lie_in_backward  # noqa: E402
 
 
 def lie_in_backward_only(module: torch.nn.Module) -> None:
-    honest = module.forward
-    module.forward = lambda x: honest(_NaNInputGradient.apply(x))
+    lie_in_backward(module, float("nan"))
 
 
 def test_a_volunteer_refuses_non_finite_gradients_and_takes_no_step():
