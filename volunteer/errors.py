@@ -201,6 +201,31 @@ class ExpertBackwardRefusedError(ExpertUnavailableError):
     server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
 
 
+class ExpertExcludedError(ExpertUnavailableError):
+    """This trainer excluded the expert's host: it was caught returning wrong results (a
+    non-finite reply, or outputs that other replicas outvoted in an audit). No call is sent."""
+
+
+class ExpertReplyRejected(ExpertError):
+    """A volunteer's reply failed the trainer's checks (``experts/guard.py``) and was dropped
+    before it reached autograd: the call counts as failed. ``outputs`` keeps the rejected
+    tensors (an audit compares them with another replica's answer to the same inputs);
+    ``excluded`` says whether this rejection got the host excluded."""
+
+    def __init__(self, message: str, *, outputs=None, excluded: bool = False) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+        self.excluded = excluded
+
+
+class NonFiniteReplyError(ExpertReplyRejected):
+    """The reply held NaN or infinity although the trainer sent finite tensors."""
+
+
+class ImplausibleReplyError(ExpertReplyRejected):
+    """The reply's scale is far outside what this expert's replicas have recently returned."""
+
+
 class ExpertProtocolError(ExpertError, RemoteProtocolError):
     """An expert call's message was malformed (tensor payload, error reply, request header)."""
 
