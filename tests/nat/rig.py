@@ -34,153 +34,34 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
+    ALLOWED,
+    INTERNET,
+    MAX_NODES,
+    NATS,
+    PUBLIC,
+    RESERVED,
+    SPECS,
+    Host,
+    Link,
+    Router,
+    Spec,
+    _allowed,
+    _check,
+    double_nat_pair,
+    easy_pair,
+    rst_pair,
+    symmetric_pair,
+)
+
 REPO = Path(__file__).resolve().parents[2]
 DELAYER = Path(__file__).with_name("delayer.py")
-ALLOWED = tuple(
-    ipaddress.ip_network(n)
-    for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "100.64.0.0/10")
-)
-INTERNET = ipaddress.ip_network("203.0.113.0/24")
 NS_RE = re.compile(r"^vr(\d+)([a-z])-([a-z0-9_]+)$")
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,19}$")
-RESERVED = ("internet", "wire")
-NATS = ("eim", "symmetric")
 CMD_TIMEOUT = 30.0  # bound for every command the rig runs itself
 KILL_GRACE = 2.0  # SIGTERM, then SIGKILL after this long
 READY_TIMEOUT = 10.0  # a delayer must say "ready" within this
-MAX_NODES = 64
 SETTLE_TIMEOUT = 10.0  # links must be operationally up within this
 TABLE = "rig"  # nftables table name inside router namespaces
-
-
-# ---------------------------------------------------------------- spec
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """Impairment of one uplink (each direction): delay and jitter in ms, loss in percent."""
-
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    loss_pct: float = 0.0
-
-
-@dataclasses.dataclass(frozen=True)
-class Router:
-    """A NAT router: WAN leg on the internet (or on ``upstream``'s LAN), LAN bridge behind it.
-
-    ``nat``: "eim" (masquerade: endpoint-independent mapping, keeps ports when it can) or
-    "symmetric" (masquerade random,fully-random: a fresh random port per new 5-tuple).
-    ``wan`` is picked from the upstream segment when None. ``link`` impairs the WAN leg.
-    ``unsolicited_tcp``: "drop" (silently, as most home routers) or "reset" (answer a SYN
-    nobody asked for with a RST, as some NAT boxes do; unsolicited UDP is still dropped).
-    """
-
-    name: str
-    lan: str
-    nat: str = "eim"
-    wan: str | None = None
-    upstream: str | None = None
-    link: Link | None = None
-    unsolicited_tcp: str = "drop"
-
-
-@dataclasses.dataclass(frozen=True)
-class Host:
-    """A host: behind ``router`` (default route via it) or, when None, on the internet.
-
-    ``addrs``: first is primary; picked from the router's LAN when empty (behind a router).
-    """
-
-    name: str
-    router: str | None = None
-    addrs: tuple[str, ...] = ()
-    link: Link | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A whole scenario. Routers must be listed after their upstream."""
-
-    routers: tuple[Router, ...] = ()
-    hosts: tuple[Host, ...] = ()
-
-
-PUBLIC = (
-    Host("relay", addrs=("203.0.113.10",)),
-    Host("public", addrs=("203.0.113.20",)),
-    Host("observer", addrs=("203.0.113.30", "203.0.113.31")),
-)
-
-
-def _link(delay_ms: float, jitter_ms: float, loss_pct: float) -> Link | None:
-    return Link(delay_ms, jitter_ms, loss_pct) if (delay_ms or jitter_ms or loss_pct) else None
-
-
-def easy_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """peer_a behind EIM nat_a, peer_b behind EIM nat_b, relay/public/observer on the internet.
-
-    Delay/jitter/loss (per direction) go on both home routers' WAN links.
-    """
-    return _pair("eim", delay_ms, jitter_ms, loss_pct)
-
-
-def symmetric_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """Like easy_pair, but nat_a is symmetric (endpoint-dependent mapping)."""
-    return _pair("symmetric", delay_ms, jitter_ms, loss_pct)
-
-
-def _pair(nat_a: str, delay_ms: float, jitter_ms: float, loss_pct: float) -> Spec:
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("nat_a", "192.0.2.0/26", nat_a, "203.0.113.101", link=link),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-def double_nat_pair(
-    delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, cgnat: str = "eim"
-) -> Spec:
-    """peer_a behind home nat_a behind carrier NAT isp_a (100.64.0.0/24); peer_b behind nat_b."""
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("isp_a", "100.64.0.0/24", cgnat, "203.0.113.111"),
-            Router("nat_a", "192.0.2.0/26", "eim", "100.64.0.2", upstream="isp_a", link=link),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-def rst_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, both: bool = False) -> Spec:
-    """Like easy_pair, but nat_a (and nat_b too when ``both``) answers unsolicited inbound TCP
-    with a RST instead of dropping it (unsolicited UDP is dropped as everywhere)."""
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("nat_a", "192.0.2.0/26", "eim", "203.0.113.101", link=link, unsolicited_tcp="reset"),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link,
-                   unsolicited_tcp="reset" if both else "drop"),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair}
-
-
-def _allowed(addr: str) -> ipaddress.IPv4Address:
-    ip = ipaddress.ip_address(addr)
-    if not any(ip in n for n in ALLOWED):
-        raise ValueError(f"{addr} is outside the rig's allowed ranges")
-    return ip
 
 
 @dataclasses.dataclass
@@ -207,30 +88,6 @@ class _Segment:
                 raise ValueError(f"{addr} is not a free host address in {self.net}")
         self.used.add(ip)
         return ip
-
-
-def _check(spec: Spec) -> None:
-    names = [r.name for r in spec.routers] + [h.name for h in spec.hosts]
-    if len(names) > MAX_NODES:
-        raise ValueError(f"at most {MAX_NODES} nodes")
-    for n in names:
-        if not NAME_RE.match(n) or n in RESERVED:
-            raise ValueError(f"bad node name {n!r}")
-    if len(set(names)) != len(names):
-        raise ValueError("node names must be unique")
-    for r in spec.routers:
-        if r.nat not in NATS:
-            raise ValueError(f"{r.name}: nat must be one of {NATS}")
-        if r.unsolicited_tcp not in ("drop", "reset"):
-            raise ValueError(f"{r.name}: unsolicited_tcp must be 'drop' or 'reset'")
-        if not any(ipaddress.ip_network(r.lan).subnet_of(n) for n in ALLOWED):
-            raise ValueError(f"{r.name}: LAN {r.lan} outside the allowed ranges")
-    for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
-        _allowed(a)
-    for x in list(spec.routers) + list(spec.hosts):
-        if x.link and not (0 <= x.link.delay_ms <= 10_000 and 0 <= x.link.jitter_ms <= 10_000
-                           and 0 <= x.link.loss_pct <= 100):
-            raise ValueError(f"{x.name}: link values out of range")
 
 
 # ---------------------------------------------------------------- helpers
