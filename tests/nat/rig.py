@@ -34,14 +34,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.nat import homes
 from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
     ALLOWED,
     INTERNET,
+    INTERNET_V6,
     MAX_NODES,
     NATS,
     PUBLIC,
     RESERVED,
     SPECS,
+    STUN_HOST,
     Host,
     Link,
     Router,
@@ -49,9 +52,12 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     _allowed,
     _check,
     double_nat_pair,
+    all_homes,
     easy_pair,
+    ipv6_pair,
     rst_pair,
     symmetric_pair,
+    upnp_pair,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -242,6 +248,9 @@ class Rig:
         self._segs: dict[str, _Segment] = {}
         self._ports = itertools.count()
         self._nodes = {x.name: x for x in list(spec.routers) + list(spec.hosts)}
+        self._lan6: dict[str, tuple[str, ipaddress.IPv6Address]] = {}  # IPv6 router -> (its /64, WAN address)
+        self._addrs6: dict[str, list[str]] = {}
+        self._files: list[str] = []  # configuration and pid files of the home daemons
 
     # ---- lifecycle
 
@@ -270,6 +279,9 @@ class Rig:
             _terminate(p)
         for ns in reversed(self.namespaces):
             _delete_ns(ns)
+        files, self._files = self._files, []
+        for path in files:
+            Path(path).unlink(missing_ok=True)
         self.namespaces = []
         _live.discard(self)
 
@@ -342,8 +354,9 @@ class Rig:
         return self.run(router, ["cat", "/proc/net/nf_conntrack"], check=True).stdout.splitlines()
 
     def dropped(self, router: str) -> int:
-        """Packets the router's firewall dropped so far (sum of its drop-rule counters)."""
-        out = self.run(router, ["nft", "-j", "list", "table", "ip", TABLE], check=True).stdout
+        """Packets the router's firewall dropped so far (its drop and reject rules' counters, over
+        every table: IPv4 NAT, the miniupnpd home's inet table, the IPv6 firewall)."""
+        out = self.run(router, ["nft", "-j", "list", "ruleset"], check=True).stdout
         total = 0
         for item in json.loads(out).get("nftables", []):
             for e in item.get("rule", {}).get("expr", []):
@@ -361,12 +374,19 @@ class Rig:
 
     # ---- building
 
-    def _add_ns(self, name: str, router: bool = False) -> str:
+    def _add_ns(self, name: str, router: bool = False, ipv6: bool = False) -> str:
         ns = f"{self.tag}-{name}"
         _cmd(["ip", "netns", "add", ns])
         self.namespaces.append(ns)
         _cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
-        ctl = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+        if ipv6:  # no duplicate address detection: addresses are usable at once, the rig picks them
+            ctl = ["net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+                   "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+                   "net.ipv6.conf.all.accept_ra=0", "net.ipv6.conf.default.accept_ra=0"]
+            if router:
+                ctl.append("net.ipv6.conf.all.forwarding=1")
+        else:
+            ctl = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
         if router:
             ctl.append("net.ipv4.ip_forward=1")
         _cmd(["ip", "netns", "exec", ns, "sysctl", "-q", "-e", "-w", *ctl])
@@ -415,7 +435,7 @@ class Rig:
                 raise ValueError(f"{r.name}: upstream {r.upstream!r} must be a router listed first")
             up = self._segs[r.upstream or "internet"]
             wan = up.take(r.wan, 101 if r.upstream is None else 2)
-            ns = self._add_ns(r.name, router=True)
+            ns = self._add_ns(r.name, router=True, ipv6=r.ipv6 is not None)
             lan_net = ipaddress.ip_network(r.lan)
             gw = next(lan_net.hosts())
             seg = _Segment(ns, self._bridge(ns, "lan"), lan_net, gw, {gw})
@@ -426,8 +446,11 @@ class Rig:
             _cmd(["ip", "-n", ns, "addr", "add", f"{gw}/{lan_net.prefixlen}", "dev", seg.bridge])
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
-            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"],
-                 input=_ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
+            rules = (homes.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
+                     else _ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
+            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
+            if r.ipv6 is not None:
+                self._ipv6_router(r, ns, wif, seg.bridge)
             self._addrs[r.name] = [str(wan), str(gw)]
             self._up[r.name] = r.upstream
         for h in self.spec.hosts:
@@ -437,7 +460,8 @@ class Rig:
             if h.router is None and not h.addrs:
                 raise ValueError(f"{h.name}: a public host needs explicit addrs")
             ips = [seg.take(a, 2) for a in h.addrs] or [seg.take(None, 2)]
-            ns = self._add_ns(h.name)
+            lan6 = self._lan6.get(h.router) if h.router else None
+            ns = self._add_ns(h.name, ipv6=lan6 is not None)
             eth = f"{self.iftag}-eth0"
             self._attach(ns, eth, seg, h.link)
             for ip in ips:
@@ -446,7 +470,64 @@ class Rig:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(seg.gateway)])
             self._addrs[h.name] = [str(ip) for ip in ips]
             self._up[h.name] = h.router
+            if lan6 is not None:
+                self._ipv6_host(h.name, ns, eth, lan6)
+        self._route_ipv6_homes()
         self._settle()
+        self._start_home_daemons()
+
+    # ---- the richer homes (homes.py): IPv6 behind a firewall, miniupnpd
+
+    def _ipv6_router(self, r: Router, ns: str, wan: str, lan: str) -> None:
+        """Give an IPv6 home's router its WAN address on the internet's /64, its LAN's /64 and
+        the stateful firewall; the internet namespace forwards IPv6 from then on."""
+        wan6 = homes.ipv6_wan(INTERNET_V6, len(self._lan6))
+        gw6 = homes.ipv6_lan(r.ipv6, 1)
+        self._lan6[r.name] = (r.ipv6, wan6)
+        _cmd(["ip", "netns", "exec", self.ns("internet"), "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0"])
+        _cmd(["ip", "-n", ns, "addr", "add", f"{wan6}/{INTERNET_V6.prefixlen}", "dev", wan, "nodad"])
+        _cmd(["ip", "-n", ns, "addr", "add", f"{gw6}/64", "dev", lan, "nodad"])
+        _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=homes.ipv6_firewall(TABLE + "6", wan, lan))
+        self._addrs6[r.name] = [str(wan6), str(gw6)]
+
+    def _ipv6_host(self, name: str, ns: str, eth: str, lan6: tuple[str, ipaddress.IPv6Address]) -> None:
+        prefix, _ = lan6
+        taken = sum(1 for other in self._addrs6 if other in self._up and self._up[other] == self._up[name])
+        ip6 = homes.ipv6_lan(prefix, 2 + taken)
+        _cmd(["ip", "-n", ns, "addr", "add", f"{ip6}/64", "dev", eth, "nodad"])
+        _cmd(["ip", "-n", ns, "-6", "route", "add", "default", "via", str(homes.ipv6_lan(prefix, 1))])
+        self._addrs6[name] = [str(ip6)]
+
+    def _route_ipv6_homes(self) -> None:
+        """Every IPv6 router reaches the other homes' /64s through their WAN addresses (the
+        internet has no router of its own: its segment is one bridge)."""
+        for router in self._lan6:
+            for other, (prefix, wan6) in self._lan6.items():
+                if other != router:
+                    _cmd(["ip", "-n", self.ns(router), "-6", "route", "add", prefix, "via", str(wan6)])
+
+    def _start_home_daemons(self) -> None:
+        """The STUN responder, then miniupnpd on each miniupnpd router; returns once they serve."""
+        upnp = [r for r in self.spec.routers if r.upnp]
+        if not upnp:
+            return
+        stun_ips = self.addrs(STUN_HOST)
+        stun = self.popen(STUN_HOST, homes.stun_command(stun_ips), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        homes.wait_ready(stun, "ready", read_line)
+        for r in upnp:
+            ns = self.ns(r.name)
+            conf, pid = f"/tmp/{ns}-miniupnpd.conf", f"/tmp/{ns}-miniupnpd.pid"
+            uuid = f"{os.getpid() & 0xFFFFFFFF:08x}-0000-4000-8000-{abs(hash(ns)) & 0xFFFFFFFFFFFF:012x}"
+            Path(conf).write_text(homes.miniupnpd_conf(TABLE, f"{self.iftag}-wan", f"{self.iftag}-lan", r.lan,
+                                                       stun_ips[0], uuid))
+            self._files += [conf, pid]
+            daemon = self.popen(r.name, homes.miniupnpd_command(conf, pid), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+            homes.wait_ready(daemon, homes.MINIUPNPD_READY, read_line)
+
+    def addrs6(self, node: str) -> list[str]:
+        """A node's IPv6 addresses (a router: WAN, then LAN gateway); empty without IPv6."""
+        return list(self._addrs6.get(node, []))
 
     def _settle(self) -> None:
         """Wait until every link is operationally up with a real qdisc.
