@@ -102,17 +102,17 @@ def easy_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
     return _pair("eim", delay_ms, jitter_ms, loss_pct)
 
 
-def symmetric_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """Like easy_pair, but nat_a is symmetric (endpoint-dependent mapping)."""
-    return _pair("symmetric", delay_ms, jitter_ms, loss_pct)
+def symmetric_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, both: bool = False) -> Spec:
+    """Like easy_pair, but nat_a is symmetric (endpoint-dependent mapping); nat_b too when ``both``."""
+    return _pair("symmetric", delay_ms, jitter_ms, loss_pct, nat_b="symmetric" if both else "eim")
 
 
-def _pair(nat_a: str, delay_ms: float, jitter_ms: float, loss_pct: float) -> Spec:
+def _pair(nat_a: str, delay_ms: float, jitter_ms: float, loss_pct: float, nat_b: str = "eim") -> Spec:
     link = _link(delay_ms, jitter_ms, loss_pct)
     return Spec(
         routers=(
             Router("nat_a", "192.0.2.0/26", nat_a, "203.0.113.101", link=link),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
+            Router("nat_b", "192.0.2.64/26", nat_b, "203.0.113.102", link=link),
         ),
         hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
         + PUBLIC,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable, Sequence
 
+from .interfaces import global_ipv6_addrs
 from .multiaddr import Multiaddr
 
 
@@ -47,7 +48,8 @@ def is_loopback(addr: Multiaddr) -> bool:
 
 
 def expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
-    """Replace 0.0.0.0 / :: with this machine's addresses (loopback and the hostname's)."""
+    """Replace 0.0.0.0 / :: with this machine's addresses (loopback, the hostname's, and for ::
+    every global IPv6 address of its interfaces: those are what peers dial)."""
     components = addr.components
     if not components or components[0][1] not in ("0.0.0.0", "::"):
         return [addr]
@@ -55,6 +57,8 @@ def expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
     family = socket.AF_INET if name == "ip4" else socket.AF_INET6
     loopback = "127.0.0.1" if family == socket.AF_INET else "::1"
     hosts = [loopback]
+    if family == socket.AF_INET6:
+        hosts += [ip for ip in global_ipv6_addrs() if ip not in hosts]
     try:
         for info in socket.getaddrinfo(socket.gethostname(), None, family, socket.SOCK_STREAM):
             ip = str(info[4][0])

@@ -22,7 +22,8 @@ from ..events import ObservedAddrChanged, PeerIdentified
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
-from .observed import MappingType, ObservedAddrs, probe_target
+from .birthday import udp_role
+from .observed import MappingType, ObservedAddrs, endpoint_of, probe_target
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,18 @@ class AddressObserver(BaseService):
     def external_addrs(self, now: float) -> list[Multiaddr]:
         """Observed external addresses of our listen ports: what a hole punch asks the peer to dial."""
         return self.observed.external_addrs(now, self.host.listen_addrs)
+
+    def udp_role(self, now: float) -> str | None:
+        """Our side of a birthday probe (``birthday.udp_role``): from the mapping peers observed for
+        our IPv4 QUIC listen port."""
+        ports = [found[2] for found in map(endpoint_of, self.host.listen_addrs)
+                 if found is not None and found[0] == "quic" and ":" not in found[1]]
+        local = ports[0] if ports else None
+        if local is None:
+            return None
+        observed = [found[2] for found in map(endpoint_of, self.observed.candidates(now, local, transport="quic"))
+                    if found is not None and ":" not in found[1]]
+        return udp_role(self.observed.mapping(now, local, transport="quic"), observed, local)
 
     def mapping(self, now: float) -> MappingType:
         """The NAT mapping type of our (first) TCP listen port."""
