@@ -52,6 +52,7 @@ class PortMapper(BaseService):
         self._upnp: UpnpGateway | None = None
         self._next_confirm = -math.inf
         self.started = trio.Event()  # set once the first try has ended (doctor waits for it)
+        self._nursery: trio.Nursery | None = None
 
     @property
     def gateway(self) -> str | None:
@@ -74,23 +75,29 @@ class PortMapper(BaseService):
         self.host = host
         kinds = (ListenAddrsChanged, ObservedAddrChanged, ReachabilityChanged, PeerIdentified)
         with host.events.subscribe(*kinds, max_queued=limits.MAX_CONNECTIONS) as events:
-            task_status.started()
-            try:
-                changed = False
-                while True:
-                    await self._step(changed)
-                    changed = False
-                    with trio.move_on_at(self._wake_at()):
-                        try:
-                            event = await events.receive()
-                        except trio.EndOfChannel:
-                            return  # the Host is closing
-                        if isinstance(event, (ObservedAddrChanged, ReachabilityChanged)):
-                            changed = True
-                            self.plan.network_changed()
-            finally:
-                with trio.CancelScope(shield=True), trio.move_on_after(limits.PORTMAP_REMOVE_DEADLINE):
-                    await self.unmap_all()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                try:
+                    await self._loop(events)
+                finally:
+                    nursery.cancel_scope.cancel()
+                    with trio.CancelScope(shield=True), trio.move_on_after(limits.PORTMAP_REMOVE_DEADLINE):
+                        await self.unmap_all()
+
+    async def _loop(self, events) -> None:
+        changed = False
+        while True:
+            await self._step(changed)
+            changed = False
+            with trio.move_on_at(self._wake_at()):
+                try:
+                    event = await events.receive()
+                except trio.EndOfChannel:
+                    return  # the Host is closing
+                if isinstance(event, (ObservedAddrChanged, ReachabilityChanged)):
+                    changed = True
+                    self.plan.network_changed()
 
     async def _step(self, network_changed: bool) -> None:
         now = trio.current_time()
@@ -268,8 +275,8 @@ class PortMapper(BaseService):
     def _publish(self, push: bool = True) -> None:
         """Tell the bus what we advertise now; tell connected peers too (identify push) when it changed."""
         self.host.events.publish(PortMappingChanged(tuple(self.plan.advertised())))
-        if push:
-            self.host.start_soon(self._push_identify, name="identify push after a port mapping change")
+        if push and self._nursery is not None:
+            self._nursery.start_soon(self._push_identify, name="identify push after a port mapping change")
 
     async def _push_identify(self) -> None:
         try:
