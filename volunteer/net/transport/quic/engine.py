@@ -70,7 +70,8 @@ class Engine(QuicConnection):
     def raise_datagram_size(self, size: int) -> int:
         """Send datagrams of up to ``size`` bytes from now on (never more than the peer accepts);
         returns the size in force. For paths whose MTU we know (loopback)."""
-        current: int = self._max_datagram_size  # type: ignore[has-type]  # aioquic sets it untyped in __init__
+        # aioquic sets it untyped in __init__, so mypy may or may not know its type (it depends on order)
+        current = int(getattr(self, "_max_datagram_size"))
         size = max(current, min(size, self.peer_max_udp_payload))
         self._max_datagram_size = size
         self._loss._pacer._max_datagram_size = size
