@@ -105,6 +105,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9101)")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
+    p.add_argument("--no-port-mapping", action="store_true",
+                   help="do not ask the home router to forward our ports (UPnP IGD, NAT-PMP, PCP); also "
+                   "[join] port_mapping = false in the config, or VOLUNTEER_NO_PORT_MAPPING=1")
     add_control_flag(p)
     p.set_defaults(run=run_join)
 
@@ -124,7 +127,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         q.set_defaults(run=run_control, control_cmd=name)
 
 
+def port_mapping_wanted(args: argparse.Namespace, settings: dict) -> bool:
+    """Whether join asks the router for port mappings: not with --no-port-mapping, nor with
+    port_mapping = false in the settings, nor with VOLUNTEER_NO_PORT_MAPPING=1 (which the stack's
+    default honours)."""
+    return not getattr(args, "no_port_mapping", False) and settings.get("port_mapping", True) \
+        and os.environ.get("VOLUNTEER_NO_PORT_MAPPING") != "1"
+
+
 def build_options(args: argparse.Namespace):
+    from ..net.stack import StackOptions
     from ..node import VolunteerOptions
     from .daemon import DaemonOptions
 
@@ -172,6 +184,7 @@ def build_options(args: argparse.Namespace):
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
+        stack=None if port_mapping_wanted(args, settings) else StackOptions(port_mapping=False),
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
         place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
         max_experts=max_experts,
