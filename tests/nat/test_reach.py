@@ -6,6 +6,7 @@ mapping stay relayed and work. Each kind of pair once (the whole matrix is bench
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -143,3 +144,56 @@ def test_an_easy_home_and_a_symmetric_one_end_direct_by_birthday_probing_nine_ti
     print(f"\nbirthday probing, easy <-> symmetric: {direct} of 10 direct;",
           "seconds to direct:", [round(r["seconds_to_direct"], 2) for r in reports])
     assert direct >= 9, reports
+
+
+def start_quic_relay(rig, node):
+    """A relay on TCP and QUIC in ``node`` (a second observer of our addresses, for doctor)."""
+    ip = rig.addr(node)
+    proc = rig.popen(node, [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-{node}.key",
+                            "--listen", "/ip4/0.0.0.0/tcp/4001", "--listen", "/ip4/0.0.0.0/udp/4001/quic-v1",
+                            "--announce", f"/ip4/{ip}/tcp/4001", "--announce", f"/ip4/{ip}/udp/4001/quic-v1"],
+                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert read_line(proc, timeout=20).startswith("relay ")
+    return read_line(proc, timeout=20).split()[-1]
+
+
+def doctor(rig, node, peers):
+    env = {k: v for k, v in os.environ.items() if k != "VOLUNTEER_NO_PORT_MAPPING"}  # doctor asks the rig's router
+    result = rig.run(node, [PY, "-m", "volunteer", "doctor", "--identity", f"/tmp/{rig.tag}-{node}-doctor.key",
+                            "--perf-size", "0", "--json", *peers], timeout=120, env=env)
+    assert result.stdout, result.stderr
+    return {c["name"]: c for c in json.loads(result.stdout)}
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(200)
+def test_doctor_tells_the_router_protocol_the_mapping_and_whether_mapping_varies_by_destination(make_rig):
+    """In the miniupnpd home: PCP answered, both ports mapped and reached from outside, and peers
+    get in whatever the NAT's own mapping. In the plain symmetric home: no router protocol, the
+    advice to turn one on, and a mapping that varies by destination."""
+    rig = make_rig(rigmod.upnp_pair())
+    peers = [start_relay(rig), start_quic_relay(rig, "public")]
+    mapped = doctor(rig, "peer_a", peers)
+    assert mapped["port mapping"]["status"] == "OK" and mapped["port mapping"]["detail"].startswith("PCP: "), mapped
+    assert "/ip4/203.0.113.101/tcp/" in mapped["port mapping"]["detail"], mapped
+    assert "/ip4/203.0.113.101/udp/" in mapped["port mapping"]["detail"], mapped
+    for transport in ("TCP", "QUIC"):
+        # the router's own NAT varies by destination, but a mapped port keeps its external port
+        # for every destination (miniupnpd's rules): either way, peers get in
+        check = mapped[f"NAT mapping {transport}"]
+        assert check["status"] == "OK", mapped
+        assert "varies by destination" in check["detail"] or "same for every destination" in check["detail"], mapped
+    assert mapped["hairpinning"]["status"] in ("OK", "WARN") and "203.0.113.101" in mapped["hairpinning"]["detail"], mapped
+    plain = doctor(rig, "peer_b", peers)
+    assert plain["port mapping"]["status"] == "WARN" and "speaks none of" in plain["port mapping"]["detail"], plain
+    assert "UPnP" in plain["port mapping"]["fix"], plain
+    check = plain["NAT mapping QUIC"]
+    assert check["status"] == "WARN" and "varies by destination" in check["detail"] and "birthday" in check["detail"], plain
+
+
+@pytest.mark.slow
+def test_doctor_sees_a_global_ipv6_address_and_listens_on_it(make_rig):
+    rig = make_rig(rigmod.ipv6_pair())
+    checks = doctor(rig, "peer_a", [start_relay(rig)])
+    assert checks["IPv6"]["status"] == "OK" and "global address 2001:db8:a::" in checks["IPv6"]["detail"], checks
+    assert "/ip6/::/tcp/" in checks["listening"]["detail"] and "/ip6/::/udp/" in checks["listening"]["detail"], checks

@@ -19,7 +19,7 @@ from ..widgets import duration, short
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..node import JoinError
-from .doctor import CHECK_TIMEOUT, Check, diagnose, report
+from .doctor import CHECK_TIMEOUT, Check, diagnose, listen_addrs, port_mapping_off, report
 
 LOOKUP_TIMEOUT = 60.0
 DASH = "–"
@@ -109,7 +109,7 @@ def run_hivemind_doctor(args: argparse.Namespace, spec) -> int:
         raise VolunteerError(f"hivemind swarm {spec.name!r} lists no initial peers to check")
 
     async def both() -> list[Check]:
-        checks = await diagnose(load_identity(args), Multiaddr(args.listen), peers, 0)
+        checks = await diagnose(load_identity(args), listen_addrs(args), peers, 0, port_mapping_off(args))
         return checks + await hivemind_checks(peers)
 
     return report(trio.run(both), as_json=args.json)
