@@ -67,6 +67,9 @@ class HolePuncher(BaseService):
         # Addresses whose inbound connection is the punch we expect from that peer, and the role
         # we keep on it (see classify_inbound).
         self._expected: dict[Multiaddr, tuple[PeerID, Direction]] = {}
+        # The same, by IP, for TCP as the upgrade's client: a peer behind a symmetric NAT dialling
+        # our router's port mapping reaches us from a port nobody told us (its NAT picked it anew).
+        self._expected_tcp_ips: dict[str, tuple[PeerID, Direction]] = {}
         self._punching: set[PeerID] = set()
         self._last_try: dict[PeerID, float] = {}
         # every attempt, by transport and result (both sides count theirs): see snapshot()
@@ -88,7 +91,10 @@ class HolePuncher(BaseService):
             if found is not None and found[0] == "quic" and found[1] in self._probing:
                 # a birthday probe's dial: from one of the hard side's many ports, any of which may win
                 return InboundClass(role=Direction.INBOUND, path=Path.HOLE_PUNCHED)
-            return None
+            if found is not None and found[0] == "tcp":
+                expected = self._expected_tcp_ips.get(found[1])
+            if expected is None:
+                return None
         peer, role = expected
         return InboundClass(role=role, expected_peer=peer, path=Path.HOLE_PUNCHED)
 
@@ -272,18 +278,28 @@ class HolePuncher(BaseService):
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:
         """While we punch, an inbound connection from one of ``addrs`` is this punch
         (``classify_inbound``): over TCP only when we are the upgrade's client (as its server, a
-        plain inbound connection is what we expect anyway), over QUIC always."""
+        plain inbound connection is what we expect anyway), and then from any port of their IPs
+        (a symmetric NAT's new port, dialling our port mapping); over QUIC always."""
         registered = [
             addr for addr in addrs
             if addr not in self._expected and (role is Direction.OUTBOUND or punch_transport(addr) == "quic")
         ]
         for addr in registered:
             self._expected[addr] = (peer, role)
+        ips: list[str] = []
+        if role is Direction.OUTBOUND:
+            for addr in addrs:
+                found = endpoint_of(addr)
+                if found is not None and found[0] == "tcp" and found[1] not in self._expected_tcp_ips:
+                    self._expected_tcp_ips[found[1]] = (peer, role)
+                    ips.append(found[1])
         try:
             yield
         finally:
             for addr in registered:
                 self._expected.pop(addr, None)
+            for ip in ips:
+                self._expected_tcp_ips.pop(ip, None)
 
     async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
         """Punch every address at once, within the step's budget: TCP by dialling from our listen
