@@ -121,7 +121,7 @@ def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float)
         attempts = max((o["attempts"] for o in outcomes), default=0)
     return {"ok": report["ok"], "direct": direct, "transport": report["transport"], "attempts": attempts,
             "seconds": report.get("seconds_to_direct") if direct else None, "remote": report["remote_addr"],
-            "birthday": report.get("birthday", {})}
+            "birthday": report.get("birthday", {}), "report": report}
 
 
 def run_mode(rig: Rig, relay_addr: str, mode: Mode, pairs: list[tuple[str, str]], listen_port: int,
@@ -156,6 +156,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wait", type=float, default=15.0, help="seconds each dialer gives DCUtR to go direct")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="one-way delay on each home router's WAN link")
+    parser.add_argument("--raw", type=Path, metavar="FILE.jsonl", help="also write each dialer's full report here")
     parser.add_argument("--pair", action="append", metavar="DIALER-LISTENER",
                         help=f"only these pairs (repeatable; homes: {', '.join(HOMES)})")
     args = parser.parse_args()
@@ -169,6 +170,11 @@ def main() -> None:
         relay_addr = start_relay(rig)
         full = run_mode(rig, relay_addr, FULL, pairs, LISTEN_PORT, FIRST_DIAL_PORT, args.wait)
         today = run_mode(rig, relay_addr, TODAY, pairs, LISTEN_PORT + 1000, FIRST_DIAL_PORT + 1000, args.wait)
+    if args.raw:
+        with args.raw.open("w") as out:
+            for mode, rows in ((FULL, full), (TODAY, today)):
+                for (dialer, listener), row in rows.items():
+                    out.write(json.dumps({"mode": mode.name, "dialer": dialer, "listener": listener, **row}) + "\n")
     header = f"{'via':<6}{'path':<10}{'att':>3}  {'sec':>6}"
     print(f"\n{'pair':<20}| {FULL.name:<27}| {TODAY.name}")
     print(f"{'':<20}| {header:<27}| {header}")
