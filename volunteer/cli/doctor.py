@@ -2,7 +2,8 @@
 does the router map ports, does our NAT's mapping vary by destination, does it hairpin, IPv6?
 
 Each check prints one line, OK / WARN / FAIL, with what to do about it. The swarm is a name or
-swarm file (its relays and bootstrap peers are checked) or the peers' multiaddrs.
+swarm file (the peers its kind says to check: ours, its relays and bootstrap peers; hivemind's,
+its initial peers, then whether they speak hivemind's DHT and kad) or the peers' multiaddrs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import asdict
 import trio
 
 from ..errors import VolunteerError, describe
+from ..kinds import Check, SwarmKind, kind_of
 from ..net.events import PortMappingChanged
 from ..net.host import Host
 from ..net.identity import KeyPair
@@ -29,7 +31,7 @@ from ..net.nat.relay_client import reserve
 from ..net.stack import StackOptions, open_stack
 from ..net.perf import PERF, format_size, parse_size, perf_stream
 from .netcmds import add_identity_flag, load_identity
-from .reachcheck import Check, hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
+from .reachcheck import hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
 
 CHECK_TIMEOUT = 15.0
 PORT_MAPPING_WAIT = 10.0  # for the router to answer (PCP and NAT-PMP give up after 3.75 s, UPnP after 1 s of discovery)
@@ -73,7 +75,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    peers = []
+    peers: list[Multiaddr] = []
+    perf = True  # every peer serves perf, unless a swarm's kind says its peers do not
+    kinds: list[tuple[SwarmKind, list[Multiaddr]]] = []  # each swarm's kind, for its own checks
     for text in args.peers:
         if text.startswith("/") and not text.endswith(".toml"):
             peers.append(Multiaddr(text))
@@ -81,19 +85,23 @@ def run_doctor(args: argparse.Namespace) -> int:
             from ..swarmfile import resolve_swarm
 
             spec = resolve_swarm(text)
-            if spec.kind == "hivemind" and len(args.peers) == 1:
-                from .hivemindcmd import run_hivemind_doctor
-
-                return run_hivemind_doctor(args, spec)
-            if not spec.entry_points:
-                raise VolunteerError(f"swarm {spec.name!r} lists no bootstrap peers or relays to check")
-            peers.extend(a for a in spec.entry_points if a not in peers)
+            kind = kind_of(spec)
+            plan = kind.doctor_plan(spec)
+            perf = perf and plan.perf
+            kinds.append((kind, plan.peers))
+            peers.extend(a for a in plan.peers if a not in peers)
     try:
-        perf_size = parse_size(args.perf_size)
+        perf_size = parse_size(args.perf_size) if perf else 0
     except ValueError as exc:
         raise VolunteerError(str(exc)) from None
-    checks = trio.run(diagnose, load_identity(args), listen_addrs(args), peers, perf_size, port_mapping_off(args))
-    return report(checks, as_json=args.json)
+
+    async def all_checks() -> list[Check]:
+        checks = await diagnose(load_identity(args), listen_addrs(args), peers, perf_size, port_mapping_off(args))
+        for kind, its_peers in kinds:
+            checks += await kind.check_peers(its_peers)
+        return checks
+
+    return report(trio.run(all_checks), as_json=args.json)
 
 
 def listen_addrs(args: argparse.Namespace) -> list[Multiaddr]:

@@ -8,20 +8,9 @@ WARN or FAIL, what was found, and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ..kinds import Check
 from ..net.nat.observed import MappingType
-
-
-@dataclass
-class Check:
-    """One line of the doctor's report."""
-
-    status: str  # OK, WARN, FAIL
-    name: str
-    detail: str
-    fix: str = ""
-
 
 PROTOCOL_NAMES = {"pcp": "PCP", "natpmp": "NAT-PMP", "upnp": "UPnP IGD"}
 MAPPING_FIX = ("turn on UPnP IGD, NAT-PMP or PCP in your router's settings, or forward the listen ports "
@@ -114,4 +103,4 @@ def ipv6_check(global_addrs: Sequence[str], reached: bool | None, why: str = "")
                  "if no volunteer ever connects over IPv6, check that your router passes outgoing IPv6")
 
 
-__all__ = ["Check", "hairpin_check", "ipv6_check", "nat_mapping_check", "port_mapping_check"]
+__all__ = ["hairpin_check", "ipv6_check", "nat_mapping_check", "port_mapping_check"]
