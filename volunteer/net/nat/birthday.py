@@ -14,7 +14,8 @@ side's NAT lets it in, since the easy side's probe went to exactly that port.
 Each side only knows its own NAT (``udp_role``): a hard side opens sockets, an easy side sprays;
 two hard sides both open sockets and nobody sprays (that pair stays relayed, as it must without a
 port mapping). Probing runs only after an attempt's ordinary punch has failed, from the same
-moment on both sides (the end of the ordinary punch's budget).
+moment on both sides (DCUTR_MAX_PUNCH after the attempt's synchronised start: each side's own
+budget comes from the round trip it measured, and the two differ).
 """
 
 from __future__ import annotations

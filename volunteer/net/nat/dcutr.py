@@ -304,12 +304,15 @@ class HolePuncher(BaseService):
     async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
         """Punch every address at once, within the step's budget: TCP by dialling from our listen
         port, QUIC by dialling (as the client) or by sending punch packets (as the server). When
-        that fails, a birthday probe over UDP follows, from the same moment on both sides (the end
-        of the budget). The first direct connection wins, ours or one the peer opened to us
-        (DirectConnectionUp). Returns it (or None) and whether it was our own dial."""
+        that fails, a birthday probe over UDP follows, from the same moment on both sides: the
+        longest budget after the punch's start (each side sized its own budget from the round trip
+        it measured, and the two differ; a hard side opening its sockets after the easy side's
+        probes have gone out finds nothing). The first direct connection wins, ours or one the
+        peer opened to us (DirectConnectionUp). Returns it (or None) and whether it was our own dial."""
         winner: list[tuple[Connection, bool]] = []
         quic = self.host.service(QuicTransport)
-        birthday_at = trio.current_time() + step.budget
+        started = trio.current_time()
+        birthday_at = started + limits.DCUTR_MAX_PUNCH
         with self.host.events.subscribe(DirectConnectionUp) as direct_ups:
             async with trio.open_nursery() as nursery:
 
@@ -335,10 +338,9 @@ class HolePuncher(BaseService):
                             return
 
                 async def phases() -> None:
-                    with trio.move_on_at(birthday_at):
+                    with trio.move_on_at(started + step.budget):
                         await self._ordinary_punch(peer, step, quic, won)
-                    await trio.sleep_until(birthday_at)
-                    await self._birthday(peer, step, quic, won)
+                    await self._birthday(peer, step, quic, won, birthday_at)
                     nursery.cancel_scope.cancel()
 
                 nursery.start_soon(watch)
@@ -372,13 +374,15 @@ class HolePuncher(BaseService):
                 elif transport == "quic":
                     nursery.start_soon(spray, addr)
 
-    async def _birthday(self, peer: PeerID, step: PunchStep, quic: QuicTransport | None, won) -> None:
-        """One birthday probe (``birthday``), when our NAT and the peer's addresses call for one."""
+    async def _birthday(self, peer: PeerID, step: PunchStep, quic: QuicTransport | None, won, start_at: float) -> None:
+        """One birthday probe (``birthday``) from ``start_at``, when our NAT and the peer's
+        addresses call for one (without, the attempt ends now)."""
         if quic is None or self.observer is None or quic.endpoint_for(socket.AF_INET) is None:
             return
         plan = birthday_step(self.observer.udp_role(trio.current_time()), step.addrs, random.Random())
         if plan is None:
             return
+        await trio.sleep_until(start_at)
         self.birthday_probes[plan.role] = self.birthday_probes.get(plan.role, 0) + 1
         with trio.move_on_after(plan.budget):
             if plan.role == EASY:
