@@ -102,6 +102,19 @@ class KeepaliveTimeout(ConnectionLost):
     """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
 
 
+class PortMappingError(VolunteerError):
+    """A router refused or could not make a port mapping (NAT-PMP, PCP or UPnP IGD said why).
+    ``code``: the protocol's result code, when it gave one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PortMappingMessageError(PortMappingError, RemoteProtocolError):
+    """A router's port-mapping answer was malformed (too short, wrong version, wrong opcode)."""
+
+
 class ResourceLimitExceeded(VolunteerError):
     """A configured bound (streams, pending handshakes, buffer size) would be exceeded."""
 
