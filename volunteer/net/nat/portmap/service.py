@@ -149,22 +149,22 @@ class PortMapper(BaseService):
                     self.errors[protocol] = "no IPv4 default gateway to ask"
                     continue
                 nursery.start_soon(attempt, protocol)
-        _, protocol = settled(outcomes)
+        _, answered = settled(outcomes)
         failed: list[str] = []
-        if protocol is None:
+        if answered is None:
             failed.append("no router answered: " + "; ".join(f"{p}: {e}" for p, e in self.errors.items()))
         else:
             for lease in leases:
-                if lease.protocol == protocol:
+                if lease.protocol == answered:
                     self._granted(lease)
             for item in wanted:
-                if item in self.plan.leases and self.plan.leases[item].protocol == protocol:
+                if item in self.plan.leases and self.plan.leases[item].protocol == answered:
                     continue
                 try:
-                    self._granted(await self._map(protocol, item))
+                    self._granted(await self._map(answered, item))
                 except (PortMappingError, OSError) as exc:
                     failed.append(f"{item.kind} port {item.internal_port}: {describe(exc)}")
-        self.plan.tried(trio.current_time(), protocol, "; ".join(failed), wanted)
+        self.plan.tried(trio.current_time(), answered, "; ".join(failed), wanted)
         if failed:
             log.info("port mapping: %s", self.plan.error)
 
