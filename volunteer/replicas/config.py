@@ -35,6 +35,19 @@ class ReplicasConfig:
     max_group: int = 16  # replicas of one expert averaged together (the others are ignored)
     stash_ttl: float = 10.0  # a contribution that arrives before our round opens waits this long
     max_stashed_bytes: int = 512 * MiB  # contributions waiting for a round, all experts together
+    # what a round believes (guard.py): a contribution may lie this many times the learned honest
+    # drift from our parameters; the drift is learned from this many accepted distances; before
+    # anything is learned a pair's first round bounds it by this share of our parameters' norm
+    # (two volunteers that built the same expert at once from independent random initialisations
+    # are about sqrt(2) norms apart, and their first round must merge them)
+    sync_drift_slack: float = 3.0
+    sync_drift_history: int = 16
+    sync_bootstrap_share: float = 2.0
+    # a peer whose deviations add up like a fixed push (forgotten at this rate a round; ratio of
+    # |sum|^2 to the sum of |d|^2 past this after this many rounds) is left out of groups of 3+
+    sync_bias_decay: float = 0.9
+    sync_bias_ratio: float = 6.0
+    sync_bias_rounds: int = 4
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does

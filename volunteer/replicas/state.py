@@ -19,9 +19,10 @@ from typing import Mapping, Sequence
 import torch
 
 from ..experts.backend import ExpertBackend
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError
+from .guard import Contributed, SyncGuard, Verdict
 from .messages import StateHeader, TensorMeta, chunked, encode_tensors, split_payload
 
 MODULE = "m:"
@@ -163,7 +164,7 @@ def apply_parameters(
     base: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """Write a round's averages into the parameters and raise the version to ``version`` (the
-    group's highest). Parameters the round left out keep their values.
+    guard's verdict). Parameters the round left out keep their values.
 
     ``base``: the parameters this replica contributed when the round opened. Training goes on
     while a round is open, so the round's change (``averaged - base``) is added to the parameters
@@ -187,15 +188,18 @@ def apply_parameters(
 def merge_round(
     backend: ExpertBackend,
     own: Mapping[str, torch.Tensor],
-    contributions: Sequence[Mapping[str, torch.Tensor]],
-    version: int,
-    aggregate: Aggregate = mean,
-) -> None:
-    """Write a finished sync round into ``backend``: ``aggregate`` of the parameters we
-    contributed (``own``) and those that arrived, added as the round's change to the parameters
-    as they are now (``apply_parameters`` with ``own`` as the base), the version raised to the
-    group's highest. The tensor work of a round: run it where the backend is not training."""
-    apply_parameters(backend, aggregate(own, contributions), version, base=own)
+    contributions: Sequence[Contributed],
+    guard: SyncGuard,
+    aggregate: Aggregate = robust,
+) -> Verdict:
+    """Write a finished sync round into ``backend``: the guard's verdict on the contributions
+    that arrived against the parameters we contributed (``own``, at the version the backend had
+    when the round opened), its parameters added as the round's change to the parameters as they
+    are now (``apply_parameters`` with ``own`` as the base), the version raised to the verdict's.
+    The tensor work of a round: run it where the backend is not training."""
+    verdict = guard.decide(backend.uid, own, backend.updates, contributions, aggregate)
+    apply_parameters(backend, verdict.parameters, verdict.version, base=own)
+    return verdict
 
 
 def parameter_layout(backend: ExpertBackend) -> tuple[TensorMeta, ...]:

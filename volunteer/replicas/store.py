@@ -13,9 +13,10 @@ import torch
 from ..errors import ExpertConfigError
 from ..experts.backend import ExpertBackend
 from ..experts.requests import Kind
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateRefusedError
+from .guard import Contributed, SyncGuard, Verdict
 from .messages import FetchRequest, StateHeader, TensorMeta
 from .state import (
     ExportedState,
@@ -168,21 +169,21 @@ class BackendStore:
         self,
         uid: str,
         own: Mapping[str, torch.Tensor],
-        contributions: Sequence[Mapping[str, torch.Tensor]],
-        version: int,
-        aggregate: Aggregate = mean,
-    ) -> None:
-        """Write a finished sync round into a hosted expert: the aggregate of what it contributed
-        (``own``) and what arrived, as the round's change (``merge_round``). With a runtime, a
+        contributions: Sequence[Contributed],
+        guard: SyncGuard,
+        aggregate: Aggregate = robust,
+    ) -> Verdict:
+        """Write a finished sync round into a hosted expert: the guard's verdict on what arrived
+        against what it contributed (``own``), as the round's change (``merge_round``). With a runtime, a
         job on that expert (``Kind.AVERAGE``): ordered with its forwards, backwards and steps,
         on the worker unless it is as cheap as an inline forward, never a big sum on the event loop."""
         backend = self._backend(uid)
         if self.runtime is not None:
-            await self.runtime.run_on(
-                uid, merge_round, backend, own, contributions, version, aggregate, kind=Kind.AVERAGE
+            verdict: Verdict = await self.runtime.run_on(
+                uid, merge_round, backend, own, contributions, guard, aggregate, kind=Kind.AVERAGE
             )
-        else:
-            merge_round(backend, own, contributions, version, aggregate)
+            return verdict
+        return merge_round(backend, own, contributions, guard, aggregate)
 
     def versions(self) -> dict[str, int]:
         """Version of every hosted expert."""
