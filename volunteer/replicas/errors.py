@@ -24,8 +24,10 @@ class StateProtocolError(ReplicaError, RemoteProtocolError):
 
 class StateRefusedError(ReplicaError):
     """The peer refused a state request, push or sync contribution. ``code`` says why:
-    ``unknown`` (it does not host that uid), ``mismatch`` (class or shapes differ), ``full`` (no
-    capacity to take a pushed expert), ``busy`` (too many transfers at once), ``error``."""
+    ``unknown`` (it does not host that uid, or a pusher does not declare it), ``mismatch`` (class
+    or shapes differ), ``full`` (no capacity to take a pushed expert), ``hosted`` (a push of an
+    expert the receiver hosts), ``replicated`` (a push of an expert other live hosts hold: a
+    hand-off is for sole copies), ``busy`` (too many transfers at once), ``error``."""
 
     def __init__(self, message: str, code: str = "error") -> None:
         super().__init__(f"{code}: {message}")

@@ -42,7 +42,7 @@ from .placement import Hosts, Placement, capacity, catch_up_source, expert_memor
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import ReplicaSync
-from .transfer import StateService, catch_up
+from .transfer import PushClaim, StateService, catch_up
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +107,9 @@ class ReplicaManager(BaseService):
         self.start = start
         self.config = config
         self.clock = clock  # the wall clock replicas align their sync rounds on
-        self.state = StateService(swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted)
+        self.state = StateService(
+            swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted, vouch=self.vouch
+        )
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
         self.moves = 0  # experts added or dropped by re-checks
@@ -267,6 +269,26 @@ class ReplicaManager(BaseService):
             await self.declarer.drop(uid)
         if uid in self.store.backends:
             self.store.remove(uid)
+
+    async def vouch(self, pusher: str, uid: str) -> PushClaim:
+        """What the DHT says of a push of grid expert ``uid`` by ``pusher`` (the state service's
+        ``vouch``): whether ``pusher`` declares it, and whether no other live host holds it. A uid
+        outside every grid, or a lookup that fails, vouches for nothing."""
+        if grid_of(uid, self.grids) is None:
+            return PushClaim(declared=False, sole=False)
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                found = await get_experts(self.dht, [uid])
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("vouching for a push of %s: lookup failed: %s", uid, describe(exc))
+                return PushClaim(declared=False, sole=False)
+            decls = found.get(uid, [])
+            declared = any(str(d.peer) == pusher for d in decls)
+            others = {uid: [d for d in decls if str(d.peer) not in (pusher, self.me)]}
+            self._remember_hosts(others)
+            alive = await self.alive_only(hosts_of(others))
+            return PushClaim(declared=declared, sole=not alive.get(uid))
+        return PushClaim(declared=False, sole=False)
 
     async def make_room(self, incoming: str) -> bool:
         """Full, and offered ``incoming`` by a leaver: drop the hosted expert with the most other
