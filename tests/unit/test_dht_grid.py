@@ -354,3 +354,13 @@ def test_declarations_carry_the_age_of_the_last_replica_sync():
         value = msgpack.packb({"p": peer.to_bytes(), "a": [], "l": 0.0, "h": 1.0, "y": bad}, use_bin_type=True)
         with pytest.raises(DHTRecordError):
             Declaration.decode(value, config)
+
+
+def test_select_left_names_the_signers_of_unexpired_tombstones_only(host_kp: KeyPair) -> None:
+    from volunteer.dht.grid import select_left
+
+    leaver, expired = KeyPair.generate(), KeyPair.generate()
+    declared = signed(host_kp, make_declarations(["ffn.1"], HostInfo(host_kp.peer_id), NOW, NOW + 15))[0]
+    tomb = sign(leaver, b"ffn.1", owned_subkey(leaver.peer_id), None, NOW + 15)
+    old = sign(expired, b"ffn.1", owned_subkey(expired.peer_id), None, NOW - 1)
+    assert select_left([declared, tomb, old], NOW) == {leaver.peer_id}

@@ -28,6 +28,19 @@ class ReplicasConfig:
     request_timeout: float = 30.0  # a peer has this long to send its request or offer
     transfer_timeout: float = 300.0  # a whole fetch or push, payload included
     max_concurrent_transfers: int = 4  # served at once; more get "busy" (bounds memory)
+    # catch-up from a source: its header within this, its payload at no less than this rate (a
+    # squatter that takes the stream and stalls costs seconds, not transfer_timeout); sources are
+    # raced this many at a time, every candidate tried within catch_up_timeout
+    catch_up_header_timeout: float = 4.0
+    catch_up_min_rate: float = 1 * MiB  # bytes per second
+    catch_up_parallel: int = 2
+    catch_up_timeout: float = 60.0
+    # a declared version more than factor x (the other replicas' lower median) + margin is a
+    # suspect claim, tried last; a caught-up state must be finite and its parameters' norm within
+    # this ratio of a fresh initialisation's either way (all zeros or x10^6 are not a trained expert)
+    version_claim_factor: float = 2.0
+    version_claim_margin: int = 1000
+    plausible_norm_ratio: float = 100.0
 
     # --- replica sync -------------------------------------------------------------------------
     sync_period: float = 30.0  # default of a grid's sync_period

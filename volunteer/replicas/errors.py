@@ -42,6 +42,11 @@ class StateMismatchError(StateRefusedError, ValueError):
         super().__init__(message, "mismatch")
 
 
+class ImplausibleStateError(ReplicaError):
+    """A fetched state is well-formed but not believable as a trained expert: non-finite values,
+    or parameters far from the scale any training reaches (all zeros, ×10⁶)."""
+
+
 class StateTimeoutError(ReplicaError, TimeoutError):
     """A state transfer or a sync contribution did not finish within its bound."""
 
@@ -53,6 +58,7 @@ class SyncError(ReplicaError):
 
 __all__ = [
     "GridSpecError",
+    "ImplausibleStateError",
     "ReplicaConfigError",
     "ReplicaError",
     "StateMismatchError",

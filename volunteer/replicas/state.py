@@ -21,7 +21,7 @@ import torch
 from ..experts.backend import ExpertBackend
 from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
-from .errors import StateMismatchError, StateProtocolError
+from .errors import ImplausibleStateError, StateMismatchError, StateProtocolError
 from .guard import Contributed, SyncGuard, Verdict
 from .messages import StateHeader, TensorMeta, chunked, encode_tensors, split_payload
 
@@ -141,6 +141,28 @@ def import_state(backend: ExpertBackend, header: StateHeader, payload: bytes | b
     backend.updates = header.version
 
 
+def check_plausible(backend: ExpertBackend, header: StateHeader, payload: bytes | bytearray, ratio: float) -> None:
+    """ImplausibleStateError unless every floating-point tensor of the state is finite and the L2
+    norm of its module parameters is within ``ratio`` of ``backend``'s own either way (a fresh
+    backend's: the scale of the architecture's initialisation, which training moves by far less
+    than ``ratio``). What a sole host's state is checked against: there is nothing to compare."""
+    tensors = split_payload(header.tensors, payload)
+    norm_sq = 0.0
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            raise ImplausibleStateError(f"state of {header.uid!r}: {name} is not finite")
+        if name.startswith(MODULE):
+            norm_sq += float(tensor.to(torch.float64).pow(2).sum())
+    own = math.sqrt(sum(float(t.detach().to(torch.float64).pow(2).sum()) for t in backend.module.state_dict().values() if t.is_floating_point()))
+    theirs = math.sqrt(norm_sq)
+    if own > 0 and not (own / ratio <= theirs <= own * ratio):
+        raise ImplausibleStateError(
+            f"state of {header.uid!r}: parameter norm {theirs:.3g}, a fresh expert's {own:.3g}: not a trained one"
+        )
+
+
 def state_digest(backend: ExpertBackend) -> bytes:
     """The sha256 ``export_state`` would announce now (for tests and ``volunteer experts``)."""
     return export_state(backend).header.sha256
@@ -212,6 +234,7 @@ __all__ = [
     "ExportedState",
     "apply_parameters",
     "check_fits",
+    "check_plausible",
     "export_state",
     "import_state",
     "merge_round",

@@ -41,7 +41,7 @@ from .messages import (
     state_protocol,
     unpack,
 )
-from .state import ExportedState, import_state, module_layout, verify_payload
+from .state import ExportedState, check_plausible, import_state, module_layout, verify_payload
 from .store import AcceptedHook, BackendStore, HostingRuntime, MakeRoomHook
 
 log = logging.getLogger(__name__)
@@ -203,30 +203,46 @@ async def _open(host: HostAPI, peer: Target, swarm_id: str) -> BufferedStream:
 
 
 async def fetch_state(
-    host: HostAPI, peer: Target, request: FetchRequest, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
+    host: HostAPI,
+    peer: Target,
+    request: FetchRequest,
+    *,
+    swarm_id: str,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+    paced: bool = False,
 ) -> tuple[StateHeader, bytearray]:
     """Download the state ``request`` names from ``peer`` (a PeerID or a multiaddr): its header
     and verified payload. StateRefusedError / StateMismatchError when the peer refuses or sends
-    another expert's state, StateProtocolError for bad bytes or hash, StateTimeoutError."""
+    another expert's state, StateProtocolError for bad bytes or hash, StateTimeoutError.
+    ``paced`` (catch-up): the header must come within ``catch_up_header_timeout`` and the payload
+    at ``catch_up_min_rate`` at least, so a source that stalls is dropped in seconds."""
     try:
         with trio.fail_after(config.transfer_timeout):
-            reader = await _open(host, peer, swarm_id)
+            with trio.fail_after(config.catch_up_header_timeout) if paced else _unbounded():
+                reader = await _open(host, peer, swarm_id)
             try:
-                await reader.send_all(pack(request.to_wire(), config))
-                reply = check_reply(await receive_message(reader, config, "state reply"))
+                with trio.fail_after(config.catch_up_header_timeout) if paced else _unbounded():
+                    await reader.send_all(pack(request.to_wire(), config))
+                    reply = check_reply(await receive_message(reader, config, "state reply"))
                 header = StateHeader.from_wire(reply.get("h"), config)
                 module = {m for m in header.tensors if m.name.startswith("m:")}
                 if (header.uid, header.expert_class, header.hidden_dim, module) != (
                     request.uid, request.expert_class, request.hidden_dim, set(request.tensors)
                 ):
                     raise StateMismatchError(f"{peer} sent a state that is not {request.uid!r} as this volunteer builds it")
-                payload = await receive_payload(reader, header.total, config)
+                payload_time = config.catch_up_header_timeout + header.total / config.catch_up_min_rate
+                with trio.fail_after(payload_time) if paced else _unbounded():
+                    payload = await receive_payload(reader, header.total, config)
                 verify_payload(header, payload)
                 return header, payload
             finally:
                 await close_quietly(reader)
     except trio.TooSlowError:
-        raise StateTimeoutError(f"state of {request.uid!r} from {peer} took over {config.transfer_timeout:.0f} s") from None
+        raise StateTimeoutError(f"state of {request.uid!r} from {peer} did not arrive in time") from None
+
+
+def _unbounded() -> trio.CancelScope:
+    return trio.CancelScope()
 
 
 async def catch_up(
@@ -238,13 +254,28 @@ async def catch_up(
     runtime: HostingRuntime | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
 ) -> StateHeader:
-    """Load the freshest replica's state (``peer``) into ``backend`` before declaring it: the
-    joiner then serves the current weights, never random ones. Through ``runtime.run_sync`` when
-    a runtime already serves the backend."""
-    header, payload = await fetch_state(host, peer, request_for(backend), swarm_id=swarm_id, config=config)
+    """Load a replica's state (``peer``) into ``backend`` before declaring it: the joiner then
+    serves trained weights, never random ones. Paced (``fetch_state``), and checked before it is
+    loaded (``check_plausible``: finite, at a trained expert's scale). Through
+    ``runtime.run_sync`` when a runtime already serves the backend."""
+    header, payload = await fetch_state(host, peer, request_for(backend), swarm_id=swarm_id, config=config, paced=True)
+    return await load_caught_up(backend, header, payload, runtime=runtime, config=config)
+
+
+async def load_caught_up(
+    backend: ExpertBackend,
+    header: StateHeader,
+    payload: bytes | bytearray,
+    *,
+    runtime: HostingRuntime | None = None,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+) -> StateHeader:
+    """Check a fetched state (``check_plausible``) and load it into ``backend``; its header."""
     if runtime is not None:
+        await runtime.run_sync(check_plausible, backend, header, payload, config.plausible_norm_ratio)
         await runtime.run_sync(import_state, backend, header, payload)
     else:
+        check_plausible(backend, header, payload, config.plausible_norm_ratio)
         import_state(backend, header, payload)
     return header
 
@@ -272,4 +303,4 @@ async def push_state(
         raise StateTimeoutError(f"push of {exported.header.uid!r} to {peer} took over {config.transfer_timeout:.0f} s") from None
 
 
-__all__ = ["PushClaim", "PushVouch", "StateService", "UNSOLICITED_PUSH", "catch_up", "fetch_state", "push_state", "request_for"]
+__all__ = ["PushClaim", "PushVouch", "StateService", "UNSOLICITED_PUSH", "catch_up", "load_caught_up", "fetch_state", "push_state", "request_for"]
