@@ -223,7 +223,7 @@ class ReplicaManager(BaseService):
         may be hosted: caught up, already as fresh (its own checkpoint), or no other replica
         exists; False when replicas exist but none delivered a believable state in time.
 
-        Sources are tried freshest first, suspect version claims last (``catch_up_order``),
+        Sources are tried freshest first, suspect version claims only after all others failed (``catch_up_order``),
         ``catch_up_parallel`` at a time: each is paced (a stalled or silent one is dropped within
         seconds), one that refuses or fails costs only itself, every candidate is tried within
         ``catch_up_timeout``, and the first state that checks out (``check_plausible``) wins."""
@@ -268,9 +268,13 @@ class ReplicaManager(BaseService):
                     done.cancel()
 
         with trio.move_on_after(self.config.catch_up_timeout):
-            async with trio.open_nursery() as nursery:
-                for source in order:
-                    nursery.start_soon(attempt, source, nursery.cancel_scope)
+            # suspect claims only once every believable source failed: never raced against them
+            for phase in ([p for p in order if p not in suspects], [p for p in order if p in suspects]):
+                async with trio.open_nursery() as nursery:
+                    for source in phase:
+                        nursery.start_soon(attempt, source, nursery.cancel_scope)
+                if won:
+                    break
         if not won:
             log.warning("not hosting %s: none of its %d live replicas delivered a believable state", backend.uid, len(order))
             return False
