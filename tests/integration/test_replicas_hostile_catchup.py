@@ -29,6 +29,11 @@ async def poisoned(node, uid: str, version: int) -> None:
     node.declarer.resume()
 
 
+async def _redeclared(dht, node, uid: str, version: int) -> bool:
+    node.declarer.resume()  # a heartbeat now, until the new version shows in lookups
+    return await _has_version(dht, uid, str(node.host.peer_id), version)
+
+
 async def refuse(stream) -> None:  # a squatter: takes the dial, does not speak the state protocol
     await close_quietly(stream)
 
@@ -79,9 +84,8 @@ async def test_squatters_that_look_fresher_do_not_keep_a_joiner_from_the_honest_
                 squatter.host.set_handler(state_protocol(SWARM), behaviour)
                 for uid in uids:  # declared fresher than the honest host: tried first
                     squatter.runtime.backends[uid].updates = 10
-                squatter.declarer.resume()
-            for uid in uids:
-                await until(lambda uid=uid: _holders(seed.dht, uid, squatters + 1), "all declared")
+                for uid in uids:
+                    await until(lambda uid=uid, node=squatter: _redeclared(seed.dht, node, uid, 10), "squatter declared")
             # two stalled sources are raced and dropped at their header deadline; every squatter
             # is tried without costing the honest one its turn (the bound is the issue's)
             with trio.fail_after(30 if behaviour is refuse else 10):
