@@ -1,4 +1,4 @@
-"""Replicated experts under churn (issue 13), side by side in one run:
+"""Replicated experts under churn, side by side in one run:
 
 1. catch-up: time for a joiner to download an expert of ~8 M parameters (ffn, hidden 1024:
    parameters + Adam state, sha256-verified) from a live replica over loopback;
