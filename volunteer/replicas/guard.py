@@ -109,7 +109,7 @@ class SyncGuard:
         evidence = []
         if record is not None:
             if record.previous is not None and record.previous.shape == own.shape:
-                evidence.append(float((own - record.previous).norm()))
+                evidence.append(float((own - record.previous.to(torch.float64)).norm()))
             evidence.append(_median(list(record.distances)))
         if centre_spread is not None:
             evidence.append(centre_spread)
@@ -170,8 +170,11 @@ class SyncGuard:
                 accepted = [a for a in accepted if a[0].peer not in refused]
         parameters = aggregate(own, [c.tensors for c, _, _ in accepted])
         result = flatten(parameters, names)
-        followed = [(c.peer, flat) for c, flat, _ in accepted]
-        followed += [(c.peer, flat) for c, flat in candidates if refused.get(c.peer) == BIAS]
+        # differences are followed only where the bias test applies (three or more inputs): in a
+        # pair they would cost a copy of the parameters for nothing
+        followed = [(c.peer, flat) for c, flat in candidates if c.peer not in refused or refused[c.peer] == BIAS]
+        if len(candidates) + 1 < 3:
+            followed = []
         self._learn(record, mine, [d for _, _, d in accepted], followed, contributions)
         versions = sorted([own_version] + [c.version for c, _, _ in accepted])
         version = max(own_version, versions[(len(versions) - 1) // 2])
@@ -187,14 +190,14 @@ class SyncGuard:
         followed: Sequence[tuple[str, torch.Tensor]],
         contributions: Sequence[Contributed],
     ) -> None:
-        record.previous = mine
+        record.previous = mine.to(torch.float32)  # kept a round: float32 halves its memory
         record.distances.extend(distances)
         while len(record.distances) > self.config.sync_drift_history:
             record.distances.popleft()
         decay = self.config.sync_bias_decay
         for peer, flat in followed:
             stats = record.peers.setdefault(peer, _PeerRecord())
-            deviation = flat - mine
+            deviation = (flat - mine).to(torch.float32)  # kept across rounds: float32 halves its memory
             if stats.deviation is None or stats.deviation.shape != deviation.shape:
                 stats.deviation, stats.energy, stats.rounds = torch.zeros_like(deviation), 0.0, 0
             stats.deviation = stats.deviation * decay + deviation
