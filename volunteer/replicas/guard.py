@@ -9,8 +9,8 @@ parameters and a version:
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
   replicas drift apart in a round, learned per expert: ``drift_slack`` times the largest of our
   own change since our last round (training and the last merge), the median of the distances we
-  accepted in past rounds and, with three or more inputs, the median distance of the inputs from
-  their coordinate-wise median (a majority statistic a single liar cannot move). Only when none of
+  accepted in past rounds and, with three or more inputs, our distance from the inputs'
+  coordinate-wise median (a majority statistic a single liar cannot move far). Only when none of
   these exists yet (a pair's first round) is the bound a share of our own parameters' norm
   (``sync_bootstrap_share``: wide enough for two independent initialisations).
   A contribution past it is left out of the round (``sync_outlier``); accepted distances teach
@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .aggregate import Aggregate, flatten, robust
+from .aggregate import Aggregate, coordinate_median, flatten, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 
 Parameters = Mapping[str, torch.Tensor]
@@ -109,7 +109,7 @@ class SyncGuard:
         evidence = []
         if record is not None:
             if record.previous is not None and record.previous.shape == own.shape:
-                evidence.append(float((own - record.previous.to(torch.float64)).norm()))
+                evidence.append(float((own - record.previous).norm()))
             evidence.append(_median(list(record.distances)))
         if centre_spread is not None:
             evidence.append(centre_spread)
@@ -150,10 +150,8 @@ class SyncGuard:
             else:
                 candidates.append((contribution, flat))
         spread = None
-        if len(candidates) + 1 >= 3:
-            points = [mine] + [flat for _, flat in candidates]
-            centre = torch.stack(points).median(dim=0).values
-            spread = _median([float((p - centre).norm()) for p in points])
+        if len(candidates) + 1 >= 3:  # how far we are from the majority: a liar cannot move it much
+            spread = float((mine - coordinate_median(torch.stack([mine] + [flat for _, flat in candidates]))).norm())
         bound = self.bound(uid, mine, spread)
         accepted: list[tuple[Contributed, torch.Tensor, float]] = []
         for contribution, flat in candidates:
@@ -169,7 +167,6 @@ class SyncGuard:
                     refused[peer] = BIAS
                 accepted = [a for a in accepted if a[0].peer not in refused]
         parameters = aggregate(own, [c.tensors for c, _, _ in accepted])
-        result = flatten(parameters, names)
         # differences are followed only where the bias test applies (three or more inputs): in a
         # pair they would cost a copy of the parameters for nothing
         followed = [(c.peer, flat) for c, flat in candidates if c.peer not in refused or refused[c.peer] == BIAS]
@@ -190,14 +187,14 @@ class SyncGuard:
         followed: Sequence[tuple[str, torch.Tensor]],
         contributions: Sequence[Contributed],
     ) -> None:
-        record.previous = mine.to(torch.float32)  # kept a round: float32 halves its memory
+        record.previous = mine
         record.distances.extend(distances)
         while len(record.distances) > self.config.sync_drift_history:
             record.distances.popleft()
         decay = self.config.sync_bias_decay
         for peer, flat in followed:
             stats = record.peers.setdefault(peer, _PeerRecord())
-            deviation = (flat - mine).to(torch.float32)  # kept across rounds: float32 halves its memory
+            deviation = flat - mine
             if stats.deviation is None or stats.deviation.shape != deviation.shape:
                 stats.deviation, stats.energy, stats.rounds = torch.zeros_like(deviation), 0.0, 0
             stats.deviation = stats.deviation * decay + deviation

@@ -274,9 +274,9 @@ async def load_caught_up(
     if runtime is not None:
         await runtime.run_sync(check_plausible, backend, header, payload, config.plausible_norm_ratio)
         await runtime.run_sync(import_state, backend, header, payload)
-    else:
-        check_plausible(backend, header, payload, config.plausible_norm_ratio)
-        import_state(backend, header, payload)
+    else:  # tensor work on up to max_state_bytes: in a thread, off the event loop
+        await trio.to_thread.run_sync(check_plausible, backend, header, payload, config.plausible_norm_ratio)
+        await trio.to_thread.run_sync(import_state, backend, header, payload)
     return header
 
 
