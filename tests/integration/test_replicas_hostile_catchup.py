@@ -20,13 +20,12 @@ from .test_replicas_node import SWARM, _has_version, _holders, options, spec, tr
 
 
 async def poisoned(node, uid: str, version: int) -> None:
-    """Make ``node``'s ``uid`` all zeros at ``version`` and declare that version now."""
+    """Make ``node``'s ``uid`` all zeros at ``version`` (``_redeclared`` declares it)."""
     backend = node.runtime.backends[uid]
     with torch.no_grad():
         for p in backend.module.parameters():
             p.zero_()
     backend.updates = version
-    node.declarer.resume()
 
 
 async def _redeclared(dht, node, uid: str, version: int) -> bool:
@@ -51,10 +50,9 @@ async def test_a_joiner_never_loads_a_liars_zeros_while_an_honest_replica_is_liv
         async with open_volunteer(spec(entry), options(uids=["rep.0"])) as honest, \
                 open_volunteer(spec(entry), options(uids=["rep.0"])) as liar:
             await train(honest, "rep.0", 3)
-            honest.declarer.resume()
             await poisoned(liar, "rep.0", claim)
-            await until(lambda: _has_version(seed.dht, "rep.0", str(honest.host.peer_id), 3), "honest declared")
-            await until(lambda: _has_version(seed.dht, "rep.0", str(liar.host.peer_id), claim), "liar declared")
+            await until(lambda: _redeclared(seed.dht, honest, "rep.0", 3), "honest declared")
+            await until(lambda: _redeclared(seed.dht, liar, "rep.0", claim), "liar declared")
             async with open_volunteer(spec(entry), options(uids=["rep.0"])) as joiner:
                 joined = joiner.runtime.backends["rep.0"]
                 assert state_digest(joined) == state_digest(honest.runtime.backends["rep.0"])
