@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from volunteer.cli import views
+from volunteer.cli.metrics import refusals_of
 from volunteer.experts import ExpertsConfig, make_backend
 from volunteer.replicas.errors import StateRefusedError
 from volunteer.replicas.state import export_state, state_digest
@@ -43,6 +45,9 @@ async def test_a_push_never_replaces_a_hosted_expert():
             kept = honest.runtime.backends["rep.0"]
             assert state_digest(kept) == digest and kept.updates == 3
             assert honest.replicas.state.refusals[UNSOLICITED_PUSH] == 1
+            # visible where an operator looks: `volunteer status --json` and the metrics
+            assert views.refusals_view(honest)["replicas"] == {UNSOLICITED_PUSH: 1}
+            assert refusals_of(honest)["replicas"] == {UNSOLICITED_PUSH: 1}
 
 
 @pytest.mark.slow
