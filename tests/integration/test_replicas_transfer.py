@@ -173,6 +173,7 @@ async def test_push_to_a_volunteer_that_takes_no_new_experts_is_refused():
     assert info.value.code == "unknown"
 
 
+@pytest.mark.slow
 async def test_a_push_never_replaces_a_hosted_replica_older_or_fresher():
     network = MemoryNetwork()
     hosted = trained("expert.0.1", steps=4)
