@@ -57,6 +57,9 @@ async def test_a_joiner_never_loads_a_liars_zeros_while_an_honest_replica_is_liv
                 joined = joiner.runtime.backends["rep.0"]
                 assert state_digest(joined) == state_digest(honest.runtime.backends["rep.0"])
                 assert joined.updates == 3
+                standings = joiner.replicas.snapshot()["standings"]["rep.0"]
+                assert standings[str(honest.host.peer_id)] == "proven"
+                assert standings.get(str(liar.host.peer_id)) in ("suspect", "excluded", None)  # None: never tried
                 refusals = joiner.replicas.snapshot()["refusals"]
                 # the claim far above is suspect and never tried; the near one is tried and refused
                 assert refusals == ({"version_claim": 1} if claim > 1000 else {"implausible_state": 1}) or (

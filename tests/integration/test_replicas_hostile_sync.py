@@ -12,6 +12,7 @@ import torch
 import trio
 
 from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts.trust import Standing
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig
@@ -107,6 +108,8 @@ async def test_a_poisoning_liar_moves_no_honest_replica(poison, honest_count):
             mine = [outcome for who, outcome in outcomes if who is sync]
             assert len(mine) == ROUNDS and all(dict(o.refused).get(liar) in REFUSALS for o in mine)
             assert sum(sync.refusals[r] for r in REFUSALS) == ROUNDS and sync.refusals[reason] >= 1
+            assert sync.standings[(UID, liar)] in (Standing.SUSPECT, Standing.EXCLUDED)
+            assert all(sync.standings[(UID, str(h.peer_id))] == Standing.PROVEN for h, s in members[:-1] if s is not sync)
     start = flat(origin)
     for backend in honest:
         # what honest training alone moves them: no more than their own steps add up to

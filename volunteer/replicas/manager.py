@@ -34,6 +34,7 @@ from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_exp
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
+from ..experts.trust import Standing
 from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
 from .config import DEFAULT_CONFIG, ReplicasConfig
@@ -43,7 +44,7 @@ from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import Hosts, Placement, capacity, catch_up_order, expert_memory_bytes, make_room_for, place
 from .store import BackendStore
 from .sync import SyncOutcome
-from .syncdriver import ReplicaSync
+from .syncdriver import MAX_STANDINGS, ReplicaSync
 from .errors import ImplausibleStateError
 from .messages import StateHeader
 from .state import check_plausible, import_state
@@ -123,6 +124,8 @@ class ReplicaManager(BaseService):
         self.sync_failures = 0
         self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
         self.refusals: Counter[str] = Counter()  # claims refused by catch-up, by reason
+        # (uid, peer) → how that replica stands with us, from catch-up; sync's verdicts in ``sync``
+        self._standings: dict[tuple[str, str], Standing] = {}
 
     @property
     def me(self) -> str:
@@ -208,7 +211,27 @@ class ReplicaManager(BaseService):
             "sync_failures": self.sync_failures,
             "transfers": {"served": state.served, "received": state.received, "refused": state.refused},
             "refusals": dict(sorted((self.sync.refusals + state.refusals + self.refusals).items())),
+            "standings": self.standings(),
         }
+
+    def standings(self) -> dict[str, dict[str, str]]:
+        """``uid → {peer: standing}`` of the other replicas this volunteer dealt with (the
+        trainer-side vocabulary): ``proven`` once its state checked out (we caught up from it, or
+        its last sync contribution was accepted), ``suspect`` when its version claim or last
+        contribution was refused, ``excluded`` after a non-finite or implausible state. The
+        latest evidence wins; replicas never dealt with are ``unproven`` and not listed."""
+        merged = {**self._standings, **self.sync.standings}
+        out: dict[str, dict[str, str]] = {}
+        for (uid, peer), standing in sorted(merged.items()):
+            out.setdefault(uid, {})[peer] = standing.value
+        return out
+
+    def _stand(self, uid: str, peer: str, standing: Standing) -> None:
+        self._standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
+        self._standings[(uid, peer)] = standing
+        self.sync.standings.pop((uid, peer), None)  # the newer evidence
+        while len(self._standings) > MAX_STANDINGS:
+            del self._standings[next(iter(self._standings))]
 
     def placement(self, hosts: Hosts) -> Placement:
         """What placement says this volunteer should host, given ``hosts``."""
@@ -231,6 +254,8 @@ class ReplicaManager(BaseService):
             hosts, backend.uid, me=self.me, factor=self.config.version_claim_factor,
             margin=self.config.version_claim_margin,
         )
+        for peer in suspects:
+            self._stand(backend.uid, peer, Standing.SUSPECT)
         if suspects:
             self.refusals[VERSION_CLAIM] += len(suspects)
             log.warning("%s: %d version claim(s) far above the other replicas' tried last", backend.uid, len(suspects))
@@ -258,6 +283,7 @@ class ReplicaManager(BaseService):
                     )
                 except ImplausibleStateError as exc:
                     self.refusals[IMPLAUSIBLE_STATE] += 1
+                    self._stand(backend.uid, source, Standing.EXCLUDED)
                     log.warning("catching up %s: %s's state refused: %s", backend.uid, source[-10:], describe(exc))
                     return
                 except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -281,6 +307,7 @@ class ReplicaManager(BaseService):
         source, header, payload = won[0]
         await trio.to_thread.run_sync(import_state, backend, header, payload)  # nobody serves it yet
         self.caught_up[backend.uid] = header.version
+        self._stand(backend.uid, source, Standing.PROVEN)
         log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
         return True
 

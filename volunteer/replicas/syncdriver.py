@@ -26,6 +26,7 @@ import torch
 import trio
 
 from ..errors import VolunteerError, describe
+from ..experts.trust import Standing
 from ..net.events import PeerDisconnected
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
@@ -34,7 +35,7 @@ from ..net.streams import BufferedStream, close_quietly
 from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
-from .guard import SyncGuard
+from .guard import NONFINITE, SyncGuard
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
 from .store import BackendStore
 from .sync import SyncOutcome, SyncRound
@@ -42,6 +43,7 @@ from .transfer import receive_message, receive_payload, send_chunks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_STANDINGS = 4096  # (uid, peer) standings remembered, oldest forgotten first
 
 
 @dataclass
@@ -98,6 +100,8 @@ class ReplicaSync(BaseService):
         self.aggregate = aggregate
         self.guard = guard if guard is not None else SyncGuard(config)
         self.refusals: Counter[str] = Counter()  # contributions the guard refused, by reason
+        # (uid, peer) → its standing after its last contribution (ReplicaManager.standings)
+        self.standings: dict[tuple[str, str], Standing] = {}
         self._rounds: dict[str, _OpenRound] = {}
         self._stash: dict[str, dict[str, _Stashed]] = {}
         self._stashed_bytes = 0
@@ -221,7 +225,10 @@ class ReplicaSync(BaseService):
                 verdict = await self.store.merge(uid, core.params, core.contributions, self.guard, self.aggregate)
                 for peer, reason in sorted(verdict.refused.items()):
                     self.refusals[reason] += 1
+                    self._stand(uid, peer, Standing.EXCLUDED if reason == NONFINITE else Standing.SUSPECT)
                     log.warning("sync of %s: %s's contribution refused (%s)", uid, peer[-10:], reason)
+                for peer in verdict.accepted:
+                    self._stand(uid, peer, Standing.PROVEN)
                 outcome = replace(
                     outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
                 )
@@ -232,6 +239,12 @@ class ReplicaSync(BaseService):
             self._rounds.pop(uid, None)
         self.rounds += 1
         return outcome
+
+    def _stand(self, uid: str, peer: str, standing: Standing) -> None:
+        self.standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
+        self.standings[(uid, peer)] = standing
+        while len(self.standings) > MAX_STANDINGS:
+            del self.standings[next(iter(self.standings))]
 
     async def _send(self, open_round: _OpenRound, peer: str, target: Any, header: Contribution, chunks: list) -> None:
         core = open_round.core
