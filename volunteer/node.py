@@ -43,6 +43,7 @@ from .net.stack import StackOptions, open_stack
 from .swarmfile import EXPERT_LIMITS, SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
+    from .dht.profile import Profile
     from .experts import ExpertsConfig
     from .experts.backend import ExpertBackend
     from .replicas import HandOffResult, ReplicasConfig
@@ -97,6 +98,7 @@ class VolunteerOptions:
     start_paused: bool = False  # serve nothing until resume(): experts loaded, never declared before
     max_experts: int | None = None  # placement capacity (default: what fits the GPU, else 8)
     replicas_config: "ReplicasConfig | None" = None  # default: replicas.DEFAULT_CONFIG
+    public_name: str | None = None  # shown on the swarm's public health pages (opt-in: None hides us)
 
     @property
     def hosts_experts(self) -> bool:
@@ -206,6 +208,19 @@ class VolunteerNode:
         busy += self.hivemind.active_requests if self.hivemind is not None else 0
         queued = sum(s.queued for s in self.runtime.stats().values()) if self.runtime is not None else 0
         return busy + queued
+
+    def profile(self) -> "Profile":
+        """What this volunteer shows on the swarm's public health pages (``dht/profile.py``):
+        its chosen public name, what it served since it started, whether it is only relayed."""
+        from .dht.profile import Profile
+
+        stats = self.runtime.stats().values() if self.runtime is not None else ()
+        addrs = self.host.shareable_addrs()
+        relayed = bool(addrs) and all("p2p-circuit" in str(a) for a in addrs)
+        return Profile(
+            name=self.options.public_name, calls=sum(s.requests for s in stats), samples=sum(s.samples for s in stats),
+            bytes_sent=self.server.bytes_out if self.server is not None else 0, experts=len(self.loads()), relayed=relayed,
+        )
 
     def loads(self) -> dict[str, float]:
         """Queue length per hosted expert, declared with each heartbeat so trainers spread out."""
@@ -368,7 +383,8 @@ class VolunteerNode:
 
             synced = {"synced_ages": manager.synced_age} if manager is not None else {}
             self.declarer = ExpertDeclarer(
-                self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends), **synced
+                self.dht, runtime.uids, loads=self.loads, versions=versions_of(runtime.backends), profile=self.profile,
+                **synced,
             )
             if opts.start_paused:  # a first start without the donor's consent: nothing is announced
                 self.paused = self.declarer.paused = True

@@ -61,6 +61,15 @@ def check_device_name(device: str) -> str:
     return device
 
 
+def _public_name(text: str) -> str:
+    from ..dht.profile import check_public_name
+
+    try:
+        return check_public_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _rate(text: str) -> float:
     from ..net.perf import parse_size
 
@@ -106,6 +115,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--name", type=_public_name, metavar="NAME",
+                   help="a public name for the swarm's health page and its top contributors (default: not listed)")
     p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
@@ -201,6 +212,7 @@ def build_options(args: argparse.Namespace):
         max_experts=max_experts,
         limits=load_limits(args.config),
         replicas_config=replicas_config,
+        public_name=args.name,
     )
     from .probes import probe_from_env
     from .steward import POLICY_PERIOD

@@ -15,6 +15,7 @@ import trio
 
 from ..errors import DHTError, VolunteerError, describe
 from .grid import HostInfo, expert_key, is_valid_uid, make_declarations, make_tombstones
+from .profile import PROFILES_KEY, Profile, profile_item
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class ExpertDeclarer:
 
     ``loads()`` gives each uid's load, ``versions(uid)`` its version (count of optimizer
     updates; 0 by default) and ``synced_ages(uid)`` the seconds since its replicas last averaged
-    (None: never), all read afresh every heartbeat."""
+    (None: never), all read afresh every heartbeat; ``profile()``, when given, the volunteer's
+    public profile (``profile.py``), stored beside the declarations and withdrawn with them."""
 
     def __init__(
         self,
@@ -42,6 +44,7 @@ class ExpertDeclarer:
         addrs: Callable[[], Sequence[bytes]] | None = None,
         versions: Callable[[str], int] = _no_version,
         synced_ages: Callable[[str], float | None] = _never_synced,
+        profile: "Callable[[], Profile] | None" = None,
     ) -> None:
         uids = list(uids)
         bad = [u for u in uids if not is_valid_uid(u)]
@@ -52,6 +55,7 @@ class ExpertDeclarer:
         self.loads = loads
         self.versions = versions
         self.synced_ages = synced_ages
+        self.profile = profile  # the volunteer's public profile, stored with each heartbeat
         self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.shareable_addrs()[: dht.config.max_addrs]])
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
@@ -78,6 +82,8 @@ class ExpertDeclarer:
         # Recorded before the store: a withdraw while this heartbeat is in flight must write its
         # tombstones at least this late, or the heartbeat could land after them and outlive them.
         self.last_expiration = max(self.last_expiration, expiration)
+        if self.profile is not None:
+            items.append(profile_item(info.peer.to_bytes(), self.profile(), expiration))
         before = dht.stats["bytes_out"]
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         self.heartbeat_bytes += dht.stats["bytes_out"] - before
@@ -93,6 +99,8 @@ class ExpertDeclarer:
             return 0
         dht = self.dht
         items = make_tombstones(self.uids, dht.host.peer_id, self.last_expiration)
+        if self.profile is not None:
+            items.append((PROFILES_KEY, dht.host.peer_id.to_bytes(), None, float(self.last_expiration)))
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         return max(accepted) if accepted else 0
 
