@@ -139,7 +139,7 @@ def swarm_model(obs: SwarmObservation, now: float) -> dict:
     volunteers = volunteers_model(obs)
     named = [v for v in volunteers if v["name"]]
     points = [{"role": p.role, "addr": p.addr, "up": p.up, "self": p.is_self,
-               "last_seen_s": None if p.last_seen is None else round(max(0.0, now - p.last_seen), 1)}
+               "last_seen_s": 0.0 if p.is_self else None if p.last_seen is None else round(max(0.0, now - p.last_seen), 1)}
               for p in obs.entry_points]
     return {
         "swarm": obs.swarm_id,

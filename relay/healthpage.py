@@ -30,6 +30,7 @@ STYLE = BASE_STYLE + """
 .cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 16px;min-width:120px}
 .card b{display:block;font-size:22px}.card span{color:#666;font-size:12px}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}.legend i{display:inline-block;width:12px;height:12px;border-radius:3px;margin-right:4px;vertical-align:-1px}
+h2.section{margin:18px 0 4px}
 .up{color:#2e7d32;font-weight:bold}.down{color:#c62828;font-weight:bold}.map{overflow-x:auto}
 """
 
@@ -59,7 +60,7 @@ def coverage_map(grid: dict) -> str:
     cells = [_cell(c) for c in grid["cells"]]
     rows = [cells[i:i + columns] for i in range(0, len(cells), columns)]
     labels = [f"{grid['prefix']}.{r}" for r in range(len(rows))] if len(size) > 1 else [grid["prefix"]]
-    return cell_map(rows, title=f"coverage of grid {grid['prefix']}", row_labels=labels, map_id=f"map-{grid['prefix']}")
+    return cell_map(rows, title=f"coverage of grid {grid['prefix']}", row_labels=labels, cell=34, map_id=f"map-{grid['prefix']}")
 
 
 def _grid_part(grid: dict) -> str:
@@ -128,7 +129,7 @@ def render_swarm(swarm: dict, relay: dict) -> str:
     return (f'<h1 style="font-size:20px">swarm {escape(swarm["swarm"])} <span class="badge" id="swarm-state" '
             f'style="background:{STATUS_COLORS[COVERED] if swarm["healthy"] else STATUS_COLORS[MISSING]}">{state}</span> '
             f'<span class="muted" style="font-size:13px">as seen {escape(_ago(swarm["observed_s"]))}</span>{note}</h1>'
-            + _cards(swarm, relay) + "<h2>Coverage map</h2>" + _legend() + grids
+            + _cards(swarm, relay) + "<h2 class=\"section\">Coverage map</h2>" + _legend() + grids
             + '<div class="grid">' + _volunteers_part(swarm) + _contributors_part(swarm) + "</div>"
             + _entry_points_part(swarm))
 

@@ -136,6 +136,10 @@ class HealthService(BaseService):
                 is_self = addr.peer_id == own
                 up = is_self or answered.get(text, False)
                 points.append(PeerCheck(role, text, up, self.last_seen.get(text), is_self))
+        if not any(p.is_self for p in points):  # this relay serves the swarm's DHT: an entry point too
+            announced = self.host.full_addrs()
+            if announced:
+                points.insert(0, PeerCheck("relay", str(announced[0]), True, None, True))
         return points
 
     async def _ping_entry(self, dht, addr: Multiaddr, answered: dict[str, bool]) -> None:
