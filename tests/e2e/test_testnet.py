@@ -72,3 +72,37 @@ def test_testnet_leaves_no_process_behind(tmp_path, cli_env, how):
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_donor_joins_a_testnet_by_automatic_placement_on_its_grid(tmp_path, cli_env):
+    from volunteer.swarmfile import GridSpec, load_swarm_file
+
+    from .test_donor_cli import Joined
+
+    env = {**os.environ, **cli_env, "VOLUNTEER_CONFIG_DIR": str(tmp_path / "cfg"), "PYTHONUNBUFFERED": "1"}
+    proc, _ = start_testnet(tmp_path, env)
+    donor = None
+    try:
+        spec = load_swarm_file(tmp_path / "net" / "swarm.toml")
+        assert spec.grids == [GridSpec("expert", (2, 2), "ffn", 8)]  # the testnet's experts are its [[grid]]
+        for i in range(2):  # the testnet's volunteers speak the replica protocols: they see the grid's coverage
+            status = json.loads(run_cli("status", "--json", "--control", str(tmp_path / "net" / f"v{i}.sock"), env=env).stdout)
+            assert status["coverage"]["grids"][0]["prefix"] == "expert", status.get("coverage")
+        # a donor names no expert: placement picks them on the grid, caught up from the testnet's replicas
+        donor = Joined("t", "--yes", "--no-mdns", "--device", "cpu", "--max-experts", "2",
+                       "--identity", str(tmp_path / "donor.key"), "--checkpoints", str(tmp_path / "donor-ckpt"),
+                       env=env, control=tmp_path / "run" / "donor.sock")
+        status = donor.wait_for(lambda s: len(s["experts"]) == 2, "the donor hosts two grid experts")
+        assert {e["uid"] for e in status["experts"]} <= set(spec.grids[0].uids())
+        assert not any("hosts nothing" in line or "no experts" in line for line in donor.lines), donor.lines
+    finally:
+        if donor is not None:
+            donor.stop()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
