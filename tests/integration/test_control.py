@@ -10,7 +10,7 @@ import stat
 import pytest
 import trio
 
-from volunteer.cli.control import ControlError, request, serve_control
+from volunteer.cli.control import ControlError, DaemonLock, request, serve_control
 from volunteer.cli.daemon import Daemon, DaemonOptions
 from volunteer.net.identity import KeyPair
 from volunteer.node import VolunteerOptions
@@ -34,10 +34,15 @@ async def test_status_round_trip_and_permissions(tmp_path, monkeypatch, mode):
         with pytest.raises(ControlError, match="unknown command"):
             await request(path, "explode")
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        # a second daemon on the same path is refused, on either channel, and its exit leaves
+        # the first one's socket or port file alone
+        with pytest.raises(ControlError, match="already running"):
+            await serve_control(path, handler)
+        with pytest.raises(ControlError, match="already running"):
+            DaemonLock(path).acquire()
+        assert (await request(path, "status"))["ok"]
         if mode == "unix":
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-            with pytest.raises(ControlError, match="already running"):
-                await serve_control(path, handler)
         else:
             marker = path.with_name(path.name + ".tcp")
             assert stat.S_IMODE(os.stat(marker).st_mode) == 0o600
@@ -50,6 +55,18 @@ async def test_status_round_trip_and_permissions(tmp_path, monkeypatch, mode):
             await stream.aclose()
         nursery.cancel_scope.cancel()
     assert not path.exists() and not path.with_name(path.name + ".tcp").exists()
+    DaemonLock(path).acquire().release()  # the first one's exit let the next daemon start
+
+
+def test_one_lock_decides_whatever_the_channel(tmp_path):
+    path = tmp_path / "run" / "daemon.sock"
+    first = DaemonLock(path).acquire()
+    with pytest.raises(ControlError, match=f"another daemon is already running with control socket {path}"):
+        DaemonLock(path).acquire()
+    first.release()
+    second = DaemonLock(path).acquire()  # released (or its process gone): the next one takes it
+    assert second.held and stat.S_IMODE(os.stat(second.lock_path).st_mode) == 0o600
+    second.release()
 
 
 async def test_no_daemon_is_a_clear_error(tmp_path, monkeypatch):

@@ -80,9 +80,8 @@ async def test_policy_verdicts_withdraw_and_redeclare(tmp_path):
         async with open_volunteer(spec(entry), options(expert_class="ffn", uids=UIDS, hidden_dim=8)) as node:
             conduct = Conduct(now=machine.now())
             steward = Steward(conduct, settings_from({"pause_programs": ["steam"], "max_other_load": 50}), machine, period=0.02)
-            steward.attach(node)
             async with trio.open_nursery() as nursery:
-                await nursery.start(steward.run)
+                await nursery.start(steward.run, node)
                 await until(lambda: node.declarer.declarations >= 1)
                 assert await declared(seed.dht)
                 for change, text in ((dict(battery=True), "paused: on battery"),
@@ -106,12 +105,12 @@ async def test_policy_verdicts_withdraw_and_redeclare(tmp_path):
 async def test_an_expert_that_keeps_failing_is_set_aside_and_fold_takes_it_back(tmp_path):
     async with open_volunteer(spec(), options()) as seed:
         entry = seed.host.full_addrs()[0]
-        async with open_volunteer(spec(entry), options(expert_class="ffn", uids=UIDS, hidden_dim=8)) as node:
-            conduct = Conduct(now=0)
-            steward = Steward(conduct, settings_from({}), None, failure_limit=3)
-            steward.attach(node)
+        conduct = Conduct(now=0)
+        steward = Steward(conduct, settings_from({}), None, failure_limit=3)
+        opts = options(expert_class="ffn", uids=UIDS, hidden_dim=8, on_outcome=steward.outcome)
+        async with open_volunteer(spec(entry), opts) as node:
             async with trio.open_nursery() as nursery:
-                await nursery.start(steward.run)
+                await nursery.start(steward.run, node)
                 await until(lambda: node.declarer.declarations >= 1)
                 outcome = node.server.on_outcome  # what the expert server calls after each call
                 outcome("ffn.0.0", "RuntimeError: boom")
@@ -139,9 +138,8 @@ async def test_finish_drains_saves_and_stays_connected(tmp_path):
         async with open_volunteer(spec(entry), opts) as node:
             conduct = Conduct(now=0)
             steward = Steward(conduct, settings_from({}), None)
-            steward.attach(node)
             async with trio.open_nursery() as nursery:
-                await nursery.start(steward.run)
+                await nursery.start(steward.run, node)
                 reply = await steward.ask("finish", "web")
                 assert reply["state"] in ("finishing", "finished") and node.paused
                 await until(lambda: conduct.state == "finished")
@@ -162,9 +160,8 @@ async def test_a_volunteer_whose_records_others_lost_rejoins_and_says_so(monkeyp
         entry = seed.host.full_addrs()[0]
         async with open_volunteer(spec(entry), options(period=0.3, expert_class="ffn", uids=UIDS, hidden_dim=8)) as node:
             steward = Steward(Conduct(now=0), settings_from({}), None)
-            steward.attach(node)
             async with trio.open_nursery() as nursery:
-                await nursery.start(steward.run)
+                await nursery.start(steward.run, node)
                 await until(lambda: steward.visibility.visible is True)
                 storage = seed.dht.state.storage
                 real_get = storage.get

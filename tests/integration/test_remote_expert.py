@@ -17,6 +17,7 @@ from volunteer.errors import ExpertTimeoutError, ExpertUnavailableError, Volunte
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop
+from volunteer.experts.client import DHTDirectory
 from volunteer.experts.protocol import protocol_id
 from volunteer.experts.server import ExpertServer
 from volunteer.net.stack import StackOptions, open_stack
@@ -45,12 +46,13 @@ class Node:
             transports = [MemoryTransport(self.network)]
             async with open_stack(listen=["/memory/0"], transports=transports, options=QUIET) as host:
                 self.host = host
+                self.directory = DHTDirectory(host, None, SWARM)  # calls known peers: no DHT
                 if self.uids:
                     backends = [make_backend(uid, "ffn", self.hidden, config=CONFIG) for uid in self.uids]
                     async with open_runtime(backends, CONFIG) as runtime:
                         self.runtime = runtime
                         self.server = ExpertServer(host, runtime, SWARM, CONFIG)
-                        self.server.install()
+                        await host.add_service(self.server)
                         self._ready.set()
                         await self._stop.wait()
                 else:
@@ -60,8 +62,10 @@ class Node:
             self._ready.set()
             self._done.set()
 
-    # what RemoteExpert needs of a swarm: .loop, .host, .swarm_id
+    # what RemoteExpert needs of a swarm (experts.directory.TrainerSwarm): .loop, .host, .directory,
+    # .swarm_id, .faults
     swarm_id = SWARM
+    faults = None
 
     @property
     def addr(self):

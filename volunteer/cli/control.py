@@ -13,6 +13,7 @@ to ``<path>.tcp`` (0600): a client must present the token, so other local users 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -60,10 +61,79 @@ async def _read_line(stream: trio.abc.Stream, limit: int) -> bytes:
     return bytes(data.split(b"\n", 1)[0])
 
 
-async def serve_control(path: Path, handler: Handler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Answer control requests at ``path`` until cancelled; removes the socket (or port file) on exit."""
+class DaemonLock:
+    """The one thing that decides "a daemon already runs with this control path": an exclusive
+    lock (``flock``; ``msvcrt.locking`` on Windows) on ``<path>.lock``, held for the process's
+    life and released by the kernel when it ends, crash or not. Two daemons started in the same
+    instant cannot both hold it, whichever control channel (Unix socket or TCP) they use; the
+    file itself is never deleted (a path unlinked while locked would let a third daemon lock a
+    new file of the same name)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> "DaemonLock":
+        """Take the lock, or raise ControlError naming the running daemon's control path."""
+        _prepare_dir(self.path)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            _lock_exclusive(fd)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK, errno.EDEADLK):
+                raise ControlError(
+                    f"another daemon is already running with control socket {self.path} "
+                    "(stop it with `volunteer stop`, or give this one its own --control PATH)"
+                ) from None
+            raise
+        self._fd = fd
+        return self
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock."""
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Let another daemon start (the process's exit does it too)."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the lock
+            self._fd = None
+
+
+def _lock_exclusive(fd: int) -> None:
+    try:
+        import fcntl
+    except ImportError:  # Windows: a lock on the file's first byte
+        import msvcrt
+
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+async def serve_control(
+    path: Path, handler: Handler, *, lock: DaemonLock | None = None, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """Answer control requests at ``path`` until cancelled; removes the socket (or port file) on exit.
+
+    ``lock``: the daemon's lock on ``path``, taken by the caller as early as it can (none given:
+    taken here); only its holder ever binds the socket or writes (and removes) the port file."""
     path = Path(path)
-    _prepare_dir(path)
+    own_lock = lock is None
+    lock = lock if lock is not None else DaemonLock(path).acquire()
+    if not lock.held or lock.path != path:
+        raise ControlError(f"the daemon does not hold the lock of {path}")
+    try:
+        await _serve_locked(path, handler, task_status=task_status)
+    finally:
+        if own_lock:
+            lock.release()
+
+
+async def _serve_locked(path: Path, handler: Handler, *, task_status) -> None:
     token = ""
     if use_tcp():
         sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -75,9 +145,7 @@ async def serve_control(path: Path, handler: Handler, *, task_status=trio.TASK_S
             json.dump({"port": sock.getsockname()[1], "token": token}, f)
     else:
         marker = path
-        if path.exists() or path.is_symlink():
-            if await _alive(path):
-                raise ControlError(f"another daemon is already running with control socket {path} (use --control)")
+        if path.exists() or path.is_symlink():  # we hold the lock: a socket left by a daemon that died
             path.unlink()
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # the socket is created 0600: no window where others may connect
@@ -114,16 +182,6 @@ async def serve_control(path: Path, handler: Handler, *, task_status=trio.TASK_S
             marker.unlink()
         except OSError:
             pass
-
-
-async def _alive(path: Path) -> bool:
-    try:
-        with trio.fail_after(2):
-            stream = await trio.open_unix_socket(str(path))
-            await stream.aclose()
-        return True
-    except (OSError, trio.TooSlowError):
-        return False
 
 
 async def request(path: Path, cmd: str, **fields) -> dict:

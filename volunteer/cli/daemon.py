@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -21,7 +21,8 @@ from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, ope
 from ..swarmfile import SwarmSpec
 from . import contributions as contrib
 from . import history as hist
-from .control import serve_control
+from . import views
+from .control import DaemonLock, serve_control
 from .fold import Conduct
 from .policy import PolicySettings
 from .probes import SystemProbe
@@ -89,8 +90,9 @@ class Daemon:
     """One volunteer under the CLI: run it with ``await nursery.start(daemon.run)``; ``leave()``
     ends it gracefully."""
 
-    def __init__(self, options: DaemonOptions) -> None:
+    def __init__(self, options: DaemonOptions, *, control_lock: DaemonLock | None = None) -> None:
         self.options = options
+        self.control_lock = control_lock  # "a daemon runs here", taken by `join` (None: taken with the socket)
         self.swarm = options.swarm
         self.started = time.time()
         self.node: VolunteerNode | None = None
@@ -125,6 +127,7 @@ class Daemon:
         self.reachable = trio.Event()
         self.web_url: str | None = None  # the local web page's address, once it is served
         self.web_login: str | None = None  # ... and the link that logs a browser in (it holds the token)
+        self._save_warned = False
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -135,17 +138,17 @@ class Daemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
         began = trio.current_time()
+        # each call answered with a result counts its caller among the trainers served; each
+        # call's outcome tells self-care which expert keeps failing
+        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome)
         try:
             async with trio.open_nursery() as nursery:
-                async with open_volunteer(self.swarm, self.options.node) as node:
+                async with open_volunteer(self.swarm, options) as node:
                     self.node = node
-                    if node.server is not None:
-                        node.server.on_served = self._served
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
                     nursery.start_soon(self._watch_reachable, began)
-                    self.steward.attach(node)
-                    await nursery.start(self.steward.run)  # a consent-less first start pauses here
+                    await nursery.start(self.steward.run, node)  # a consent-less first start pauses here
                     await nursery.start(self._serve_control)
                     nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
@@ -181,7 +184,7 @@ class Daemon:
                 requests=sum(s.requests - s.errors for s in stats.values()),  # answered with a result
                 samples=sum(s.samples for s in stats.values()),
                 compute_s=sum(s.compute_s for s in stats.values()),
-                bytes_sent=node.server.bytes_out if node.server is not None else 0,
+                bytes_sent=views.bytes_served(node),
             )
             for uid, s in stats.items():  # per expert: one handed off or set aside takes its counts along
                 backend = node.runtime.backends.get(uid)
@@ -189,7 +192,7 @@ class Daemon:
                 counters[f"calls {uid}"] = s.requests - s.errors
                 counters[f"samples {uid}"] = s.samples
                 counters[f"{'gpu' if on_gpu else 'cpu'}_s {uid}"] = s.compute_s
-            counters["bytes_sent"] = node.server.bytes_out if node.server is not None else 0
+            counters["bytes_sent"] = views.bytes_served(node)
         grown = self._history_deltas.step(counters)
         figures = {"traffic": self.traffic.step(node.host.connections())}
         for key, value in grown.items():
@@ -209,7 +212,7 @@ class Daemon:
             failed.append(self._contributions_path)
         if self._history_path is not None and not hist.save(self._history_path, self.history):
             failed.append(self._history_path)
-        if failed and not getattr(self, "_save_warned", False):
+        if failed and not self._save_warned:
             self._save_warned = True
             log.warning("cannot save contributions to %s (they are still counted for this session)", failed[0])
 
@@ -217,7 +220,8 @@ class Daemon:
         if self.options.control_path is None:
             task_status.started()
             return
-        await serve_control(self.options.control_path, self.handle_control, task_status=task_status)
+        await serve_control(self.options.control_path, self.handle_control, lock=self.control_lock,
+                            task_status=task_status)
 
     async def _watch_reachable(self, began: float) -> None:
         # looked at again whenever the verdict or the relay reservations change, until reachable
@@ -225,10 +229,10 @@ class Daemon:
         if node is None:
             return
         with node.host.events.subscribe(ReachabilityChanged, RelayReservationsChanged) as changes:
-            how = reachable_how(node.reachability_view())
+            how = reachable_how(views.reachability_view(node))
             if not how:
                 async for _ in changes:
-                    if how := reachable_how(node.reachability_view()):
+                    if how := reachable_how(views.reachability_view(node)):
                         break
                 else:
                     return  # the host closed before this node became reachable
@@ -284,24 +288,23 @@ class Daemon:
         }
         now = trio.current_time()
         if node is not None:
-            reachability = node.reachability_view()
+            reachability = views.reachability_view(node)
             if reachability is not None:
                 snap["reachability"] = reachability
             served = self.contributions.session_trainers
-            snap["connections"] = classify_connections(node.connections_view(), host, self.swarm.id, reachability, served)
-            dht = node.dht_view()
-            if dht is not None:
-                snap["dht"] = dht
-        snap["experts"] = self._windowed(node.expert_rows(now), now) if node is not None else []
-        coverage = node.coverage_view() if node is not None else None
+            snap["connections"] = classify_connections(views.connections_view(node.host), node.host, self.swarm.id,
+                                                       reachability, served)
+            snap["dht"] = views.dht_view(node)
+        snap["experts"] = self._windowed(views.expert_rows(node, now), now) if node is not None else []
+        coverage = views.coverage_view(node) if node is not None else None
         if coverage is not None:  # the swarm declares grids: replicas per expert, unhosted ones
             snap["coverage"] = coverage
-        snap["compute"] = node.compute_view() if node is not None else {"device": "cpu"}
+        snap["compute"] = views.compute_view(node.device) if node is not None else {"device": "cpu"}
         snap["gpu"] = self.gpu.read(self.device)
         if node is not None:
             self._observe_contributions()
             snap["upload"] = self._upload(now)
-            snap["refusals"] = self._refusals()
+            snap["refusals"] = views.refusals_view(node)
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
@@ -332,24 +335,11 @@ class Daemon:
     def _upload(self, now: float) -> dict:
         """Reply bytes per second over the window, against ``--max-upload``."""
         node = self.node
-        sent = node.server.bytes_out if node is not None and node.server is not None else 0
+        sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)
         rate = self.window.rate(UPLOAD_KEY)
         limit = node.options.max_upload if node is not None else None
         return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent}
-
-    def _refusals(self) -> dict[str, dict[str, int]]:
-        """``{scope: {reason: count}}``: the resource manager's and the expert server's."""
-        from ..net.resources import ResourceManager
-
-        node = self.node
-        refusals: dict[str, dict[str, int]] = {}
-        manager = node.host.service(ResourceManager) if node is not None else None
-        if manager is not None:
-            refusals.update(manager.refusals())
-        if node is not None and node.server is not None and node.server.refusals:
-            refusals["experts"] = dict(node.server.refusals)
-        return refusals
 
     def _checkpoint_view(self, directory: Path | None, now: float) -> dict:
         """Where checkpoints go, whether that is writable and how long since the last save."""

@@ -24,7 +24,7 @@ from ..swarmfile import (
     state_dir,
     swarms_dir,
 )
-from .control import ControlError, default_control_path, request
+from .control import ControlError, DaemonLock, default_control_path, request
 from .donorflags import add_donor_flags, choose_gpus, donor_choices
 
 JOIN_EXAMPLES = """\
@@ -114,7 +114,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
     p.add_argument("--name", type=_public_name, metavar="NAME",
                    help="a public name for the swarm's health page and its top contributors (default: not listed)")
     p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
@@ -195,7 +195,7 @@ def build_options(args: argparse.Namespace):
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
-        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0"]),
+        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]),
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
@@ -264,6 +264,9 @@ def settle_consent(args: argparse.Namespace, options) -> None:
 
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
+    # one lock decides whether a daemon already runs here: taken before anything else starts, so a
+    # second `join` says so in one line and touches nothing of the first one's
+    lock = DaemonLock(options.control_path).acquire() if options.control_path is not None else None
     settle_consent(args, options)
     metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
@@ -272,14 +275,15 @@ def run_join(args: argparse.Namespace) -> int:
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
-    return trio.run(join, options, dashboard, metrics, getattr(args, "web", None))
+    return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
 
-async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None) -> int:
+async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None,
+               lock: DaemonLock | None = None) -> int:
     from ..web.serve import open_web_socket
     from .daemon import Daemon
 
-    daemon = Daemon(options)
+    daemon = Daemon(options, control_lock=lock)
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")

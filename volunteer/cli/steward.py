@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 POLICY_PERIOD = 5.0  # seconds between samples of the machine (BOINC looks every 10 s)
 VISIBILITY_CHECK_TIMEOUT = 20.0  # a look-up of our own record that takes longer counts as a miss
-DRAIN_POLL = 0.05
 FINISH_DEADLINE = 60.0  # in-flight calls a finish waits for at most
 
 
@@ -93,15 +92,11 @@ class Steward:
         self._changed = trio.Event()
         self._lock = trio.Lock()  # one change of the node's state at a time
 
-    # --- wiring ----------------------------------------------------------------------------------------
-    def attach(self, node: VolunteerNode) -> None:
-        """Follow ``node``: its expert server tells each call's outcome."""
+    # --- running ---------------------------------------------------------------------------------------
+    async def run(self, node: VolunteerNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sample, reconcile and watch ``node`` until cancelled. The node's expert server tells
+        each call's outcome to ``outcome`` (``VolunteerOptions.on_outcome``)."""
         self.node = node
-        if node.server is not None:
-            node.server.on_outcome = self._outcome
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Sample, reconcile and watch until cancelled (the node must be attached)."""
         async with trio.open_nursery() as nursery:
             if self.probe is not None:
                 self.sample()  # the first verdict before anything is declared
@@ -201,9 +196,9 @@ class Steward:
             await self._hand_off(node, "the pause lasts")
 
     async def _finish(self, node: VolunteerNode) -> None:
-        with trio.move_on_after(FINISH_DEADLINE):
-            while node.in_flight():
-                await trio.sleep(DRAIN_POLL)
+        if node.server is not None:
+            with trio.move_on_after(FINISH_DEADLINE):
+                await node.server.wait_idle()
         await self._hand_off(node, "finishing")
         saved = await self._save_checkpoints(node)
         self._note(self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
@@ -232,7 +227,8 @@ class Steward:
         return saved
 
     # --- self-care: experts that keep failing ----------------------------------------------------------
-    def _outcome(self, uid: str, error: str | None) -> None:
+    def outcome(self, uid: str, error: str | None) -> None:
+        """One expert call's outcome (error None: answered); K failures in a row set it aside."""
         if error is None:
             self.streaks.succeeded(uid)
         elif self.streaks.failed(uid, error) and self.node is not None:
@@ -247,7 +243,7 @@ class Steward:
         if node.declarer is not None:
             with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
                 try:
-                    await node.declarer.forget(uid)
+                    await node.declarer.drop(uid)
                 except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                     log.info("tombstone of %s failed: %s", uid, describe(exc))
         if uid in node.runtime.backends:
@@ -264,7 +260,7 @@ class Steward:
             if backend is not None and uid not in node.runtime.backends:
                 node.runtime.add_backend(backend)
                 if node.declarer is not None:
-                    node.declarer.uids = sorted({*node.declarer.uids, uid})
+                    node.declarer.add(uid)
         if uids:
             log.warning("took back %d expert(s) set aside after failures: %s", len(uids), ", ".join(uids))
         self._note(self.conduct.set_hold(None, now))

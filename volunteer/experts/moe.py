@@ -3,8 +3,9 @@
 For a batch ``x`` of shape ``[batch, in_features]``:
 1. the gate scores every grid dimension (``grid_size=(4, 4)``: 4 + 4 scores per sample); an
    expert's score is the sum of its coordinates' scores (Learning@home's product-key grid);
-2. the live experts come from the DHT (``grid_experts``: the grid's prefix records, cached for
-   ``refresh_period`` seconds so most batches need no DHT round trip); each sample picks its
+2. the live experts come from the swarm's directory (``swarm.directory.find_grid``; ours reads
+   the grid's prefix records from the DHT), cached for ``refresh_period`` seconds so most
+   batches need no lookup; each sample picks its
    ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
 3. each chosen expert gets one call with all the samples that chose it, all calls in parallel;
    once every sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
@@ -39,22 +40,14 @@ from ..errors import (
     describe,
 )
 from ..dht.grid import parse_uid
-from .client import DUMMY, _Call, detached_cpu, remember_addrs
+from .client import DUMMY, _Call, detached_cpu
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
+from .directory import TrainerSwarm
 
 log = logging.getLogger(__name__)
 
 
-def find_grid(swarm, uid_prefix: str, dims: int, *, grid_size: Sequence[int] | None = None, timeout: float = 30) -> dict[str, list]:
-    """``{uid: [host declarations]}`` of a grid, from the swarm's DHT: the one place the mixture
-    reaches the DHT (so a change of the grid lookup touches this function only). A swarm of
-    another kind (hivemind) brings its own lookup as ``swarm.find_grid``."""
-    other_kind = getattr(swarm, "find_grid", None)
-    if other_kind is not None:
-        return other_kind(uid_prefix, dims, grid_size=grid_size, timeout=timeout)
-    from ..dht.grid import grid_experts
-
-    return swarm.loop.run(grid_experts, swarm.dht, uid_prefix, dims, timeout=timeout)
+GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward that needed it
 
 
 class _NothingAnswered(Exception):
@@ -78,6 +71,8 @@ class _Plan:
         self.errors: list[BaseException] = []
 
     async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
+        # one hop to the trio thread for the whole round; each call records its host's declared
+        # addresses there before it dials
         results: list[list[torch.Tensor] | None] = [None] * len(self.calls)
         answers = [0] * self.batch
         satisfied = trio.Event()
@@ -166,7 +161,7 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def __init__(
         self,
-        swarm,
+        swarm: TrainerSwarm,
         *,
         in_features: int,
         grid_size: Sequence[int] | None = None,
@@ -222,7 +217,9 @@ class RemoteMixtureOfExperts(nn.Module):
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
         """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
         if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            found = find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size)
+            found = self.swarm.loop.run(
+                self.swarm.directory.find_grid, self.uid_prefix, self.grid_size, timeout=GRID_LOOKUP_TIMEOUT
+            )
             valid = {}
             for uid, hosts in found.items():
                 try:
@@ -371,10 +368,9 @@ class RemoteMixtureOfExperts(nn.Module):
         calls, samples = [], []
         for e in used:
             uid, decl = choices[e]
-            self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                backward_follows=torch.is_grad_enabled(),
+                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)
@@ -417,10 +413,6 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"grid={self.grid_size}, prefix={self.uid_prefix!r}, k_best={self.k_best}, k_min={self.k_min}"
-
-
-async def _remember(host, peer, addrs) -> None:
-    remember_addrs(host, peer, addrs)
 
 
 __all__ = ["RemoteMixtureOfExperts"]

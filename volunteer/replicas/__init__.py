@@ -1,5 +1,5 @@
 """Replicated expert state: the swarm's grid, automatic placement, state transfer, replica sync
-and hand-off on leave (issue 13). Sits above ``volunteer.experts`` and ``volunteer.dht``.
+and hand-off on leave. Sits above ``volunteer.experts`` and ``volunteer.dht``.
 
 Every piece is a pure core (no trio, ``now`` passed in) plus, for the protocols, a thin trio
 driver that runs as a Host service."""

@@ -1,12 +1,12 @@
 """``BackendStore``: what the state, sync and hand-off services ask of the experts a volunteer
 hosts, over a dict of ``ExpertBackend``s. Torch work runs through ``Runtime.run_sync`` when a
 runtime is given (a backend is not thread-safe and the runtime's worker owns it), directly when
-not (tests, a backend no runtime serves yet)."""
+not (tests, a backend no runtime serves yet). Whether to make room for a pushed expert, and what
+to do once one is taken, is the state service's policy (``StateService``), not the store's."""
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Awaitable, Callable, Mapping, MutableMapping
+from typing import Any, Awaitable, Callable, Mapping, MutableMapping, Protocol
 
 import torch
 
@@ -34,29 +34,39 @@ AcceptedHook = Callable[[ExpertBackend], Awaitable[None] | None]
 MakeRoomHook = Callable[[str], Awaitable[bool]]
 
 
+class HostingRuntime(Protocol):
+    """What the store asks of the runtime that serves its backends (``experts.Runtime``)."""
+
+    backends: dict[str, ExpertBackend]
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def add_backend(self, backend: ExpertBackend) -> None: ...
+
+    def remove_backend(self, uid: str) -> ExpertBackend: ...
+
+
 class BackendStore:
     """The state of a volunteer's experts as the replica protocols see it.
 
-    ``capacity`` and ``factory`` let it take pushed experts it does not host yet (hand-off
-    receivers); without a factory a push is accepted only for a uid already hosted."""
+    ``backends``: in a node, the runtime's own dict (the runtime changes it as it takes and drops
+    experts through ``add`` / ``remove``). ``capacity`` and ``factory`` let it take pushed
+    experts it does not host yet (hand-off receivers); without a factory a push is accepted only
+    for a uid already hosted."""
 
     def __init__(
         self,
         backends: MutableMapping[str, ExpertBackend],
         *,
-        runtime: Any = None,
+        runtime: HostingRuntime | None = None,
         capacity: int | None = None,
         factory: BackendFactory | None = None,
-        on_accepted: AcceptedHook | None = None,
-        make_room: MakeRoomHook | None = None,
         config: ReplicasConfig = DEFAULT_CONFIG,
     ) -> None:
         self.backends = backends
         self.runtime = runtime
         self.capacity = capacity
         self.factory = factory
-        self.on_accepted = on_accepted
-        self.make_room = make_room
         self.config = config
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -105,19 +115,9 @@ class BackendStore:
             return
         check_fits(backend, header)
 
-    async def admit(self, header: StateHeader) -> None:
-        """``offer``, except that a full volunteer first asks ``make_room`` to free a slot (a
-        leaver's sole copy is worth more here than a second copy of an expert others hold)."""
-        try:
-            self.offer(header)
-        except StateRefusedError as exc:
-            if exc.code != "full" or self.make_room is None or not await self.make_room(header.uid):
-                raise
-            self.offer(header)
-
     async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
-        """Load a pushed state (building the backend if needed); the version now hosted. A hosted
-        expert at least as fresh as the push keeps its own state."""
+        """Load a pushed state (building the backend if needed, then hosting it); the version now
+        hosted. A hosted expert at least as fresh as the push keeps its own state."""
         self.offer(header)  # again: another push may have taken the room meanwhile
         backend = self.backends.get(header.uid)
         if backend is not None:
@@ -134,10 +134,6 @@ class BackendStore:
         if header.uid in self.backends:
             raise StateRefusedError(f"{header.uid!r} arrived twice at once", "busy")
         self.add(backend)
-        if self.on_accepted is not None:
-            result = self.on_accepted(backend)
-            if inspect.isawaitable(result):
-                await result
         return backend.updates
 
     def add(self, backend: ExpertBackend) -> None:

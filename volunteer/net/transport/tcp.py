@@ -14,6 +14,7 @@ import socket
 import trio
 
 from ...errors import MultiaddrError
+from .. import limits
 from ..multiaddr import Multiaddr
 from .base import InboundHandler, RawConnection
 
@@ -53,6 +54,24 @@ def _enable_reuse(sock: trio.socket.SocketType) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 
 
+def _check_port_free(family: int, host: str, port: int) -> None:
+    """Raise EADDRINUSE when another socket listens on (host, port).
+
+    A listener bound with SO_REUSEPORT shares its port with every socket of the same user that
+    sets the option too, and Linux then balances incoming connections among them: a second
+    daemon on the same port would take half the first one's dials. A probe bound without
+    SO_REUSEPORT fails on any port someone listens on, and costs nothing for a free one (it is
+    closed before the listener binds)."""
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart's TIME_WAIT is no holder
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        probe.bind((host, port))
+    finally:
+        probe.close()
+
+
 class TcpTransport:
     """Dial and listen on TCP multiaddrs."""
 
@@ -60,6 +79,7 @@ class TcpTransport:
         self.reuse_port = reuse_port and hasattr(socket, "SO_REUSEPORT")
         # (family, bound ip, port) of every listener: dials reuse the port of the same family.
         self.listen_endpoints: list[tuple[int, str, int]] = []
+        self.refused_redials = 0  # refused punches dialled again (see dial's redial_refused_for)
 
     @property
     def listen_ports(self) -> list[int]:
@@ -78,13 +98,31 @@ class TcpTransport:
         local_port: int | None = None,
         reuse_port_only: bool = False,
         local_host: str | None = None,
+        redial_refused_for: float = 0.0,
     ) -> RawConnection:
         """Connect; from ``local_port`` (default: our listen port) when port reuse is on.
 
         ``reuse_port_only``: fail rather than fall back to an ephemeral port (hole punching).
         ``local_host``: the source address to leave from (a loopback alias in tests, one NIC of
         several), with ``local_port`` or an ephemeral port.
+        ``redial_refused_for``: seconds during which a refused connection (ECONNREFUSED) is dialled
+        again TCP_REFUSED_REDIAL_DELAY later. A punched SYN can reach the peer's router before the
+        peer's own SYN has left, and a router that answers unsolicited SYNs with a RST refuses it;
+        the same SYN a moment later meets the mapping the peer's SYN opened.
         """
+        deadline = trio.current_time() + redial_refused_for
+        while True:
+            try:
+                return await self._dial_once(addr, local_port=local_port, reuse_port_only=reuse_port_only, local_host=local_host)
+            except ConnectionRefusedError:
+                if trio.current_time() + limits.TCP_REFUSED_REDIAL_DELAY >= deadline:
+                    raise
+                self.refused_redials += 1
+                await trio.sleep(limits.TCP_REFUSED_REDIAL_DELAY)
+
+    async def _dial_once(
+        self, addr: Multiaddr, *, local_port: int | None, reuse_port_only: bool, local_host: str | None
+    ) -> RawConnection:
         host, port = tcp_endpoint(addr)
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not infos:
@@ -139,6 +177,8 @@ class TcpTransport:
     async def listen(self, addr: Multiaddr, handler: InboundHandler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         host, port = tcp_endpoint(addr)
         family = socket.AF_INET6 if addr.protocols()[0] == "ip6" else socket.AF_INET
+        if self.reuse_port and port != 0:
+            _check_port_free(family, host, port)  # a port another process listens on is refused
         sock = trio.socket.socket(family, socket.SOCK_STREAM)
         try:
             _enable_reuse(sock) if self.reuse_port else sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
