@@ -106,10 +106,12 @@ async def open_relay_node(
     resources: ResourceLimits | None = None,
     web: tuple[str, int] | None = None,
     watched: Sequence["WatchedSwarm"] = (),
+    web_refresh: float | None = None,
 ) -> AsyncIterator[RelayNode]:
     """Run a relay for the duration of the block. The metrics and web ports are bound first: a
     busy one is a ListenError before anything else starts. ``web``: serve the public swarm health
-    page there, showing ``watched`` (default: each of ``swarms`` without grids or entry points)."""
+    page there, showing ``watched`` (default: each of ``swarms`` without grids or entry points),
+    looked at again every ``web_refresh`` seconds (default ``healthservice.REFRESH_PERIOD``)."""
     config = HostConfig(announce=[Multiaddr(a) for a in announce])
     hop = HopService(limits)
     dhts: dict[str, DHTNode] = {}
@@ -136,7 +138,7 @@ async def open_relay_node(
             if metrics_service is not None:
                 metrics_service.sock.close()
             raise
-        health = HealthService(shown, dhts, hop, web_sock)
+        health = HealthService(shown, dhts, hop, web_sock, **({"refresh_period": web_refresh} if web_refresh else {}))
     async with open_stack(keypair, listen, config=config, services=services) as host:
         node = RelayNode(host, hop, metrics_addr=metrics_service.addr if metrics_service is not None else None, dhts=dhts,
                          web_addr=health.addr if health is not None else None, health=health)

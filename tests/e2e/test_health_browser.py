@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,10 +17,12 @@ import urllib.request
 import pytest
 
 from volunteer.net.identity import KeyPair
+from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import GridSpec, SwarmSpec, load_swarm_file
 
 from .test_donor_browser import CHROMIUM, DRIVER, browser, wait_until
 from .test_donor_cli import Joined, call_experts
+from .test_metrics_and_paths import stop
 
 SHOTS = "/tmp/health-shots"
 GRID = GridSpec("expert", (3, 4), "ffn", 8, replicas=2)
@@ -66,14 +67,7 @@ class Relay:
             return json.loads(reply.read())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc.stdout.close()
+        stop(self.proc)
 
 
 def replicas_shown(model: dict) -> dict[str, int]:
@@ -85,15 +79,14 @@ def test_the_health_page_shows_the_live_swarm_in_a_browser(tmp_path, cli_env):
     env = {**os.environ, **cli_env, "PYTHONUNBUFFERED": "1"}
     gone = KeyPair.generate().peer_id  # a bootstrap peer that is down: nothing listens there
     swarm_file = tmp_path / "health.toml"
-    spec = SwarmSpec("health", "health", [__import__("volunteer.net.multiaddr", fromlist=["Multiaddr"]).Multiaddr(
-        f"/ip4/127.0.0.1/tcp/9/p2p/{gone}")], [], grids=[GRID])
+    spec = SwarmSpec("health", "health", [Multiaddr(f"/ip4/127.0.0.1/tcp/9/p2p/{gone}")], [], grids=[GRID])
     swarm_file.write_text(spec.to_toml())
     relay = Relay(swarm_file, tmp_path / "relay.key", env)
     donors: list[Joined] = []
     driver = None
     try:
         # the donors' swarm file also names the relay (the organiser publishes it once the relay runs)
-        spec.relays = [__import__("volunteer.net.multiaddr", fromlist=["Multiaddr"]).Multiaddr(relay.addr)]
+        spec.relays = [Multiaddr(relay.addr)]
         swarm_file.write_text(spec.to_toml())
         assert load_swarm_file(swarm_file).grids == [GRID]
         for i, (name, uids) in enumerate(HOSTED.items()):

@@ -79,6 +79,7 @@ def test_a_donor_joins_a_testnet_by_automatic_placement_on_its_grid(tmp_path, cl
     from volunteer.swarmfile import GridSpec, load_swarm_file
 
     from .test_donor_cli import Joined
+    from .test_metrics_and_paths import stop
 
     env = {**os.environ, **cli_env, "VOLUNTEER_CONFIG_DIR": str(tmp_path / "cfg"), "PYTHONUNBUFFERED": "1"}
     proc, _ = start_testnet(tmp_path, env)
@@ -99,10 +100,4 @@ def test_a_donor_joins_a_testnet_by_automatic_placement_on_its_grid(tmp_path, cl
     finally:
         if donor is not None:
             donor.stop()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        stop(proc)
