@@ -1,4 +1,4 @@
-"""Hostile peers against a DHT node on loopback (issue 12: key squatting, per-address store floods).
+"""Hostile peers against a DHT node on loopback (key squatting, per-address store floods).
 
 The node under attack (127.0.0.1) is the only server of a small swarm: an honest volunteer on
 127.0.0.3 declares its experts there, a trainer lists the grid from it, and an attacker on

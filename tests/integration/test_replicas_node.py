@@ -1,4 +1,4 @@
-"""Replicated experts through ``open_volunteer`` nodes (issue 13): a late joiner catches up before
+"""Replicated experts through ``open_volunteer`` nodes: a late joiner catches up before
 it declares, replicas agree after a sync, a replica killed mid-sync stalls nobody, and a leaver's
 sole expert is handed over at its version. Loopback only; the swarm file's grid is a SwarmSpec's."""
 

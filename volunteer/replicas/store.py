@@ -6,21 +6,23 @@ to do once one is taken, is the state service's policy (``StateService``), not t
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Mapping, MutableMapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, MutableMapping, Protocol, Sequence
 
 import torch
 
 from ..errors import ExpertConfigError
 from ..experts.backend import ExpertBackend
+from ..experts.requests import Kind
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateRefusedError
 from .messages import FetchRequest, StateHeader, TensorMeta
 from .state import (
     ExportedState,
-    apply_parameters,
     check_fits,
     export_state,
     import_state,
+    merge_round,
     module_layout,
     parameter_layout,
     sync_parameters,
@@ -40,6 +42,8 @@ class HostingRuntime(Protocol):
     backends: dict[str, ExpertBackend]
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    async def run_on(self, uid: str, fn: Callable[..., Any], *args: Any, kind: Kind) -> Any: ...
 
     def add_backend(self, backend: ExpertBackend) -> None: ...
 
@@ -160,12 +164,25 @@ class BackendStore:
         backend = self._backend(uid)
         return await self._run(lambda: (backend.updates, sync_parameters(backend)))
 
-    async def apply(
-        self, uid: str, averaged: Mapping[str, torch.Tensor], version: int, base: Mapping[str, torch.Tensor] | None = None
+    async def merge(
+        self,
+        uid: str,
+        own: Mapping[str, torch.Tensor],
+        contributions: Sequence[Mapping[str, torch.Tensor]],
+        version: int,
+        aggregate: Aggregate = mean,
     ) -> None:
-        """Write a sync round's result into a hosted expert (``base``: what it contributed, so the
-        steps it took during the round are kept; see ``apply_parameters``)."""
-        await self._run(apply_parameters, self._backend(uid), averaged, version, base)
+        """Write a finished sync round into a hosted expert: the aggregate of what it contributed
+        (``own``) and what arrived, as the round's change (``merge_round``). With a runtime, a
+        job on that expert (``Kind.AVERAGE``): ordered with its forwards, backwards and steps,
+        on the worker unless it is as cheap as an inline forward, never a big sum on the event loop."""
+        backend = self._backend(uid)
+        if self.runtime is not None:
+            await self.runtime.run_on(
+                uid, merge_round, backend, own, contributions, version, aggregate, kind=Kind.AVERAGE
+            )
+        else:
+            merge_round(backend, own, contributions, version, aggregate)
 
     def versions(self) -> dict[str, int]:
         """Version of every hosted expert."""
