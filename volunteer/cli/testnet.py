@@ -266,9 +266,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _host_port(text: str) -> str:
-    from .relaycmd import host_port
+    from ..web.serve import parse_host_port
 
-    host_port(text)  # a bad one is a usage error (exit 2)
+    try:
+        parse_host_port(text)
+    except ValueError as exc:  # a usage error (exit 2)
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
