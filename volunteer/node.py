@@ -66,7 +66,11 @@ def check_device(device: str, max_gpu_memory: float | None) -> str:
     from .experts.backend import resolve_device
 
     resolved = resolve_device(device)
-    if resolved.type == "cuda":
+    if resolved.type in ("mps", "xpu"):  # another platform's GPU: say so before torch fails deep inside
+        backend = getattr(torch.backends, "mps", None) if resolved.type == "mps" else getattr(torch, "xpu", None)
+        if backend is None or not backend.is_available():
+            raise JoinError(f"no {resolved.type.upper()} device here (this torch cannot use one); "
+                            "use --device cpu, cuda or auto")
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = resolved.index or 0
         if index >= count:

@@ -37,7 +37,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import tomli_w
 
@@ -234,10 +234,93 @@ class Typed:
 
 MULTIADDR_LIST = Typed((list,), "a list of multiaddr strings")
 
+# --- values: one check per setting, for config.toml, a swarm file and the flag alike -------------
+# Each takes what the file holds (a number, a string) or the flag's text, and returns the value to
+# use, or raises ValueError saying what is expected: a setting means one thing wherever it is set.
+
+def _number(value: object, integer: bool) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = int(value) if integer else float(value)
+        except ValueError:
+            raise ValueError(f"expected {'a whole number' if integer else 'a number'}, got {value!r}") from None
+    if integer and isinstance(value, float):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    if not isinstance(value, (int, float)) or value != value or value in (math.inf, -math.inf):
+        raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+def at_least(low: float, *, integer: bool = True, example: str = "") -> "Callable[[object], float]":
+    """A check: a number (whole unless ``integer`` is False) of ``low`` or more."""
+    def check(value: object) -> float:
+        number = _number(value, integer)
+        if number < low:
+            raise ValueError(f"expected {'a whole number' if integer else 'a number'} of {low:g} or more"
+                             f"{f', e.g. {example}' if example else ''}, got {value!r}")
+        return number
+    return check
+
+
+def fraction(value: object) -> float:
+    """A check: a fraction in (0, 1] (of the GPU's memory)."""
+    number = _number(value, False)
+    if not 0 < number <= 1:
+        raise ValueError(f"expected a fraction in (0, 1], e.g. 0.5, got {value!r}")
+    return float(number)
+
+
+def rate(value: object) -> float:
+    """A check: bytes per second above zero, a number or a size such as 5MiB."""
+    from .net.perf import parse_size
+
+    if isinstance(value, str):
+        try:
+            value = float(value)  # a plain number (a negative one is refused below, in words)
+        except ValueError:
+            try:
+                value = parse_size(value.strip())
+            except ValueError:
+                raise ValueError(f"not a size: {value!r} (e.g. 5MiB for 5 MiB/s)") from None
+    number = _number(value, False)
+    if not number > 0:
+        raise ValueError(f"expected bytes per second above 0 (e.g. 5MiB), got {value!r}")
+    return float(number)
+
+
+# device names torch takes that make sense for experts; anything else is refused in one line
+# before torch lists its twenty device types at the user
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
+
+
+def device_name(value: object) -> str:
+    """A check: a device experts can run on."""
+    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
+        raise ValueError(f"unknown device {value!r}: use auto, cpu, cuda or cuda:N (e.g. cuda:0), or mps")
+    return value
+
+
+def one_of(*choices: str) -> "Callable[[object], str]":
+    """A check: one of ``choices``."""
+    def check(value: object) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+    return check
+
+
+JOIN_CHECKS: dict = {  # [join] / [experts] values, and the flags of the same names
+    "hidden_dim": at_least(1, example="64"), "max_batch": at_least(1, example="1024"),
+    "max_gpu_memory": fraction, "max_upload": rate, "max_experts": at_least(0, example="8"),
+    "device": device_name, "share_tracebacks": one_of("full", "redacted", "none"),
+}
+
 JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
     "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
-    "max_gpu_memory": (int, float), "max_upload": (int, float), "expert_file": str, "mdns": bool,
-    "share_tracebacks": str, "max_experts": int,
+    "max_gpu_memory": (int, float), "max_upload": Typed((int, float, str), "a number or a size such as 5MiB"),
+    "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int,
 }
 
 SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn
@@ -260,6 +343,9 @@ LIMIT_SETTINGS = {
     "hivemind_request_bytes_per_peer": int, "hivemind_request_bytes_per_address": int,
     "hivemind_request_bytes_total": int,
 }
+LIMIT_CHECKS: dict = {  # [limits] values: every bound is a count or bytes above zero
+    **{key: at_least(1, integer=False) for key in LIMIT_SETTINGS}, "backward_window": at_least(0, integer=False),
+}
 EXPERT_LIMITS = (
     "max_request_bytes_per_peer", "max_request_bytes_total", "backward_window",
     "hivemind_request_bytes_per_peer", "hivemind_request_bytes_per_address", "hivemind_request_bytes_total",
@@ -271,6 +357,7 @@ RUN_SETTINGS = {
     "gpus": list, "exclude_gpus": list, "failure_limit": int,
 }
 CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS, "run": RUN_SETTINGS}  # config.toml's tables
+CONFIG_CHECKS: dict = {"join": JOIN_CHECKS, "limits": LIMIT_CHECKS}  # their values' checks (run: cli/policy.py)
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "a list", dict: "a table"}
@@ -294,11 +381,14 @@ def _value_type_name(value) -> str:
     return type(value).__name__
 
 
-def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "") -> None:
+def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "", checks: dict | None = None) -> None:
     """Check a parsed TOML table against ``schema`` (key → type, tuple of types, or a nested
-    schema for a sub-table). Raises SwarmFileError in one line: an unknown key with the known
-    ones (and the likeliest one meant), or a value of the wrong type with the type expected."""
-    for key, value in data.items():
+    schema for a sub-table) and its values against ``checks`` (key → check, or a nested dict),
+    replacing each checked value with the one to use (``"5MiB"`` → 5242880.0). Raises
+    SwarmFileError in one line: an unknown key with the known ones (and the likeliest one meant),
+    a value of the wrong type with the type expected, or a value out of range with the range."""
+    checks = checks or {}
+    for key, value in list(data.items()):
         dotted = f"{prefix}{key}"
         kind = schema.get(key)
         if kind is None:
@@ -308,7 +398,8 @@ def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "") ->
         if isinstance(kind, dict):
             if not isinstance(value, dict):
                 raise SwarmFileError(f"{where}: {dotted} has the wrong type: expected a table [{dotted}], got {_value_type_name(value)}")
-            validate_table(value, kind, where=where, prefix=f"{dotted}.")
+            nested = checks.get(key)
+            validate_table(value, kind, where=where, prefix=f"{dotted}.", checks=nested if isinstance(nested, dict) else None)
             continue
         kinds = kind.types if isinstance(kind, Typed) else kind if isinstance(kind, tuple) else (kind,)
         # TOML's true is a Python int too: a bool passes only where a bool is asked for
@@ -316,6 +407,12 @@ def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "") ->
             raise SwarmFileError(
                 f"{where}: {dotted} has the wrong type: expected {_type_name(kind)}, got {_value_type_name(value)}"
             )
+        check = checks.get(key)
+        if callable(check):
+            try:
+                data[key] = check(value)
+            except ValueError as exc:
+                raise SwarmFileError(f"{where}: {dotted}: {exc}") from None
 
 
 def _read_toml(path: Path, what: str) -> dict:
@@ -348,7 +445,7 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
         for key, feature in HIVEMIND_UNSUPPORTED.items():
             if key in data:
                 raise SwarmFileError(f"swarm file {path}: {key}: {feature} is not supported by volunteer's hivemind personality")
-    validate_table(data, SWARM_KEYS, where=f"swarm file {path}")
+    validate_table(data, SWARM_KEYS, where=f"swarm file {path}", checks={"experts": JOIN_CHECKS})
     name = data.get("name") or path.stem
     swarm_id = data.get("id") or name
     if not isinstance(name, str) or not isinstance(swarm_id, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", swarm_id):
@@ -381,6 +478,16 @@ def _parse_grids(tables: object, path: Path) -> list[GridSpec]:
     return parse_grids(tables, f"swarm file {path}")
 
 
+SWARM_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # it goes into protocol ids and file names
+
+
+def check_swarm_id(text: str) -> str:
+    """``text`` if it can be a swarm id; SwarmFileError saying what one may hold if not."""
+    if not SWARM_ID.fullmatch(text) or text in (".", ".."):
+        raise SwarmFileError(f"bad swarm id {text[:80]!r}: use 1-64 letters, digits, '_', '.', '-' (e.g. demo)")
+    return text
+
+
 def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
     """SWARM as users type it: a bootstrap multiaddr, a path to a swarm file, or a name from
     ``<config>/swarms/NAME.toml``."""
@@ -393,7 +500,7 @@ def resolve_swarm(text: str, *, swarm_id: str | None = None) -> SwarmSpec:
             raise SwarmFileError(f"{text!r} is neither a swarm file nor a multiaddr: {exc}") from None
         if addr.peer_id is None:
             raise SwarmFileError(f"{text} needs a /p2p/PEER-ID at the end to be a bootstrap peer")
-        sid = swarm_id or "default"
+        sid = check_swarm_id(swarm_id or "default")
         return SwarmSpec(sid, sid, [addr], [addr])
     candidate = Path(text).expanduser()
     if candidate.suffix == ".toml" or candidate.is_file():
@@ -419,7 +526,7 @@ def read_config(path: str | os.PathLike | None = None) -> dict:
             raise SwarmFileError(f"no config file {path}")
         return {}
     data = _read_toml(path, "config file")
-    validate_table(data, CONFIG_KEYS, where=f"config file {path}")
+    validate_table(data, CONFIG_KEYS, where=f"config file {path}", checks=CONFIG_CHECKS)
     return data
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import trio
 
 from volunteer.cli.fold import Conduct
@@ -189,3 +190,51 @@ def test_traffic_meter_counts_growth_per_connection():
     assert meter.step([a]) == 40  # b closed: gone from the count, nothing negative
     c = Conn(5, 5)
     assert meter.step([a, c]) == 10
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(60)
+async def test_a_volunteer_cut_off_from_the_swarm_says_so_redials_and_sees_it_come_back(caplog):
+    """Its only entry point goes away: after the grace it says "cut off from the swarm since …"
+    (log, status text, snapshot) and re-dials the entry point every period; once the entry point
+    is back at its address, a re-dial reaches it and the daemon says it is back in touch."""
+    import socket
+
+    from volunteer.cli.selfcare import SwarmContact
+    from volunteer.net.identity import KeyPair
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    seed_key = KeyPair.generate()
+    seed_options = options(keypair=seed_key, listen=[f"/ip4/127.0.0.1/tcp/{port}"])
+    entry = f"/ip4/127.0.0.1/tcp/{port}/p2p/{seed_key.peer_id}"
+
+    async def run_seed(stop: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with open_volunteer(spec(), seed_options):
+            task_status.started()
+            await stop.wait()
+
+    async with trio.open_nursery() as seeds:
+        gone = trio.Event()
+        await seeds.start(run_seed, gone)
+        async with open_volunteer(spec(entry), options()) as node:
+            contact = SwarmContact(grace=0.5, redial_period=0.5)
+            steward = Steward(Conduct(now=0), settings_from({}), None, contact=contact, contact_period=0.1)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(steward.run, node)
+                await trio.sleep(0.5)
+                assert not contact.view(0)["cut_off"] and steward.state_text() == steward.conduct.text
+                gone.set()  # the swarm's only entry point is gone
+                await until(lambda: contact.redials >= 2)
+                assert steward.state_text().startswith(f"{steward.conduct.text}; cut off from the swarm since ")
+                assert "re-dialling its bootstrap peers and relays every 0.5 s" in steward.state_text()
+                assert steward.snapshot()["self_care"]["contact"]["cut_off"] is True
+                assert any(r.getMessage().startswith("cut off from the swarm since") for r in caplog.records)
+                await seeds.start(run_seed, trio.Event())  # back at its address
+                await until(lambda: not contact.view(0)["cut_off"], timeout=30)
+                assert any("back in touch with the swarm" in r.getMessage() for r in caplog.records)
+                assert steward.state_text() == steward.conduct.text
+                nursery.cancel_scope.cancel()
+        seeds.cancel_scope.cancel()

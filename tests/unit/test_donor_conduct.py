@@ -91,3 +91,21 @@ def test_visibility_rejoins_after_two_missed_heartbeats():
     watch.reset()  # paused: nothing should be visible
     assert not watch.observe(False, 20)
     assert watch.view(25)["last_rejoin_age_s"] == 15
+
+
+def test_swarm_contact_cut_off_after_the_grace_redials_each_period_and_comes_back():
+    from volunteer.cli.selfcare import SwarmContact
+
+    contact = SwarmContact(grace=10, redial_period=30)
+    assert contact.observe(3, 0) is None
+    assert contact.observe(0, 100) is None and contact.observe(0, 105) is None  # a moment alone is not cut off
+    assert contact.observe(1, 108) is None and contact.alone_since is None
+    assert contact.observe(0, 200) is None
+    assert contact.observe(0, 210) == "cut" and contact.cut_off_since == 200 and contact.redials == 1
+    assert contact.text("22:41:00") == ("cut off from the swarm since 22:41:00: no peer connected; "
+                                        "re-dialling its bootstrap peers and relays every 30 s")
+    assert contact.observe(0, 230) is None
+    assert contact.observe(0, 240) == "redial" and contact.redials == 2
+    assert contact.view(250) == {"cut_off": True, "cut_off_for_s": 50.0, "cut_off_since": 200, "redials": 2, "cut_offs": 1}
+    assert contact.observe(2, 251) == "back" and contact.text("x") is None
+    assert contact.observe(2, 260) is None and contact.view(260)["cut_off"] is False

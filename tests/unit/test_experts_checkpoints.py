@@ -117,3 +117,13 @@ def test_check_checkpoint_dir_creates_writes_and_refuses_in_one_line(tmp_path):
         assert "\n" not in str(caught.value) and "not writable" in str(caught.value)
     finally:
         (tmp_path / "locked").chmod(stat.S_IRWXU)
+
+
+def test_a_leftover_checkpoint_of_another_expert_names_the_file_and_the_way_out(tmp_path):
+    config = ExpertsConfig(device="cpu")
+    make_backend("e.0", "ffn", 8, config=config, checkpoint_dir=tmp_path).save_checkpoint()
+    with pytest.raises(ExpertConfigError) as refused:
+        make_backend("e.0", "ffn", 16, config=config, checkpoint_dir=tmp_path)
+    text = str(refused.value)
+    assert text.startswith(f"checkpoint {tmp_path / 'e.0.pt'} does not fit expert 'e.0' (checkpoint has hidden_dim 8, this expert 16)")
+    assert "move that file aside" in text and "--checkpoints DIR" in text and "\n" not in text

@@ -26,6 +26,7 @@ import trio
 
 from ..errors import VolunteerError
 
+MAX_UNIX_PATH = 107  # bytes of a Unix socket's path (sun_path is 108 on Linux, with its NUL)
 MAX_REQUEST = 64 * 1024
 MAX_REPLY = 16 * 1024 * 1024
 REQUEST_TIMEOUT = 10.0
@@ -42,7 +43,11 @@ def use_tcp() -> bool:
 
 
 def _prepare_dir(path: Path) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # every directory made here is the user's alone: a runtime dir made 0755 on the way would be
+    # refused by the next command's platformdirs (it wants XDG_RUNTIME_DIR 0700)
+    missing = [d for d in (path.parent, *path.parent.parents) if not d.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
     if os.name == "posix":
         mode = stat.S_IMODE(path.parent.stat().st_mode)
         if mode & 0o077:
@@ -76,8 +81,17 @@ class DaemonLock:
 
     def acquire(self) -> "DaemonLock":
         """Take the lock, or raise ControlError naming the running daemon's control path."""
-        _prepare_dir(self.path)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        if not use_tcp() and len(os.fsencode(self.path)) > MAX_UNIX_PATH:
+            raise ControlError(f"control socket path {self.path} is too long for a Unix socket "
+                               f"({len(os.fsencode(self.path))} bytes, at most {MAX_UNIX_PATH}): give a shorter --control PATH")
+        try:
+            _prepare_dir(self.path)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            parent = next((p for p in self.path.parents if p.exists()), None)
+            why = f"{parent} is not a directory" if parent is not None and not parent.is_dir() else exc.strerror or str(exc)
+            raise ControlError(f"cannot use control socket {self.path}: {why}; "
+                               "give --control PATH in a directory of yours") from None
         try:
             _lock_exclusive(fd)
         except OSError as exc:

@@ -281,7 +281,7 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "paused": node.paused if node is not None else not self.conduct.serving,
             "state": self.conduct.state,
-            "state_text": self.conduct.text,
+            "state_text": self.steward.state_text(),
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
             "reachable_after_s": self.reachable_after_s,
             "reachable_how": self.reachable_how,

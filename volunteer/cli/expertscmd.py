@@ -12,6 +12,7 @@ import trio
 
 from ..kinds import ExpertListing, kind_of
 from ..swarmfile import resolve_swarm
+from .netcmds import swarm_id_arg
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -29,7 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
     p.add_argument("--prefix", default=None, help="grid prefix (default: every [[grid]] of the swarm file, else expert.)")
-    p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr")
+    p.add_argument("--swarm-id", type=swarm_id_arg, help="swarm id when SWARM is a bare multiaddr")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run_experts)
 

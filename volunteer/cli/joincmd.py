@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import trio
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
 from ..swarmfile import (
+    JOIN_CHECKS,
     identity_path,
     load_config,
     load_limits,
@@ -26,6 +26,7 @@ from ..swarmfile import (
 )
 from .control import ControlError, DaemonLock, default_control_path, request
 from .donorflags import add_donor_flags, choose_gpus, donor_choices
+from .netcmds import swarm_id_arg
 
 JOIN_EXAMPLES = """\
 examples:
@@ -42,23 +43,19 @@ again to quit at once. `volunteer status` shows the same dashboard from another 
 """
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError("expected a fraction in (0, 1], e.g. 0.5")
-    return value
+def _setting(key: str):
+    """The flag of ``key`` takes its value through the same check as config.toml's [join] and a
+    swarm file's [experts] (a bad one is a usage error, exit 2, in the same words)."""
+    check = JOIN_CHECKS[key]
 
+    def parse(text: str):
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
-# device names torch takes that make sense for experts; anything else is refused in one line
-# before torch lists its twenty device types at the user
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
-
-
-def check_device_name(device: str) -> str:
-    """``device`` if it names a device experts can run on; VolunteerError saying what to type if not."""
-    if not DEVICE_PATTERN.fullmatch(device):
-        raise VolunteerError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N (e.g. --device cuda:0), or mps")
-    return device
+    parse.__name__ = key
+    return parse
 
 
 def _public_name(text: str) -> str:
@@ -68,15 +65,6 @@ def _public_name(text: str) -> str:
         return check_public_name(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _rate(text: str) -> float:
-    from ..net.perf import parse_size
-
-    try:
-        return float(parse_size(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (e.g. 10MiB for 10 MiB/s)") from None
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -102,22 +90,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
     p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm "
                    "file's [experts].experts, else automatic placement on its [[grid]], else none)")
-    p.add_argument("--max-experts", type=int, metavar="N", help="automatic placement hosts at most N experts "
+    p.add_argument("--max-experts", type=_setting("max_experts"), metavar="N", help="automatic placement hosts at most N experts "
                    "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU; 0: route the DHT only)")
     # demos and tests of churn re-check placement more often than every 120 s
     p.add_argument("--recheck-period", type=float, metavar="S", help=argparse.SUPPRESS)
-    p.add_argument("--hidden-dim", type=int, metavar="N", help="expert width (default: the swarm file's, else 64)")
+    p.add_argument("--hidden-dim", type=_setting("hidden_dim"), metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
-    p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
-    p.add_argument("--max-batch", type=int, metavar="N", help="largest batch per expert call (default 1024)")
+    p.add_argument("--device", type=_setting("device"), help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--max-batch", type=_setting("max_batch"), metavar="N", help="largest batch per expert call (default 1024)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
-    p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
-    p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
+    p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
+    p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
     p.add_argument("--name", type=_public_name, metavar="NAME",
                    help="a public name for the swarm's health page and its top contributors (default: not listed)")
-    p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
+    p.add_argument("--swarm-id", type=swarm_id_arg, help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
     p.add_argument("--share-tracebacks", choices=("full", "redacted", "none"), default=None,
@@ -173,19 +161,15 @@ def build_options(args: argparse.Namespace):
     expert_class, uids = (None, [])
     if experts:
         expert_class, uids = parse_experts_spec(experts)
-    max_experts = getattr(args, "max_experts", None)
-    if max_experts is not None and max_experts < 0:
-        raise VolunteerError("--max-experts must be 0 or more")
+    max_experts = pick(getattr(args, "max_experts", None), "max_experts", None)
     replicas_config = None
     if getattr(args, "recheck_period", None):
         from ..replicas import ReplicasConfig
 
         replicas_config = ReplicasConfig(recheck_period=args.recheck_period)
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
-    if hidden < 1:
-        raise VolunteerError("--hidden-dim must be positive")
     donor = donor_choices(args, load_run(args.config))
-    device = check_device_name(pick(args.device, "device", "auto"))
+    device = pick(args.device, "device", "auto")
     devices: list[str] = []
     if donor.gpus is not None or donor.exclude_gpus:
         import torch

@@ -44,6 +44,27 @@ def add_listen_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def swarm_id_arg(text: str) -> str:
+    """``--swarm-id`` / ``--swarm ID`` as argparse takes it (a bad one is a usage error, exit 2)."""
+    from ..swarmfile import check_swarm_id
+
+    try:
+        return check_swarm_id(text)
+    except VolunteerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_seconds(text: str) -> float:
+    """A duration flag in seconds, more than zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, e.g. 2.5, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds more than 0, got {text!r}")
+    return value
+
+
 def listen_addrs(args: argparse.Namespace) -> list[str]:
     """The ``--listen`` addresses given, else one ephemeral port."""
     return list(args.listen) or list(EPHEMERAL_LISTEN)
@@ -85,8 +106,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("addr", metavar="MULTIADDR", help="the peer's multiaddr, ideally ending in /p2p/PEER_ID")
     p.add_argument("-c", "--count", type=int, default=4, help="number of pings (default 4)")
-    p.add_argument("-i", "--interval", type=float, default=1.0, help="seconds between pings (default 1)")
-    p.add_argument("-W", "--timeout", type=float, default=10.0, help="seconds to wait for the connection and each reply")
+    p.add_argument("-i", "--interval", type=positive_seconds, default=1.0, help="seconds between pings (default 1)")
+    p.add_argument("-W", "--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the connection and each reply")
     add_listen_flag(p)
     add_identity_flag(p)
     p.set_defaults(run=run_ping)

@@ -13,7 +13,7 @@ from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
 from ..net.perf import parse_size
 from ..swarmfile import load_limits
-from .netcmds import add_identity_flag, load_identity
+from .netcmds import add_identity_flag, load_identity, swarm_id_arg
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -59,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "peers learn their QUIC address for hole punching from a relay that speaks QUIC)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
     p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
-    p.add_argument("--swarm", action="append", metavar="SWARM_ID|FILE",
+    p.add_argument("--swarm", action="append", metavar="SWARM_ID|FILE", type=swarm_id_or_file,
                    help="serve as DHT bootstrap peer for this swarm id, or for the swarm a swarm file describes "
                         "(its grids and entry points then show on --web) (repeatable; default: default)")
     p.add_argument("--web", type=host_port, metavar="HOST:PORT",
@@ -105,6 +105,14 @@ def run_relay(args: argparse.Namespace) -> int:
     resources = resource_limits(load_limits(args.config))
     return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap, resources,
                     args.web, watched)
+
+
+def swarm_id_or_file(text: str) -> str:
+    """``--swarm`` as argparse takes it: a swarm file's path (read when the relay starts) or a
+    swarm id (a bad one is a usage error, exit 2)."""
+    if text.endswith(".toml") or Path(text).is_file():
+        return text
+    return swarm_id_arg(text)
 
 
 def watched_swarm(text: str):

@@ -102,4 +102,68 @@ class VisibilityWatch:
         }
 
 
-__all__ = ["DEFAULT_FAILURE_LIMIT", "DEFAULT_MISSES", "FailureStreaks", "VisibilityWatch"]
+CUT_OFF_GRACE = 10.0  # seconds without a single peer before the node calls itself cut off
+REDIAL_PERIOD = 30.0  # seconds between re-dials of the swarm's entry points while cut off
+
+
+@dataclass
+class SwarmContact:
+    """Whether the node is in touch with its swarm, look after look: with no peer connected for
+    ``grace`` seconds it is cut off (a relay that died, a network gone), and it re-dials the
+    swarm's entry points every ``redial_period`` until a peer is back."""
+
+    grace: float = CUT_OFF_GRACE
+    redial_period: float = REDIAL_PERIOD
+    alone_since: float | None = None  # first look with no peer, in this stretch
+    cut_off_since: float | None = None
+    last_redial: float | None = None
+    redials: int = 0
+    cut_offs: int = 0
+
+    def observe(self, peers: int, now: float) -> str | None:
+        """One look (``peers`` connected now): ``"cut"`` when the node has just become cut off,
+        ``"redial"`` when it is cut off and due to re-dial, ``"back"`` when a peer is back after
+        a cut-off, else None. "cut" asks for the first re-dial too."""
+        if peers > 0:
+            self.alone_since = None
+            if self.cut_off_since is None:
+                return None
+            self.cut_off_since = None
+            return "back"
+        if self.alone_since is None:
+            self.alone_since = now
+        if self.cut_off_since is None:
+            if now - self.alone_since < self.grace:
+                return None
+            self.cut_off_since = self.alone_since
+            self.cut_offs += 1
+            self._redialled(now)
+            return "cut"
+        if self.last_redial is not None and now - self.last_redial < self.redial_period:
+            return None
+        self._redialled(now)
+        return "redial"
+
+    def _redialled(self, now: float) -> None:
+        self.last_redial = now
+        self.redials += 1
+
+    def text(self, when: str) -> str | None:
+        """``cut off from the swarm since 22:41: no peer connected; re-dialling its entry points
+        every 30 s`` (``when``: the cut-off time as the views write it), or None while in touch."""
+        if self.cut_off_since is None:
+            return None
+        return (f"cut off from the swarm since {when}: no peer connected; "
+                f"re-dialling its bootstrap peers and relays every {self.redial_period:g} s")
+
+    def view(self, now: float) -> dict:
+        """The snapshot's ``self_care.contact`` piece."""
+        return {
+            "cut_off": self.cut_off_since is not None,
+            "cut_off_for_s": round(now - self.cut_off_since, 1) if self.cut_off_since is not None else None,
+            "cut_off_since": self.cut_off_since, "redials": self.redials, "cut_offs": self.cut_offs,
+        }
+
+
+__all__ = ["CUT_OFF_GRACE", "DEFAULT_FAILURE_LIMIT", "DEFAULT_MISSES", "FailureStreaks", "REDIAL_PERIOD",
+           "SwarmContact", "VisibilityWatch"]

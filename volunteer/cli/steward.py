@@ -29,7 +29,7 @@ from ..errors import VolunteerError, describe
 from .fold import Conduct, Event
 from .policy import Observations, PolicySettings, RunPolicy
 from .probes import CpuSample, SystemProbe, other_load
-from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, VisibilityWatch
+from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, SwarmContact, VisibilityWatch
 
 if TYPE_CHECKING:
     from ..node import VolunteerNode
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLICY_PERIOD = 5.0  # seconds between samples of the machine (BOINC looks every 10 s)
+CONTACT_PERIOD = 2.0  # seconds between looks at how many peers the node is connected to
 VISIBILITY_CHECK_TIMEOUT = 20.0  # a look-up of our own record that takes longer counts as a miss
 FINISH_DEADLINE = 60.0  # in-flight calls a finish waits for at most
 
@@ -74,6 +75,8 @@ class Steward:
         failure_limit: int = DEFAULT_FAILURE_LIMIT,
         transferred_today: Callable[[float], int] = lambda now: 0,
         on_fold: Callable[[str], None] | None = None,
+        contact: SwarmContact | None = None,
+        contact_period: float = CONTACT_PERIOD,
     ) -> None:
         self.conduct = conduct
         self.settings = settings
@@ -82,6 +85,8 @@ class Steward:
         self.period = period
         self.streaks = FailureStreaks(limit=failure_limit)
         self.visibility = VisibilityWatch()
+        self.contact = contact or SwarmContact()  # cut off from the swarm, and back
+        self.contact_period = contact_period
         self.transferred_today = transferred_today
         self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
         self.clock: Callable[[], float] = probe.now if probe is not None else time.time  # wall clock
@@ -105,6 +110,7 @@ class Steward:
             if self.probe is not None:
                 nursery.start_soon(self._sample_loop)
             nursery.start_soon(self._watch_visibility)
+            nursery.start_soon(self._watch_contact)
             task_status.started()
 
     def _note(self, event: Event | None) -> None:
@@ -305,6 +311,40 @@ class Steward:
             node.declarer.resume()  # declare at once, not a heartbeat later
         log.warning("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
 
+    # --- self-care: in touch with the swarm --------------------------------------------------------
+    async def _watch_contact(self) -> None:
+        node = self.node
+        if node is None or node.dht is None or not node.spec.entry_points:
+            return  # the first node of a new swarm has no one to be cut off from
+        while True:
+            await trio.sleep(self.contact_period)
+            peers = {c.remote_peer for c in node.host.connections()}
+            connected = sum(1 for peer in peers if node.host.is_connected(peer))
+            now = self.clock()
+            change = self.contact.observe(connected, now)
+            if change == "cut":
+                log.warning("%s", self.contact.text(_clock_time(self.contact.cut_off_since)))
+            elif change == "back":
+                log.warning("back in touch with the swarm: %d peer(s) connected", connected)
+                continue
+            if change in ("cut", "redial"):
+                await self._redial(node)
+
+    async def _redial(self, node: VolunteerNode) -> None:
+        entry = node.spec.entry_points
+        answered = 0
+        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+            try:
+                answered = await node.dht.bootstrap(entry)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.info("re-dialling the swarm failed: %s", describe(exc))
+        log.info("re-dialled the swarm: %d of %d bootstrap peers and relays answered", answered, len(entry))
+
+    def state_text(self) -> str:
+        """What the node does and why (``Conduct.text``), and that it is cut off when it is."""
+        cut = self.contact.text(_clock_time(self.contact.cut_off_since)) if self.contact.cut_off_since else None
+        return f"{self.conduct.text}; {cut}" if cut else self.conduct.text
+
     # --- status ---------------------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
@@ -325,8 +365,13 @@ class Steward:
                 "failure_limit": self.streaks.limit,
                 "set_aside": dict(self.streaks.set_aside),
                 "visibility": self.visibility.view(now),
+                "contact": self.contact.view(now),
             },
         }
 
 
-__all__ = ["POLICY_PERIOD", "Steward", "TrafficMeter"]
+def _clock_time(when: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when)) if when is not None else "?"
+
+
+__all__ = ["CONTACT_PERIOD", "POLICY_PERIOD", "Steward", "TrafficMeter"]

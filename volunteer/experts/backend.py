@@ -338,7 +338,13 @@ class ExpertBackend:
         state = load_latest(source, map_location=self.device)
         if state is None:
             return False
-        self.load_state_dict(state)
+        try:
+            self.load_state_dict(state)
+        except ExpertConfigError as exc:  # a leftover of another expert: name the file and the way out
+            raise ExpertConfigError(
+                f"checkpoint {source} does not fit expert {self.uid!r} ({exc}); move that file aside to start "
+                "the expert afresh, or give --checkpoints DIR another directory"
+            ) from None
         return True
 
     @property

@@ -281,8 +281,12 @@ def default_identity_path() -> Path:
 def save_keypair(path: str | os.PathLike, keypair: KeyPair) -> None:
     """Write the key atomically, readable by the owner only (0600; parent dirs 0700)."""
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".identity-", dir=path.parent)  # mkstemp creates 0600
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".identity-", dir=path.parent)  # mkstemp creates 0600
+    except OSError as exc:
+        raise KeyFileError(f"cannot create identity key file {path}: {_why_not_writable(path, exc)}; "
+                           "pass --identity PATH in a directory of yours") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(keypair.to_protobuf())
@@ -292,6 +296,15 @@ def save_keypair(path: str | os.PathLike, keypair: KeyPair) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _why_not_writable(path: Path, exc: OSError) -> str:
+    """Why a file cannot be made at ``path``, as the user can act on it: the ancestor that is a
+    file, not a directory, or the system's reason."""
+    for parent in path.parents:
+        if parent.exists():
+            return f"{parent} is not a directory" if not parent.is_dir() else (exc.strerror or str(exc))
+    return exc.strerror or str(exc)
 
 
 def load_keypair(path: str | os.PathLike) -> KeyPair:

@@ -1,0 +1,86 @@
+"""Every error a user can cause ends in one line on stderr and exit 1 (2 for a bad flag), never a
+traceback: each mistake a newcomer made, run through the CLI as they ran it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import run_cli
+
+PEER = "12D3KooWGzh7Q6Tq4tJ9s8tH2s3j8mu1KJrjGqsTqQk4t6m3Dp1m"
+
+
+def _one_line(result: subprocess.CompletedProcess, code: int) -> str:
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line]
+    assert result.returncode == code, result.stderr
+    return lines[-1] if code == 2 else (lines[0] if len(lines) == 1 else pytest.fail(result.stderr))
+
+
+@pytest.fixture
+def solo(tmp_path):
+    swarm = tmp_path / "solo.toml"
+    swarm.write_text('name = "solo"\n')  # a new swarm: nothing to reach, so only the mistake fails
+    (tmp_path / "afile").write_text("")
+    return str(swarm)
+
+
+def test_each_mistake_is_one_line(tmp_path, cli_env, solo):
+    join = ["join", "--yes", solo, "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"]
+    afile = tmp_path / "afile"
+    long_control = tmp_path / ("x" * 120) / "d.sock"
+    cases = [
+        ([*join, "--device", "mps", "--experts", "ffn:e.[0:2]"], 1, "no MPS device here"),
+        ([*join, "--control", str(long_control)], 1, "too long for a Unix socket"),
+        ([*join, "--control", str(afile / "d.sock")], 1, f"cannot use control socket {afile / 'd.sock'}: {afile} is not a directory"),
+        ([*join, "--control", "/proc/volunteer/d.sock"], 1, "cannot use control socket /proc/volunteer/d.sock"),
+        ([*join, "--identity", str(afile / "id.key")], 1, f"cannot create identity key file {afile / 'id.key'}: {afile} is not a directory"),
+        ([*join, "--identity", "/proc/volunteer/id.key"], 1, "cannot create identity key file /proc/volunteer/id.key"),
+        (["id", "--identity", "/proc/volunteer/id.key"], 1, "cannot create identity key file"),
+        ([*join, "--swarm-id", "a/b"], 2, "bad swarm id 'a/b'"),
+        (["join", "--yes", f"/ip4/127.0.0.1/tcp/9/p2p/{PEER}", "--swarm-id", "a b/../c"], 2, "bad swarm id"),
+        (["relay", "--swarm", "a b/../c", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard"], 2, "bad swarm id 'a b/../c'"),
+        (["ping", "-W", "-1", f"/ip4/127.0.0.1/tcp/9/p2p/{PEER}"], 2, "expected seconds more than 0, got '-1'"),
+        (["ping", "-i", "0", f"/ip4/127.0.0.1/tcp/9/p2p/{PEER}"], 2, "expected seconds more than 0"),
+    ]
+    for args, code, expected in cases:
+        line = _one_line(run_cli(*args, env=cli_env), code)
+        assert expected in line, (args, line)
+
+
+def _interpreter_start() -> float:
+    """Seconds Python takes to start and import the bare package: a Ctrl-C before that is the
+    interpreter's own (its startup prints the traceback, before any of our code runs)."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import volunteer"], check=True)
+    return time.monotonic() - began
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.02, 0.1, 0.3, 0.6])
+def test_ctrl_c_while_starting_is_no_traceback(tmp_path, cli_env, solo, after):
+    delay = _interpreter_start() + after
+
+    def as_a_terminal() -> None:  # a shell's background job would ignore SIGINT; a terminal's does not
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", "--yes", solo, "--no-dashboard",
+                             "--listen", "/ip4/127.0.0.1/tcp/0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **cli_env}, preexec_fn=as_a_terminal)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _out, err = proc.communicate()
+        pytest.fail(f"join did not end on Ctrl-C:\n{err}")
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 130, -signal.SIGINT), err  # left gracefully, interrupted, or not yet Python
+    assert len([line for line in err.splitlines() if line]) <= 1, err

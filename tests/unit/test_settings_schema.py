@@ -1,0 +1,72 @@
+"""One schema for a setting wherever it is set: config.toml's [join] and [limits], a swarm
+file's [experts] and the flag of the same name accept and refuse the same values, in the same
+words, and mean the same thing ("5MiB" is 5 MiB/s in the file as on the command line)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from volunteer.cli.joincmd import _setting
+from volunteer.errors import VolunteerError
+from volunteer.swarmfile import load_limits, load_swarm_file, read_config
+
+# (setting, TOML value, the flag's text): each refused alike
+BAD = [
+    ("max_gpu_memory", "2", "2", "expected a fraction in (0, 1]"),
+    ("max_gpu_memory", "0", "0", "expected a fraction in (0, 1]"),
+    ("max_experts", "-3", "-3", "a whole number of 0 or more"),
+    ("hidden_dim", "0", "0", "a whole number of 1 or more"),
+    ("max_batch", "-1", "-1", "a whole number of 1 or more"),
+    ("max_upload", '"lots"', "lots", "not a size"),
+    ("max_upload", "-5", "-5", "above 0"),
+    ("device", '"gpu"', "gpu", "unknown device 'gpu'"),
+    ("share_tracebacks", '"some"', "some", "expected one of full, redacted, none"),
+]
+GOOD = [
+    ("max_gpu_memory", "0.5", "0.5", 0.5),
+    ("max_experts", "0", "0", 0),
+    ("hidden_dim", "16", "16", 16),
+    ("max_upload", '"5MiB"', "5MiB", 5 * 2**20),
+    ("max_upload", "1000", "1000", 1000.0),
+    ("device", '"cuda:1"', "cuda:1", "cuda:1"),
+]
+
+
+def _flag(key: str, text: str):
+    return _setting(key)(text)
+
+
+@pytest.mark.parametrize("key, toml, text, words", BAD)
+def test_a_value_refused_in_the_file_is_refused_as_a_flag_in_the_same_words(tmp_path, key, toml, text, words):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[join]\n{key} = {toml}\n")
+    with pytest.raises(VolunteerError, match=f"join.{key}: ") as in_file:
+        read_config(config)
+    assert words in str(in_file.value)
+    swarm = tmp_path / "s.toml"
+    swarm.write_text(f'name = "s"\n[experts]\n{key} = {toml}\n')
+    with pytest.raises(VolunteerError, match=f"experts.{key}: "):
+        load_swarm_file(swarm)
+    with pytest.raises(argparse.ArgumentTypeError) as as_flag:
+        _flag(key, text)
+    assert words in str(as_flag.value)
+    assert str(in_file.value).split(f"join.{key}: ", 1)[1].split(", got")[0] == str(as_flag.value).split(", got")[0]
+
+
+@pytest.mark.parametrize("key, toml, text, value", GOOD)
+def test_a_value_taken_in_the_file_means_what_the_flag_means(tmp_path, key, toml, text, value):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[join]\n{key} = {toml}\n")
+    assert read_config(config)["join"][key] == value == _flag(key, text)
+
+
+@pytest.mark.parametrize("key", ["peer_memory", "system_connections", "max_request_bytes_total"])
+def test_limits_are_above_zero(tmp_path, key):
+    config = tmp_path / "config.toml"
+    config.write_text(f"[limits]\n{key} = -1\n")
+    with pytest.raises(VolunteerError, match=f"limits.{key}: expected a number of 1 or more, got -1"):
+        load_limits(config)
+    config.write_text(f"[limits]\n{key} = 4096\n")
+    assert load_limits(config) == {key: 4096}
