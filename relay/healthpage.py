@@ -9,6 +9,7 @@ request may carry; it has no script at all (it reloads itself every ``REFRESH_S`
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from html import escape
@@ -25,6 +26,7 @@ from volunteer.web.svg import Cell, cell_map
 from .health import COVERED, MISSING, UNDER
 
 REFRESH_S = 15
+MAX_UID_SERIES = 4096  # per-expert Prometheus series per scrape (the per-grid counts cover the rest)
 STATUS_COLORS = {COVERED: "#2e7d32", UNDER: "#f9a825", MISSING: "#c62828"}
 STYLE = BASE_STYLE + """
 .cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 16px;min-width:120px}
@@ -167,13 +169,15 @@ class HealthCollector(Collector):
                                    labels=["swarm", "role", "addr"])
         calls = GaugeMetricFamily("volunteer_swarm_calls_served", "Expert calls the swarm's volunteers served since they started.",
                                   labels=["swarm"])
+        series = 0
         for swarm in swarms:
             name = swarm["swarm"]
             for grid in swarm["grids"]:
                 for status, key in ((COVERED, "covered"), (UNDER, "under_replicated"), (MISSING, "missing")):
                     experts.add_metric([name, grid["prefix"], status], grid[key])
-                for cell in grid["cells"]:
+                for cell in grid["cells"][:max(0, MAX_UID_SERIES - series)]:
                     replicas.add_metric([name, cell["uid"]], cell["replicas"])
+                    series += 1
             for path in ("direct", "relayed"):
                 volunteers.add_metric([name, path], swarm["volunteers"][path])
             for point in swarm["entry_points"]:
@@ -194,7 +198,7 @@ def health_app(model: Callable[[], dict | None], registry: CollectorRegistry | N
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     from volunteer.web.guard import Guard
@@ -202,15 +206,24 @@ def health_app(model: Callable[[], dict | None], registry: CollectorRegistry | N
     registry = registry or CollectorRegistry()
     registry.register(HealthCollector(model))
     headers = {**PAGE_HEADERS, "cache-control": f"public, max-age={REFRESH_S // 3}"}
+    rendered: dict[str, tuple[object, bytes]] = {}  # what -> (the model it was rendered from, bytes)
+
+    def once(what: str, current: dict | None, render: Callable[[dict | None], str]) -> bytes:
+        """Render each model once: every view until the next refresh sends the same bytes."""
+        cached = rendered.get(what)
+        if cached is None or cached[0] is not current:
+            cached = rendered[what] = (current, render(current).encode())
+        return cached[1]
 
     async def index(request: Request) -> Response:
-        return HTMLResponse(render_page(model()), headers=headers)
+        return Response(once("html", model(), render_page), media_type="text/html; charset=utf-8", headers=headers)
 
     async def api(request: Request) -> Response:
         current = model()
         if current is None:
             return JSONResponse({"error": "the first refresh has not finished"}, status_code=503, headers=headers)
-        return JSONResponse(current, headers=headers)
+        return Response(once("json", current, lambda m: json.dumps(m, separators=(",", ":"))),
+                        media_type="application/json", headers=headers)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

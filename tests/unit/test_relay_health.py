@@ -198,3 +198,15 @@ def test_profile_decoder_takes_any_map(msg):
     except DHTRecordError:
         return
     assert profile.calls == msg.get("c", 0) and profile.name == msg.get("n")
+
+
+def test_per_expert_series_are_bounded_per_scrape():
+    from relay.healthpage import MAX_UID_SERIES
+
+    big = GridSpec("big", (128, 64), "ffn", 8)  # 8192 experts
+    registry = CollectorRegistry()
+    model = health_model([observation(grids=(big,), experts={})], {}, NOW)
+    registry.register(HealthCollector(lambda: model))
+    text = generate_latest(registry).decode()
+    assert text.count("volunteer_swarm_expert_replicas{") == MAX_UID_SERIES
+    assert 'volunteer_swarm_experts{grid="big",status="missing",swarm="demo"} 8192.0' in text
