@@ -75,6 +75,11 @@ class HealthService(BaseService):
             nursery.start_soon(self._refresh_forever)
             task_status.started()
 
+    def snapshot(self) -> dict:
+        """Where the page is served, how often it was refreshed, and whether it has a model yet."""
+        return {"addr": f"{self.addr[0]}:{self.addr[1]}", "swarms": [s.swarm_id for s in self.swarms],
+                "refreshes": self.refreshes, "ready": self.model is not None}
+
     async def _refresh_forever(self) -> None:
         while True:
             try:

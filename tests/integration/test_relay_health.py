@@ -53,7 +53,6 @@ async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swar
                                watched=[WatchedSwarm(SWARM, (GRID,))]) as relay:
         entry = relay.host.full_addrs()[0]
         spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
-        relay.health.swarms = [WatchedSwarm(SWARM, (GRID,), (entry,))]  # the relay itself is an entry point
         async with open_volunteer(spec, options(uids=["hx.0.0", "hx.0.1"], public_name="Ada's GPU")) as named, \
                 open_volunteer(spec, options(uids=["hx.1.0"])):
             await named.runtime.forward("hx.0.0", [torch.randn(3, 8)])  # one call served
@@ -93,6 +92,7 @@ async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swar
             status, _, _ = await http(port, "POST", "/api/health", body=b"x")
             assert status == 405
             assert model["swarms"][0]["complete"]
+            assert relay.health.snapshot()["ready"] and relay.health.snapshot()["swarms"] == [SWARM]
 
 
 @pytest.mark.slow
