@@ -15,11 +15,12 @@ retry() {
     done
 }
 
-# iproute2 + nftables/iptables for tests/nat (network namespaces); tmux for the TUI tests;
-# chromium + chromium-driver for the web page's browser tests (headless, driven by selenium).
+# iproute2 + nftables/iptables for tests/nat (network namespaces), miniupnpd for its port-mapping
+# home router; tmux for the TUI tests; chromium + chromium-driver for the web page's browser tests
+# (headless, driven by selenium).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     missing=""
-    for cmd in ip:iproute2 nft:nftables iptables:iptables tmux:tmux chromium:chromium chromedriver:chromium-driver; do
+    for cmd in ip:iproute2 nft:nftables iptables:iptables miniupnpd:miniupnpd-nftables tmux:tmux chromium:chromium chromedriver:chromium-driver; do
         command -v "${cmd%%:*}" >/dev/null || missing="$missing ${cmd##*:}"
     done
     if [ -n "$missing" ]; then

@@ -74,7 +74,34 @@ class HandshakeError(VolunteerError):
 
 
 class PeerIDMismatch(HandshakeError):
-    """The peer authenticated as someone other than the peer we dialled."""
+    """The peer authenticated as someone other than the peer we dialled (``expected`` and
+    ``answered``, as text, where the raiser knew them)."""
+
+    def __init__(self, message: str, *, expected: object = None, answered: object = None) -> None:
+        super().__init__(message)
+        self.expected = str(expected) if expected is not None else None
+        self.answered = str(answered) if answered is not None else None
+
+    @classmethod
+    def between(cls, expected: object, answered: object) -> "PeerIDMismatch":
+        """The error for a dial of ``expected`` that ``answered`` took."""
+        return cls(f"dialled {expected} but {answered} answered", expected=expected, answered=answered)
+
+    @classmethod
+    def inside(cls, exc: BaseException) -> "PeerIDMismatch | None":
+        """The PeerIDMismatch a dial failure comes down to (DialError's first cause, all the
+        way down), if that is what it was."""
+        while isinstance(exc, DialError) and exc.causes:
+            exc = next(iter(exc.causes.values()))
+        return exc if isinstance(exc, PeerIDMismatch) else None
+
+    def advice(self, where: str) -> str:
+        """One line, the same in every command: who answered at ``where`` instead of whom, and
+        what to do (every id whole, never cut)."""
+        if self.expected is None or self.answered is None:
+            return f"{where}: {self}"
+        return (f"{where} answered as peer {self.answered}, not {self.expected} as its address says: the address's "
+                "/p2p/ id is wrong, or that node has a new identity; ask for its current address")
 
 
 class NegotiationError(HandshakeError):
@@ -100,6 +127,19 @@ class ConnectionLost(VolunteerError, trio.BrokenResourceError):
 
 class KeepaliveTimeout(ConnectionLost):
     """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
+
+
+class PortMappingError(VolunteerError):
+    """A router refused or could not make a port mapping (NAT-PMP, PCP or UPnP IGD said why).
+    ``code``: the protocol's result code, when it gave one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PortMappingMessageError(PortMappingError, RemoteProtocolError):
+    """A router's port-mapping answer was malformed (too short, wrong version, wrong opcode)."""
 
 
 class ResourceLimitExceeded(VolunteerError):
@@ -199,6 +239,31 @@ class UnknownExpertError(ExpertUnavailableError):
 class ExpertBackwardRefusedError(ExpertUnavailableError):
     """The server refused a backward call: the caller ran no forward on that expert within the
     server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
+
+
+class ExpertExcludedError(ExpertUnavailableError):
+    """This trainer excluded the expert's host: it was caught returning wrong results (a
+    non-finite reply, or outputs that other replicas outvoted in an audit). No call is sent."""
+
+
+class ExpertReplyRejected(ExpertError):
+    """A volunteer's reply failed the trainer's checks (``experts/guard.py``) and was dropped
+    before it reached autograd: the call counts as failed. ``outputs`` keeps the rejected
+    tensors (an audit compares them with another replica's answer to the same inputs);
+    ``excluded`` says whether this rejection got the host excluded."""
+
+    def __init__(self, message: str, *, outputs=None, excluded: bool = False) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+        self.excluded = excluded
+
+
+class NonFiniteReplyError(ExpertReplyRejected):
+    """The reply held NaN or infinity although the trainer sent finite tensors."""
+
+
+class ImplausibleReplyError(ExpertReplyRejected):
+    """The reply's scale is far outside what this expert's replicas have recently returned."""
 
 
 class ExpertProtocolError(ExpertError, RemoteProtocolError):

@@ -71,6 +71,7 @@ def check_device(device: str, max_gpu_memory: float | None) -> str:
         if backend is None or not backend.is_available():
             raise JoinError(f"no {resolved.type.upper()} device here (this torch cannot use one); "
                             "use --device cpu, cuda or auto")
+    if resolved.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = resolved.index or 0
         if index >= count:

@@ -320,7 +320,7 @@ JOIN_CHECKS: dict = {  # [join] / [experts] values, and the flags of the same na
 JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
     "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
     "max_gpu_memory": (int, float), "max_upload": Typed((int, float, str), "a number or a size such as 5MiB"),
-    "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int,
+    "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int, "port_mapping": bool,
 }
 
 SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn

@@ -56,6 +56,23 @@ class JoinProcess:
         return code
 
 
+def run_example_in_own_group(args: list[str], *, limit: float, env: dict | None = None) -> tuple[int, str]:
+    """``python examples/ARGS`` in its own process group (its exit status and output); whatever
+    happens, every process it started is killed when it ends."""
+    proc = subprocess.Popen([sys.executable, str(HERE.parents[1] / "examples" / args[0]), *args[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parents[1],
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    try:
+        out, _ = proc.communicate(timeout=limit)
+        return proc.returncode, out
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the example, and every process it started that is left
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 @pytest.fixture
 def cli_env(tmp_path) -> dict:
     return {"XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),

@@ -43,7 +43,7 @@ def test_version_and_verbose_after_the_command(cli_env):
 
 def test_a_gpu_device_name_is_one_line(tmp_path, cli_env):
     line = one_line_error(run_cli("join", unreachable_swarm(tmp_path), "--device", "gpu", "--experts", "ffn:e.[0:2]", env=cli_env))
-    assert line == "volunteer join: unknown device 'gpu': use auto, cpu, cuda or cuda:N (e.g. --device cuda:0), or mps"
+    assert line == "volunteer join: unknown device 'gpu': use auto, cpu, cuda or cuda:N (e.g. cuda:0), or mps"
 
 
 def test_an_unreachable_relay_is_one_short_line_pointing_to_doctor(tmp_path, cli_env):

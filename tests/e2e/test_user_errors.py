@@ -84,3 +84,18 @@ def test_ctrl_c_while_starting_is_no_traceback(tmp_path, cli_env, solo, after):
     assert "Traceback" not in err, err
     assert proc.returncode in (0, 130, -signal.SIGINT), err  # left gracefully, interrupted, or not yet Python
     assert len([line for line in err.splitlines() if line]) <= 1, err
+
+
+def test_a_wrong_peer_id_is_said_alike_by_ping_and_join(tmp_path, cli_env, node):
+    """The address answers, but as another peer: both commands name both ids whole, in the same words."""
+    from volunteer.net.identity import KeyPair
+
+    wrong = KeyPair.generate().peer_id
+    where, real = node.split("/p2p/", 1)
+    line = _one_line(run_cli("ping", "-c", "1", f"{where}/p2p/{wrong}", env=cli_env), 1)
+    said = f"answered as peer {real}, not {wrong} as its address says: the address's /p2p/ id is wrong"
+    assert said in line, line
+    swarm = tmp_path / "wrong.toml"
+    swarm.write_text(f'name = "wrong"\nrelays = ["{where}/p2p/{wrong}"]\n')
+    line = _one_line(run_cli("join", "--yes", str(swarm), "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", env=cli_env), 1)
+    assert said in line and line.endswith(f"(fix swarm file {swarm})"), line

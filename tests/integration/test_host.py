@@ -133,6 +133,7 @@ async def test_unknown_protocol_is_refused():
                 await client.new_stream(server.peer_id, ["/nobody/1.0.0", "/nobody/2.0.0"])
 
 
+@pytest.mark.slow
 async def test_garbage_and_slowloris_only_close_their_connection():
     config = HostConfig(handshake_timeout=1.0)
     with trio.fail_after(30):
@@ -198,6 +199,7 @@ async def test_dial_nobody_fails_fast():
                 await client.connect(KeyPair.generate().peer_id)
 
 
+@pytest.mark.slow
 async def test_thousand_concurrent_streams_on_one_connection():
     # A thousand at once of one protocol from one peer is past the default per-peer, per-protocol
     # inbound limit (512): the server is given room for them, so that the test does not hang on
@@ -320,6 +322,14 @@ async def test_an_expected_punch_is_classified_as_ours():
             with puncher._expecting(peer, [addr], Direction.INBOUND):
                 assert puncher.classify_inbound(raw) is None  # as the server of the upgrade, nothing to claim
             assert puncher.classify_inbound(raw) is None
+            # a symmetric NAT dialling our port mapping: the peer's IP, a port it never told us
+            renumbered = RawConnection(None, Multiaddr("/ip4/127.0.0.1/tcp/4001"), Multiaddr("/ip4/203.0.113.5/tcp/61111"), None)
+            other_ip = RawConnection(None, Multiaddr("/ip4/127.0.0.1/tcp/4001"), Multiaddr("/ip4/203.0.113.6/tcp/61111"), None)
+            with puncher._expecting(peer, [addr], Direction.OUTBOUND):
+                verdict = puncher.classify_inbound(renumbered)
+                assert verdict.role is Direction.OUTBOUND and verdict.expected_peer == peer
+                assert puncher.classify_inbound(other_ip) is None
+            assert puncher.classify_inbound(renumbered) is None
 
 
 async def test_a_refused_dial_is_dialled_again_while_the_caller_allows():

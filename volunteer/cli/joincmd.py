@@ -96,13 +96,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recheck-period", type=float, metavar="S", help=argparse.SUPPRESS)
     p.add_argument("--hidden-dim", type=_setting("hidden_dim"), metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
-    p.add_argument("--device", type=_setting("device"), help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
     p.add_argument("--max-batch", type=_setting("max_batch"), metavar="N", help="largest batch per expert call (default 1024)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
+                   "and the same on /ip6/:: with a global IPv6 address)")
     p.add_argument("--name", type=_public_name, metavar="NAME",
                    help="a public name for the swarm's health page and its top contributors (default: not listed)")
     p.add_argument("--swarm-id", type=swarm_id_arg, help="swarm id when SWARM is a bare multiaddr (default: default)")
@@ -116,6 +117,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9101)")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
+    p.add_argument("--no-port-mapping", action="store_true",
+                   help="do not ask the home router to forward our ports (UPnP IGD, NAT-PMP, PCP); also "
+                   "[join] port_mapping = false in the config, or VOLUNTEER_NO_PORT_MAPPING=1")
     add_control_flag(p)
     add_donor_flags(p)
     p.set_defaults(run=run_join)
@@ -138,7 +142,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         q.set_defaults(run=run_control, control_cmd=name)
 
 
+def port_mapping_wanted(args: argparse.Namespace, settings: dict) -> bool:
+    """Whether join asks the router for port mappings: not with --no-port-mapping, nor with
+    port_mapping = false in the settings, nor with VOLUNTEER_NO_PORT_MAPPING=1 (which the stack's
+    default honours)."""
+    return not getattr(args, "no_port_mapping", False) and settings.get("port_mapping", True) \
+        and os.environ.get("VOLUNTEER_NO_PORT_MAPPING") != "1"
+
+
 def build_options(args: argparse.Namespace):
+    from ..net.interfaces import default_listen_addrs
+    from ..net.stack import StackOptions
     from ..node import VolunteerOptions
     from .daemon import DaemonOptions
 
@@ -169,7 +183,10 @@ def build_options(args: argparse.Namespace):
         replicas_config = ReplicasConfig(recheck_period=args.recheck_period)
     hidden = int(pick(args.hidden_dim, "hidden_dim", 64))
     donor = donor_choices(args, load_run(args.config))
-    device = pick(args.device, "device", "auto")
+    try:  # the schema's check, as for the file; one line (exit 1) like the other device errors
+        device = JOIN_CHECKS["device"](pick(args.device, "device", "auto"))
+    except ValueError as exc:
+        raise VolunteerError(str(exc)) from None
     devices: list[str] = []
     if donor.gpus is not None or donor.exclude_gpus:
         import torch
@@ -179,7 +196,8 @@ def build_options(args: argparse.Namespace):
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
-        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]),
+        # TCP and QUIC on IPv4, and on IPv6 too when this machine has a global IPv6 address
+        listen=pick(args.listen, "listen", default_listen_addrs()),
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
@@ -191,6 +209,7 @@ def build_options(args: argparse.Namespace):
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
+        stack=None if port_mapping_wanted(args, settings) else StackOptions(port_mapping=False),
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
         place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
         max_experts=max_experts,

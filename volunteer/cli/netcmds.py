@@ -136,10 +136,12 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
         except trio.TooSlowError:
             raise VolunteerError(f"timeout: no connection to {target} within {args.timeout:g}s") from None
         except PeerIDMismatch as exc:
-            raise VolunteerError(f"wrong peer ID: {exc}") from None
+            raise VolunteerError(exc.advice(str(target).split("/p2p/", 1)[0])) from None
         except HandshakeError as exc:
             raise VolunteerError(f"handshake refused by {target}: {exc}") from None
         except DialError as exc:
+            if (wrong := PeerIDMismatch.inside(exc)) is not None:
+                raise VolunteerError(wrong.advice(str(target).split("/p2p/", 1)[0])) from None
             raise VolunteerError(f"unreachable: {exc}") from None
         setup_ms = (trio.current_time() - started) * 1000
         peer = conn.remote_peer

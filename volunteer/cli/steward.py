@@ -301,12 +301,7 @@ class Steward:
         entry = node.spec.entry_points
         log.warning("our experts have not been visible in the DHT for %d heartbeats: re-joining the swarm "
                     "(re-dialling %d bootstrap peers and relays)", self.visibility.misses_allowed, len(entry))
-        answered = 0
-        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
-            try:
-                answered = await node.dht.bootstrap(entry)
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.warning("re-joining failed: %s", describe(exc))
+        answered = await self._redial(node)
         if node.declarer is not None and not node.declarer.paused:
             node.declarer.resume()  # declare at once, not a heartbeat later
         log.warning("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
@@ -330,15 +325,18 @@ class Steward:
             if change in ("cut", "redial"):
                 await self._redial(node)
 
-    async def _redial(self, node: VolunteerNode) -> None:
+    async def _redial(self, node: VolunteerNode) -> int:
+        """Re-dial the swarm's bootstrap peers and relays and bootstrap the DHT again; returns
+        how many answered (0 when none did within VISIBILITY_CHECK_TIMEOUT)."""
         entry = node.spec.entry_points
         answered = 0
         with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
             try:
                 answered = await node.dht.bootstrap(entry)
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("re-dialling the swarm failed: %s", describe(exc))
+                log.warning("re-dialling the swarm failed: %s", describe(exc))
         log.info("re-dialled the swarm: %d of %d bootstrap peers and relays answered", answered, len(entry))
+        return answered
 
     def state_text(self) -> str:
         """What the node does and why (``Conduct.text``), and that it is cut off when it is."""

@@ -20,6 +20,7 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertExcludedError,
     ExpertInputError,
     ExpertPeerUnreachableError,
     ExpertProtocolError,
@@ -39,6 +40,8 @@ from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TI
 from .directory import ExpertHost, TrainerSwarm
 from .faults import FaultInjection
 from .failures import raise_remote
+from .guard import ReplyGuard
+from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
@@ -215,16 +218,21 @@ class _Call:
     """What an autograd Function needs to reach one expert from a synchronous thread: the call
     goes through the swarm's directory (its kind's protocol), on the swarm's trio loop. ``addrs``
     (the host's declared addresses) go to the peerstore at the first call, on the trio thread
-    (the peerstore is not thread-safe): no thread hop of their own."""
+    (the peerstore is not thread-safe): no thread hop of their own. With a ``guard``, a reply
+    that fails the trainer's checks raises ``ExpertReplyRejected`` and a host the trainer
+    excluded is not called (``ExpertExcludedError``)."""
 
     def __init__(
         self, swarm: TrainerSwarm, uid: str, peer: PeerID | Multiaddr, forward_timeout: float, backward_timeout: float,
         compression: str, backward_follows: bool = False, addrs: Sequence[bytes | str | Multiaddr] = (),
+        guard: ReplyGuard | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
         self._addrs = tuple(addrs) if isinstance(peer, PeerID) else ()  # a multiaddr peer carries its own
+        self.guard = guard
+        self.peer_key = peer_key(peer)
 
     def _remember_host(self) -> None:
         if self._addrs and isinstance(self.peer, PeerID):
@@ -236,17 +244,42 @@ class _Call:
         return await self.swarm.directory.call_expert(self.peer, self.uid, "info", timeout=self.forward_timeout)
 
     async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        _refuse_excluded(self)
         self._remember_host()
-        return await self.swarm.directory.call_expert(
+        outputs = await self.swarm.directory.call_expert(
             self.peer, self.uid, "forward", inputs, compression=self.compression, timeout=self.forward_timeout,
             faults=self.swarm.faults, backward_follows=self.backward_follows,
         )
+        if self.guard is not None:
+            _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
+            self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
+        return outputs
 
     async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return await self.swarm.directory.call_expert(
+        _refuse_excluded(self)
+        self._remember_host()
+        grad_inputs = await self.swarm.directory.call_expert(
             self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self.compression,
             timeout=self.backward_timeout, faults=self.swarm.faults,
         )
+        if self.guard is not None:
+            _refuse_excluded(self)
+            self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
+        return grad_inputs
+
+
+def peer_key(peer: PeerID | Multiaddr) -> str:
+    """How the trust ledger names a host: its PeerID string (a multiaddr's /p2p part)."""
+    if isinstance(peer, Multiaddr):
+        found = _peer_id_in(peer)
+        return str(found) if found is not None else str(peer)
+    return str(peer)
+
+
+def _refuse_excluded(call: _Call) -> None:
+    if call.guard is not None and call.guard.ledger.excluded(call.peer_key):
+        why = call.guard.ledger.exclusion_reason(call.peer_key)
+        raise ExpertExcludedError(f"expert {call.uid!r} on {call.peer_key}: this trainer excluded that host ({why})")
 
 
 def detached_cpu(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -284,6 +317,12 @@ class RemoteExpert(nn.Module):
     ``peer`` is a PeerID (with addresses the swarm knows, e.g. from ``swarm.get_experts``), a PeerID
     string, or a multiaddr ending in /p2p/ID. Forward and backward are remote calls; gradients flow
     back to the inputs, and the server updates the expert's parameters on backward.
+
+    Every reply passes ``guard`` (``experts/guard.py``) before it reaches autograd: NaN or
+    infinity, or a scale far from this expert's recent replies, raises ``ExpertReplyRejected``.
+    By default the expert has a guard of its own; ``guard=swarm.guard`` shares the swarm's
+    (its trust ledger, which ``Swarm.trust_report`` shows, and its learned ranges);
+    ``check_replies=False`` takes every reply as it comes (to measure what the checks cost).
     """
 
     def __init__(
@@ -296,15 +335,19 @@ class RemoteExpert(nn.Module):
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
         compression: str = "none",
         addrs: Sequence[bytes | str] = (),
+        guard: ReplyGuard | None = None,
+        check_replies: bool = True,
     ) -> None:
         super().__init__()
         self.uid = uid
         self.peer = as_peer(peer)
         self.swarm = swarm
+        self.guard = (guard if guard is not None else ReplyGuard(TrustLedger())) if check_replies else None
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
-                           addrs=addrs)
+                           addrs=addrs, guard=self.guard)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
-        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs)
+        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs,
+                                     guard=self.guard)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -348,4 +391,4 @@ class RemoteExpert(nn.Module):
         return f"uid={self.uid!r}, peer={self.peer}"
 
 
-__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert"]
+__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert", "peer_key"]

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..net.multiaddr import Multiaddr
     from ..net.service import HostAPI
     from .faults import FaultInjection
+    from .guard import ReplyGuard
     from .loop import BackgroundLoop
 
 
@@ -39,6 +40,12 @@ class ExpertHost(Protocol):
 
     @property
     def load(self) -> float: ...
+
+    @property
+    def synced_age(self) -> float | None:
+        """Seconds since this replica last averaged with its peers, as declared (``None``: never,
+        or a kind whose replicas do not average): how far audits let it drift from another."""
+        ...
 
 
 class ExpertDirectory(Protocol):
@@ -68,7 +75,8 @@ class ExpertDirectory(Protocol):
 class TrainerSwarm(Protocol):
     """What ``RemoteExpert`` and ``RemoteMixtureOfExperts`` need of a swarm handle (``Swarm``):
     the trio loop they call through, its Host (whose peerstore learns the hosts' addresses), the
-    swarm kind's directory, and optional fault injection for experiments."""
+    swarm kind's directory, optional fault injection for experiments, and the guard with the
+    trainer's trust ledger."""
 
     @property
     def loop(self) -> "BackgroundLoop": ...
@@ -84,6 +92,12 @@ class TrainerSwarm(Protocol):
 
     @property
     def faults(self) -> "FaultInjection | None": ...
+
+    @property
+    def guard(self) -> "ReplyGuard":
+        """The checks every reply passes (``guard.py``) with this trainer's trust ledger, shared
+        by the swarm's mixtures so a host caught by one is excluded from all."""
+        ...
 
 
 __all__ = ["ExpertDirectory", "ExpertHost", "TrainerSwarm"]

@@ -7,7 +7,7 @@ import os
 
 import trio
 
-from ..errors import DialError, JoinError, VolunteerError
+from ..errors import DialError, JoinError, PeerIDMismatch, VolunteerError
 from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI
 from ..swarmfile import SwarmSpec
@@ -22,6 +22,7 @@ async def reach_swarm(host: HostAPI, spec: SwarmSpec, timeout: float = REACH_TIM
     if not entry:
         return  # the first node of a new swarm: others will bootstrap from us
     failures: dict[Multiaddr, str] = {}
+    wrong_peers: dict[Multiaddr, PeerIDMismatch] = {}
     reached = False
 
     async def one(addr: Multiaddr) -> None:
@@ -34,10 +35,18 @@ async def reach_swarm(host: HostAPI, spec: SwarmSpec, timeout: float = REACH_TIM
             failures[addr] = f"no answer within {timeout:g} s"
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             failures[addr] = _root_reason(exc)
+            if (wrong := PeerIDMismatch.inside(exc)) is not None:
+                wrong_peers[addr] = wrong
 
     async with trio.open_nursery() as nursery:
         for addr in entry:
             nursery.start_soon(one, addr)
+    if not reached and wrong_peers:  # someone answered, but not whom the swarm file names
+        addr, wrong = next(iter(wrong_peers.items()))
+        kind = "relay" if addr in spec.relays else "bootstrap peer"
+        named = f"swarm file {spec.path}" if spec.path is not None else "the address given"
+        raise JoinError(f"cannot join swarm {spec.name!r}: " + wrong.advice(f"its {kind} {_host_port(addr)}")
+                        + f" (fix {named})")
     if not reached:
         # one short line: where (host:port, no peer id), why (the innermost reason), what next
         addr, reason = next(iter(failures.items()))

@@ -72,7 +72,7 @@ def verify_payload(data: bytes, static_public: bytes, expected_peer: PeerID | No
         raise HandshakeError("Noise payload signature does not match the peer's static key")
     peer = PeerID.from_public_key(key)
     if expected_peer is not None and peer != expected_peer:
-        raise PeerIDMismatch(f"dialled {expected_peer} but {peer} answered")
+        raise PeerIDMismatch.between(expected_peer, peer)
     muxers = list(payload.extensions.stream_muxers) if payload.HasField("extensions") else []
     if len(muxers) > NOISE_MAX_MUXERS:
         raise HandshakeError(f"peer listed {len(muxers)} muxers in the Noise handshake (limit {NOISE_MAX_MUXERS})")

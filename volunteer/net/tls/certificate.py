@@ -178,7 +178,7 @@ def peer_of_certificate(certificate: x509.Certificate | bytes, *, now: float, ex
     """The PeerID a certificate proves; ``PeerIDMismatch`` when it is not ``expected``."""
     peer = PeerID.from_public_key(verify_certificate(certificate, now=now))
     if expected is not None and peer != expected:
-        raise PeerIDMismatch(f"dialled {expected} but {peer} answered")
+        raise PeerIDMismatch.between(expected, peer)
     return peer
 
 

@@ -431,7 +431,7 @@ class QuicSession:
     def check_expected(self, expected: PeerID | None) -> None:
         """PeerIDMismatch when the authenticated peer is not ``expected``."""
         if expected is not None and self._remote_peer != expected:
-            raise PeerIDMismatch(f"dialled {expected} but {self.remote_peer} answered")
+            raise PeerIDMismatch.between(expected, self.remote_peer)
 
     def __repr__(self) -> str:
         who = self._remote_peer.short() if self._remote_peer else "?"
