@@ -234,6 +234,10 @@ async def _open_experts(
 
     if opts.expert_file:
         load_expert_file(opts.expert_file)
+    if opts.cpu_threads:  # the donor's share of the CPU: torch would take every core
+        import torch
+
+        torch.set_num_threads(opts.cpu_threads)
     expert_limits = {k: v for k, v in opts.limits.items() if k in EXPERT_LIMITS}
     config = opts.experts_config or ExpertsConfig(
         device=device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks, **expert_limits

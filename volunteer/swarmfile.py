@@ -314,13 +314,14 @@ def one_of(*choices: str) -> "Callable[[object], str]":
 JOIN_CHECKS: dict = {  # [join] / [experts] values, and the flags of the same names
     "hidden_dim": at_least(1, example="64"), "max_batch": at_least(1, example="1024"),
     "max_gpu_memory": fraction, "max_upload": rate, "max_experts": at_least(0, example="8"),
-    "device": device_name, "share_tracebacks": one_of("full", "redacted", "none"),
+    "device": device_name, "share_tracebacks": one_of("full", "redacted", "none"), "cpu_threads": at_least(1, example="4"),
 }
 
 JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
     "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
     "max_gpu_memory": (int, float), "max_upload": Typed((int, float, str), "a number or a size such as 5MiB"),
     "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int, "port_mapping": bool,
+    "cpu_threads": int,
 }
 
 SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn

@@ -82,10 +82,11 @@ def test_consent_is_recorded_without_losing_the_donors_file(tmp_path):
 
 
 def test_consent_summary_and_question():
-    node = SimpleNamespace(device="auto", max_gpu_memory=0.5, max_upload=5 * 2**20, uids=[], place=True, max_experts=4)
+    node = SimpleNamespace(device="auto", max_gpu_memory=0.5, max_upload=5 * 2**20, uids=[], place=True, max_experts=4,
+                           cpu_threads=2)
     lines = consent.summary_lines(node, policy_lines=["pause on battery"], web="http://127.0.0.1:7396/")
     text = "\n".join(lines)
-    for part in ("device:", "at most 50% of the GPU's memory", "CPU threads:", "5.0 MiB/s", "port mapping:  off",
+    for part in ("device:", "at most 50% of the GPU's memory", "CPU threads:   2 of", "5.0 MiB/s", "port mapping:  off",
                  "up to 4", "pause on battery", "web page:"):
         assert part in text
     import io

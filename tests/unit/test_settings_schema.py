@@ -19,6 +19,7 @@ BAD = [
     ("max_experts", "-3", "-3", "a whole number of 0 or more"),
     ("hidden_dim", "0", "0", "a whole number of 1 or more"),
     ("max_batch", "-1", "-1", "a whole number of 1 or more"),
+    ("cpu_threads", "0", "0", "a whole number of 1 or more"),
     ("max_upload", '"lots"', "lots", "not a size"),
     ("max_upload", "-5", "-5", "above 0"),
     ("share_tracebacks", '"some"', "some", "expected one of full, redacted, none"),
@@ -27,6 +28,7 @@ GOOD = [
     ("max_gpu_memory", "0.5", "0.5", 0.5),
     ("max_experts", "0", "0", 0),
     ("hidden_dim", "16", "16", 16),
+    ("cpu_threads", "2", "2", 2),
     ("max_upload", '"5MiB"', "5MiB", 5 * 2**20),
     ("max_upload", "1000", "1000", 1000.0),
 ]

@@ -37,7 +37,8 @@ def summary_lines(node, *, policy_lines: list[str], web: str | None) -> list[str
     lines = [
         f"device:        {device}",
         f"GPU memory:    {memory}",
-        f"CPU threads:   torch's default ({os.cpu_count() or 1} cores on this machine)",
+        (f"CPU threads:   {node.cpu_threads} of {os.cpu_count() or 1} cores" if node.cpu_threads
+         else f"CPU threads:   torch's default ({os.cpu_count() or 1} cores on this machine; --cpu-threads N caps it)"),
         f"upload:        {upload}",
         "port mapping:  off (reachable through the swarm's relays and hole punching; no router changes)",
         f"experts:       {experts}",

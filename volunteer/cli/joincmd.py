@@ -97,6 +97,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hidden-dim", type=_setting("hidden_dim"), metavar="N", help="expert width (default: the swarm file's, else 64)")
     p.add_argument("--expert-file", metavar="FILE.py", help="a Python file that registers custom expert classes")
     p.add_argument("--device", help="auto (CUDA if present), cpu, cuda:0, … (default auto)")
+    p.add_argument("--cpu-threads", type=_setting("cpu_threads"), metavar="N",
+                   help="threads torch computes with on the CPU (default: every core)")
     p.add_argument("--max-batch", type=_setting("max_batch"), metavar="N", help="largest batch per expert call (default 1024)")
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
@@ -203,6 +205,7 @@ def build_options(args: argparse.Namespace):
         hidden_dim=hidden,
         device=device,
         devices=devices,
+        cpu_threads=pick(getattr(args, "cpu_threads", None), "cpu_threads", None),
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),

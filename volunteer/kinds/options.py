@@ -47,6 +47,7 @@ class VolunteerOptions:
     hidden_dim: int = 64
     device: str = "auto"
     devices: list[str] = field(default_factory=list)  # several CUDA devices: experts spread over them
+    cpu_threads: int | None = None  # threads torch computes with on the CPU (None: torch's default, every core)
     max_batch: int = 1024
     checkpoint_dir: Path | None = None
     max_gpu_memory: float | None = None  # fraction of the GPU's memory torch may take
