@@ -159,9 +159,10 @@ async def test_push_makes_the_receiver_host_the_expert_at_the_senders_version():
         with pytest.raises(StateRefusedError) as info:
             await push_state(sender, addr, export_state(trained("expert.1.3")), swarm_id=SWARM)
         assert info.value.code == "full" and set(received) == {"expert.1.2"}
-        # a push for an expert it hosts, of another width, is a mismatch
-        with pytest.raises(StateMismatchError):
+        # a push for an expert it hosts is refused whatever it carries
+        with pytest.raises(StateRefusedError) as info:
             await push_state(sender, addr, export_state(trained("expert.1.2", hidden=16)), swarm_id=SWARM)
+        assert info.value.code == "hosted"
 
 
 async def test_push_to_a_volunteer_that_takes_no_new_experts_is_refused():
@@ -173,16 +174,17 @@ async def test_push_to_a_volunteer_that_takes_no_new_experts_is_refused():
 
 
 @pytest.mark.slow
-async def test_a_push_never_rolls_back_a_fresher_hosted_replica_but_brings_a_staler_one_forward():
+async def test_a_push_never_replaces_a_hosted_replica_older_or_fresher():
     network = MemoryNetwork()
     hosted = trained("expert.0.1", steps=4)
     digest = state_digest(hosted)
-    async with node(network, BackendStore({"expert.0.1": hosted})) as receiver, node(network) as sender:
+    service = StateService(SWARM, BackendStore({"expert.0.1": hosted}))
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET,
+                         services=[service]) as receiver, node(network) as sender:
         addr = receiver.full_addrs()[0]
-        # an older state (a leaver whose survey missed this replica): ours is kept
-        assert await push_state(sender, addr, export_state(trained("expert.0.1", steps=2)), swarm_id=SWARM) == 4
+        for steps in (2, 6):  # a staler state, and a fresher claim: hosted copies merge through sync
+            with pytest.raises(StateRefusedError) as info:
+                await push_state(sender, addr, export_state(trained("expert.0.1", steps=steps)), swarm_id=SWARM)
+            assert info.value.code == "hosted"
         assert hosted.updates == 4 and state_digest(hosted) == digest
-        # a fresher one replaces it
-        fresher = trained("expert.0.1", steps=6)
-        assert await push_state(sender, addr, export_state(fresher), swarm_id=SWARM) == 6
-        assert state_digest(hosted) == state_digest(fresher)
+        assert service.refusals["unsolicited_push"] == 2

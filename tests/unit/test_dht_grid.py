@@ -383,3 +383,13 @@ def test_prefix_records_carry_their_childrens_sync_ages_for_a_grid_walk():
                               use_bin_type=True)
         with pytest.raises(DHTRecordError):
             Declaration.decode(value, config)
+
+
+def test_select_left_names_the_signers_of_unexpired_tombstones_only(host_kp: KeyPair) -> None:
+    from volunteer.dht.grid import select_left
+
+    leaver, expired = KeyPair.generate(), KeyPair.generate()
+    declared = signed(host_kp, make_declarations(["ffn.1"], HostInfo(host_kp.peer_id), NOW, NOW + 15))[0]
+    tomb = sign(leaver, b"ffn.1", owned_subkey(leaver.peer_id), None, NOW + 15)
+    old = sign(expired, b"ffn.1", owned_subkey(expired.peer_id), None, NOW - 1)
+    assert select_left([declared, tomb, old], NOW) == {leaver.peer_id}

@@ -1,5 +1,6 @@
 """A sync round's bookkeeping (pure, time passed in): membership, arrivals, the deadline, members
-that vanish, the average with missing members keeping our own values, the group's highest version."""
+that vanish, the average with missing members keeping our own values, our own version (only the
+guard's verdict raises it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ def params(value: float):
     return [("w", torch.full((2, 3), value)), ("b", torch.full((3,), value))]
 
 
+def tensors_of(round_):
+    return [c.tensors for c in round_.contributions]
+
+
 def make(members=("b", "c"), *, now=100.0, timeout=10.0, version=5, value=1.0):
     return SyncRound("e.0", "a", members, version, params(value), now=now, timeout=timeout)
 
@@ -27,8 +32,8 @@ def test_done_when_everyone_contributed_and_the_average_includes_all():
     round_.add("c", 3, dict(params(7.0)))
     assert round_.done(101.0)
     outcome = round_.finish()
-    assert torch.allclose(mean(round_.params, round_.contributions)["w"], torch.full((2, 3), 4.0))
-    assert outcome.version == 7 and outcome.contributors == ("b", "c") and outcome.missing == ()
+    assert torch.allclose(mean(round_.params, tensors_of(round_))["w"], torch.full((2, 3), 4.0))
+    assert outcome.version == 5 and outcome.contributors == ("b", "c") and outcome.missing == ()
 
 
 def test_the_deadline_finishes_with_what_arrived():
@@ -37,7 +42,7 @@ def test_the_deadline_finishes_with_what_arrived():
     assert not round_.done(109.9)
     assert round_.done(110.0)
     outcome = round_.finish()
-    averaged = mean(round_.params, round_.contributions)
+    averaged = mean(round_.params, tensors_of(round_))
     assert torch.allclose(averaged["b"], torch.full((3,), 2.0))  # (1 + 3) / 2: c left out
     assert outcome.version == 5 and outcome.missing == ("c",)
 
@@ -55,7 +60,7 @@ def test_nobody_arrives_keeps_our_own_values_and_version():
     round_.gone("b")
     round_.gone("c")
     outcome = round_.finish()
-    assert torch.equal(mean(round_.params, round_.contributions)["w"], torch.full((2, 3), 1.0))
+    assert torch.equal(mean(round_.params, tensors_of(round_))["w"], torch.full((2, 3), 1.0))
     assert outcome.version == 5 and outcome.contributors == ()
 
 
@@ -91,7 +96,7 @@ def test_average_keeps_the_parameter_dtype():
     round_ = SyncRound("e.0", "a", ["b"], 0, [("h", torch.ones(4, dtype=torch.float16))], now=0, timeout=1)
     round_.add("b", 0, {"h": torch.full((4,), 3.0, dtype=torch.float16)})
     round_.finish()
-    averaged = mean(round_.params, round_.contributions)["h"]
+    averaged = mean(round_.params, tensors_of(round_))["h"]
     assert averaged.dtype == torch.float16 and torch.equal(averaged, torch.full((4,), 2.0, dtype=torch.float16))
 
 
@@ -119,6 +124,7 @@ def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
 
 def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its_change():
     from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.replicas.guard import Contributed, SyncGuard
     from volunteer.replicas.state import merge_round, sync_parameters
 
     own = dict(params(1.0))
@@ -126,6 +132,8 @@ def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its
     backend = make_backend("e.0", "ffn", 4, config=ExpertsConfig(device="cpu"))
     base = dict(sync_parameters(backend))
     theirs = [{name: t + 2.0 for name, t in base.items()}, {name: t + 4.0 for name, t in base.items()}]
+    claims = [Contributed("b", 7, theirs[0]), Contributed("c", 8, theirs[1])]
+    guard = SyncGuard()
     seen = []
 
     def first_only(mine, contributions):  # another aggregate: the seam a robust one plugs into
@@ -135,11 +143,13 @@ def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its
     with torch.no_grad():  # a step while the round was open
         for p in backend.module.parameters():
             p.add_(0.5)
-    merge_round(backend, base, theirs, 7, first_only)
+    backend.updates = 6
+    merge_round(backend, base, claims, guard, first_only)
+    # the lower median of the versions (6, 7, 8): two of three replicas are at 7 or beyond
     assert seen == [(base, theirs)] and backend.updates == 7
     for name, p in backend.module.named_parameters():
         assert torch.allclose(p, base[name] + 2.5)
-    merge_round(backend, base, theirs, 3)  # the mean by default: (0 + 2 + 4) / 3 over the base
+    merge_round(backend, base, claims, guard, mean)  # (0 + 2 + 4) / 3 over the base
     for name, p in backend.module.named_parameters():
         assert torch.allclose(p, base[name] + 4.5)
     assert backend.updates == 7

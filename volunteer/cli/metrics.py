@@ -3,7 +3,8 @@
 Read at scrape time from the running node (a custom collector, as the relay's): reachability and
 how long it took, connections, per-expert counters, the DHT, and refusals by scope and reason
 (``volunteer_refusals_total{scope,reason}``: the resource manager's scopes, plus
-``expert_server`` for the expert server's own admission refusals), the same names the relay uses.
+``expert_server`` for the expert server's own admission refusals and ``replicas`` for the peers'
+claims the replica services refused), the same names the relay uses.
 Never touches the daemon's rate windows: a scrape must not move what the dashboard shows.
 """
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .daemon import Daemon
 
 EXPERT_SERVER_SCOPE = "expert_server"  # the scope label of the expert server's own refusals
+REPLICAS_SCOPE = "replicas"  # the scope label of the peers' claims the replica services refused
 REACHABILITY_STATES = ("public", "private", "unknown")
 
 
@@ -38,6 +40,9 @@ def refusals_of(node: "VolunteerNode") -> dict[str, dict[str, int]]:
     served = node.server.snapshot()["refusals"] if node.server is not None else {}
     if served:
         out[EXPERT_SERVER_SCOPE] = dict(served)
+    claims = node.replicas.snapshot()["refusals"] if node.replicas is not None else {}
+    if claims:  # peers' claims the replica services refused (sync_outlier, unsolicited_push, ...)
+        out[REPLICAS_SCOPE] = dict(claims)
     return out
 
 

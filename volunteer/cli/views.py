@@ -123,8 +123,10 @@ def compute_view(device: str) -> dict:
 
 
 def refusals_view(node: "VolunteerNode") -> dict[str, dict[str, int]]:
-    """``{scope: {reason: count}}``: the resource manager's scopes, and the expert server's own
-    admission refusals under ``experts`` (only when it refused something)."""
+    """``{scope: {reason: count}}``: the resource manager's scopes, the expert server's own
+    admission refusals under ``experts``, and the peers' claims the replica services refused
+    under ``replicas`` (``sync_outlier``, ``unsolicited_push``, ``version_claim``, ...); each only
+    when it refused something."""
     from ..net.resources import ResourceManager
 
     refusals: dict[str, dict[str, int]] = {}
@@ -135,6 +137,10 @@ def refusals_view(node: "VolunteerNode") -> dict[str, dict[str, int]]:
         served = node.server.snapshot()["refusals"]
         if served:
             refusals["experts"] = dict(served)
+    if node.replicas is not None:
+        claims = node.replicas.snapshot()["refusals"]
+        if claims:
+            refusals["replicas"] = dict(claims)
     return refusals
 
 

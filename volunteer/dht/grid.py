@@ -513,6 +513,24 @@ async def get_experts(dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0
     return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
 
 
+def select_left(found: Found, now: float) -> frozenset[PeerID]:
+    """The hosts whose record in ``found`` is an unexpired tombstone: a signed "I left" (a
+    graceful leave publishes them before handing its experts off)."""
+    return frozenset(
+        record.signer
+        for record in _records(found)
+        if record.value is None and record.expiration > now
+    )
+
+
+async def get_hosts_and_leavers(dht: DHTNode, uid: str) -> tuple[list[Declaration], frozenset[PeerID]]:
+    """``get_experts`` of one uid, plus the hosts that tombstoned it (``select_left``)."""
+    key = expert_key(uid)
+    found = await dht.get_many([key], quorum=EXPERT_QUORUM, tombstones=True)
+    now = dht.clock()
+    return select_alive(found[key], now, dht.config), select_left(found[key], now)
+
+
 async def find_best_experts(
     dht: DHTNode,
     prefix: str,
@@ -604,6 +622,8 @@ __all__ = [
     "list_experts",
     "make_declarations",
     "make_tombstones",
+    "get_hosts_and_leavers",
+    "select_left",
     "make_uid",
     "parse_prefix",
     "parse_uid",

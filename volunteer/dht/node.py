@@ -316,9 +316,19 @@ class DHTNode(StoreMixin, BaseService):
             nursery.cancel_scope.cancel()
 
     async def get_many(
-        self, keys: Iterable[bytes], *, quorum: int | None = None, latest: bool = True, max_age: float = 0.0
+        self,
+        keys: Iterable[bytes],
+        *,
+        quorum: int | None = None,
+        latest: bool = True,
+        max_age: float = 0.0,
+        tombstones: bool = False,
     ) -> dict[bytes, dict[bytes, Record]]:
         """Live records (tombstones left out) of each key, newest per sub-key.
+
+        ``tombstones=True`` keeps the unexpired tombstones among them (who withdrew a record
+        matters to a receiver of a leaver's hand-off); such a lookup always asks the network and
+        is not remembered for ``max_age``.
 
         ``latest=False`` accepts any live value: keys this node holds are answered without asking
         the network (hivemind's default). Expert lookups always ask (``latest=True``), so they see
@@ -337,6 +347,8 @@ class DHTNode(StoreMixin, BaseService):
         now = self.clock()
         generation = self.recent_values.generation
         found: dict[bytes, dict[bytes, Record]] = {}
+        if tombstones:
+            latest, max_age = True, 0.0
         if not latest:
             # any live value will do (hivemind's default): keys we hold are answered locally
             for key in keys:
@@ -369,6 +381,9 @@ class DHTNode(StoreMixin, BaseService):
         await self._drive(list(lookups.values()), dispatch)
         now = self.clock()
         for key, lookup in lookups.items():
+            if tombstones:
+                found[key] = dict(lookup.live_records(now))
+                continue
             found[key] = {sub: rec for sub, rec in lookup.live_records(now).items() if rec.value is not None}
             self.recent_values.put(key, found[key], now, since=generation)
         return found

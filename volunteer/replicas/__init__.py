@@ -4,8 +4,9 @@ and hand-off on leave. Sits above ``volunteer.experts`` and ``volunteer.dht``.
 Every piece is a pure core (no trio, ``now`` passed in) plus, for the protocols, a thin trio
 driver that runs as a Host service."""
 
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, mean, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
+from .guard import SyncGuard, Verdict
 from .errors import (
     GridSpecError,
     ReplicaConfigError,
@@ -44,6 +45,9 @@ __all__ = [
     "hand_off",
     "import_state",
     "mean",
+    "robust",
+    "SyncGuard",
+    "Verdict",
     "plan_handoff",
     "push_state",
     "state_protocol",

@@ -28,6 +28,19 @@ class ReplicasConfig:
     request_timeout: float = 30.0  # a peer has this long to send its request or offer
     transfer_timeout: float = 300.0  # a whole fetch or push, payload included
     max_concurrent_transfers: int = 4  # served at once; more get "busy" (bounds memory)
+    # catch-up from a source: its header within this, its payload at no less than this rate (a
+    # squatter that takes the stream and stalls costs seconds, not transfer_timeout); sources are
+    # raced this many at a time, every candidate tried within catch_up_timeout
+    catch_up_header_timeout: float = 4.0
+    catch_up_min_rate: float = 1 * MiB  # bytes per second
+    catch_up_parallel: int = 2
+    catch_up_timeout: float = 60.0
+    # a declared version more than factor x (the other replicas' lower median) + margin is a
+    # suspect claim, tried last; a caught-up state must be finite and its parameters' norm within
+    # this ratio of a fresh initialisation's either way (all zeros or x10^6 are not a trained expert)
+    version_claim_factor: float = 2.0
+    version_claim_margin: int = 1000
+    plausible_norm_ratio: float = 100.0
 
     # --- replica sync -------------------------------------------------------------------------
     sync_period: float = 30.0  # default of a grid's sync_period
@@ -35,6 +48,19 @@ class ReplicasConfig:
     max_group: int = 16  # replicas of one expert averaged together (the others are ignored)
     stash_ttl: float = 10.0  # a contribution that arrives before our round opens waits this long
     max_stashed_bytes: int = 512 * MiB  # contributions waiting for a round, all experts together
+    # what a round believes (guard.py): a contribution may lie this many times the learned honest
+    # drift from our parameters; the drift is learned from this many accepted distances; before
+    # anything is learned a pair's first round bounds it by this share of our parameters' norm
+    # (two volunteers that built the same expert at once from independent random initialisations
+    # are about sqrt(2) norms apart, and their first round must merge them)
+    sync_drift_slack: float = 3.0
+    sync_drift_history: int = 16
+    sync_bootstrap_share: float = 2.0
+    # a peer whose deviations add up like a fixed push (forgotten at this rate a round; ratio of
+    # |sum|^2 to the sum of |d|^2 past this after this many rounds) is left out of groups of 3+
+    sync_bias_decay: float = 0.9
+    sync_bias_ratio: float = 6.0
+    sync_bias_rounds: int = 4
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does

@@ -24,8 +24,10 @@ class StateProtocolError(ReplicaError, RemoteProtocolError):
 
 class StateRefusedError(ReplicaError):
     """The peer refused a state request, push or sync contribution. ``code`` says why:
-    ``unknown`` (it does not host that uid), ``mismatch`` (class or shapes differ), ``full`` (no
-    capacity to take a pushed expert), ``busy`` (too many transfers at once), ``error``."""
+    ``unknown`` (it does not host that uid, or a pusher does not declare it), ``mismatch`` (class
+    or shapes differ), ``full`` (no capacity to take a pushed expert), ``hosted`` (a push of an
+    expert the receiver hosts), ``replicated`` (a push of an expert other live hosts hold: a
+    hand-off is for sole copies), ``busy`` (too many transfers at once), ``error``."""
 
     def __init__(self, message: str, code: str = "error") -> None:
         super().__init__(f"{code}: {message}")
@@ -40,6 +42,11 @@ class StateMismatchError(StateRefusedError, ValueError):
         super().__init__(message, "mismatch")
 
 
+class ImplausibleStateError(ReplicaError):
+    """A fetched state is well-formed but not believable as a trained expert: non-finite values,
+    or parameters far from the scale any training reaches (all zeros, ×10⁶)."""
+
+
 class StateTimeoutError(ReplicaError, TimeoutError):
     """A state transfer or a sync contribution did not finish within its bound."""
 
@@ -51,6 +58,7 @@ class SyncError(ReplicaError):
 
 __all__ = [
     "GridSpecError",
+    "ImplausibleStateError",
     "ReplicaConfigError",
     "ReplicaError",
     "StateMismatchError",

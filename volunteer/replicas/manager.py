@@ -8,9 +8,10 @@ answers through the store (the runtime's experts), the declarer and the two repl
   named), each caught up before it is ever declared, and reports started only then;
 - ``survey`` asks the DHT who hosts each grid expert, at which version, and remembers their
   addresses (catch-up, sync and hand-off dial them).
-- ``prepare`` brings a new backend up to date before anyone sees it: the freshest live replica's
-  state is downloaded into it (``catch_up``); an expert whose replicas all refuse or vanish is
-  not hosted, so a volunteer never serves random weights for an expert the swarm has trained.
+- ``prepare`` brings a new backend up to date before anyone sees it: a live replica's state,
+  freshest believable claim first, raced and paced, checked before it is loaded; an expert whose
+  replicas all refuse, stall or send implausible states is not hosted, so a volunteer never serves
+  random (or a liar's) weights for an expert the swarm has trained.
 - then it re-checks placement every ``recheck_period`` (automatic placement only) and opens a
   sync round of every hosted grid expert at each wall-clock multiple of its grid's
   ``sync_period`` with the other live replicas.
@@ -22,27 +23,32 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import trio
 
 from ..dht.declare import ExpertDeclarer
-from ..dht.grid import Declaration, get_experts, list_experts
+from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
+from ..experts.trust import Standing
 from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import Hosts, Placement, capacity, catch_up_source, expert_memory_bytes, make_room_for, place
+from .placement import Hosts, Placement, capacity, catch_up_order, expert_memory_bytes, make_room_for, place
 from .store import BackendStore
 from .sync import SyncOutcome
-from .syncdriver import ReplicaSync
-from .transfer import StateService, catch_up
+from .syncdriver import MAX_STANDINGS, ReplicaSync
+from .errors import ImplausibleStateError
+from .messages import StateHeader
+from .state import check_plausible, import_state
+from .transfer import PushClaim, StateService, fetch_state, request_for
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +57,8 @@ log = logging.getLogger(__name__)
 
 SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
 DIRECT_LOOKUP_LIMIT = 1024  # grids up to this many experts are surveyed uid by uid (one batch)
-CATCH_UP_SOURCES = 3  # replicas tried, freshest first, before an expert is given up for now
+VERSION_CLAIM = "version_claim"  # a declared version far above the other replicas', tried last
+IMPLAUSIBLE_STATE = "implausible_state"  # a fetched state that is not finite or not at a trained scale
 
 # builds an empty backend (uid, class, hidden_dim): the daemon's make_backend with its settings
 BuildBackend = Callable[[str, str, int], ExpertBackend]
@@ -107,13 +114,18 @@ class ReplicaManager(BaseService):
         self.start = start
         self.config = config
         self.clock = clock  # the wall clock replicas align their sync rounds on
-        self.state = StateService(swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted)
+        self.state = StateService(
+            swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted, vouch=self.vouch
+        )
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
         self.moves = 0  # experts added or dropped by re-checks
         self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
         self.sync_failures = 0
         self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
+        self.refusals: Counter[str] = Counter()  # claims refused by catch-up, by reason
+        # (uid, peer) → how that replica stands with us, from catch-up; sync's verdicts in ``sync``
+        self._standings: dict[tuple[str, str], Standing] = {}
 
     @property
     def me(self) -> str:
@@ -189,7 +201,8 @@ class ReplicaManager(BaseService):
 
     def snapshot(self) -> dict:
         """The grids' coverage as last surveyed, and what this volunteer did about it: experts
-        moved by re-checks, caught up before declaring, sync rounds that failed, state transfers."""
+        moved by re-checks, caught up before declaring, sync rounds that failed, state transfers,
+        and the peers' claims refused, by reason (``sync_outlier``, ``unsolicited_push``, ...)."""
         state = self.state
         return {
             "coverage": self.coverage(),
@@ -197,7 +210,28 @@ class ReplicaManager(BaseService):
             "caught_up": len(self.caught_up),
             "sync_failures": self.sync_failures,
             "transfers": {"served": state.served, "received": state.received, "refused": state.refused},
+            "refusals": dict(sorted((self.sync.refusals + state.refusals + self.refusals).items())),
+            "standings": self.standings(),
         }
+
+    def standings(self) -> dict[str, dict[str, str]]:
+        """``uid → {peer: standing}`` of the other replicas this volunteer dealt with (the
+        trainer-side vocabulary): ``proven`` once its state checked out (we caught up from it, or
+        its last sync contribution was accepted), ``suspect`` when its version claim or last
+        contribution was refused, ``excluded`` after a non-finite or implausible state. The
+        latest evidence wins; replicas never dealt with are ``unproven`` and not listed."""
+        merged = {**self._standings, **self.sync.standings}
+        out: dict[str, dict[str, str]] = {}
+        for (uid, peer), standing in sorted(merged.items()):
+            out.setdefault(uid, {})[peer] = standing.value
+        return out
+
+    def _stand(self, uid: str, peer: str, standing: Standing) -> None:
+        self._standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
+        self._standings[(uid, peer)] = standing
+        self.sync.standings.pop((uid, peer), None)  # the newer evidence
+        while len(self._standings) > MAX_STANDINGS:
+            del self._standings[next(iter(self._standings))]
 
     def placement(self, hosts: Hosts) -> Placement:
         """What placement says this volunteer should host, given ``hosts``."""
@@ -208,31 +242,73 @@ class ReplicaManager(BaseService):
 
     # --- catch-up -------------------------------------------------------------------------------
     async def prepare(self, backend: ExpertBackend, hosts: Hosts) -> bool:
-        """Bring ``backend`` up to date from the freshest live replica before it is declared.
-        True when it may be hosted: caught up, already as fresh (its own checkpoint), or no other
-        replica exists; False when replicas exist but none delivered its state."""
-        others = {peer: v for peer, v in hosts.get(backend.uid, {}).items() if peer != self.me}
-        tried: list[str] = []
-        while len(tried) < CATCH_UP_SOURCES:
-            source = catch_up_source({backend.uid: {p: v for p, v in others.items() if p not in tried}}, backend.uid, me=self.me)
-            if source is None:
-                break
-            tried.append(source)
-            if others[source] <= backend.updates and backend.updates > 0:
-                return True  # our checkpoint is as fresh as any replica: the next sync merges them
-            try:
-                header = await catch_up(
-                    self.host, PeerID.from_string(source), backend, swarm_id=self.swarm_id, config=self.config
-                )
-            except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                log.warning("catching up %s from %s failed: %s", backend.uid, source[-10:], describe(exc))
-                continue
-            self.caught_up[backend.uid] = header.version
-            log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
+        """Bring ``backend`` up to date from a live replica before it is declared. True when it
+        may be hosted: caught up, already as fresh (its own checkpoint), or no other replica
+        exists; False when replicas exist but none delivered a believable state in time.
+
+        Sources are tried freshest first, suspect version claims only after all others failed (``catch_up_order``),
+        ``catch_up_parallel`` at a time: each is paced (a stalled or silent one is dropped within
+        seconds), one that refuses or fails costs only itself, every candidate is tried within
+        ``catch_up_timeout``, and the first state that checks out (``check_plausible``) wins."""
+        order, suspects = catch_up_order(
+            hosts, backend.uid, me=self.me, factor=self.config.version_claim_factor,
+            margin=self.config.version_claim_margin,
+        )
+        for peer in suspects:
+            self._stand(backend.uid, peer, Standing.SUSPECT)
+        if suspects:
+            self.refusals[VERSION_CLAIM] += len(suspects)
+            log.warning("%s: %d version claim(s) far above the other replicas' tried last", backend.uid, len(suspects))
+        if not order:
             return True
-        if tried:
-            log.warning("not hosting %s: none of its %d live replicas delivered its state", backend.uid, len(others))
+        claims = hosts.get(backend.uid, {})
+        if backend.updates > 0 and claims[order[0]] <= backend.updates:
+            return True  # our checkpoint is as fresh as any believable replica: the next sync merges them
+        won: list[tuple[str, StateHeader, bytearray]] = []
+        limiter = trio.CapacityLimiter(self.config.catch_up_parallel)
+        request = request_for(backend)
+
+        async def attempt(source: str, done: trio.CancelScope) -> None:
+            async with limiter:
+                if won:
+                    return
+                try:
+                    header, payload = await fetch_state(
+                        self.host, PeerID.from_string(source), request, swarm_id=self.swarm_id,
+                        config=self.config, paced=True,
+                    )
+                    # tensor work on a state of up to max_state_bytes: off the event loop
+                    await trio.to_thread.run_sync(
+                        check_plausible, backend, header, payload, self.config.plausible_norm_ratio
+                    )
+                except ImplausibleStateError as exc:
+                    self.refusals[IMPLAUSIBLE_STATE] += 1
+                    self._stand(backend.uid, source, Standing.EXCLUDED)
+                    log.warning("catching up %s: %s's state refused: %s", backend.uid, source[-10:], describe(exc))
+                    return
+                except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    log.info("catching up %s from %s failed: %s", backend.uid, source[-10:], describe(exc))
+                    return
+                if not won:
+                    won.append((source, header, payload))
+                    done.cancel()
+
+        with trio.move_on_after(self.config.catch_up_timeout):
+            # suspect claims only once every believable source failed: never raced against them
+            for phase in ([p for p in order if p not in suspects], [p for p in order if p in suspects]):
+                async with trio.open_nursery() as nursery:
+                    for source in phase:
+                        nursery.start_soon(attempt, source, nursery.cancel_scope)
+                if won:
+                    break
+        if not won:
+            log.warning("not hosting %s: none of its %d live replicas delivered a believable state", backend.uid, len(order))
             return False
+        source, header, payload = won[0]
+        await trio.to_thread.run_sync(import_state, backend, header, payload)  # nobody serves it yet
+        self.caught_up[backend.uid] = header.version
+        self._stand(backend.uid, source, Standing.PROVEN)
+        log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
         return True
 
     def make(self, uid: str) -> ExpertBackend | None:
@@ -267,6 +343,26 @@ class ReplicaManager(BaseService):
             await self.declarer.drop(uid)
         if uid in self.store.backends:
             self.store.remove(uid)
+
+    async def vouch(self, pusher: str, uid: str) -> PushClaim:
+        """What the DHT says of a push of grid expert ``uid`` by ``pusher`` (the state service's
+        ``vouch``): whether ``pusher`` declares it or tombstoned it (a leaver tombstones its
+        experts before it hands them off), and whether no other live host holds it. A uid outside
+        every grid, or a lookup that fails, vouches for nothing."""
+        if grid_of(uid, self.grids) is None:
+            return PushClaim(declared=False, sole=False)
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                decls, left = await get_hosts_and_leavers(self.dht, uid)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("vouching for a push of %s: lookup failed: %s", uid, describe(exc))
+                return PushClaim(declared=False, sole=False)
+            declared = any(str(d.peer) == pusher for d in decls) or any(str(p) == pusher for p in left)
+            others = {uid: [d for d in decls if str(d.peer) not in (pusher, self.me)]}
+            self._remember_hosts(others)
+            alive = await self.alive_only(hosts_of(others))
+            return PushClaim(declared=declared, sole=not alive.get(uid))
+        return PushClaim(declared=False, sole=False)
 
     async def make_room(self, incoming: str) -> bool:
         """Full, and offered ``incoming`` by a leaver: drop the hosted expert with the most other

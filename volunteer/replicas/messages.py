@@ -43,7 +43,7 @@ from .errors import StateMismatchError, StateProtocolError, StateRefusedError
 
 MAX_VERSION = 2**63 - 1
 SHA_LEN = 32
-REFUSAL_CODES = ("unknown", "mismatch", "full", "busy", "error")
+REFUSAL_CODES = ("unknown", "mismatch", "full", "hosted", "replicated", "busy", "error")
 _CLASS = re.compile(r"^[A-Za-z0-9_-]{0,64}$")  # "" for a backend built without a registered class
 
 

@@ -127,6 +127,28 @@ def catch_up_source(hosts: Hosts, uid: str, *, me: str) -> str | None:
     return max(others, key=lambda peer: (others[peer], -tie_break(me + peer, uid)))
 
 
+def suspect_claims(claims: Mapping[str, int], *, factor: float, margin: int) -> frozenset[str]:
+    """The peers whose declared version is far above what the other replicas declare: more than
+    ``factor`` times the lower median of the others' plus ``margin``. A version is a claim
+    nobody checks; one that outruns every other replica's by that much is suspect, not fresh."""
+    suspects = set()
+    for peer, version in claims.items():
+        others = sorted(v for p, v in claims.items() if p != peer)
+        if others and version > factor * others[(len(others) - 1) // 2] + margin:
+            suspects.add(peer)
+    return frozenset(suspects)
+
+
+def catch_up_order(hosts: Hosts, uid: str, *, me: str, factor: float, margin: int) -> tuple[list[str], frozenset[str]]:
+    """Whom to download ``uid``'s state from, in order, and which claims are suspect: the other
+    live replicas freshest first (ties by hash, so joiners spread over equally fresh replicas),
+    suspect claims (``suspect_claims``) after every other, never first."""
+    others = _others(hosts, uid, me)
+    suspects = suspect_claims(others, factor=factor, margin=margin)
+    order = sorted(others, key=lambda peer: (peer in suspects, -others[peer], tie_break(me + peer, uid)))
+    return order, suspects
+
+
 def expert_memory_bytes(parameters: int, bytes_per_value: int = 4) -> int:
     """GPU memory one expert needs for training: its parameters, their gradients and Adam's two
     moments (activations of a batch come on top; callers keep a margin)."""
@@ -153,9 +175,11 @@ __all__ = [
     "Hosts",
     "Placement",
     "capacity",
+    "catch_up_order",
     "catch_up_source",
     "expert_memory_bytes",
     "make_room_for",
     "place",
+    "suspect_claims",
     "tie_break",
 ]

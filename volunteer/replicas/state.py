@@ -19,9 +19,10 @@ from typing import Mapping, Sequence
 import torch
 
 from ..experts.backend import ExpertBackend
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
-from .errors import StateMismatchError, StateProtocolError
+from .errors import ImplausibleStateError, StateMismatchError, StateProtocolError
+from .guard import Contributed, SyncGuard, Verdict
 from .messages import StateHeader, TensorMeta, chunked, encode_tensors, split_payload
 
 MODULE = "m:"
@@ -140,6 +141,28 @@ def import_state(backend: ExpertBackend, header: StateHeader, payload: bytes | b
     backend.updates = header.version
 
 
+def check_plausible(backend: ExpertBackend, header: StateHeader, payload: bytes | bytearray, ratio: float) -> None:
+    """ImplausibleStateError unless every floating-point tensor of the state is finite and the L2
+    norm of its module parameters is within ``ratio`` of ``backend``'s own either way (a fresh
+    backend's: the scale of the architecture's initialisation, which training moves by far less
+    than ``ratio``). What a sole host's state is checked against: there is nothing to compare."""
+    tensors = split_payload(header.tensors, payload)
+    norm_sq = 0.0
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            raise ImplausibleStateError(f"state of {header.uid!r}: {name} is not finite")
+        if name.startswith(MODULE):
+            norm_sq += float(tensor.to(torch.float64).pow(2).sum())
+    own = math.sqrt(sum(float(t.detach().to(torch.float64).pow(2).sum()) for t in backend.module.state_dict().values() if t.is_floating_point()))
+    theirs = math.sqrt(norm_sq)
+    if own > 0 and not (own / ratio <= theirs <= own * ratio):
+        raise ImplausibleStateError(
+            f"state of {header.uid!r}: parameter norm {theirs:.3g}, a fresh expert's {own:.3g}: not a trained one"
+        )
+
+
 def state_digest(backend: ExpertBackend) -> bytes:
     """The sha256 ``export_state`` would announce now (for tests and ``volunteer experts``)."""
     return export_state(backend).header.sha256
@@ -163,7 +186,7 @@ def apply_parameters(
     base: Mapping[str, torch.Tensor] | None = None,
 ) -> None:
     """Write a round's averages into the parameters and raise the version to ``version`` (the
-    group's highest). Parameters the round left out keep their values.
+    guard's verdict). Parameters the round left out keep their values.
 
     ``base``: the parameters this replica contributed when the round opened. Training goes on
     while a round is open, so the round's change (``averaged - base``) is added to the parameters
@@ -187,15 +210,18 @@ def apply_parameters(
 def merge_round(
     backend: ExpertBackend,
     own: Mapping[str, torch.Tensor],
-    contributions: Sequence[Mapping[str, torch.Tensor]],
-    version: int,
-    aggregate: Aggregate = mean,
-) -> None:
-    """Write a finished sync round into ``backend``: ``aggregate`` of the parameters we
-    contributed (``own``) and those that arrived, added as the round's change to the parameters
-    as they are now (``apply_parameters`` with ``own`` as the base), the version raised to the
-    group's highest. The tensor work of a round: run it where the backend is not training."""
-    apply_parameters(backend, aggregate(own, contributions), version, base=own)
+    contributions: Sequence[Contributed],
+    guard: SyncGuard,
+    aggregate: Aggregate = robust,
+) -> Verdict:
+    """Write a finished sync round into ``backend``: the guard's verdict on the contributions
+    that arrived against the parameters we contributed (``own``, at the version the backend had
+    when the round opened), its parameters added as the round's change to the parameters as they
+    are now (``apply_parameters`` with ``own`` as the base), the version raised to the verdict's.
+    The tensor work of a round: run it where the backend is not training."""
+    verdict = guard.decide(backend.uid, own, backend.updates, contributions, aggregate)
+    apply_parameters(backend, verdict.parameters, verdict.version, base=own)
+    return verdict
 
 
 def parameter_layout(backend: ExpertBackend) -> tuple[TensorMeta, ...]:
@@ -208,6 +234,7 @@ __all__ = [
     "ExportedState",
     "apply_parameters",
     "check_fits",
+    "check_plausible",
     "export_state",
     "import_state",
     "merge_round",

@@ -13,9 +13,10 @@ import torch
 from ..errors import ExpertConfigError
 from ..experts.backend import ExpertBackend
 from ..experts.requests import Kind
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateRefusedError
+from .guard import Contributed, SyncGuard, Verdict
 from .messages import FetchRequest, StateHeader, TensorMeta
 from .state import (
     ExportedState,
@@ -108,27 +109,21 @@ class BackendStore:
         return await self._run(export_state, self._backend(uid), self.config)
 
     def offer(self, header: StateHeader) -> None:
-        """Raise a refusal unless a pushed state can be taken: it fits the hosted expert of that
-        uid, or there is room and a factory to build one that it fits."""
-        backend = self.backends.get(header.uid)
-        if backend is None:
-            if self.factory is None:
-                raise StateRefusedError(f"this volunteer does not take new experts ({header.uid!r})", "unknown")
-            if self.spare is not None and self.spare < 1:
-                raise StateRefusedError(f"no capacity for {header.uid!r}", "full")
-            return
-        check_fits(backend, header)
+        """Raise a refusal unless a pushed state can be taken: a uid not hosted here (``hosted``
+        otherwise: hosted copies merge through sync, never by replacement), room, and a factory
+        to build the expert."""
+        if header.uid in self.backends:
+            raise StateRefusedError(
+                f"{header.uid!r} is hosted here: its replicas merge through sync, never by replacement", "hosted"
+            )
+        if self.factory is None:
+            raise StateRefusedError(f"this volunteer does not take new experts ({header.uid!r})", "unknown")
+        if self.spare is not None and self.spare < 1:
+            raise StateRefusedError(f"no capacity for {header.uid!r}", "full")
 
     async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
-        """Load a pushed state (building the backend if needed, then hosting it); the version now
-        hosted. A hosted expert at least as fresh as the push keeps its own state."""
+        """Build the expert of a pushed state, load it and host it; the version now hosted."""
         self.offer(header)  # again: another push may have taken the room meanwhile
-        backend = self.backends.get(header.uid)
-        if backend is not None:
-            if backend.updates >= header.version:  # a push never rolls a replica back; syncs merge them
-                return backend.updates
-            await self._run(import_state, backend, header, payload)
-            return backend.updates
         assert self.factory is not None
         try:
             backend = self.factory(header)
@@ -168,21 +163,21 @@ class BackendStore:
         self,
         uid: str,
         own: Mapping[str, torch.Tensor],
-        contributions: Sequence[Mapping[str, torch.Tensor]],
-        version: int,
-        aggregate: Aggregate = mean,
-    ) -> None:
-        """Write a finished sync round into a hosted expert: the aggregate of what it contributed
-        (``own``) and what arrived, as the round's change (``merge_round``). With a runtime, a
+        contributions: Sequence[Contributed],
+        guard: SyncGuard,
+        aggregate: Aggregate = robust,
+    ) -> Verdict:
+        """Write a finished sync round into a hosted expert: the guard's verdict on what arrived
+        against what it contributed (``own``), as the round's change (``merge_round``). With a runtime, a
         job on that expert (``Kind.AVERAGE``): ordered with its forwards, backwards and steps,
         on the worker unless it is as cheap as an inline forward, never a big sum on the event loop."""
         backend = self._backend(uid)
         if self.runtime is not None:
-            await self.runtime.run_on(
-                uid, merge_round, backend, own, contributions, version, aggregate, kind=Kind.AVERAGE
+            verdict: Verdict = await self.runtime.run_on(
+                uid, merge_round, backend, own, contributions, guard, aggregate, kind=Kind.AVERAGE
             )
-        else:
-            merge_round(backend, own, contributions, version, aggregate)
+            return verdict
+        return merge_round(backend, own, contributions, guard, aggregate)
 
     def versions(self) -> dict[str, int]:
         """Version of every hosted expert."""

@@ -6,11 +6,11 @@ round: who is in the group, whose parameters arrived, who is known gone, and the
 ``now`` when the round opened). The round is done when every member either contributed or is
 gone, or at the deadline; it then finishes with what it has, as hivemind's averager does: a
 member that vanished simply is not in the average, so the parameters it would have brought keep
-this replica's own values. The version after a round is the highest of the contributors'.
+this replica's own values.
 
-The round only collects: turning ``params`` and ``contributions`` into new parameters is an
-``Aggregate`` (``aggregate.py``), which the driver has the runtime run beside the expert's other
-work, never on the event loop.
+The round only collects: what to believe of the contributions, the new parameters and the
+version after the round are the ``SyncGuard``'s verdict (``guard.py``), which the driver has the
+runtime reach beside the expert's other work, never on the event loop.
 
 No trio, no clock: the driver (``syncdriver.py``) passes ``now``.
 """
@@ -23,17 +23,20 @@ from typing import Iterable, Mapping, Sequence
 import torch
 
 from .errors import StateMismatchError, SyncError
+from .guard import Contributed
 
 
 @dataclass(frozen=True)
 class SyncOutcome:
-    """A finished round: the version after it, who contributed and who did not (gone or late).
-    (No tensors: the parameters it produced are in the expert.)"""
+    """A finished round: the version after it, who contributed and who did not (gone or late),
+    and whose contributions the guard refused (peer → reason). (No tensors: the parameters it
+    produced are in the expert.)"""
 
     uid: str
     version: int
     contributors: tuple[str, ...]
     missing: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...] = ()
 
 
 class SyncRound:
@@ -97,17 +100,17 @@ class SyncRound:
         return self.finished or not self.waiting or now >= self.deadline
 
     @property
-    def contributions(self) -> list[Mapping[str, torch.Tensor]]:
-        """The parameters that arrived, in the order they arrived (ours are ``params``)."""
-        return [tensors for _, tensors in self._received.values()]
+    def contributions(self) -> list[Contributed]:
+        """What arrived (claimed version and parameters), in the order it arrived (ours are
+        ``params`` at ``version``)."""
+        return [Contributed(peer, version, tensors) for peer, (version, tensors) in self._received.items()]
 
     def finish(self) -> SyncOutcome:
-        """Close the round: no more contributions. The group's highest version, who contributed
-        and who is missing; the caller aggregates ``params`` and ``contributions``."""
+        """Close the round: no more contributions. Who contributed and who is missing, at our own
+        version: the caller has the guard judge ``contributions`` against ``params``."""
         self.finished = True
-        version = max([self.version, *(v for v, _ in self._received.values())])
         missing = tuple(sorted(self.members - self._received.keys()))
-        return SyncOutcome(self.uid, version, tuple(sorted(self._received)), missing)
+        return SyncOutcome(self.uid, self.version, tuple(sorted(self._received)), missing)
 
 
 __all__ = ["SyncOutcome", "SyncRound"]

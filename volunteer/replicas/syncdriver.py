@@ -3,34 +3,39 @@
 ``ReplicaSync`` is a Host service. ``average(uid, peers)`` opens a round, sends our parameters to
 every peer (one stream each, in parallel), and waits until every peer contributed or is gone (its
 send failed, it refused, or its last connection closed) or the round's deadline passes; then the
-store has the runtime aggregate what arrived with our own parameters (``aggregate.py``: the mean
-by default) and write the result into the expert, as a job beside its forwards and backwards. A
+store has the runtime judge and aggregate what arrived with our own parameters (``guard.py``,
+then ``aggregate.py``: CenteredClip by default) and write the result into the expert, as a job beside its forwards and backwards. A
 contribution that arrives before our own round opens (the peers' timers are not aligned) waits
 ``stash_ttl`` for it, within ``max_stashed_bytes``. A replica that dies mid-round never stalls
 the others: nobody waits for it longer than ``sync_timeout``, and usually only until its
-connection drops. Hashing and encoding big parameters runs in a thread and the aggregate on the
+connection drops. What arrived is a claim: the ``SyncGuard`` (``guard.py``) refuses non-finite
+contributions, those farther than the learned honest drift and steady pushers, decides the version
+after the round, and ``refusals`` counts its refusals by reason. Hashing and encoding big parameters runs in a thread and the aggregate on the
 runtime: the event loop only moves bytes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from hashlib import sha256
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import trio
 
 from ..errors import VolunteerError, describe
+from ..experts.trust import Standing
 from ..net.events import PeerDisconnected
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
-from .aggregate import Aggregate, mean
+from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
+from .guard import NONFINITE, SyncGuard
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
 from .store import BackendStore
 from .sync import SyncOutcome, SyncRound
@@ -38,6 +43,7 @@ from .transfer import receive_message, receive_payload, send_chunks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+MAX_STANDINGS = 4096  # (uid, peer) standings remembered, oldest forgotten first
 
 
 @dataclass
@@ -85,12 +91,17 @@ class ReplicaSync(BaseService):
         store: BackendStore,
         config: ReplicasConfig = DEFAULT_CONFIG,
         *,
-        aggregate: Aggregate = mean,
+        aggregate: Aggregate = robust,
+        guard: SyncGuard | None = None,
     ) -> None:
         self.protocol = sync_protocol(swarm_id)
         self.store = store
         self.config = config
         self.aggregate = aggregate
+        self.guard = guard if guard is not None else SyncGuard(config)
+        self.refusals: Counter[str] = Counter()  # contributions the guard refused, by reason
+        # (uid, peer) → its standing after its last contribution (ReplicaManager.standings)
+        self.standings: dict[tuple[str, str], Standing] = {}
         self._rounds: dict[str, _OpenRound] = {}
         self._stash: dict[str, dict[str, _Stashed]] = {}
         self._stashed_bytes = 0
@@ -211,7 +222,16 @@ class ReplicaSync(BaseService):
                         open_round.changed = trio.Event()
                 outcome = core.finish()
                 self._rounds.pop(uid, None)
-                await self.store.merge(uid, core.params, core.contributions, outcome.version, self.aggregate)
+                verdict = await self.store.merge(uid, core.params, core.contributions, self.guard, self.aggregate)
+                for peer, reason in sorted(verdict.refused.items()):
+                    self.refusals[reason] += 1
+                    self._stand(uid, peer, Standing.EXCLUDED if reason == NONFINITE else Standing.SUSPECT)
+                    log.warning("sync of %s: %s's contribution refused (%s)", uid, peer[-10:], reason)
+                for peer in verdict.accepted:
+                    self._stand(uid, peer, Standing.PROVEN)
+                outcome = replace(
+                    outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
+                )
                 self.last_sync[uid] = trio.current_time()
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
@@ -219,6 +239,12 @@ class ReplicaSync(BaseService):
             self._rounds.pop(uid, None)
         self.rounds += 1
         return outcome
+
+    def _stand(self, uid: str, peer: str, standing: Standing) -> None:
+        self.standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
+        self.standings[(uid, peer)] = standing
+        while len(self.standings) > MAX_STANDINGS:
+            del self.standings[next(iter(self.standings))]
 
     async def _send(self, open_round: _OpenRound, peer: str, target: Any, header: Contribution, chunks: list) -> None:
         core = open_round.core

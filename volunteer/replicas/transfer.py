@@ -2,8 +2,11 @@
 the wire format, state.py the adapter, store.py what is served).
 
 ``StateService`` is a Host service serving a ``BackendStore``: fetches of hosted experts' states
-and pushes (hand-off) into it; a full volunteer asks ``make_room`` to free a slot for a push, and
-``on_accepted`` hears of every expert a push made it host (the replica manager declares it).
+and pushes (hand-off) into it. A push is a claim: it is taken only for a uid not hosted here,
+and, when a ``vouch`` is given (the replica manager's DHT lookup), only from a peer that declares
+the uid as its sole live host (a leaver handing off the last copy); a full volunteer then asks
+``make_room`` to free a slot, and ``on_accepted`` hears of every expert a push made it host (the
+replica manager declares it). ``refusals`` counts refused pushes by reason.
 ``fetch_state`` downloads a state, ``catch_up`` loads one into a backend before it is declared,
 ``push_state`` hands a state to another volunteer. Every exchange is bounded: the request by
 ``request_timeout``, the whole transfer by ``transfer_timeout``, payloads by ``max_state_bytes``,
@@ -14,7 +17,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 import trio
 
@@ -36,12 +41,26 @@ from .messages import (
     state_protocol,
     unpack,
 )
-from .state import ExportedState, import_state, module_layout, verify_payload
+from .state import ExportedState, check_plausible, import_state, module_layout, verify_payload
 from .store import AcceptedHook, BackendStore, HostingRuntime, MakeRoomHook
 
 log = logging.getLogger(__name__)
 
 Target = PeerID | Multiaddr | str  # whom a transfer dials: a peer the Host knows, or an address
+UNSOLICITED_PUSH = "unsolicited_push"  # a push refused: hosted here, not declared, or replicated
+
+
+@dataclass(frozen=True)
+class PushClaim:
+    """What the DHT says of a pusher and the uid it pushes: whether it declares the uid, and
+    whether it is the uid's only live host (a hand-off is for sole copies)."""
+
+    declared: bool
+    sole: bool
+
+
+# asked of every push (pusher's peer id, uid): the replica manager looks the uid up in the DHT
+PushVouch = Callable[[str, str], Awaitable[PushClaim]]
 
 
 async def receive_message(reader: BufferedStream, config: ReplicasConfig, what: str) -> dict:
@@ -82,12 +101,15 @@ class StateService(BaseService):
         *,
         make_room: MakeRoomHook | None = None,
         on_accepted: AcceptedHook | None = None,
+        vouch: PushVouch | None = None,
     ) -> None:
         self.protocol = state_protocol(swarm_id)
         self.store = store
         self.config = config
         self.make_room = make_room
         self.on_accepted = on_accepted
+        self.vouch = vouch
+        self.refusals: Counter[str] = Counter()  # pushes refused as claims, by reason
         self.active = 0
         self.served = 0  # fetches answered with a state
         self.received = 0  # pushes taken
@@ -111,7 +133,7 @@ class StateService(BaseService):
                     await send_chunks(reader, exported.chunks)
                     self.served += 1
                 else:
-                    await self._take_push(reader, request)
+                    await self._take_push(reader, request, str(stream.remote_peer))
         except StateRefusedError as exc:
             self.refused += 1
             await self._try_send(reader, refusal(exc.code, str(exc)))
@@ -126,8 +148,8 @@ class StateService(BaseService):
             self.active -= 1
             await close_quietly(reader)
 
-    async def _take_push(self, reader: BufferedStream, header: StateHeader) -> None:
-        await self._admit(header)  # refusal before the payload is sent
+    async def _take_push(self, reader: BufferedStream, header: StateHeader, pusher: str) -> None:
+        await self._admit(header, pusher)  # refusal before the payload is sent
         await reader.send_all(pack({"ok": True}, self.config))
         payload = await receive_payload(reader, header.total, self.config)
         verify_payload(header, payload)
@@ -141,13 +163,26 @@ class StateService(BaseService):
                 await result
         await reader.send_all(pack({"ok": True, "v": version}, self.config))
 
-    async def _admit(self, header: StateHeader) -> None:
-        """The store's ``offer``, except that a full volunteer first asks ``make_room`` to free a
-        slot (a leaver's sole copy is worth more here than a second copy of an expert others hold)."""
+    async def _admit(self, header: StateHeader, pusher: str) -> None:
+        """Refuse a push that is not a hand-off of a sole copy (see the module docstring); then
+        the store's ``offer``, except that a full volunteer first asks ``make_room`` to free a slot
+        (a leaver's sole copy is worth more here than a second copy of an expert others hold), and
+        only for a claim the ``vouch`` verified."""
+        if header.uid in self.store.backends:
+            self.refusals[UNSOLICITED_PUSH] += 1
+            self.store.offer(header)  # raises "hosted"
+        claim = None
+        if self.vouch is not None:
+            claim = await self.vouch(pusher, header.uid)
+            if not claim.declared or not claim.sole:
+                self.refusals[UNSOLICITED_PUSH] += 1
+                if not claim.declared:
+                    raise StateRefusedError(f"{pusher} does not declare {header.uid!r}: nothing to hand off", "unknown")
+                raise StateRefusedError(f"other live hosts hold {header.uid!r}: a hand-off is for sole copies", "replicated")
         try:
             self.store.offer(header)
         except StateRefusedError as exc:
-            if exc.code != "full" or self.make_room is None or not await self.make_room(header.uid):
+            if exc.code != "full" or claim is None or self.make_room is None or not await self.make_room(header.uid):
                 raise
             self.store.offer(header)
 
@@ -168,30 +203,46 @@ async def _open(host: HostAPI, peer: Target, swarm_id: str) -> BufferedStream:
 
 
 async def fetch_state(
-    host: HostAPI, peer: Target, request: FetchRequest, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
+    host: HostAPI,
+    peer: Target,
+    request: FetchRequest,
+    *,
+    swarm_id: str,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+    paced: bool = False,
 ) -> tuple[StateHeader, bytearray]:
     """Download the state ``request`` names from ``peer`` (a PeerID or a multiaddr): its header
     and verified payload. StateRefusedError / StateMismatchError when the peer refuses or sends
-    another expert's state, StateProtocolError for bad bytes or hash, StateTimeoutError."""
+    another expert's state, StateProtocolError for bad bytes or hash, StateTimeoutError.
+    ``paced`` (catch-up): the header must come within ``catch_up_header_timeout`` and the payload
+    at ``catch_up_min_rate`` at least, so a source that stalls is dropped in seconds."""
     try:
         with trio.fail_after(config.transfer_timeout):
-            reader = await _open(host, peer, swarm_id)
+            with trio.fail_after(config.catch_up_header_timeout) if paced else _unbounded():
+                reader = await _open(host, peer, swarm_id)
             try:
-                await reader.send_all(pack(request.to_wire(), config))
-                reply = check_reply(await receive_message(reader, config, "state reply"))
+                with trio.fail_after(config.catch_up_header_timeout) if paced else _unbounded():
+                    await reader.send_all(pack(request.to_wire(), config))
+                    reply = check_reply(await receive_message(reader, config, "state reply"))
                 header = StateHeader.from_wire(reply.get("h"), config)
                 module = {m for m in header.tensors if m.name.startswith("m:")}
                 if (header.uid, header.expert_class, header.hidden_dim, module) != (
                     request.uid, request.expert_class, request.hidden_dim, set(request.tensors)
                 ):
                     raise StateMismatchError(f"{peer} sent a state that is not {request.uid!r} as this volunteer builds it")
-                payload = await receive_payload(reader, header.total, config)
+                payload_time = config.catch_up_header_timeout + header.total / config.catch_up_min_rate
+                with trio.fail_after(payload_time) if paced else _unbounded():
+                    payload = await receive_payload(reader, header.total, config)
                 verify_payload(header, payload)
                 return header, payload
             finally:
                 await close_quietly(reader)
     except trio.TooSlowError:
-        raise StateTimeoutError(f"state of {request.uid!r} from {peer} took over {config.transfer_timeout:.0f} s") from None
+        raise StateTimeoutError(f"state of {request.uid!r} from {peer} did not arrive in time") from None
+
+
+def _unbounded() -> trio.CancelScope:
+    return trio.CancelScope()
 
 
 async def catch_up(
@@ -203,14 +254,29 @@ async def catch_up(
     runtime: HostingRuntime | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
 ) -> StateHeader:
-    """Load the freshest replica's state (``peer``) into ``backend`` before declaring it: the
-    joiner then serves the current weights, never random ones. Through ``runtime.run_sync`` when
-    a runtime already serves the backend."""
-    header, payload = await fetch_state(host, peer, request_for(backend), swarm_id=swarm_id, config=config)
+    """Load a replica's state (``peer``) into ``backend`` before declaring it: the joiner then
+    serves trained weights, never random ones. Paced (``fetch_state``), and checked before it is
+    loaded (``check_plausible``: finite, at a trained expert's scale). Through
+    ``runtime.run_sync`` when a runtime already serves the backend."""
+    header, payload = await fetch_state(host, peer, request_for(backend), swarm_id=swarm_id, config=config, paced=True)
+    return await load_caught_up(backend, header, payload, runtime=runtime, config=config)
+
+
+async def load_caught_up(
+    backend: ExpertBackend,
+    header: StateHeader,
+    payload: bytes | bytearray,
+    *,
+    runtime: HostingRuntime | None = None,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+) -> StateHeader:
+    """Check a fetched state (``check_plausible``) and load it into ``backend``; its header."""
     if runtime is not None:
+        await runtime.run_sync(check_plausible, backend, header, payload, config.plausible_norm_ratio)
         await runtime.run_sync(import_state, backend, header, payload)
-    else:
-        import_state(backend, header, payload)
+    else:  # tensor work on up to max_state_bytes: in a thread, off the event loop
+        await trio.to_thread.run_sync(check_plausible, backend, header, payload, config.plausible_norm_ratio)
+        await trio.to_thread.run_sync(import_state, backend, header, payload)
     return header
 
 
@@ -237,4 +303,4 @@ async def push_state(
         raise StateTimeoutError(f"push of {exported.header.uid!r} to {peer} took over {config.transfer_timeout:.0f} s") from None
 
 
-__all__ = ["StateService", "catch_up", "fetch_state", "push_state", "request_for"]
+__all__ = ["PushClaim", "PushVouch", "StateService", "UNSOLICITED_PUSH", "catch_up", "load_caught_up", "fetch_state", "push_state", "request_for"]

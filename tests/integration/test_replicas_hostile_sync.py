@@ -1,0 +1,117 @@
+"""Sync poisoning, tried as an attacker would: a liar built from our own sync service (its store
+hands out NaN, +inf or ×10⁶ parameters at version 10⁹) joins the rounds of honest replicas that
+train between rounds. Through 20 rounds, in a pair and in a trio, the honest replicas stay finite,
+within their honest drift, at their own versions, and count the refusals by reason."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+import pytest
+import torch
+import trio
+
+from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts.trust import Standing
+from volunteer.net.stack import StackOptions, open_stack
+from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.replicas.config import ReplicasConfig
+from volunteer.replicas.guard import NONFINITE, OUTLIER
+from volunteer.replicas.state import sync_parameters
+from volunteer.replicas.store import BackendStore
+from volunteer.replicas.syncdriver import ReplicaSync
+
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
+EXPERTS = ExpertsConfig(device="cpu")
+SWARM = "hs"
+UID = "expert.0.0"
+ROUNDS = 20
+LIE = 10**9
+
+
+class PoisonedStore(BackendStore):
+    """A liar's store: every round it offers its parameters poisoned by ``poison`` at a huge version."""
+
+    def __init__(self, backends, poison):
+        super().__init__(backends)
+        self.poison = poison
+
+    async def parameters(self, uid):
+        _, params = await super().parameters(uid)
+        return LIE, [(name, self.poison(t)) for name, t in params]
+
+
+POISONS = {
+    "nan": (lambda t: torch.full_like(t, float("nan")), NONFINITE),
+    "inf": (lambda t: torch.full_like(t, float("inf")), NONFINITE),
+    "huge": (lambda t: t * 1e6, OUTLIER),
+}
+# the liar's own parameters may turn non-finite too once ×10⁶ compounds: either refusal will do
+REFUSALS = (NONFINITE, OUTLIER)
+
+
+def train(backend, generator):
+    x = torch.randn(4, 8, generator=generator)
+    backend.backward([x], [torch.randn(4, 8, generator=generator)])
+
+
+def flat(backend):
+    return torch.cat([t.reshape(-1) for _, t in sync_parameters(backend)]).to(torch.float64)
+
+
+async def sync_service(stack, network, store):
+    sync = ReplicaSync(SWARM, store, ReplicasConfig(sync_timeout=5))
+    host = await stack.enter_async_context(
+        open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[sync])
+    )
+    return host, sync
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(120)
+@pytest.mark.parametrize("honest_count", [1, 2])
+@pytest.mark.parametrize("poison", sorted(POISONS))
+async def test_a_poisoning_liar_moves_no_honest_replica(poison, honest_count):
+    network = MemoryNetwork()
+    generator = torch.Generator().manual_seed(3)
+    torch.manual_seed(0)
+    origin = make_backend(UID, "ffn", 8, config=EXPERTS)
+    honest = [make_backend(UID, "ffn", 8, config=EXPERTS) for _ in range(honest_count)]
+    for backend in honest:  # replicas caught up from one another: the same start
+        backend.module.load_state_dict(origin.module.state_dict())
+    liar_backend = make_backend(UID, "ffn", 8, config=EXPERTS)
+    liar_backend.module.load_state_dict(origin.module.state_dict())
+    transform, reason = POISONS[poison]  # the first round's refusal
+    async with AsyncExitStack() as stack:
+        members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
+        members.append(await sync_service(stack, network, PoisonedStore({UID: liar_backend}, transform)))
+        addrs = [host.full_addrs()[0] for host, _ in members]
+        honest_drift = 0.0
+        outcomes = []
+
+        async def run(sync, peers):
+            outcomes.append((sync, await sync.average(UID, peers)))
+        for _ in range(ROUNDS):
+            before = [flat(b) for b in honest]
+            for backend in honest:
+                train(backend, generator)
+            honest_drift = max(honest_drift, *(float((flat(b) - p).norm()) for b, p in zip(honest, before)))
+            async with trio.open_nursery() as nursery:
+                for i, (_, sync) in enumerate(members):
+                    nursery.start_soon(run, sync, [a for j, a in enumerate(addrs) if j != i])
+            for backend in honest:
+                assert torch.isfinite(flat(backend)).all()
+                assert backend.updates < LIE
+        liar = str(members[-1][0].peer_id)
+        for _, sync in members[:-1]:
+            # every round, every honest replica refused the liar's contribution (and counted it)
+            mine = [outcome for who, outcome in outcomes if who is sync]
+            assert len(mine) == ROUNDS and all(dict(o.refused).get(liar) in REFUSALS for o in mine)
+            assert sum(sync.refusals[r] for r in REFUSALS) == ROUNDS and sync.refusals[reason] >= 1
+            assert sync.standings[(UID, liar)] in (Standing.SUSPECT, Standing.EXCLUDED)
+            assert all(sync.standings[(UID, str(h.peer_id))] == Standing.PROVEN for h, s in members[:-1] if s is not sync)
+    start = flat(origin)
+    for backend in honest:
+        # what honest training alone moves them: no more than their own steps add up to
+        assert float((flat(backend) - start).norm()) <= ROUNDS * honest_drift * 1.01
+        assert backend.updates == ROUNDS

@@ -1,0 +1,149 @@
+"""The sync guard (pure): non-finite and far contributions refused, the drift bound learned from
+honest rounds, the version never one peer's claim, CenteredClip holding a trio's centre, and a
+subtle liar pushing one direction for 20 rounds held under one round's honest drift."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from volunteer.replicas.aggregate import centered_clip, mean, robust
+from volunteer.replicas.config import ReplicasConfig
+from volunteer.replicas.guard import BIAS, NONFINITE, OUTLIER, Contributed, SyncGuard
+
+DIM = 1000
+DRIFT = 0.1  # an honest replica's change between two rounds (L2)
+
+
+def vec(flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"w": flat.reshape(10, 100).to(torch.float32)}
+
+
+def flat(params) -> torch.Tensor:
+    return params["w"].reshape(-1).to(torch.float64)
+
+
+def step(generator: torch.Generator, size: float = DRIFT) -> torch.Tensor:
+    direction = torch.randn(DIM, generator=generator, dtype=torch.float64)
+    return direction / direction.norm() * size
+
+
+def start(seed: int = 0) -> torch.Tensor:
+    return torch.randn(DIM, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_non_finite_contributions_are_refused_in_a_pair_and_in_a_trio():
+    own = start()
+    for poison in (float("nan"), float("inf"), -float("inf")):
+        bad = own.clone()
+        bad[3] = poison
+        guard = SyncGuard()
+        verdict = guard.decide("e", vec(own), 5, [Contributed("liar", 10**9, vec(bad))])
+        assert verdict.refused == {"liar": NONFINITE} and verdict.accepted == ()
+        assert torch.isfinite(verdict.parameters["w"]).all() and verdict.version == 5
+        honest = own + step(torch.Generator().manual_seed(1))
+        verdict = SyncGuard().decide("e", vec(own), 5, [Contributed("liar", 10**9, vec(bad)), Contributed("b", 6, vec(honest))])
+        assert verdict.refused == {"liar": NONFINITE} and verdict.accepted == ("b",)
+        assert torch.allclose(flat(verdict.parameters), (own + honest) / 2, atol=1e-6)
+
+
+def test_a_contribution_a_million_times_too_big_is_refused_even_in_a_first_round():
+    own = start()
+    verdict = SyncGuard().decide("e", vec(own), 1, [Contributed("liar", 1, vec(own * 1e6))])
+    assert verdict.refused == {"liar": OUTLIER}
+    assert torch.allclose(flat(verdict.parameters), own, atol=1e-6)
+    # two independent initialisations (about sqrt(2) norms apart) still merge in their first round
+    other = start(seed=7)
+    assert SyncGuard().decide("e", vec(own), 0, [Contributed("b", 0, vec(other))]).accepted == ("b",)
+
+
+def test_the_bound_is_learned_from_honest_drift():
+    generator = torch.Generator().manual_seed(2)
+    guard = SyncGuard()
+    mine = start()
+    for _ in range(6):  # a pair drifting apart by about DRIFT a round, merged each time
+        mine = mine + step(generator)
+        theirs = mine + step(generator)
+        verdict = guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(theirs))])
+        assert verdict.accepted == ("b",)
+        mine = flat(verdict.parameters)
+    assert DRIFT < verdict.bound < 10 * DRIFT  # learned: a few honest drifts, not a share of the norm
+    mine = mine + step(generator)
+    far = mine + step(generator, 20 * DRIFT)  # twenty honest drifts away: more than the slack allows
+    assert guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(far))]).refused == {"b": OUTLIER}
+    # the refused distance taught nothing: an honest one is still taken
+    mine = mine + step(generator)
+    assert guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(mine + step(generator)))]).accepted == ("b",)
+
+
+def test_the_version_after_a_round_is_never_one_peers_claim():
+    own = start()
+    near = own + step(torch.Generator().manual_seed(3))
+    pair = SyncGuard().decide("e", vec(own), 40, [Contributed("liar", 10**9, vec(near))])
+    assert pair.accepted == ("liar",) and pair.version == 40  # merged, but its claim is not evidence
+    trio = SyncGuard().decide("e", vec(own), 40, [Contributed("liar", 10**9, vec(near)), Contributed("b", 42, vec(near))])
+    assert trio.version == 42  # the lower median of 40, 42, 10^9
+    behind = SyncGuard().decide("e", vec(own), 40, [Contributed("b", 3, vec(near)), Contributed("c", 2, vec(near))])
+    assert behind.version == 40  # never below our own
+
+
+def test_centered_clip_holds_the_centre_of_a_trio_and_the_pair_is_a_mean():
+    a, b = torch.zeros(DIM, dtype=torch.float64), torch.full((DIM,), 0.01, dtype=torch.float64)
+    liar = torch.full((DIM,), 100.0, dtype=torch.float64)
+    centre = centered_clip([a, b, liar])
+    assert float(centre.max()) < 0.05  # mean would be 33
+    own = vec(a)
+    assert torch.allclose(flat(robust(own, [vec(b)])), flat(mean(own, [vec(b)])))
+
+
+def _subtle_rounds(accumulating: bool, defended: bool, rounds: int = 20, push: float = 0.05) -> float:
+    """Honest replicas a and b (each moving DRIFT a round at random) and a liar pushing ``push``
+    times DRIFT a round along ``u``; a's displacement along ``u`` after ``rounds`` rounds. The liar
+    either offsets the honest consensus by that much each round or (``accumulating``) keeps its
+    own parameters and adds that much to them every round."""
+    generator = torch.Generator().manual_seed(11)
+    u = step(generator, 1.0)
+    a = b = liar = start()
+    origin = a.clone()
+    guards = {"a": SyncGuard(), "b": SyncGuard()}
+    for _ in range(rounds):
+        a, b = a + step(generator), b + step(generator)
+        liar = (liar if accumulating else a) + push * DRIFT * u
+        results = {}
+        for name, own, other in (("a", a, b), ("b", b, a)):
+            claims = [Contributed("other", 1, vec(other)), Contributed("liar", 1, vec(liar))]
+            if defended:
+                results[name] = flat(guards[name].decide("e", vec(own), 1, claims).parameters)
+            else:
+                results[name] = flat(mean(vec(own), [c.tensors for c in claims]))
+        a, b = results["a"], results["b"]
+    return abs(float((a - origin) @ u))
+
+
+def test_a_subtle_liar_in_a_trio_does_not_accumulate_past_one_rounds_drift():
+    for accumulating in (False, True):
+        assert _subtle_rounds(accumulating, defended=True) < DRIFT
+    # a bolder pusher (twice the honest drift, inside the distance bound) drags a plain mean
+    # many drifts away in 20 rounds; the guard notices the steady direction and leaves it out
+    assert _subtle_rounds(False, defended=False, push=2.0) > 5 * DRIFT
+    assert _subtle_rounds(False, defended=True, push=2.0) < 5 * DRIFT  # caught after a few rounds
+
+
+def test_a_steady_pusher_is_left_out_and_an_honest_trio_is_not():
+    generator = torch.Generator().manual_seed(5)
+    u = step(generator, 1.0)
+    guard = SyncGuard(ReplicasConfig())
+    mine = start()
+    reasons = []
+    for _ in range(12):
+        mine = mine + step(generator)
+        honest = mine + step(generator)
+        pusher = mine + step(generator) * 0.2 + 2 * DRIFT * u
+        verdict = guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(honest)), Contributed("p", 1, vec(pusher))])
+        reasons.append(verdict.refused.get("p"))
+        assert "b" in verdict.accepted
+        mine = flat(verdict.parameters)
+    assert BIAS in reasons and reasons[-1] == BIAS
+    assert guard.bias("e", "b") < ReplicasConfig().sync_bias_ratio
+    assert math.isfinite(guard.bias("e", "p"))
