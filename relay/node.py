@@ -32,6 +32,8 @@ from .service import HopService
 if TYPE_CHECKING:
     from volunteer.dht.node import DHTNode
 
+    from .healthservice import HealthService, WatchedSwarm
+
 
 @dataclass
 class RelayNode:
@@ -40,6 +42,8 @@ class RelayNode:
     host: HostAPI
     hop: HopService
     metrics_addr: tuple[str, int] | None = None
+    web_addr: tuple[str, int] | None = None  # the public health page, when served
+    health: "HealthService | None" = None
     dhts: dict[str, DHTNode] = field(default_factory=dict)  # swarm id -> DHTNode
 
 
@@ -100,9 +104,14 @@ async def open_relay_node(
     swarms: Sequence[str] = ("default",),
     bootstrap: Sequence[str | Multiaddr] = (),
     resources: ResourceLimits | None = None,
+    web: tuple[str, int] | None = None,
+    watched: Sequence["WatchedSwarm"] = (),
+    web_refresh: float | None = None,
 ) -> AsyncIterator[RelayNode]:
-    """Run a relay for the duration of the block. The metrics port is bound first: a busy one is
-    a ListenError before anything else starts."""
+    """Run a relay for the duration of the block. The metrics and web ports are bound first: a
+    busy one is a ListenError before anything else starts. ``web``: serve the public swarm health
+    page there, showing ``watched`` (default: each of ``swarms`` without grids or entry points),
+    looked at again every ``web_refresh`` seconds (default ``healthservice.REFRESH_PERIOD``)."""
     config = HostConfig(announce=[Multiaddr(a) for a in announce])
     hop = HopService(limits)
     dhts: dict[str, DHTNode] = {}
@@ -116,8 +125,23 @@ async def open_relay_node(
 
         metrics_service = MetricsService(hop, open_web_socket(*metrics, flag="--metrics", what="metrics"), dhts)
         services.append(metrics_service)
+    health = None
+    if web is not None:
+        from volunteer.web.serve import open_web_socket
+
+        from .healthservice import HealthService, WatchedSwarm
+
+        shown = list(watched) or [WatchedSwarm(swarm_id) for swarm_id in swarms]
+        try:
+            web_sock = open_web_socket(*web, flag="--web", what="the health page")
+        except BaseException:
+            if metrics_service is not None:
+                metrics_service.sock.close()
+            raise
+        health = HealthService(shown, dhts, hop, web_sock, **({"refresh_period": web_refresh} if web_refresh else {}))
     async with open_stack(keypair, listen, config=config, services=services) as host:
-        node = RelayNode(host, hop, metrics_addr=metrics_service.addr if metrics_service is not None else None, dhts=dhts)
+        node = RelayNode(host, hop, metrics_addr=metrics_service.addr if metrics_service is not None else None, dhts=dhts,
+                         web_addr=health.addr if health is not None else None, health=health)
         # The DHTs start once the Host listens: bootstrapping identifies us to the other relays,
         # and what they learn should be our listen addresses.
         for swarm_id in swarms:
@@ -125,4 +149,6 @@ async def open_relay_node(
             await host.add_service(dht_service)
             assert dht_service.dht is not None  # run() set it before task_status.started()
             dhts[swarm_id] = dht_service.dht
+        if health is not None:  # after the DHTs: its first refresh reads them
+            await host.add_service(health)
         yield node

@@ -215,6 +215,9 @@ class SwarmSpec:
             data["experts"] = dict(self.experts)
         if self.testnet_pid is not None:
             data["testnet"] = {"pid": self.testnet_pid}
+        if self.grids:  # [[grid]] tables, as parse_grid reads them back
+            data["grid"] = [{"prefix": g.prefix, "size": list(g.size), "expert": g.expert_class, "hidden_dim": g.hidden_dim,
+                             "replicas": g.replicas, "sync_period": g.sync_period} for g in self.grids]
         return tomli_w.dumps(data)
 
 

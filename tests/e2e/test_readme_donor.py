@@ -35,6 +35,44 @@ def donor_commands() -> list[str]:
     return commands
 
 
+def unquoted_globs(line: str) -> list[str]:
+    """The characters of a shell line that zsh (and bash with failglob) takes as a file pattern:
+    ``[``, ``*`` and ``?`` outside quotes and before a comment."""
+    found, quote = [], ""
+    for index, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or line[index - 1].isspace()):
+            break
+        elif char in "[*?":
+            found.append(char)
+    return found
+
+
+def test_unquoted_globs_are_found():
+    assert unquoted_globs("volunteer join x --experts ffn:expert.[0:4]") == ["["]
+    assert unquoted_globs("volunteer join x --experts 'ffn:expert.[0:4]'  # [[grid]]") == []
+
+
+def test_every_volunteer_command_of_the_readme_works_in_zsh_too():
+    text = README.read_text()
+    for block in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, flags=re.S):
+        for line in block.splitlines():
+            if line.strip().startswith("volunteer "):
+                assert not unquoted_globs(line), f"quote the pattern (zsh expands it): {line}"
+
+
+def test_the_first_join_relies_on_the_swarm_files_grid():
+    """The README's swarm file declares a [[grid]]: its first join names no experts by hand."""
+    text = README.read_text()
+    section = text.split("## Donating a GPU", 1)[1]
+    assert "[[grid]]" in section.split("```toml", 1)[1].split("```", 1)[0]
+    first_join = next(c for c in donor_commands() if c.split()[1] == "join")
+    assert "--experts" not in first_join, first_join
+
+
 def test_the_donor_section_shows_the_donor_verbs():
     commands = donor_commands()
     for verb in ("join", "status", "pause", "fold", "finish", "history", "stop"):
@@ -46,7 +84,9 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
     relay, relay_addr, _ = start_relay(tmp_path, "--swarm", "demo")
     env = {**os.environ, **cli_env, "PYTHONUNBUFFERED": "1"}
     (tmp_path / "run").mkdir(mode=0o700)  # as a login session's XDG_RUNTIME_DIR is
-    swarm = f'name = "demo"\nrelays = ["{relay_addr}"]\n'
+    # the README's swarm file declares a grid, which its first join relies on (small experts here)
+    swarm = (f'name = "demo"\nrelays = ["{relay_addr}"]\n'
+             '[[grid]]\nprefix = "expert"\nsize = [4, 8]\nexpert = "ffn"\nhidden_dim = 16\nreplicas = 1\n')
     (tmp_path / "demo.toml").write_text(swarm)
     (tmp_path / "config" / "volunteer" / "swarms").mkdir(parents=True, exist_ok=True)
     (tmp_path / "config" / "volunteer" / "swarms" / "demo.toml").write_text(swarm)

@@ -15,9 +15,9 @@ import pytest
 from .conftest import run_cli
 
 
-def start_testnet(tmp_path, env, n=2):
+def start_testnet(tmp_path, env, n=2, *extra):
     proc = subprocess.Popen([sys.executable, "-m", "volunteer", "testnet", "-n", str(n), "--dir", str(tmp_path / "net"),
-                             "--name", "t", "--no-dashboard", "--experts", "ffn:expert.[0:2].[0:2]", "--hidden-dim", "8"],
+                             "--name", "t", "--no-dashboard", "--experts", "ffn:expert.[0:2].[0:2]", "--hidden-dim", "8", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     deadline = time.monotonic() + 90
@@ -72,3 +72,49 @@ def test_testnet_leaves_no_process_behind(tmp_path, cli_env, how):
             proc.kill()
             proc.wait()
         proc.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_donor_joins_a_testnet_by_automatic_placement_on_its_grid(tmp_path, cli_env):
+    from volunteer.swarmfile import GridSpec, load_swarm_file
+
+    from .test_donor_cli import Joined
+    from .test_metrics_and_paths import stop
+
+    import socket
+    import urllib.request
+
+    env = {**os.environ, **cli_env, "VOLUNTEER_CONFIG_DIR": str(tmp_path / "cfg"), "PYTHONUNBUFFERED": "1"}
+    with socket.socket() as probe:  # a free port for the relay's health page
+        probe.bind(("127.0.0.1", 0))
+        web = f"127.0.0.1:{probe.getsockname()[1]}"
+    proc, _ = start_testnet(tmp_path, env, 2, "--web", web)
+    donor = None
+    try:
+        spec = load_swarm_file(tmp_path / "net" / "swarm.toml")
+        assert spec.grids == [GridSpec("expert", (2, 2), "ffn", 8)]  # the testnet's experts are its [[grid]]
+        for i in range(2):  # the testnet's volunteers speak the replica protocols: they see the grid's coverage
+            status = json.loads(run_cli("status", "--json", "--control", str(tmp_path / "net" / f"v{i}.sock"), env=env).stdout)
+            assert status["coverage"]["grids"][0]["prefix"] == "expert", status.get("coverage")
+        # a donor names no expert: placement picks them on the grid, caught up from the testnet's replicas
+        donor = Joined("t", "--yes", "--no-mdns", "--device", "cpu", "--max-experts", "2",
+                       "--identity", str(tmp_path / "donor.key"), "--checkpoints", str(tmp_path / "donor-ckpt"),
+                       env=env, control=tmp_path / "run" / "donor.sock")
+        status = donor.wait_for(lambda s: len(s["experts"]) == 2, "the donor hosts two grid experts")
+        assert {e["uid"] for e in status["experts"]} <= set(spec.grids[0].uids())
+        assert not any("hosts nothing" in line or "no experts" in line for line in donor.lines), donor.lines
+        # the testnet's relay maps the grid on its health page: the donor's two experts now have 2 replicas
+
+        def replicas() -> dict:
+            with urllib.request.urlopen(f"http://{web}/api/health", timeout=10) as reply:
+                cells = json.loads(reply.read())["swarms"][0]["grids"][0]["cells"]
+            return {c["uid"]: c["replicas"] for c in cells}
+
+        deadline = time.monotonic() + 60
+        while sorted(replicas().values()) != [1, 1, 2, 2]:
+            assert time.monotonic() < deadline, replicas()
+            time.sleep(1.0)
+    finally:
+        if donor is not None:
+            donor.stop()
+        stop(proc)

@@ -383,3 +383,38 @@ def test_logging_moves_off_the_terminal_while_the_dashboard_runs(capsys):
         root.setLevel(old_level)
     assert "a warning for the Log panel only" not in capsys.readouterr().err
     assert "an info line through rich" in out.getvalue() and "Log panel only" not in out.getvalue()
+
+
+def test_coverage_counts_the_uid_lists_the_replica_manager_reports_and_says_when_it_is_stale():
+    from volunteer.replicas.coverage import coverage
+    from volunteer.swarmfile import GridSpec
+
+    grid = GridSpec("expert", (4, 4), "ffn", 8, replicas=2)
+    view = coverage([grid], {"expert.0.0": {"a": 0, "b": 0}, "expert.0.1": {"a": 0}})
+    text = render_text(dict(FULL, coverage=dict(view, surveyed_age_s=75.0)), width=160, height=48)
+    assert "1 under-replicated, 14 unhosted" in text and "· covered" not in text
+    assert "coverage 1m15s old: expert" in text
+    check_fits(render_text(dict(FULL, coverage=dict(view, surveyed_age_s=75.0)), width=80, height=24), 80, 24)
+    fresh = render_text(dict(FULL, coverage=dict(view, surveyed_age_s=2.0)), width=160, height=48)
+    assert "old:" not in fresh
+    full = coverage([grid], {uid: {"a": 0, "b": 0} for uid in grid.uids()})
+    assert "· covered" in render_text(dict(FULL, coverage=full), width=160, height=48)
+
+
+def test_at_80x24_every_list_still_shows_rows():
+    busy = dict(FULL, coverage={"grids": [{"prefix": "expert", "total": 16, "hosted": 0, "replicas_target": 1,
+                                            "under_replicated": [], "unhosted": [f"expert.{i}" for i in range(16)]}]},
+                experts=[dict(FULL["experts"][0], uid=f"expert.{i // 4}.{i % 4}") for i in range(16)],
+                connections=[dict(FULL["connections"][0], peer_id=f"12D3KooWPeer{i:04d}xxxxxxxxTR{i:02d}") for i in range(6)])
+    text = render_text(busy, width=80, height=24)
+    check_fits(text, 80, 24)
+    assert "expert.0.0" in text  # a row of the Experts table, not only "+16 more"
+    assert "xTR00" in text  # a row of the Connections table
+    assert "+15 more" in text and "+5 more" in text
+
+
+def test_a_wide_terminal_shows_long_log_lines_whole():
+    message = "expert expert.0.1 failed for …abc: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.8 GiB total)"
+    text = render_text(dict(FULL, log=[dict(FULL["log"][0], message=message)]), width=160, height=40)
+    check_fits(text, 160, 40)
+    assert message in text

@@ -30,6 +30,8 @@ COMPACT_BELOW = 30  # terminals lower than this get one-row Identity and a merge
 SUMMARY_PERIOD = 300.0  # seconds between one-line summaries in --no-dashboard mode
 LIST_OVERHEAD = 3  # a list section's title, header and rule
 PLAIN_OVERHEAD = 1  # a plain section's title
+LOG_ROWS_WIDE = 6  # log lines a wide terminal keeps for the log before the lists take the rest
+COVERAGE_FRESH_S = 30.0  # a coverage survey older than this says its age
 
 REACHABILITY_WORDS = {
     "public": "[green]public[/]: others reach you directly",
@@ -94,8 +96,14 @@ def _reachability(s: dict) -> Table:
 
 
 def _connections(conns: list[dict], rows: int) -> Table:
-    table = section("Connections", header=("peer", "is", "path", "rtt", "in / out"))
-    shown = fit(conns, rows)
+    shown = conns[:max(1, rows)]
+    title = "Connections"
+    if len(shown) < len(conns):  # said in the title: every row the terminal has shows a peer
+        roles: dict[str, int] = {}
+        for conn in conns[len(shown):]:
+            roles[line(conn.get("role") or "peer")] = roles.get(line(conn.get("role") or "peer"), 0) + 1
+        title += f" · +{len(conns) - len(shown)} more: " + ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
+    table = section(title, header=("peer", "is", "path", "rtt", "in / out"))
     for conn in shown:
         path = line(conn.get("path") or "?")
         if path == "relayed" and conn.get("via"):
@@ -106,12 +114,6 @@ def _connections(conns: list[dict], rows: int) -> Table:
             traffic = f"{format_size(int(received or 0))} / {format_size(int(sent or 0))}"
         table.add_row(Text(short(conn.get("peer_id"))), Text(line(conn.get("role") or "?")), Text(path),
                       num(conn.get("rtt_ms"), "{:.1f} ms"), traffic)
-    if len(shown) < len(conns):
-        roles: dict[str, int] = {}
-        for conn in conns[len(shown):]:
-            roles[line(conn.get("role") or "peer")] = roles.get(line(conn.get("role") or "peer"), 0) + 1
-        rest = ", ".join(f"{n} {role}" for role, n in sorted(roles.items()))
-        table.add_row(f"+{len(conns) - len(shown)} more", Text(rest), "", "", "")
     if not conns:
         table.add_row("no connections", "", "", "", "")
     return table
@@ -127,24 +129,40 @@ def _dht(s: dict) -> Table:
         f"{mode} · {num(dht.get('routing_table'), '{}')} peers · {num(dht.get('records'), '{}')} records · "
         f"{num(dht.get('experts_declared'), '{}')} experts declared {declared}"
     )
-    grids = as_dicts(as_dict(s.get("coverage")).get("grids"))
+    view = as_dict(s.get("coverage"))
+    grids = as_dicts(view.get("grids"))
     if grids:
         parts = []
         for grid in grids:
-            under, unhosted = finite(grid.get("under_replicated")) or 0, finite(grid.get("unhosted")) or 0
-            state = "[green]covered[/]" if not under and not unhosted else f"[yellow]{under:.0f} under-replicated, {unhosted:.0f} unhosted[/]"
+            under, unhosted = _count(grid.get("under_replicated")), _count(grid.get("unhosted"))
+            state = "[green]covered[/]" if not under and not unhosted else f"[yellow]{under} under-replicated, {unhosted} unhosted[/]"
             parts.append(f"{text(grid.get('prefix'))} {num(grid.get('hosted'), '{:.0f}')}/{num(grid.get('total'), '{:.0f}')} hosted "
                          f"×{num(grid.get('replicas_target'), '{:.0f}')} · {state}")
-        table.add_row("coverage: " + "; ".join(parts))
+        age = finite(view.get("surveyed_age_s"))
+        # placement re-surveys every few minutes: an older view says how old it is
+        old = f" {duration(age)} old" if age is not None and age >= COVERAGE_FRESH_S else ""
+        table.add_row(f"coverage{old}: " + "; ".join(parts))
     return table
+
+
+def _count(value: object) -> int:
+    """How many: the length of a list of uids (what the replica manager reports), or a number."""
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    number = finite(value)
+    return int(number) if number is not None and number > 0 else 0
 
 
 def _experts(experts: list[dict], rows: int) -> Table:
     versions = any("version" in e for e in experts)
     synced = any("last_sync_age_s" in e for e in experts)
     header = ("uid", "req/s", "batch", "p50", "p95", "err") + (("ver",) if versions else ()) + (("synced",) if synced else ()) + ("last error",)
-    table = section("Experts", header=header)
-    shown = fit(experts, rows)
+    shown = experts[:max(1, rows)]
+    title = "Experts"
+    if len(shown) < len(experts):  # said in the title: every row the terminal has shows an expert
+        total = int(sum(finite(e.get("requests")) or 0 for e in experts))
+        title += f" · +{len(experts) - len(shown)} more · {total} requests in all"
+    table = section(title, header=header)
     for expert in shown:
         cells = [Text(line(expert.get("uid") or "?")), num(expert.get("requests_per_s")), num(expert.get("mean_batch")),
                  num(expert.get("p50_ms"), "{:.1f}ms"), num(expert.get("p95_ms"), "{:.1f}ms"), num(expert.get("errors"), "{}")]
@@ -154,12 +172,8 @@ def _experts(experts: list[dict], rows: int) -> Table:
             age = expert.get("last_sync_age_s")
             cells.append("never" if age is None else f"{duration(age)} ago")
         table.add_row(*cells, Text(line(expert.get("last_error") or "")))
-    blanks = [""] * (len(header) - 2)
-    if len(shown) < len(experts):
-        total = int(sum(finite(e.get("requests")) or 0 for e in experts))
-        table.add_row(f"+{len(experts) - len(shown)} more", *blanks, f"{total} requests in all")
     if not experts:
-        table.add_row("none hosted (DHT and relaying only)", *blanks, "")
+        table.add_row("none hosted (DHT and relaying only)", *[""] * (len(header) - 2), "")
     return table
 
 
@@ -294,15 +308,18 @@ def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 
     fixed = [_identity(s, compact), _reachability(s), _dht(s), _compute(s, compact), _given(s, compact)]
     fixed_lines = sum(_lines(t) for t in fixed)
     if width is not None and width >= TWO_COLUMNS_FROM:
-        (log_rows,) = allocate(height - fixed_lines - PLAIN_OVERHEAD, [len(entries)])
-        expert_rows, conn_rows = allocate(height - 2 * LIST_OVERHEAD, [len(experts), len(conns)])
-        left = Group(*fixed, _log(entries, log_rows))
+        # fixed sections left, the lists right, the log across the whole width below them (its
+        # lines are the longest: a column would cut them)
+        log_wanted = min(max(1, len(entries)), LOG_ROWS_WIDE)
+        expert_rows, conn_rows = allocate(height - 2 * LIST_OVERHEAD - PLAIN_OVERHEAD - log_wanted, [len(experts), len(conns)])
         right = Group(_connections(conns, conn_rows), _experts(experts, expert_rows))
+        top_lines = max(fixed_lines, sum(_lines(t) for t in right.renderables))
+        (log_rows,) = allocate(height - top_lines - PLAIN_OVERHEAD, [len(entries)])
         grid = Table.grid(expand=True, padding=(0, 2))
         grid.add_column(ratio=1)
         grid.add_column(ratio=1)
-        grid.add_row(left, right)
-        return grid
+        grid.add_row(Group(*fixed), right)
+        return Group(grid, _log(entries, log_rows))
     available = height - fixed_lines - 2 * LIST_OVERHEAD - PLAIN_OVERHEAD
     expert_rows, conn_rows, log_rows = allocate(available, [len(experts), len(conns), len(entries)])
     identity, reachability, dht, compute, given = fixed

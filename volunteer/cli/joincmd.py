@@ -58,6 +58,15 @@ def _setting(key: str):
     return parse
 
 
+def _public_name(text: str) -> str:
+    from ..dht.profile import check_public_name
+
+    try:
+        return check_public_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _host_port(text: str) -> tuple[str, int]:
     from .relaycmd import host_port
 
@@ -97,6 +106,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
                    "and the same on /ip6/:: with a global IPv6 address)")
+    p.add_argument("--name", type=_public_name, metavar="NAME",
+                   help="a public name for the swarm's health page and its top contributors (default: not listed)")
     p.add_argument("--swarm-id", type=swarm_id_arg, help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
@@ -207,6 +218,7 @@ def build_options(args: argparse.Namespace):
         max_experts=max_experts,
         limits=load_limits(args.config),
         replicas_config=replicas_config,
+        public_name=args.name,
     )
     from .probes import probe_from_env
     from .steward import POLICY_PERIOD

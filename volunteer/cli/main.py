@@ -112,6 +112,9 @@ def _main(argv: list[str] | None) -> int:
     verbosity = args.verbose + getattr(args, "sub_verbose", 0)
     level = logging.WARNING - 10 * verbosity
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logburst import install
+
+    install()  # an expert failing every call is one warning per burst, not one per call
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

@@ -59,8 +59,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "peers learn their QUIC address for hole punching from a relay that speaks QUIC)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
     p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
-    p.add_argument("--swarm", action="append", metavar="SWARM_ID", type=swarm_id_arg,
-                   help="serve as DHT bootstrap peer for this swarm id (repeatable; default: default)")
+    p.add_argument("--swarm", action="append", metavar="SWARM_ID|FILE", type=swarm_id_or_file,
+                   help="serve as DHT bootstrap peer for this swarm id, or for the swarm a swarm file describes "
+                        "(its grids and entry points then show on --web) (repeatable; default: default)")
+    p.add_argument("--web", type=host_port, metavar="HOST:PORT",
+                   help="serve the public swarm health page (coverage map, volunteers, entry points, top "
+                        "contributors; JSON at /api/health, Prometheus at /metrics) at http://HOST:PORT/")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="other relays or peers of the swarm's DHT (repeatable)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines instead of the live status view")
@@ -96,9 +100,31 @@ def run_relay(args: argparse.Namespace) -> int:
     announce = [Multiaddr(a) for a in args.announce]
     keypair = load_identity(args)
     dashboard = not args.no_dashboard and sys.stdout.isatty()
-    swarms = args.swarm or ["default"]
+    watched = [watched_swarm(text) for text in (args.swarm or ["default"])]
+    swarms = list(dict.fromkeys(w.swarm_id for w in watched))
     resources = resource_limits(load_limits(args.config))
-    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap, resources)
+    return trio.run(_serve, keypair, listen, announce, limits, args.metrics, dashboard, swarms, args.bootstrap, resources,
+                    args.web, watched)
+
+
+def swarm_id_or_file(text: str) -> str:
+    """``--swarm`` as argparse takes it: a swarm file's path (read when the relay starts) or a
+    swarm id (a bad one is a usage error, exit 2)."""
+    if text.endswith(".toml") or Path(text).is_file():
+        return text
+    return swarm_id_arg(text)
+
+
+def watched_swarm(text: str):
+    """``--swarm`` as given: a swarm file (its id, grids and entry points) or a bare swarm id."""
+    from relay.healthservice import WatchedSwarm
+
+    from ..swarmfile import load_swarm_file
+
+    if text.endswith(".toml") or Path(text).is_file():
+        spec = load_swarm_file(text)
+        return WatchedSwarm(spec.id, tuple(spec.grids), tuple(spec.relays), tuple(spec.bootstrap))
+    return WatchedSwarm(text)
 
 
 def resource_limits(overrides: dict):
@@ -111,17 +137,20 @@ def resource_limits(overrides: dict):
 
 
 async def _serve(keypair, listen, announce, limits, metrics, dashboard: bool, swarms=("default",), bootstrap=(),
-                 resources=None) -> int:
+                 resources=None, web=None, watched=()) -> int:
     from relay.node import open_relay_node
 
     try:
-        async with open_relay_node(keypair, listen, announce, limits, metrics, swarms, bootstrap, resources) as node:
+        async with open_relay_node(keypair, listen, announce, limits, metrics, swarms, bootstrap, resources,
+                                   web=web, watched=watched) as node:
             print(f"relay {node.host.peer_id}", flush=True)
             for addr in node.host.full_addrs():
                 print(f"listening on {addr}", flush=True)
             print(f"DHT bootstrap for swarm(s): {', '.join(swarms)}", flush=True)
             if node.metrics_addr:
                 print(f"metrics on http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics", flush=True)
+            if node.web_addr:
+                print(f"health page on http://{node.web_addr[0]}:{node.web_addr[1]}/", flush=True)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async with trio.open_nursery() as nursery:
                     from .testnet import exit_with_parent

@@ -119,8 +119,10 @@ async def open_testnet(
     swarm_id: str = "testnet",
     workdir: Path | None = None,
     extra_join_args: list[str] | None = None,
+    web: str | None = None,
 ):
-    """Start a relay and ``n`` volunteers; stop them all when the block ends."""
+    """Start a relay and ``n`` volunteers; stop them all when the block ends. ``web``
+    (``HOST:PORT``): the relay serves the swarm's public health page there."""
     if n < 1 or n > 64:
         raise VolunteerError("testnet: -n must be between 1 and 64")
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
@@ -129,11 +131,18 @@ async def open_testnet(
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", VOLUNTEER_EXIT_WITH_PARENT=str(os.getpid()))
     processes = []
+    # the experts as the swarm's [[grid]]: its volunteers then run the replica protocols, a donor
+    # who joins places itself on it automatically, and the relay's health page maps it
+    grid = grid_of_uids(expert_class, uids, hidden_dim) if expert_class else None
+    watched = swarm_id
+    if grid is not None:
+        watched = str(workdir / "grid.toml")  # what the relay watches: the grid, before any address exists
+        Path(watched).write_text(SwarmSpec(swarm_id, swarm_id, grids=[grid]).to_toml())
     try:
         async with trio.open_nursery() as nursery:
             relay = await trio.lowlevel.open_process(
-                [*_python(), "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--swarm", swarm_id,
-                 "--identity", str(workdir / "relay.key")],
+                [*_python(), "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--swarm", watched,
+                 "--identity", str(workdir / "relay.key"), *(["--web", web] if web else [])],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             )
             processes.append(relay)
@@ -142,6 +151,8 @@ async def open_testnet(
             spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)], testnet_pid=os.getpid())
             if expert_class:
                 spec.experts = {"hidden_dim": hidden_dim}
+            if grid is not None:
+                spec.grids = [grid]
             swarm_file = workdir / "swarm.toml"
             swarm_file.write_text(spec.to_toml())
             net = Testnet(workdir, swarm_file, relay_addr, processes=processes)
@@ -171,6 +182,24 @@ async def open_testnet(
             await stop_processes(processes)
         if own_dir and os.environ.get("VOLUNTEER_KEEP_TESTNET") != "1":
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def grid_of_uids(expert_class: str, uids: list[str], hidden_dim: int):
+    """The GridSpec whose uids are exactly ``uids`` (``expert.[0:4].[0:4]`` is a 4×4 grid), or
+    None when they are not one whole grid (a list of scattered uids)."""
+    from ..dht.grid import parse_uid
+    from ..swarmfile import GridSpec, GridSpecError
+
+    parsed = [parse_uid(uid) for uid in uids]
+    if not parsed or len({(prefix, len(coords)) for prefix, coords in parsed}) != 1:
+        return None
+    prefix, first = parsed[0]
+    size = tuple(max(coords[d] for _, coords in parsed) + 1 for d in range(len(first)))
+    try:
+        grid = GridSpec(prefix, size, expert_class, hidden_dim)
+    except GridSpecError:
+        return None
+    return grid if set(grid.uids()) == set(uids) and len(uids) == grid.count else None
 
 
 def _addr(text: str):
@@ -223,14 +252,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("-n", type=int, default=4, metavar="N", help="volunteers to start (default 4)")
-    p.add_argument("--experts", default="ffn:expert.[0:4].[0:4]", metavar="CLASS:PATTERN", help="grid shared round-robin")
+    p.add_argument("--experts", default="ffn:expert.[0:4].[0:4]", metavar="CLASS:PATTERN",
+                   help="grid shared round-robin, declared as the swarm file's [[grid]] (donors who join place themselves on it)")
     p.add_argument("--hidden-dim", type=int, default=64, metavar="N")
     p.add_argument("--name", default="testnet",
                    help="swarm name; its file is written to <config dir>/swarms/NAME.toml unless a real swarm's file is there, "
                    "and removed when the testnet stops")
     p.add_argument("--dir", type=Path, metavar="DIR", help="where keys, logs and sockets go (default: a temporary directory)")
     p.add_argument("--no-dashboard", action="store_true")
+    p.add_argument("--web", type=_host_port, metavar="HOST:PORT",
+                   help="the relay serves the swarm's public health page at http://HOST:PORT/")
     p.set_defaults(run=run_testnet)
+
+
+def _host_port(text: str) -> str:
+    from ..web.serve import parse_host_port
+
+    try:
+        parse_host_port(text)
+    except ValueError as exc:  # a usage error (exit 2)
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def run_testnet(args: argparse.Namespace) -> int:
@@ -282,11 +324,14 @@ def remove_named_swarm_file(path: Path) -> None:
 
 async def _testnet(args: argparse.Namespace, named: Path) -> int:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_testnet(args.n, args.experts, hidden_dim=args.hidden_dim, swarm_id=args.name, workdir=args.dir) as net:
+        async with open_testnet(args.n, args.experts, hidden_dim=args.hidden_dim, swarm_id=args.name, workdir=args.dir,
+                                web=args.web) as net:
             write_named_swarm_file(named, net.swarm_file.read_text(), args.name)
             try:
                 print(f"testnet {args.name!r}: relay {net.relay_addr}", flush=True)
                 print(f"  {args.n} volunteers ready; swarm file {named} (removed when the testnet stops)", flush=True)
+                if args.web:
+                    print(f"  swarm health page: http://{args.web}/", flush=True)
                 print(f"  try: volunteer experts {args.name}   |   volunteer join {args.name}   |   Ctrl-C stops everything", flush=True)
                 async with trio.open_nursery() as nursery:
                     if sys.stdout.isatty() and not args.no_dashboard:

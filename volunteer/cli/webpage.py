@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..net.perf import format_size
 from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
+from ..web.html import BASE_STYLE, PAGE_HEADERS, table
 from ..web.svg import PALETTE, Series, bar_chart
 from ..widgets import duration
 from .history import History
@@ -59,14 +60,6 @@ def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] =
 
 
 # --- rendering (pure) -----------------------------------------------------------------------------
-
-
-def _table(headers: list[str], rows: list[list[str]], empty: str, table_id: str) -> str:
-    if not rows:
-        return f'<p class="empty" id="{table_id}">{escape(empty)}</p>'
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _state_part(snap: dict) -> str:
@@ -128,9 +121,9 @@ def _experts_part(snap: dict) -> str:
     rows = [[escape(e["uid"]), str(e.get("requests", 0)), f"{e.get('requests_per_s', 0):.2f}",
              str(e.get("mean_batch") or "–"), str(e.get("p50_ms") or "–"), str(e.get("errors", 0)), str(e.get("version", 0))]
             for e in snap.get("experts", [])]
-    table = _table(["expert", "calls", "calls/s", "batch", "p50 ms", "errors", "version"], rows,
-                   "no experts hosted right now", "experts")
-    return f"<section><h2>Experts</h2>{table}</section>"
+    listing = table(["expert", "calls", "calls/s", "batch", "p50 ms", "errors", "version"], rows,
+                    "no experts hosted right now", "experts")
+    return f"<section><h2>Experts</h2>{listing}</section>"
 
 
 def _connections_part(snap: dict) -> str:
@@ -138,8 +131,8 @@ def _connections_part(snap: dict) -> str:
              escape(str(c.get("via") or "")[-10:]), str(c.get("rtt_ms") or "–"),
              format_size(int(c.get("bytes_in") or 0)), format_size(int(c.get("bytes_out") or 0))]
             for c in snap.get("connections", [])[:50]]
-    table = _table(["peer", "role", "path", "via", "RTT ms", "in", "out"], rows, "no connections", "connections")
-    return f"<section><h2>Connections</h2>{table}</section>"
+    listing = table(["peer", "role", "path", "via", "RTT ms", "in", "out"], rows, "no connections", "connections")
+    return f"<section><h2>Connections</h2>{listing}</section>"
 
 
 def _events_part(snap: dict) -> str:
@@ -192,20 +185,10 @@ def render_live(snap: dict, history: History, now: float) -> str:
             + _experts_part(snap) + _connections_part(snap) + history_charts(history, now) + _events_part(snap))
 
 
-STYLE = """
-body{font-family:system-ui,sans-serif;margin:0;background:#f6f7f9;color:#222}
-header{background:#263238;color:#fff;padding:10px 20px;font-size:18px}
-main{padding:12px 20px;max-width:1500px}
-section{background:#fff;border:1px solid #ddd;border-radius:6px;padding:10px 14px;margin:10px 0}
-h2{font-size:16px;margin:4px 0 8px}h3{font-size:14px;margin:8px 0 4px}
-.grid{display:grid;grid-template-columns:1fr 1fr;gap:10px}.grid section{margin:0}
-.badge{color:#fff;padding:3px 10px;border-radius:10px;font-weight:bold;text-transform:uppercase}
+STYLE = BASE_STYLE + """
 .buttons{display:inline-flex;gap:8px;margin-left:20px}.buttons form{margin:0}
 .btn{font-size:14px;padding:5px 16px;border-radius:4px;border:1px solid #888;background:#fafafa;cursor:pointer}
-table{border-collapse:collapse;font-size:13px}td,th{padding:2px 10px 2px 0;text-align:left}
-table.kv th{color:#555;font-weight:normal}.muted,.empty{color:#777}
 .charts{display:block}.charts div{display:inline-block;margin:4px 12px 4px 0}
-ul{margin:4px 0;padding-left:20px;font-size:13px}li.warning{color:#b26a00}li.error{color:#b00020}
 """
 
 SCRIPT = """
@@ -243,14 +226,7 @@ def page_app(snapshot: Callable[[], dict], history: Callable[[], History], ask: 
 
     from ..web.guard import Guard
 
-    headers = {
-        "cache-control": "no-store",
-        "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; img-src 'self' data:; "
-                                   "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        "x-frame-options": "DENY", "x-content-type-options": "nosniff",
-        # not no-referrer: with it, browsers send "Origin: null" on the page's own form posts
-        "referrer-policy": "same-origin",
-    }
+    headers = PAGE_HEADERS
 
     async def index(request: Request) -> Response:
         if "token" in request.query_params:  # the link join printed: keep the token in a cookie

@@ -16,6 +16,7 @@ import trio
 from ..errors import DHTError, VolunteerError, describe
 from ..net.service import BaseService, HostAPI
 from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
+from .profile import PROFILES_KEY, Profile, profile_item
 
 if TYPE_CHECKING:
     from .node import DHTNode
@@ -39,8 +40,10 @@ class ExpertDeclarer(BaseService):
 
     ``loads()`` gives each uid's load, ``versions(uid)`` its version (count of optimizer
     updates; 0 by default) and ``synced_ages(uid)`` the seconds since its replicas last averaged
-    (None: never), all read afresh every heartbeat. What is declared changes only through
-    ``add`` and ``drop``; ``pause`` / ``resume`` stop and restart the heartbeats."""
+    (None: never), all read afresh every heartbeat; ``profile()``, when given, the volunteer's
+    public profile (``profile.py``), stored beside the declarations and withdrawn with them.
+    What is declared changes only through ``add`` and ``drop``; ``pause`` / ``resume`` stop and
+    restart the heartbeats."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class ExpertDeclarer(BaseService):
         addrs: Callable[[], Sequence[bytes]] | None = None,
         versions: Callable[[str], int] = _no_version,
         synced_ages: Callable[[str], float | None] = _never_synced,
+        profile: "Callable[[], Profile] | None" = None,
     ) -> None:
         uids = list(uids)
         for uid in uids:
@@ -61,6 +65,7 @@ class ExpertDeclarer(BaseService):
         self.loads = loads
         self.versions = versions
         self.synced_ages = synced_ages
+        self.profile = profile  # the volunteer's public profile, stored with each heartbeat
         self.addrs = addrs or (lambda: [a.to_bytes() for a in dht.host.shareable_addrs()[: dht.config.max_addrs]])
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
@@ -121,6 +126,8 @@ class ExpertDeclarer(BaseService):
         # Recorded before the store: a withdraw while this heartbeat is in flight must write its
         # tombstones at least this late, or the heartbeat could land after them and outlive them.
         self.last_expiration = max(self.last_expiration, expiration)
+        if self.profile is not None:
+            items.append(profile_item(info.peer.to_bytes(), self.profile(), expiration))
         before = dht.stats["bytes_out"]
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         self.heartbeat_bytes += dht.stats["bytes_out"] - before
@@ -140,6 +147,8 @@ class ExpertDeclarer(BaseService):
         dht = self.dht
         expiration = self.last_expiration
         items = make_tombstones(self._uids, dht.host.peer_id, expiration)
+        if self.profile is not None:
+            items.append((PROFILES_KEY, dht.host.peer_id.to_bytes(), None, float(expiration)))
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
         self._tombstoned_at = max(self._tombstoned_at, expiration)
         return max(accepted) if accepted else 0

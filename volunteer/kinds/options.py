@@ -62,6 +62,7 @@ class VolunteerOptions:
     start_paused: bool = False  # serve nothing until resume(): experts loaded, never declared before
     max_experts: int | None = None  # placement capacity (default: what fits the GPU, else 8)
     replicas_config: "ReplicasConfig | None" = None  # default: replicas.DEFAULT_CONFIG
+    public_name: str | None = None  # shown on the swarm's public health pages (opt-in: None hides us)
     # told of each expert call answered with a result, (caller, op): the CLI counts trainers with it
     on_served: "ServedHook | None" = None
     # told of each expert call's outcome, (uid, error or None): the CLI sets aside a failing expert

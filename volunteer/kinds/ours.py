@@ -29,6 +29,7 @@ from ..dht.declare import ExpertDeclarer
 from ..dht.grid import list_experts as list_grid
 from ..dht.lan import LanDiscovery
 from ..dht.node import DHTNode, open_dht
+from ..dht.profile import Profile
 from ..errors import ExpertConfigError, JoinError, VolunteerError
 from ..net.stack import open_stack
 from ..net.identity import KeyPair
@@ -87,9 +88,16 @@ class VolunteerKind:
         def loads() -> dict[str, float]:  # queue length per expert: trainers spread out by it
             return {uid: float(s.queued) for uid, s in runtime.stats().items()}
 
+        def profile() -> Profile:  # what the swarm's public health pages show of us (no address)
+            stats = runtime.stats().values()
+            addrs = host.shareable_addrs()
+            return Profile(name=options.public_name, calls=sum(s.requests for s in stats),
+                           samples=sum(s.samples for s in stats), bytes_sent=server.bytes_out, experts=len(runtime.uids),
+                           relayed=bool(addrs) and all(a.is_relayed() for a in addrs))
+
         versions = versions_of(runtime.backends)
         if not spec.grids or options.backends is not None:
-            declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions)
+            declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, profile=profile)
             services.append(declarer)
             return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server,
                              declarer=declarer, dht=dht)
@@ -116,7 +124,8 @@ class VolunteerKind:
 
         store = BackendStore(runtime.backends, runtime=runtime, capacity=capacity, factory=factory, config=config)
         sync = ReplicaSync(spec.id, store, config)
-        declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, synced_ages=synced_ages(sync))
+        declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, synced_ages=synced_ages(sync),
+                                  profile=profile)
         replicas = ReplicaManager(
             host=host, dht=dht, store=store, sync=sync, declarer=declarer, swarm_id=spec.id, grids=grids,
             build=build, capacity=capacity, auto_place=options.place, config=config,

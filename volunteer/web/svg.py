@@ -101,4 +101,57 @@ def bar_chart(
     return "".join(out)
 
 
-__all__ = ["PALETTE", "Series", "bar_chart", "nice_ceiling"]
+@dataclass(frozen=True)
+class Cell:
+    """One square of a ``cell_map``: its fill colour, its tooltip, an optional short label and
+    a class (tests and styles find cells by it)."""
+
+    color: str
+    tip: str
+    label: str = ""
+    css_class: str = "cell"
+
+
+MAX_CELLS = 4096  # a map of more cells than this draws the first ones only (the caller says so)
+
+
+def cell_map(rows: Sequence[Sequence[Cell]], *, title: str, row_labels: Sequence[str] = (),
+             cell: int = 26, gap: int = 3, map_id: str = "") -> str:
+    """A grid of coloured squares (a coverage map): ``rows`` of cells, each with a tooltip; row
+    labels on the left. Cells past ``MAX_CELLS`` are left out."""
+    drawn = 0
+    kept: list[list[Cell]] = []
+    for row in rows:
+        room = MAX_CELLS - drawn
+        if room <= 0:
+            break
+        kept.append(list(row)[:room])
+        drawn += len(kept[-1])
+    label_w = 8 + 7 * max((len(label) for label in row_labels), default=0)
+    columns = max((len(row) for row in kept), default=0)
+    width = label_w + columns * (cell + gap) + gap
+    height = 20 + len(kept) * (cell + gap) + gap
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="cellmap" role="img" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}"' + (f' id="{escape(map_id)}"' if map_id else "") + ">",
+        f"<title>{escape(title)}</title>",
+    ]
+    for c in range(columns):  # column indices along the top
+        x = label_w + gap + c * (cell + gap) + cell / 2
+        out.append(f'<text x="{x:.1f}" y="14" text-anchor="middle" font-size="10" fill="#555">{c}</text>')
+    for r, row in enumerate(kept):
+        y = 20 + gap + r * (cell + gap)
+        if r < len(row_labels):
+            out.append(f'<text x="{label_w - 6}" y="{y + cell / 2 + 4:.1f}" text-anchor="end" font-size="11" '
+                       f'fill="#555">{escape(row_labels[r])}</text>')
+        for c, item in enumerate(row):
+            x = label_w + gap + c * (cell + gap)
+            text = (f'<text x="{x + cell / 2:.1f}" y="{y + cell / 2 + 4:.1f}" text-anchor="middle" font-size="11" '
+                    f'fill="#fff" font-weight="bold">{escape(item.label)}</text>') if item.label else ""
+            out.append(f'<g class="{escape(item.css_class)}"><title>{escape(item.tip)}</title>'
+                       f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" rx="4" fill="{escape(item.color)}"/>{text}</g>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+__all__ = ["Cell", "MAX_CELLS", "PALETTE", "Series", "bar_chart", "cell_map", "nice_ceiling"]

@@ -1,0 +1,179 @@
+"""The swarm health page's model, pure: what a relay observed of its swarms in, the page's
+figures out. No trio, no clock: ``now`` is passed in.
+
+``SwarmObservation`` is one background refresh's catch for one swarm: the live declarations of
+each grid's experts, the volunteers' public profiles (``volunteer.dht.profile``) and which
+entry points (relays, bootstrap peers) answered. ``swarm_model`` turns it into the dict that the
+HTML page, the JSON endpoint and the Prometheus collector all show, so the three never disagree.
+
+What the model publishes is public by construction: peer ids (already public in the DHT), how a
+volunteer is reached (direct or relayed, never its addresses), and names only of volunteers who
+chose one (``volunteer join --name``). Entry points' addresses come from the swarm file, which
+is public.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from volunteer.dht.grid import Declaration
+from volunteer.dht.profile import Profile
+from volunteer.net.multiaddr import Multiaddr
+from volunteer.swarmfile import GridSpec
+
+TOP_CONTRIBUTORS = 10  # named volunteers listed, most calls served first
+MAX_VOLUNTEER_ROWS = 200  # volunteers listed on the page (the JSON counts every one)
+MISSING, UNDER, COVERED = "missing", "under-replicated", "covered"
+
+
+@dataclass(frozen=True)
+class PeerCheck:
+    """One entry point of the swarm (a relay or a bootstrap peer) and whether it answered."""
+
+    role: str  # "relay" or "bootstrap"
+    addr: str
+    up: bool
+    last_seen: float | None = None  # wall clock of its last answer
+    is_self: bool = False  # the relay serving this page
+
+
+@dataclass(frozen=True)
+class SwarmObservation:
+    """What one refresh saw of one swarm (``observed_at``: wall clock). ``complete`` is False
+    when a lookup ran out of its time bound: the page then says its figures may be partial."""
+
+    swarm_id: str
+    grids: Sequence[GridSpec] = ()
+    experts: Mapping[str, Sequence[Declaration]] = field(default_factory=dict)  # uid -> live hosts
+    profiles: Mapping[str, Profile] = field(default_factory=dict)  # peer id (text) -> profile
+    entry_points: Sequence[PeerCheck] = ()
+    observed_at: float = 0.0
+    complete: bool = True
+
+
+def is_relayed(decl: Declaration) -> bool:
+    """Whether a host declares only relayed addresses (reachable through a relay, not directly)."""
+    if not decl.addrs:
+        return False
+    for raw in decl.addrs:
+        try:
+            if not Multiaddr.from_bytes(raw).is_relayed():
+                return False
+        except Exception:  # a malformed address of a peer: it shows as not relayed, nothing more
+            continue
+    return True
+
+
+def expert_cell(uid: str, hosts: Sequence[Declaration], target: int, now: float) -> dict:
+    """One expert of a grid: replicas live, the freshest version and how many hosts lag it, the
+    seconds since its replicas last averaged, and how its hosts are reached."""
+    versions = [d.version for d in hosts]
+    newest = max(versions, default=0)
+    synced = [d.synced_age + max(0.0, now - d.heartbeat) for d in hosts if d.synced_age is not None]
+    relayed = sum(1 for d in hosts if is_relayed(d))
+    count = len({d.peer for d in hosts})
+    return {
+        "uid": uid,
+        "replicas": count,
+        "target": target,
+        "status": MISSING if count == 0 else UNDER if count < target else COVERED,
+        "version": newest,
+        "lagging": sum(1 for v in versions if v < newest),
+        "last_sync_s": round(min(synced), 1) if synced else None,
+        "direct": count - relayed,
+        "relayed": relayed,
+    }
+
+
+def grid_model(grid: GridSpec, experts: Mapping[str, Sequence[Declaration]], now: float) -> dict:
+    """One grid: every expert's cell in index order, and the counts of each status."""
+    cells = [expert_cell(uid, experts.get(uid, ()), grid.replicas, now) for uid in grid.uids()]
+    counts = {status: sum(1 for c in cells if c["status"] == status) for status in (COVERED, UNDER, MISSING)}
+    return {
+        "prefix": grid.prefix,
+        "size": list(grid.size),
+        "expert": grid.expert_class,
+        "replicas_target": grid.replicas,
+        "total": grid.count,
+        "hosted": counts[COVERED] + counts[UNDER],
+        "covered": counts[COVERED],
+        "under_replicated": counts[UNDER],
+        "missing": counts[MISSING],
+        "healthy": counts[MISSING] == 0,
+        "cells": cells,
+    }
+
+
+def volunteers_model(obs: SwarmObservation) -> list[dict]:
+    """Every volunteer seen (declaring experts or a profile): its short id, public name (None
+    unless it chose one), experts hosted, path (direct / relayed) and calls served."""
+    hosted: dict[str, set[str]] = {}
+    relayed: dict[str, bool] = {}
+    for uid, hosts in obs.experts.items():
+        for decl in hosts:
+            peer = str(decl.peer)
+            hosted.setdefault(peer, set()).add(uid)
+            relayed[peer] = relayed.get(peer, True) and is_relayed(decl)
+    rows = []
+    for peer in sorted(set(hosted) | set(obs.profiles)):
+        profile = obs.profiles.get(peer)
+        via_relay = profile.relayed if profile is not None else relayed.get(peer, False)
+        rows.append({
+            "peer": peer,
+            "short": peer[-8:],
+            "name": profile.name if profile is not None else None,
+            "experts": max(len(hosted.get(peer, ())), profile.experts if profile is not None else 0),
+            "path": "relayed" if via_relay else "direct",
+            "calls": profile.calls if profile is not None else 0,
+            "samples": profile.samples if profile is not None else 0,
+            "bytes_sent": profile.bytes_sent if profile is not None else 0,
+        })
+    rows.sort(key=lambda r: (-r["calls"], -r["experts"], r["peer"]))
+    return rows
+
+
+def swarm_model(obs: SwarmObservation, now: float) -> dict:
+    """Everything the health page shows of one swarm."""
+    grids = [grid_model(grid, obs.experts, now) for grid in obs.grids]
+    volunteers = volunteers_model(obs)
+    named = [v for v in volunteers if v["name"]]
+    points = [{"role": p.role, "addr": p.addr, "up": p.up, "self": p.is_self,
+               "last_seen_s": 0.0 if p.is_self else None if p.last_seen is None else round(max(0.0, now - p.last_seen), 1)}
+              for p in obs.entry_points]
+    return {
+        "swarm": obs.swarm_id,
+        "observed_s": round(max(0.0, now - obs.observed_at), 1) if obs.observed_at else None,
+        "complete": obs.complete,
+        # every expert hosted, and (when the swarm file names entry points) one of them answering
+        "healthy": all(g["healthy"] for g in grids) and (not points or any(p["up"] for p in points)),
+        "grids": grids,
+        "volunteers": {
+            "up": len(volunteers),
+            "direct": sum(1 for v in volunteers if v["path"] == "direct"),
+            "relayed": sum(1 for v in volunteers if v["path"] == "relayed"),
+            "rows": volunteers[:MAX_VOLUNTEER_ROWS],
+        },
+        "entry_points": points,
+        "throughput": {
+            "calls": sum(v["calls"] for v in volunteers),
+            "samples": sum(v["samples"] for v in volunteers),
+            "bytes_sent": sum(v["bytes_sent"] for v in volunteers),
+        },
+        "top_contributors": [{"name": v["name"], "calls": v["calls"], "samples": v["samples"], "experts": v["experts"]}
+                             for v in named[:TOP_CONTRIBUTORS]],
+    }
+
+
+def health_model(observations: Sequence[SwarmObservation], relay: Mapping[str, object], now: float, *,
+                 relay_id: str = "") -> dict:
+    """The page's whole model: each swarm's, plus the relay's own figures (``relay.metrics.snapshot``)."""
+    return {
+        "relay": {"peer": relay_id, **{k: relay[k] for k in ("reservations", "circuits", "circuits_total", "bytes_relayed")
+                                       if k in relay}},
+        "swarms": [swarm_model(obs, now) for obs in observations],
+    }
+
+
+__all__ = ["COVERED", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "expert_cell", "grid_model", "health_model",
+           "is_relayed", "swarm_model", "volunteers_model"]

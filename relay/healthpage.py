@@ -1,0 +1,242 @@
+"""The public swarm health page a relay serves (``volunteer relay --web HOST:PORT``): HTML,
+the same model as JSON (``/api/health``) and as Prometheus metrics (``/metrics``).
+
+Rendering is pure (model in, HTML out); the app only reads the latest cached model (kept fresh
+by ``healthservice.HealthService``), so a page view costs no DHT lookup whatever the traffic.
+The page is read-only and public: the guard refuses every method but GET/HEAD and bounds what a
+request may carry; it has no script at all (it reloads itself every ``REFRESH_S`` seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from html import escape
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from volunteer.net.perf import format_size
+from volunteer.web.guard import GuardPolicy
+from volunteer.web.html import BASE_STYLE, PAGE_HEADERS, table
+from volunteer.web.svg import Cell, cell_map
+
+from .health import COVERED, MISSING, UNDER
+
+REFRESH_S = 15
+MAX_UID_SERIES = 4096  # per-expert Prometheus series per scrape (the per-grid counts cover the rest)
+STATUS_COLORS = {COVERED: "#2e7d32", UNDER: "#f9a825", MISSING: "#c62828"}
+STYLE = BASE_STYLE + """
+.cards{display:flex;gap:10px;flex-wrap:wrap}.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 16px;min-width:120px}
+.card b{display:block;font-size:22px}.card span{color:#666;font-size:12px}
+.legend span{display:inline-block;margin-right:14px;font-size:12px}.legend i{display:inline-block;width:12px;height:12px;border-radius:3px;margin-right:4px;vertical-align:-1px}
+h2.section{margin:18px 0 4px}
+.up{color:#2e7d32;font-weight:bold}.down{color:#c62828;font-weight:bold}.map{overflow-x:auto}
+"""
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def _cell(cell: dict) -> Cell:
+    tip = (f"{cell['uid']}: {cell['replicas']} of {cell['target']} replica(s) live ({cell['status']}); "
+           f"version {cell['version']}" + (f", {cell['lagging']} replica(s) behind" if cell["lagging"] else "")
+           + f"; last sync {_ago(cell['last_sync_s'])}; {cell['direct']} direct, {cell['relayed']} relayed")
+    return Cell(STATUS_COLORS[cell["status"]], tip, str(cell["replicas"]), f"cell {cell['status'].split('-')[0]}")
+
+
+def coverage_map(grid: dict) -> str:
+    """A grid's experts as coloured squares: rows along the first index, columns along the rest
+    (flattened beyond two dimensions); each square says its live replicas."""
+    size = grid["size"]
+    columns = math.prod(size[1:]) if len(size) > 1 else size[0]
+    cells = [_cell(c) for c in grid["cells"]]
+    rows = [cells[i:i + columns] for i in range(0, len(cells), columns)]
+    labels = [f"{grid['prefix']}.{r}" for r in range(len(rows))] if len(size) > 1 else [grid["prefix"]]
+    return cell_map(rows, title=f"coverage of grid {grid['prefix']}", row_labels=labels, cell=34, map_id=f"map-{grid['prefix']}")
+
+
+def _grid_part(grid: dict) -> str:
+    verdict = "healthy" if grid["healthy"] else f"{grid['missing']} expert(s) without a host"
+    shown = "" if len(grid["cells"]) <= 4096 else " (the map shows the first 4096)"
+    return (f'<section class="gridcov" data-prefix="{escape(grid["prefix"])}"><h2>grid {escape(grid["prefix"])} '
+            f'<span class="muted">{escape("×".join(map(str, grid["size"])))} {escape(grid["expert"])}, '
+            f'{grid["replicas_target"]} replica(s) each</span> · <span class="{"up" if grid["healthy"] else "down"}">'
+            f'{escape(verdict)}</span></h2>'
+            f'<p>{grid["covered"]} covered, {grid["under_replicated"]} under-replicated, {grid["missing"]} missing '
+            f'of {grid["total"]}{shown}</p><div class="map">{coverage_map(grid)}</div></section>')
+
+
+def _legend() -> str:
+    return ('<p class="legend">' + "".join(f'<span><i style="background:{color}"></i>{escape(status)}</span>'
+                                          for status, color in STATUS_COLORS.items())
+            + "<span class=\"muted\">the number in a square: replicas live; hover for version, last sync, paths</span></p>")
+
+
+def _cards(swarm: dict, relay: dict) -> str:
+    points = swarm["entry_points"]
+    cards = [
+        (str(swarm["volunteers"]["up"]), "volunteers up"),
+        (f"{swarm['volunteers']['direct']} / {swarm['volunteers']['relayed']}", "direct / relayed"),
+        (f"{sum(1 for p in points if p['up'])} / {len(points)}", "entry points up"),
+        (str(swarm["throughput"]["calls"]), "expert calls served"),
+        (format_size(int(swarm["throughput"]["bytes_sent"])), "expert replies sent"),
+        (format_size(int(relay.get("bytes_relayed", 0) or 0)), "relayed by this relay"),
+    ]
+    return '<div class="cards">' + "".join(f'<div class="card"><b>{escape(v)}</b><span>{escape(k)}</span></div>'
+                                           for v, k in cards) + "</div>"
+
+
+def _entry_points_part(swarm: dict) -> str:
+    rows = [[escape(p["role"]) + (" (this one)" if p["self"] else ""),
+             f'<span class="{"up" if p["up"] else "down"}">{"up" if p["up"] else "down"}</span>',
+             escape(_ago(p["last_seen_s"])), f"<code>{escape(p['addr'])}</code>"] for p in swarm["entry_points"]]
+    return ("<section><h2>Relays and bootstrap peers</h2>"
+            + table(["role", "state", "last answer", "address"], rows, "the swarm file names no entry points", "entry-points")
+            + "</section>")
+
+
+def _volunteers_part(swarm: dict) -> str:
+    rows = [[escape(v["name"] or "–"), f"<code>…{escape(v['short'])}</code>", str(v["experts"]), escape(v["path"]),
+             str(v["calls"]), str(v["samples"])] for v in swarm["volunteers"]["rows"]]
+    return ("<section><h2>Volunteers up</h2>"
+            + table(["name", "peer", "experts", "path", "calls", "samples"], rows, "no volunteer is up", "volunteers")
+            + "</section>")
+
+
+def _contributors_part(swarm: dict) -> str:
+    rows = [[str(rank), escape(c["name"]), str(c["calls"]), str(c["samples"]), str(c["experts"])]
+            for rank, c in enumerate(swarm["top_contributors"], 1)]
+    return ("<section><h2>Top contributors</h2>"
+            + table(["#", "name", "calls", "samples", "experts"], rows,
+                    "nobody chose a public name yet (volunteer join --name NAME)", "contributors")
+            + "</section>")
+
+
+def render_swarm(swarm: dict, relay: dict) -> str:
+    """One swarm's part of the page."""
+    state = "healthy" if swarm["healthy"] else "degraded"
+    note = "" if swarm["complete"] else ' <span class="muted">(the last refresh ran out of time: figures may be partial)</span>'
+    grids = "".join(_grid_part(g) for g in swarm["grids"]) or \
+        '<section><p class="empty" id="no-grids">this swarm declares no grid ([[grid]] in its swarm file)</p></section>'
+    return (f'<h1 style="font-size:20px">swarm {escape(swarm["swarm"])} <span class="badge" id="swarm-state" '
+            f'style="background:{STATUS_COLORS[COVERED] if swarm["healthy"] else STATUS_COLORS[MISSING]}">{state}</span> '
+            f'<span class="muted" style="font-size:13px">as seen {escape(_ago(swarm["observed_s"]))}</span>{note}</h1>'
+            + _cards(swarm, relay) + "<h2 class=\"section\">Coverage map</h2>" + _legend() + grids
+            + '<div class="grid">' + _volunteers_part(swarm) + _contributors_part(swarm) + "</div>"
+            + _entry_points_part(swarm))
+
+
+def render_page(model: dict | None) -> str:
+    """The whole page (``model`` None: the first refresh has not finished)."""
+    if model is None:
+        body = '<p class="empty">looking at the swarm… this page reloads in a few seconds</p>'
+        relay_id = ""
+    else:
+        body = "".join(render_swarm(s, model["relay"]) for s in model["swarms"])
+        relay_id = str(model["relay"].get("peer", ""))
+    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="refresh" content="{REFRESH_S}"><title>volunteer swarm health</title>'
+            f"<style>{STYLE}</style></head><body><header>volunteer · swarm health"
+            + (f' <span style="font-size:13px;opacity:.7">relay …{escape(relay_id[-10:])}</span>' if relay_id else "")
+            + f'</header><main id="health">{body}</main></body></html>')
+
+
+class HealthCollector(Collector):
+    """The cached model as Prometheus gauges (read when scraped: the model is the one source)."""
+
+    def __init__(self, model: Callable[[], dict | None]) -> None:
+        self.model = model
+
+    def collect(self):
+        model = self.model()
+        swarms = model["swarms"] if model else []
+        experts = GaugeMetricFamily("volunteer_swarm_experts", "Experts of a grid by coverage status.",
+                                    labels=["swarm", "grid", "status"])
+        replicas = GaugeMetricFamily("volunteer_swarm_expert_replicas", "Live replicas of each expert.",
+                                     labels=["swarm", "uid"])
+        volunteers = GaugeMetricFamily("volunteer_swarm_volunteers", "Volunteers up, by path.", labels=["swarm", "path"])
+        points = GaugeMetricFamily("volunteer_swarm_entry_point_up", "Whether a relay or bootstrap peer answered.",
+                                   labels=["swarm", "role", "addr"])
+        calls = GaugeMetricFamily("volunteer_swarm_calls_served", "Expert calls the swarm's volunteers served since they started.",
+                                  labels=["swarm"])
+        series = 0
+        for swarm in swarms:
+            name = swarm["swarm"]
+            for grid in swarm["grids"]:
+                for status, key in ((COVERED, "covered"), (UNDER, "under_replicated"), (MISSING, "missing")):
+                    experts.add_metric([name, grid["prefix"], status], grid[key])
+                for cell in grid["cells"][:max(0, MAX_UID_SERIES - series)]:
+                    replicas.add_metric([name, cell["uid"]], cell["replicas"])
+                    series += 1
+            for path in ("direct", "relayed"):
+                volunteers.add_metric([name, path], swarm["volunteers"][path])
+            for point in swarm["entry_points"]:
+                points.add_metric([name, point["role"], point["addr"]], 1 if point["up"] else 0)
+            calls.add_metric([name], swarm["throughput"]["calls"])
+        yield from (experts, replicas, volunteers, points, calls)
+
+
+def health_policy() -> GuardPolicy:
+    """A public, read-only page: any Host (it is meant to be reached by name), no token, and
+    nothing but GET/HEAD; requests stay bounded in size."""
+    return GuardPolicy(allowed_hosts=None, read_only=True)
+
+
+def health_app(model: Callable[[], dict | None], registry: CollectorRegistry | None = None):
+    """The page, its JSON (``/api/health``) and its Prometheus export (``/metrics``, with the
+    relay's own figures when ``registry`` is the relay's) as one ASGI app behind the guard."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+    from starlette.routing import Route
+
+    from volunteer.web.guard import Guard
+
+    registry = registry or CollectorRegistry()
+    registry.register(HealthCollector(model))
+    headers = {**PAGE_HEADERS, "cache-control": f"public, max-age={REFRESH_S // 3}"}
+    rendered: dict[str, tuple[object, bytes]] = {}  # what -> (the model it was rendered from, bytes)
+
+    def once(what: str, current: dict | None, render: Callable[[dict | None], str]) -> bytes:
+        """Render each model once: every view until the next refresh sends the same bytes."""
+        cached = rendered.get(what)
+        if cached is None or cached[0] is not current:
+            cached = rendered[what] = (current, render(current).encode())
+        return cached[1]
+
+    async def index(request: Request) -> Response:
+        return Response(once("html", model(), render_page), media_type="text/html; charset=utf-8", headers=headers)
+
+    async def api(request: Request) -> Response:
+        current = model()
+        if current is None:
+            return JSONResponse({"error": "the first refresh has not finished"}, status_code=503, headers=headers)
+        return Response(once("json", current, lambda m: json.dumps(m, separators=(",", ":"))),
+                        media_type="application/json", headers=headers)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return PlainTextResponse("not found: the page is at /, its JSON at /api/health, metrics at /metrics\n",
+                                 status_code=404)
+
+    async def favicon(request: Request) -> Response:
+        return Response(status_code=204)
+
+    routes = [Route("/", index), Route("/api/health", api), Route("/metrics", metrics), Route("/favicon.ico", favicon)]
+    return Guard(Starlette(routes=routes, exception_handlers={404: not_found}), health_policy())
+
+
+__all__ = ["HealthCollector", "coverage_map", "health_app", "health_policy", "render_page", "render_swarm"]

@@ -1,0 +1,116 @@
+"""The relay's public swarm health page with real volunteers on loopback: a relay serving one
+swarm's DHT and its health page, volunteers hosting a grid (one under a public name, one
+without), and the page's JSON and Prometheus export read over HTTP as a scraper would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import trio
+
+from relay.node import open_relay_node
+from relay.healthservice import WatchedSwarm
+from volunteer.dht import DHTConfig
+from volunteer.experts import ExpertsConfig
+from volunteer.net.identity import KeyPair
+from volunteer.net.stack import StackOptions
+from volunteer.node import VolunteerOptions, open_volunteer
+from volunteer.replicas import ReplicasConfig
+from volunteer.swarmfile import GridSpec, SwarmSpec
+
+from .test_donor_web import http
+
+SWARM = "healthnet"
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
+DHT = DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0)
+CONFIG = ReplicasConfig(sync_timeout=600.0, recheck_period=3600.0, handoff_timeout=60.0)
+GRID = GridSpec("hx", (2, 2), "ffn", 8, replicas=1, sync_period=3600.0)
+
+
+def options(**changes) -> VolunteerOptions:
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT, nat=False, mdns=False,
+                experts_config=ExpertsConfig(device="cpu"), replicas_config=CONFIG, hidden_dim=8)
+    return VolunteerOptions(**{**base, **changes})
+
+
+async def refreshed_until(relay, predicate) -> dict:
+    """Refresh the health model (as the background task does) until ``predicate(model)``."""
+    for _ in range(200):
+        model = await relay.health.refresh()
+        if predicate(model):
+            return model
+        await trio.sleep(0.05)
+    raise AssertionError(f"the health model never got there: {json.dumps(model)[:3000]}")
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swarm():
+    keypair = KeyPair.generate()
+    async with open_relay_node(keypair, ["/ip4/127.0.0.1/tcp/0"], swarms=[SWARM], web=("127.0.0.1", 0),
+                               watched=[WatchedSwarm(SWARM, (GRID,))]) as relay:
+        entry = relay.host.full_addrs()[0]
+        spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
+        async with open_volunteer(spec, options(uids=["hx.0.0", "hx.0.1"], public_name="Ada's GPU")) as named, \
+                open_volunteer(spec, options(uids=["hx.1.0"])):
+            await named.runtime.forward("hx.0.0", [torch.randn(3, 8)])  # one call served
+            named.declarer.resume()  # declare the new count now, not at the next heartbeat
+            model = await refreshed_until(relay, lambda m: m["swarms"][0]["grids"][0]["hosted"] == 3
+                                          and [c["calls"] for c in m["swarms"][0]["top_contributors"]] == [1])
+            port = relay.web_addr[1]
+
+            status, headers, body = await http(port, "GET", "/api/health", host=f"health.example:{port}")
+            assert status == 200 and headers["content-type"][0].startswith("application/json")
+            swarm = json.loads(body)["swarms"][0]
+            grid = swarm["grids"][0]
+            assert (grid["covered"], grid["missing"], grid["healthy"]) == (3, 1, False)
+            assert {c["uid"]: c["replicas"] for c in grid["cells"]} == {"hx.0.0": 1, "hx.0.1": 1, "hx.1.0": 1, "hx.1.1": 0}
+            assert all(c["direct"] == c["replicas"] for c in grid["cells"])
+            assert swarm["volunteers"]["up"] == 2 and swarm["volunteers"]["direct"] == 2
+            # only the volunteer that chose a name is listed among the contributors
+            assert [c["name"] for c in swarm["top_contributors"]] == ["Ada's GPU"]
+            assert swarm["top_contributors"][0]["calls"] == 1
+            assert swarm["entry_points"] == [{"role": "relay", "addr": str(entry), "up": True, "self": True,
+                                              "last_seen_s": swarm["entry_points"][0]["last_seen_s"]}]
+            # no volunteer's address is published anywhere in the model
+            text = body.decode()
+            assert "127.0.0.1" not in text.replace(str(entry), "")
+
+            status, _, body = await http(port, "GET", "/metrics")
+            assert status == 200
+            metrics = body.decode()
+            assert f'volunteer_swarm_experts{{grid="hx",status="covered",swarm="{SWARM}"}} 3.0' in metrics
+            assert f'volunteer_swarm_expert_replicas{{swarm="{SWARM}",uid="hx.1.1"}} 0.0' in metrics
+            assert "volunteer_relay_reservations" in metrics  # the relay's own figures too
+
+            status, _, body = await http(port, "GET", "/")
+            assert status == 200 and b"Ada&#x27;s GPU" in body and b'id="map-hx"' in body
+
+            # read-only: a change is refused before any app code runs
+            status, _, _ = await http(port, "POST", "/api/health", body=b"x")
+            assert status == 405
+            assert model["swarms"][0]["complete"]
+            assert relay.health.snapshot()["ready"] and relay.health.snapshot()["swarms"] == [SWARM]
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(60)
+async def test_page_views_read_the_cached_model_and_never_look_up_the_dht(monkeypatch):
+    async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], swarms=[SWARM], web=("127.0.0.1", 0),
+                               watched=[WatchedSwarm(SWARM, (GRID,))], web_refresh=3600.0) as relay:
+        model = await relay.health.refresh()
+        dht = relay.dhts[SWARM]
+
+        async def no_lookup(*args, **kwargs):
+            raise AssertionError("a page view looked up the DHT")
+
+        monkeypatch.setattr(dht, "get_many", no_lookup)
+        monkeypatch.setattr(dht, "ping", no_lookup)
+        port = relay.web_addr[1]
+        for _ in range(20):
+            status, _, body = await http(port, "GET", "/")
+            assert status == 200 and b'id="map-hx"' in body
+        status, _, body = await http(port, "GET", "/api/health")
+        assert status == 200 and json.loads(body) == json.loads(json.dumps(model))

@@ -1,0 +1,212 @@
+"""The swarm health page's pure parts: observations → model (coverage, paths, contributors,
+entry points), the model → HTML, JSON-ready dicts and Prometheus gauges, the profile record's
+codec, and the SVG coverage map."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+
+from relay.health import PeerCheck, SwarmObservation, expert_cell, health_model, is_relayed, swarm_model
+from relay.healthpage import HealthCollector, coverage_map, render_page
+from volunteer.dht.grid import Declaration
+from volunteer.dht.profile import MAX_NAME_LENGTH, Profile, check_public_name, profile_item
+from volunteer.errors import DHTRecordError
+from volunteer.net.identity import KeyPair
+from volunteer.net.multiaddr import Multiaddr
+from volunteer.swarmfile import GridSpec
+from volunteer.web.svg import MAX_CELLS, Cell, cell_map
+
+NOW = 1_700_000_000.0
+GRID = GridSpec("ffn", (2, 2), "ffn", 8, replicas=2)
+A, B, C = (KeyPair.generate().peer_id for _ in range(3))
+DIRECT = (Multiaddr("/ip4/198.51.100.7/tcp/4001").to_bytes(),)
+RELAYED = (Multiaddr(f"/ip4/203.0.113.1/tcp/4001/p2p/{C}/p2p-circuit").to_bytes(),)
+
+
+def decl(peer, addrs=DIRECT, version=0, synced_age=None, heartbeat=NOW - 2) -> Declaration:
+    return Declaration(peer, addrs, 0.0, heartbeat, version=version, synced_age=synced_age)
+
+
+def observation(**changes) -> SwarmObservation:
+    base = dict(
+        swarm_id="demo", grids=(GRID,),
+        experts={"ffn.0.0": [decl(A, version=7, synced_age=3.0), decl(B, RELAYED, version=5)], "ffn.0.1": [decl(A)]},
+        profiles={str(A): Profile("Ada", calls=40, samples=400, bytes_sent=1000, experts=2),
+                  str(B): Profile(None, calls=90, samples=900, experts=1, relayed=True)},
+        entry_points=(PeerCheck("relay", "/ip4/203.0.113.1/tcp/4001", True, NOW - 4),
+                      PeerCheck("bootstrap", "/ip4/203.0.113.2/tcp/4001", False, None)),
+        observed_at=NOW - 1,
+    )
+    return SwarmObservation(**{**base, **changes})
+
+
+def test_each_expert_cell_says_replicas_versions_last_sync_and_paths():
+    model = swarm_model(observation(), NOW)
+    cells = {c["uid"]: c for c in model["grids"][0]["cells"]}
+    assert list(cells) == ["ffn.0.0", "ffn.0.1", "ffn.1.0", "ffn.1.1"]
+    both = cells["ffn.0.0"]
+    assert (both["replicas"], both["status"], both["version"], both["lagging"]) == (2, "covered", 7, 1)
+    assert (both["direct"], both["relayed"]) == (1, 1)
+    assert both["last_sync_s"] == 5.0  # 3 s before a heartbeat 2 s old
+    assert (cells["ffn.0.1"]["status"], cells["ffn.0.1"]["last_sync_s"]) == ("under-replicated", None)
+    assert cells["ffn.1.1"]["status"] == "missing" and cells["ffn.1.1"]["replicas"] == 0
+    grid = model["grids"][0]
+    assert (grid["covered"], grid["under_replicated"], grid["missing"], grid["healthy"]) == (1, 1, 2, False)
+
+
+def test_one_host_declaring_twice_counts_once():
+    assert expert_cell("ffn.0.0", [decl(A), decl(A)], 2, NOW)["replicas"] == 1
+
+
+def test_a_swarm_is_healthy_when_every_expert_is_hosted_and_an_entry_point_answers():
+    full = {uid: [decl(A), decl(B)] for uid in GRID.uids()}
+    assert swarm_model(observation(experts=full), NOW)["healthy"]
+    down = tuple(PeerCheck(p.role, p.addr, False) for p in observation().entry_points)
+    assert not swarm_model(observation(experts=full, entry_points=down), NOW)["healthy"]
+    assert swarm_model(observation(experts=full, entry_points=()), NOW)["healthy"]
+
+
+def test_volunteers_paths_throughput_and_only_named_contributors():
+    model = swarm_model(observation(), NOW)
+    rows = {r["peer"]: r for r in model["volunteers"]["rows"]}
+    assert rows[str(A)]["path"] == "direct" and rows[str(B)]["path"] == "relayed"
+    assert (model["volunteers"]["up"], model["volunteers"]["direct"], model["volunteers"]["relayed"]) == (2, 1, 1)
+    assert model["throughput"] == {"calls": 130, "samples": 1300, "bytes_sent": 1000}
+    # B served more but chose no name: it is not listed
+    assert model["top_contributors"] == [{"name": "Ada", "calls": 40, "samples": 400, "experts": 2}]
+
+
+def test_a_volunteer_without_a_profile_still_shows_from_its_declarations():
+    model = swarm_model(observation(profiles={}), NOW)
+    rows = {r["peer"]: r for r in model["volunteers"]["rows"]}
+    assert rows[str(B)]["path"] == "relayed" and rows[str(B)]["name"] is None and rows[str(A)]["experts"] == 2
+
+
+def test_the_model_publishes_no_volunteer_address():
+    text = json.dumps(health_model([observation()], {"reservations": 1, "bytes_relayed": 5}, NOW))
+    assert "198.51.100.7" not in text  # a volunteer's declared address
+    assert "203.0.113.1" in text  # the swarm file's (public) entry points are shown
+
+
+def test_entry_points_and_relay_figures():
+    model = health_model([observation()], {"reservations": 3, "circuits": 1, "circuits_total": 9, "bytes_relayed": 77,
+                                           "refusals": {"x": 1}}, NOW, relay_id="12D3KooWrelay")
+    assert model["relay"] == {"peer": "12D3KooWrelay", "reservations": 3, "circuits": 1, "circuits_total": 9, "bytes_relayed": 77}
+    points = model["swarms"][0]["entry_points"]
+    assert [(p["role"], p["up"], p["last_seen_s"]) for p in points] == [("relay", True, 4.0), ("bootstrap", False, None)]
+
+
+def test_is_relayed_needs_every_address_relayed():
+    assert is_relayed(decl(A, RELAYED)) and not is_relayed(decl(A, DIRECT + RELAYED)) and not is_relayed(decl(A, ()))
+
+
+def test_the_page_shows_the_map_the_contributors_and_escapes_names():
+    evil = observation(profiles={str(A): Profile("<script>x</script>", calls=1)})
+    html = render_page(health_model([evil], {}, NOW))
+    assert "<script>x" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
+    assert html.count('class="cell covered"') == 1 and html.count('class="cell missing"') == 2
+    assert 'id="map-ffn"' in html and "1 covered, 1 under-replicated, 2 missing of 4" in html
+    assert "<script" not in html  # the public page runs no script at all
+    assert "looking at the swarm" in render_page(None)
+
+
+def test_a_swarm_without_grids_says_so():
+    html = render_page(health_model([observation(grids=())], {}, NOW))
+    assert 'id="no-grids"' in html
+
+
+def test_coverage_map_lays_out_rows_along_the_first_index():
+    grid = swarm_model(observation(grids=(GridSpec("g", (2, 2, 3), "ffn", 8),)), NOW)["grids"][0]
+    svg = coverage_map(grid)
+    assert svg.count("<rect") == 12 and svg.count(">g.0<") == 1 and svg.count(">g.1<") == 1
+
+
+def test_cell_map_draws_at_most_max_cells():
+    rows = [[Cell("#000", "t")] * 100 for _ in range(MAX_CELLS // 100 + 5)]
+    assert cell_map(rows, title="big").count("<rect") == MAX_CELLS
+    assert cell_map([], title="empty").startswith("<svg")
+
+
+def test_prometheus_gauges_come_from_the_same_model():
+    registry = CollectorRegistry()
+    model = health_model([observation()], {}, NOW)
+    registry.register(HealthCollector(lambda: model))
+    text = generate_latest(registry).decode()
+    assert 'volunteer_swarm_experts{grid="ffn",status="missing",swarm="demo"} 2.0' in text
+    assert 'volunteer_swarm_expert_replicas{swarm="demo",uid="ffn.0.0"} 2.0' in text
+    assert 'volunteer_swarm_volunteers{path="relayed",swarm="demo"} 1.0' in text
+    assert 'volunteer_swarm_entry_point_up{addr="/ip4/203.0.113.2/tcp/4001",role="bootstrap",swarm="demo"} 0.0' in text
+    assert 'volunteer_swarm_calls_served{swarm="demo"} 130.0' in text
+    empty = CollectorRegistry()
+    empty.register(HealthCollector(lambda: None))
+    assert "volunteer_swarm_experts" in generate_latest(empty).decode()  # declared, without samples
+
+
+# --- the profile record ---------------------------------------------------------------------------
+
+
+def test_profile_round_trips_and_leaves_out_what_is_not_set():
+    profile = Profile("Grace", calls=3, samples=30, bytes_sent=99, experts=2, relayed=True)
+    assert Profile.decode(profile.encode()) == profile
+    assert "n" not in msgpack.unpackb(Profile().encode())
+    key, subkey, value, expiration = profile_item(A.to_bytes(), profile, NOW + 15)
+    assert subkey == A.to_bytes() and Profile.decode(value) == profile and expiration == NOW + 15
+
+
+@pytest.mark.parametrize("name", ["", " ", "x" * (MAX_NAME_LENGTH + 1), "tab\there", "new\nline"])
+def test_public_names_are_short_printable_text(name):
+    with pytest.raises(ValueError):
+        check_public_name(name)
+
+
+def test_a_public_name_may_hold_any_printable_text():
+    assert check_public_name("  Ada's <lab> & co  ") == "Ada's <lab> & co"
+
+
+@pytest.mark.parametrize("value", [
+    msgpack.packb({"n": "x" * 41}), msgpack.packb({"c": -1}), msgpack.packb({"c": True}), msgpack.packb({"r": 2}),
+    msgpack.packb([1, 2]), b"\xc1", msgpack.packb({"n": "a\x00b"}), b"\x80" * 2000,
+])
+def test_malformed_profiles_are_refused(value):
+    with pytest.raises(DHTRecordError):
+        Profile.decode(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_profile_decoder_takes_any_bytes(data):
+    try:
+        profile = Profile.decode(data)
+    except DHTRecordError:
+        return
+    assert Profile.decode(profile.encode()) == profile
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["n", "c", "s", "b", "x", "r", "z"]),
+                       st.one_of(st.integers(-5, 2**64 - 1), st.text(max_size=50), st.booleans(), st.none(), st.binary(max_size=5)),
+                       max_size=7))
+def test_profile_decoder_takes_any_map(msg):
+    try:
+        profile = Profile.decode(msgpack.packb(msg, use_bin_type=True))
+    except DHTRecordError:
+        return
+    assert profile.calls == msg.get("c", 0) and profile.name == msg.get("n")
+
+
+def test_per_expert_series_are_bounded_per_scrape():
+    from relay.healthpage import MAX_UID_SERIES
+
+    big = GridSpec("big", (128, 64), "ffn", 8)  # 8192 experts
+    registry = CollectorRegistry()
+    model = health_model([observation(grids=(big,), experts={})], {}, NOW)
+    registry.register(HealthCollector(lambda: model))
+    text = generate_latest(registry).decode()
+    assert text.count("volunteer_swarm_expert_replicas{") == MAX_UID_SERIES
+    assert 'volunteer_swarm_experts{grid="big",status="missing",swarm="demo"} 8192.0' in text
