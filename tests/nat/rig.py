@@ -34,6 +34,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.nat.lines import DATACENTER, PROFILES, Link, cap_command, caps_of
+
 REPO = Path(__file__).resolve().parents[2]
 DELAYER = Path(__file__).with_name("delayer.py")
 ALLOWED = tuple(
@@ -54,15 +56,6 @@ TABLE = "rig"  # nftables table name inside router namespaces
 
 
 # ---------------------------------------------------------------- spec
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """Impairment of one uplink (each direction): delay and jitter in ms, loss in percent."""
-
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    loss_pct: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +148,24 @@ def double_nat_pair(
     )
 
 
+def homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim",
+          queue_ms: float = 100.0) -> Spec:
+    """One home per name, each on a ``line`` (``lines.PROFILES``: caps, delay, loss): host
+    ``name`` (198.51.100.x) behind router ``nat_<name>``; plus ``relay`` (203.0.113.10) in a
+    datacenter 10 ms from the internet and ``public`` (203.0.113.20) on it. ``nat``: one NAT
+    type for every home, or one per name (missing names get "eim")."""
+    if not 1 <= len(names) <= 8:
+        raise ValueError("homes: 1 to 8 homes")
+    link = PROFILES[line].link(queue_ms)
+    kinds = {n: (nat if isinstance(nat, str) else nat.get(n, "eim")) for n in names}
+    return Spec(
+        routers=tuple(Router(f"nat_{n}", f"198.51.100.{32 * i}/27", kinds[n], link=link)
+                      for i, n in enumerate(names)),
+        hosts=tuple(Host(n, f"nat_{n}") for n in names)
+        + (Host("relay", addrs=("203.0.113.10",), link=DATACENTER), Host("public", addrs=("203.0.113.20",))),
+    )
+
+
 SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair}
 
 
@@ -208,9 +219,9 @@ def _check(spec: Spec) -> None:
     for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
         _allowed(a)
     for x in list(spec.routers) + list(spec.hosts):
-        if x.link and not (0 <= x.link.delay_ms <= 10_000 and 0 <= x.link.jitter_ms <= 10_000
-                           and 0 <= x.link.loss_pct <= 100):
-            raise ValueError(f"{x.name}: link values out of range")
+        problems = x.link.problems() if x.link else []
+        if problems:
+            raise ValueError(f"{x.name}: link values out of range: {'; '.join(problems)}")
 
 
 # ---------------------------------------------------------------- helpers
@@ -365,6 +376,7 @@ class Rig:
         self._segs: dict[str, _Segment] = {}
         self._ports = itertools.count()
         self._nodes = {x.name: x for x in list(spec.routers) + list(spec.hosts)}
+        self._capped: dict[str, dict[str, tuple[str, str]]] = {}  # node -> up/down -> (ns, dev)
 
     # ---- lifecycle
 
@@ -474,6 +486,26 @@ class Rig:
                     total += e["counter"]["packets"]
         return total
 
+    def caps(self, node: str) -> dict[str, list[dict]]:
+        """The tbf caps in force on a node's link: ``{"up": [...], "down": [...]}`` (see
+        ``lines.caps_of``); empty lists for a direction without a cap."""
+        where = self._capped.get(node, {})
+        return {d: caps_of(*where[d]) if d in where else [] for d in ("up", "down")}
+
+    def forward_port(self, router: str, port: int, host: str, proto: str = "tcp") -> None:
+        """Open ``port`` on the router's WAN address to ``host`` behind it (a user's port forward):
+        new connections to WAN:port reach host:port; everything else stays dropped."""
+        if not 0 < port < 65536 or proto not in ("tcp", "udp"):
+            raise ValueError(f"bad port forward {proto}/{port}")
+        if self._up.get(host) != router:
+            raise ValueError(f"{host} is not behind {router}")
+        wan, target = f"{self.iftag}-wan", self.addr(host)
+        rules = (f"add chain ip {TABLE} prerouting {{ type nat hook prerouting priority dstnat; }}\n"
+                 f'add rule ip {TABLE} prerouting iifname "{wan}" {proto} dport {port} dnat to {target}\n'
+                 f'insert rule ip {TABLE} forward iifname "{wan}" ip daddr {target} {proto} dport {port} '
+                 f"ct status dnat accept\n")
+        _cmd(["ip", "netns", "exec", self.ns(router), "nft", "-f", "-"], input=rules)
+
     def describe(self) -> str:
         """A table: node, namespace, addresses, public address."""
         rows = [f"{'node':10} {'namespace':24} {'addresses':32} public"]
@@ -505,7 +537,7 @@ class Rig:
         """Plug interface ``ifname`` of ``ns`` into a segment, through a delayer if ``link``."""
         i = next(self._ports)
         port = f"{self.iftag}-p{i}"
-        if link is None:
+        if link is None or not link.delays:
             _cmd(["ip", "-n", ns, "link", "add", ifname, "type", "veth",
                   "peer", "name", port, "netns", seg.ns])
         else:
@@ -529,6 +561,18 @@ class Rig:
                 raise RuntimeError(f"delayer on {wa}/{wb} did not start")
         _cmd(["ip", "-n", seg.ns, "link", "set", port, "master", seg.bridge, "up"])
         _cmd(["ip", "-n", ns, "link", "set", ifname, "up"])
+        if link is not None:
+            self._cap(ns, ifname, seg.ns, port, link)
+
+    def _cap(self, ns: str, ifname: str, up_ns: str, port: str, link: Link) -> None:
+        """Install a link's caps: the uplink on ``ifname`` (egress towards the upstream segment),
+        the downlink on the segment's ``port`` (egress towards ``ns``); both before the delayer."""
+        node = ns.split("-", 1)[1]
+        self._capped[node] = {"up": (ns, ifname), "down": (up_ns, port)}
+        for (where, dev), mbit in ((self._capped[node]["up"], link.up_mbit),
+                                   (self._capped[node]["down"], link.down_mbit)):
+            if mbit is not None:
+                _cmd(cap_command(where, dev, mbit, link.queue_ms))
 
     def _build(self) -> None:
         inet = self._add_ns("internet")
@@ -685,7 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.nat.rig", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="bring a scenario up and hold it until Ctrl-C / SIGTERM")
-    u.add_argument("scenario", choices=sorted(SPECS))
+    u.add_argument("scenario", choices=sorted(SPECS) + ["homes"],
+                   help="homes: --homes N homes (home0, home1, ...) on the --line profile")
+    u.add_argument("--line", choices=sorted(PROFILES), default="cable", help="homes: line profile")
+    u.add_argument("--homes", type=int, default=2, help="homes: how many")
     u.add_argument("--delay-ms", type=float, default=0.0, help="per direction, home WAN links")
     u.add_argument("--jitter-ms", type=float, default=0.0)
     u.add_argument("--loss-pct", type=float, default=0.0)
@@ -718,7 +765,10 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    spec = SPECS[a.scenario](a.delay_ms, a.jitter_ms, a.loss_pct)
+    if a.scenario == "homes":
+        spec = homes(a.line, [f"home{i}" for i in range(max(1, min(a.homes, 8)))])
+    else:
+        spec = SPECS[a.scenario](a.delay_ms, a.jitter_ms, a.loss_pct)
     with Rig(spec) as rig:
         print(rig.describe())
         print(f"\nrig {rig.tag} up; try: python -m tests.nat.rig exec peer_a -- "
