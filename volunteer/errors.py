@@ -201,6 +201,11 @@ class ExpertBackwardRefusedError(ExpertUnavailableError):
     server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
 
 
+class ExpertInputsForgottenError(ExpertUnavailableError):
+    """A backward named the inputs its forward left on the server, and the server no longer
+    holds them (evicted, or too old): the caller sends them again with the gradients."""
+
+
 class ExpertProtocolError(ExpertError, RemoteProtocolError):
     """An expert call's message was malformed (tensor payload, error reply, request header)."""
 

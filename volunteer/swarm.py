@@ -32,6 +32,7 @@ class Swarm:
 
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
                  dht_config: DHTConfig | None = None) -> None:
+        from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
 
         self.spec = spec
@@ -40,6 +41,7 @@ class Swarm:
         self.listen = list(listen)
         self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
         self.loop = BackgroundLoop()
+        self.calls = CallStats()  # every expert call made through this swarm (expert_stats)
         self.host = None
         self.dht = None
         self._ready: trio.Event | None = None
@@ -113,6 +115,13 @@ class Swarm:
 
         return self.loop.run(list_experts, self.dht, prefix, timeout=timeout)
 
+    def expert_stats(self, prefix: str | None = None) -> dict[str, list[dict]]:
+        """Where this trainer's expert calls spend their time: ``{uid: [one dict per host]}``
+        with the host's peer, connection path (direct, hole-punched, relayed via …), round trip
+        (``rtt_ms``), payload bytes per call each way, and the time per call on the network vs
+        on the volunteer (queued and computing); uids under ``prefix``, or all."""
+        return self.loop.run(_snapshot, self.calls, prefix)
+
     # --- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leave the swarm and stop the background thread (idempotent)."""
@@ -137,6 +146,10 @@ class Swarm:
     def __repr__(self) -> str:
         peer = self.host.peer_id.short() if self.host else "not joined"
         return f"<Swarm {self.spec.name!r} as {peer}>"
+
+
+async def _snapshot(calls, prefix: str | None) -> dict:
+    return calls.snapshot(prefix)  # on the trio thread, which records the calls
 
 
 __all__ = ["Swarm"]

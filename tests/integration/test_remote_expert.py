@@ -15,6 +15,7 @@ import trio
 
 from volunteer.errors import ExpertTimeoutError, ExpertUnavailableError, VolunteerError
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts.callstats import CallStats
 from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.protocol import protocol_id
@@ -33,6 +34,7 @@ class Node:
     def __init__(self, loop: BackgroundLoop, network: MemoryNetwork, uids=(), hidden: int = 8) -> None:
         self.loop, self.network, self.uids, self.hidden = loop, network, list(uids), hidden
         self.runtime = None
+        self.calls = CallStats()
         self.loop.run(self._start, timeout=10)
 
     async def _start(self) -> None:
@@ -60,7 +62,7 @@ class Node:
             self._ready.set()
             self._done.set()
 
-    # what RemoteExpert needs of a swarm: .loop, .host, .swarm_id
+    # what RemoteExpert needs of a swarm: .loop, .host, .swarm_id, .calls (set in __init__)
     swarm_id = SWARM
 
     @property
@@ -95,7 +97,7 @@ def test_forward_backward_from_a_plain_thread_match_a_local_copy(world):
     results: dict = {}
 
     def trainer() -> None:  # an ordinary thread, as a PyTorch training loop would be
-        remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5)
+        remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5, compression="none")
         x = torch.randn(6, 8, requires_grad=True)
         y = remote(x)
         weights = torch.randn(6, 8)

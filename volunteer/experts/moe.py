@@ -3,26 +3,30 @@
 For a batch ``x`` of shape ``[batch, in_features]``:
 1. the gate scores every grid dimension (``grid_size=(4, 4)``: 4 + 4 scores per sample); an
    expert's score is the sum of its coordinates' scores (Learning@home's product-key grid);
-2. the live experts come from the DHT (``grid_experts``: the grid's prefix records, cached for
-   ``refresh_period`` seconds so most batches need no DHT round trip); each sample picks its
-   ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
-3. each chosen expert gets one call with all the samples that chose it, all calls in parallel;
-   once every sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
+2. the live experts come from the DHT (``grid_experts``: the grid's prefix records, cached and
+   refreshed in the background every ``refresh_period`` seconds, so no forward waits for the
+   DHT but the first); each sample picks its ``k_best`` highest-scoring live experts, skipping
+   experts that failed recently (``backoff``);
+3. each chosen expert gets one call with all the samples that chose it, all calls in parallel
+   (tensors as float16, or 8-bit on a link measured slow: ``compression="auto"``); once every
+   sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
 4. samples still short of ``k_min`` go to their next-best live experts by gate score (not tried
    yet in this forward, not failed) in a second round, bounded like the first;
 5. outputs are combined with softmax weights over the scores of the experts that answered; a
    sample still short after both rounds gets a zero output. Only a step where no expert answered
    at all raises, so a training loop survives anything short of the whole grid being gone.
 ``stats`` counts ``calls``, ``failures``, ``samples_short`` (zero outputs) and ``rerouted``
-(samples sent to a second round).
-Backward goes only to the experts that answered forward (their optimizers step); a failed
-backward call only loses that expert's gradient. Gradients reach the gate through the weights.
+(samples sent to a second round), and shows per expert where its calls spend their time.
+Backward goes only to the experts that answered forward (their optimizers step), with only the
+gradients: the volunteers kept the forward's inputs. A failed backward call only loses that
+expert's gradient. Gradients reach the gate through the weights.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from typing import Any, Sequence
 
@@ -39,10 +43,13 @@ from ..errors import (
     describe,
 )
 from ..dht.grid import parse_uid
+from .callstats import AUTO, CallReport
 from .client import DUMMY, _Call, detached_cpu, remember_addrs
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 
 log = logging.getLogger(__name__)
+
+STALE_AFTER = 10  # refresh periods: a grid cache this old is looked up again before a forward uses it
 
 
 def find_grid(swarm, uid_prefix: str, dims: int, *, grid_size: Sequence[int] | None = None, timeout: float = 30) -> dict[str, list]:
@@ -76,6 +83,7 @@ class _Plan:
     def __init__(self, moe: "RemoteMixtureOfExperts", calls: list[_Call], samples: list[torch.Tensor], batch: int, need: list[int]) -> None:
         self.moe, self.calls, self.samples, self.batch, self.need = moe, calls, samples, batch, need
         self.errors: list[BaseException] = []
+        self.reports = [CallReport() for _ in calls]  # forward: each keeps the key of its kept inputs
 
     async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
         results: list[list[torch.Tensor] | None] = [None] * len(self.calls)
@@ -89,7 +97,7 @@ class _Plan:
                 nonlocal finished
                 try:
                     started = time.monotonic()
-                    results[i] = await self.calls[i].forward([inputs[i]])
+                    results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
                     self.moe._answered(self.calls[i], time.monotonic() - started)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
@@ -118,7 +126,7 @@ class _Plan:
 
         async def one(i: int) -> None:
             try:
-                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]]))[0]
+                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept))[0]
             except ExpertError as exc:
                 log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
                 self.moe._failed(self.calls[i], exc)
@@ -179,7 +187,7 @@ class RemoteMixtureOfExperts(nn.Module):
         timeout_after_k_min: float = 1.0,
         backoff: float = 60.0,
         refresh_period: float = 2.0,
-        compression: str = "none",
+        compression: str = AUTO,
     ) -> None:
         super().__init__()
         if k_min < 1 or k_best < k_min:
@@ -201,40 +209,65 @@ class RemoteMixtureOfExperts(nn.Module):
         self.gate = nn.Linear(in_features, sum(self.grid_size))
         self._live: dict[str, list] = {}
         self._live_at = float("-inf")
+        self._refreshing = threading.Lock()  # held while a background lookup runs
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
-        self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0}
+        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0}
+
+    @property
+    def stats(self) -> dict:
+        """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``)
+        and ``experts``: where the calls to each of the grid's experts spend their time, per host
+        (``Swarm.expert_stats``: path, round trip, bytes per call, network vs volunteer time)."""
+        return {**self._counts, "experts": self.swarm.expert_stats(self.uid_prefix)}
 
     @property
     def calls(self) -> int:
         """Expert calls made (``stats["calls"]``)."""
-        return self.stats["calls"]
+        return self._counts["calls"]
 
     @property
     def failures(self) -> int:
         """Expert calls that failed, forward or backward (``stats["failures"]``)."""
-        return self.stats["failures"]
+        return self._counts["failures"]
 
     # --- experts ---------------------------------------------------------------------------------
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
-        """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
-        if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            found = find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size)
-            valid = {}
-            for uid, hosts in found.items():
-                try:
-                    name, coords = parse_uid(uid)
-                except ValueError:
-                    continue
-                if name == self.uid_prefix and len(coords) == len(self.grid_size) and all(
-                    c < g for c, g in zip(coords, self.grid_size)
-                ):
-                    valid[uid] = hosts
-            self._live, self._live_at = valid, time.monotonic()
+        """``{uid: [host declarations]}`` of the grid. The first call (and ``refresh=True``) looks
+        the grid up and waits for it; after that, a cache older than ``refresh_period`` is
+        refreshed in the background while the forward goes on with it (a lookup is a round trip
+        or two to the DHT, as long as a step on a fast home line), unless it is older than
+        ``STALE_AFTER`` refresh periods (the background lookups keep failing): then we wait."""
+        age = time.monotonic() - self._live_at
+        if refresh or age >= STALE_AFTER * self.refresh_period:
+            self._set_live(find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size))
+        elif age >= self.refresh_period and self._refreshing.acquire(blocking=False):
+            threading.Thread(target=self._refresh_in_background, name="grid-refresh", daemon=True).start()
         return self._live
+
+    def _refresh_in_background(self) -> None:
+        try:
+            self._set_live(find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size))
+        except Exception as exc:  # the forward goes on with the cache; the next period tries again
+            log.info("background lookup of grid %r failed: %s", self.uid_prefix, describe(exc))
+        finally:
+            self._refreshing.release()
+
+    def _set_live(self, found: dict[str, list]) -> None:
+        valid = {}
+        for uid, hosts in found.items():
+            try:
+                name, coords = parse_uid(uid)
+            except ValueError:
+                continue
+            if name == self.uid_prefix and len(coords) == len(self.grid_size) and all(
+                c < g for c, g in zip(coords, self.grid_size)
+            ):
+                valid[uid] = hosts
+        self._live, self._live_at = valid, time.monotonic()
 
     def _pick_host(self, uid: str, hosts: list):
         """One of the expert's replicas, drawn with weight 1 / ((1 + load) x latency): calls
@@ -256,7 +289,7 @@ class RemoteMixtureOfExperts(nn.Module):
         # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
         # experts are skipped for up to ``backoff`` seconds after two tries, while an expert that
         # failed once (a random drop: the next call just picks it again) stays in the pool.
-        self.stats["failures"] += 1
+        self._counts["failures"] += 1
         key = (call.uid, str(call.peer))
         strikes = self._strikes.get(key, 0) + (2 if isinstance(error, ExpertPeerUnreachableError) else 1)
         self._strikes[key] = strikes
@@ -341,14 +374,14 @@ class RemoteMixtureOfExperts(nn.Module):
                 second[b, picks] = True
             rerouted = int(second.any(-1).sum())
             if rerouted:
-                self.stats["rerouted"] += rerouted
+                self._counts["rerouted"] += rerouted
                 tried |= second
                 parts += self._round(flat, choices, second, deficits, answered, failed_experts, errors)
 
         if not answered.any():
             raise _worst(errors) if errors else ExpertUnavailableError("no expert answered")
         complete = answered.sum(-1) >= need  # samples with k_min answers; the others output zero
-        self.stats["samples_short"] += int((~complete).sum())
+        self._counts["samples_short"] += int((~complete).sum())
         keep = (answered & complete[:, None]).to(flat.device)
         masked = expert_scores.masked_fill(~keep, float("-inf"))
         masked = torch.where(keep.any(-1, keepdim=True), masked, torch.zeros_like(masked))  # no NaN rows
@@ -374,11 +407,11 @@ class RemoteMixtureOfExperts(nn.Module):
             self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                backward_follows=torch.is_grad_enabled(),
+                backward_follows=torch.is_grad_enabled(), stats=self.swarm.calls,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)
-        self.stats["calls"] += len(calls)
+        self._counts["calls"] += len(calls)
         try:
             *outs, ok = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
         except _NothingAnswered:
@@ -398,6 +431,8 @@ class RemoteMixtureOfExperts(nn.Module):
         """The failed experts that have another live replica get their samples again, on that
         replica, once: a leaving or crashed host takes none of its experts out of the step while
         their replicas serve (its failed calls already keep it out of ``_pick_host``)."""
+        if not failed_experts:
+            return []  # the common case: no lookup, not even of the cache
         live = self.live_experts()
         retry: dict[int, Any] = {}
         for e in sorted(failed_experts):
@@ -408,7 +443,7 @@ class RemoteMixtureOfExperts(nn.Module):
         if not retry:
             return []
         failed_experts.difference_update(retry)
-        self.stats["failed_over"] += len(retry)
+        self._counts["failed_over"] += len(retry)
         moved = [(uid, retry.get(e, decl)) for e, (uid, decl) in enumerate(choices)]
         again = torch.zeros_like(assign)
         again[:, sorted(retry)] = assign[:, sorted(retry)]

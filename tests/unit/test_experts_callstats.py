@@ -1,0 +1,89 @@
+"""Where a trainer's calls spend their time (callstats), which encoding a link gets, and the
+float16 encoding keeping values half cannot hold out of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from volunteer.experts.callstats import (
+    AUTO,
+    MIN_TRANSFER_BYTES,
+    SLOW_LINK_BYTES_PER_S,
+    CallReport,
+    CallStats,
+    choose_compression,
+)
+from volunteer.experts.tensors import BLOCKWISE8_64, FLOAT16, NONE, deserialize, encode
+
+
+def report(**fields) -> CallReport:
+    base = dict(op="forward", started=10.0, sent=10.2, first_reply=10.5, done=10.6, bytes_out=100, bytes_in=100,
+                server_s=0.2)
+    return CallReport(**{**base, **fields})
+
+
+def test_a_report_splits_a_call_into_network_and_volunteer_time():
+    r = report()
+    assert r.total == pytest.approx(0.6)
+    assert r.network_s == pytest.approx(0.4)
+    assert r.rtt_sample == pytest.approx(0.1)  # 0.3 s from our last byte to the reply, 0.2 s of it the volunteer's
+    unfinished = CallReport(started=1.0)
+    assert unfinished.total is None and unfinished.network_s is None and unfinished.rtt_sample is None
+
+
+def test_stats_sum_per_expert_and_host_and_keep_the_smallest_round_trip():
+    stats = CallStats()
+    stats.record("expert.0.1", "peerA", report(), "direct")
+    stats.record("expert.0.1", "peerA", report(first_reply=10.9, done=11.0), "direct")
+    stats.failed("expert.0.1", "peerA")
+    stats.record("other.0", "peerB", report(), "relayed via X", rtt=0.14)
+    [row] = stats.snapshot("expert")["expert.0.1"]
+    assert (row["calls"], row["failures"], row["path"], row["peer"]) == (2, 1, "direct", "peerA")
+    assert row["rtt_ms"] == pytest.approx(100.0)  # the faster call's estimate
+    assert row["bytes_out_per_call"] == 100 and row["server_ms_per_call"] == pytest.approx(200.0)
+    assert row["network_ms_per_call"] == pytest.approx((400 + 800) / 2)
+    assert list(stats.snapshot("expert")) == ["expert.0.1"]  # another grid's expert is not ours
+    assert stats.snapshot("other")["other.0"][0]["rtt_ms"] == pytest.approx(140.0)  # the connection's own
+    assert set(stats.snapshot()) == {"expert.0.1", "other.0"}
+
+
+def test_throughput_comes_from_calls_big_enough_to_say_and_moves_smoothly():
+    stats = CallStats()
+    stats.record("e.0", "p", report(bytes_out=1000, bytes_in=1000))
+    assert stats.rate("p") is None  # a small call is all round trip
+    big = MIN_TRANSFER_BYTES
+    # 0.4 s on the network, 0.1 s of it the round trip: the bytes took 0.3 s
+    stats.record("e.0", "p", report(bytes_out=big, bytes_in=big))
+    first = stats.rate("p")
+    assert first == pytest.approx(2 * big / 0.3)
+    stats.record("e.0", "p", report(bytes_out=big, bytes_in=big, done=13.4))  # much slower
+    assert stats.rate("p") < first and stats.rate("p") > 2 * big / 3.1
+
+
+def test_auto_picks_half_by_default_and_8_bit_on_a_slow_link():
+    assert choose_compression(AUTO, None) == FLOAT16
+    assert choose_compression(AUTO, SLOW_LINK_BYTES_PER_S * 10) == FLOAT16
+    assert choose_compression(AUTO, SLOW_LINK_BYTES_PER_S / 2) == BLOCKWISE8_64
+    assert choose_compression(AUTO, float("nan")) == FLOAT16
+    for fixed in (NONE, FLOAT16, BLOCKWISE8_64):
+        assert choose_compression(fixed, 1.0) == fixed  # a user's explicit choice stands
+
+
+@pytest.mark.parametrize("values, used", [
+    (torch.randn(64, 8), FLOAT16),
+    (torch.randn(64, 8) * 1e5, NONE),  # beyond half's range: raw, never inf
+    (torch.randn(64, 8) * 1e-7, BLOCKWISE8_64),  # tiny gradients: a scale that follows them
+    (torch.zeros(4, 8), BLOCKWISE8_64),
+    (torch.tensor([float("nan"), 1.0]), FLOAT16),  # NaN stays NaN, for the server's check
+    (torch.randn(3, 8, dtype=torch.float64), FLOAT16),
+    (torch.arange(6), NONE),  # integers always go raw
+])
+def test_float16_keeps_out_what_half_cannot_hold(values, used):
+    header, payload = encode([values], FLOAT16)
+    assert header["t"][0]["c"] == used
+    [back] = deserialize(header, payload)
+    assert back.dtype == values.dtype and back.shape == values.shape
+    if values.is_floating_point() and torch.isfinite(values).all():
+        scale = float(values.abs().max()) or 1.0
+        assert float((back - values).abs().max()) <= scale * 2 ** -7
