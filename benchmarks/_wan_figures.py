@@ -63,19 +63,10 @@ class Line:
 
 @dataclasses.dataclass(frozen=True)
 class StepBytes:
-    """Payload a step's tensors need, in bytes: trainer -> volunteers and back, over ``volunteers``
-    volunteers sharing the calls evenly."""
+    """Payload a step's tensors need, in bytes: trainer -> volunteers and back."""
 
-    to_volunteers: int
-    to_trainer: int
-    volunteers: int
-
-
-def tensor_bytes(batch: int, k_best: int, hidden: int, bytes_per_value: float) -> StepBytes:
-    """What a mixture step must move: forward inputs and backward gradients out, forward outputs
-    and input gradients back; each sample goes to ``k_best`` experts (no input sent twice)."""
-    one_way = int(batch * k_best * hidden * bytes_per_value)
-    return StepBytes(to_volunteers=2 * one_way, to_trainer=2 * one_way, volunteers=0)
+    to_volunteers: float
+    to_trainer: float
 
 
 def limit_seconds(line: Line, step: StepBytes, compute: float, volunteers: int) -> float:

@@ -6,7 +6,8 @@ Joins the swarm with default settings, waits until the grid's experts are declar
 volunteers, then trains a RemoteMixtureOfExperts (grid 4x4, k_best 4, defaults otherwise).
 Warm-up steps run until every volunteer's connection has the path the profile means (direct,
 or relayed) and at least W steps ran; then N measured steps. Prints one JSON line: the steps
-(see _wan_train.train), the connection path per volunteer, and the mixture's stats.
+(see _wan_train.train), the connection path per volunteer, the mixture's stats, and the tensor
+payload bytes per measured step each way (what the physical limit counts).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def _dialable(addrs, relayed: bool) -> bool:
     if relayed:
         return any(a.is_relayed() for a in parsed)
     return any(not a.is_relayed() and not is_loopback(a) for a in parsed)
+
+
+def _payload(swarm) -> tuple[int, int]:
+    """Tensor payload bytes sent and received by every expert call so far."""
+    rows = [row for hosts in swarm.expert_stats().values() for row in hosts]
+    return sum(r["bytes_out"] for r in rows), sum(r["bytes_in"] for r in rows)
 
 
 async def _paths(host, peers) -> dict[str, str]:
@@ -86,10 +93,13 @@ def main() -> int:
             if time.monotonic() > deadline:
                 print(json.dumps({"error": f"paths did not settle after {warm} warm-up steps: {paths}"}))
                 return 1
+        before = _payload(swarm)
         steps = train(moe, hidden=HIDDEN, batch=BATCH, steps=args.steps, ifname=ifname)
+        after = _payload(swarm)
         paths = swarm.loop.run(_paths, swarm.host, peers)
-        print(json.dumps({"steps": steps, "paths": paths, "warmup": warm, "stats": dict(moe.stats),
-                          "compression": moe.compression}, default=str))
+        print(json.dumps({"steps": steps, "paths": paths, "warmup": warm, "stats": moe.stats,
+                          "payload_out": (after[0] - before[0]) / args.steps,
+                          "payload_in": (after[1] - before[1]) / args.steps}, default=str))
     return 0
 
 

@@ -17,7 +17,8 @@ Per profile and trainer: median and p95 step time over the measured steps (after
 samples/s, bytes per step on the trainer's line (frames, both ways), round trips per step
 (counted on the trainer's wire, see _wan_figures), the physical limit of the step and the
 ratio; and our samples/s over hivemind's. The limit: 2 RTT + the bytes the step's tensors need
-each way (at the encoding our trainer used) over the slowest link they cross + the experts'
+each way (their payload in the encoding our trainer's calls used) over the slowest link they
+cross + the experts'
 compute, measured locally (one volunteer's share in a fresh process; the four volunteers share
 this machine's cores, so a step's compute is that times 4 over the cores: _wan_compute).
 Every process runs torch with one thread. The last line reads
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _wan_compute import measure as measure_compute, step_compute  # noqa: E402
-from _wan_figures import HEADER, Line, format_row, last_line, limit_seconds, row_from_steps, tensor_bytes  # noqa: E402
+from _wan_figures import HEADER, Line, StepBytes, format_row, last_line, limit_seconds, row_from_steps  # noqa: E402
 from hivemind_runner import VENV as HIVEMIND_VENV  # noqa: E402
 from tests.nat import lines  # noqa: E402
 from tests.nat import rig as rigmod  # noqa: E402
@@ -54,31 +55,35 @@ HIDDEN, BATCH, K_BEST = 1024, 64, 4
 PORT = 4001
 RELAY_ADDR = "203.0.113.10"
 START_TIMEOUT = 120.0
-BYTES_PER_VALUE = {"none": 4.0, "float16": 2.0, "blockwise8_64": 1 + 4 / 64, "blockwise8_256": 1 + 4 / 256}
 PY = sys.executable
 SWARM_ID = "wan"
 HOMES = ["trainer"] + [f"vol{i}" for i in range(VOLUNTEERS)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Options; ``--quick`` means two profiles, 20 steps, 3 warm-up steps."""
+    """Options; ``--quick`` means two profiles, 20 steps after 2 warm-up (hivemind: 3 after 1)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--profiles", default=",".join(PROFILES), help=f"comma-separated, of {', '.join(PROFILES)}")
     p.add_argument("--steps", type=int, default=50, help="measured steps per trainer and profile")
     p.add_argument("--warmup", type=int, default=5, help="at least this many steps before measuring")
-    p.add_argument("--quick", action="store_true", help=f"{' and '.join(QUICK_PROFILES)}, 20 steps, 3 warm-up")
+    p.add_argument("--quick", action="store_true", help=f"{' and '.join(QUICK_PROFILES)}, 20 steps, 2 warm-up")
     p.add_argument("--skip-hivemind", action="store_true")
+    p.add_argument("--hivemind-steps", type=int, help="measured steps of hivemind's trainer (default: --steps; "
+                   "--quick: 3 after 1 warm-up, as its steps take ten times ours)")
     p.add_argument("--compute-repeats", type=int, default=8, help="rounds of the local compute measurement")
     p.add_argument("--json", help="also write every figure to this file")
     a = p.parse_args(argv)
     if a.quick:
-        a.profiles, a.steps, a.warmup, a.compute_repeats = ",".join(QUICK_PROFILES), 20, 3, 5
+        a.profiles, a.steps, a.warmup, a.compute_repeats = ",".join(QUICK_PROFILES), 20, 2, 4
+        a.hivemind_steps = a.hivemind_steps or 3
+    a.hivemind_warmup = 1 if a.quick else a.warmup
+    a.hivemind_steps = a.hivemind_steps or a.steps
     a.profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
     unknown = [x for x in a.profiles if x not in PROFILES]
     if unknown or not a.profiles:
         p.error(f"unknown profiles {unknown}; choose from {', '.join(PROFILES)}")
-    if a.steps < 1 or a.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.hivemind_steps < 1:
+        p.error("--steps and --hivemind-steps must be >= 1 and --warmup >= 0")
     return a
 
 
@@ -105,12 +110,20 @@ class Procs:
     def start(self, node: str, argv: list[str], ready: str, timeout: float = START_TIMEOUT,
               env: dict | None = None) -> str:
         """Start ``argv`` in ``node``; return its first output line holding ``ready`` (from there)."""
+        return self.wait(self.launch(node, argv, env), ready, timeout)
+
+    def launch(self, node: str, argv: list[str], env: dict | None = None) -> int:
+        """Start ``argv`` in ``node`` without waiting; a handle for ``wait``."""
         out = self.workdir / f"{node}-{len(self.started)}.log"
-        handle = open(out, "w")
-        proc = self.rig.popen(node, argv, stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT,
-                              env=env or _env())
-        handle.close()
+        with open(out, "w") as handle:
+            proc = self.rig.popen(node, argv, stdin=subprocess.PIPE, stdout=handle, stderr=subprocess.STDOUT,
+                                  env=env or _env())
         self.started.append((proc, out))
+        return len(self.started) - 1
+
+    def wait(self, handle: int, ready: str, timeout: float = START_TIMEOUT) -> str:
+        """The first output line of a launched process holding ``ready`` (from there on)."""
+        proc, out = self.started[handle]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in out.read_text(errors="replace").splitlines():
@@ -120,7 +133,7 @@ class Procs:
                 break
             time.sleep(0.2)
         tail = out.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{node}: {argv[1:4]} did not print {ready!r} (exit {proc.poll()}):\n{tail}")
+        raise RuntimeError(f"{out.name}: {proc.args[4:8]} did not print {ready!r} (exit {proc.poll()}):\n{tail}")
 
     def stop(self) -> None:
         for proc, _ in reversed(self.started):
@@ -186,14 +199,16 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
         relay_addr = _relay_multiaddr(procs, line)
         swarm = workdir / "swarm.toml"
         swarm.write_text(f'name = "wan"\nid = "{SWARM_ID}"\nrelays = ["{relay_addr}"]\n')
+        volunteers = []
         for i in range(VOLUNTEERS):
             home = workdir / f"vol{i}"
-            procs.start(f"vol{i}", [PY, "-m", "volunteer", "join", str(swarm), "--no-dashboard", "--no-mdns",
-                                    "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]",
-                                    "--hidden-dim", str(HIDDEN), "--device", "cpu",
-                                    "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--identity", str(home / "id.key"),
-                                    "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")],
-                        "control socket")
+            volunteers.append(procs.launch(f"vol{i}", [
+                PY, "-m", "volunteer", "join", str(swarm), "--no-dashboard", "--no-mdns",
+                "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(HIDDEN),
+                "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--identity", str(home / "id.key"),
+                "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
+        for handle in volunteers:
+            procs.wait(handle, "control socket")
         argv = [PY, str(ROOT / "benchmarks" / "_wan_ours.py"), str(swarm), "--steps", str(args.steps),
                 "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS)] + (["--relayed"] if relayed else [])
         return _trainer(rig, argv, timeout=_trainer_timeout(args))
@@ -225,16 +240,19 @@ def run_hivemind(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[d
         line = procs.start("relay", [str(python), script, "bootstrap", "--announce", f"/ip4/{RELAY_ADDR}/tcp/{PORT}"],
                            "READY")
         peer = line.split()[1]
-        known = ["--peer", peer]
+        known, servers = ["--peer", peer], []
         for i in range(VOLUNTEERS):
             uids = ",".join(f"expert.{i}.{j}" for j in range(EXPERTS_PER_VOLUNTEER))
             public = f"/ip4/{rig.addr(f'nat_vol{i}')}/tcp/{PORT}"
             extra = ["--relayed"] if relayed else ["--announce", public]
-            server = procs.start(f"vol{i}", [str(python), script, "serve", "--uids", uids, "--peer", peer, *extra],
-                                 "READY").split()[1]
+            servers.append((public, procs.launch(f"vol{i}", [str(python), script, "serve", "--uids", uids,
+                                                             "--peer", peer, *extra])))
+        for public, handle in servers:
+            server = procs.wait(handle, "READY").split()[1]
             known += ["--peer", f"{peer}/p2p-circuit/p2p/{server}" if relayed else f"{public}/p2p/{server}"]
-        argv = [str(python), script, "train", *known, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        return _trainer(rig, argv, timeout=_trainer_timeout(args))
+        argv = [str(python), script, "train", *known, "--steps", str(args.hivemind_steps),
+                "--warmup", str(args.hivemind_warmup)]
+        return _trainer(rig, argv, timeout=START_TIMEOUT + 60.0 * (args.hivemind_steps + args.hivemind_warmup) + 300.0)
     finally:
         procs.stop()
 
@@ -258,11 +276,9 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
                 rig.forward_port(f"nat_vol{i}", PORT, f"vol{i}")
         (workdir / "ours").mkdir()
         ours, sends = run_ours(rig, args, relayed, workdir / "ours")
-        encoding = ours.get("compression", "none")
-        need = tensor_bytes(BATCH, K_BEST, HIDDEN, BYTES_PER_VALUE.get(encoding, 4.0))
+        need = StepBytes(ours["payload_out"], ours["payload_in"])
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
-        result.update(limit=limit, encoding=encoding, paths=ours.get("paths"), stats=ours.get("stats"),
-                      need_bytes=need.to_volunteers + need.to_trainer)
+        result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need)
         result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
         if not args.skip_hivemind:
             (workdir / "hivemind").mkdir()
@@ -297,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"wan-{profile}-") as tmp:
             res = run_profile(profile, args, compute, Path(tmp))
         results.append(res)
-        print(f"{profile}: rtt {res['rtt'] * 1e3:.0f} ms, encoding {res['encoding']}, tensors need "
-              f"{res['need_bytes'] / 1e6:.2f} MB/step, limit {res['limit']:.3f} s, paths "
+        print(f"{profile}: rtt {res['rtt'] * 1e3:.0f} ms; our tensors need {res['need'].to_volunteers / 1e6:.2f} MB "
+              f"out + {res['need'].to_trainer / 1e6:.2f} MB back per step; limit {res['limit']:.3f} s; paths "
               f"{sorted(set((res['paths'] or {}).values()))}", flush=True)
         print(HEADER)
         print(format_row(res["ours"], res.get("hivemind")))

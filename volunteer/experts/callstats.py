@@ -75,11 +75,12 @@ class HostSummary:
     last_total: float | None = None
 
     def snapshot(self) -> dict:
-        """Plain numbers for people and scripts (ms, bytes per call)."""
+        """Plain numbers for people and scripts (ms; payload bytes in all and per call)."""
         calls = max(1, self.calls)
         return {
             "uid": self.uid, "peer": self.peer, "path": self.path, "calls": self.calls, "failures": self.failures,
             "rtt_ms": None if self.rtt is None else round(self.rtt * 1e3, 2),
+            "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
             "bytes_out_per_call": self.bytes_out // calls, "bytes_in_per_call": self.bytes_in // calls,
             "network_ms_per_call": round(self.network_s / calls * 1e3, 2),
             "server_ms_per_call": round(self.server_s / calls * 1e3, 2),
