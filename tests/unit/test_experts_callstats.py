@@ -6,14 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from volunteer.experts.callstats import (
-    AUTO,
-    MIN_TRANSFER_BYTES,
-    SLOW_LINK_BYTES_PER_S,
-    CallReport,
-    CallStats,
-    choose_compression,
-)
+from volunteer.experts.callstats import AUTO, CallReport, CallStats, choose_compression
 from volunteer.experts.tensors import BLOCKWISE8_64, FLOAT16, NONE, deserialize, encode
 
 
@@ -48,26 +41,33 @@ def test_stats_sum_per_expert_and_host_and_keep_the_smallest_round_trip():
     assert set(stats.snapshot()) == {"expert.0.1", "other.0"}
 
 
-def test_throughput_comes_from_calls_big_enough_to_say_and_moves_smoothly():
+def test_a_links_bytes_cost_compares_the_calls_transfer_with_their_round_trip():
     stats = CallStats()
-    stats.record("e.0", "p", report(bytes_out=1000, bytes_in=1000))
-    assert stats.rate("p") is None  # a small call is all round trip
-    big = MIN_TRANSFER_BYTES
-    # 0.4 s on the network, 0.1 s of it the round trip: the bytes took 0.3 s
-    stats.record("e.0", "p", report(bytes_out=big, bytes_in=big))
-    first = stats.rate("p")
-    assert first == pytest.approx(2 * big / 0.3)
-    stats.record("e.0", "p", report(bytes_out=big, bytes_in=big, done=13.4))  # much slower
-    assert stats.rate("p") < first and stats.rate("p") > 2 * big / 3.1
+    assert stats.bytes_cost("p") is None  # nothing measured yet
+    # 0.4 s on the network, 0.1 s of it the round trip: 200 kB (float16) took 0.3 s, 3 round trips
+    stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=100_000, bytes_in=100_000))
+    assert stats.bytes_cost("p") == pytest.approx(3.0)
+    # the same call in 8-bit moves about half the bytes in the same time: as float16 they would cost twice
+    slow = CallStats()
+    slow.record("e.0", "p", report(compression=BLOCKWISE8_64, bytes_out=100_000, bytes_in=100_000))
+    assert slow.bytes_cost("p") == pytest.approx(3.0 * 2 / 1.0625)
+    # a call whose bytes arrived within its round trip says the link is fast: cost well below 1
+    fast = CallStats()
+    fast.record("e.0", "p", report(compression=FLOAT16, done=10.5, bytes_out=1000, bytes_in=1000), rtt=0.3)
+    assert fast.bytes_cost("p") < 1
+    # later calls move the figures smoothly, never by one call alone
+    for _ in range(3):
+        stats.record("e.1", "p", report(compression=FLOAT16, done=10.51, bytes_out=100, bytes_in=100))
+    assert 0 < stats.bytes_cost("p") < 3.0
 
 
-def test_auto_picks_half_by_default_and_8_bit_on_a_slow_link():
+def test_auto_picks_half_by_default_and_8_bit_where_bytes_outweigh_the_round_trip():
     assert choose_compression(AUTO, None) == FLOAT16
-    assert choose_compression(AUTO, SLOW_LINK_BYTES_PER_S * 10) == FLOAT16
-    assert choose_compression(AUTO, SLOW_LINK_BYTES_PER_S / 2) == BLOCKWISE8_64
+    assert choose_compression(AUTO, 0.5) == FLOAT16
+    assert choose_compression(AUTO, 2.5) == BLOCKWISE8_64
     assert choose_compression(AUTO, float("nan")) == FLOAT16
     for fixed in (NONE, FLOAT16, BLOCKWISE8_64):
-        assert choose_compression(fixed, 1.0) == fixed  # a user's explicit choice stands
+        assert choose_compression(fixed, 9.0) == fixed  # a user's explicit choice stands
 
 
 @pytest.mark.parametrize("values, used", [

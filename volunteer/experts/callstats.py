@@ -14,14 +14,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .tensors import BLOCKWISE8_64, FLOAT16
+from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
 
 AUTO = "auto"  # a trainer's compression setting: the encoding each call's link calls for
-# A link whose calls move payload slower than this (bytes/s, both directions of a call together)
-# gets 8-bit blockwise tensors instead of float16: there the bytes are the call's time.
-SLOW_LINK_BYTES_PER_S = 1_000_000.0
-RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving throughput
-MIN_TRANSFER_BYTES = 64 * 1024  # smaller calls say more about round trips than about bandwidth
+RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figures
+# A call that moved its bytes within its round trip was not held by them: its transfer time
+# counts as this fraction of the round trip (the link is at least that fast).
+LATENCY_BOUND_FLOOR = 0.1
+# Payload bytes of a call in float16, per payload byte in the encoding it used.
+AS_HALF = {NONE: 0.5, FLOAT16: 1.0, BLOCKWISE8_64: 2 / (1 + 4 / 64), BLOCKWISE8_256: 2 / (1 + 4 / 256)}
 
 
 @dataclasses.dataclass
@@ -29,6 +30,7 @@ class CallReport:
     """What one call cost (times in seconds, on the caller's clock; None when it did not happen)."""
 
     op: str = ""
+    compression: str = NONE  # the encoding the call's tensors travelled in
     started: float = 0.0
     sent: float | None = None  # the request's last byte handed to the stream
     first_reply: float | None = None  # the reply header arrived
@@ -89,11 +91,14 @@ class HostSummary:
 
 
 class CallStats:
-    """Per (expert, host) summaries of a trainer's calls, and each host's measured throughput."""
+    """Per (expert, host) summaries of a trainer's calls, and what each host's link makes the
+    bytes of a call cost: ``bytes_cost(peer)``, the seconds a call's payload takes on the wire in
+    float16 over the round trip (moving figures of the calls' throughput and payload). A call's
+    throughput is its share of the links it crosses, as the step that waits for all calls sees it."""
 
     def __init__(self) -> None:
         self._hosts: dict[tuple[str, str], HostSummary] = {}
-        self._rates: dict[str, float] = {}  # peer -> bytes/s of its calls' transfers (moving)
+        self._links: dict[str, tuple[float, float]] = {}  # peer -> (bytes/s, float16 bytes per call), moving
 
     def record(self, uid: str, peer: str, report: CallReport, path: str = "", rtt: float | None = None) -> None:
         """Count one answered call; ``path`` and ``rtt`` (seconds) are the connection's, when it
@@ -111,15 +116,21 @@ class CallStats:
             summary.rtt = rtt
         elif sample is not None:
             summary.rtt = sample if summary.rtt is None else min(summary.rtt, sample)
-        self._note_rate(peer, report, summary.rtt)
+        self._note_link(peer, report, summary.rtt)
 
     def failed(self, uid: str, peer: str) -> None:
         """Count one failed call."""
         self._summary(uid, peer).failures += 1
 
-    def rate(self, peer: str) -> float | None:
-        """Payload bytes/s the calls to ``peer`` moved lately (None before a big enough call)."""
-        return self._rates.get(peer)
+    def bytes_cost(self, peer: str) -> float | None:
+        """Seconds a call's payload to ``peer`` takes on the wire in float16, in round trips
+        (None before a call to it was measured): above 1 the bytes, not the latency, make it slow."""
+        link = self._links.get(peer)
+        rtt = self._rtt_of(peer)
+        if link is None or not rtt:
+            return None
+        rate, half_bytes = link
+        return half_bytes / rate / rtt
 
     def snapshot(self, prefix: str | None = None) -> dict[str, list[dict]]:
         """``{uid: [per-host summary, ...]}``, for uids under ``prefix`` (all when None)."""
@@ -135,26 +146,32 @@ class CallStats:
             self._hosts[key] = HostSummary(uid, peer)
         return self._hosts[key]
 
-    def _note_rate(self, peer: str, report: CallReport, rtt: float | None) -> None:
+    def _rtt_of(self, peer: str) -> float | None:
+        rtts = [h.rtt for (_, p), h in self._hosts.items() if p == peer and h.rtt]
+        return min(rtts) if rtts else None
+
+    def _note_link(self, peer: str, report: CallReport, rtt: float | None) -> None:
         moved = report.bytes_out + report.bytes_in
         network = report.network_s
-        if moved < MIN_TRANSFER_BYTES or network is None:
+        if not moved or network is None or not rtt:
             return
-        transfer = network - (rtt or 0.0)  # the round trip is not bandwidth
-        if transfer <= 0:
-            return
-        sample = moved / transfer
-        old = self._rates.get(peer)
-        self._rates[peer] = sample if old is None else (1 - RATE_SMOOTHING) * old + RATE_SMOOTHING * sample
+        transfer = max(network - rtt, LATENCY_BOUND_FLOOR * rtt)
+        sample = (moved / transfer, moved * AS_HALF.get(report.compression, 1.0))
+        old = self._links.get(peer)
+        if old is None:
+            self._links[peer] = sample
+        else:
+            self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
 
 
-def choose_compression(setting: str, rate: float | None) -> str:
+def choose_compression(setting: str, bytes_cost: float | None) -> str:
     """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then float16
     (tensors.serialize keeps values float16 cannot hold faithfully in another encoding), or
-    8-bit blockwise once the host's calls measure slower than ``SLOW_LINK_BYTES_PER_S``."""
+    8-bit blockwise where the link makes a call's float16 bytes cost more than its round trip
+    (``CallStats.bytes_cost`` above 1: a home uplink shared by a step's calls)."""
     if setting != AUTO:
         return setting
-    if rate is not None and math.isfinite(rate) and rate < SLOW_LINK_BYTES_PER_S:
+    if bytes_cost is not None and math.isfinite(bytes_cost) and bytes_cost > 1.0:
         return BLOCKWISE8_64
     return FLOAT16
 

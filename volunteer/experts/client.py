@@ -96,7 +96,7 @@ async def call_expert(
     peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
     report = report if report is not None else CallReport()
-    report.op, report.started = op, trio.current_time()
+    report.op, report.compression, report.started = op, compression, trio.current_time()
     request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
     sending = list(tensors)
     if op == "backward" and kept is not None and n_inputs:
@@ -254,7 +254,7 @@ class _Call:
         ))
 
     def _encoding(self) -> str:
-        return choose_compression(self.compression, self.stats.rate(self.peer_name) if self.stats else None)
+        return choose_compression(self.compression, self.stats.bytes_cost(self.peer_name) if self.stats else None)
 
     async def _recorded(self, report: CallReport, call):
         if self.stats is None:
