@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.dht.node import open_dht  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False)
+QUIET = StackOptions(relay_client=False, hole_punching=False)
 
 
 async def main(n: int, swarm_id: str, boot: str | None = None) -> None:
@@ -25,7 +25,7 @@ async def main(n: int, swarm_id: str, boot: str | None = None) -> None:
         first = boot
         mine = None
         for _ in range(n):
-            host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET))
+            host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET))
             boot = [first] if first else []
             await stack.enter_async_context(open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=boot))
             first = first or host.full_addrs()[0]

@@ -13,7 +13,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
-from volunteer.net.host import HostConfig  # noqa: E402
+from volunteer.net.stack import StackOptions  # noqa: E402
 from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
 from volunteer.swarmfile import SwarmSpec  # noqa: E402
 
@@ -25,7 +25,7 @@ async def main() -> None:
     config = ExpertsConfig(device="cpu", nan_check=False)
     backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
     options = VolunteerOptions(
-        listen=["/ip4/127.0.0.1/tcp/0"], host_config=HostConfig(enable_hole_punching=False, enable_relay_client=False),
+        listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
         nat=False, mdns=False, experts_config=config, backends=backends,
     )
     async with open_volunteer(SwarmSpec(SWARM, SWARM), options) as node:

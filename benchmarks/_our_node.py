@@ -11,7 +11,7 @@ import trio
 # this checkout's volunteer, not whichever copy the venv has installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 from volunteer.net.perf import PerfLimits  # noqa: E402
 
 ECHO = "/echo/1.0.0"
@@ -25,8 +25,8 @@ async def echo(stream) -> None:
 
 async def main() -> None:
     # Benchmarks move gigabytes: lift the perf budget that protects real volunteers.
-    config = HostConfig(perf_limits=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=config) as host:
+    options = StackOptions(perf=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=options) as host:
         host.set_handler(ECHO, echo)
         print("READY", host.full_addrs()[0], flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
-from volunteer.net.host import HostConfig  # noqa: E402
+from volunteer.net.stack import StackOptions  # noqa: E402
 from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
 from volunteer.replicas import ReplicasConfig  # noqa: E402
 from volunteer.replicas.transfer import catch_up  # noqa: E402
@@ -36,11 +36,11 @@ from volunteer.swarmfile import GridSpec, SwarmSpec  # noqa: E402
 HIDDEN = 1024
 SWARM = "churnbench"
 GRID = GridSpec("big", (1,), "ffn", HIDDEN, replicas=2, sync_period=3600.0)
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 def options(**changes) -> VolunteerOptions:
-    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False,
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, nat=False, mdns=False,
                 dht_config=DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0),
                 experts_config=ExpertsConfig(device="cpu"), replicas_config=ReplicasConfig(sync_timeout=120.0))
     return VolunteerOptions(**{**base, **changes})

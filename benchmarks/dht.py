@@ -29,9 +29,9 @@ from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.dht.declare import ExpertDeclarer  # noqa: E402
 from volunteer.dht.grid import find_best_experts  # noqa: E402
 from volunteer.dht.node import open_dht  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False)
+QUIET = StackOptions(relay_client=False, hole_punching=False)
 NODES_PER_PROCESS = 4
 CONCURRENCY = 32
 
@@ -85,7 +85,7 @@ async def measure_ours(nodes: int, ops: int) -> dict:
     swarm_id = f"bench{nodes}"
     peers = Peers(nodes - 1, swarm_id)
     try:
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as host:
             async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[peers.addr]) as dht:
                 await trio.sleep(0.5)
                 out = {}
@@ -121,7 +121,7 @@ async def measure_beam_ours(repeats: int) -> dict[str, float]:
     peers = Peers(8, swarm_id)
     rng = random.Random(0)
     try:
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as host:
             async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[peers.addr]) as dht:
                 # 256 experts of a 64x64 grid, declared by 8 hosts (our own hosts, in this process)
                 uids = [f"expert.{i}.{j}" for i, j in rng.sample([(i, j) for i in range(64) for j in range(64)], 256)]
@@ -149,7 +149,7 @@ async def measure_beam_ours(repeats: int) -> dict[str, float]:
 
 
 async def _host_with_dht(swarm_id: str, boot: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as host:
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as host:
         async with open_dht(host, DHTConfig(swarm_id=swarm_id), bootstrap=[boot]) as dht:
             task_status.started(dht)
             await trio.sleep_forever()

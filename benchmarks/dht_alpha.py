@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.dht.declare import ExpertDeclarer  # noqa: E402
 from volunteer.dht.node import DHTNode, open_dht  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport  # noqa: E402
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 ONE_WAY = 0.040
 
 
@@ -55,7 +55,7 @@ async def alpha_run(alpha: int, n: int = 100, lookups: int = 100, seed: int = 1)
         async with AsyncExitStack() as stack:
             nodes = []
             for _ in range(n):
-                host = await stack.enter_async_context(open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET))
+                host = await stack.enter_async_context(open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET))
                 boot = [rng.choice(nodes).host.full_addrs()[0]] if nodes else []
                 nodes.append(await stack.enter_async_context(open_dht(host, config, bootstrap=boot, clock=trio.current_time)))
             keys = [f"k{i}".encode() for i in range(lookups)]
@@ -84,7 +84,7 @@ async def heartbeat_bytes(hosts: int = 16, experts: int = 64, beats: int = 6) ->
     async with AsyncExitStack() as stack:
         nodes = []
         for _ in range(hosts):
-            host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET))
+            host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET))
             boot = [nodes[0].host.full_addrs()[0]] if nodes else []
             nodes.append(await stack.enter_async_context(open_dht(host, config, bootstrap=boot)))
         side = int(experts ** 0.5)

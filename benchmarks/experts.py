@@ -33,7 +33,7 @@ from _measure import latency_figures, trainers_throughput  # noqa: E402
 from volunteer import RemoteExpert  # noqa: E402
 from volunteer.experts.layers import FeedForward  # noqa: E402
 from volunteer.experts.loop import BackgroundLoop  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
 CONFIGS = [(256, 16), (1024, 64)]
 
@@ -53,7 +53,7 @@ class Client:
             ready = trio.Event()
 
             async def main() -> None:
-                async with open_host(config=HostConfig(enable_hole_punching=False, enable_relay_client=False)) as host:
+                async with open_stack(options=StackOptions(relay_client=False, hole_punching=False)) as host:
                     self.host = host
                     self._stop = trio.Event()
                     ready.set()

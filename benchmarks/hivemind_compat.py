@@ -34,9 +34,9 @@ from hivemind_runner import ROOT, VENV, run_hivemind  # noqa: E402
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime  # noqa: E402
 from volunteer.hivemind import HivemindDHT, HivemindExperts  # noqa: E402
 from volunteer.hivemind.kad import KadPeerRouting  # noqa: E402
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 HIDDEN, BATCH, UID = 1024, 64, "ffn.0"
 ROWS = ("forward_ms", "forward_backward_ms", "dht_store_ms", "dht_get_ms")
 
@@ -78,7 +78,7 @@ async def our_side(repeats: int, rows: str, profile: str | None = None) -> dict 
     async with open_runtime([make_backend(UID, "ffn", HIDDEN, config=config)], config) as runtime:
         dht = HivemindDHT()
         experts = HivemindExperts(runtime, dht=None, config=config)
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht, KadPeerRouting(), experts]) as host:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET, services=[dht, KadPeerRouting(), experts]) as host:
             target = str(host.full_addrs()[0])
             profiler = cProfile.Profile() if profile else None
             if profiler is not None:

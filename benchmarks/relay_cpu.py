@@ -33,7 +33,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 
 from _procstat import process_cpu_seconds  # noqa: E402
 
@@ -73,10 +73,10 @@ async def echo_once(conn, size: int, pids: tuple[int, int]) -> tuple[float, list
 async def measure(size: int, runs: int, relay_pid: int, b_pid: int, circuit: str, direct: str) -> dict[str, list]:
     rows: dict[str, list] = {"relayed": [], "direct": []}
     # No hole punching: the relayed connection must stay relayed for the whole echo.
-    config = HostConfig(enable_hole_punching=False)
+    options = StackOptions(hole_punching=False)
     for _ in range(runs):
         for kind, addr in (("relayed", circuit), ("direct", direct)):
-            async with open_host(config=config) as host:
+            async with open_stack(options=options) as host:
                 conn = await host.connect(addr)
                 if conn.describe_path().startswith("relayed") != (kind == "relayed"):
                     raise RuntimeError(f"{kind} echo went {conn.describe_path()}")

@@ -34,7 +34,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from volunteer.net.host import HostConfig, open_host  # noqa: E402
+from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 from volunteer.net.perf import PERF, PerfLimits, perf_stream  # noqa: E402
 from volunteer.net.ping import PING, Pinger  # noqa: E402
 
@@ -124,12 +124,12 @@ async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int 
     times = []
     for _ in range(setups):
         # A fresh client each time: TCP + Noise + yamux from nothing, as a new peer would.
-        async with open_host() as client:
+        async with open_stack() as client:
             started = trio.current_time()
             await client.connect(addr)
             times.append(trio.current_time() - started)
     result["setup_ms_p50"] = statistics.median(times) * 1000
-    async with open_host() as client:
+    async with open_stack() as client:
         conn = await client.connect(addr)
         pinger = Pinger(await conn.new_stream([PING]))
         rtts = sorted([await pinger.ping() for _ in range(pings)])
@@ -158,8 +158,8 @@ async def bench_ours_in_process(size: int) -> dict:
             await stream.send_all(data)
         await stream.send_eof()
 
-    unlimited = HostConfig(perf_limits=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=unlimited) as server, open_host() as client:
+    unlimited = StackOptions(perf=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=unlimited) as server, open_stack() as client:
         server.set_handler(ECHO, echo)
         started = trio.current_time()
         conn = await client.connect(server.full_addrs()[0])

@@ -18,7 +18,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from volunteer.net.host import open_host  # noqa: E402
+from volunteer.net.stack import open_stack  # noqa: E402
 from volunteer.net.noise.driver import NoiseConnection  # noqa: E402
 from volunteer.net.streams import BufferedStream, send_all_then_eof  # noqa: E402
 
@@ -50,7 +50,7 @@ async def answer(stream) -> None:
 
 async def main(calls: int) -> None:
     global writes
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack() as client:
         server.set_handler(PROTOCOL, answer)
         conn = await client.connect(server.full_addrs()[0])
         await trio.sleep(0.5)  # identify and the first keepalive pings are done

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.config import HostConfig
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.autonat import AutoNATServer
 from volunteer.net.resources import ResourceLimits, ResourceManager
 from volunteer.net.service import BaseService, HostAPI, Service
+from volunteer.net.stack import open_stack
 
 from .limits import RelayLimits
 from .service import HopService
@@ -112,7 +113,7 @@ async def open_relay_node(
 
         metrics_service = MetricsService(hop, await open_metrics_listener(*metrics), dhts)
         services.append(metrics_service)
-    async with open_host(keypair, listen, config=config, services=services) as host:
+    async with open_stack(keypair, listen, config=config, services=services) as host:
         node = RelayNode(host, hop, metrics_addr=metrics_service.addr if metrics_service is not None else None, dhts=dhts)
         # The DHTs start once the Host listens: bootstrapping identifies us to the other relays,
         # and what they learn should be our listen addresses.

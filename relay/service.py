@@ -33,7 +33,7 @@ def _ip_of(addr) -> str:
 
 class HopService(BaseService):
     """Serves `/libp2p/circuit/relay/0.2.0/hop` within RelayLimits, as a Host service:
-    ``open_host(..., services=[HopService(limits)])`` or ``await host.add_service(...)``.
+    ``open_stack(..., services=[HopService(limits)])`` or ``await host.add_service(...)``.
 
     ``wall_clock`` gives UNIX time for the reservation's ``expire`` field on the wire; all
     accounting uses the trio clock (monotonic, MockClock in tests).

@@ -32,13 +32,14 @@ from .dht import DHTConfig
 from .dht.declare import ExpertDeclarer
 from .dht.node import open_dht
 from .errors import ExpertConfigError, VolunteerError, describe
+from .net.config import HostConfig
 from .net.events import ReachabilityChanged
-from .net.host import HostConfig, open_host
 from .net.identity import KeyPair, PeerID
 from .net.multiaddr import Multiaddr
 from .net.nat.autonat import Reachability
 from .net.nat.manager import NatManager
 from .net.resources import ResourceLimits, ResourceManager
+from .net.stack import StackOptions, open_stack
 from .swarmfile import EXPERT_LIMITS, SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
@@ -69,6 +70,7 @@ class VolunteerOptions:
     keypair: KeyPair | None = None  # default: a fresh identity
     listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
     host_config: HostConfig | None = None
+    stack: StackOptions | None = None  # default: every standard service (NAT wing, perf...)
     # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
     limits: dict = field(default_factory=dict)
     dht_config: DHTConfig | None = None  # default: DHTConfig(swarm_id=spec.id)
@@ -565,7 +567,7 @@ async def open_volunteer(spec: SwarmSpec, options: VolunteerOptions | None = Non
     keypair = opts.keypair or KeyPair.generate()
     resource_limits = {k: v for k, v in opts.limits.items() if k not in EXPERT_LIMITS}
     services = [ResourceManager(ResourceLimits(**resource_limits))] if resource_limits else []
-    async with open_host(keypair, opts.listen, config=opts.host_config or HostConfig(), services=services) as host:
+    async with open_stack(keypair, opts.listen, options=opts.stack, config=opts.host_config, services=services) as host:
         node = VolunteerNode(spec, opts, host, device)
         await node._reach_swarm()
         if spec.kind == "hivemind":  # a hivemind 1.1 swarm: its DHT and expert RPCs, not ours

@@ -20,7 +20,7 @@ import trio
 
 from .dht import DHTConfig
 from .errors import VolunteerError
-from .net.host import HostConfig, open_host
+from .net.stack import open_stack
 from .net.identity import KeyPair
 from .swarmfile import SwarmSpec, resolve_swarm
 
@@ -76,7 +76,7 @@ class Swarm:
         from .dht.node import open_dht
 
         try:
-            async with open_host(self.keypair, self.listen, config=HostConfig()) as host:
+            async with open_stack(self.keypair, self.listen) as host:
                 self.host = host
                 if self.spec.kind == "hivemind":  # hivemind's DHT and expert RPCs instead of ours
                     from .hivemind.trainer import join_as_trainer

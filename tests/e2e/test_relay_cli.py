@@ -9,7 +9,7 @@ import sys
 
 import trio
 
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.nat.relay_client import reserve
 
 
@@ -45,7 +45,7 @@ async def test_relay_serves_reservations_and_metrics_and_exits_cleanly(tmp_path)
     proc, addr, metrics_url = start_relay(tmp_path, "--max-reservations", "5")
     try:
         with trio.fail_after(30):
-            async with open_host() as client:
+            async with open_stack() as client:
                 reservation = await reserve(client, addr)
                 assert str(reservation.relay) == addr.rsplit("/", 1)[1]
                 text = await http_get(metrics_url)

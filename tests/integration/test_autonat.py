@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.autonat import (
@@ -20,9 +20,9 @@ from volunteer.net.nat.manager import NatManager
 
 async def test_listening_client_is_reachable_and_silent_one_is_not():
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack(
             listen=["/ip4/127.0.0.1/tcp/0"]
-        ) as client, open_host() as closed:
+        ) as client, open_stack() as closed:
             await server.add_service(AutoNATServer())
             result = await probe(client, server.full_addrs()[0], client.addrs)
             assert result.reachable is True and result.addr == client.addrs[0]
@@ -36,7 +36,7 @@ async def test_listening_client_is_reachable_and_silent_one_is_not():
 
 async def test_rate_limit_refuses():
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
             await server.add_service(AutoNATServer(per_peer=per_peer_limiter(1)))
             assert (await probe(client, server.full_addrs()[0], client.addrs)).reachable is True
             result = await probe(client, server.full_addrs()[0], client.addrs)
@@ -45,7 +45,7 @@ async def test_rate_limit_refuses():
 
 async def test_nat_manager_decides_public():
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
             await server.add_service(AutoNATServer())
             manager = NatManager(client, [server.full_addrs()[0]])
             assert await manager.probe_round() is Reachability.PUBLIC
@@ -84,7 +84,7 @@ async def test_nat_manager_publishes_reachability_changes():
     from volunteer.net.events import ReachabilityChanged
 
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
             await server.add_service(AutoNATServer())
             manager = NatManager(client, [server.full_addrs()[0]])
             with client.events.subscribe(ReachabilityChanged) as changes:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import trio
 
 from relay.service import HopService
-from volunteer.net.connection import Direction, Path
-from volunteer.net.host import open_host
+from volunteer.net.transport.base import Direction, Path
+from volunteer.net.stack import open_stack
 from volunteer.net.nat.dcutr import HolePuncher, attempt_roles, punchable
 from volunteer.net.nat.observed import MappingType, ObservedAddrs
 from volunteer.net.nat.relay_client import reserve
@@ -24,9 +24,9 @@ async def echo(stream):
 
 async def test_relayed_connection_upgrades_to_direct():
     with trio.fail_after(60):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_host(
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
             listen=["/ip4/127.0.0.1/tcp/0"]
-        ) as a, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as b, trio.open_nursery() as nursery:
+        ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b, trio.open_nursery() as nursery:
             service = HopService()
             await relay.add_service(service)
             b.set_handler(ECHO, echo)

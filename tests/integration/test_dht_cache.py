@@ -12,11 +12,11 @@ from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
 from volunteer.dht.grid import find_best_experts, get_experts
 from volunteer.dht.node import open_dht
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
 CONFIG = DHTConfig(swarm_id="cache")
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 SIDE = 8
 LEAVER_UIDS = [f"expert.{i}.{j}" for i in range(4) for j in range(SIDE)]  # the best rows
 STAYER_UIDS = [f"expert.{i}.{j}" for i in range(4, SIDE) for j in range(0, SIDE, 2)]
@@ -29,7 +29,7 @@ async def swarm(stack: AsyncExitStack, n: int):
     nodes = []
     for _ in range(n):
         host = await stack.enter_async_context(
-            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
         )
         boot = [nodes[0].host.full_addrs()[0]] if nodes else []
         nodes.append(await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=boot)))
@@ -68,7 +68,7 @@ async def test_declaring_again_shows_within_the_cache_age():
         nodes = []
         for _ in range(4):
             host = await stack.enter_async_context(
-                open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+                open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
             )
             boot = [nodes[0].host.full_addrs()[0]] if nodes else []
             nodes.append(await stack.enter_async_context(open_dht(host, config, bootstrap=boot)))

@@ -23,10 +23,10 @@ from volunteer.dht.node import open_dht
 from volunteer.dht.records import owned_subkey, sign
 from volunteer.dht.routing import Contact
 from volunteer.errors import DHTError, VolunteerError
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.identity import KeyPair
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 # small bounds, so the attack reaches every one of them in a few rounds
 NODE = DHTConfig(
     swarm_id="hostile",
@@ -81,18 +81,18 @@ async def test_squatting_and_store_floods_do_not_hide_honest_experts():
     squatter = KeyPair.generate()
     sybils = [KeyPair.generate() for _ in range(SYBILS)]
     async with AsyncExitStack() as stack:
-        host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET))
+        host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET))
         node = await stack.enter_async_context(open_dht(host, NODE))
         boot = [host.full_addrs()[0]]
         target = Contact(host.peer_id)
 
-        honest_host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.3/tcp/0"], config=QUIET))
+        honest_host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.3/tcp/0"], options=QUIET))
         honest = await stack.enter_async_context(open_dht(honest_host, PEER, bootstrap=boot, client_mode=True))
         declarer = ExpertDeclarer(honest, HONEST_UIDS)
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(declarer.run)
 
-        trainer_host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET))
+        trainer_host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET))
         trainer = await stack.enter_async_context(open_dht(trainer_host, PEER, bootstrap=boot, client_mode=True))
         with trio.fail_after(30):
             while not set(HONEST_UIDS) <= set(await listed(trainer)):
@@ -100,7 +100,7 @@ async def test_squatting_and_store_floods_do_not_hide_honest_experts():
 
         attackers = []
         for _ in range(3):  # several identities on one address, each its own Host and driver
-            attacker_host = await stack.enter_async_context(open_host(listen=["/ip4/127.0.0.2/tcp/0"], config=QUIET))
+            attacker_host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.2/tcp/0"], options=QUIET))
             attackers.append(await stack.enter_async_context(open_dht(attacker_host, PEER, bootstrap=boot, client_mode=True)))
 
         for round_ in range(ROUNDS):

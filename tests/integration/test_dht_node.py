@@ -15,12 +15,12 @@ from volunteer.dht.declare import ExpertDeclarer
 from volunteer.dht.grid import find_best_experts, get_experts
 from volunteer.dht.messages import frame
 from volunteer.dht.node import open_dht
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.streams import BufferedStream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
 CONFIG = DHTConfig(swarm_id="test", expert_update_period=1.0, expert_expiration=3.0)
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 async def swarm(stack: AsyncExitStack, n: int, *, network=None, config=CONFIG, client=()):
@@ -29,7 +29,7 @@ async def swarm(stack: AsyncExitStack, n: int, *, network=None, config=CONFIG, c
     nodes = []
     for i in range(n):
         host = await stack.enter_async_context(
-            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
         )
         boot = [nodes[0].host.full_addrs()[0]] if nodes else []
         dht = await stack.enter_async_context(open_dht(host, config, bootstrap=boot, client_mode=i in client))
@@ -154,8 +154,8 @@ async def test_client_mode_nodes_are_not_routed_to():
 
 
 async def test_tcp_loopback_pair():
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as h1, open_host(
-        listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as h1, open_stack(
+        listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET
     ) as h2:
         async with open_dht(h1, CONFIG) as d1, open_dht(h2, CONFIG, bootstrap=[h1.full_addrs()[0]]) as d2:
             assert await d2.store(b"x", b"y", time.time() + 10) == 2
@@ -188,7 +188,7 @@ async def test_own_records_are_republished(autojump_clock):
         nodes = []
         for i in range(4):
             host = await stack.enter_async_context(
-                open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET))
+                open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET))
             boot = [nodes[0].host.full_addrs()[0]] if nodes else []
             nodes.append(await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=boot, clock=trio.current_time)))
         await nodes[1].store(b"long-lived", b"v", trio.current_time() + 3000, republish=True)

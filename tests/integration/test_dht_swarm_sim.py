@@ -19,12 +19,12 @@ from volunteer.dht.declare import ExpertDeclarer
 from volunteer.dht.grid import find_best_experts, get_experts
 from volunteer.dht.node import open_dht
 from volunteer.dht.records import Record, sign, signing_payload
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
 N = 200
 CONFIG = DHTConfig(swarm_id="sim", expert_update_period=5.0, expert_expiration=15.0)
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 class Sim:
@@ -41,7 +41,7 @@ class Sim:
 
         async def run(task_status=trio.TASK_STATUS_IGNORED):
             with trio.CancelScope() as scope:
-                async with open_host(listen=["/memory/0"], transports=[MemoryTransport(self.network)], config=QUIET) as host:
+                async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(self.network)], options=QUIET) as host:
                     async with open_dht(host, CONFIG, bootstrap=boot, clock=trio.current_time) as dht:
                         task_status.started((dht, scope))
                         await trio.sleep_forever()

@@ -14,15 +14,15 @@ from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
 from volunteer.dht.grid import find_best_experts
 from volunteer.dht.node import open_dht
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 
 CONFIG = DHTConfig(swarm_id="tcp", expert_update_period=1.0, expert_expiration=3.0)
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
 
 
 async def add_node(stack: AsyncExitStack, boot=()):
-    host = await stack.enter_async_context(open_host(listen=[LOOPBACK], config=QUIET))
+    host = await stack.enter_async_context(open_stack(listen=[LOOPBACK], options=QUIET))
     return await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=list(boot)))
 
 
@@ -58,7 +58,7 @@ async def test_joining_one_hundred_times_in_a_row_never_fails():
         await members[2].store(b"anchor", b"here", time.time() + 600)
         boot_addr = bootstrap.host.full_addrs()[0]
         for attempt in range(100):
-            async with open_host(listen=[LOOPBACK], config=QUIET) as host:
+            async with open_stack(listen=[LOOPBACK], options=QUIET) as host:
                 async with open_dht(host, CONFIG, bootstrap=[boot_addr], client_mode=attempt % 2 == 1) as dht:
                     assert len(dht.state.table) >= 3, (
                         f"join {attempt} ended with {len(dht.state.table)} peers; bootstrap's table: "
@@ -73,7 +73,7 @@ async def test_peers_started_together_form_one_dht():
         addr = bootstrap.host.full_addrs()[0]
         nodes = []
         for _ in range(12):
-            host = await stack.enter_async_context(open_host(listen=[LOOPBACK], config=QUIET))
+            host = await stack.enter_async_context(open_stack(listen=[LOOPBACK], options=QUIET))
             nodes.append(await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=[addr], wait_bootstrap=False)))
         async with trio.open_nursery() as nursery:  # all twelve join at the same moment
             for node in nodes:

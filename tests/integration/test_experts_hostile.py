@@ -18,10 +18,10 @@ from volunteer.experts.admission import BACKWARD_WITHOUT_FORWARD, PEER_BYTES
 from volunteer.experts.client import call_expert
 from volunteer.experts.protocol import Request, protocol_id
 from volunteer.experts.server import ExpertServer
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.streams import BufferedStream
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 MiB = 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -33,7 +33,7 @@ def rss() -> int:
 
 
 async def _host(address: str, task_status=trio.TASK_STATUS_IGNORED):
-    async with open_host(listen=[f"/ip4/{address}/tcp/0"], config=QUIET) as host:
+    async with open_stack(listen=[f"/ip4/{address}/tcp/0"], options=QUIET) as host:
         task_status.started(host)
         await trio.sleep_forever()
 

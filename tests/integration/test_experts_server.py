@@ -15,11 +15,11 @@ from volunteer.experts.client import call_expert
 from volunteer.experts.protocol import pack, protocol_id
 from volunteer.experts.server import ExpertServer
 from volunteer.experts.tensors import encode
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.streams import BufferedStream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 CONFIG = ExpertsConfig(device="cpu", max_payload_bytes=64 * 1024, max_queue=2)
 
 
@@ -34,7 +34,7 @@ async def serve(nursery, network, config=CONFIG):
 
 
 async def _host(network, task_status=trio.TASK_STATUS_IGNORED):
-    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET) as host:
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET) as host:
         task_status.started(host)
         await trio.sleep_forever()
 

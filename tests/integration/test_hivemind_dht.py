@@ -13,10 +13,10 @@ from volunteer.hivemind import DictionaryValue, HivemindDHT, HivemindRPCError, k
 from volunteer.hivemind.dht_protocol import FIND, STORE
 from volunteer.hivemind.pb import hm_dht_pb2 as pb
 from volunteer.hivemind.rpc import call_unary
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 async def swarm(stack: AsyncExitStack, n: int, *, client=()) -> list[HivemindDHT]:
@@ -25,7 +25,7 @@ async def swarm(stack: AsyncExitStack, n: int, *, client=()) -> list[HivemindDHT
     for i in range(n):
         dht = HivemindDHT(client_mode=i in client)
         host = await stack.enter_async_context(
-            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[dht])
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[dht])
         )
         assert host.service(HivemindDHT) is dht
         if nodes:

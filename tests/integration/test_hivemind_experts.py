@@ -19,10 +19,10 @@ from volunteer.hivemind.limits import ExpertLimits
 from volunteer.hivemind.rpc import call_stream, call_unary
 from volunteer.hivemind.serializer import TensorDescriptor, loads
 from volunteer.hivemind.pb.hm_runtime_pb2 import ExpertInfo
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 HIDDEN = 8
 
 
@@ -35,10 +35,10 @@ async def setup(stack: AsyncExitStack, *, limits: ExpertLimits = ExpertLimits(),
     server_dht, client_dht = HivemindDHT(), HivemindDHT()
     experts = HivemindExperts(runtime, dht=server_dht, config=config, limits=limits)
     server = await stack.enter_async_context(
-        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[server_dht])
+        open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[server_dht])
     )
     client = await stack.enter_async_context(
-        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[client_dht])
+        open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[client_dht])
     )
     await client_dht.bootstrap([server.full_addrs()[0]])
     await server.add_service(experts)

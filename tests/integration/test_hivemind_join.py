@@ -13,7 +13,7 @@ import trio
 from volunteer.hivemind import HivemindDHT
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.rpc import call_unary
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.node import JoinError, VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
@@ -24,12 +24,12 @@ def leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 def options(**extra) -> VolunteerOptions:
     return VolunteerOptions(
-        listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False, device="cpu",
+        listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, nat=False, mdns=False, device="cpu",
         expert_class="ffn", uids=["ffn.0", "ffn.1"], hidden_dim=8, **extra,
     )
 
@@ -38,7 +38,7 @@ def options(**extra) -> VolunteerOptions:
 async def hivemind_peer():
     """A hivemind DHT member (ours: the interop tests meet the real one)."""
     dht = HivemindDHT()
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht]) as host:
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET, services=[dht]) as host:
         yield host, dht
 
 
@@ -71,7 +71,7 @@ async def test_join_a_hivemind_swarm_serve_declare_and_pause():
 
 @pytest.mark.trio_timeout(60)
 async def test_a_bootstrap_peer_without_hivemind_dht_fails_the_join_clearly():
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as plain:
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as plain:
         spec = SwarmSpec("hm", "hm", bootstrap=[plain.full_addrs()[0]], kind="hivemind")
         with pytest.raises(BaseException) as caught:
             async with open_volunteer(spec, options()):

@@ -9,11 +9,11 @@ import pytest
 
 from volunteer.hivemind import HivemindDHT, HivemindError
 from volunteer.hivemind.kad import KadPeerRouting
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 async def three_hosts(stack: AsyncExitStack, services):
@@ -21,7 +21,7 @@ async def three_hosts(stack: AsyncExitStack, services):
     network = MemoryNetwork()
     hosts = [
         await stack.enter_async_context(
-            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=list(extra))
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=list(extra))
         )
         for extra in services
     ]

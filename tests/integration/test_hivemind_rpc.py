@@ -11,17 +11,17 @@ import trio
 from volunteer.hivemind import HivemindRPCError
 from volunteer.hivemind.framing import UnaryCall, encode_call, new_call_id
 from volunteer.hivemind.rpc import call_stream, call_unary, serve_stream, serve_unary
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 async def two_hosts(stack: AsyncExitStack):
     network = MemoryNetwork()
     hosts = [
         await stack.enter_async_context(
-            open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
         )
         for _ in range(2)
     ]

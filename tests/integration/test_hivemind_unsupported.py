@@ -11,19 +11,19 @@ from volunteer.hivemind import HivemindRPCError
 from volunteer.hivemind.member import join_member
 from volunteer.hivemind.rpc import call_stream
 from volunteer.hivemind.unsupported import HivemindRefusals, averaging_protocols
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 async def two_hosts(stack: AsyncExitStack, services=()):
     network = MemoryNetwork()
     server = await stack.enter_async_context(
-        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=list(services))
+        open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=list(services))
     )
     client = await stack.enter_async_context(
-        open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET)
+        open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
     )
     await client.connect(server.full_addrs()[0])
     return server, client

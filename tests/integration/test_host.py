@@ -1,5 +1,8 @@
 """Host end to end on the in-memory transport and on loopback TCP: upgrade, streams, identify, ping,
-connection reuse, and hostile peers that must only hurt their own connection."""
+connection reuse, and hostile peers that must only hurt their own connection.
+
+Tests of the Host itself open a bare one (``open_host``); those that need identify, ping or the NAT
+wing open the standard stack (``open_stack``)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from volunteer.net.host import HostConfig, open_host
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.resources import ResourceLimits, ResourceManager
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.net.transport.tcp import TcpTransport
 
@@ -62,7 +66,7 @@ NETWORK = MemoryNetwork()
 
 async def test_echo_identify_ping(listen_addr):
     with trio.fail_after(20):
-        async with open_host(listen=[listen_addr], transports=transports()) as server, open_host(
+        async with open_stack(listen=[listen_addr], transports=transports()) as server, open_stack(
             transports=transports()
         ) as client:
             server.set_handler(ECHO, echo)
@@ -170,9 +174,9 @@ async def test_handler_crash_resets_stream_but_not_connection():
 
 async def test_events_and_clean_close():
     with trio.fail_after(20):
-        async with open_host(listen=["/memory/0"], transports=transports()) as server:
+        async with open_stack(listen=["/memory/0"], transports=transports()) as server:
             events = server.events.subscribe()
-            async with open_host(transports=transports()) as client:
+            async with open_stack(transports=transports()) as client:
                 await client.connect(server.full_addrs()[0])
                 kinds = set()
                 while not {PeerConnected, PeerIdentified} <= kinds:
@@ -251,7 +255,7 @@ async def test_a_silent_address_does_not_hold_up_the_others():
             nursery.cancel_scope.cancel()
 
 
-async def test_builtin_protocols_are_services_and_a_given_one_replaces_the_default():
+async def test_standard_protocols_are_services_and_a_given_one_replaces_the_standard_one():
     from volunteer.net.identify import IDENTIFY, Identify
     from volunteer.net.nat.dcutr import DCUTR, HolePuncher
     from volunteer.net.nat.relay_client import RelayClient
@@ -261,23 +265,36 @@ async def test_builtin_protocols_are_services_and_a_given_one_replaces_the_defau
     network = MemoryNetwork()
     mine = Identify(identify_on_connect=False)
     with trio.fail_after(10):
-        async with open_host(transports=[MemoryTransport(network)], services=[mine]) as host:
+        async with open_stack(transports=[MemoryTransport(network)], services=[mine]) as host:
             assert host.service(Identify) is mine and sum(isinstance(s, Identify) for s in host.services) == 1
             for kind in (Ping, PerfServer, RelayClient, HolePuncher):
                 assert host.service(kind) is not None
             assert {IDENTIFY, PING, PERF, DCUTR} <= set(host.protocols)
             assert host.perf is host.service(PerfServer)
-        config = HostConfig(enable_perf=False, enable_relay_client=False, enable_hole_punching=False)
-        async with open_host(transports=[MemoryTransport(network)], config=config) as bare:
+        options = StackOptions(perf=None, relay_client=False, hole_punching=False)
+        async with open_stack(transports=[MemoryTransport(network)], options=options) as bare:
             assert bare.perf is None and PERF not in bare.protocols and DCUTR not in bare.protocols
             assert bare.service(RelayClient) is None and bare.service(HolePuncher) is None
+
+
+async def test_a_bare_host_runs_only_what_it_is_given_and_its_resource_manager():
+    from volunteer.net.identify import IDENTIFY, IDENTIFY_PUSH, Identify
+
+    network = MemoryNetwork()
+    with trio.fail_after(10):
+        async with open_host(transports=[MemoryTransport(network)]) as bare:
+            assert [type(s) for s in bare.services] == [ResourceManager] and bare.protocols == []
+            assert bare.resources is bare.service(ResourceManager)
+        mine = Identify(identify_on_connect=False)
+        async with open_host(transports=[MemoryTransport(network)], services=[mine]) as host:
+            assert host.services[0] is mine and host.protocols == sorted([IDENTIFY, IDENTIFY_PUSH])
 
 
 async def test_identify_feeds_the_observer_which_publishes_our_observed_address():
     from volunteer.net.events import ObservedAddrChanged
 
     with trio.fail_after(10):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as client:
             with client.events.subscribe(ObservedAddrChanged) as changes:
                 await client.connect(server.full_addrs()[0])
                 event = await changes.receive()
@@ -286,12 +303,12 @@ async def test_identify_feeds_the_observer_which_publishes_our_observed_address(
 
 
 async def test_an_expected_punch_is_classified_as_ours():
-    from volunteer.net.connection import Direction, Path
+    from volunteer.net.transport.base import Direction, Path
     from volunteer.net.nat.dcutr import HolePuncher
     from volunteer.net.transport.base import RawConnection
 
     with trio.fail_after(10):
-        async with open_host() as host:
+        async with open_stack() as host:
             puncher = host.service(HolePuncher)
             peer = KeyPair.generate().peer_id
             addr = Multiaddr("/ip4/203.0.113.5/tcp/4001")

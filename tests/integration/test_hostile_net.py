@@ -15,12 +15,12 @@ import socket
 import pytest
 import trio
 
-from volunteer.net.connection import Direction, negotiate_muxer, upgrade
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.connection import negotiate_muxer, upgrade
 from volunteer.net.identity import KeyPair
 from volunteer.net.multistream import PROTOCOL_ID, encode_message
 from volunteer.net.resources import HANDSHAKES, MEMORY, ResourceLimits, ResourceManager
-from volunteer.net.transport.base import RawConnection
+from volunteer.net.stack import StackOptions, open_stack
+from volunteer.net.transport.base import Direction, RawConnection
 from volunteer.net.transport.tcp import sockaddr_to_multiaddr
 from volunteer.net.yamux import YamuxConnection
 from volunteer.net.yamux.frames import DATA, PING, SYN, WINDOW_UPDATE, encode_header
@@ -87,9 +87,9 @@ async def run_attack(attack, *, resource_limits: ResourceLimits | None = None, d
     """Start a victim node, run ``attack(victim)`` while the honest peer is served ``during``
     times, then once more after it; check the memory budget. Returns the victim for more checks."""
     manager = ResourceManager(resource_limits or limits())
-    config = HostConfig(enable_relay_client=False, enable_hole_punching=False)
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=config, services=[manager]) as host, open_host(
-        config=HostConfig(enable_relay_client=False, enable_hole_punching=False)
+    options = StackOptions(relay_client=False, hole_punching=False)
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=options, services=[manager]) as host, open_stack(
+        options=StackOptions(relay_client=False, hole_punching=False)
     ) as honest:
         host.set_handler(ECHO, echo)
         host.set_handler(SINK, sink)

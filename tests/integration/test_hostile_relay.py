@@ -15,7 +15,7 @@ from relay.limits import RelayLimits
 from relay.metrics import prometheus_text
 from relay.service import HopService
 from volunteer.errors import DialError, StreamReset
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.nat.relay_client import reserve
 from volunteer.net.resources import MEMORY, ResourceLimits, ResourceManager
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
@@ -47,9 +47,9 @@ async def test_circuit_flood_is_bounded_by_the_sources_budget():
     # the peer's hop requests themselves, so the refusals come from the circuit reservation).
     manager = ResourceManager(ResourceLimits(peer_memory=2 * MiB + 256 * 1024, connection_memory=0))
     transports = lambda: [MemoryTransport(network)]  # noqa: E731
-    async with open_host(listen=["/memory/0"], transports=transports(), services=[manager]) as relay, open_host(
+    async with open_stack(listen=["/memory/0"], transports=transports(), services=[manager]) as relay, open_stack(
         transports=transports()
-    ) as target, open_host(transports=transports()) as attacker, open_host(
+    ) as target, open_stack(transports=transports()) as attacker, open_stack(
         transports=transports()
     ) as honest, trio.open_nursery() as nursery:
         service = HopService(RelayLimits(max_circuits_per_peer=64, buffer_size=256 * 1024))
@@ -84,9 +84,9 @@ async def test_circuit_flood_is_bounded_by_the_sources_budget():
 async def test_reservation_flood_is_rate_limited_per_peer():
     network = MemoryNetwork()
     transports = lambda: [MemoryTransport(network)]  # noqa: E731
-    async with open_host(listen=["/memory/0"], transports=transports()) as relay, open_host(
+    async with open_stack(listen=["/memory/0"], transports=transports()) as relay, open_stack(
         transports=transports()
-    ) as attacker, open_host(transports=transports()) as honest, trio.open_nursery() as nursery:
+    ) as attacker, open_stack(transports=transports()) as honest, trio.open_nursery() as nursery:
         service = HopService(RelayLimits(reserve_rate_per_peer=10))
         await relay.add_service(service)
         granted = refused = 0

@@ -11,11 +11,11 @@ import zeroconf
 from volunteer.dht import DHTConfig
 from volunteer.dht.mdns import SERVICE, MdnsDiscovery, encode_txt, parse_txt
 from volunteer.dht.node import open_dht
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.identity import PeerID
 from volunteer.net.multiaddr import Multiaddr
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 def test_txt_round_trip_and_malformed_input():
@@ -29,8 +29,8 @@ def test_txt_round_trip_and_malformed_input():
 
 
 async def test_two_nodes_on_a_lan_find_each_other():
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET) as h1, open_host(
-        listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as h1, open_stack(
+        listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET
     ) as h2:
         config = DHTConfig(swarm_id="lan")
         async with open_dht(h1, config) as d1, open_dht(h2, config) as d2, trio.open_nursery() as nursery:

@@ -12,14 +12,14 @@ from volunteer.dht import DHTConfig
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
 from volunteer.net.events import ReachabilityChanged
-from volunteer.net.host import HostConfig
+from volunteer.net.stack import StackOptions
 from volunteer.net.identity import KeyPair
 from volunteer.net.nat.autonat import Reachability
 from volunteer.node import JoinError, VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
 SWARM = "nodetest"
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 # heartbeats only at start and on resume: a heartbeat in flight during a withdraw could land after
 # the tombstone, so the test waits for each one to finish instead
 DHT = DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0)
@@ -27,7 +27,7 @@ UIDS = ["ffn.0.0", "ffn.0.1"]
 
 
 def options(**changes) -> VolunteerOptions:
-    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT, nat=False, mdns=False,
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT, nat=False, mdns=False,
                 experts_config=ExpertsConfig(device="cpu"))
     return VolunteerOptions(**{**base, **changes})
 

@@ -7,7 +7,7 @@ import struct
 import pytest
 import trio
 
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.perf import PERF, PerfLimits, perf_stream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -19,7 +19,7 @@ def transports(network):
 async def test_perf_exact_bytes_both_ways():
     network = MemoryNetwork()
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=transports(network)) as server, open_host(
+        async with open_stack(listen=["/memory/0"], transports=transports(network)) as server, open_stack(
             transports=transports(network)
         ) as client:
             conn = await client.connect(server.full_addrs()[0])
@@ -37,9 +37,9 @@ async def test_perf_exact_bytes_both_ways():
 
 async def test_perf_budget_refuses_with_reset():
     network = MemoryNetwork()
-    config = HostConfig(perf_limits=PerfLimits(max_bytes_per_minute_per_peer=1_000_000))
+    options = StackOptions(perf=PerfLimits(max_bytes_per_minute_per_peer=1_000_000))
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=transports(network), config=config) as server, open_host(
+        async with open_stack(listen=["/memory/0"], transports=transports(network), options=options) as server, open_stack(
             transports=transports(network)
         ) as client:
             conn = await client.connect(server.full_addrs()[0])
@@ -53,9 +53,9 @@ async def test_perf_budget_refuses_with_reset():
 
 async def test_perf_concurrency_limit():
     network = MemoryNetwork()
-    config = HostConfig(perf_limits=PerfLimits(max_streams_per_peer=1))
+    options = StackOptions(perf=PerfLimits(max_streams_per_peer=1))
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=transports(network), config=config) as server, open_host(
+        async with open_stack(listen=["/memory/0"], transports=transports(network), options=options) as server, open_stack(
             transports=transports(network)
         ) as client:
             conn = await client.connect(server.full_addrs()[0])

@@ -10,8 +10,8 @@ import trio
 from relay.limits import RelayLimits
 from relay.service import HopService
 from volunteer.errors import DialError
-from volunteer.net.connection import Path
-from volunteer.net.host import open_host
+from volunteer.net.transport.base import Path
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat import circuit
@@ -44,9 +44,9 @@ async def roundtrip(stream, payload: bytes) -> bytes:
 async def test_reserve_and_connect_through_relay():
     network = MemoryNetwork()
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
+        async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_stack(
             transports=[MemoryTransport(network)]
-        ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
+        ) as a, open_stack(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService()
             await relay.add_service(service)
             a.set_handler(ECHO, echo)
@@ -70,9 +70,9 @@ async def test_refusals_use_spec_codes():
     network = MemoryNetwork()
     limits = RelayLimits(max_reservations=1, max_circuits_per_peer=1)
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
+        async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_stack(
             transports=[MemoryTransport(network)]
-        ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
+        ) as a, open_stack(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService(limits)
             await relay.add_service(service)
             # No reservation for B yet: NO_RESERVATION.
@@ -101,9 +101,9 @@ async def test_circuit_data_limit_resets_both_sides():
     network = MemoryNetwork()
     limits = RelayLimits(circuit_data=200_000)
     with trio.fail_after(30):
-        async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_host(
+        async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)]) as relay, open_stack(
             transports=[MemoryTransport(network)]
-        ) as a, open_host(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
+        ) as a, open_stack(transports=[MemoryTransport(network)]) as b, trio.open_nursery() as nursery:
             service = HopService(limits)
             await relay.add_service(service)
             a.set_handler(ECHO, echo)
@@ -128,11 +128,11 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
     network = MemoryNetwork()
     relay_key = KeyPair.generate()
     with trio.fail_after(120):
-        async with open_host(transports=[MemoryTransport(network)]) as a, open_host(
+        async with open_stack(transports=[MemoryTransport(network)]) as a, open_stack(
             transports=[MemoryTransport(network)]
         ) as b, trio.open_nursery() as outer:
             a.set_handler(ECHO, echo)
-            relay_cm = open_host(
+            relay_cm = open_stack(
                 relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)],
                 services=[HopService(RelayLimits(reservation_ttl=120))],
             )
@@ -152,7 +152,7 @@ async def test_reservation_manager_advertises_and_recovers_after_relay_restart(a
             await relay_cm.__aexit__(None, None, None)
             while manager.reservations:
                 await trio.sleep(0.1)
-            async with open_host(
+            async with open_stack(
                 relay_key, listen=["/memory/4242"], transports=[MemoryTransport(network)], services=[HopService()]
             ):
                 while not manager.reservations:

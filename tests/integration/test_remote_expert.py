@@ -20,10 +20,10 @@ from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.protocol import protocol_id
 from volunteer.experts.server import ExpertServer
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 SWARM = "rx"
 CONFIG = ExpertsConfig(device="cpu")
 
@@ -45,7 +45,7 @@ class Node:
     async def _main(self) -> None:
         try:
             transports = [MemoryTransport(self.network)]
-            async with open_host(listen=["/memory/0"], transports=transports, config=QUIET) as host:
+            async with open_stack(listen=["/memory/0"], transports=transports, options=QUIET) as host:
                 self.host = host
                 if self.uids:
                     backends = [make_backend(uid, "ffn", self.hidden, config=CONFIG) for uid in self.uids]

@@ -10,7 +10,7 @@ import torch
 import trio
 
 from volunteer.experts import ExpertsConfig, make_backend
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig
 from volunteer.replicas.handoff import hand_off, plan_handoff
@@ -18,7 +18,7 @@ from volunteer.replicas.state import state_digest
 from volunteer.replicas.store import BackendStore
 from volunteer.replicas.transfer import StateService
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 EXPERTS = ExpertsConfig(device="cpu")
 SWARM = "ho"
 
@@ -39,7 +39,7 @@ def receiver_store(capacity: int) -> BackendStore:
 
 @asynccontextmanager
 async def node(network, store):
-    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET,
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET,
                          services=[StateService(SWARM, store)]) as host:
         yield host
 

@@ -10,14 +10,14 @@ import trio
 from volunteer.dht import DHTConfig
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
-from volunteer.net.host import HostConfig
+from volunteer.net.stack import StackOptions
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.replicas import ReplicasConfig
 from volunteer.replicas.state import state_digest
 from volunteer.swarmfile import GridSpec, SwarmSpec
 
 SWARM = "replicanode"
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 # heartbeats at start and when the experts change (the manager wakes the declarer), not on a timer
 DHT = DHTConfig(swarm_id=SWARM, expert_update_period=600.0, expert_expiration=1200.0)
 # rounds and re-checks only when a test asks: periods far beyond any test's bound; a round that
@@ -33,7 +33,7 @@ def spec(*bootstrap, grids=(GRID,)) -> SwarmSpec:
 
 
 def options(**changes) -> VolunteerOptions:
-    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT, nat=False, mdns=False,
+    base = dict(listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT, nat=False, mdns=False,
                 experts_config=ExpertsConfig(device="cpu"), replicas_config=CONFIG)
     return VolunteerOptions(**{**base, **changes})
 

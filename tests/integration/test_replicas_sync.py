@@ -11,14 +11,14 @@ import torch
 import trio
 
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig
 from volunteer.replicas.errors import SyncError
 from volunteer.replicas.store import BackendStore
 from volunteer.replicas.syncdriver import ReplicaSync
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 EXPERTS = ExpertsConfig(device="cpu")
 SWARM = "sy"
 UID = "expert.0.0"
@@ -35,7 +35,7 @@ def replica(seed: int, steps: int):
 @asynccontextmanager
 async def volunteer(network, backend, config=ReplicasConfig(), runtime=None):
     sync = ReplicaSync(SWARM, BackendStore({UID: backend}, runtime=runtime), config)
-    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[sync]) as host:
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[sync]) as host:
         yield host, sync
 
 
@@ -129,7 +129,7 @@ async def test_a_peer_that_does_not_host_the_expert_is_not_waited_for():
     config = ReplicasConfig(sync_timeout=10_000)
     async with volunteer(network, a, config) as (host_a, sync_a):
         sync_b = ReplicaSync(SWARM, BackendStore({"expert.5.5": other}), config)
-        async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=[sync_b]) as host_b:
+        async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[sync_b]) as host_b:
             outcome = await sync_a.average(UID, [host_b.full_addrs()[0]])
             assert sync_b.refused == 1
     assert outcome.missing == (str(host_b.peer_id),)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.streams import BufferedStream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig
@@ -21,7 +21,7 @@ from volunteer.replicas.state import export_state, state_digest
 from volunteer.replicas.store import BackendStore
 from volunteer.replicas.transfer import StateService, catch_up, fetch_state, push_state, request_for
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 EXPERTS = ExpertsConfig(device="cpu")
 SWARM = "rs"
 
@@ -38,7 +38,7 @@ def trained(uid: str, steps: int = 3, hidden: int = 8):
 @asynccontextmanager
 async def node(network, store: BackendStore | None = None, config: ReplicasConfig = ReplicasConfig()):
     services = [StateService(SWARM, store, config)] if store is not None else []
-    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)], config=QUIET, services=services) as host:
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=services) as host:
         yield host
 
 

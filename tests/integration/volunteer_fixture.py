@@ -8,12 +8,12 @@ import trio
 from volunteer.dht import DHTConfig
 from volunteer.experts import ExpertsConfig
 from volunteer.experts.loop import BackgroundLoop
-from volunteer.net.host import HostConfig
+from volunteer.net.stack import StackOptions
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import SwarmSpec
 
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 SWARM = "testswarm"
 DHT_CONFIG = DHTConfig(swarm_id=SWARM, expert_update_period=1.0, expert_expiration=3.0)
 
@@ -26,7 +26,7 @@ class Volunteer:
                  backends=None, kind: str = "volunteer") -> None:
         self.kind = kind
         self.options = VolunteerOptions(
-            listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
+            listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
             experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
         )

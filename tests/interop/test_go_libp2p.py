@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from volunteer.net.events import PeerIdentified
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import PeerID
 
 from .peers import p2pd_control
@@ -21,7 +21,7 @@ ECHO = "/echo/1.0.0"
 
 async def test_we_dial_go_libp2p_ping_and_identify(p2pd):
     with trio.fail_after(30):
-        async with open_host() as host:
+        async with open_stack() as host:
             conn = await host.connect(p2pd.full_addr())
             assert str(conn.remote_peer) == p2pd.peer_id
             pinger = await host.open_pinger(conn.remote_peer)
@@ -37,7 +37,7 @@ async def test_we_dial_go_libp2p_ping_and_identify(p2pd):
 
 async def test_go_libp2p_dials_us_and_streams_data(p2pd):
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as host:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as host:
             received = []
 
             async def echo(stream):

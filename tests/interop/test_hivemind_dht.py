@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from volunteer.hivemind import DictionaryValue, HivemindDHT, key_id
-from volunteer.net.host import HostConfig, open_host
+from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.identity import PeerID
 from volunteer.net.multiaddr import Multiaddr
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.interop
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER_SCRIPT = Path(__file__).parent / "peers" / "hivemind_peer.py"
-QUIET = HostConfig(enable_hole_punching=False, enable_relay_client=False, enable_perf=False)
+QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
 
 def hivemind_python() -> Path:
@@ -106,7 +106,7 @@ async def hivemind_peer(*args: str):
 @asynccontextmanager
 async def our_node():
     dht = HivemindDHT()
-    async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht]) as host:
+    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET, services=[dht]) as host:
         yield host, dht
 
 

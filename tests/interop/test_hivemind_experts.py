@@ -65,7 +65,7 @@ async def test_an_unmodified_hivemind_moe_trains_against_our_experts(tmp_path):
     swarm_file.write_text('name = "hm"\nkind = "hivemind"\n[experts]\nexperts = "ffn:ffn.[0:4]"\n')
     spec = load_swarm_file(swarm_file)
     options = VolunteerOptions(
-        listen=["/ip4/127.0.0.1/tcp/0"], host_config=QUIET, nat=False, mdns=False, device="cpu",
+        listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, nat=False, mdns=False, device="cpu",
         expert_class="ffn", uids=[f"ffn.{i}" for i in range(GRID)], hidden_dim=HIDDEN,
     )
     async with open_volunteer(spec, options) as node:

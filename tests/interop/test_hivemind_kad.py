@@ -15,7 +15,7 @@ import pytest
 from volunteer.hivemind import HivemindDHT
 from volunteer.hivemind import kad_wire
 from volunteer.hivemind.kad import KadPeerRouting
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 
 from .test_hivemind_dht import QUIET, hivemind_peer
 
@@ -29,7 +29,7 @@ async def test_hivemind_and_we_reach_each_other_by_peer_id_through_a_shared_peer
         for _ in range(3):
             dht, kad = HivemindDHT(), KadPeerRouting()
             host = await stack.enter_async_context(
-                open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=QUIET, services=[dht, kad])
+                open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET, services=[dht, kad])
             )
             nodes.append((host, dht, kad))
         (target, target_dht, _), (hub, _, hub_kad), (late, late_dht, late_kad) = nodes

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import trio
 
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.perf import PERF, perf_stream
 
@@ -26,7 +26,7 @@ async def echo(stream) -> None:
 
 async def test_we_dial_pylibp2p(pylibp2p_server):
     with trio.fail_after(60):
-        async with open_host() as host:
+        async with open_stack() as host:
             conn = await host.connect(pylibp2p_server)
             assert str(conn.remote_peer) == Multiaddr(pylibp2p_server).peer_id.to_base58()
             pinger = await host.open_pinger(conn.remote_peer)
@@ -56,7 +56,7 @@ async def test_we_dial_pylibp2p(pylibp2p_server):
 
 async def test_our_perf_client_against_pylibp2p_perf_service(pylibp2p_server):
     with trio.fail_after(60):
-        async with open_host() as host:
+        async with open_stack() as host:
             stream = await host.new_stream(pylibp2p_server, [PERF])
             uploaded, downloaded = [], []
             await perf_stream(stream, 1_000_003, 2_000_005, uploaded.append, downloaded.append)
@@ -65,7 +65,7 @@ async def test_our_perf_client_against_pylibp2p_perf_service(pylibp2p_server):
 
 async def test_pylibp2p_dials_us(pylibp2p_python):
     with trio.fail_after(120):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as host:
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as host:
             host.set_handler(ECHO, echo)
             addr = str(host.full_addrs()[0])
             report = await trio.to_thread.run_sync(partial(run_pylibp2p, pylibp2p_python, "dial-echo", addr, "--size", "500000"))

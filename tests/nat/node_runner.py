@@ -18,7 +18,7 @@ import sys
 
 import trio
 
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.nat.relay_client import ReservationManager
 
 ECHO = "/echo/1.0.0"
@@ -31,7 +31,7 @@ async def echo(stream) -> None:
 
 
 async def listen_via_relay(args) -> None:
-    async with open_host(listen=[args.listen]) as host, trio.open_nursery() as nursery:
+    async with open_stack(listen=[args.listen]) as host, trio.open_nursery() as nursery:
         host.set_handler(ECHO, echo)
         manager = ReservationManager([args.relay], want=1, max_backoff=2.0)
         await host.add_service(manager)
@@ -56,7 +56,7 @@ async def listen_via_relay(args) -> None:
 
 
 async def echo_client(args) -> dict:
-    async with open_host(listen=args.listen) as host:  # the relay client is a default service
+    async with open_stack(listen=args.listen) as host:  # the relay client is a standard service
         result: dict = {}
         if args.wait_direct:
             # Connect (relayed, at first), then give hole punching its chance before sending data.
@@ -86,7 +86,7 @@ async def echo_client(args) -> dict:
 
 async def hold_direct(args) -> None:
     """Connect, wait for the hole punch, then echo on request (one JSON line per stdin line)."""
-    async with open_host(listen=args.listen) as host:
+    async with open_stack(listen=args.listen) as host:
         first = await host.connect(args.target)
         peer = first.remote_peer
         with trio.move_on_after(15):
@@ -113,7 +113,7 @@ async def punch_loop(args) -> dict:
     for attempt in range(args.count):
         # A fresh identity and listen port each time: no earlier connection or mapping helps.
         port = args.base_port + attempt
-        async with open_host(KeyPair.generate(), listen=[f"/ip4/0.0.0.0/tcp/{port}"]) as host:
+        async with open_stack(KeyPair.generate(), listen=[f"/ip4/0.0.0.0/tcp/{port}"]) as host:
             first = await host.connect(args.target)
             started = trio.current_time()  # from the relayed connection being up to the direct one
             peer = first.remote_peer
@@ -154,7 +154,7 @@ async def _throughput(host, conn, size: int) -> float:
 async def autonat(args) -> dict:
     from volunteer.net.nat.manager import NatManager
 
-    async with open_host(listen=args.listen) as host:
+    async with open_stack(listen=args.listen) as host:
         await host.connect(args.server)
         await host.identify(args.server.rsplit("/p2p/", 1)[1])  # learn our observed address first
         manager = NatManager(host, [args.server])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from volunteer.net.connection import Direction
+from volunteer.net.transport.base import Direction
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.punch import PunchPlan, attempt_roles
 

@@ -19,7 +19,7 @@ import trio
 import trio.testing
 
 from volunteer.net.connection import NetStream
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.multistream import LazyStream
 from volunteer.net.noise import NoiseConnection, secure_inbound, secure_outbound
@@ -121,7 +121,7 @@ class HostPair:
 
 async def test_net_stream_and_lazy_stream_contract():
     network = MemoryNetwork()
-    async with open_host(listen=["/memory/0"], transports=[MemoryTransport(network)]) as listener, open_host(
+    async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)]) as listener, open_stack(
         transports=[MemoryTransport(network)]
     ) as dialer:
         await dialer.connect(listener.full_addrs()[0])

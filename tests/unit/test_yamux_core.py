@@ -295,7 +295,7 @@ def scoped_server(**limits):
     manager = ResourceManager(ResourceLimits(connection_memory=0, **limits))
     scope = manager.open_connection("client", "/ip4/10.0.0.1/tcp/1", now=0)
     pair = Pair()
-    pair.server = Session(False, scope=scope)
+    pair.server = Session(False, budget=scope)
     return pair, manager
 
 

@@ -12,7 +12,7 @@ import sys
 import trio
 
 from relay.node import open_relay_node
-from volunteer.net.host import open_host
+from volunteer.net.stack import open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.nat.relay_client import ReservationManager
 from volunteer.net.perf import PERF, perf_stream
@@ -22,7 +22,7 @@ LOCALHOST = "/ip4/127.0.0.1/tcp/0"
 
 
 async def run_demo(size: int = 32 * 1024 * 1024) -> None:
-    async with open_relay_node(KeyPair.generate(), [LOCALHOST]) as relay, open_host(listen=[LOCALHOST]) as volunteer, open_host(
+    async with open_relay_node(KeyPair.generate(), [LOCALHOST]) as relay, open_stack(listen=[LOCALHOST]) as volunteer, open_stack(
         listen=[LOCALHOST]
     ) as trainer, trio.open_nursery() as nursery:
         relay_addr = relay.host.full_addrs()[0]

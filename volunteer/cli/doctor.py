@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import trio
 
 from ..errors import VolunteerError, describe
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.multiaddr import Multiaddr
 from ..net.nat.autonat import Reachability
 from ..net.nat.manager import NatManager
@@ -99,7 +99,7 @@ def report(checks: list["Check"], *, as_json: bool) -> int:
 
 async def diagnose(keypair, listen: Multiaddr, peers: list[Multiaddr], perf_size: int) -> list[Check]:
     checks: list[Check] = []
-    async with open_host(keypair, [listen]) as host:
+    async with open_stack(keypair, [listen]) as host:
         checks.append(Check("OK", "identity", str(host.peer_id)))
         checks.append(Check("OK", "listening", ", ".join(str(a) for a in host.listen_addrs)))
         reached = []

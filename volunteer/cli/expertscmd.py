@@ -11,7 +11,7 @@ import trio
 from ..dht import DHTConfig
 from ..dht.grid import list_experts
 from ..dht.node import open_dht
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..swarmfile import resolve_swarm
@@ -102,7 +102,7 @@ async def fetch_rows(spec, prefixes: str | list[str]) -> list[dict]:
         prefixes = [prefixes]
     if not spec.entry_points:
         raise JoinError(f"swarm {spec.name!r} lists no bootstrap peers or relays")
-    async with open_host(KeyPair.generate()) as host:
+    async with open_stack(KeyPair.generate()) as host:
         async with open_dht(host, DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
             if len(dht.state.table) == 0:
                 raise JoinError(f"cannot reach swarm {spec.name!r}: no bootstrap peer answered")

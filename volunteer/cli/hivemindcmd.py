@@ -14,7 +14,7 @@ from ..errors import VolunteerError, describe
 from ..hivemind import HivemindDHT
 from ..hivemind.kad import KadPeerRouting
 from ..hivemind.listing import Listing, walk_hivemind_grid
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..widgets import duration, short
 from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
@@ -35,7 +35,7 @@ async def fetch_hivemind_listing(spec, prefix: str) -> Listing:
     if not spec.bootstrap:
         raise JoinError(f"hivemind swarm {spec.name!r} lists no initial peers (bootstrap)")
     dht = HivemindDHT(client_mode=True)
-    async with open_host(KeyPair.generate(), services=[dht, KadPeerRouting()]):
+    async with open_stack(KeyPair.generate(), services=[dht, KadPeerRouting()]):
         if not await dht.bootstrap(list(spec.bootstrap)):
             raise JoinError(f"cannot reach hivemind swarm {spec.name!r}: no initial peer answered a hivemind DHT ping")
         return await walk_hivemind_grid(dht, prefix, timeout=LOOKUP_TIMEOUT)
@@ -78,7 +78,7 @@ async def hivemind_checks(peers: list[Multiaddr]) -> list[Check]:
     """Whether each initial peer answers hivemind's DHT ping and a kad PING."""
     checks: list[Check] = []
     dht, kad = HivemindDHT(client_mode=True), KadPeerRouting()
-    async with open_host(KeyPair.generate(), services=[dht, kad]) as host:
+    async with open_stack(KeyPair.generate(), services=[dht, kad]) as host:
         for addr in peers:
             name = f"hivemind {addr.peer_id.short() if addr.peer_id else addr}"[:22]
             try:

@@ -10,7 +10,7 @@ import trio
 
 from ..errors import DialError, HandshakeError, PeerIDMismatch, VolunteerError
 from ..net.connection import Connection
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.identity import KeyPair, default_identity_path, load_or_create_keypair
 from ..net.multiaddr import Multiaddr
 from ..net.ping import Pinger, PING
@@ -106,7 +106,7 @@ def run_ping(args: argparse.Namespace) -> int:
 
 
 async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -> int:
-    async with open_host(keypair, listen_addrs(args)) as host:
+    async with open_stack(keypair, listen_addrs(args)) as host:
         started = trio.current_time()
         try:
             with trio.fail_after(args.timeout):

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from ..errors import DialError, HandshakeError, NegotiationError, VolunteerError
-from ..net.host import open_host
+from ..net.stack import open_stack
 from ..net.multiaddr import Multiaddr
 from ..net.perf import PERF, PerfResult, format_size, parse_size, perf_stream
 from .netcmds import add_identity_flag, add_listen_flag, listen_addrs, load_identity
@@ -71,7 +71,7 @@ async def measure(target, keypair, upload: int, download: int, streams: int, tim
                   listen: list[str] | None = None) -> PerfResult:
     """Connect to ``target`` and run ``streams`` perf exchanges in parallel (listening on ``listen``,
     so a relayed path can be hole-punched)."""
-    async with open_host(keypair, listen or []) as host:
+    async with open_stack(keypair, listen or []) as host:
         try:
             with trio.fail_after(timeout):
                 started = trio.current_time()

@@ -1,6 +1,6 @@
 """A member of a hivemind 1.1 DHT, as a Host service: serves ``DHTProtocol.rpc_*`` and asks them.
 
-    async with open_host(keypair, listen=[...], services=[HivemindDHT()]) as host:
+    async with open_stack(keypair, listen=[...], services=[HivemindDHT()]) as host:
         dht = host.service(HivemindDHT)
         await dht.bootstrap(["/ip4/.../tcp/.../p2p/Qm..."])
         await dht.store("key", {"any": "msgpack"}, expiration_time=time.time() + 60)

@@ -8,7 +8,6 @@ otherwise multistream-select picks `/yamux/1.0.0` inside the secure channel.
 
 from __future__ import annotations
 
-import enum
 import itertools
 from collections.abc import Sequence
 
@@ -20,25 +19,12 @@ from .multiaddr import Multiaddr
 from .multistream import LazyStream, lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
 from .streams import BufferedStream, reset_quietly, send_all_then_eof
-from .transport.base import RawConnection
+from .transport.base import Direction, Path, RawConnection
 from .yamux import YamuxConnection, YamuxStream
 
 NOISE = "/noise"
 YAMUX = "/yamux/1.0.0"
 MUXERS = (YAMUX,)
-
-
-class Direction(enum.Enum):
-    INBOUND = "inbound"
-    OUTBOUND = "outbound"
-
-
-class Path(enum.Enum):
-    """How a connection reaches its peer; the TUI and `volunteer ping` show it."""
-
-    DIRECT = "direct"
-    RELAYED = "relayed"
-    HOLE_PUNCHED = "hole-punched"
 
 
 _connection_ids = itertools.count(1)
@@ -157,11 +143,6 @@ class Connection:
         except BaseException:
             await reset_quietly(inner)
             raise
-        budget = getattr(inner, "resource_scope", None)
-        if budget is not None and not budget.set_protocol(protocol, now=trio.current_time()):
-            # The peer's (or everyone's) inbound streams of this protocol are at their limit.
-            await reset_quietly(inner)
-            raise NegotiationError(f"too many inbound {protocol} streams: refused with RST")
         return NetStream(buffered, protocol, self)
 
     async def aclose(self) -> None:

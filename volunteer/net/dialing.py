@@ -16,9 +16,10 @@ import trio
 
 from ..errors import DialError, VolunteerError, describe
 from . import limits
-from .connection import Connection, Path
+from .connection import Connection
 from .identity import PeerID
 from .multiaddr import Multiaddr
+from .transport.base import Path
 
 log = logging.getLogger(__name__)
 

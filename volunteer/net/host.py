@@ -7,6 +7,10 @@
 The host owns one nursery. Each connection runs in a task of its own (muxer reader + accept loop);
 each inbound stream gets a task that negotiates its protocol and runs the handler. A peer's bad
 bytes close that peer's connection and nothing else.
+
+``open_host`` runs exactly the services it is given, plus the resource manager that guards every
+handshake; the standard ones (identify, ping, the stream pool, the NAT wing...) are listed and
+opened by ``volunteer.net.stack``.
 """
 
 from __future__ import annotations
@@ -15,12 +19,10 @@ import errno
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
 
-from .. import __version__
 from ..errors import (
     ConnectionClosed,
     DialError,
@@ -32,9 +34,9 @@ from ..errors import (
     VolunteerError,
     describe,
 )
-from . import limits
 from .addresses import advertised, shareable
-from .connection import Connection, Direction, NetStream, Path, negotiate_muxer, upgrade
+from .config import HostConfig
+from .connection import Connection, NetStream, negotiate_muxer, upgrade
 from .events import (
     DirectConnectionUp,
     EventBus,
@@ -48,43 +50,19 @@ from .identity import KeyPair, PeerID
 from .dialing import dial_staggered
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
-from .perf import PerfLimits, PerfServer
-from .ping import PING, Ping, Pinger
-from .pool import StreamPool
-from .resources import ResourceLimits, ResourceManager, address_key
+from .perf import PerfServer
+from .ping import PING, Pinger
+from .resources import ResourceLimits, ResourceManager, StreamScope, address_key
 from .service import Handler, InboundClass, Service
-from .transport.base import RawConnection, Transport
+from .streams import close_quietly, reset_quietly
+from .transport.base import Direction, Path, RawConnection, Transport
 from .transport.memory import MemoryTransport
 from .transport.tcp import TcpTransport
-from .yamux import YamuxConnection
-from .streams import close_quietly, reset_quietly
+from .yamux import YamuxConnection, YamuxStream
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S")
-AGENT_VERSION = f"volunteer/{__version__}"
-
-
-@dataclass
-class HostConfig:
-    """Tunable bounds of a Host (defaults from volunteer.net.limits)."""
-
-    agent_version: str = AGENT_VERSION
-    handshake_timeout: float = limits.HANDSHAKE_TIMEOUT
-    dial_timeout: float = limits.DIAL_TIMEOUT
-    stream_negotiation_timeout: float = limits.STREAM_NEGOTIATION_TIMEOUT
-    max_pending_handshakes: int = limits.MAX_PENDING_HANDSHAKES
-    max_connections: int = limits.MAX_CONNECTIONS
-    identify_on_connect: bool = True
-    # Serve /perf/1.0.0 (bounded per peer) so anyone can measure a link to us.
-    enable_perf: bool = True
-    # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
-    enable_relay_client: bool = True
-    # Run DCUtR: upgrade relayed connections to direct, hole-punched ones.
-    enable_hole_punching: bool = True
-    perf_limits: PerfLimits = field(default_factory=PerfLimits)
-    # Addresses to advertise instead of the listen addresses (a relay behind a port forward, say).
-    announce: list[Multiaddr] = field(default_factory=list)
 
 
 class Host:
@@ -350,7 +328,7 @@ class Host:
             await trio.aclose_forcefully(secure)
             raise HandshakeError(f"connection from {secure.remote_peer.short()} at {raw.remote_addr} refused: resource limit")
         # From here the muxer owns the scope: it gives it back when the connection ends.
-        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, scope=scope)
+        muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, budget=scope)
         path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
         return Connection(raw, secure, muxer, direction, path)
 
@@ -385,12 +363,17 @@ class Host:
         conn = await self.connect(target)
         return await conn.new_stream(list(protocols))
 
-    async def _serve_stream(self, conn: Connection, inner) -> None:
+    async def _serve_stream(self, conn: Connection, inner: YamuxStream) -> None:
         try:
             with trio.fail_after(self.config.stream_negotiation_timeout):
                 stream = await conn.negotiate_inbound(inner, self._handlers.__contains__)
         except (trio.TooSlowError, NegotiationError, RemoteProtocolError, trio.BrokenResourceError) as exc:
             log.debug("stream negotiation with %s failed: %s", conn.remote_peer.short(), describe(exc))
+            return
+        if not self._admit(inner, stream.protocol):
+            # The peer's (or everyone's) inbound streams of this protocol are at their limit.
+            log.debug("too many inbound %s streams from %s: refused with RST", stream.protocol, conn.remote_peer.short())
+            await reset_quietly(stream)
             return
         handler = self._handlers.get(stream.protocol)
         if handler is None:  # removed while negotiating
@@ -409,6 +392,13 @@ class Host:
         else:
             with trio.move_on_after(1):
                 await close_quietly(stream)
+
+    def _admit(self, inner: YamuxStream, protocol: str) -> bool:
+        """Count an inbound stream against ``protocol``'s limits in the resource manager (False,
+        refusal counted, past them). The muxer only knows the stream's memory budget; the
+        protocol is ours to account once it is negotiated."""
+        budget = inner.budget
+        return not isinstance(budget, StreamScope) or budget.set_protocol(protocol, now=trio.current_time())
 
     # --- identify, ping, perf (services; these delegate) -------------------------------------
     def _identify_service(self) -> Identify:
@@ -432,7 +422,7 @@ class Host:
 
     @property
     def perf(self) -> PerfServer | None:
-        """The perf server (None when ``enable_perf`` is off)."""
+        """The perf server (None when the Host runs none)."""
         return self.service(PerfServer)
 
     async def open_pinger(self, target: PeerID | Multiaddr | str) -> Pinger:
@@ -494,25 +484,8 @@ class Host:
 
 
 def default_transports() -> list[Transport]:
+    """What a Host dials and listens with unless told otherwise: TCP, and memory for tests."""
     return [TcpTransport(), MemoryTransport()]
-
-
-def default_services(config: HostConfig) -> list[Service]:
-    """The services every Host runs unless given its own of the same type: the stream pool,
-    identify, ping, and as ``config`` enables them perf, the relay client and the hole puncher."""
-    services: list[Service] = [StreamPool(), Identify(config.identify_on_connect), Ping()]
-    if config.enable_perf:
-        services.append(PerfServer(config.perf_limits))
-    if config.enable_relay_client:
-        from .nat.relay_client import RelayClient  # the NAT wing builds on the Host, not the reverse
-
-        services.append(RelayClient())
-    if config.enable_hole_punching:
-        from .nat.dcutr import HolePuncher
-        from .nat.observer import AddressObserver
-
-        services += [AddressObserver(), HolePuncher()]
-    return services
 
 
 @asynccontextmanager
@@ -524,11 +497,10 @@ async def open_host(
     config: HostConfig | None = None,
     services: Sequence[Service] = (),
 ):
-    """Run a Host for the duration of the ``async with`` block, with ``services`` running on it
-    besides ``default_services`` (a service given here replaces the default of its type)."""
+    """Run a Host for the duration of the ``async with`` block with exactly ``services`` on it
+    (and a default ResourceManager unless one is among them). Nodes that want the standard
+    services open their Host with ``volunteer.net.stack.open_stack`` instead."""
     config = config or HostConfig()
-    given = list(services)
-    services = [s for s in default_services(config) if not any(isinstance(o, type(s)) for o in given)] + given
     host = Host(keypair or KeyPair.generate(), transports or default_transports(), config, services)
     async with trio.open_nursery() as nursery:
         host._nursery = nursery

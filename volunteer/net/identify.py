@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .. import __version__
 from ..errors import MultiaddrError, PeerIDError, RemoteProtocolError, VolunteerError, describe
 from .events import PeerConnected, PeerIdentified
 from .identity import PeerID, PublicKey
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 IDENTIFY = "/ipfs/id/1.0.0"
 IDENTIFY_PUSH = "/ipfs/id/push/1.0.0"
 PROTOCOL_VERSION = "ipfs/0.1.0"
+AGENT_VERSION = f"volunteer/{__version__}"
 
 
 @dataclass
@@ -154,12 +156,14 @@ async def read_identify(stream) -> IdentifyInfo:
 
 
 class Identify(BaseService):
-    """The identify protocols as a Host service (``open_host`` always runs one).
+    """The identify protocols as a Host service (one of the standard services, ``net.stack``).
 
-    ``identify_on_connect``: ask every new connection's peer who it is (the Host's config says)."""
+    ``identify_on_connect``: ask every new connection's peer who it is; ``agent_version``: what we
+    tell peers we run."""
 
-    def __init__(self, identify_on_connect: bool = True) -> None:
+    def __init__(self, identify_on_connect: bool = True, agent_version: str = AGENT_VERSION) -> None:
         self.identify_on_connect = identify_on_connect
+        self.agent_version = agent_version
 
     def handlers(self) -> dict[str, Handler]:
         return {IDENTIFY: self._serve, IDENTIFY_PUSH: self._serve_push}
@@ -184,7 +188,7 @@ class Identify(BaseService):
             listen_addrs=self.host.addrs,
             protocols=self.host.protocols,
             observed_addr=conn.remote_addr if conn is not None and not conn.remote_addr.is_relayed() else None,
-            agent_version=self.host.config.agent_version,
+            agent_version=self.agent_version,
         )
 
     async def _serve(self, stream: "NetStream") -> None:

@@ -194,7 +194,7 @@ class LazyStream(trio.abc.HalfCloseableStream):
     connection = forwarded("connection", "_stream")
     remote_peer = forwarded("remote_peer", "_stream")
     stream_id = forwarded("stream_id", "_stream")
-    resource_scope = forwarded("resource_scope", "_stream")
+    budget = forwarded("budget", "_stream")
 
 
 def lazy_outbound(stream: BufferedStream, protocol: str) -> LazyStream:

@@ -73,7 +73,7 @@ class PerfServerStats:
 
 
 class PerfServer(BaseService):
-    """Serves `/perf/1.0.0` within PerfLimits, as a Host service (``HostConfig.enable_perf``)."""
+    """Serves `/perf/1.0.0` within PerfLimits, as a Host service (a standard one: ``StackOptions.perf``)."""
 
     def __init__(self, limits: PerfLimits | None = None, clock: Callable[[], float] = trio.current_time) -> None:
         self.limits = limits or PerfLimits()

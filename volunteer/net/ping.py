@@ -49,7 +49,7 @@ class Pinger:
 
 
 class Ping(BaseService):
-    """Serves ping on a Host (``open_host`` always runs one)."""
+    """Serves ping on a Host (one of the standard services of ``net.stack``)."""
 
     def handlers(self) -> dict[str, Handler]:
         return {PING: serve_ping}

@@ -119,7 +119,7 @@ class StreamPool(BaseService):
 
 
 def pool_of(host: HostAPI) -> StreamPool:
-    """The Host's shared pool (``open_host`` always runs one)."""
+    """The Host's shared pool (one of the standard services of ``net.stack``)."""
     pool = host.service(StreamPool)
     if pool is None:
         raise RuntimeError("this host runs no StreamPool service")

@@ -210,7 +210,7 @@ class Scope:
 
 class StreamScope:
     """One yamux stream's resources: its stream slot, its receive window, and, once negotiated,
-    its protocol slot. ``close`` gives everything back (idempotent)."""
+    its protocol slot. ``close`` gives everything back (idempotent). A ``yamux.StreamBudget``."""
 
     __slots__ = ("scope", "inbound", "protocol", "_protocol_scopes", "closed")
 
@@ -267,7 +267,7 @@ class StreamScope:
 
 class ConnectionScope:
     """One connection's resources, below its peer: the fixed allotment for its control outbox and
-    socket reads, and the streams opened on it."""
+    socket reads, and the streams opened on it. A ``yamux.ConnectionBudget``."""
 
     def __init__(self, scope: Scope, address: Scope | None, peer_scope: Scope) -> None:
         self.scope = scope
@@ -303,8 +303,10 @@ class ConnectionScope:
 class ResourceManager(BaseService):
     """Scopes, reservations and refusal counters for one node (see the module docstring).
 
-    A Host service with no protocols: ``open_host`` installs a default one, and the Host asks it
-    before every handshake, connection and stream.
+    A Host service with no protocols that every Host runs: ``open_host`` installs a default one
+    (sized by ``HostConfig``) unless it is given its own, and the Host asks it before every
+    handshake, connection and stream. Its connection and stream scopes are the memory budgets
+    yamux declares (``yamux.budget``).
     """
 
     def __init__(self, resource_limits: ResourceLimits | None = None) -> None:

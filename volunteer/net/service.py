@@ -1,9 +1,9 @@
 """How features plug into a Host: the ``Service`` interface and the ``HostAPI`` a service sees.
 
-A service is handed to ``open_host(..., services=[...])`` (or ``await host.add_service(s)`` later)
-the way rust-libp2p's behaviours plug into a Swarm: it says which protocols it serves, which
-addresses it advertises and how it classifies an inbound connection, and runs in a task of the
-Host's nursery. It learns what happens from the Host's event bus and asks the Host through the
+A service is handed to ``open_stack(..., services=[...])`` or ``open_host(..., services=[...])``
+(or ``await host.add_service(s)`` later) the way rust-libp2p's behaviours plug into a Swarm: it
+says which protocols it serves, which addresses it advertises and how it classifies an inbound
+connection, and runs in a task of the Host's nursery. It learns what happens from the Host's event bus and asks the Host through the
 public methods of ``HostAPI``; it never assigns the Host's attributes or reaches for its nursery.
 
     class Echo(BaseService):
@@ -22,14 +22,13 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 import trio
 
 if TYPE_CHECKING:
-    from .connection import Connection, Direction, NetStream, Path
+    from .config import HostConfig
+    from .connection import Connection, NetStream
     from .events import EventBus
-    from .host import HostConfig
-    from .identify import IdentifyInfo
     from .identity import KeyPair, PeerID
     from .multiaddr import Multiaddr
     from .peerstore import Peerstore
-    from .transport.base import RawConnection, Transport
+    from .transport.base import Direction, Path, RawConnection, Transport
 
 Handler = Callable[["NetStream"], Awaitable[None]]
 S = TypeVar("S")
@@ -89,8 +88,6 @@ class HostAPI(Protocol):
     def add_transport(self, transport: "Transport") -> None: ...
 
     async def new_stream(self, target: "PeerID | Multiaddr | str", protocols: Sequence[str]) -> "NetStream": ...
-
-    async def identify(self, target: "PeerID | Multiaddr | str") -> "IdentifyInfo": ...
 
     async def push_identify(self) -> None: ...
 

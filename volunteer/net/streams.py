@@ -158,7 +158,7 @@ class BufferedStream(trio.abc.HalfCloseableStream):
     connection = forwarded("connection")
     remote_peer = forwarded("remote_peer")
     stream_id = forwarded("stream_id")
-    resource_scope = forwarded("resource_scope")
+    budget = forwarded("budget")
 
 
 async def send_all_then_eof(stream, data: bytes | bytearray | memoryview) -> None:

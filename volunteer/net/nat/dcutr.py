@@ -20,13 +20,13 @@ import trio
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
-from ..connection import Connection, Direction, Path
+from ..connection import Connection
 from ..events import DirectConnectionUp, ObservedAddrChanged, RelayedConnectionUp
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, Handler, HostAPI, InboundClass
 from ..streams import BufferedStream, close_quietly
-from ..transport.base import RawConnection
+from ..transport.base import Direction, Path, RawConnection
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punchable
 from .observer import AddressObserver

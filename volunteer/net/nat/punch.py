@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..connection import Direction
+from ..transport.base import Direction
 from .. import limits
 from ..multiaddr import Multiaddr
 

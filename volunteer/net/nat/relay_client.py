@@ -16,14 +16,13 @@ from collections.abc import Callable, Sequence
 import trio
 
 from ...errors import DialError, RemoteProtocolError, VolunteerError, describe
-from ..connection import Path
 from .. import limits
 from ..events import PeerDisconnected, RelayReservationsChanged, Subscription
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..streams import BufferedStream, close_quietly, reset_quietly
 from ..service import BaseService, Handler, HostAPI
-from ..transport.base import InboundHandler, RawConnection
+from ..transport.base import InboundHandler, Path, RawConnection
 from . import circuit
 from .circuit import HopMessage, Limit, StopMessage
 from .schedule import RelayStatus, Reservation, ReservationSchedule

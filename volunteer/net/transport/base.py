@@ -1,7 +1,9 @@
-"""What every transport gives the Host: raw, unauthenticated byte streams with their addresses."""
+"""What every transport gives the Host: raw, unauthenticated byte streams with their addresses,
+how each one reaches its peer (``Path``) and which side of the upgrade we play (``Direction``)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -9,9 +11,24 @@ import trio
 
 from ..multiaddr import Multiaddr
 
-if TYPE_CHECKING:  # connection.py imports this module: the names are for annotations only
-    from ..connection import Path
+if TYPE_CHECKING:
     from ..identity import PeerID
+
+
+class Direction(enum.Enum):
+    """Who opened a connection, hence our role in its upgrade (hole punching may pick the role
+    apart from who dialed: both ends dial at once and one of them must answer)."""
+
+    INBOUND = "inbound"
+    OUTBOUND = "outbound"
+
+
+class Path(enum.Enum):
+    """How a connection reaches its peer; the TUI and `volunteer ping` show it."""
+
+    DIRECT = "direct"
+    RELAYED = "relayed"
+    HOLE_PUNCHED = "hole-punched"
 
 
 class RawConnection:

@@ -12,6 +12,7 @@ from ...errors import StreamReset as StreamResetError
 from ..limits import READ_CHUNK, YAMUX_GOAWAY_FLUSH_TIMEOUT
 from ..sendlock import SendLock
 from ..streams import check_max_bytes
+from .budget import ConnectionBudget, StreamBudget
 from .frames import GO_AWAY_NORMAL
 from .session import (
     ConnectionTerminated,
@@ -201,8 +202,8 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         self._writable.unpark_all()
 
     @property
-    def resource_scope(self):
-        """This stream's scope in the resource manager (None when unaccounted or already closed)."""
+    def budget(self) -> StreamBudget | None:
+        """This stream's memory budget (None when unaccounted or already closed)."""
         return self._conn.session.stream_budget(self.stream_id)
 
 
@@ -210,14 +211,19 @@ class YamuxConnection:
     """A yamux session over a secure stream. Start it with ``await nursery.start(conn.run)``."""
 
     def __init__(
-        self, secure: trio.abc.Stream, is_client: bool, config: YamuxConfig | None = None, clock=trio.current_time, scope=None
+        self,
+        secure: trio.abc.Stream,
+        is_client: bool,
+        config: YamuxConfig | None = None,
+        clock=trio.current_time,
+        budget: ConnectionBudget | None = None,
     ) -> None:
-        """``scope``: the resource manager's ConnectionScope (streams and windows reserved there)."""
+        """``budget``: the connection's memory budget (streams and windows are reserved there)."""
         self.secure = secure
         self._send_parts = getattr(secure, "send_all_parts", None)
         self.config = config or YamuxConfig()
         self.clock = clock
-        self.session = Session(is_client, self.config, scope=scope)
+        self.session = Session(is_client, self.config, budget=budget)
         self.streams: dict[int, YamuxStream] = {}
         self._accept_send, self._accept_receive = trio.open_memory_channel(float("inf"))
         self._send_lock = SendLock()

@@ -10,10 +10,10 @@ small window. A peer that sends beyond the window it was granted breaks the prot
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...errors import LocalProtocolError, RemoteProtocolError, ResourceLimitExceeded
 from .. import limits
+from .budget import ConnectionBudget, StreamBudget
 from .state import Opening, Phase, StreamState  # re-exported: tests look at a stream's phase
 from .frames import (
     ACK,
@@ -31,9 +31,6 @@ from .frames import (
     decode_header,
     encode_header,
 )
-
-if TYPE_CHECKING:
-    from ..resources import ConnectionScope, StreamScope
 
 # A data frame whose payload has only partly arrived is handed to its stream in parts once this
 # much of it is here, instead of being buffered whole: a 1 MiB frame spans several socket reads,
@@ -126,13 +123,13 @@ class Session:
     """One side of a yamux connection. ``is_client`` picks odd stream IDs."""
 
     def __init__(
-        self, is_client: bool, config: YamuxConfig | None = None, now: float = 0.0, scope: "ConnectionScope | None" = None
+        self, is_client: bool, config: YamuxConfig | None = None, now: float = 0.0, budget: ConnectionBudget | None = None
     ) -> None:
         self.is_client = is_client
         self.config = config or YamuxConfig()
-        # The resource manager's scope of this connection: every stream's slot and receive window
-        # is reserved there first (None: unaccounted, as in the paired-core tests).
-        self.scope = scope
+        # This connection's memory budget: every stream's slot and receive window is reserved
+        # there first (None: unaccounted, as in the paired-core tests).
+        self.budget = budget
         self.streams: dict[int, StreamState] = {}
         self._next_id = 1 if is_client else 2
         self._outbox: list[bytes] = []
@@ -203,13 +200,13 @@ class Session:
         stream_id = self._next_id
         if stream_id >= 1 << 32:
             raise LocalProtocolError("yamux stream IDs exhausted")
-        budget = None
-        if self.scope is not None:
-            budget = self.scope.open_stream(False, now=now)
-            if budget is None:
-                raise ResourceLimitExceeded("the resource manager refused a new outbound stream")
+        stream_budget = None
+        if self.budget is not None:
+            stream_budget = self.budget.open_stream(False, now=now)
+            if stream_budget is None:
+                raise ResourceLimitExceeded("the memory budget refused a new outbound stream")
         self._next_id += 2
-        state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_SENT, budget)
+        state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_SENT, stream_budget)
         self.streams[stream_id] = state
         self._unacked_outbound += 1
         # Announce at once (go-yamux does): SYN on a window update carrying any window growth.
@@ -338,11 +335,11 @@ class Session:
         for state in self.streams.values():
             if state.budget is not None:
                 state.budget.close()
-        if self.scope is not None:
-            self.scope.close()
+        if self.budget is not None:
+            self.budget.close()
 
-    def stream_budget(self, stream_id: int) -> "StreamScope | None":
-        """The resource scope of a live stream (None when unknown or unaccounted)."""
+    def stream_budget(self, stream_id: int) -> StreamBudget | None:
+        """The memory budget of a live stream (None when unknown or unaccounted)."""
         state = self.streams.get(stream_id)
         return state.budget if state is not None else None
 
@@ -426,8 +423,8 @@ class Session:
                     else:
                         self._on_go_away(length, events)
                     if self._control_queued > self.config.max_control_outbox:
-                        if self.scope is not None:
-                            self.scope.refuse("control_outbox", now=now)
+                        if self.budget is not None:
+                            self.budget.refuse("control_outbox", now=now)
                         raise RemoteProtocolError(
                             f"yamux control-frame flood: {self._control_queued} bytes of replies queued, unread"
                         )
@@ -464,14 +461,14 @@ class Session:
                 # Refuse: the backlog of streams nobody accepted yet is full (or we are going away).
                 self._emit(WINDOW_UPDATE, RST, stream_id, 0)
                 return None
-            budget = None
-            if self.scope is not None:
-                budget = self.scope.open_stream(True, now=now)
-                if budget is None:
-                    # Refused by the resource manager (streams or memory of this peer or node): RST.
+            stream_budget = None
+            if self.budget is not None:
+                stream_budget = self.budget.open_stream(True, now=now)
+                if stream_budget is None:
+                    # Refused by the budget (streams or memory of this peer or node): RST.
                     self._emit(WINDOW_UPDATE, RST, stream_id, 0)
                     return None
-            state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_RECEIVED, budget)
+            state = StreamState(stream_id, self.config.initial_window, now, Opening.SYN_RECEIVED, stream_budget)
             self.streams[stream_id] = state
             self._pending_accept += 1
             events.append(StreamOpened(stream_id))

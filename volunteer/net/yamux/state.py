@@ -4,12 +4,8 @@ and its flow-control counters."""
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
-
 from .. import limits
-
-if TYPE_CHECKING:
-    from ..resources import StreamScope
+from .budget import StreamBudget
 
 
 class Opening(enum.Enum):
@@ -36,7 +32,7 @@ class StreamState:
         "opening", "phase", "budget", "reading",
     )
 
-    def __init__(self, stream_id: int, window: int, now: float, opening: Opening, budget: "StreamScope | None" = None) -> None:
+    def __init__(self, stream_id: int, window: int, now: float, opening: Opening, budget: StreamBudget | None = None) -> None:
         self.stream_id = stream_id
         self.send_window = limits.YAMUX_INITIAL_WINDOW  # the peer's grant to us (spec default)
         self.recv_window = window  # the window we currently grant
@@ -45,7 +41,7 @@ class StreamState:
         self.last_update = now
         self.opening = opening
         self.phase = Phase.OPEN
-        self.budget = budget  # the resource manager's scope: unread bytes are reserved there
+        self.budget = budget  # unread bytes are reserved there
         self.reading = True  # False once our application closed the stream: data is no longer read
 
     @property

@@ -1,5 +1,6 @@
 """The static checks CI runs with the test suite: the layering contract (import-linter) and the
-types of ``volunteer/net`` (mypy), both configured in pyproject.toml.
+types of ``volunteer/net`` (mypy), both configured in pyproject.toml. Each runs a tool over the
+whole package (tens of seconds): they are marked slow and live outside the unit floor.
 
 Both tools come with the ``test`` extra and are looked up next to the interpreter running the
 tests, so CI, which installs the extras into its venv, always runs them; a venv without them skips
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
 TOOL_TIMEOUT = 300  # a cold mypy run over volunteer/net takes well under a minute; this only stops a hang
 
 

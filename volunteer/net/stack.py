@@ -1,0 +1,91 @@
+"""The standard libp2p stack: the services a node's Host runs, listed in one place, and one call
+that opens a Host with them.
+
+The Host (``host.py``) runs exactly the services it is handed; this module, at the top of the net
+floor, is where they are chosen, the way rust-libp2p's dcutr example lists its behaviours in one
+struct:
+
+    stream pool    pooled request/reply streams (the DHT, the experts)
+    identify       who a peer is, and where it sees us
+    ping           round-trip times
+    perf           `/perf/1.0.0`, bounded per peer (``StackOptions.perf``)
+    relay client   dial and accept circuit-relay-v2 connections (``StackOptions.relay_client``)
+    address observer, hole puncher
+                   the addresses peers see us at, and DCUtR over them (``StackOptions.hole_punching``)
+
+    async with open_stack(keypair, ["/ip4/0.0.0.0/tcp/4001"], services=[my_service]) as host:
+        ...
+
+Roots call this (``open_volunteer``, ``Swarm``, the relay node, the CLI's network commands,
+benchmarks, tests); tests of the Host itself use ``open_host`` directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from .config import HostConfig
+from .host import Host, open_host
+from .identify import Identify
+from .identity import KeyPair
+from .multiaddr import Multiaddr
+from .nat.dcutr import HolePuncher
+from .nat.observer import AddressObserver
+from .nat.relay_client import RelayClient
+from .perf import PerfLimits, PerfServer
+from .ping import Ping
+from .pool import StreamPool
+from .service import Service
+from .transport.base import Transport
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """Which of the optional standard services run, and with what options."""
+
+    # Ask every new connection's peer who it is (identify); off, a peer is identified on request.
+    identify_on_connect: bool = True
+    # Serve /perf/1.0.0 within these bounds so anyone can measure a link to us; None: no perf server.
+    perf: PerfLimits | None = field(default_factory=PerfLimits)
+    # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
+    relay_client: bool = True
+    # Run DCUtR: upgrade relayed connections to direct, hole-punched ones (with the address
+    # observer that tells the puncher where peers see us).
+    hole_punching: bool = True
+
+
+def standard_services(options: StackOptions | None = None) -> list[Service]:
+    """The standard services, new instances, as ``options`` (default: all of them) enable them."""
+    options = options or StackOptions()
+    services: list[Service] = [StreamPool(), Identify(identify_on_connect=options.identify_on_connect), Ping()]
+    if options.perf is not None:
+        services.append(PerfServer(options.perf))
+    if options.relay_client:
+        services.append(RelayClient())
+    if options.hole_punching:
+        services += [AddressObserver(), HolePuncher()]
+    return services
+
+
+@asynccontextmanager
+async def open_stack(
+    keypair: KeyPair | None = None,
+    listen: Sequence[Multiaddr | str] = (),
+    *,
+    options: StackOptions | None = None,
+    services: Sequence[Service] = (),
+    transports: Sequence[Transport] | None = None,
+    config: HostConfig | None = None,
+) -> AsyncIterator[Host]:
+    """Run a Host with the standard services (as ``options`` enable them) and ``services`` for the
+    duration of the ``async with`` block. A service given here replaces the standard one of its
+    type (an ``Identify`` of your own, say); the rest go to ``open_host`` unchanged."""
+    given = list(services)
+    standard = [s for s in standard_services(options) if not any(isinstance(o, type(s)) for o in given)]
+    async with open_host(keypair, listen, transports=transports, config=config, services=standard + given) as host:
+        yield host
+
+
+__all__ = ["StackOptions", "open_stack", "standard_services"]
