@@ -1,6 +1,6 @@
 """Our trainer of benchmarks/wan.py; runs in the trainer's home of the rig with this checkout.
 
-    python _wan_ours.py SWARM_FILE --steps N --warmup W --volunteers V [--relayed]
+    python _wan_ours.py SWARM_FILE --steps N --warmup W --volunteers V [--relayed] [--hidden H]
 
 Joins the swarm with default settings, waits until the grid's experts are declared by all V
 volunteers, then trains a RemoteMixtureOfExperts (grid 4x4, k_best 4, defaults otherwise).
@@ -30,7 +30,7 @@ from volunteer.net.addresses import is_loopback  # noqa: E402
 from volunteer.net.multiaddr import Multiaddr  # noqa: E402
 
 GRID = (4, 4)
-HIDDEN, BATCH, K_BEST = 1024, 64, 4
+BATCH, K_BEST = 64, 4
 DISCOVERY_TIMEOUT = 120.0
 WARMUP_TIMEOUT = 180.0
 
@@ -65,11 +65,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--volunteers", type=int, default=4)
     parser.add_argument("--relayed", action="store_true", help="volunteers are reached through a relay only")
+    parser.add_argument("--hidden", type=int, default=1024, help="the experts' width")
     args = parser.parse_args()
     torch.manual_seed(0)
     ifname = default_ifname()
     with Swarm.join(args.swarm_file) as swarm:
-        moe = RemoteMixtureOfExperts(swarm, in_features=HIDDEN, grid_size=GRID, uid_prefix="expert", k_best=K_BEST)
+        moe = RemoteMixtureOfExperts(swarm, in_features=args.hidden, grid_size=GRID, uid_prefix="expert", k_best=K_BEST)
         deadline = time.monotonic() + DISCOVERY_TIMEOUT
         while True:
             live = moe.live_experts(refresh=True)
@@ -84,7 +85,7 @@ def main() -> int:
         warm = 0
         deadline = time.monotonic() + WARMUP_TIMEOUT
         while True:
-            train(moe, hidden=HIDDEN, batch=BATCH, steps=1, ifname=ifname, seed=1000 + warm)
+            train(moe, hidden=args.hidden, batch=BATCH, steps=1, ifname=ifname, seed=1000 + warm)
             warm += 1
             paths = swarm.loop.run(_paths, swarm.host, peers)
             settled = all(p.startswith("relayed") == args.relayed and p != "none" for p in paths.values())
@@ -94,7 +95,7 @@ def main() -> int:
                 print(json.dumps({"error": f"paths did not settle after {warm} warm-up steps: {paths}"}))
                 return 1
         before = _payload(swarm)
-        steps = train(moe, hidden=HIDDEN, batch=BATCH, steps=args.steps, ifname=ifname)
+        steps = train(moe, hidden=args.hidden, batch=BATCH, steps=args.steps, ifname=ifname)
         after = _payload(swarm)
         paths = swarm.loop.run(_paths, swarm.host, peers)
         print(json.dumps({"steps": steps, "paths": paths, "warmup": warm, "stats": moe.stats,

@@ -11,7 +11,8 @@ internet). The volunteers of the direct profiles have forwarded port 4001 on the
 Volunteer i hosts the ffn experts ``expert.i.0`` to ``expert.i.3`` (hidden 1024); the trainer
 trains a RemoteMixtureOfExperts over the 4x4 grid with k_best 4 on batches of 64, default
 settings otherwise. Then hivemind 1.1.12 does the same in the same homes over the same links:
-its own Servers, DHT, p2pd (TCP, defaults) and RemoteMixtureOfExperts (benchmarks/setup_hivemind.sh).
+its own Servers, DHT, p2pd (TCP, defaults) and RemoteMixtureOfExperts (benchmarks/setup_hivemind.sh);
+not on ``relayed``, where its p2pd would not take a relay slot (HIVEMIND_NOT_RELAYED).
 
 Per profile and trainer: median and p95 step time over the measured steps (after warm-up),
 samples/s, bytes per step on the trainer's line (frames, both ways), round trips per step
@@ -52,10 +53,15 @@ QUICK_PROFILES = ("cable", "fibre")
 VOLUNTEERS = 4
 EXPERTS_PER_VOLUNTEER = 4
 HIDDEN, BATCH, K_BEST = 1024, 64, 4
+HIVEMIND_STEPS = 20  # hivemind's steps take ten times ours: this many are measured unless asked
 PORT = 4001
 RELAY_ADDR = "203.0.113.10"
 START_TIMEOUT = 120.0
 PY = sys.executable
+# Why hivemind's trainer has no relayed row (what was tried on this rig):
+HIVEMIND_NOT_RELAYED = ("hivemind 1.1.12's p2pd, behind a symmetric NAT with auto-relay, the bootstrap node as "
+                        "trusted relay (told it is public) and private reachability forced, took no relay slot "
+                        "within 5 minutes, and its client encodes /p2p/ in circuit addresses as CIDs p2pd rejects")
 SWARM_ID = "wan"
 HOMES = ["trainer"] + [f"vol{i}" for i in range(VOLUNTEERS)]
 
@@ -68,8 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="at least this many steps before measuring")
     p.add_argument("--quick", action="store_true", help=f"{' and '.join(QUICK_PROFILES)}, 20 steps, 2 warm-up")
     p.add_argument("--skip-hivemind", action="store_true")
-    p.add_argument("--hivemind-steps", type=int, help="measured steps of hivemind's trainer (default: --steps; "
-                   "--quick: 3 after 1 warm-up, as its steps take ten times ours)")
+    p.add_argument("--hivemind-steps", type=int, help=f"measured steps of hivemind's trainer (default: "
+                   f"--steps, at most {HIVEMIND_STEPS}; --quick: 3 after 1 warm-up): its steps take ten times ours")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="the experts' width (smaller only for smoke runs)")
     p.add_argument("--compute-repeats", type=int, default=8, help="rounds of the local compute measurement")
     p.add_argument("--json", help="also write every figure to this file")
     a = p.parse_args(argv)
@@ -77,13 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.profiles, a.steps, a.warmup, a.compute_repeats = ",".join(QUICK_PROFILES), 20, 2, 4
         a.hivemind_steps = a.hivemind_steps or 3
     a.hivemind_warmup = 1 if a.quick else a.warmup
-    a.hivemind_steps = a.hivemind_steps or a.steps
+    a.hivemind_steps = a.hivemind_steps or min(a.steps, HIVEMIND_STEPS)
     a.profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
     unknown = [x for x in a.profiles if x not in PROFILES]
     if unknown or not a.profiles:
         p.error(f"unknown profiles {unknown}; choose from {', '.join(PROFILES)}")
-    if a.steps < 1 or a.warmup < 0 or a.hivemind_steps < 1:
-        p.error("--steps and --hivemind-steps must be >= 1 and --warmup >= 0")
+    if a.steps < 1 or a.warmup < 0 or a.hivemind_steps < 1 or a.hidden < 1:
+        p.error("--steps, --hivemind-steps and --hidden must be >= 1 and --warmup >= 0")
     return a
 
 
@@ -204,13 +211,14 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
             home = workdir / f"vol{i}"
             volunteers.append(procs.launch(f"vol{i}", [
                 PY, "-m", "volunteer", "join", str(swarm), "--no-dashboard", "--no-mdns",
-                "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(HIDDEN),
+                "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(args.hidden),
                 "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--identity", str(home / "id.key"),
                 "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
         for handle in volunteers:
             procs.wait(handle, "control socket")
         argv = [PY, str(ROOT / "benchmarks" / "_wan_ours.py"), str(swarm), "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS)] + (["--relayed"] if relayed else [])
+                "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS), "--hidden", str(args.hidden)]
+        argv += ["--relayed"] if relayed else []
         return _trainer(rig, argv, timeout=_trainer_timeout(args))
     finally:
         procs.stop()
@@ -228,8 +236,9 @@ def _relay_multiaddr(procs: Procs, first: str) -> str:
     raise RuntimeError(f"relay printed no multiaddr after {first!r}")
 
 
-def run_hivemind(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict, list] | None:
-    """hivemind's bootstrap node, four Servers and trainer in the same homes; None without its venv."""
+def run_hivemind(rig: rigmod.Rig, args, workdir: Path) -> tuple[dict, list] | None:
+    """hivemind's bootstrap node, four Servers and trainer in the same homes (the volunteers'
+    forwarded ports); None without its venv."""
     python = HIVEMIND_VENV / "bin" / "python"
     if not python.exists():
         print(f"hivemind: n/a (no {python}; run bash benchmarks/setup_hivemind.sh)")
@@ -244,14 +253,13 @@ def run_hivemind(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[d
         for i in range(VOLUNTEERS):
             uids = ",".join(f"expert.{i}.{j}" for j in range(EXPERTS_PER_VOLUNTEER))
             public = f"/ip4/{rig.addr(f'nat_vol{i}')}/tcp/{PORT}"
-            extra = ["--relayed"] if relayed else ["--announce", public]
             servers.append((public, procs.launch(f"vol{i}", [str(python), script, "serve", "--uids", uids,
-                                                             "--peer", peer, *extra])))
+                                                             "--peer", peer, "--hidden", str(args.hidden),
+                                                             "--announce", public])))
         for public, handle in servers:
-            server = procs.wait(handle, "READY").split()[1]
-            known += ["--peer", f"{peer}/p2p-circuit/p2p/{server}" if relayed else f"{public}/p2p/{server}"]
+            known += ["--peer", f"{public}/p2p/{procs.wait(handle, 'READY').split()[1]}"]
         argv = [str(python), script, "train", *known, "--steps", str(args.hivemind_steps),
-                "--warmup", str(args.hivemind_warmup)]
+                "--warmup", str(args.hivemind_warmup), "--hidden", str(args.hidden)]
         return _trainer(rig, argv, timeout=START_TIMEOUT + 60.0 * (args.hivemind_steps + args.hivemind_warmup) + 300.0)
     finally:
         procs.stop()
@@ -280,10 +288,12 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
         result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need)
         result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
-        if not args.skip_hivemind:
+        if relayed and not args.skip_hivemind:
+            print(f"hivemind on {profile}: n/a ({HIVEMIND_NOT_RELAYED})", flush=True)
+        elif not args.skip_hivemind:
             (workdir / "hivemind").mkdir()
             try:
-                theirs = run_hivemind(rig, args, relayed, workdir / "hivemind")
+                theirs = run_hivemind(rig, args, workdir / "hivemind")
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 print(f"hivemind on {profile}: failed: {str(exc)[-1500:]}", flush=True)
                 theirs = None
@@ -301,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rigmod.cleanup_stale()
     samples = BATCH * K_BEST // (VOLUNTEERS * EXPERTS_PER_VOLUNTEER)
-    alone = measure_compute(EXPERTS_PER_VOLUNTEER, samples, HIDDEN, args.compute_repeats)
+    alone = measure_compute(EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
     cores = os.cpu_count() or 1
     compute = step_compute(alone, VOLUNTEERS, cores)
     print(f"experts' compute, measured locally: one volunteer's share ({EXPERTS_PER_VOLUNTEER} experts x {samples} "

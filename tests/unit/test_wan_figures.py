@@ -87,9 +87,10 @@ def test_options():
     quick = wan.parse_args(["--quick"])
     assert (quick.profiles, quick.steps, quick.hivemind_steps) == (list(wan.QUICK_PROFILES), 20, 3)
     full = wan.parse_args([])
-    assert full.profiles == list(wan.PROFILES) and full.steps >= 50 and full.hivemind_steps == full.steps
+    assert full.profiles == list(wan.PROFILES) and full.steps >= 50 and full.hivemind_steps == wan.HIVEMIND_STEPS
     assert wan.parse_args(["--profiles", "dsl, far"]).profiles == ["dsl", "far"]
-    for bad in (["--profiles", "moon"], ["--steps", "0"], ["--profiles", ","]):
+    assert wan.parse_args(["--steps", "5"]).hivemind_steps == 5
+    for bad in (["--profiles", "moon"], ["--steps", "0"], ["--profiles", ","], ["--hidden", "0"]):
         with pytest.raises(SystemExit):
             wan.parse_args(bad)
 
