@@ -10,11 +10,11 @@ import threading
 import pytest
 import torch
 
-from volunteer import RemoteMixtureOfExperts, Swarm
+from volunteer import RemoteMixtureOfExperts
 from volunteer.experts import moe as moe_module
 from volunteer.experts.client import RemoteExpert
 
-from .volunteer_fixture import DHT_CONFIG, Volunteer
+from .volunteer_fixture import volunteer_and_trainer
 
 GRID = ["expert.0.0", "expert.0.1"]
 HIDDEN = 8
@@ -22,13 +22,8 @@ HIDDEN = 8
 
 @pytest.fixture(scope="module")
 def world():
-    volunteer = Volunteer(GRID, hidden=HIDDEN)
-    swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
-    try:
-        yield volunteer, swarm
-    finally:
-        swarm.close()
-        volunteer.stop()
+    with volunteer_and_trainer(GRID, hidden=HIDDEN) as pair:
+        yield pair
 
 
 def mixture(swarm, **options) -> RemoteMixtureOfExperts:

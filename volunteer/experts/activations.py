@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -104,11 +104,7 @@ class ActivationCache:
 
     def expire(self, now: float) -> None:
         """Forget graphs older than the ttl."""
-        while self._kept:
-            key, kept = next(iter(self._kept.items()))
-            if kept.expires > now:
-                return
-            self._pop(key)
+        _expire_oldest(self._kept, now, self._pop)
 
     def clear(self) -> None:
         """Forget everything."""
@@ -118,6 +114,15 @@ class ActivationCache:
     def _pop(self, key: int) -> None:
         kept = self._kept.pop(key)
         self.nbytes -= kept.graph.nbytes
+
+
+def _expire_oldest(kept: OrderedDict, now: float, pop: Callable[[Any], None]) -> None:
+    """``pop`` the entries of ``kept`` (oldest first, each with an ``expires``) that are due."""
+    while kept:
+        key, entry = next(iter(kept.items()))
+        if entry.expires > now:
+            return
+        pop(key)
 
 
 @dataclass
@@ -189,11 +194,7 @@ class KeptInputs:
 
     def expire(self, now: float) -> None:
         """Forget inputs older than the ttl."""
-        while self._kept:
-            key, kept = next(iter(self._kept.items()))
-            if kept.expires > now:
-                return
-            self._pop(key)
+        _expire_oldest(self._kept, now, self._pop)
 
     def _pop(self, key: tuple[str, int]) -> None:
         kept = self._kept.pop(key)
