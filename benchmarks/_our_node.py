@@ -1,6 +1,7 @@
 """Benchmark peer: a volunteer node serving /echo/1.0.0 (and perf, ping) on loopback.
 
 Prints `READY <multiaddr>` and runs until stdin closes. Run with the project's Python.
+``--quic``: listen on QUIC v1 instead of TCP.
 """
 
 import sys
@@ -26,7 +27,8 @@ async def echo(stream) -> None:
 async def main() -> None:
     # Benchmarks move gigabytes: lift the perf budget that protects real volunteers.
     options = StackOptions(perf=PerfLimits(max_bytes_per_minute_per_peer=1 << 40, max_bytes_per_minute_total=1 << 40))
-    async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=options) as host:
+    listen = "/ip4/127.0.0.1/udp/0/quic-v1" if "--quic" in sys.argv[1:] else "/ip4/127.0.0.1/tcp/0"
+    async with open_stack(listen=[listen], options=options) as host:
         host.set_handler(ECHO, echo)
         print("READY", host.full_addrs()[0], flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)

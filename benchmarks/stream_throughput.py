@@ -4,7 +4,9 @@
 
 Rows without "one process" are a client and a server in two processes on loopback (as two
 real peers would be); "one process" rows put both hosts in one process (py-libp2p's pair-bench,
-and ours the same way). Ratios compare like with like. Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
+and ours the same way). "over QUIC" rows are ours on QUIC v1 (aioquic; TLS 1.3 and QUIC's own
+streams instead of Noise and yamux); there is no py-libp2p QUIC row, because py-libp2p 0.8.1's QUIC
+stream drops bytes past 2 MiB unread (see tests/interop/test_quic_interop.py). Ratios compare like with like. Run `bash .ci/install_peers.sh` first for the py-libp2p rows. Echo throughput counts both directions. Ratios are
 what to read: this machine is shared and noisy, so absolute figures drift between runs; with
 ``--runs N`` every figure is the median of N runs. "cpu ms/MiB" is the CPU time both processes
 spent per MiB of echo (robust to other load on the machine, unlike MB/s).
@@ -123,7 +125,7 @@ async def bench_ours_against(addr: str, size: int, setups: int = 30, pings: int 
     result: dict = {}
     times = []
     for _ in range(setups):
-        # A fresh client each time: TCP + Noise + yamux from nothing, as a new peer would.
+        # A fresh client each time: TCP + Noise + yamux (or QUIC + TLS) from nothing, as a new peer would.
         async with open_stack() as client:
             started = trio.current_time()
             await client.connect(addr)
@@ -212,14 +214,15 @@ def run_whole_commands(size: int, with_pylibp2p: bool) -> dict[str, dict]:
     """`volunteer perf` against our node, py-libp2p's perf client against py-libp2p's server."""
     rows: dict[str, dict] = {}
     byte_compile_ours()
-    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
-    try:
-        figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
-                                     "--download", str(size), ours.addr], size)
-        if figure:
-            rows["volunteer perf, whole command"] = {"perf_MBps": figure}
-    finally:
-        ours.close()
+    for name, flags in (("volunteer perf, whole command", []), ("volunteer perf over QUIC, whole command", ["--quic"])):
+        ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py"), *flags])
+        try:
+            figure = whole_command_MBps([sys.executable, "-m", "volunteer", "perf", "--json", "--upload", str(size),
+                                         "--download", str(size), ours.addr], size)
+            if figure:
+                rows[name] = {"perf_MBps": figure}
+        finally:
+            ours.close()
     if with_pylibp2p:
         peer = Subprocess([str(PYLIBP2P_PYTHON), str(PEER_SCRIPT), "serve"])
         try:
@@ -255,6 +258,11 @@ async def one_run(args) -> dict[str, dict]:
     ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py")])
     try:
         rows["ours ↔ ours"] = await bench_ours_against(ours.addr, size, setups, pings, server_pid=ours.proc.pid)
+    finally:
+        ours.close()
+    ours = Subprocess([sys.executable, str(ROOT / "benchmarks" / "_our_node.py"), "--quic"])
+    try:
+        rows["ours ↔ ours over QUIC"] = await bench_ours_against(ours.addr, size, setups, pings, server_pid=ours.proc.pid)
     finally:
         ours.close()
     with_pylibp2p = not args.skip_pylibp2p and PYLIBP2P_PYTHON.exists()
@@ -298,9 +306,9 @@ def print_table(rows: dict[str, dict], size_mib: int, runs: int = 1) -> None:
     cols = [("echo_MBps", "echo MB/s"), ("perf_MBps", "perf MB/s"), ("setup_ms_p50", "setup ms"),
             ("ping_ms_p50", "ping p50 ms"), ("ping_ms_p99", "ping p99 ms"), ("echo_cpu_ms_per_MiB", "cpu ms/MiB")]
     print(f"\n{size_mib} MiB over one stream, loopback, both directions counted" + (f"; median of {runs} runs" if runs > 1 else ""))
-    print(f"{'':36}" + "".join(f"{title:>14}" for _, title in cols))
+    print(f"{'':42}" + "".join(f"{title:>14}" for _, title in cols))
     for name, row in rows.items():
-        print(f"{name:36}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
+        print(f"{name:42}" + "".join(f"{row[k]:14.2f}" if k in row else f"{'-':>14}" for k, _ in cols))
     ours = rows.get("ours ↔ ours", {})
     for name, reference in (("ours ↔ ours", base), ("ours ↔ ours, one process", one_process_base)):
         if reference and name in rows:

@@ -68,7 +68,7 @@ class VolunteerOptions:
     """Everything a volunteer node is started with, besides the swarm it joins."""
 
     keypair: KeyPair | None = None  # default: a fresh identity
-    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    listen: list[str] = field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"])
     host_config: HostConfig | None = None
     stack: StackOptions | None = None  # default: every standard service (NAT wing, perf...)
     # config.toml's [limits]: ResourceLimits fields and the expert server's request budget
@@ -450,6 +450,8 @@ class VolunteerNode:
             "status": nat["reachability"],
             "nat_type": nat["mapping"],
             "observed_addrs": nat["observed_addrs"],
+            # punch attempts by transport and result, time to direct (the HolePuncher's snapshot)
+            "hole_punching": nat["hole_punching"],
             "relays": [
                 {
                     "peer_id": str(Multiaddr(r["addr"]).peer_id or ""),
@@ -464,7 +466,8 @@ class VolunteerNode:
         }
 
     def connections_view(self) -> list[dict]:
-        """One row per open connection: peer, path (direct, relayed, hole-punched), RTT, bytes."""
+        """One row per open connection: peer, path (direct quic, direct tcp, relayed), whether it was
+        hole-punched, RTT, bytes."""
         host = self.host
         rows = []
         for conn in host.connections():
@@ -474,7 +477,9 @@ class VolunteerNode:
             rows.append(
                 {
                     "peer_id": str(conn.remote_peer),
-                    "path": conn.path.value if hasattr(conn.path, "value") else str(conn.path),
+                    "path": conn.path_label,  # direct quic, direct tcp, relayed
+                    "hole_punched": conn.path.value == "hole-punched",
+                    "transport": conn.transport,
                     "via": str(relay[1]) if relay and relay[1] else None,
                     "rtt_ms": round(conn.rtt * 1000, 2) if conn.rtt else None,
                     "bytes_in": conn.bytes_received,

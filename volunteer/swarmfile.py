@@ -249,12 +249,18 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
 }
 
 # config.toml's [limits]: the resource manager's bounds (volunteer.net.resources.ResourceLimits,
-# sized for a 24 GiB desktop) and the expert server's request budget, for a machine that wants others
+# sized for a 24 GiB desktop) and the expert servers' request budgets (ours, and the hivemind
+# door's), for a machine that wants others
 LIMIT_SETTINGS = {
     **{f.name: (int, float) for f in fields(ResourceLimits)},
     "max_request_bytes_per_peer": int, "max_request_bytes_total": int, "backward_window": (int, float),
+    "hivemind_request_bytes_per_peer": int, "hivemind_request_bytes_per_address": int,
+    "hivemind_request_bytes_total": int,
 }
-EXPERT_LIMITS = ("max_request_bytes_per_peer", "max_request_bytes_total", "backward_window")
+EXPERT_LIMITS = (
+    "max_request_bytes_per_peer", "max_request_bytes_total", "backward_window",
+    "hivemind_request_bytes_per_peer", "hivemind_request_bytes_per_address", "hivemind_request_bytes_total",
+)
 CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS}  # config.toml's tables
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",

@@ -86,10 +86,12 @@ def test_dial_back_filter():
         Multiaddr(f"/ip4/198.51.100.7/tcp/4002/p2p/{peer}"),
         Multiaddr("/ip4/192.0.2.1/tcp/4001"),  # not the observed IP
         Multiaddr(f"/ip4/198.51.100.7/tcp/4001/p2p/{peer}/p2p-circuit"),  # relayed
-        Multiaddr("/ip4/198.51.100.7/udp/4001/quic-v1"),  # not TCP
+        Multiaddr("/ip4/198.51.100.7/udp/4001"),  # bare UDP: nothing to dial back
+        Multiaddr("/ip4/198.51.100.7/udp/4001/quic-v1"),  # QUIC: dialled back too
     ] + [Multiaddr(f"/ip4/198.51.100.7/tcp/{5000 + i}") for i in range(10)]
     addrs = dialable_addrs(requested, "198.51.100.7")
-    assert addrs[:2] == [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/tcp/4002")]
+    assert addrs[:3] == [Multiaddr("/ip4/198.51.100.7/tcp/4001"), Multiaddr("/ip4/198.51.100.7/tcp/4002"),
+                         Multiaddr("/ip4/198.51.100.7/udp/4001/quic-v1")]
     assert len(addrs) == 4 and all(a.value_for("ip4") == "198.51.100.7" for a in addrs)
 
 
@@ -105,3 +107,15 @@ async def test_nat_manager_publishes_reachability_changes():
                 event = await changes.receive()
             assert isinstance(event, ReachabilityChanged) and event.reachability is Reachability.PUBLIC
             assert manager.reservations is None  # public: no relay slots needed
+
+
+async def test_a_quic_listener_is_dialled_back_over_quic_from_a_fresh_port():
+    with trio.fail_after(30):
+        quic = "/ip4/127.0.0.1/udp/0/quic-v1"
+        async with open_stack(listen=[quic]) as server, open_stack(listen=[quic]) as client:
+            await server.add_service(AutoNATServer())
+            result = await probe(client, server.full_addrs()[0], client.addrs)
+            assert result.reachable is True and result.addr == client.addrs[0]
+            # the dial-back came from another port than the server's shared socket
+            dial_backs = [c for c in client.connections(server.peer_id) if c.direction.value == "inbound"]
+            assert all(c.remote_addr.value_for("udp") != server.listen_addrs[0].value_for("udp") for c in dial_backs)

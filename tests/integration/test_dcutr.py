@@ -81,3 +81,43 @@ def test_mapping_type_from_observations():
     # Relayed observations say nothing about our NAT; stale ones are forgotten.
     observed.record(other, Multiaddr(f"/ip4/203.0.113.10/tcp/1/p2p/{relay}/p2p-circuit"), local, Multiaddr("/ip4/1.2.3.4/tcp/9"), 5)
     assert observed.mapping(10_000, 4001) is MappingType.UNKNOWN
+
+
+async def _punch_through_relay(listen: list[str]):
+    """A relayed connection from a to b through a relay, all listening on ``listen``; returns
+    (a's direct connection to b, b's last punch outcome, b's puncher snapshot)."""
+    async with open_stack(listen=listen) as relay, open_stack(listen=listen) as a, open_stack(listen=listen) as b:
+        await relay.add_service(HopService())
+        b.set_handler(ECHO, echo)
+        reservation = await reserve(b, relay.full_addrs()[0])
+        await a.connect(relay.full_addrs()[0])
+        await a.identify(relay.peer_id)
+        relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+        assert relayed.path is Path.RELAYED
+        while a.connection_to(b.peer_id) is None or a.connection_to(b.peer_id).path is Path.RELAYED:
+            await trio.sleep(0.01)
+        direct = a.connection_to(b.peer_id)
+        stream = await a.new_stream(b.peer_id, [ECHO])
+        await stream.send_all(b"direct now")
+        await stream.send_eof()
+        assert await stream.receive_some() == b"direct now"
+        puncher = b.service(HolePuncher)
+        while not puncher.outcomes:
+            await trio.sleep(0.01)
+        return direct, puncher.outcomes[-1], puncher.snapshot()
+
+
+async def test_a_relayed_connection_upgrades_to_direct_quic():
+    with trio.fail_after(60):
+        direct, outcome, snapshot = await _punch_through_relay(["/ip4/127.0.0.1/udp/0/quic-v1"])
+        assert direct.path_label == "direct quic"
+        assert outcome.success and outcome.transport == "quic" and outcome.attempts == 1
+        assert snapshot["by_transport"]["quic"] == 1 and snapshot["first_attempt"] == 1
+        assert sum(snapshot["attempts"]["quic"].values()) == 1 and "tcp" not in snapshot["attempts"]
+
+
+async def test_with_both_transports_the_first_direct_connection_wins():
+    with trio.fail_after(60):
+        direct, outcome, snapshot = await _punch_through_relay(["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"])
+        assert outcome.success and outcome.attempts == 1 and outcome.transport in ("tcp", "quic")
+        assert direct.transport in ("tcp", "quic") and snapshot["direct"] == 1

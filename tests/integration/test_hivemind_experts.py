@@ -19,6 +19,7 @@ from volunteer.hivemind.limits import ExpertLimits
 from volunteer.hivemind.rpc import call_stream, call_unary
 from volunteer.hivemind.serializer import TensorDescriptor, loads
 from volunteer.hivemind.pb.hm_runtime_pb2 import ExpertInfo
+from volunteer.net.resources import ResourceManager
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -26,9 +27,11 @@ QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 HIDDEN = 8
 
 
-async def setup(stack: AsyncExitStack, *, limits: ExpertLimits = ExpertLimits(), uids=("ffn.0", "ffn.1")):
+async def setup(
+    stack: AsyncExitStack, *, limits: ExpertLimits = ExpertLimits(), uids=("ffn.0", "ffn.1"), per_peer: int = 64 << 20
+):
     network = MemoryNetwork()
-    config = ExpertsConfig(device="cpu")
+    config = ExpertsConfig(device="cpu", hivemind_request_bytes_per_peer=per_peer)
     runtime = await stack.enter_async_context(
         open_runtime([make_backend(uid, "ffn", HIDDEN, config=config) for uid in uids], config)
     )
@@ -111,8 +114,9 @@ async def test_errors_reach_the_caller_and_the_service_keeps_serving():
         with pytest.raises(HivemindRPCError, match="ExpertBackwardRefusedError"):
             await call_unary(client, server.peer_id, wire.BACKWARD, wire.request("ffn.1", [x, x]), timeout=10)
         assert experts.refusals["backward_without_forward"] == 1
+        assert server.service(ResourceManager).refusals()["hivemind-experts"]["backward_without_forward"] == 1
         assert runtime.backends["ffn.1"].updates == 0
-        assert experts.budget.total == 0
+        assert experts.door.held == 0
         (y,) = await forward(client, server, "ffn.0", x)
         assert y.shape == (2, HIDDEN)
 
@@ -120,11 +124,12 @@ async def test_errors_reach_the_caller_and_the_service_keeps_serving():
 @pytest.mark.trio_timeout(30)
 async def test_request_bytes_over_the_budget_are_refused_busy():
     async with AsyncExitStack() as stack:
-        server, client, _, experts, _ = await setup(stack)
-        experts.budget.per_peer_limit = 16  # fewer bytes than one request
-        with pytest.raises(HivemindRPCError, match="ExpertBusyError"):
+        server, client, _, experts, _ = await setup(stack, per_peer=16)  # fewer bytes than one request
+        with pytest.raises(HivemindRPCError, match="HivemindBusy"):
             await forward(client, server, "ffn.0", np.zeros((2, HIDDEN), np.float32))
-        assert experts.refusals["peer_request_bytes"] == 1
+        assert experts.door.refusals["peer_request_bytes"] == 1
+        # counted where every refusal is: the resource manager (volunteer status --json, metrics)
+        assert server.service(ResourceManager).refusals()["hivemind-experts-peer"] == {"memory": 1}
 
 
 @pytest.mark.trio_timeout(30)
@@ -157,8 +162,7 @@ async def wait_for(predicate, *, steps: int = 200) -> None:
 @pytest.mark.trio_timeout(30)
 async def test_a_stream_call_is_refused_when_its_frame_header_arrives_before_its_body():
     async with AsyncExitStack() as stack:
-        server, client, _, experts, _ = await setup(stack, limits=ExpertLimits(read_timeout=5))
-        experts.budget.per_peer_limit = 4096
+        server, client, _, experts, _ = await setup(stack, limits=ExpertLimits(read_timeout=5), per_peer=4096)
         stream = await client.new_stream(server.peer_id, [wire.FORWARD_STREAM])
         # announce 1 MiB, send only the header and a few bytes: the refusal comes back at once
         await stream.send_all(encode_frame(b"\0" * (1 << 20))[:20])
@@ -166,34 +170,33 @@ async def test_a_stream_call_is_refused_when_its_frame_header_arrives_before_its
         frames: list = []
         while not frames:
             frames = decoder.receive_data(await stream.receive_some(1 << 16))
-        assert frames[0].kind is FrameKind.ERROR and "ExpertBusyError" in frames[0].error_message
-        assert experts.refusals["peer_request_bytes"] == 1
+        assert frames[0].kind is FrameKind.ERROR and "HivemindBusy" in frames[0].error_message
+        assert experts.door.refusals["peer_request_bytes"] == 1
         await stream.send_eof()
-        await wait_for(lambda: experts.budget.total == 0)
+        await wait_for(lambda: experts.door.held == 0)
         await stream.aclose()
         # the service keeps serving calls that fit
         (y,) = await forward(client, server, "ffn.0", np.zeros((2, HIDDEN), np.float32))
         assert y.shape == (2, HIDDEN)
-        assert experts.budget.total == 0
+        assert experts.door.held == 0
 
 
 @pytest.mark.trio_timeout(30)
 async def test_a_unary_call_is_refused_on_its_length_prefix_and_its_body_read_past_unkept():
     async with AsyncExitStack() as stack:
-        server, client, _, experts, _ = await setup(stack)
-        experts.budget.per_peer_limit = 4096
+        server, client, _, experts, _ = await setup(stack, per_peer=4096)
         call = UnaryCall(new_call_id(), wire.FORWARD, wire.request("ffn.0", [np.zeros((64, 512), np.float32)]))
         data = encode_call(call)
         stream = await client.new_stream(server.peer_id, [wire.FORWARD])
         await stream.send_all(data[:64])
-        await wait_for(lambda: experts.refusals["peer_request_bytes"] == 1)  # refused before the body
-        assert experts.budget.total == 0
+        await wait_for(lambda: experts.door.refusals["peer_request_bytes"] == 1)  # refused before the body
+        assert experts.door.held == 0
         await stream.send_all(data[64:])
         decoder = DelimitedDecoder()
         body = None
         while body is None:
             body = decoder.receive_data(await stream.receive_some(1 << 16))
         reply = parse_reply(body)
-        assert reply.call_id == call.call_id and "ExpertBusyError" in (reply.error or "")
+        assert reply.call_id == call.call_id and "HivemindBusy" in (reply.error or "")
         await stream.aclose()
         assert experts.calls == 0  # the request never reached the runtime

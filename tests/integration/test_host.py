@@ -320,3 +320,33 @@ async def test_an_expected_punch_is_classified_as_ours():
             with puncher._expecting(peer, [addr], Direction.INBOUND):
                 assert puncher.classify_inbound(raw) is None  # as the server of the upgrade, nothing to claim
             assert puncher.classify_inbound(raw) is None
+
+
+async def test_a_refused_dial_is_dialled_again_while_the_caller_allows():
+    """A punched SYN refused by the peer's router is re-sent 50 ms later, within the attempt."""
+    transport = TcpTransport()
+    with trio.socket.socket() as probe:  # a free port nobody listens on yet
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    target = Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")
+    with pytest.raises(ConnectionRefusedError):
+        await transport.dial(target)
+    assert transport.refused_redials == 0
+    async with trio.open_nursery() as nursery:
+        ready = trio.Event()
+
+        async def listen_later():
+            await trio.sleep(0.2)
+            listener = (await trio.open_tcp_listeners(port, host="127.0.0.1"))[0]
+            ready.set()
+            async with listener:
+                stream = await listener.accept()
+                await stream.aclose()
+
+        nursery.start_soon(listen_later)
+        raw = await transport.dial(target, redial_refused_for=2.0)
+        await ready.wait()
+        await raw.abort()
+    assert transport.refused_redials >= 1
+    with pytest.raises(ConnectionRefusedError):  # the window is over: the refusal stands
+        await transport.dial(target, redial_refused_for=0.1)

@@ -74,15 +74,25 @@ def stop(proc: subprocess.Popen) -> None:
             pipe.close()
 
 
-@pytest.fixture
-def pylibp2p_server(pylibp2p_python):
-    """A py-libp2p host serving /echo/1.0.0, ping, identify and PerfService; yields its multiaddr."""
-    proc = subprocess.Popen([str(pylibp2p_python), str(PEERS / "pylibp2p_peer.py"), "serve"],
+def _serving_pylibp2p(python: Path, *flags: str):
+    proc = subprocess.Popen([str(python), str(PEERS / "pylibp2p_peer.py"), *flags, "serve"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         yield read_ready(proc)
     finally:
         stop(proc)
+
+
+@pytest.fixture
+def pylibp2p_server(pylibp2p_python):
+    """A py-libp2p host serving /echo/1.0.0, ping, identify and PerfService; yields its multiaddr."""
+    yield from _serving_pylibp2p(pylibp2p_python)
+
+
+@pytest.fixture
+def pylibp2p_quic_server(pylibp2p_python):
+    """The same py-libp2p host on QUIC v1 (py-libp2p's aioquic transport); yields its multiaddr."""
+    yield from _serving_pylibp2p(pylibp2p_python, "--quic")
 
 
 def run_pylibp2p(python: Path, *args: str, timeout: float = 60) -> dict:
@@ -99,13 +109,14 @@ def run_pylibp2p(python: Path, *args: str, timeout: float = 60) -> dict:
 class P2pd:
     """A running p2pd: .peer_id (str), .addrs (list of str), .control (socket path)."""
 
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, *, quic: bool = False) -> None:
         self.tmp = tempfile.mkdtemp(prefix="p2pd-")
         self.control = os.path.join(self.tmp, "p2pd.sock")
-        # Loopback only; no bootstrap, DHT, NAT port mapping, relay discovery or QUIC.
+        # Loopback only; no bootstrap, DHT, NAT port mapping or relay discovery; TCP, or QUIC v1 alone.
+        transport = ["-hostAddrs", "/ip4/127.0.0.1/udp/0/quic-v1"] if quic else ["-hostAddrs", "/ip4/127.0.0.1/tcp/0", "-quic=false"]
         self.proc = subprocess.Popen(
-            [str(binary), "-hostAddrs", "/ip4/127.0.0.1/tcp/0", "-listen", f"/unix{self.control}",
-             "-quic=false", "-b=false", "-natPortMap=false", "-autoRelay=false", "-relayDiscovery=false"],
+            [str(binary), *transport, "-listen", f"/unix{self.control}",
+             "-b=false", "-natPortMap=false", "-autoRelay=false", "-relayDiscovery=false"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         lines = [self.proc.stdout.readline().strip() for _ in range(4)]
@@ -136,6 +147,16 @@ class P2pd:
 @pytest.fixture
 def p2pd(p2pd_binary):
     daemon = P2pd(p2pd_binary)
+    try:
+        yield daemon
+    finally:
+        daemon.close()
+
+
+@pytest.fixture
+def p2pd_quic(p2pd_binary):
+    """A p2pd listening on /udp/…/quic-v1 only."""
+    daemon = P2pd(p2pd_binary, quic=True)
     try:
         yield daemon
     finally:

@@ -1,6 +1,6 @@
 """Volunteer nodes for the NAT rig scenarios, run inside namespaces with the project's Python.
 
-    listen-via-relay RELAY_MULTIADDR   listen on 0.0.0.0:4001, keep a reservation on the relay,
+    listen-via-relay RELAY_MULTIADDR   listen on 0.0.0.0:4001 (or --listen …), keep a reservation on the relay,
                                        serve /echo/1.0.0; prints `READY <circuit multiaddr>`,
                                        then `RESERVED <circuit multiaddr>` after each new
                                        reservation; runs until stdin closes
@@ -18,6 +18,7 @@ import sys
 
 import trio
 
+from volunteer.net.nat.dcutr import HolePuncher
 from volunteer.net.stack import open_stack
 from volunteer.net.nat.relay_client import ReservationManager
 
@@ -31,7 +32,7 @@ async def echo(stream) -> None:
 
 
 async def listen_via_relay(args) -> None:
-    async with open_stack(listen=[args.listen]) as host, trio.open_nursery() as nursery:
+    async with open_stack(listen=args.listen or ["/ip4/0.0.0.0/tcp/4001"]) as host, trio.open_nursery() as nursery:
         host.set_handler(ECHO, echo)
         manager = ReservationManager([args.relay], want=1, max_backoff=2.0)
         await host.add_service(manager)
@@ -80,7 +81,13 @@ async def echo_client(args) -> dict:
             nursery.start_soon(send)
             while data := await stream.receive_some(1 << 20):
                 received += data
-        result.update(ok=bytes(received) == payload, bytes=len(received), path=stream.connection.describe_path())
+        result.update(ok=bytes(received) == payload, bytes=len(received), path=stream.connection.describe_path(),
+                      transport=stream.connection.transport)
+        puncher = host.service(HolePuncher)
+        if puncher is not None:
+            result["punch"] = puncher.snapshot()
+            result["outcomes"] = [{"success": o.success, "attempts": o.attempts, "transport": o.transport, "result": o.result,
+                                   "seconds": o.seconds, "error": o.error} for o in puncher.outcomes]
         return result
 
 
@@ -167,7 +174,7 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("listen-via-relay")
     p.add_argument("relay")
-    p.add_argument("--listen", default="/ip4/0.0.0.0/tcp/4001")
+    p.add_argument("--listen", action="append", default=[], help="listen here (repeatable; default /ip4/0.0.0.0/tcp/4001)")
     p = sub.add_parser("echo-client")
     p.add_argument("target")
     p.add_argument("--size", type=int, default=1_000_000)

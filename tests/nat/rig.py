@@ -73,6 +73,8 @@ class Router:
     ``nat``: "eim" (masquerade: endpoint-independent mapping, keeps ports when it can) or
     "symmetric" (masquerade random,fully-random: a fresh random port per new 5-tuple).
     ``wan`` is picked from the upstream segment when None. ``link`` impairs the WAN leg.
+    ``unsolicited_tcp``: "drop" (silently, as most home routers) or "reset" (answer a SYN
+    nobody asked for with a RST, as some NAT boxes do; unsolicited UDP is still dropped).
     """
 
     name: str
@@ -81,6 +83,7 @@ class Router:
     wan: str | None = None
     upstream: str | None = None
     link: Link | None = None
+    unsolicited_tcp: str = "drop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +159,21 @@ def double_nat_pair(
     )
 
 
+def rst_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, both: bool = False) -> Spec:
+    """Like easy_pair, but nat_a (and nat_b too when ``both``) answers unsolicited inbound TCP
+    with a RST instead of dropping it (unsolicited UDP is dropped as everywhere)."""
+    link = _link(delay_ms, jitter_ms, loss_pct)
+    return Spec(
+        routers=(
+            Router("nat_a", "192.0.2.0/26", "eim", "203.0.113.101", link=link, unsolicited_tcp="reset"),
+            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link,
+                   unsolicited_tcp="reset" if both else "drop"),
+        ),
+        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
+        + PUBLIC,
+    )
+
+
 def homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim",
           queue_ms: float = 100.0) -> Spec:
     """One home per name, each on a ``line`` (``lines.PROFILES``: caps, delay, loss): host
@@ -174,7 +192,7 @@ def homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim",
     )
 
 
-SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair}
+SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair}
 
 
 def _allowed(addr: str) -> ipaddress.IPv4Address:
@@ -222,6 +240,8 @@ def _check(spec: Spec) -> None:
     for r in spec.routers:
         if r.nat not in NATS:
             raise ValueError(f"{r.name}: nat must be one of {NATS}")
+        if r.unsolicited_tcp not in ("drop", "reset"):
+            raise ValueError(f"{r.name}: unsolicited_tcp must be 'drop' or 'reset'")
         if not any(ipaddress.ip_network(r.lan).subnet_of(n) for n in ALLOWED):
             raise ValueError(f"{r.name}: LAN {r.lan} outside the allowed ranges")
     for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
@@ -490,7 +510,7 @@ class Rig:
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
             _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"],
-                 input=_ruleset(r.nat, wif, seg.bridge))
+                 input=_ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
             self._addrs[r.name] = [str(wan), str(gw)]
             self._up[r.name] = r.upstream
         for h in self.spec.hosts:
@@ -531,13 +551,16 @@ class Rig:
             time.sleep(0.05)
 
 
-def _ruleset(nat: str, wan: str, lan: str) -> str:
+def _ruleset(nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop") -> str:
     """nftables rules of a home/carrier router: NAT out of WAN, drop unsolicited from WAN.
 
     Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
-    traffic to the router's own WAN address, so the router never answers for itself.
+    traffic to the router's own WAN address, so the router never answers for itself. With
+    ``unsolicited_tcp="reset"`` a new TCP connection to the WAN address (a SYN that matches no
+    mapping) is answered with a RST instead, counted too.
     """
     flags = " random,fully-random" if nat == "symmetric" else ""
+    reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
     return f"""
 table ip {TABLE} {{
   chain postrouting {{
@@ -554,7 +577,7 @@ table ip {TABLE} {{
   chain input {{
     type filter hook input priority filter; policy accept;
     iifname "{wan}" ct state established,related accept
-    iifname "{wan}" counter drop
+    {reset}iifname "{wan}" counter drop
   }}
 }}
 """

@@ -181,6 +181,31 @@ def test_unsolicited_inbound_is_dropped_silently(easy_rig):
     assert easy_rig.ping("public", wan, count=1) == []  # the router does not answer either
 
 
+# Send one UDP datagram and wait for any answer: "answered" or "timeout".
+UDP_KNOCK = textwrap.dedent(r"""
+    import socket, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(float(sys.argv[3]))
+    s.sendto(b"knock", (sys.argv[1], int(sys.argv[2])))
+    try:
+        s.recvfrom(100); print("answered")
+    except ConnectionRefusedError:
+        print("refused")
+    except (TimeoutError, socket.timeout):
+        print("timeout")
+""")
+
+
+def test_a_reset_router_refuses_unsolicited_tcp_and_drops_unsolicited_udp(make_rig):
+    rig = make_rig(rigmod.rst_pair())
+    wan = rig.addr("nat_a")
+    out = rig.run("public", py(KNOCK, wan, 4001, 2.0), check=True).stdout.strip()
+    assert out == "refused"  # the RST came back at once
+    out = rig.run("public", py(UDP_KNOCK, wan, 4001, 1.0), check=True).stdout.strip()
+    assert out == "timeout"  # UDP: no answer, no ICMP
+    # the other home of the pair still drops silently
+    assert rig.run("public", py(KNOCK, rig.addr("nat_b"), 4001, 1.0), check=True).stdout.strip() == "timeout"
+
+
 def punch(rig: rigmod.Rig, attempts: int, timeout: float) -> tuple[str, str]:
     """Run PUNCH on peer_a and peer_b at once; return their last stdout lines."""
     observer(rig)

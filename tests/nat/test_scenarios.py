@@ -131,8 +131,9 @@ def test_pair_ends_on_a_direct_hole_punched_connection(easy_rig):
     result = rig.run("peer_a", [PY, "-m", "volunteer", "ping", "--identity", f"/tmp/{rig.tag}-a.key", "--listen",
                                 "/ip4/0.0.0.0/tcp/4002", "-c", "8", "-i", "0.5", circuit_addr], timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    paths = [line.split("path=")[1] for line in result.stdout.splitlines() if "path=" in line]
+    paths = [line.split("path=")[1].split(" transport=")[0] for line in result.stdout.splitlines() if "path=" in line]
     assert paths[0].startswith("relayed via") and paths[-1] == "hole-punched", result.stdout
+    assert result.stdout.splitlines()[-3].endswith("transport=tcp"), result.stdout  # the punched path, over TCP
 
 
 def test_symmetric_nat_stays_relayed_and_works(symmetric_rig):

@@ -137,6 +137,30 @@ def test_reporters_of_failing_contacts_are_distrusted() -> None:
     assert lookup.result() == sorted([honest, liar], key=lambda c: c.id)
 
 
+def test_a_slow_crowd_does_not_make_an_honest_reporter_distrusted() -> None:
+    # A joining crowd on a loaded machine: every contact the bootstrap peer reported answers, but
+    # after slot_timeout. Slowness is no lie: the rest of its contacts are still asked, and the
+    # lookup ends with all of them (it used to stop at the first two slow answers).
+    rng = random.Random(11)
+    bootstrap = contacts(1, rng)[0]
+    crowd = contacts(9, rng)
+    lookup = Lookup(0, [bootstrap], CONFIG, 0.0, count=20)
+    lookup.next(0.0)
+    lookup.on_success(bootstrap.peer, crowd, 0.1)
+    now, answered, in_flight = 0.1, set(), {}
+    while not lookup.finished and now < CONFIG.lookup_deadline:
+        for c in lookup.next(now):
+            in_flight[c.peer] = now
+        for peer, asked_at in list(in_flight.items()):
+            if now - asked_at >= CONFIG.slot_timeout + 0.5:  # late, but before request_timeout
+                lookup.on_success(peer, [], now)
+                answered.add(peer)
+                del in_flight[peer]
+        now += 0.25
+    assert answered == {c.peer for c in crowd}
+    assert {c.peer for c in lookup.result()} == {c.peer for c in crowd} | {bootstrap.peer}
+
+
 def test_candidates_are_bounded() -> None:
     rng = random.Random(6)
     config = DHTConfig(lookup_max_peers=50)

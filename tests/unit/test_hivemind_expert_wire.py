@@ -51,6 +51,33 @@ def test_stream_parts_that_disagree_are_refused():
         wire.parse_stream_request([])
 
 
+def test_a_streamed_request_is_consumed_as_it_is_joined_into_writable_arrays():
+    x = np.arange(64, dtype=np.float32).reshape(8, 8)
+    frames = wire.stream_request("ffn.1", [x, x * 2], limits=ExpertLimits(stream_part_bytes=100))
+    assert len(frames) == 6
+    uid, (a, b) = wire.parse_stream_request(frames)
+    assert frames == []  # each frame dropped once parsed: the request is held about once
+    assert uid == "ffn.1" and np.array_equal(a, x) and np.array_equal(b, x * 2)
+    # arrays over their own joined buffers: writable (torch takes them without a copy or a warning)
+    assert a.flags.writeable and b.flags.writeable and a.base is not b.base
+    # a tensor's parts may not add up past its bound
+    frames = wire.stream_request("ffn.1", [x], limits=ExpertLimits(stream_part_bytes=100))
+    with pytest.raises(RemoteProtocolError, match="byte bound"):
+        wire.parse_stream_request(frames, ExpertLimits(max_tensor_bytes=200))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=6), st.integers(1, 64))
+def test_random_frames_never_crash_the_streamed_request_decoder(frames, part):
+    # a real request's frames with random ones mixed in: decoded, or refused as a protocol error
+    x = np.ones((2, 4), np.float32)
+    mixed = wire.stream_request("ffn.1", [x], limits=ExpertLimits(stream_part_bytes=part)) + frames
+    try:
+        wire.parse_stream_request(mixed)
+    except (RemoteProtocolError, HivemindUnsupported):
+        pass
+
+
 def test_declarations_match_hivemind_declare_experts():
     records = {(d.key, d.subkey): d.value for d in wire.declarations(["ffn.3", "grid.1.2", "deep.1.2.3"], "QmPeer")}
     assert records == {

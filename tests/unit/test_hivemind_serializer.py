@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from volunteer.hivemind.dhtid import id_from_bytes, id_to_bytes, key_id, random_id
 from volunteer.hivemind.errors import HivemindFrameError
+from volunteer.hivemind.limits import DecodeLimits
 from volunteer.hivemind.serializer import (
     DictionaryValue,
     MalformedValue,
@@ -129,3 +130,62 @@ values = st.recursive(
 @given(values)
 def test_fuzz_round_trip(value):
     assert loads(dumps(value)) == value
+
+
+# --- the decoder's object budget -------------------------------------------------------------
+
+
+def objects_in(value) -> int:
+    """How many objects the decoder counts for ``value``: each scalar, array and map once (a map
+    entry as its key and its value), a tuple twice (its ext type and the array inside)."""
+    if isinstance(value, tuple):
+        return 2 + sum(objects_in(item) for item in value)
+    if isinstance(value, list):
+        return 1 + sum(objects_in(item) for item in value)
+    if isinstance(value, dict):
+        return 1 + sum(objects_in(k) + objects_in(v) for k, v in value.items())
+    return 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(values, st.integers(1, 64))
+def test_the_object_budget_holds_exactly(value, budget):
+    limits = DecodeLimits(max_objects=budget)
+    if objects_in(value) <= budget:
+        assert loads(dumps(value), limits) == value
+    else:
+        with pytest.raises(MalformedValue, match="objects"):
+            loads(dumps(value), limits)
+
+
+@pytest.mark.parametrize("bomb", [
+    b"\xdd" + (200_000).to_bytes(4, "big") + b"\x80" * 200_000,  # empty maps
+    b"\xdd" + (100).to_bytes(4, "big") + (b"\xdc" + (2000).to_bytes(2, "big") + b"\x90" * 2000) * 100,  # nested
+    msgpack.packb([msgpack.ExtType(0x40, msgpack.packb([1] * 1000))] * 100),  # tuples
+])
+def test_object_bombs_are_refused_within_the_budget(bomb):
+    with pytest.raises(MalformedValue, match="max_array_len|objects"):
+        loads(bomb)
+
+
+def test_lengths_are_bounded_before_anything_is_built():
+    limits = DecodeLimits(max_bytes=100, max_container=10)
+    with pytest.raises(MalformedValue, match="exceeds"):
+        loads(msgpack.packb(b"x" * 120), limits)  # the input
+    with pytest.raises(MalformedValue, match="max_array_len"):
+        loads(msgpack.packb(list(range(11))), limits)
+    with pytest.raises(MalformedValue, match="max_map_len"):
+        loads(msgpack.packb({i: i for i in range(11)}), limits)
+    assert loads(msgpack.packb(list(range(10))), limits) == list(range(10))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=512), st.integers(1, 32), st.integers(1, 8))
+def test_fuzz_loads_within_small_limits(data, budget, container):
+    # random bytes under tight limits: a value within them, or MalformedValue, and nothing else
+    try:
+        value = loads(data, DecodeLimits(max_objects=budget, max_container=container, max_bytes=256))
+    except MalformedValue:
+        return
+    assert len(data) <= 256
+    assert not isinstance(value, (list, dict)) or len(value) <= container

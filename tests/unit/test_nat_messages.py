@@ -34,15 +34,16 @@ def test_wrong_type_and_oversized_messages_are_refused():
         messages.decode(b"\x08\x64" + b"\x00" * limits.DCUTR_MAX_MESSAGE, messages.CONNECT)
 
 
-def test_only_direct_tcp_addresses_survive_and_at_most_four():
+def test_only_direct_tcp_and_quic_addresses_survive_and_at_most_four_of_each():
     peer = KeyPair.generate().peer_id
-    raw = [Multiaddr(f"/ip4/203.0.113.{i}/tcp/4001").to_bytes() for i in range(10)]
+    raw = [Multiaddr(f"/ip4/203.0.113.{i}/tcp/4001").to_bytes() for i in range(6)]
+    raw += [Multiaddr(f"/ip4/203.0.113.{i}/udp/4001/quic-v1").to_bytes() for i in range(6)]
     raw.insert(0, Multiaddr(f"/ip4/203.0.113.9/tcp/1/p2p/{peer}/p2p-circuit").to_bytes())
-    raw.insert(0, Multiaddr("/ip4/203.0.113.9/udp/1/quic-v1").to_bytes())
+    raw.insert(0, Multiaddr("/ip4/203.0.113.9/udp/1/quic").to_bytes())  # draft QUIC: not ours to dial
+    raw.insert(0, Multiaddr("/ip4/203.0.113.9/udp/1").to_bytes())
     raw.insert(0, b"\xff\xff garbage")
     addrs = messages.punchable(raw)
-    assert len(addrs) == limits.DCUTR_MAX_PUNCH_ADDRS
-    assert all(a.protocols() == ["ip4", "tcp"] for a in addrs)
+    assert [a.protocols() for a in addrs] == [["ip4", "tcp"]] * 4 + [["ip4", "udp", "quic-v1"]] * 4
     # A peer ID on an address is dropped (we dial the peer we expect, whatever it says).
     assert messages.punchable([Multiaddr(f"/ip4/203.0.113.1/tcp/5/p2p/{peer}").to_bytes()]) == [Multiaddr("/ip4/203.0.113.1/tcp/5")]
 
@@ -60,11 +61,11 @@ def test_random_bytes_never_crash(data, expected):
         decoded = messages.decode(data, expected)
     except RemoteProtocolError:
         return
-    assert decoded.kind == expected and len(decoded.addrs) <= limits.DCUTR_MAX_PUNCH_ADDRS
+    assert decoded.kind == expected and len(decoded.addrs) <= 2 * limits.DCUTR_MAX_PUNCH_ADDRS
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=40))
 def test_random_address_bytes_never_crash(raw):
     addrs = messages.punchable(raw)
-    assert len(addrs) <= limits.DCUTR_MAX_PUNCH_ADDRS and all(not a.is_relayed() for a in addrs)
+    assert len(addrs) <= 2 * limits.DCUTR_MAX_PUNCH_ADDRS and all(messages.punch_transport(a) for a in addrs)

@@ -109,3 +109,31 @@ def test_the_observer_publishes_only_when_the_set_of_addresses_changes():
             break
     assert [set(e.addrs) for e in events] == [{EXTERNAL}, {EXTERNAL, Multiaddr("/ip4/203.0.113.9/tcp/4001")}]
     assert watcher.external_addrs(4)[0] == EXTERNAL and watcher.mapping(4) is MappingType.ENDPOINT_DEPENDENT
+
+
+def test_quic_and_tcp_are_observed_apart_and_missing_ones_are_named():
+    observed = ObservedAddrs()
+    quic_local = Multiaddr("/ip4/192.0.2.2/udp/4001/quic-v1")
+    quic_seen = Multiaddr("/ip4/203.0.113.101/udp/4001/quic-v1")
+    listen = [Multiaddr("/ip4/0.0.0.0/tcp/4001"), Multiaddr("/ip4/0.0.0.0/udp/4001/quic-v1")]
+    observed.record(PEERS[0], observer(1), LOCAL, EXTERNAL, now=0)
+    assert observed.missing(1, listen) == {"quic"}
+    # a peer reporting a TCP address for a QUIC connection tells us nothing
+    observed.record(PEERS[0], Multiaddr("/ip4/198.51.100.1/udp/4001/quic-v1"), quic_local, EXTERNAL, now=0)
+    assert observed.missing(1, listen) == {"quic"}
+    observed.record(PEERS[0], Multiaddr("/ip4/198.51.100.1/udp/4001/quic-v1"), quic_local, quic_seen, now=0)
+    assert observed.missing(1, listen) == set()
+    assert observed.external_addrs(1, listen) == [EXTERNAL, quic_seen]  # TCP first, then QUIC
+    # the same port number over TCP and UDP are different mappings
+    assert observed.mapping(1, 4001, transport="tcp") is MappingType.UNKNOWN
+    assert len(observed) == 2
+
+
+def test_the_probe_dials_the_peer_at_the_ip_we_already_reach_it_on():
+    from volunteer.net.nat.observed import probe_target
+
+    relay_addrs = [Multiaddr("/ip4/10.0.0.1/udp/4001/quic-v1"), Multiaddr("/ip4/198.51.100.1/udp/4001/quic-v1"),
+                   Multiaddr("/ip4/198.51.100.1/tcp/4001")]
+    assert probe_target(relay_addrs, observer(1), "quic") == Multiaddr("/ip4/198.51.100.1/udp/4001/quic-v1")
+    assert probe_target(relay_addrs[:1], observer(1), "quic") is None
+    assert probe_target(relay_addrs, Multiaddr("/memory/5"), "quic") is None

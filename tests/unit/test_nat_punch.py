@@ -69,3 +69,64 @@ def test_a_reply_without_a_connect_is_a_bug_and_time_never_runs_backwards():
     plan.connect_sent(now=10.0)
     step = plan.connect_received(ADDRS, now=9.0)  # a clock that stepped back: no negative RTT
     assert plan.outcome.rtt == 0.0 and step.dial_at == 9.0
+
+
+def test_a_failed_attempt_is_bounded_by_the_round_trip():
+    from volunteer.net import limits
+    from volunteer.net.nat.punch import punch_budget
+
+    assert punch_budget(None) == limits.DCUTR_MAX_PUNCH
+    assert punch_budget(0.001) == limits.DCUTR_MIN_PUNCH  # a lost SYN still gets its retransmission
+    assert punch_budget(0.4) == pytest.approx(limits.DCUTR_PUNCH_RTTS * 0.4)
+    assert punch_budget(3.0) == limits.DCUTR_MAX_PUNCH
+    # three failed attempts fit in one stream timeout of the other side's wait for CONNECT
+    assert limits.DCUTR_MAX_PUNCH + 3.0 < limits.DCUTR_STREAM_TIMEOUT
+    plan = PunchPlan("peer", started_at=0.0)
+    plan.connect_sent(now=0.0)
+    assert plan.connect_received(ADDRS, now=0.3).budget == pytest.approx(punch_budget(0.3))
+
+
+def test_the_responder_measures_the_round_trip_from_its_connect_to_the_sync():
+    from volunteer.net.nat.punch import punch_budget
+
+    plan = PunchPlan("peer", started_at=0.0, initiator=False)
+    plan.peer_connect(ADDRS, now=10.0)
+    step = plan.sync_received(now=10.5)
+    assert plan.outcome.rtt == pytest.approx(0.5) and step.budget == pytest.approx(punch_budget(0.5))
+
+
+def test_udp_punch_gaps_grow_with_jitter_within_bounds():
+    from volunteer.net import limits
+    from volunteer.net.nat.punch import punch_gaps
+
+    gaps = punch_gaps(0.42)
+    assert gaps[0] == limits.QUIC_HOLE_PUNCH_FIRST_GAP
+    assert all(b >= a for a, b in zip(gaps, gaps[1:]))
+    assert max(gaps) <= limits.QUIC_HOLE_PUNCH_MAX_GAP
+    assert sum(gaps) <= limits.QUIC_HOLE_PUNCH_TIMEOUT
+    assert punch_gaps(0.42) == gaps and punch_gaps(0.9) != gaps  # the seed is the jitter
+    assert sum(punch_gaps(0.1, budget=0.5)) <= 0.5
+
+
+def test_network_changes_punch_again_but_not_too_often():
+    from volunteer.net import limits
+    from volunteer.net.nat.punch import should_repunch
+
+    assert should_repunch(None, 0.0, punching=False, has_direct=False)
+    assert not should_repunch(None, 0.0, punching=True, has_direct=False)
+    assert not should_repunch(None, 0.0, punching=False, has_direct=True)
+    assert not should_repunch(100.0, 100.0 + limits.DCUTR_REPUNCH_INTERVAL - 1, punching=False, has_direct=False)
+    assert should_repunch(100.0, 100.0 + limits.DCUTR_REPUNCH_INTERVAL, punching=False, has_direct=False)
+
+
+def test_attempts_are_counted_by_transport_and_result():
+    from volunteer.net.nat.punch import DIRECT, FAILED, REVERSED
+
+    plan = PunchPlan("peer", started_at=0.0)
+    plan.attempt_ended(["quic", "tcp"], None, FAILED)
+    plan.attempt_ended(["quic", "tcp"], "tcp", REVERSED)
+    plan.attempt_ended(["quic"], "quic", DIRECT)
+    assert plan.tally == {"quic": {"failed": 1, "direct": 1}, "tcp": {"failed": 1, "reversed": 1}}
+    outcome = plan.succeeded(now=1.0, transport="quic", result=DIRECT)
+    assert outcome.transport == "quic" and outcome.result == DIRECT
+

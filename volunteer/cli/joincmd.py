@@ -93,7 +93,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
     p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
@@ -161,7 +161,7 @@ def build_options(args: argparse.Namespace):
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
-        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0"]),
+        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]),
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,

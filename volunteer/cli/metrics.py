@@ -66,6 +66,7 @@ class DaemonCollector(Collector):
                                     value=daemon.reachable_after_s)
         yield GaugeMetricFamily("volunteer_connections", "Connections open now.",
                                 value=sum(1 for conn in node.host.connections() if not conn.is_closed))
+        yield from punch_metrics(view.get("hole_punching"))
         yield from self._experts(node)
         if node.dht is not None:
             yield from dht_metrics({daemon.swarm.id: node.dht})
@@ -88,6 +89,26 @@ class DaemonCollector(Collector):
             version.add_metric([uid], stats.updates)
         yield from families.values()
         yield version
+
+
+def punch_metrics(punching: dict | None) -> Iterable[Metric]:
+    """Hole-punch attempts by transport and result, and how punches ended (a HolePuncher snapshot)."""
+    if not punching:
+        return
+    attempts = CounterMetricFamily("volunteer_hole_punch_attempts", "DCUtR punch attempts by transport and result.",
+                                   labels=["transport", "result"])
+    for transport, results in sorted(punching.get("attempts", {}).items()):
+        for result, count in sorted(results.items()):
+            attempts.add_metric([transport, result], count)
+    yield attempts
+    punches = CounterMetricFamily("volunteer_hole_punches", "Hole punches that ended, by how.", labels=["result"])
+    punches.add_metric(["direct"], punching.get("direct", 0))
+    punches.add_metric(["failed"], punching.get("failed", 0))
+    yield punches
+    if punching.get("time_to_direct_ms_p50") is not None:
+        yield GaugeMetricFamily("volunteer_hole_punch_time_to_direct_seconds",
+                                "Median time from a relayed connection to the direct one.",
+                                value=punching["time_to_direct_ms_p50"] / 1000)
 
 
 def daemon_registry(daemon: "Daemon", *, process: bool = True) -> CollectorRegistry:

@@ -27,7 +27,8 @@ def add_identity_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-EPHEMERAL_LISTEN = "/ip4/0.0.0.0/tcp/0"  # a port of the OS's choosing: enough for hole punching
+# ports of the OS's choosing, TCP and QUIC: enough for hole punching over either
+EPHEMERAL_LISTEN = ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]
 
 
 def add_listen_flag(parser: argparse.ArgumentParser) -> None:
@@ -38,14 +39,14 @@ def add_listen_flag(parser: argparse.ArgumentParser) -> None:
         metavar="MULTIADDR",
         action="append",
         default=[],
-        help=f"listen here (repeatable; default {EPHEMERAL_LISTEN}, so hole punching can turn a relayed path "
+        help=f"listen here (repeatable; default {' and '.join(EPHEMERAL_LISTEN)}, so hole punching can turn a relayed path "
         "into a direct one); use your daemon's port, e.g. /ip4/0.0.0.0/tcp/4001, to test it exactly",
     )
 
 
 def listen_addrs(args: argparse.Namespace) -> list[str]:
     """The ``--listen`` addresses given, else one ephemeral port."""
-    return list(args.listen) or [EPHEMERAL_LISTEN]
+    return list(args.listen) or list(EPHEMERAL_LISTEN)
 
 
 def load_identity(args: argparse.Namespace) -> KeyPair:
@@ -121,7 +122,8 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
             raise VolunteerError(f"unreachable: {exc}") from None
         setup_ms = (trio.current_time() - started) * 1000
         peer = conn.remote_peer
-        print(f"PING {peer} connected in {setup_ms:.1f} ms via {conn.describe_path()} ({conn.remote_addr})", flush=True)
+        print(f"PING {peer} connected in {setup_ms:.1f} ms via {conn.describe_path()} over {conn.transport} ({conn.remote_addr})",
+              flush=True)
 
         rtts: list[float] = []
         pinger: Pinger | None = None
@@ -148,7 +150,7 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
                 pinger, pinger_conn = None, None
             else:
                 rtts.append(rtt)
-                print(f"seq={seq} rtt={rtt * 1000:.2f} ms path={conn.describe_path()}", flush=True)
+                print(f"seq={seq} rtt={rtt * 1000:.2f} ms path={conn.describe_path()} transport={conn.transport}", flush=True)
             if seq < args.count:
                 await trio.sleep(args.interval)
 

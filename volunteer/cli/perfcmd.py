@@ -113,7 +113,7 @@ async def measure(target, keypair, upload: int, download: int, streams: int, tim
         except trio.TooSlowError:
             raise VolunteerError(f"timeout: perf did not finish within {timeout:g}s") from None
         return PerfResult(
-            peer=str(conn.remote_peer), path=conn.describe_path(), setup_seconds=setup,
+            peer=str(conn.remote_peer), path=conn.describe_path(), transport=conn.transport, setup_seconds=setup,
             upload_bytes=upload * streams, download_bytes=download * streams,
             upload_seconds=max(up_times), download_seconds=max(down_times), streams=streams, total_seconds=total,
         )
@@ -137,7 +137,7 @@ def print_result(result: PerfResult) -> None:
     from rich.console import Console
 
     console = Console()
-    console.print(f"perf to [bold]{result.peer}[/] via {result.path}, {result.streams} stream(s)")
+    console.print(f"perf to [bold]{result.peer}[/] via {result.path} over {result.transport}, {result.streams} stream(s)")
     console.print(f"  connection setup  {result.setup_seconds * 1000:8.1f} ms")
     console.print(f"  upload   {format_size(result.upload_bytes):>10}  {result.upload_seconds:7.3f} s  {result.upload_mbps:9.1f} MB/s")
     console.print(f"  download {format_size(result.download_bytes):>10}  {result.download_seconds:7.3f} s  {result.download_mbps:9.1f} MB/s")

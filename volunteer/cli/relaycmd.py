@@ -55,7 +55,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001 and /ip4/0.0.0.0/udp/4001/quic-v1: "
+                   "peers learn their QUIC address for hole punching from a relay that speaks QUIC)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
     p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
     p.add_argument("--swarm", action="append", metavar="SWARM_ID",
@@ -91,7 +92,7 @@ def run_relay(args: argparse.Namespace) -> int:
         circuit_data=args.circuit_data,
         buffer_size=args.buffer_size,
     )
-    listen = [Multiaddr(a) for a in (args.listen or ["/ip4/0.0.0.0/tcp/4001"])]
+    listen = [Multiaddr(a) for a in (args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"])]
     announce = [Multiaddr(a) for a in args.announce]
     keypair = load_identity(args)
     dashboard = not args.no_dashboard and sys.stdout.isatty()

@@ -14,7 +14,9 @@ left to ask or waited for, or at ``lookup_deadline``, whatever peers do: every p
 most once, and at most ``lookup_max_peers`` candidates are tracked. A request unanswered after
 ``slot_timeout`` frees its alpha slot (the lookup still waits for it, up to ``request_timeout``,
 if it is among the closest, and a late answer still counts), so silent peers slow a lookup
-little. Peers that return far or made-up contacts only cost the queries those contacts fail:
+little. A reporter whose contacts fail or run out past ``request_timeout`` more often than they
+answer is distrusted (merely slow answers count for nothing: a loaded machine or a crowd joining
+at once is slow, not lying). Peers that return far or made-up contacts only cost the queries those contacts fail:
 contacts are placed by sha256 of their PeerID, never by what a peer claims.
 """
 
@@ -95,11 +97,13 @@ class Lookup:
         in_flight = 0
         for cand in self._candidates.values():
             if cand.state is State.WAITING and now >= cand.deadline:
+                # slow is not a lie: a loaded machine or a joining crowd makes honest peers slow,
+                # so only a request that runs out (or fails) counts against who reported the peer
                 cand.state = State.SLOW
                 cand.deadline = cand.asked_at + self.config.request_timeout
-                self._judge(cand, ok=False)
             if cand.state is State.SLOW and now >= cand.deadline:
                 cand.state = State.UNRESPONSIVE
+                self._judge(cand, ok=False)
             if cand.state is State.WAITING:
                 in_flight += 1
         to_ask: list[Contact] = []
@@ -135,6 +139,8 @@ class Lookup:
         cand = self._candidates.get(peer)
         if cand is None or cand.state not in _ASKED:
             return
+        if cand.state is State.UNRESPONSIVE:
+            self._judge(cand, ok=False, undo=True)  # it answered after all: take the miss back
         self._judge(cand, ok=True)  # late or not, its reporter told the truth
         cand.state = State.SUCCEEDED
         if not self.finished and peer not in self._distrusted:
@@ -144,7 +150,7 @@ class Lookup:
         """The request to ``peer`` failed (error, reset, timeout, malformed reply)."""
         cand = self._candidates.get(peer)
         if cand is not None and cand.state in _ASKED:
-            if cand.state is State.WAITING:
+            if cand.state is not State.UNRESPONSIVE:  # an unresponsive one was counted already
                 self._judge(cand, ok=False)
             cand.state = State.FAILED
 
@@ -176,15 +182,18 @@ class Lookup:
         return cand.state if cand else None
 
     # --- internals -----------------------------------------------------------------------------
-    def _judge(self, cand: _Candidate, ok: bool) -> None:
+    def _judge(self, cand: _Candidate, ok: bool, *, undo: bool = False) -> None:
         # A peer whose contacts keep failing (made-up or dead peers) loses our trust: the contacts
         # only it reported are no longer asked or waited for. Honest peers in a churning swarm
         # give mostly live contacts, so they stay above the bar; liars fall below it in 2 misses.
+        # A verdict follows the record both ways: answers that come in late redeem a reporter.
         for reporter in cand.reporters:
             record = self._record.setdefault(reporter, [0, 0])
-            record[0 if ok else 1] += 1
+            record[0 if ok else 1] += -1 if undo else 1
             if record[1] >= 2 and record[1] > record[0]:
                 self._distrusted.add(reporter)
+            else:
+                self._distrusted.discard(reporter)
 
     def _untrusted(self, cand: _Candidate) -> bool:
         return bool(cand.reporters) and cand.reporters <= self._distrusted

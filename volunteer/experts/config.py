@@ -67,6 +67,18 @@ class ExpertsConfig:
     # runtime may queue, which a 24 GiB desktop holds easily next to its experts.
     max_request_bytes_per_peer: int = 512 * MiB
     max_request_bytes_total: int = 1024 * MiB
+    # The hivemind door (volunteer/hivemind/experts.py): request bytes reserved from the Host's
+    # resource manager, per peer, per source address and in all. hivemind's client sends a
+    # call's tensors whole (a forward's inputs, 2 MiB for a 512 x 1024 float32 batch; a
+    # backward's inputs and gradients, twice that), so a trainer with its k_best calls and a
+    # backward in flight holds ~16 MiB; 48 MiB a peer is three such steps, or one call of a
+    # 12288 x 1024 batch. An address (a household's trainers, or one attacker's many identities)
+    # holds 64 MiB, all callers 96 MiB (held calls cost ~1.3 times their bytes: ~125 MiB), so
+    # that the hivemind door's budgets together (the DHT's and its storage's too) stay within
+    # 256 MiB.
+    hivemind_request_bytes_per_peer: int = 48 * MiB
+    hivemind_request_bytes_per_address: int = 64 * MiB
+    hivemind_request_bytes_total: int = 96 * MiB
 
     # --- backward authorization ----------------------------------------------------------
     # A backward steps the expert's optimizer: only a peer that ran forward on that expert this
@@ -97,6 +109,12 @@ class ExpertsConfig:
         if not self.max_payload_bytes <= self.max_request_bytes_per_peer <= self.max_request_bytes_total:
             raise ExpertConfigError(
                 "ExpertsConfig needs max_payload_bytes <= max_request_bytes_per_peer <= max_request_bytes_total"
+            )
+        if not (0 < self.hivemind_request_bytes_per_peer <= self.hivemind_request_bytes_per_address
+                <= self.hivemind_request_bytes_total):
+            raise ExpertConfigError(
+                "ExpertsConfig needs 0 < hivemind_request_bytes_per_peer <= hivemind_request_bytes_per_address"
+                " <= hivemind_request_bytes_total"
             )
         if self.backward_window < DEFAULT_FORWARD_TIMEOUT + DEFAULT_BACKWARD_TIMEOUT:
             raise ExpertConfigError(

@@ -9,13 +9,16 @@
 Values are what hivemind's ``DHT.store`` takes (msgpack-able objects, tuples kept apart); a
 dictionary value's sub-keys are stored with ``subkey=``. The protocol logic is in
 ``dht_protocol`` and ``lookup`` (sans-I/O); this module only moves bytes and reads the clock.
+Served requests pass the ``hivemind-dht`` door (``door.Door``: request bytes reserved per peer
+and in all from the Host's resource manager, a minimum arrival rate), and what peers store is
+charged to them in the storage (``storage.Storage``: per-peer quotas, largest holder loses first).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -27,17 +30,22 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from .dht_protocol import FIND, PING, STORE, DHTProtocolCore, FindAnswer, StoreItem, merge
 from .dhtid import key_id, random_id
+from .door import Door, door_for
 from .kad import ensure_routable
 from .errors import HivemindError
 from .limits import DEFAULT_DHT_LIMITS, DHTLimits
 from .lookup import Lookup
 from .rpc import call_unary, serve_unary
-from .serializer import DictionaryValue, ValueWithExpiration, dumps, loads
+from .serializer import DictionaryValue, MalformedValue, ValueWithExpiration, dumps, loads
 
 log = logging.getLogger(__name__)
 
 # hivemind stores each key on this many of the nearest nodes (DHTNode num_replicas)
 NUM_REPLICAS = 5
+# scope kinds of our refusals: the door's (request bytes, pace) and the storage's (quotas)
+DOOR = "hivemind-dht"
+STORAGE_SCOPE = "hivemind-storage"
+MALFORMED_VALUE = "malformed_value"
 _NO_SUBKEY = object()
 
 
@@ -54,9 +62,13 @@ class HivemindDHT(BaseService):
         limits: DHTLimits = DEFAULT_DHT_LIMITS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.core = DHTProtocolCore(node_id if node_id is not None else random_id(), limits, client_mode=client_mode)
+        self.core = DHTProtocolCore(
+            node_id if node_id is not None else random_id(), limits, client_mode=client_mode,
+            on_refusal=self._storage_refused,
+        )
         self.limits = limits
         self.clock = clock
+        self._door: Door | None = None  # the Host's resource manager is known once we run
 
     @property
     def node_id(self) -> int:
@@ -70,9 +82,35 @@ class HivemindDHT(BaseService):
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
+        self._door = door_for(host, DOOR, self.limits.door)
         task_status.started()
 
+    @property
+    def door(self) -> Door:
+        """What hivemind DHT callers may make us hold (their request bytes, reserved as announced)."""
+        if self._door is None:
+            raise HivemindError("the hivemind DHT service is not running yet")
+        return self._door
+
+    def _storage_refused(self, reason: str) -> None:
+        # counted with every other refusal (volunteer status --json, metrics); the storage keeps
+        # its own count too
+        if self._door is not None:
+            self._door.manager.refuse(STORAGE_SCOPE, reason, now=trio.current_time())
+
     # --- serving ---------------------------------------------------------------------------
+
+    async def _serve(self, stream: NetStream, answer: Callable[[bytes, PeerID], Awaitable[bytes]], timeout: float) -> None:
+        door = self.door
+
+        async def counted(data: bytes, sender: PeerID) -> bytes:
+            try:
+                return await answer(data, sender)
+            except MalformedValue:
+                door.refuse(MALFORMED_VALUE, sender, now=trio.current_time())
+                raise
+
+        await serve_unary(stream, counted, timeout=timeout, door=door)
 
     async def _serve_ping(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
@@ -83,19 +121,19 @@ class HivemindDHT(BaseService):
                 available = await self.ping(sender, validate=False) == sender_node
             return self.core.answer_ping(sender, sender_node, self.clock(), available=available)
 
-        await serve_unary(stream, answer, timeout=self.limits.rpc_timeout * 2)
+        await self._serve(stream, answer, self.limits.rpc_timeout * 2)
 
     async def _serve_store(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
             return self.core.handle_store(data, sender, self.clock())
 
-        await serve_unary(stream, answer, timeout=self.limits.rpc_timeout)
+        await self._serve(stream, answer, self.limits.rpc_timeout)
 
     async def _serve_find(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
             return self.core.handle_find(data, sender, self.clock())
 
-        await serve_unary(stream, answer, timeout=self.limits.rpc_timeout)
+        await self._serve(stream, answer, self.limits.rpc_timeout)
 
     # --- asking one peer -------------------------------------------------------------------
 

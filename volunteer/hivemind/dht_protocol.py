@@ -7,7 +7,7 @@ version). Requests and answers are ``hm_dht.proto`` messages carried by the unar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from ..net.pb.decode import parse
 from ..errors import PeerIDError
 from .dhtid import id_from_bytes, id_to_bytes
 from .errors import HivemindFrameError, HivemindUnsupported
-from .limits import DEFAULT_DHT_LIMITS, DHTLimits
+from .limits import DEFAULT_DHT_LIMITS, DecodeLimits, DHTLimits
 from .pb import hm_dht_pb2 as pb
 from .serializer import DictionaryValue, ValueWithExpiration, dumps, loads
 from .storage import Contact, Contacts, Storage
@@ -76,12 +76,19 @@ class DHTProtocolCore:
     """
 
     def __init__(
-        self, node_id: int, limits: DHTLimits = DEFAULT_DHT_LIMITS, *, client_mode: bool = False
+        self,
+        node_id: int,
+        limits: DHTLimits = DEFAULT_DHT_LIMITS,
+        *,
+        client_mode: bool = False,
+        on_refusal: Callable[[str], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self.limits = limits
         self.client_mode = client_mode
-        self.storage = Storage(limits)
+        self.storage = Storage(limits, on_refusal)
+        # the storage charges what a decoded sub-key takes in memory
+        self.subkey_decoding = DecodeLimits(max_bytes=limits.max_subkey_bytes, max_objects=limits.max_subkey_objects)
         self.contacts = Contacts(node_id, limits)
 
     def node_info(self) -> pb.NodeInfo:
@@ -104,42 +111,45 @@ class DHTProtocolCore:
         return pb.PingResponse(peer=self.node_info(), dht_time=now, available=available).SerializeToString()
 
     def handle_store(self, data: bytes, sender: PeerID, now: float) -> bytes:
-        """Apply a store request; the answer says which items were kept."""
+        """Apply a store request; the answer says which items were kept (each charged to ``sender``)."""
         request = parse(pb.StoreRequest, data, "hivemind StoreRequest")
         _refuse_auth(request)
         count = len(request.keys)
-        if count > self.limits.max_keys_per_request:
-            raise HivemindFrameError(f"store of {count} keys exceeds {self.limits.max_keys_per_request}")
+        if count > self.limits.max_store_items:
+            raise HivemindFrameError(f"store of {count} items exceeds {self.limits.max_store_items}")
         lengths = {len(request.subkeys), len(request.values), len(request.expiration_time), len(request.in_cache)}
         if lengths != {count}:
             raise HivemindFrameError("store request fields are not aligned")
         self._note(request, sender)
         results = []
         for key, tag, value, expiration in zip(request.keys, request.subkeys, request.values, request.expiration_time):
-            results.append(self._store_one(id_from_bytes(key), bytes(tag), bytes(value), expiration, now))
+            results.append(self._store_one(id_from_bytes(key), bytes(tag), bytes(value), expiration, now, sender))
         return pb.StoreResponse(store_ok=results, peer=self.node_info()).SerializeToString()
 
-    def _store_one(self, key: int, tag: bytes, value: bytes, expiration: float, now: float) -> bool:
-        if len(value) > self.limits.max_value_bytes:
-            return False
+    def _store_one(self, key: int, tag: bytes, value: bytes, expiration: float, now: float, sender: PeerID) -> bool:
+        storage = self.storage
         if tag == IS_DICTIONARY:
+            # a whole dictionary (a neighbour's hand-off): decoded within the object budget, each
+            # sub-key then checked and charged as if stored alone
             dictionary = loads(value)
             if not isinstance(dictionary, DictionaryValue):
                 raise HivemindFrameError("a dictionary store does not carry a dictionary value")
             if len(dictionary) > self.limits.max_subkeys:
                 return False
             return all(
-                self.storage.store_subkey(key, subkey, item.value, item.expiration_time, now)
+                storage.store_subkey(key, subkey, item.value, item.expiration_time, now, holder=sender)
                 for subkey, item in dictionary.items.items()
             )
         if tag == IS_REGULAR_VALUE:
-            return self.storage.store(key, value, expiration, now)
-        subkey = loads(tag)
+            return storage.store(key, value, expiration, now, holder=sender)
+        if not storage.fits_subkey(len(tag)):  # refused before it is decoded
+            return False
+        subkey = loads(tag, self.subkey_decoding)
         try:
             hash(subkey)
         except TypeError:
             raise HivemindFrameError("store sub-key is not hashable") from None
-        return self.storage.store_subkey(key, subkey, value, expiration, now)
+        return storage.store_subkey(key, subkey, value, expiration, now, holder=sender, subkey_bytes=len(tag))
 
     def handle_find(self, data: bytes, sender: PeerID, now: float) -> bytes:
         """Answer a find request: each key's value if we hold it, and our contacts nearest to it."""

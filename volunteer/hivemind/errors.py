@@ -27,4 +27,26 @@ class HivemindFrameError(RemoteProtocolError):
     """A peer sent a hivemind frame we cannot accept (bad marker, oversized length, bad protobuf)."""
 
 
-__all__ = ["HivemindError", "HivemindFrameError", "HivemindRPCError", "HivemindUnsupported"]
+class HivemindBusy(HivemindError):
+    """A hivemind request refused because what it would make us hold is over a budget (that
+    peer's share, its address's, or all peers' share of the service's request bytes): ``reason``
+    says which."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class HivemindTooSlow(RemoteProtocolError):
+    """A peer's hivemind request stopped arriving (below the door's minimum rate, or past its
+    timeout): the stream is dropped, and with it what the request held."""
+
+
+__all__ = [
+    "HivemindBusy",
+    "HivemindError",
+    "HivemindFrameError",
+    "HivemindRPCError",
+    "HivemindTooSlow",
+    "HivemindUnsupported",
+]

@@ -19,7 +19,7 @@ What hivemind 1.1 puts on the wire (``hivemind/moe/server/connection_handler.py`
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,51 +83,59 @@ def parse_request(data: bytes, limits: ExpertLimits = DEFAULT_EXPERT_LIMITS) -> 
     return _uid(request.uid), [tensors.decode(t, max_bytes=limits.max_tensor_bytes) for t in request.tensors]
 
 
-def parse_stream_request(
-    frames: Sequence[bytes], limits: ExpertLimits = DEFAULT_EXPERT_LIMITS
-) -> tuple[str, list[np.ndarray]]:
+def parse_stream_request(frames: list[bytes], limits: ExpertLimits = DEFAULT_EXPERT_LIMITS) -> tuple[str, list[np.ndarray]]:
     """A ``*_stream`` request (one ExpertRequest per frame): its uid and joined, decoded tensors.
-    Every frame must name the same uid, as hivemind's server demands."""
+    Every frame must name the same uid, as hivemind's server demands. ``frames`` is emptied as
+    it is read, so that a request's bytes are held about once, not once per step."""
     if not frames:
         raise HivemindFrameError("a streamed expert request carried no message")
     if len(frames) > limits.max_parts:
         raise HivemindFrameError(f"{len(frames)} request parts exceed {limits.max_parts}")
     uid: str | None = None
-    parts: list[Tensor] = []
-    for frame in frames:
-        request = parse(ExpertRequest, frame, "hivemind ExpertRequest")
-        if uid is None:
-            uid = _uid(request.uid)
-        elif request.uid != uid:
-            raise HivemindFrameError("expert uids differ within one streamed request")
-        parts.extend(request.tensors)
-    return uid or "", [tensors.decode(t, max_bytes=limits.max_tensor_bytes) for t in join_parts(parts, limits)]
+
+    def parts() -> Iterator[Tensor]:
+        nonlocal uid
+        frames.reverse()  # popped from the end: each frame is dropped once parsed
+        while frames:
+            request = parse(ExpertRequest, frames.pop(), "hivemind ExpertRequest")
+            if uid is None:
+                uid = _uid(request.uid)
+            elif request.uid != uid:
+                raise HivemindFrameError("expert uids differ within one streamed request")
+            yield from request.tensors
+
+    arrays = _decode_joined(parts(), limits)  # sets ``uid`` as it reads the frames
+    return uid or "", arrays
 
 
-def join_parts(parts: Sequence[Tensor], limits: ExpertLimits = DEFAULT_EXPERT_LIMITS) -> list[Tensor]:
+def join_parts(parts: Iterable[Tensor], limits: ExpertLimits = DEFAULT_EXPERT_LIMITS) -> list[tuple[Tensor, bytearray]]:
     """Streamed tensor parts joined into whole tensors (``combine_from_streaming``): a part with a
-    ``dtype`` starts a tensor, parts without one continue it."""
-    joined: list[tuple[Tensor, list[bytes]]] = []
+    ``dtype`` starts a tensor, parts without one continue it. Each tensor comes back as its first
+    part (its dtype, size, compression; its buffer to be ignored) and its joined bytes."""
+    joined: list[tuple[Tensor, bytearray, int]] = []
     for part in parts:
         if part.dtype or not joined:
             if not part.dtype:
                 raise HivemindFrameError("a streamed tensor's first part has no dtype")
             _check_count(len(joined) + 1, limits)
-            joined.append((part, [part.buffer]))
-        else:
-            joined[-1][1].append(part.buffer)
-    result = []
-    for head, buffers in joined:
-        if head.chunks > 1 and len(buffers) != head.chunks:
-            raise HivemindFrameError(f"streamed tensor announced {head.chunks} parts, {len(buffers)} arrived")
-        if sum(len(b) for b in buffers) > limits.max_tensor_bytes:
+            # the head keeps no bytes: a part would keep its whole frame's message alive
+            head = Tensor(size=list(part.size), dtype=part.dtype, requires_grad=part.requires_grad, chunks=part.chunks)
+            head.compression = part.compression
+            joined.append((head, bytearray(), 0))
+        head, buffer, count = joined[-1]
+        chunk = part.buffer
+        if len(buffer) + len(chunk) > limits.max_tensor_bytes:
             raise HivemindFrameError("a streamed tensor exceeds its byte bound")
-        tensor = Tensor()
-        tensor.CopyFrom(head)
-        tensor.buffer = b"".join(buffers)
-        tensor.chunks = 0
-        result.append(tensor)
-    return result
+        buffer += chunk
+        joined[-1] = (head, buffer, count + 1)
+    for head, _, count in joined:
+        if head.chunks > 1 and count != head.chunks:
+            raise HivemindFrameError(f"streamed tensor announced {head.chunks} parts, {count} arrived")
+    return [(head, buffer) for head, buffer, _ in joined]
+
+
+def _decode_joined(parts: Iterable[Tensor], limits: ExpertLimits) -> list[np.ndarray]:
+    return [tensors.decode(head, max_bytes=limits.max_tensor_bytes, buffer=buffer) for head, buffer in join_parts(parts, limits)]
 
 
 def request(uid: str, arrays: Sequence[np.ndarray], compressions: Sequence[int] | None = None) -> bytes:
@@ -189,8 +197,8 @@ def parse_stream_response(frames: Sequence[bytes], limits: ExpertLimits = DEFAUL
     """The tensors of a ``*_stream`` answer (parts joined)."""
     if len(frames) > limits.max_parts:
         raise HivemindFrameError(f"{len(frames)} answer parts exceed {limits.max_parts}")
-    parts = [part for frame in frames for part in parse(ExpertResponse, frame, "hivemind ExpertResponse").tensors]
-    return [tensors.decode(t, max_bytes=limits.max_tensor_bytes) for t in join_parts(parts, limits)]
+    parts = (part for frame in frames for part in parse(ExpertResponse, frame, "hivemind ExpertResponse").tensors)
+    return _decode_joined(parts, limits)
 
 
 def split(tensor: Tensor, part_bytes: int) -> list[Tensor]:

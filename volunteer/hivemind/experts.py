@@ -3,11 +3,14 @@
     service = HivemindExperts(runtime, dht=host.service(HivemindDHT))
     await host.add_service(service)     # serves ConnectionHandler.rpc_*, declares every 30 s
 
-The calls go to our ``Runtime`` (its batching, queue bounds and schema checks), behind the same
-admission as our own expert server (``volunteer/experts/admission.py``): request bytes reserved
-per peer and in all as the call's lengths are announced, before its bytes are read, and a backward served only to a peer that ran forward on that expert within
-``backward_window``. Any failure goes back to the hivemind caller as its RPC error (hivemind's
-client raises it as ``P2PHandlerError``) and the service keeps serving everyone else.
+The calls go to our ``Runtime`` (its batching, queue bounds and schema checks), behind the
+hivemind door (``door.Door``, scope ``hivemind-experts``): request bytes reserved from the Host's
+resource manager, per peer, per address and in all (``ExpertsConfig.hivemind_request_bytes_*``),
+as the call's lengths are announced and before its bytes are read, a minimum rate for their
+arrival (``ExpertLimits.min_body_rate``), and a backward served only to a peer that ran forward
+on that expert within ``backward_window``, as our own server admits calls. Any failure goes back
+to the hivemind caller as its RPC error (hivemind's client raises it as ``P2PHandlerError``) and
+the service keeps serving everyone else.
 
 Declarations follow hivemind's ``DHTHandlerThread``: uid → peer id, and prefix records, written
 every ``declare_period`` (30 s) and expiring ``declare_expiration`` (60 s) after each write.
@@ -25,14 +28,16 @@ import numpy as np
 import torch
 import trio
 
-from ..errors import ExpertBackwardRefusedError, ExpertBusyError, VolunteerError, describe
-from ..experts.admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
+from ..errors import ExpertBackwardRefusedError, VolunteerError, describe
+from ..experts.admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord
 from ..experts.config import DEFAULT_CONFIG, ExpertsConfig
 from ..net.connection import NetStream
 from ..net.identity import PeerID
 from ..net.service import BaseService, Handler, HostAPI
 from . import expert_wire as wire
 from .dht import HivemindDHT
+from .door import Door, door_for
+from .errors import HivemindError
 from .limits import DEFAULT_EXPERT_LIMITS, ExpertLimits
 from .pb.hm_runtime_pb2 import NONE
 from .rpc import serve_stream, serve_unary
@@ -46,29 +51,6 @@ def _to_torch(arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
 
 def _to_numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [tensor.detach().cpu().numpy() for tensor in outputs]
-
-
-class _CallReservation:
-    """The request bytes one hivemind call holds in the service's RequestBudget, grown as the call's
-    lengths are announced (before their bytes are read) and released once when the call ends."""
-
-    def __init__(self, service: "HivemindExperts", peer: PeerID) -> None:
-        self.service = service
-        self.peer = peer
-        self.held = 0
-
-    def grow(self, nbytes: int) -> None:
-        """Reserve ``nbytes`` more; raises ExpertBusyError (nothing more held) past the limits."""
-        refused = self.service.budget.reserve(self.peer, nbytes)
-        if refused is not None:
-            self.service.refusals[refused] += 1
-            raise ExpertBusyError(f"request bytes in flight are at their limit ({refused})")
-        self.held += nbytes
-
-    def release(self) -> None:
-        """Give back everything this call reserved."""
-        self.service.budget.release(self.peer, self.held)
-        self.held = 0
 
 
 class HivemindExperts(BaseService):
@@ -92,7 +74,7 @@ class HivemindExperts(BaseService):
         self.limits = limits
         self.compression = compression
         self.clock = clock
-        self.budget = RequestBudget(config)
+        self._door: Door | None = None  # the Host's resource manager is known once we run
         self.forwards = ForwardRecord(config)
         self.refusals: Counter[str] = Counter()
         self.calls = 0
@@ -118,6 +100,12 @@ class HivemindExperts(BaseService):
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
+        config = self.config
+        door = self.limits.door(
+            config.hivemind_request_bytes_per_peer, config.hivemind_request_bytes_per_address,
+            config.hivemind_request_bytes_total,
+        )
+        self._door = door_for(host, "hivemind-experts", door)
         task_status.started()
         if self.dht is None:
             return
@@ -162,42 +150,43 @@ class HivemindExperts(BaseService):
     def _schema(self, uid: str) -> wire.Schema:
         return wire.Schema.from_info(self.runtime.info(uid), self.compression)
 
+    @property
+    def door(self) -> Door:
+        """What hivemind callers may make us hold (their request bytes, reserved as announced)."""
+        if self._door is None:
+            raise HivemindError("the hivemind expert service is not running yet")
+        return self._door
+
     async def _serve_info(self, stream: NetStream) -> None:
         async def answer(data: bytes, sender: PeerID) -> bytes:
             return wire.info_response(self._schema(wire.parse_info_request(data)))
 
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
+        await serve_unary(stream, answer, timeout=self.limits.read_timeout, door=self.door)
 
-    async def _serve_forward(self, stream: NetStream) -> None:
+    def _unary(self, op: str):
         async def answer(data: bytes, sender: PeerID) -> bytes:
             uid, arrays = wire.parse_request(data, self.limits)
-            outputs, compressions = await self._call("forward", uid, arrays, sender)
+            del data  # the arrays are what the call holds while it waits for the runtime
+            outputs, compressions = await self._call(op, uid, arrays, sender)
             return wire.response(outputs, compressions)
 
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
+        return answer
+
+    async def _serve_forward(self, stream: NetStream) -> None:
+        await serve_unary(stream, self._unary("forward"), timeout=self.limits.read_timeout, door=self.door)
 
     async def _serve_backward(self, stream: NetStream) -> None:
-        async def answer(data: bytes, sender: PeerID) -> bytes:
-            uid, arrays = wire.parse_request(data, self.limits)
-            grads, compressions = await self._call("backward", uid, arrays, sender)
-            return wire.response(grads, compressions)
-
-        await serve_unary(stream, answer, timeout=self.limits.read_timeout, admission=self._admission)
+        await serve_unary(stream, self._unary("backward"), timeout=self.limits.read_timeout, door=self.door)
 
     async def _serve_forward_stream(self, stream: NetStream) -> None:
-        await serve_stream(stream, self._streamed("forward"), timeout=self.limits.read_timeout, admission=self._admission)
+        await serve_stream(stream, self._streamed("forward"), timeout=self.limits.read_timeout, door=self.door)
 
     async def _serve_backward_stream(self, stream: NetStream) -> None:
-        await serve_stream(
-            stream, self._streamed("backward"), timeout=self.limits.read_timeout, admission=self._admission
-        )
-
-    def _admission(self, peer: PeerID) -> _CallReservation:
-        return _CallReservation(self, peer)
+        await serve_stream(stream, self._streamed("backward"), timeout=self.limits.read_timeout, door=self.door)
 
     def _streamed(self, op: str):
         async def answer(frames: list[bytes], sender: PeerID) -> AsyncIterator[bytes]:
-            uid, arrays = wire.parse_stream_request(frames, self.limits)
+            uid, arrays = wire.parse_stream_request(frames, self.limits)  # empties ``frames``
             outputs, compressions = await self._call(op, uid, arrays, sender)
             for frame in wire.stream_response(outputs, compressions, self.limits):
                 yield frame
@@ -230,10 +219,11 @@ class HivemindExperts(BaseService):
             self.active -= 1
 
     def _admit(self, op: str, uid: str, peer: PeerID) -> None:
-        # request bytes were reserved as they arrived (``_CallReservation``); what is left to
-        # check needs the parsed request
+        # request bytes were reserved as they arrived (the door); what is left to check needs
+        # the parsed request
         if op == "backward" and not self.forwards.may_backward(peer, uid, now=trio.current_time()):
             self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
+            self.door.refuse(BACKWARD_WITHOUT_FORWARD, peer, now=trio.current_time())  # status, metrics
             raise ExpertBackwardRefusedError(
                 f"no forward from you on {uid!r} in the last {self.config.backward_window:g} s"
             )

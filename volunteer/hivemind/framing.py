@@ -149,8 +149,10 @@ class DelimitedDecoder:
             del self._buffer[:offset]
         if len(self._buffer) < self._length:
             return None
-        body = bytes(self._buffer[: self._length])
-        self.trailing = bytes(self._buffer[self._length :])
+        # one copy of the body (a slice of a bytearray would copy it twice)
+        with memoryview(self._buffer) as view:
+            body = bytes(view[: self._length])
+            self.trailing = bytes(view[self._length :])
         self._buffer.clear()
         return body
 
@@ -203,6 +205,41 @@ def parse_reply(body: bytes) -> UnaryReply:
         return UnaryReply(call_id=bytes(message.callId), error=text)
     # an empty response is a valid empty protobuf: proto3 omits an empty bytes field
     return UnaryReply(call_id=bytes(message.callId), response=bytes(result.response))
+
+
+# --- how fast a request must arrive ---------------------------------------------------------
+
+
+class BodyPace:
+    """When the next bytes of a request are due, so that a peer that trickles a request to hold
+    our memory (or its reservation) loses the stream; Apache's ``mod_reqtimeout`` (``MinRate``)
+    is the model. The first bytes have ``grace`` seconds; after that, the bytes received so far
+    must average at least ``min_rate`` a second since the start. Bytes that arrive early bank
+    time: a request that came fast may pause for as long as its bytes bought.
+
+    Pure: ``now`` is passed in; the driver waits for data until ``deadline`` and drops the
+    stream if none came."""
+
+    def __init__(self, min_rate: float, grace: float, now: float) -> None:
+        if min_rate <= 0 or grace < 0:
+            raise ValueError("BodyPace needs min_rate > 0 and grace >= 0")
+        self.min_rate = min_rate
+        self.grace = grace
+        self.start = now
+        self.received = 0
+
+    def on_data(self, nbytes: int) -> None:
+        """``nbytes`` more bytes arrived."""
+        self.received += nbytes
+
+    @property
+    def deadline(self) -> float:
+        """The time by which more bytes must arrive (``now`` past it: the request is too slow)."""
+        return self.start + self.grace + self.received / self.min_rate
+
+    def too_slow(self, now: float) -> bool:
+        """Whether the request is behind its pace at ``now``."""
+        return now >= self.deadline
 
 
 # --- stream calls ----------------------------------------------------------------------------
@@ -301,13 +338,15 @@ class FrameDecoder:
             self._total += length
             if self._frames > self.max_frames or self._total > self.max_total:
                 raise HivemindFrameError("stream call exceeds its frame budget")
-            payload = bytes(self._buffer[STREAM_HEADER : STREAM_HEADER + length])
+            with memoryview(self._buffer) as view:  # one copy of the payload
+                payload = bytes(view[STREAM_HEADER : STREAM_HEADER + length])
             del self._buffer[: STREAM_HEADER + length]
             frames.append(Frame(FrameKind(marker), payload))
         return frames
 
 
 __all__ = [
+    "BodyPace",
     "DelimitedDecoder",
     "Frame",
     "FrameDecoder",

@@ -6,7 +6,9 @@ inside p2pd) find our node by peer id through peers we share, and we find theirs
     addrs = await kad.find_peer(peer)   # asks connected peers FIND_NODE(peer), nearest first
 
 Answering: each inbound stream carries up to ``max_requests_per_stream`` requests (go reuses its
-streams), each answered from the peers we know with addresses (connected ones and the peerstore).
+streams), each answered from the peers we know with addresses (connected ones and the peerstore),
+behind the ``hivemind-kad`` door (``door.Door``: a request's bytes reserved as announced, at most
+``KadLimits.door.max_request``, and due at its pace once it has started).
 Asking: an iterative lookup, ``alpha`` peers a round for at most ``max_rounds`` rounds, every
 answer's addresses kept in the peerstore. Wire formats are in ``kad_wire`` (pure).
 """
@@ -25,13 +27,15 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import close_quietly, reset_quietly
 from . import kad_wire as wire
-from .errors import HivemindError
+from .door import SLOW_BODY, Door, Reservation, door_for
+from .errors import HivemindError, HivemindTooSlow
 from .framing import DelimitedDecoder
 from .limits import DEFAULT_KAD_LIMITS, KadLimits
 from .pb.hm_kad_pb2 import Message
+from .rpc import receive_paced
 
 log = logging.getLogger(__name__)
-READ_CHUNK = 1 << 16
+DOOR = "hivemind-kad"  # the scope kind of what kad callers hold, and of its refusals
 # how many peerstore entries an answer is chosen from (the peerstore is bounded; this bounds the work)
 MAX_CANDIDATES = 4096
 
@@ -39,28 +43,47 @@ _NETWORK_ERRORS = (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResour
 
 
 class _MessageReader:
-    """Reads uvarint-delimited kad messages off one stream, keeping bytes that follow a message."""
+    """Reads uvarint-delimited kad messages off one stream, keeping bytes that follow a message.
+    With a ``door`` (serving), a message is bounded by its ``max_request``, its announced length
+    is reserved before its body is read (``held``; released by the caller once it is answered),
+    and once it has started its bytes must keep the door's pace."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream, limits: KadLimits) -> None:
+    def __init__(self, stream: NetStream, limits: KadLimits, door: Door | None = None) -> None:
         self.stream = stream
         self.limits = limits
+        self.door = door
+        self.held: Reservation | None = None
         self._pending = b""
 
     async def next(self) -> Message | None:
         """The next message, or None at a clean end of stream."""
-        decoder = DelimitedDecoder(self.limits.max_message)
+        door = self.door
+        decoder = DelimitedDecoder(door.max_request if door is not None else self.limits.max_message)
+        pace = None
+        data: bytes | bytearray
         data, self._pending = self._pending, b""
         while True:
             if data:
+                if door is not None and pace is None:
+                    pace = door.pace(trio.current_time())  # the message has started
                 body = decoder.receive_data(data)
+                if door is not None and self.held is None and decoder.announced is not None:
+                    self.held = door.open(self.stream.remote_peer, self.stream.connection.remote_addr)
+                    self.held.grow(decoder.announced, trio.current_time())  # HivemindBusy: the stream is reset
                 if body is not None:
                     self._pending = decoder.trailing
                     return wire.parse_message(body)
-            data = await self.stream.receive_some(READ_CHUNK)
+            data = await receive_paced(self.stream, pace)  # no pace between messages: idle_timeout
             if not data:
                 if decoder.started:
                     raise HivemindError("stream ended inside a kad message")
                 return None
+
+    def release(self) -> None:
+        """Give back what the last message held."""
+        if self.held is not None:
+            self.held.release()
+            self.held = None
 
 
 class KadPeerRouting(BaseService):
@@ -69,6 +92,7 @@ class KadPeerRouting(BaseService):
     def __init__(self, limits: KadLimits = DEFAULT_KAD_LIMITS) -> None:
         self.limits = limits
         self.host: HostAPI | None = None
+        self._door: Door | None = None  # the Host's resource manager is known once we run
         self.answered = 0
 
     def handlers(self) -> Mapping[str, Handler]:
@@ -76,6 +100,7 @@ class KadPeerRouting(BaseService):
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
+        self._door = door_for(host, DOOR, self.limits.door)
         task_status.started()
 
     # --- answering -------------------------------------------------------------------------------
@@ -92,18 +117,32 @@ class KadPeerRouting(BaseService):
                 known.append(wire.KnownPeer(peer, tuple(addrs), self.host.is_connected(peer)))
         return known
 
+    @property
+    def door(self) -> Door:
+        """What kad callers may make us hold (their requests' bytes, reserved as announced)."""
+        if self._door is None:
+            raise HivemindError("kad peer routing is not running yet")
+        return self._door
+
     async def _serve(self, stream: NetStream) -> None:
-        reader = _MessageReader(stream, self.limits)
-        for _ in range(self.limits.max_requests_per_stream):
-            with trio.move_on_after(self.limits.idle_timeout):
-                request = await reader.next()
-                if request is None:
-                    break
-                reply = wire.answer(request, self.known_peers(), stream.remote_peer, self.limits)
-                await stream.send_all(wire.delimited(reply, self.limits))
-                self.answered += 1
-                continue
-            break  # idle past the timeout
+        reader = _MessageReader(stream, self.limits, self.door)
+        try:
+            for _ in range(self.limits.max_requests_per_stream):
+                with trio.move_on_after(self.limits.idle_timeout):
+                    request = await reader.next()
+                    if request is None:
+                        break
+                    reply = wire.answer(request, self.known_peers(), stream.remote_peer, self.limits)
+                    await stream.send_all(wire.delimited(reply, self.limits))
+                    reader.release()
+                    self.answered += 1
+                    continue
+                break  # idle past the timeout
+        except HivemindTooSlow:
+            self.door.refuse(SLOW_BODY, stream.remote_peer, now=trio.current_time())
+            raise
+        finally:
+            reader.release()
         await close_quietly(stream)
 
     # --- asking ----------------------------------------------------------------------------------

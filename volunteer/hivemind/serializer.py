@@ -5,8 +5,15 @@
 - 0x50: a dictionary DHT value, ``[maxsize, latest_expiration, [[subkey, value, expiration], ...]]``;
 - 0x51: a batch tensor descriptor (hivemind's ``BatchTensorDescriptor``), a map of its fields.
 
-Decoding is bounded: the input is bounded by the caller, ext nesting is bounded here, and any
-malformed input raises ``MalformedValue`` (a RemoteProtocolError), never anything else.
+Decoding is bounded (``limits.DecodeLimits``): the input and every str, bin and ext payload in
+bytes, every array and map in elements, ext nesting in depth, and the whole value in objects, so
+a few bytes of empty maps cannot become hundreds of MiB of dicts. Any malformed or oversized
+input raises ``MalformedValue`` (a RemoteProtocolError), never anything else.
+
+How the object budget holds: msgpack calls our hooks once for every array and map it completes,
+and each call counts its elements. Elements of containers still being built are not yet
+counted, but each is at least one input byte, so what a refused value built before the refusal
+is at most ``max_objects`` objects plus one small scalar per input byte.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import msgpack
 
 from ..errors import RemoteProtocolError
+from .limits import DEFAULT_DECODE_LIMITS, DecodeLimits
 
 TUPLE_EXT = 0x40
 DICTIONARY_EXT = 0x50
@@ -116,11 +124,35 @@ def dumps(obj: Any) -> bytes:
 
 
 class _Decoder:
-    def __init__(self) -> None:
+    def __init__(self, limits: DecodeLimits) -> None:
+        self.limits = limits
         self.depth = 0
+        self.objects = 0
+
+    def _count(self, objects: int) -> None:
+        self.objects += objects
+        if self.objects > self.limits.max_objects:
+            raise MalformedValue(f"msgpack value holds more than {self.limits.max_objects} objects")
+
+    # Every object once: the root of each ``loads`` here, and each element (each key and value
+    # of a map) when its container completes. An ext type is an element of its container, and
+    # its payload's root one more object.
+    def _array(self, items: list) -> list:
+        self._count(len(items))
+        return items
+
+    def _map(self, items: dict) -> dict:
+        self._count(2 * len(items))
+        return items
 
     def loads(self, data: bytes) -> Any:
-        return msgpack.unpackb(data, raw=False, ext_hook=self.ext, strict_map_key=False)
+        limits = self.limits
+        self._count(1)
+        return msgpack.unpackb(
+            data, raw=False, ext_hook=self.ext, strict_map_key=False, list_hook=self._array, object_hook=self._map,
+            max_str_len=limits.max_bytes, max_bin_len=limits.max_bytes, max_ext_len=limits.max_bytes,
+            max_array_len=limits.max_container, max_map_len=limits.max_container,
+        )
 
     def ext(self, code: int, data: bytes) -> Any:
         self.depth += 1
@@ -191,10 +223,13 @@ class _Decoder:
         )
 
 
-def loads(data: bytes) -> Any:
-    """A value from hivemind's msgpack; any malformed input raises ``MalformedValue``."""
+def loads(data: bytes, limits: DecodeLimits = DEFAULT_DECODE_LIMITS) -> Any:
+    """A value from hivemind's msgpack, within ``limits``; any malformed input, or one that
+    exceeds them, raises ``MalformedValue``."""
+    if len(data) > limits.max_bytes:
+        raise MalformedValue(f"msgpack value of {len(data)} bytes exceeds {limits.max_bytes}")
     try:
-        return _Decoder().loads(bytes(data))
+        return _Decoder(limits).loads(bytes(data))
     except MalformedValue:
         raise
     except (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException) as exc:

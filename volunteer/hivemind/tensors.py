@@ -65,38 +65,43 @@ def _shape(message: Tensor, max_bytes: int) -> tuple[int, ...]:
     return shape
 
 
-def decode(message: Tensor, *, max_bytes: int = 1 << 30) -> np.ndarray:
+def decode(message: Tensor, *, max_bytes: int = 1 << 30, buffer: bytearray | None = None) -> np.ndarray:
     """The array a Tensor message carries (a fresh, writable one); a size that does not match the
-    buffer, an unknown dtype or compression raises (HivemindFrameError / HivemindUnsupported)."""
+    buffer, an unknown dtype or compression raises (HivemindFrameError / HivemindUnsupported).
+    ``buffer``: the tensor's bytes, when they were joined from streamed parts (the message's own
+    ``buffer`` is then ignored); an uncompressed array is made over it without a copy."""
     if message.dtype not in DTYPES:
         raise HivemindUnsupported(f"tensors of dtype {message.dtype!r} are not supported")
-    if message.chunks > 1:
+    if message.chunks > 1 and buffer is None:
         raise HivemindFrameError("a chunked tensor must be joined before decoding")
     dtype = np.dtype(message.dtype).newbyteorder("<")
     shape = _shape(message, max_bytes)
     count = math.prod(shape)
-    buffer = message.buffer
+    data: bytes | bytearray = message.buffer if buffer is None else buffer
     if message.compression == NONE:
-        if len(buffer) != count * dtype.itemsize:
+        if len(data) != count * dtype.itemsize:
             raise HivemindFrameError("tensor buffer does not match its size and dtype")
-        return np.frombuffer(buffer, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+        array = np.frombuffer(data, dtype=dtype).reshape(shape)
+        if isinstance(data, bytearray) and dtype.isnative:
+            return array  # writable, and ours alone: no copy
+        return array.astype(dtype.newbyteorder("="))
     if message.compression not in (FLOAT16, MEANSTD_16BIT):
         raise HivemindUnsupported(f"hivemind compression {message.compression} is not supported")
     if dtype.kind != "f":
         raise HivemindFrameError(f"a float16-compressed tensor cannot restore to {message.dtype}")
     if message.compression == FLOAT16:
-        if len(buffer) != count * 2:
+        if len(data) != count * 2:
             raise HivemindFrameError("float16 tensor buffer does not match its size")
-        return np.frombuffer(buffer, dtype="<f2").astype(dtype.newbyteorder("=")).reshape(shape)
+        return np.frombuffer(data, dtype="<f2").astype(dtype.newbyteorder("=")).reshape(shape)
     if not shape or shape[-1] == 0:
         raise HivemindFrameError("a MEANSTD_16BIT tensor needs a non-empty last dimension")
     rows = count // shape[-1]
-    if len(buffer) != count * 2 + rows * 8:
+    if len(data) != count * 2 + rows * 8:
         raise HivemindFrameError("MEANSTD_16BIT tensor buffer does not match its size")
-    scaled = np.frombuffer(buffer, dtype="<f2", count=count).astype(np.float32).reshape(shape)
+    scaled = np.frombuffer(data, dtype="<f2", count=count).astype(np.float32).reshape(shape)
     stats_shape = (*shape[:-1], 1)
-    means = np.frombuffer(buffer, dtype="<f4", offset=count * 2, count=rows).reshape(stats_shape)
-    stds = np.frombuffer(buffer, dtype="<f4", offset=count * 2 + rows * 4, count=rows).reshape(stats_shape)
+    means = np.frombuffer(data, dtype="<f4", offset=count * 2, count=rows).reshape(stats_shape)
+    stds = np.frombuffer(data, dtype="<f4", offset=count * 2 + rows * 4, count=rows).reshape(stats_shape)
     return (scaled * stds + means).astype(dtype.newbyteorder("="))
 
 

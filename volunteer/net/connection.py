@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import trio
 
 from ..errors import HandshakeError, NegotiationError, RemoteProtocolError
-from .identity import KeyPair, PeerID
+from .identity import KeyPair, PeerID, PublicKey
 from .multiaddr import Multiaddr
 from .multistream import LazyStream, lazy_outbound, select_inbound, select_outbound
 from .noise import NoiseConnection, secure_inbound, secure_outbound
@@ -70,14 +71,41 @@ class NetStream(trio.abc.HalfCloseableStream):
         await self._inner.reset()
 
 
+class SecureChannel(Protocol):
+    """Who the peer proved to be: a Noise session, or a QUIC session after its TLS handshake."""
+
+    @property
+    def remote_peer(self) -> PeerID: ...
+
+    @property
+    def remote_public_key(self) -> PublicKey: ...
+
+
+class Muxer(Protocol):
+    """What the Host runs a connection's streams on: yamux, or a QUIC session's own streams."""
+
+    closed: trio.Event
+    rtt: float | None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None: ...
+
+    async def open_stream(self, *, announce: bool = True) -> Any: ...
+
+    async def accept_stream(self) -> Any: ...
+
+    async def ping(self) -> float: ...
+
+    async def aclose(self) -> None: ...
+
+
 class Connection:
     """A secured, multiplexed connection to one peer."""
 
     def __init__(
         self,
         raw: RawConnection,
-        secure: NoiseConnection,
-        muxer: YamuxConnection,
+        secure: SecureChannel,
+        muxer: Muxer,
         direction: Direction,
         path: Path = Path.DIRECT,
     ) -> None:
@@ -105,6 +133,23 @@ class Connection:
     @property
     def remote_addr(self) -> Multiaddr:
         return self.raw.remote_addr
+
+    @property
+    def transport(self) -> str:
+        """The transport carrying this connection: ``quic``, ``tcp``, ``memory`` or ``relay``."""
+        if self.remote_addr.is_relayed():
+            return "relay"
+        names = self.remote_addr.protocols()
+        if "quic-v1" in names:
+            return "quic"
+        return "tcp" if "tcp" in names else (names[0] if names else "unknown")
+
+    @property
+    def path_label(self) -> str:
+        """``direct quic``, ``direct tcp`` or ``relayed``: how this connection reaches its peer."""
+        if self.path is Path.RELAYED or self.remote_addr.is_relayed():
+            return "relayed"
+        return f"direct {self.transport}"
 
     @property
     def is_closed(self) -> bool:
@@ -172,7 +217,7 @@ async def upgrade(
     The caller bounds the time this takes; any failure is raised as HandshakeError. Inbound, the
     dialer's first multistream message must come within ``first_message_timeout`` seconds.
     """
-    stream = BufferedStream(raw.stream)
+    stream = BufferedStream(raw.byte_stream)
     try:
         if direction is Direction.OUTBOUND:
             await select_outbound(stream, [NOISE])

@@ -236,7 +236,7 @@ class Host:
         try:
             conn = await self._running_nursery().start(self._run_connection, raw, role, expected)
         except BaseException:
-            await trio.aclose_forcefully(raw.stream)  # cancelled before the connection task owned it
+            await raw.abort()  # cancelled before the connection task owned it
             raise
         if peer is not None and conn.remote_peer != peer:
             await conn.aclose()
@@ -270,7 +270,7 @@ class Host:
         try:
             conn = await self._upgrade(raw, direction, expected_peer)
         except BaseException as exc:
-            await trio.aclose_forcefully(raw.stream)
+            await raw.abort()
             accepted = task_status is trio.TASK_STATUS_IGNORED  # nobody waits for this connection
             if accepted and isinstance(exc, Exception):
                 # A stranger's failed handshake must never take the listener down.
@@ -297,6 +297,8 @@ class Host:
                 await conn.muxer.aclose()
 
     async def _upgrade(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
+        if raw.session is not None:
+            return self._adopt_secured(raw, direction, expected_peer)
         inbound = direction is Direction.INBOUND
         slot = self._try_acquire_handshake_slot(raw) if inbound else None
         if inbound and slot is None:
@@ -331,6 +333,18 @@ class Host:
         muxer = YamuxConnection(muxed_stream, is_client=direction is Direction.OUTBOUND, budget=scope)
         path = Path.RELAYED if raw.remote_addr.is_relayed() else (raw.path or Path.DIRECT)
         return Connection(raw, secure, muxer, direction, path)
+
+    def _adopt_secured(self, raw: RawConnection, direction: Direction, expected_peer: PeerID | None) -> Connection:
+        """A connection its transport secured and multiplexed (QUIC): check the peer, charge the
+        resource manager, and use the session as both channel and muxer."""
+        session = raw.session
+        assert session is not None
+        session.check_expected(expected_peer)
+        scope = self.resources.open_connection(session.remote_peer, raw.remote_addr, now=trio.current_time())
+        if scope is None:
+            raise HandshakeError(f"connection from {session.remote_peer.short()} at {raw.remote_addr} refused: resource limit")
+        session.attach_scope(scope)
+        return Connection(raw, session, session, direction, raw.path or Path.DIRECT)  # type: ignore[arg-type]
 
     def _try_acquire_handshake_slot(self, raw: RawConnection):
         """A pending-handshake slot shared per source address (None: that address's share, or

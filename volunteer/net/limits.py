@@ -42,6 +42,7 @@ MAX_CONNECTIONS = 1024
 MAX_DIAL_ADDRS = 16  # addresses tried per peer dial
 DIAL_STAGGER = 0.25  # seconds between starting dials to a peer's addresses (unless one failed already)
 RELAY_DIAL_DELAY = 0.5  # extra wait before relayed addresses: a direct path is preferred
+QUIC_DIAL_DELAY = 0.5  # extra wait before QUIC addresses when TCP ones came first: TCP is cheaper for us
 STREAM_NEGOTIATION_TIMEOUT = 10.0  # multistream on a new stream
 MAX_INBOUND_STREAMS_PER_PROTOCOL = 512
 
@@ -77,7 +78,7 @@ REFUSAL_WARN_INTERVAL = 10.0  # at most one WARNING line per refusal reason this
 # --- NAT wing: DCUtR hole punching (net/nat/dcutr.py, punch.py, messages.py) ---
 DCUTR_MAX_MESSAGE = 4096  # a HolePunch message: a type and a few addresses
 DCUTR_MAX_ATTEMPTS = 3  # CONNECT/SYNC rounds per relayed connection; the last swaps roles
-DCUTR_MAX_PUNCH_ADDRS = 4  # sockets opened per attempt, at most
+DCUTR_MAX_PUNCH_ADDRS = 4  # addresses punched per transport and attempt, at most (each TCP one opens a socket)
 DCUTR_MAX_ADDRS_READ = 4 * DCUTR_MAX_PUNCH_ADDRS  # addresses looked at in a message before filtering
 DCUTR_MAX_CONCURRENT_PUNCHES = 8
 DCUTR_DIAL_TIMEOUT = 5.0  # longer than one SYN retransmission (1 s), for the SYN the NAT dropped first
@@ -114,3 +115,37 @@ AUTONAT_REQUIRED_CONFIRMATIONS = 3  # distinct servers that must agree (fewer if
 AUTONAT_MEMORY = 8  # servers' latest answers kept
 RESERVE_WHEN_UNKNOWN_AFTER = 0.0  # no verdict by then: reserve relay slots anyway, to be reachable at once
 # (a NATed node's "private" verdict waits for the server's dial-back timeout; a "public" one releases them)
+
+# --- libp2p TLS (net/tls/) ---
+TLS_MAX_CERTIFICATE = 16 * 1024  # a libp2p certificate: one self-signed cert with a small extension
+TLS_MAX_SIGNED_KEY = 4096  # the extension's DER SignedKey: a public key protobuf and a signature
+TLS_CERT_BACKDATE = 3600.0  # seconds our certificate is valid before now: peers' clocks run behind
+TLS_CERT_LIFETIME = 100 * 365 * 24 * 3600.0  # a host key outlives any process that holds it
+
+# --- QUIC (net/transport/quic/) ---
+QUIC_MAX_STREAMS = 256  # concurrent streams the peer may open on one connection (go-libp2p: 256)
+QUIC_STREAM_WINDOW = 2 * 1024 * 1024  # unread bytes one stream may hold: the credit we grant beyond what was read
+QUIC_CONNECTION_WINDOW = 16 * 1024 * 1024  # unread bytes of all streams of one connection
+QUIC_SEND_BUFFER = 1024 * 1024  # bytes written to a stream and not yet acknowledged before a writer waits
+QUIC_SEND_CHUNK = 256 * 1024  # a large write is queued in pieces this big, each waiting for room
+QUIC_ACCEPT_BACKLOG = 256  # streams the peer opened that nobody accepted yet
+QUIC_IDLE_TIMEOUT = 30.0  # a connection that hears nothing this long is gone (go-libp2p: 30 s)
+QUIC_KEEPALIVE_INTERVAL = 15.0  # a PING this often keeps NAT mappings and the idle timer alive
+QUIC_MAX_DATAGRAM = 1452  # what we send; what we read is one whole UDP datagram (65535)
+# ... and to a peer on loopback (MTU 64 KiB), once its transport parameters allow it: aioquic's
+# cost is per packet, so bigger datagrams carry several times the bytes for the same CPU
+QUIC_LOOPBACK_DATAGRAM = 16 * 1024
+QUIC_CONNECTION_ID_LENGTH = 8
+QUIC_MAX_PENDING_HANDSHAKES = 64  # inbound handshakes in flight per endpoint (spoofable sources)
+QUIC_ADDRESS_PENDING_HANDSHAKES = 16  # ... from one source address
+QUIC_MAX_CONNECTIONS_PER_ENDPOINT = 1024  # connection ids are routed per connection: this bounds the table
+QUIC_UNKNOWN_DATAGRAM_LOG_INTERVAL = 10.0  # at most one log line per reason this often for dropped datagrams
+QUIC_HOLE_PUNCH_TIMEOUT = 5.0  # a UDP punch sends packets this long, at most (go-libp2p's holePunch)
+QUIC_HOLE_PUNCH_FIRST_GAP = 0.01  # seconds between the first punch packets; the gap grows with jitter
+QUIC_HOLE_PUNCH_MAX_GAP = 0.2  # ... up to this (DCUtR: random intervals between 10 and 200 ms)
+QUIC_HOLE_PUNCH_PACKET = 64  # bytes of random payload in each punch packet
+DCUTR_PUNCH_RTTS = 8.0  # a punch's dials and handshakes get this many relayed round trips ...
+DCUTR_MIN_PUNCH = 2.0  # ... but at least this long (one lost SYN is retransmitted after 1 s) ...
+DCUTR_MAX_PUNCH = 5.0  # ... and at most this long: a failed attempt ends well inside DCUTR_STREAM_TIMEOUT
+TCP_REFUSED_REDIAL_DELAY = 0.05  # a punched SYN refused (RST from the peer's router) is re-sent this much later
+DCUTR_REPUNCH_INTERVAL = 30.0  # after a network change, a relayed peer is punched again at most this often

@@ -165,6 +165,7 @@ class PerfResult:
     streams: int
     total_seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    transport: str = ""  # quic, tcp, memory or relay: what carried the connection
 
     @property
     def upload_mbps(self) -> float:
@@ -178,6 +179,7 @@ class PerfResult:
         return {
             "peer": self.peer,
             "path": self.path,
+            "transport": self.transport,
             "streams": self.streams,
             "setup_ms": round(self.setup_seconds * 1000, 3),
             "upload_bytes": self.upload_bytes,
@@ -186,6 +188,8 @@ class PerfResult:
             "download_seconds": round(self.download_seconds, 6),
             "upload_MBps": round(self.upload_mbps, 2),
             "download_MBps": round(self.download_mbps, 2),
+            "upload_Mbitps": round(self.upload_mbps * 8, 1),
+            "download_Mbitps": round(self.download_mbps * 8, 1),
             "total_seconds": round(self.total_seconds, 6),
             "errors": self.errors,
         }

@@ -366,11 +366,15 @@ class ResourceManager(BaseService):
             return None
         return ConnectionScope(conn, address, peer_scope)
 
-    def reserve_for_peer(self, peer: object, amount: int, *, kind: str, now: float) -> Scope | None:
+    def reserve_for_peer(
+        self, peer: object, amount: int, *, kind: str, now: float, within: tuple[Scope, ...] = ()
+    ) -> Scope | None:
         """Reserve ``amount`` bytes of ``peer``'s memory for a buffer outside yamux (a relay
-        circuit's copy buffers, say); ``close()`` the returned scope to give them back. None
-        (refusal counted) when the peer's or the node's budget has no room."""
-        scope = Scope(self, kind, _short(peer), {}, (self._peer(peer),))
+        circuit's copy buffers, say); ``close()`` the returned scope to give them back (or
+        ``reserve``/``release`` more on it as the buffer grows). ``within``: further scopes the
+        bytes also count against (a service's own budget, as go-libp2p's service scopes). None
+        (refusal counted) when the peer's, the node's or one of those budgets has no room."""
+        scope = Scope(self, kind, _short(peer), {}, (self._peer(peer), *within))
         if not scope.reserve(MEMORY, amount, now=now):
             scope.close()
             return None

@@ -8,6 +8,8 @@ struct:
     stream pool    pooled request/reply streams (the DHT, the experts)
     identify       who a peer is, and where it sees us
     ping           round-trip times
+    QUIC           `/udp/N/quic-v1` dialling and listening on one UDP socket per address family,
+                   which also carries hole-punch packets (``StackOptions.quic``)
     perf           `/perf/1.0.0`, bounded per peer (``StackOptions.perf``)
     relay client   dial and accept circuit-relay-v2 connections (``StackOptions.relay_client``)
     address observer, hole puncher
@@ -39,6 +41,7 @@ from .ping import Ping
 from .pool import StreamPool
 from .service import Service
 from .transport.base import Transport
+from .transport.quic import QuicLimits, QuicTransport
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class StackOptions:
 
     # Ask every new connection's peer who it is (identify); off, a peer is identified on request.
     identify_on_connect: bool = True
+    # Dial and listen on /udp/N/quic-v1 within these bounds (listen on such an address to serve
+    # it; aioquic loads only then); None: no QUIC.
+    quic: QuicLimits | None = field(default_factory=QuicLimits)
     # Serve /perf/1.0.0 within these bounds so anyone can measure a link to us; None: no perf server.
     perf: PerfLimits | None = field(default_factory=PerfLimits)
     # Dial …/p2p-circuit/p2p/PEER addresses and accept connections relayed to us (circuit relay v2).
@@ -60,6 +66,8 @@ def standard_services(options: StackOptions | None = None) -> list[Service]:
     """The standard services, new instances, as ``options`` (default: all of them) enable them."""
     options = options or StackOptions()
     services: list[Service] = [StreamPool(), Identify(identify_on_connect=options.identify_on_connect), Ping()]
+    if options.quic is not None:
+        services.append(QuicTransport(options.quic))
     if options.perf is not None:
         services.append(PerfServer(options.perf))
     if options.relay_client:

@@ -3,6 +3,8 @@
     serve [--port N]                 Noise + yamux host on 127.0.0.1 serving /echo/1.0.0, ping,
                                      identify and /perf/1.0.0; prints `READY <multiaddr>` and runs
                                      until stdin closes.
+    --quic (before the command)      listen and dial over QUIC v1 (py-libp2p's aioquic transport)
+                                     instead of TCP + Noise + yamux
     dial-echo MULTIADDR [--size N] [--protocol P]
     dial-ping MULTIADDR [--count N]
     dial-identify MULTIADDR
@@ -76,20 +78,36 @@ async def perf_handler(stream) -> None:
     await stream.close()
 
 
+LISTEN = {"tcp": "/ip4/127.0.0.1/tcp/{port}", "quic": "/ip4/127.0.0.1/udp/{port}/quic-v1"}
+TRANSPORT = "tcp"
+
+
+def listen_addr(port: int = 0) -> multiaddr.Multiaddr:
+    return multiaddr.Multiaddr(LISTEN[TRANSPORT].format(port=port))
+
+
+async def half_close(stream) -> None:
+    """Close our sending side only. py-libp2p's QUIC stream.close() closes both sides (reads then
+    fail), its yamux close() only ours: over QUIC the half-close is close_write()."""
+    await (stream.close_write() if TRANSPORT == "quic" else stream.close())
+
+
 def make_host():
+    if TRANSPORT == "quic":
+        return new_host(key_pair=create_new_key_pair(os.urandom(32)), listen_addrs=[listen_addr()], enable_quic=True)
     return new_host(key_pair=create_new_key_pair(os.urandom(32)))
 
 
 async def serve(args) -> None:
     host = make_host()
-    listen = [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{args.port}")]
+    listen = [listen_addr(args.port)]
     async with host.run(listen_addrs=listen):
         host.set_stream_handler(ECHO, echo_handler)
         # py-libp2p's own perf server (libp2p.perf.PerfService), not a stand-in.
         from libp2p.perf import PerfService
 
         await PerfService(host).start()
-        addr = next(a for a in host.get_addrs() if "/tcp/" in str(a))
+        addr = next(a for a in host.get_addrs() if ("/quic-v1" if TRANSPORT == "quic" else "/tcp/") in str(a))
         full = str(addr) if "/p2p/" in str(addr) else f"{addr}/p2p/{host.get_id().to_string()}"
         print("READY", full, flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
@@ -103,7 +121,7 @@ async def connect(host, target: str):
 
 async def dial_echo(args) -> dict:
     host = make_host()
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    async with host.run(listen_addrs=[listen_addr()]):
         peer = await connect(host, args.addr)
         stream = await host.new_stream(peer, [TProtocol(args.protocol)])
         payload = os.urandom(args.size)
@@ -114,7 +132,7 @@ async def dial_echo(args) -> dict:
             view = memoryview(payload)
             for start in range(0, len(view), 1 << 20):
                 await stream.write(bytes(view[start : start + (1 << 20)]))
-            await stream.close()
+            await half_close(stream)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer)
@@ -131,7 +149,7 @@ async def dial_ping(args) -> dict:
     from libp2p.host.ping import PingService
 
     host = make_host()
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    async with host.run(listen_addrs=[listen_addr()]):
         peer = await connect(host, args.addr)
         rtts = await PingService(host).ping(peer, ping_amt=args.count)
         return {"ok": len(rtts) == args.count, "rtts_ms": rtts}  # py-libp2p reports whole milliseconds
@@ -142,7 +160,7 @@ async def dial_identify(args) -> dict:
     from libp2p.identity.identify.pb.identify_pb2 import Identify
 
     host = make_host()
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    async with host.run(listen_addrs=[listen_addr()]):
         peer = await connect(host, args.addr)
         stream = await host.new_stream(peer, [IDENTIFY])
         data = b""
@@ -185,7 +203,7 @@ async def dial_perf(args) -> dict:
     from libp2p.perf import PerfService
 
     host = make_host()
-    async with host.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+    async with host.run(listen_addrs=[listen_addr()]):
         service = PerfService(host)
         await service.start()
         final = None
@@ -254,7 +272,9 @@ async def pair_bench(args) -> dict:
 
 
 def main() -> int:
+    global TRANSPORT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quic", action="store_true", help="QUIC v1 instead of TCP")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve")
     p.add_argument("--port", type=int, default=0)
@@ -274,6 +294,7 @@ def main() -> int:
     p = sub.add_parser("pair-bench")
     p.add_argument("--size-mib", type=int, default=64)
     args = parser.parse_args()
+    TRANSPORT = "quic" if args.quic else "tcp"
     if args.command == "serve":
         trio.run(serve, args)
         return 0

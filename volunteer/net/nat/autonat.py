@@ -91,7 +91,7 @@ def _ip(addr: Multiaddr) -> str | None:
 
 
 def dialable_addrs(requested: list[Multiaddr], observed_ip: str | None) -> list[Multiaddr]:
-    """The spec's safety filter: direct TCP addresses on the requester's own observed IP.
+    """The spec's safety filter: direct TCP and QUIC v1 addresses on the requester's own observed IP.
 
     A requester we see without an IP (over a relay, or the memory transport) gets nothing
     dialled: otherwise its /dns addresses, which have no IP either, would pass as "its own".
@@ -101,7 +101,8 @@ def dialable_addrs(requested: list[Multiaddr], observed_ip: str | None) -> list[
     out: list[Multiaddr] = []
     for addr in requested:
         names = addr.without_peer_id().protocols()
-        if addr.is_relayed() or len(names) != 2 or names[1] != "tcp" or _ip(addr) != observed_ip:
+        direct = names[1:] in (["tcp"], ["udp", "quic-v1"])
+        if addr.is_relayed() or not direct or _ip(addr) != observed_ip:
             continue
         if addr.without_peer_id() not in out:
             out.append(addr.without_peer_id())

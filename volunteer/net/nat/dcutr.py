@@ -2,16 +2,22 @@
 
 The peer that received the relayed connection (B) opens a dcutr stream and sends CONNECT with its
 observed addresses; the other (A) answers CONNECT with its own; B measures the round trip, sends
-SYNC and waits half of it; A dials as soon as SYNC arrives. Both dial from their listen ports, so
-their SYNs cross in the NATs' mappings: a TCP simultaneous open. Every decision (attempts, roles,
-addresses, when to dial, the outcome) is ``punch.PunchPlan``'s; the messages are ``messages``';
-this module only moves bytes, sleeps and dials. On success the Host prefers the direct connection
-and B closes the relayed one after a grace period; on failure the relayed connection simply stays.
+SYNC and waits half of it; A acts as soon as SYNC arrives. Over TCP both dial from their listen
+ports, so their SYNs cross in the NATs' mappings (a TCP simultaneous open; a SYN refused by a
+router that RSTs unsolicited ones is sent again 50 ms later). Over QUIC the upgrade's client
+dials from the shared UDP socket while the server sends random packets from it toward the
+client's address until the dial arrives. Both transports are tried at once and the first direct
+connection wins. Every decision (attempts, roles, addresses, when and how long to punch, the
+outcome) is ``punch``'s; the messages are ``messages``'; this module only moves bytes, sleeps and
+dials. On success the Host prefers the direct connection and B closes the relayed one after a
+grace period; on failure the relayed connection simply stays, and is punched again when our
+addresses or reachability change.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeGuard
@@ -21,16 +27,17 @@ import trio
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
 from ..connection import Connection
-from ..events import DirectConnectionUp, ObservedAddrChanged, RelayedConnectionUp
+from ..events import DirectConnectionUp, ObservedAddrChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, Handler, HostAPI, InboundClass
 from ..streams import BufferedStream, close_quietly
 from ..transport.base import Direction, Path, RawConnection
+from ..transport.quic import QuicTransport
 from . import messages
-from .messages import CONNECT, SYNC, PunchMessage, punchable
+from .messages import CONNECT, SYNC, PunchMessage, punch_transport, punchable
 from .observer import AddressObserver
-from .punch import PunchOutcome, PunchPlan, PunchStep, attempt_roles
+from .punch import DIRECT, FAILED, REVERSED, PunchOutcome, PunchPlan, PunchStep, attempt_roles, punch_gaps, should_repunch
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,13 @@ class HolePuncher(BaseService):
         self.max_attempts = max_attempts
         self.outcomes: list[PunchOutcome] = []
         self._slots = trio.Semaphore(limits.DCUTR_MAX_CONCURRENT_PUNCHES)
-        # Addresses whose inbound connection is the punch we expect from that peer (see classify_inbound).
-        self._expected: dict[Multiaddr, PeerID] = {}
+        # Addresses whose inbound connection is the punch we expect from that peer, and the role
+        # we keep on it (see classify_inbound).
+        self._expected: dict[Multiaddr, tuple[PeerID, Direction]] = {}
+        self._punching: set[PeerID] = set()
+        self._last_try: dict[PeerID, float] = {}
+        # every attempt, by transport and result (both sides count theirs): see snapshot()
+        self.tally: dict[str, dict[str, int]] = {}
         self.observer: AddressObserver | None = None
 
     def handlers(self) -> dict[str, Handler]:
@@ -60,11 +72,13 @@ class HolePuncher(BaseService):
 
     def classify_inbound(self, raw: RawConnection) -> InboundClass | None:
         """Our punch's SYN may lose the race to the peer's and reach our listener instead: the same
-        connection, and we keep the role we chose (DCUtR: the puncher B is the upgrade's client)."""
-        peer = self._expected.get(raw.remote_addr)
-        if peer is None:
+        connection, and we keep the role we chose (DCUtR: the puncher B is the upgrade's client).
+        Over QUIC the peer's dial reaching our socket is the punch itself (roles are QUIC's)."""
+        expected = self._expected.get(raw.remote_addr)
+        if expected is None:
             return None
-        return InboundClass(role=Direction.OUTBOUND, expected_peer=peer, path=Path.HOLE_PUNCHED)
+        peer, role = expected
+        return InboundClass(role=role, expected_peer=peer, path=Path.HOLE_PUNCHED)
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
@@ -73,22 +87,87 @@ class HolePuncher(BaseService):
             observer = AddressObserver()
             await host.add_service(observer)
         self.observer = observer
-        with host.events.subscribe(RelayedConnectionUp, max_queued=limits.MAX_CONNECTIONS) as events:
+        kinds = (RelayedConnectionUp, ObservedAddrChanged, ReachabilityChanged)
+        with host.events.subscribe(*kinds, max_queued=limits.MAX_CONNECTIONS) as events:
             async with trio.open_nursery() as nursery:
                 task_status.started()
                 async for event in events:
-                    assert isinstance(event, RelayedConnectionUp)
-                    if event.connection.direction is Direction.INBOUND:
-                        nursery.start_soon(self.initiate, event.connection)
+                    if isinstance(event, RelayedConnectionUp):
+                        if event.connection.direction is Direction.INBOUND:
+                            nursery.start_soon(self.initiate, event.connection)
+                    else:
+                        # our addresses or reachability changed: what failed before may work now
+                        for relayed in self._relayed_to_repunch(trio.current_time()):
+                            nursery.start_soon(self.initiate, relayed)
+
+    def _relayed_to_repunch(self, now: float) -> list[Connection]:
+        chosen: list[Connection] = []
+        for conn in self.host.connections():
+            peer = conn.remote_peer
+            if conn.path is not Path.RELAYED or conn.direction is not Direction.INBOUND or conn.is_closed:
+                continue
+            if any(c is conn or c.remote_peer == peer for c in chosen):
+                continue
+            if should_repunch(self._last_try.get(peer), now, punching=peer in self._punching,
+                              has_direct=_is_direct(self.host.connection_to(peer))):
+                chosen.append(conn)
+        return chosen
 
     def our_addrs(self) -> list[Multiaddr]:
-        """What we tell the other side to dial: observed external addresses of our listen port."""
+        """What we tell the other side to dial: observed external addresses of our TCP and QUIC
+        listen ports."""
         return self.observer.external_addrs(trio.current_time()) if self.observer else []
+
+    def snapshot(self) -> dict:
+        """Punch attempts by transport and result, and how punches ended (for status and metrics)."""
+        finished = self.outcomes
+        times = sorted(o.seconds for o in finished if o.success)
+        return {
+            "attempts": {transport: dict(results) for transport, results in self.tally.items()},
+            "punches": len(finished),
+            "direct": sum(1 for o in finished if o.success),
+            "by_transport": {t: sum(1 for o in finished if o.success and o.transport == t) for t in ("quic", "tcp")},
+            "reversed": sum(1 for o in finished if o.result == REVERSED),
+            "failed": sum(1 for o in finished if not o.success),
+            "first_attempt": sum(1 for o in finished if o.success and o.attempts == 1),
+            "time_to_direct_ms_p50": round(times[len(times) // 2] * 1000, 1) if times else None,
+            "in_progress": len(self._punching),
+        }
+
+    def _record(self, outcome: PunchOutcome) -> None:
+        self.outcomes.append(outcome)
+        del self.outcomes[: -limits.DCUTR_MAX_OUTCOMES]
+
+    def _count(self, plan: PunchPlan, step: PunchStep, winner: Connection | None, ours: bool) -> None:
+        tried = sorted({t for a in step.addrs if (t := punch_transport(a)) is not None})
+        if winner is None:
+            plan.attempt_ended(tried, None, FAILED)
+        else:
+            plan.attempt_ended(tried, winner.transport, DIRECT if ours else REVERSED)
+        for transport, results in plan.tally.items():
+            mine = self.tally.setdefault(transport, {})
+            for result, count in results.items():
+                mine[result] = mine.get(result, 0) + count
+        plan.tally.clear()
 
     async def initiate(self, relayed: Connection) -> PunchOutcome:
         """We are B: the relayed connection came to us. Try to punch a direct one."""
         peer = relayed.remote_peer
         plan = PunchPlan(str(peer), started_at=trio.current_time(), initiator=True, max_attempts=self.max_attempts)
+        if peer in self._punching:
+            return plan.failed("a punch with this peer is already running", trio.current_time())
+        self._punching.add(peer)
+        self._last_try[peer] = trio.current_time()
+        try:
+            return await self._initiate(relayed, plan)
+        finally:
+            self._punching.discard(peer)
+            self._last_try[peer] = trio.current_time()
+            while len(self._last_try) > limits.MAX_CONNECTIONS:
+                self._last_try.pop(next(iter(self._last_try)))
+
+    async def _initiate(self, relayed: Connection, plan: PunchPlan) -> PunchOutcome:
+        peer = relayed.remote_peer
         async with self._slots:
             # Let identify run first: its observed addresses are what we send.
             await trio.sleep(0)
@@ -107,16 +186,16 @@ class HolePuncher(BaseService):
                                 if not step.addrs:
                                     continue
                                 await trio.sleep_until(step.dial_at)
-                                direct = await self._punch(peer, step)
+                                direct, ours = await self._punch(peer, step)
+                            self._count(plan, step, direct, ours)
                             if direct is not None:
-                                plan.succeeded(trio.current_time())
+                                plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
                     finally:
                         await close_quietly(stream)
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 plan.outcome.error = describe(exc)
         outcome = plan.finish(trio.current_time())
-        self.outcomes.append(outcome)
-        del self.outcomes[: -limits.DCUTR_MAX_OUTCOMES]
+        self._record(outcome)
         log.info("hole punch with %s: %s after %d attempt(s)", peer.short(),
                  "direct" if outcome.success else f"stays relayed ({outcome.error})", outcome.attempts)
         if outcome.success:
@@ -130,75 +209,112 @@ class HolePuncher(BaseService):
         peer = stream.remote_peer
         plan = PunchPlan(str(peer), started_at=trio.current_time(), initiator=False, max_attempts=self.max_attempts)
         await self._await_observed_addrs()
-        while plan.attempts_left:
-            try:
-                with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
-                    request = await read(buffered, CONNECT)
-                    attempt = plan.peer_connect(request.addrs)
-                    with self._expecting(peer, request.addrs, plan.our_role(attempt)):
-                        await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
-                        await read(buffered, SYNC)
-                        step = plan.sync_received(trio.current_time())
-                        punched = bool(step.addrs) and await self._punch(peer, step) is not None
-            except (RemoteProtocolError, trio.TooSlowError):
-                return  # B closed the stream (done, or gave up) or broke the protocol
-            if punched:
-                plan.succeeded(trio.current_time())
+        try:
+            while plan.attempts_left:
+                try:
+                    # the next CONNECT comes within one attempt's bounded punch, far inside this
+                    with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
+                        request = await read(buffered, CONNECT)
+                        attempt = plan.peer_connect(request.addrs, trio.current_time())
+                        with self._expecting(peer, request.addrs, plan.our_role(attempt)):
+                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
+                            await read(buffered, SYNC)
+                            step = plan.sync_received(trio.current_time())
+                            direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
+                except (RemoteProtocolError, trio.TooSlowError):
+                    return  # B closed the stream (done, or gave up) or broke the protocol
+                if step.addrs:
+                    self._count(plan, step, direct, ours)
+                if direct is not None:
+                    plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
+        finally:
+            if plan.attempt:
+                self._record(plan.finish(trio.current_time()))
 
     async def _await_observed_addrs(self) -> None:
-        """Identify with the relay may still be in flight: give our observed address a moment
-        (DCUTR_OBSERVATION_WAIT), woken by the observer's ObservedAddrChanged."""
+        """Identify with the relay may still be in flight: give our observed addresses a moment
+        (DCUTR_OBSERVATION_WAIT), woken by the observer's ObservedAddrChanged, until every
+        transport we listen on has one (a QUIC observation comes from a connection of its own)."""
+        assert self.observer is not None
+
+        def missing() -> bool:
+            assert self.observer is not None
+            return not self.our_addrs() or bool(self.observer.observed.missing(trio.current_time(), self.host.listen_addrs))
+
         with self.host.events.subscribe(ObservedAddrChanged) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
-            while not self.our_addrs():
+            while missing():
                 await changes.receive()
 
     @contextmanager
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:
-        """While we punch as the upgrade's client, an inbound connection from one of ``addrs`` is
-        this punch (``classify_inbound``)."""
-        registered = [addr for addr in addrs if role is Direction.OUTBOUND and addr not in self._expected]
+        """While we punch, an inbound connection from one of ``addrs`` is this punch
+        (``classify_inbound``): over TCP only when we are the upgrade's client (as its server, a
+        plain inbound connection is what we expect anyway), over QUIC always."""
+        registered = [
+            addr for addr in addrs
+            if addr not in self._expected and (role is Direction.OUTBOUND or punch_transport(addr) == "quic")
+        ]
         for addr in registered:
-            self._expected[addr] = peer
+            self._expected[addr] = (peer, role)
         try:
             yield
         finally:
             for addr in registered:
                 self._expected.pop(addr, None)
 
-    async def _punch(self, peer: PeerID, step: PunchStep) -> Connection | None:
-        """Dial every address at once from our listen port; the first direct connection wins,
-        whether ours or the one the peer's SYN opened on our listener (DirectConnectionUp)."""
-        winner: list[Connection] = []
-        budget = limits.DCUTR_DIAL_TIMEOUT + self.host.config.handshake_timeout
-        with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_after(budget):
+    async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
+        """Punch every address at once, within the step's budget: TCP by dialling from our listen
+        port, QUIC by dialling (as the client) or by sending punch packets (as the server). The
+        first direct connection wins, ours or one the peer opened to us (DirectConnectionUp).
+        Returns it (or None) and whether it was our own dial."""
+        winner: list[tuple[Connection, bool]] = []
+        quic = self.host.service(QuicTransport)
+        with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_after(step.budget):
             async with trio.open_nursery() as nursery:
 
-                async def dial(addr: Multiaddr) -> None:
+                def won(conn: Connection, ours: bool) -> None:
+                    winner.append((conn, ours))
+                    nursery.cancel_scope.cancel()
+
+                async def dial(addr: Multiaddr, options: dict) -> None:
                     try:
-                        # From our listen port only: any other port has no NAT mapping to punch.
-                        conn = await self.host.dial_addr(addr, peer, role=step.role, path=Path.HOLE_PUNCHED, reuse_port_only=True)
+                        conn = await self.host.dial_addr(addr, peer, role=step.role, path=Path.HOLE_PUNCHED, **options)
                     except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                         log.debug("punch to %s failed: %s", addr, describe(exc))
                         return
-                    winner.append(conn)
-                    nursery.cancel_scope.cancel()
+                    won(conn, True)
+
+                async def spray(addr: Multiaddr) -> None:
+                    # random packets from the shared socket open our NAT toward the peer's dial
+                    for gap in punch_gaps(random.random(), step.budget):
+                        if quic is None or not quic.punch(addr):
+                            return
+                        await trio.sleep(gap)
 
                 async def watch() -> None:
                     existing = self.host.connection_to(peer)
                     if _is_direct(existing):
-                        winner.append(existing)
-                        nursery.cancel_scope.cancel()
+                        won(existing, False)
                         return
                     async for event in direct_ups:
                         if isinstance(event, DirectConnectionUp) and event.peer == peer:
-                            winner.append(event.connection)
-                            nursery.cancel_scope.cancel()
+                            conn = event.connection
+                            # as QUIC's server we wait for the peer's dial: that one is ours too
+                            expected = conn.transport == "quic" and step.role is Direction.INBOUND
+                            won(conn, conn.direction is Direction.OUTBOUND or expected)
                             return
 
                 nursery.start_soon(watch)
                 for addr in step.addrs:
-                    nursery.start_soon(dial, addr)
-        return winner[0] if winner else None
+                    transport = punch_transport(addr)
+                    if transport == "tcp":
+                        # From our listen port only: any other port has no NAT mapping to punch.
+                        nursery.start_soon(dial, addr, {"reuse_port_only": True, "redial_refused_for": step.budget})
+                    elif transport == "quic" and step.role is Direction.OUTBOUND:
+                        nursery.start_soon(dial, addr, {"reuse_port_only": True})
+                    elif transport == "quic":
+                        nursery.start_soon(spray, addr)
+        return winner[0] if winner else (None, False)
 
 
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:

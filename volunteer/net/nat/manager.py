@@ -169,6 +169,7 @@ class NatManager(BaseService):
                 for status in (self.reservations.relays if self.reservations else [])
             ],
             "hole_punches": [vars(o) for o in (puncher.outcomes[-10:] if puncher else [])],
+            "hole_punching": puncher.snapshot() if puncher else None,
             "probes": [
                 {"server": str(r.server), "reachable": r.reachable, "addr": str(r.addr) if r.addr else None, "text": r.text}
                 for r in self.last_results

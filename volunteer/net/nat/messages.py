@@ -2,8 +2,8 @@
 
 A HolePunch message is a varint-delimited protobuf: a type (CONNECT or SYNC) and the sender's
 observed addresses. Decoding never trusts the peer: the body is capped at DCUTR_MAX_MESSAGE, at
-most DCUTR_MAX_ADDRS_READ addresses are looked at, and only direct TCP ones (at most
-DCUTR_MAX_PUNCH_ADDRS) survive, because those are the only ones a TCP hole punch can use.
+most DCUTR_MAX_ADDRS_READ addresses are looked at, and only direct TCP and QUIC v1 ones (at most
+DCUTR_MAX_PUNCH_ADDRS of each) survive, because those are the ones a hole punch can use.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class PunchMessage:
 
 def encode(kind: int, addrs: Sequence[Multiaddr] = ()) -> bytes:
     """A delimited HolePunch of ``kind`` carrying ``addrs`` (at most DCUTR_MAX_PUNCH_ADDRS)."""
-    message = HolePunch(type=kind, ObsAddrs=[a.to_bytes() for a in list(addrs)[: limits.DCUTR_MAX_PUNCH_ADDRS]])
+    message = HolePunch(type=kind, ObsAddrs=[a.to_bytes() for a in list(addrs)[: 2 * limits.DCUTR_MAX_PUNCH_ADDRS]])
     body = message.SerializeToString()
     return encode_uvarint(len(body)) + body
 
@@ -49,9 +49,21 @@ def decode(body: bytes, expected: int) -> PunchMessage:
     return PunchMessage(message.type, tuple(punchable(message.ObsAddrs)))
 
 
+def punch_transport(addr: Multiaddr) -> str | None:
+    """``tcp`` or ``quic`` for a direct address a hole punch can use; None for anything else."""
+    names = addr.protocols()
+    if len(names) == 2 and names[0] in ("ip4", "ip6") and names[1] == "tcp":
+        return "tcp"
+    if len(names) == 3 and names[0] in ("ip4", "ip6") and names[1] == "udp" and names[2] == "quic-v1":
+        return "quic"
+    return None
+
+
 def punchable(raw_addrs: Iterable[bytes]) -> list[Multiaddr]:
-    """Addresses we can hole punch: direct TCP ones, at most DCUTR_MAX_PUNCH_ADDRS."""
+    """Addresses we can hole punch: direct TCP and QUIC v1 ones, at most DCUTR_MAX_PUNCH_ADDRS
+    of each transport, in the order given."""
     addrs: list[Multiaddr] = []
+    per_transport: dict[str, int] = {}
     for index, raw in enumerate(raw_addrs):
         if index >= limits.DCUTR_MAX_ADDRS_READ:
             break
@@ -59,10 +71,12 @@ def punchable(raw_addrs: Iterable[bytes]) -> list[Multiaddr]:
             addr = Multiaddr.from_bytes(raw).without_peer_id()
         except VolunteerError:
             continue
-        names = addr.protocols()
-        if len(names) == 2 and names[0] in ("ip4", "ip6") and names[1] == "tcp" and addr not in addrs:
-            addrs.append(addr)
-    return addrs[: limits.DCUTR_MAX_PUNCH_ADDRS]
+        transport = punch_transport(addr)
+        if transport is None or addr in addrs or per_transport.get(transport, 0) >= limits.DCUTR_MAX_PUNCH_ADDRS:
+            continue
+        per_transport[transport] = per_transport.get(transport, 0) + 1
+        addrs.append(addr)
+    return addrs
 
 
-__all__ = ["CONNECT", "SYNC", "HolePunch", "PunchMessage", "decode", "encode", "punchable"]
+__all__ = ["CONNECT", "SYNC", "HolePunch", "PunchMessage", "decode", "encode", "punch_transport", "punchable"]

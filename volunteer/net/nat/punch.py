@@ -7,7 +7,12 @@ the peer (A) receives SYNC and dials at once, so both SYNs cross in the NATs' ma
 
 Roles of the upgrade: the spec makes B the client (Noise initiator) and A the server; go-libp2p
 v0.32 and older swap them, so the last attempt swaps them too and either kind of peer succeeds
-within ``max_attempts``.
+within ``max_attempts``. Over QUIC the client dials and the server sends random UDP packets to
+the client's address until the client's dial arrives (go-libp2p's ``holePunch``): the same roles
+decide who does which. Both transports are tried at once; the first direct connection wins.
+
+A failed attempt is bounded by the relayed round trip (``budget``), not by dial and handshake
+timeouts, so the next attempt's CONNECT comes long before the other side stops waiting for it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,42 @@ def attempt_roles(attempt: int, max_attempts: int = limits.DCUTR_MAX_ATTEMPTS) -
     return Direction.OUTBOUND, Direction.INBOUND
 
 
+def punch_budget(rtt: float | None) -> float:
+    """Seconds one attempt's dials and handshakes may take: DCUTR_PUNCH_RTTS relayed round trips,
+    within [DCUTR_MIN_PUNCH, DCUTR_MAX_PUNCH] (the maximum when the round trip is unknown)."""
+    if rtt is None:
+        return limits.DCUTR_MAX_PUNCH
+    return min(limits.DCUTR_MAX_PUNCH, max(limits.DCUTR_MIN_PUNCH, limits.DCUTR_PUNCH_RTTS * rtt))
+
+
+def punch_gaps(seed: float, budget: float = limits.QUIC_HOLE_PUNCH_TIMEOUT) -> list[float]:
+    """The pauses between UDP punch packets: from QUIC_HOLE_PUNCH_FIRST_GAP, each a little longer
+    with jitter (``seed`` in [0, 1) picks it), at most QUIC_HOLE_PUNCH_MAX_GAP, until ``budget``
+    seconds are spent (go-libp2p's ``holePunch``; DCUtR asks for 10-200 ms)."""
+    gaps: list[float] = []
+    gap, spent, jitter = limits.QUIC_HOLE_PUNCH_FIRST_GAP, 0.0, seed
+    while spent + gap <= budget:
+        gaps.append(gap)
+        spent += gap
+        jitter = (jitter * 7.3 + 0.37) % 1.0  # deterministic for a seed: tests can replay it
+        gap = min(limits.QUIC_HOLE_PUNCH_MAX_GAP, gap * (1.2 + 0.3 * jitter))
+    return gaps
+
+
+def should_repunch(last_try: float | None, now: float, *, punching: bool, has_direct: bool) -> bool:
+    """After a network change (our addresses or reachability), punch a relayed peer again unless
+    a punch is running, a direct connection exists, or the last try was under
+    DCUTR_REPUNCH_INTERVAL ago."""
+    if punching or has_direct:
+        return False
+    return last_try is None or now - last_try >= limits.DCUTR_REPUNCH_INTERVAL
+
+
+DIRECT = "direct"  # our dial reached the peer
+REVERSED = "reversed"  # the peer's dial (or SYN) reached our listener first
+FAILED = "failed"
+
+
 @dataclass
 class PunchOutcome:
     """What happened to one hole punch (shown by the dashboard and the benchmark)."""
@@ -38,6 +79,8 @@ class PunchOutcome:
     seconds: float = 0.0  # from the relayed connection to the direct one
     error: str = ""
     roles_swapped: bool = False
+    transport: str = ""  # what the direct connection runs on: "quic" or "tcp"
+    result: str = FAILED  # DIRECT, REVERSED or FAILED
 
     @property
     def rtts(self) -> float | None:
@@ -54,6 +97,7 @@ class PunchStep:
     role: Direction
     addrs: tuple[Multiaddr, ...]
     dial_at: float
+    budget: float = limits.DCUTR_MAX_PUNCH  # seconds the dials and handshakes may take
 
     @property
     def expects_inbound_punch(self) -> bool:
@@ -74,6 +118,8 @@ class PunchPlan:
     outcome: PunchOutcome = field(init=False)
     _connect_sent_at: float | None = field(default=None, init=False)
     _remote_addrs: tuple[Multiaddr, ...] = field(default=(), init=False)
+    # attempts counted by transport and result: {"quic": {"direct": 1}, "tcp": {"failed": 1}}
+    tally: dict[str, dict[str, int]] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.outcome = PunchOutcome(self.peer)
@@ -107,32 +153,50 @@ class PunchPlan:
         self.outcome.rtt = rtt
         role = self.our_role(self.attempt)
         self.outcome.roles_swapped = role is Direction.INBOUND
-        step = PunchStep(self.attempt, role, tuple(remote_addrs), dial_at=now + rtt / 2)
+        step = PunchStep(self.attempt, role, tuple(remote_addrs), dial_at=now + rtt / 2, budget=punch_budget(rtt))
         if not step.addrs:
             self.outcome.error = "the peer sent no addresses to punch"
         return step
 
     # --- responder (A) -----------------------------------------------------------------------
-    def peer_connect(self, remote_addrs: Sequence[Multiaddr]) -> int:
-        """A got B's CONNECT: a new attempt starts (A answers with its own CONNECT)."""
+    def peer_connect(self, remote_addrs: Sequence[Multiaddr], now: float | None = None) -> int:
+        """A got B's CONNECT (and answers with its own at ``now``): a new attempt starts."""
         if not self.attempts_left:
             raise ValueError("no hole punch attempts left")
         self.attempt += 1
         self.outcome.attempts = self.attempt
         self._remote_addrs = tuple(remote_addrs)
+        self._connect_sent_at = now
         return self.attempt
 
     def sync_received(self, now: float) -> PunchStep:
-        """A got SYNC: dial now (B dials half a round trip after sending it, i.e. at the same moment)."""
+        """A got SYNC: dial now (B dials half a round trip after sending it, i.e. at the same moment).
+        From our CONNECT to B's SYNC is one relayed round trip: it sizes the attempt's budget."""
         role = self.our_role(self.attempt)
         self.outcome.roles_swapped = role is Direction.OUTBOUND
-        return PunchStep(self.attempt, role, self._remote_addrs, dial_at=now)
+        if self._connect_sent_at is not None:
+            self.outcome.rtt = max(0.0, now - self._connect_sent_at)
+            self._connect_sent_at = None
+        return PunchStep(self.attempt, role, self._remote_addrs, dial_at=now, budget=punch_budget(self.outcome.rtt))
 
     # --- either side -------------------------------------------------------------------------
-    def succeeded(self, now: float) -> PunchOutcome:
-        """A direct connection is up."""
+    def attempt_ended(self, tried: Sequence[str], transport: str | None, result: str) -> None:
+        """Count an attempt: over ``transport`` with ``result`` (DIRECT or REVERSED) when it gave a
+        direct connection, else FAILED for every transport ``tried``."""
+        if transport is not None and result != FAILED:
+            counts = self.tally.setdefault(transport, {})
+            counts[result] = counts.get(result, 0) + 1
+            return
+        for name in tried:
+            counts = self.tally.setdefault(name, {})
+            counts[FAILED] = counts.get(FAILED, 0) + 1
+
+    def succeeded(self, now: float, transport: str = "", result: str = DIRECT) -> PunchOutcome:
+        """A direct connection is up (over ``transport``; ``result``: DIRECT or REVERSED)."""
         self.outcome.success = True
         self.outcome.error = ""
+        self.outcome.transport = transport
+        self.outcome.result = result
         return self.finish(now)
 
     def failed(self, error: str, now: float) -> PunchOutcome:
@@ -146,4 +210,15 @@ class PunchPlan:
         return self.outcome
 
 
-__all__ = ["PunchOutcome", "PunchPlan", "PunchStep", "attempt_roles"]
+__all__ = [
+    "DIRECT",
+    "FAILED",
+    "REVERSED",
+    "PunchOutcome",
+    "PunchPlan",
+    "PunchStep",
+    "attempt_roles",
+    "punch_budget",
+    "punch_gaps",
+    "should_repunch",
+]

@@ -1,5 +1,6 @@
-"""What every transport gives the Host: raw, unauthenticated byte streams with their addresses,
-how each one reaches its peer (``Path``) and which side of the upgrade we play (``Direction``)."""
+"""What every transport gives the Host: raw, unauthenticated byte streams (or, from QUIC, sessions
+already secured and multiplexed) with their addresses, how each one reaches its peer (``Path``)
+and which side of the upgrade we play (``Direction``)."""
 
 from __future__ import annotations
 
@@ -31,20 +32,65 @@ class Path(enum.Enum):
     HOLE_PUNCHED = "hole-punched"
 
 
-class RawConnection:
-    """A raw (not yet secured) connection and where it goes.
+class NativeSession(Protocol):
+    """A connection that a transport secured and multiplexed itself (QUIC): the Host skips
+    Noise and yamux and uses it as both the secure channel and the muxer."""
 
+    closed: trio.Event
+
+    @property
+    def remote_peer(self) -> "PeerID": ...
+
+    def check_expected(self, expected: "PeerID | None") -> None: ...
+
+    def attach_scope(self, scope: Any) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class RawConnection:
+    """A connection as a transport hands it over, and where it goes.
+
+    Stream transports (TCP, memory, a relay circuit) give a byte ``stream`` still to be secured;
+    QUIC gives a ``session`` that is already secured and multiplexed (and no stream).
     ``path`` and ``relay_peer`` are set by transports that know better than DIRECT (the relay
     transport, hole punching).
     """
 
-    def __init__(self, stream: trio.abc.HalfCloseableStream, local_addr: Multiaddr, remote_addr: Multiaddr, transport: Any) -> None:
+    def __init__(
+        self,
+        stream: trio.abc.HalfCloseableStream | None,
+        local_addr: Multiaddr,
+        remote_addr: Multiaddr,
+        transport: Any,
+        *,
+        session: NativeSession | None = None,
+    ) -> None:
+        if stream is not None and session is not None:
+            raise ValueError("a raw connection has a byte stream or a native session, not both")
         self.stream = stream
+        self.session = session
         self.local_addr = local_addr
         self.remote_addr = remote_addr
         self.transport = transport
         self.relay_peer: PeerID | None = None
         self.path: Path | None = None  # None: DIRECT
+
+    @property
+    def byte_stream(self) -> trio.abc.HalfCloseableStream:
+        """The stream to secure; ValueError for a connection that came secured (QUIC)."""
+        if self.stream is None:
+            raise ValueError(f"{self} came secured and multiplexed: it has no byte stream")
+        return self.stream
+
+    async def abort(self) -> None:
+        """Close the connection at once (a failed upgrade, a cancelled dial)."""
+        if self.session is not None:
+            with trio.CancelScope() as forcefully:
+                forcefully.cancel()
+                await self.session.aclose()
+        elif self.stream is not None:
+            await trio.aclose_forcefully(self.stream)
 
     def __repr__(self) -> str:
         return f"<RawConnection {self.local_addr} -> {self.remote_addr}>"

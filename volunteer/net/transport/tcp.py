@@ -14,6 +14,7 @@ import socket
 import trio
 
 from ...errors import MultiaddrError
+from .. import limits
 from ..multiaddr import Multiaddr
 from .base import InboundHandler, RawConnection
 
@@ -60,6 +61,7 @@ class TcpTransport:
         self.reuse_port = reuse_port and hasattr(socket, "SO_REUSEPORT")
         # (family, bound ip, port) of every listener: dials reuse the port of the same family.
         self.listen_endpoints: list[tuple[int, str, int]] = []
+        self.refused_redials = 0  # refused punches dialled again (see dial's redial_refused_for)
 
     @property
     def listen_ports(self) -> list[int]:
@@ -78,13 +80,31 @@ class TcpTransport:
         local_port: int | None = None,
         reuse_port_only: bool = False,
         local_host: str | None = None,
+        redial_refused_for: float = 0.0,
     ) -> RawConnection:
         """Connect; from ``local_port`` (default: our listen port) when port reuse is on.
 
         ``reuse_port_only``: fail rather than fall back to an ephemeral port (hole punching).
         ``local_host``: the source address to leave from (a loopback alias in tests, one NIC of
         several), with ``local_port`` or an ephemeral port.
+        ``redial_refused_for``: seconds during which a refused connection (ECONNREFUSED) is dialled
+        again TCP_REFUSED_REDIAL_DELAY later. A punched SYN can reach the peer's router before the
+        peer's own SYN has left, and a router that answers unsolicited SYNs with a RST refuses it;
+        the same SYN a moment later meets the mapping the peer's SYN opened.
         """
+        deadline = trio.current_time() + redial_refused_for
+        while True:
+            try:
+                return await self._dial_once(addr, local_port=local_port, reuse_port_only=reuse_port_only, local_host=local_host)
+            except ConnectionRefusedError:
+                if trio.current_time() + limits.TCP_REFUSED_REDIAL_DELAY >= deadline:
+                    raise
+                self.refused_redials += 1
+                await trio.sleep(limits.TCP_REFUSED_REDIAL_DELAY)
+
+    async def _dial_once(
+        self, addr: Multiaddr, *, local_port: int | None, reuse_port_only: bool, local_host: str | None
+    ) -> RawConnection:
         host, port = tcp_endpoint(addr)
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         if not infos:

@@ -1,0 +1,26 @@
+"""The bounds of a QUIC connection, in a module of their own: naming them loads no aioquic
+(a Host that never speaks QUIC never pays for importing it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import limits
+
+
+@dataclass(frozen=True)
+class QuicLimits:
+    """The bounds of one QUIC connection (defaults from volunteer.net.limits)."""
+
+    max_streams: int = limits.QUIC_MAX_STREAMS
+    stream_window: int = limits.QUIC_STREAM_WINDOW
+    connection_window: int = limits.QUIC_CONNECTION_WINDOW
+    send_buffer: int = limits.QUIC_SEND_BUFFER
+    accept_backlog: int = limits.QUIC_ACCEPT_BACKLOG
+    idle_timeout: float = limits.QUIC_IDLE_TIMEOUT
+    keepalive_interval: float = limits.QUIC_KEEPALIVE_INTERVAL
+    max_datagram: int = limits.QUIC_MAX_DATAGRAM
+    loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
+
+
+__all__ = ["QuicLimits"]
