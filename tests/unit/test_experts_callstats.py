@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from volunteer.experts.callstats import AUTO, CallReport, CallStats, choose_compression
+from volunteer.experts.callstats import AUTO, MIN_WIRE_SAVING_S, CallReport, CallStats, choose_compression
 from volunteer.experts.tensors import BLOCKWISE8_64, FLOAT16, NONE, deserialize, encode
 
 
@@ -43,10 +43,11 @@ def test_stats_sum_per_expert_and_host_and_keep_the_smallest_round_trip():
 
 def test_a_links_bytes_cost_compares_the_calls_transfer_with_their_round_trip():
     stats = CallStats()
-    assert stats.bytes_cost("p") is None  # nothing measured yet
+    assert stats.bytes_cost("p") is None and stats.wire_seconds("p") is None  # nothing measured yet
     # 0.4 s on the network, 0.1 s of it the round trip: 200 kB (float16) took 0.3 s, 3 round trips
     stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=100_000, bytes_in=100_000))
     assert stats.bytes_cost("p") == pytest.approx(3.0)
+    assert stats.wire_seconds("p") == pytest.approx(0.3)
     # the same call in 8-bit moves about half the bytes in the same time: as float16 they would cost twice
     slow = CallStats()
     slow.record("e.0", "p", report(compression=BLOCKWISE8_64, bytes_out=100_000, bytes_in=100_000))
@@ -63,9 +64,22 @@ def test_a_links_bytes_cost_compares_the_calls_transfer_with_their_round_trip():
 
 def test_auto_picks_half_by_default_and_8_bit_where_bytes_outweigh_the_round_trip():
     assert choose_compression(AUTO, None) == FLOAT16
-    assert choose_compression(AUTO, 0.5) == FLOAT16
-    assert choose_compression(AUTO, 2.5) == BLOCKWISE8_64
-    assert choose_compression(AUTO, float("nan")) == FLOAT16
+    assert choose_compression(AUTO, 0.5, 0.1) == FLOAT16
+    assert choose_compression(AUTO, 2.5, 0.1) == BLOCKWISE8_64
+    assert choose_compression(AUTO, float("nan"), 0.1) == FLOAT16
+    assert choose_compression(AUTO, 2.5, None) == FLOAT16  # no wire time measured: nothing to save
+
+
+def test_auto_keeps_half_where_8_bit_would_save_only_microseconds():
+    # loopback: a 0.1 ms round trip, the payload's 1 ms on the wire is ten round trips, yet
+    # halving it saves 0.5 ms: not worth the rounding
+    assert choose_compression(AUTO, 10.0, 0.001) == FLOAT16
+    assert choose_compression(AUTO, 10.0, 4 * MIN_WIRE_SAVING_S) == BLOCKWISE8_64
+    stats = CallStats()
+    stats.record("e.0", "p", report(compression=FLOAT16, sent=10.001, first_reply=10.002, done=10.0021,
+                                           server_s=0.0, bytes_out=1000, bytes_in=1000), rtt=0.0001)
+    assert stats.bytes_cost("p") > 1
+    assert choose_compression(AUTO, stats.bytes_cost("p"), stats.wire_seconds("p")) == FLOAT16
     for fixed in (NONE, FLOAT16, BLOCKWISE8_64):
         assert choose_compression(fixed, 9.0) == fixed  # a user's explicit choice stands
 

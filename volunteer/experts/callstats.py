@@ -23,6 +23,9 @@ RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figure
 LATENCY_BOUND_FLOOR = 0.1
 # Payload bytes of a call in float16, per payload byte in the encoding it used.
 AS_HALF = {NONE: 0.5, FLOAT16: 1.0, BLOCKWISE8_64: 2 / (1 + 4 / 64), BLOCKWISE8_256: 2 / (1 + 4 / 256)}
+# 8-bit is worth its rounding and its CPU only where it saves at least this much wire time per
+# call: on loopback or a LAN a call's bytes outlast its (tiny) round trip, yet take microseconds.
+MIN_WIRE_SAVING_S = 0.005
 
 
 @dataclasses.dataclass
@@ -132,6 +135,15 @@ class CallStats:
         rate, half_bytes = link
         return half_bytes / rate / rtt
 
+    def wire_seconds(self, peer: str) -> float | None:
+        """Seconds a call's payload to ``peer`` takes on the wire in float16 (None before a call
+        to it was measured)."""
+        link = self._links.get(peer)
+        if link is None:
+            return None
+        rate, half_bytes = link
+        return half_bytes / rate
+
     def snapshot(self, prefix: str | None = None) -> dict[str, list[dict]]:
         """``{uid: [per-host summary, ...]}``, for uids under ``prefix`` (all when None)."""
         out: dict[str, list[dict]] = {}
@@ -164,16 +176,19 @@ class CallStats:
             self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
 
 
-def choose_compression(setting: str, bytes_cost: float | None) -> str:
+def choose_compression(setting: str, bytes_cost: float | None, wire_seconds: float | None = None) -> str:
     """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then float16
     (tensors.serialize keeps values float16 cannot hold faithfully in another encoding), or
     8-bit blockwise where the link makes a call's float16 bytes cost more than its round trip
-    (``CallStats.bytes_cost`` above 1: a home uplink shared by a step's calls)."""
+    (``CallStats.bytes_cost`` above 1: a home uplink shared by a step's calls) and halving them
+    saves at least ``MIN_WIRE_SAVING_S`` (``wire_seconds``: ``CallStats.wire_seconds``)."""
     if setting != AUTO:
         return setting
-    if bytes_cost is not None and math.isfinite(bytes_cost) and bytes_cost > 1.0:
-        return BLOCKWISE8_64
-    return FLOAT16
+    if bytes_cost is None or not math.isfinite(bytes_cost) or bytes_cost <= 1.0:
+        return FLOAT16
+    if wire_seconds is None or not math.isfinite(wire_seconds) or wire_seconds / 2 < MIN_WIRE_SAVING_S:
+        return FLOAT16
+    return BLOCKWISE8_64
 
 
-__all__ = ["AUTO", "CallReport", "CallStats", "HostSummary", "choose_compression"]
+__all__ = ["AUTO", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]

@@ -254,7 +254,10 @@ class _Call:
         ))
 
     def _encoding(self) -> str:
-        return choose_compression(self.compression, self.stats.bytes_cost(self.peer_name) if self.stats else None)
+        if self.stats is None:
+            return choose_compression(self.compression, None)
+        return choose_compression(
+            self.compression, self.stats.bytes_cost(self.peer_name), self.stats.wire_seconds(self.peer_name))
 
     async def _recorded(self, report: CallReport, call):
         if self.stats is None:
