@@ -120,17 +120,25 @@ def row_from_steps(profile: str, system: str, steps: Sequence[dict], batch: int,
 
 
 HEADER = (f"{'profile':8} {'trainer':9} {'median':>8} {'p95':>8} {'samples/s':>9} {'up/step':>9} "
-          f"{'down/step':>9} {'RTs':>5} {'limit':>7} {'ratio':>6} {'vs hm':>6}")
+          f"{'down/step':>9} {'RTs':>5} {'limit':>7} {'ratio':>6} {'vs hm':>6} {'vs tcp':>6}")
 
 
-def format_row(row: Row, hivemind: Row | None = None) -> str:
-    """One table line; ``vs hm``: our samples/s over hivemind's on the same profile."""
+def tcp_floor(tcp: Row, compute: float) -> float:
+    """A step's measured floor: raw TCP moving the step's payload in its two exchanges over the
+    same lines (``tcp``'s median), plus the experts' compute."""
+    return tcp.step_median + compute
+
+
+def format_row(row: Row, hivemind: Row | None = None, floor: float | None = None) -> str:
+    """One table line; ``vs hm``: our samples/s over hivemind's on the same profile; ``vs tcp``:
+    our median step over ``floor`` (``tcp_floor``)."""
     versus = f"{row.samples_per_s / hivemind.samples_per_s:5.2f}x" if hivemind and hivemind.samples_per_s else "     -"
+    over_tcp = f"{row.step_median / floor:5.2f}x" if floor else "     -"
     if row.system != "ours":
-        versus = "      "
+        versus = over_tcp = "      "
     return (f"{row.profile:8} {row.system:9} {row.step_median:7.3f}s {row.step_p95:7.3f}s {row.samples_per_s:9.1f} "
             f"{row.bytes_up / 1e6:7.2f}MB {row.bytes_down / 1e6:7.2f}MB {row.round_trips:5.1f} "
-            f"{row.limit:6.3f}s {row.ratio:5.2f}x {versus}")
+            f"{row.limit:6.3f}s {row.ratio:5.2f}x {versus} {over_tcp}").rstrip()
 
 
 def last_line(ours: Sequence[Row], hivemind: Sequence[Row]) -> str:

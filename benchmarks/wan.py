@@ -22,7 +22,9 @@ each way (their payload in the encoding our trainer's calls used) over the slowe
 cross + the experts'
 compute, measured locally (one volunteer's share in a fresh process; the four volunteers share
 this machine's cores, so a step's compute is that times 4 over the cores: _wan_compute).
-Every process runs torch with one thread. The last line reads
+Between the two, raw TCP moves our step's payload in the same two exchanges between the same
+homes (_wan_rawtcp; not on ``relayed``): ``vs tcp`` is our median step over that plus the
+compute, a floor measured on the rig rather than computed. Every process runs torch with one thread. The last line reads
 ``wan: limit ratio worst X.XX, vs hivemind worst Y.YY×``.
 """
 
@@ -43,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _wan_compute import measure as measure_compute, step_compute  # noqa: E402
-from _wan_figures import HEADER, Line, StepBytes, format_row, last_line, limit_seconds, row_from_steps  # noqa: E402
+from _wan_figures import (HEADER, Line, StepBytes, format_row, last_line, limit_seconds, row_from_steps,  # noqa: E402
+                          tcp_floor)
 from hivemind_runner import VENV as HIVEMIND_VENV  # noqa: E402
 from tests.nat import lines  # noqa: E402
 from tests.nat import rig as rigmod  # noqa: E402
@@ -55,6 +58,7 @@ EXPERTS_PER_VOLUNTEER = 4
 HIDDEN, BATCH, K_BEST = 1024, 64, 4
 HIVEMIND_STEPS = 20  # hivemind's steps take ten times ours: this many are measured unless asked
 PORT = 4001
+RAW_TCP_PORT = 4002  # benchmarks/_wan_rawtcp.py's volunteers (forwarded like PORT)
 RELAY_ADDR = "203.0.113.10"
 START_TIMEOUT = 120.0
 PY = sys.executable
@@ -265,6 +269,23 @@ def run_hivemind(rig: rigmod.Rig, args, workdir: Path) -> tuple[dict, list] | No
         procs.stop()
 
 
+def run_raw_tcp(rig: rigmod.Rig, args, need: StepBytes, workdir: Path) -> tuple[dict, list]:
+    """Raw TCP moving our step's payload in its two exchanges between the same homes
+    (_wan_rawtcp: the same volunteers' forwarded ports, no compute, no protocol)."""
+    script = str(ROOT / "benchmarks" / "_wan_rawtcp.py")
+    procs = Procs(rig, workdir)
+    try:
+        servers = [procs.launch(f"vol{i}", [PY, script, "serve", "--port", str(RAW_TCP_PORT)]) for i in range(VOLUNTEERS)]
+        for handle in servers:
+            procs.wait(handle, "READY")
+        targets = [f"{rig.addr(f'nat_vol{i}')}:{RAW_TCP_PORT}" for i in range(VOLUNTEERS)]
+        argv = [PY, script, "step", *targets, "--out", str(int(need.to_volunteers)), "--back", str(int(need.to_trainer)),
+                "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        return _trainer(rig, argv, timeout=_trainer_timeout(args))
+    finally:
+        procs.stop()
+
+
 def _trainer_timeout(args) -> float:
     return START_TIMEOUT + 60.0 * (args.steps + args.warmup) + 300.0
 
@@ -282,12 +303,21 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         if not relayed:
             for i in range(VOLUNTEERS):
                 rig.forward_port(f"nat_vol{i}", PORT, f"vol{i}")
+                rig.forward_port(f"nat_vol{i}", RAW_TCP_PORT, f"vol{i}")
         (workdir / "ours").mkdir()
         ours, sends = run_ours(rig, args, relayed, workdir / "ours")
         need = StepBytes(ours["payload_out"], ours["payload_in"])
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
         result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need)
         result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
+        if relayed:
+            print(f"raw tcp on {profile}: n/a (the volunteers take no direct connection; a relay is no raw TCP)",
+                  flush=True)
+        else:
+            (workdir / "rawtcp").mkdir()
+            raw, raw_sends = run_raw_tcp(rig, args, need, workdir / "rawtcp")
+            result["rawtcp"] = row_from_steps(profile, "raw tcp", raw["steps"], BATCH, limit, raw_sends, line.rtt)
+            result["floor"] = tcp_floor(result["rawtcp"], compute)
         if relayed and not args.skip_hivemind:
             print(f"hivemind on {profile}: n/a ({HIVEMIND_NOT_RELAYED})", flush=True)
         elif not args.skip_hivemind:
@@ -301,6 +331,13 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
                 result["hivemind"] = row_from_steps(profile, "hivemind", theirs[0]["steps"], BATCH, limit,
                                                     theirs[1], line.rtt)
     return result
+
+
+def _print_rows(res: dict) -> None:
+    print(format_row(res["ours"], res.get("hivemind"), res.get("floor")))
+    for other in ("hivemind", "rawtcp"):
+        if res.get(other):
+            print(format_row(res[other]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,18 +364,14 @@ def main(argv: list[str] | None = None) -> int:
               f"out + {res['need'].to_trainer / 1e6:.2f} MB back per step; limit {res['limit']:.3f} s; paths "
               f"{sorted(set((res['paths'] or {}).values()))}", flush=True)
         print(HEADER)
-        print(format_row(res["ours"], res.get("hivemind")))
-        if res.get("hivemind"):
-            print(format_row(res["hivemind"]))
+        _print_rows(res)
     print()
     print(HEADER)
     for res in results:
-        print(format_row(res["ours"], res.get("hivemind")))
-        if res.get("hivemind"):
-            print(format_row(res["hivemind"]))
+        _print_rows(res)
     if args.json:
         Path(args.json).write_text(json.dumps({"compute": {**alone, "step": compute}, "results": [
-            {**r, "ours": vars(r["ours"]), "hivemind": vars(r["hivemind"]) if r.get("hivemind") else None}
+            {**r, **{k: vars(r[k]) if r.get(k) else None for k in ("ours", "hivemind", "rawtcp")}}
             for r in results]}, indent=1, default=str))
     print(last_line([r["ours"] for r in results], [r["hivemind"] for r in results if r.get("hivemind")]))
     return 0

@@ -74,6 +74,18 @@ def test_rows_and_the_last_line_read_as_a_script_expects():
     assert "x" in figures.format_row(ours, theirs) and figures.format_row(theirs).startswith("cable    hivemind")
 
 
+def test_the_tcp_column_compares_our_step_with_raw_tcp_plus_the_compute():
+    ours = figures.Row("cable", "ours", 1.2, 1.5, 50.0, 0, 0, 2, 1.0, 20)
+    tcp = figures.Row("cable", "raw tcp", 0.5, 0.6, 128.0, 0, 0, 2, 1.0, 20)
+    floor = figures.tcp_floor(tcp, compute=0.3)
+    assert floor == pytest.approx(0.8)
+    assert figures.format_row(ours, None, floor).endswith(" 1.50x")  # 1.2 s over 0.8 s
+    assert figures.format_row(ours).endswith("-")  # no raw TCP row: no figure
+    assert "1.50x" not in figures.format_row(tcp, None, floor)  # only our row carries the ratios
+    hivemind = figures.Row("cable", "hivemind", 4.0, 5.0, 25.0, 0, 0, 6, 1.0, 20)
+    assert figures.format_row(ours, hivemind, floor).endswith(" 2.00x  1.50x")  # vs hm, then vs tcp
+
+
 def test_profiles_cross_the_lines_they_say():
     cable, base = wan.line_of("cable")
     assert base == "cable" and cable.rtt == pytest.approx(0.08) and cable.trainer_up == 10e6
