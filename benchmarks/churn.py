@@ -1,9 +1,12 @@
-"""Replicated experts under churn (issue 13), side by side in one run:
+"""Replicated experts under churn, side by side in one run:
 
 1. catch-up: time for a joiner to download an expert of ~8 M parameters (ffn, hidden 1024:
    parameters + Adam state, sha256-verified) from a live replica over loopback;
-2. sync traffic: bytes one replica sends in one sync round of that expert, and per minute at the
-   default sync_period (30 s) with 2 replicas;
+2. sync round: bytes one replica sends in one sync round of that expert, and per minute at the
+   default sync_period (30 s) with 2 replicas; the round's time, and the longest stall of the
+   event loop that both replicas share while it runs (a task asking to wake every millisecond
+   notes how late it wakes: tensor work done on the loop shows up here, work on a runtime's
+   worker does not);
 3. accuracy under churn: ``examples/train_digits.py --churn`` with replicas 1 and with replicas 2
    (best test accuracy, experts lost, updates lost).
 
@@ -66,12 +69,27 @@ async def transfer_figures(repeats: int) -> dict:
             while not (await _both_declared(source)):
                 await trio.sleep(0.05)
             before = sent(source)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(source.replicas.sync_grid, GRID)
-                nursery.start_soon(replica.replicas.sync_grid, GRID)
+            stalls: list[float] = []
+            started = time.perf_counter()
+            async with trio.open_nursery() as watching:
+                watching.start_soon(_note_stalls, stalls)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(source.replicas.sync_grid, GRID)
+                    nursery.start_soon(replica.replicas.sync_grid, GRID)
+                watching.cancel_scope.cancel()
+            round_s = time.perf_counter() - started
             round_bytes = sent(source) - before
     times.sort()
-    return {"params": params, "catch_up_s": times[len(times) // 2], "round_bytes": round_bytes}
+    return {"params": params, "catch_up_s": times[len(times) // 2], "round_bytes": round_bytes,
+            "round_s": round_s, "stall_s": max(stalls, default=0.0)}
+
+
+async def _note_stalls(stalls: list[float], tick: float = 0.001) -> None:
+    """How late a task that asks to wake every ``tick`` wakes: the event loop's stalls."""
+    while True:
+        before = time.perf_counter()
+        await trio.sleep(tick)
+        stalls.append(time.perf_counter() - before - tick)
 
 
 async def _both_declared(node) -> bool:
@@ -110,6 +128,7 @@ def main() -> int:
     print(f"  sync round, bytes one replica sends: {figures['round_bytes'] / 2**20:.1f} MiB "
           f"({figures['round_bytes'] / (4 * figures['params']):.2f}x its float32 parameters)")
     print(f"  sync traffic per expert per minute (sync_period 30 s, 2 replicas): {per_minute / 2**20:.1f} MiB")
+    print(f"  sync round: {figures['round_s']:.2f} s, longest event-loop stall {figures['stall_s'] * 1e3:.0f} ms")
     if args.skip_churn:
         return 0
     print("accuracy under churn (digits, grid 2x2, 2 experts per volunteer):")

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _measure import latency_figures, trainers_throughput  # noqa: E402
 from volunteer import RemoteExpert  # noqa: E402
+from volunteer.experts.client import DHTDirectory  # noqa: E402
 from volunteer.experts.layers import FeedForward  # noqa: E402
 from volunteer.experts.loop import BackgroundLoop  # noqa: E402
 from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
@@ -39,9 +40,11 @@ CONFIGS = [(256, 16), (1024, 64)]
 
 
 class Client:
-    """A trainer-side host in a background loop (what Swarm holds, without a DHT)."""
+    """A trainer-side host in a background loop (what Swarm holds, without a DHT): calls go
+    through our directory, to the server's address."""
 
     swarm_id = "bench"
+    faults = None
 
     def __init__(self) -> None:
         import trio
@@ -55,6 +58,7 @@ class Client:
             async def main() -> None:
                 async with open_stack(options=StackOptions(relay_client=False, hole_punching=False)) as host:
                     self.host = host
+                    self.directory = DHTDirectory(host, None, self.swarm_id)
                     self._stop = trio.Event()
                     ready.set()
                     await self._stop.wait()

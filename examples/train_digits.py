@@ -169,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if churn is not None:
             churn.begin()
-        swarm = Swarm.join(args.swarm or (churn.swarm_file if churn else testnet.swarm_file))
-        with swarm:
-            from volunteer.experts.faults import FaultInjection
+        from volunteer.experts.faults import FaultInjection
 
-            swarm.faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
+        faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
+        swarm = Swarm.join(args.swarm or (churn.swarm_file if churn else testnet.swarm_file), faults=faults)
+        with swarm:
             model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout, args.compression)
             optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
             started = time.monotonic()
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                         ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
                 acc = accuracy(model, x_test, y_test)
                 best = max(best, acc)
-                stats = swarm.faults.summary()
+                stats = faults.summary()
                 print(f"epoch {epoch:>2}  loss {sum(losses) / len(losses):.3f}  test accuracy {acc:.3f}  "
                       f"({time.monotonic() - started:.0f} s{stats})", flush=True)
                 if acc >= args.target and (churn is None or churn.started >= args.churn_processes):

@@ -225,3 +225,7 @@ class ExpertConfigError(VolunteerError, ValueError):
 
 class CheckpointDirError(ExpertConfigError):
     """The checkpoint directory cannot be created or written: found at start, not at leave time."""
+
+
+class JoinError(VolunteerError):
+    """A volunteer node cannot start: swarm unreachable, bad expert settings, missing device."""

@@ -5,9 +5,11 @@
     ...train as usual...
     swarm.close()
 
-A Swarm owns a background thread running trio with a Host and a client-mode DHT node, so a plain
-synchronous PyTorch loop never sees trio. RemoteExpert and RemoteMixtureOfExperts call through
-``swarm.loop``; ``find_best_experts``, ``get_experts`` and ``list_experts`` are here for scripts.
+A Swarm owns a background thread running trio with a Host joined to the swarm as its kind says
+(``kind_of(spec).join_trainer``: ours, a client-mode DHT node; hivemind's, its DHT and kad), so a
+plain synchronous PyTorch loop never sees trio. RemoteExpert and RemoteMixtureOfExperts call
+through ``swarm.loop`` and the kind's ``swarm.directory``; ``find_best_experts``, ``get_experts``
+and ``list_experts`` (our kind's DHT) are here for scripts.
 """
 
 from __future__ import annotations
@@ -18,32 +20,45 @@ from typing import Sequence
 
 import trio
 
+from typing import TYPE_CHECKING
+
 from .dht import DHTConfig
 from .errors import VolunteerError
+from .kinds import SwarmKind, TrainerParts, kind_of
+from .net.host import Host
 from .net.stack import open_stack
 from .net.identity import KeyPair
 from .swarmfile import SwarmSpec, resolve_swarm
+
+if TYPE_CHECKING:
+    from .experts.directory import ExpertDirectory
+    from .experts.faults import FaultInjection
 
 JOIN_TIMEOUT = 30.0
 
 
 class Swarm:
-    """A connection to a swarm for trainers and scripts; create it with ``Swarm.join``."""
+    """A connection to a swarm for trainers and scripts; create it with ``Swarm.join``.
+
+    ``faults``: fault injection for experiments (``experts.faults.FaultInjection``): every expert
+    call through this swarm asks it first; set or cleared between experiments."""
 
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
-                 dht_config: DHTConfig | None = None) -> None:
+                 dht_config: DHTConfig | None = None, faults: "FaultInjection | None" = None) -> None:
         from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
 
         self.spec = spec
+        self.kind: SwarmKind = kind_of(spec)  # chosen once: how this swarm is joined and called
         self.swarm_id = spec.id
         self.keypair = keypair or KeyPair.generate()
         self.listen = list(listen)
         self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
+        self.faults = faults
         self.loop = BackgroundLoop()
         self.calls = CallStats()  # every expert call made through this swarm (expert_stats)
-        self.host = None
-        self.dht = None
+        self._host: Host | None = None
+        self._joined: TrainerParts | None = None
         self._ready: trio.Event | None = None
         self._closing: trio.Event | None = None
         self._done: trio.Event | None = None
@@ -63,32 +78,42 @@ class Swarm:
             raise
         return self
 
+    @property
+    def host(self) -> Host:
+        """The Host this swarm runs on (the trio loop's)."""
+        if self._host is None:
+            raise VolunteerError("this swarm is not joined (use Swarm.join)")
+        return self._host
+
+    @property
+    def directory(self) -> "ExpertDirectory":
+        """The swarm kind's expert directory: where mixtures find experts and how they call them."""
+        return self._trainer().directory
+
+    @property
+    def dht(self):
+        """The swarm's DHT node (ours: a ``DHTNode``; hivemind's: a ``HivemindDHT``)."""
+        return self._trainer().dht
+
+    def _trainer(self) -> TrainerParts:
+        if self._joined is None:
+            raise VolunteerError("this swarm is not joined (use Swarm.join)")
+        return self._joined
+
     async def _start(self) -> None:
         self._ready, self._closing, self._done = trio.Event(), trio.Event(), trio.Event()
         trio.lowlevel.spawn_system_task(self._main)
         await self._ready.wait()
         if self._error is not None:
             raise self._error
-        if self.spec.kind == "volunteer" and self.spec.entry_points and len(self.dht.state.table) == 0:
-            raise VolunteerError(f"cannot reach swarm {self.spec.name!r}: no bootstrap peer or relay answered")
 
     async def _main(self) -> None:
-        from .dht.node import open_dht
-
         try:
             async with open_stack(self.keypair, self.listen) as host:
-                self.host = host
-                if self.spec.kind == "hivemind":  # hivemind's DHT and expert RPCs instead of ours
-                    from .hivemind.trainer import join_as_trainer
-
-                    self.dht = await join_as_trainer(self, host)
-                    self._ready.set()
-                    await self._closing.wait()
-                    return
-                async with open_dht(host, self.dht_config, bootstrap=self.spec.entry_points, client_mode=True) as dht:
-                    self.dht = dht
-                    self._ready.set()
-                    await self._closing.wait()
+                self._host = host
+                self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config)
+                self._ready.set()
+                await self._closing.wait()
         except BaseException as exc:  # a system task must not crash the loop: hand it to the caller
             self._error = exc if isinstance(exc, Exception) else VolunteerError(repr(exc))
         finally:
@@ -144,7 +169,7 @@ class Swarm:
         self.close()
 
     def __repr__(self) -> str:
-        peer = self.host.peer_id.short() if self.host else "not joined"
+        peer = self._host.peer_id.short() if self._host is not None else "not joined"
         return f"<Swarm {self.spec.name!r} as {peer}>"
 
 

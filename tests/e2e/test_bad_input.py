@@ -1,4 +1,4 @@
-"""Every bad input a user can type (issue 15): a bad flag is the sub-command's own usage and one
+"""Every bad input a user can type: a bad flag is the sub-command's own usage and one
 error line, exit 2; anything else is one line on stderr, exit 1, saying what to do; a broken pipe
 is silent. Run as a user runs the command: a subprocess, its exit code and its lines."""
 

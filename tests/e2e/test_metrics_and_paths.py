@@ -1,5 +1,5 @@
 """The metrics endpoints (the relay's and `join --metrics`) read with prometheus_client's own
-parser, and VOLUNTEER_CONFIG_DIR honoured by every command (issue 15)."""
+parser, and VOLUNTEER_CONFIG_DIR honoured by every command."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """examples/train_digits.py as a user runs it: a local testnet (relay + 4 volunteer processes),
 a trainer reaching 95% test accuracy through remote experts, with 10% of expert calls failing
 and one volunteer killed (SIGKILL) mid-training, while another CPU-bound process competes for
-the machine (a loaded machine once made a training step raise: issue 12)."""
+the machine (a loaded machine once made a training step raise)."""
 
 from __future__ import annotations
 

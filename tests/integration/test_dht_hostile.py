@@ -1,4 +1,4 @@
-"""Hostile peers against a DHT node on loopback (issue 12: key squatting, per-address store floods).
+"""Hostile peers against a DHT node on loopback (key squatting, per-address store floods).
 
 The node under attack (127.0.0.1) is the only server of a small swarm: an honest volunteer on
 127.0.0.3 declares its experts there, a trainer lists the grid from it, and an attacker on
@@ -90,7 +90,7 @@ async def test_squatting_and_store_floods_do_not_hide_honest_experts():
         honest = await stack.enter_async_context(open_dht(honest_host, PEER, bootstrap=boot, client_mode=True))
         declarer = ExpertDeclarer(honest, HONEST_UIDS)
         nursery = await stack.enter_async_context(trio.open_nursery())
-        await nursery.start(declarer.run)
+        await nursery.start(declarer.run, declarer.host)
 
         trainer_host = await stack.enter_async_context(open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET))
         trainer = await stack.enter_async_context(open_dht(trainer_host, PEER, bootstrap=boot, client_mode=True))

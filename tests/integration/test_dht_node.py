@@ -78,7 +78,7 @@ async def test_declared_experts_are_found_and_vanish_on_withdraw():
         server, trainer = nodes[2], nodes[4]
         uids = [f"ffn.{i}.{j}" for i in range(4) for j in range(4)]
         declarer = ExpertDeclarer(server, uids, loads=lambda: {"ffn.1.2": 5.0})
-        await nursery.start(declarer.run)
+        await nursery.start(declarer.run, declarer.host)
         with trio.fail_after(5):
             while declarer.last_declared is None:
                 await trio.sleep(0.05)
@@ -107,7 +107,7 @@ async def test_crashed_host_experts_expire():
         nodes = await swarm(stack, 3, config=config)
         async with trio.open_nursery() as nursery:
             declarer = ExpertDeclarer(nodes[1], ["ffn.0"])
-            await nursery.start(declarer.run)
+            await nursery.start(declarer.run, declarer.host)
             while declarer.last_declared is None:
                 await trio.sleep(0.02)
             assert (await get_experts(nodes[2], ["ffn.0"]))["ffn.0"]

@@ -9,6 +9,7 @@ within one expiration, and a malicious node cannot overwrite or delete others' r
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -111,7 +112,7 @@ async def test_two_hundred_nodes(autojump_clock):
         for n, index in enumerate(hosts):
             declarer = ExpertDeclarer(sim.nodes[index], [f"ffn.{n}.{j}" for j in range(4)])
             declarers[index] = declarer
-            sim.start_on(index, declarer.run)
+            sim.start_on(index, functools.partial(declarer.run, declarer.host))
         await trio.sleep(CONFIG.expert_update_period)
         trainer = sim.nodes[rng.choice([i for i in alive if i not in hosts])]
         found = await get_experts(trainer, [f"ffn.{n}.{j}" for n in range(20) for j in range(4)])

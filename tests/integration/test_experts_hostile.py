@@ -59,7 +59,7 @@ async def test_announce_and_stall_holds_only_the_attackers_share_and_the_honest_
         honest = await nursery.start(_host, "127.0.0.2")
         async with open_runtime([make_backend("expert.0", "ffn", 8, config=config)], config) as runtime:
             server = ExpertServer(server_host, runtime, "s", config)
-            server.install()
+            await server_host.add_service(server)
             target = server_host.full_addrs()[0]
             before = rss()
 
@@ -104,7 +104,7 @@ async def test_backward_without_a_forward_is_refused_and_counted():
         backend = make_backend("expert.0", "ffn", 8, config=config)
         async with open_runtime([backend], config) as runtime:
             server = ExpertServer(server_host, runtime, "s", config)
-            server.install()
+            await server_host.add_service(server)
             target = server_host.full_addrs()[0]
             x, g = torch.randn(2, 8), torch.randn(2, 8) * 1e3
             with pytest.raises(ExpertBackwardRefusedError, match="refused backward"):

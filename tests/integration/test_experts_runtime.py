@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 import trio
+import trio.testing
 
 from volunteer.errors import (
     ExpertBusyError,
@@ -257,6 +258,40 @@ async def test_run_sync_results_and_errors():
                 await runtime.run_sync(lambda: 1 / 0)
 
 
+async def test_run_on_runs_a_job_on_one_expert_inline_once_it_is_known_to_be_cheap():
+    from volunteer.errors import LocalProtocolError
+    from volunteer.experts.requests import Kind
+
+    config = ExpertsConfig(device="cpu", inline_compute_limit=10.0)
+    here = threading.current_thread()
+    with trio.fail_after(10):
+        async with open_runtime([make_backend("ffn.0", "ffn", 8, config=config)], config) as runtime:
+            threads = [await runtime.run_on("ffn.0", threading.current_thread, kind=Kind.AVERAGE) for _ in range(2)]
+            assert threads[0] is not here and threads[1] is here  # its cost unknown, then known and cheap
+            with pytest.raises(ZeroDivisionError):
+                await runtime.run_on("ffn.0", lambda: 1 / 0)
+            with pytest.raises(UnknownExpertError):
+                await runtime.run_on("ffn.9", int)
+            with pytest.raises(LocalProtocolError):
+                await runtime.run_on("ffn.0", int, kind=Kind.FORWARD)
+            async with trio.open_nursery() as nursery:  # queued behind a job, then its expert leaves
+                gate = Gate(runtime)
+                await gate.close(nursery)
+                outcome = []
+
+                async def queued() -> None:
+                    try:
+                        await runtime.run_on("ffn.0", int, kind=Kind.AVERAGE)
+                    except ExpertUnavailableError as exc:
+                        outcome.append(exc)
+
+                nursery.start_soon(queued)
+                await trio.testing.wait_all_tasks_blocked()
+                runtime.remove_backend("ffn.0")
+                gate.open()
+            assert len(outcome) == 1 and "no longer hosts" in str(outcome[0])
+
+
 async def test_exit_fails_queued_requests_and_checkpoints(tmp_path):
     config = ExpertsConfig(checkpoint_every=0)  # on shutdown only
     backend = make_backend("ffn.7", "ffn", 8, config=config, checkpoint_dir=tmp_path)
@@ -329,7 +364,7 @@ async def test_a_crashed_worker_fails_callers_instead_of_hanging(caplog):
     backend = make_backend("ffn.0", "ffn", 8)
     with trio.fail_after(10):
         async with open_runtime([backend]) as runtime:
-            def broken(batch):
+            def broken(job, backend):
                 raise RuntimeError("bug in the runtime")
 
             runtime._run = broken  # a bug outside the per-request error handling

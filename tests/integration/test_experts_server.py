@@ -29,7 +29,7 @@ async def serve(nursery, network, config=CONFIG):
     runtime_cm = open_runtime(backends, config)
     runtime = await runtime_cm.__aenter__()
     server = ExpertServer(server_host, runtime, "s", config)
-    server.install()
+    await server_host.add_service(server)
     return server_host, runtime, runtime_cm, server
 
 

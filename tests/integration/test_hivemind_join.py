@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 import trio
 
+from volunteer.cli import views
+from volunteer.dht.node import DHTNode
+from volunteer.experts.server import ExpertServer
 from volunteer.hivemind import HivemindDHT
+from volunteer.hivemind.experts import HivemindExperts
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.rpc import call_unary
 from volunteer.net.stack import StackOptions, open_stack
@@ -47,26 +51,29 @@ async def test_join_a_hivemind_swarm_serve_declare_and_pause():
     async with hivemind_peer() as (peer, peer_dht):
         spec = SwarmSpec("hm", "hm", bootstrap=[peer.full_addrs()[0]], kind="hivemind")
         async with open_volunteer(spec, options()) as node:
-            assert node.dht is None and node.server is None  # nothing of our own protocols runs
+            # nothing of our own protocols runs
+            assert node.dht is None and node.host.service(DHTNode) is None and node.host.service(ExpertServer) is None
+            experts = node.host.service(HivemindExperts)
+            assert experts is not None and node.server is experts
             assert node.host.peer_id in peer_dht.core.contacts
             with trio.fail_after(20):
-                while node.dht_view()["experts_declared"] != 2:
+                while views.dht_view(node)["experts_declared"] != 2:
                     await trio.sleep(0.02)
             found = await peer_dht.get("ffn.1")
             assert found is not None and found.value == node.host.peer_id.to_base58()
-            view = node.dht_view()
+            view = views.dht_view(node)
             assert view["kind"] == "hivemind" and view["requests"] is None and view["routing_table"] >= 1
 
             x = np.ones((2, 8), np.float32)
             data = await call_unary(peer, node.host.peer_id, wire.FORWARD, wire.request("ffn.0", [x]), timeout=10)
             assert wire.parse_response(data)[0].shape == (2, 8)
-            assert node.expert_rows(trio.current_time())[0]["requests"] == 1
+            assert views.expert_rows(node, trio.current_time())[0]["requests"] == 1
 
             await node.pause()
-            assert await node.hivemind.experts.declare() == 0  # paused: nothing declared, records expire
-            assert node.dht_view()["experts_declared"] == 0
+            assert await experts.declare() == 0  # paused: nothing declared, records expire
+            assert views.dht_view(node)["experts_declared"] == 0
             node.resume()
-            assert await node.hivemind.experts.declare() > 0
+            assert await experts.declare() > 0
 
 
 @pytest.mark.trio_timeout(60)

@@ -8,11 +8,13 @@ from contextlib import AsyncExitStack
 import pytest
 
 from volunteer.hivemind import HivemindRPCError
-from volunteer.hivemind.member import join_member
 from volunteer.hivemind.rpc import call_stream
 from volunteer.hivemind.unsupported import HivemindRefusals, averaging_protocols
+from volunteer.kinds import NodeContext, kind_of
+from volunteer.kinds.options import VolunteerOptions
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.swarmfile import SwarmSpec
 
 QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
@@ -53,7 +55,9 @@ async def test_averaging_calls_get_a_clear_error_bare_and_under_namespaces():
 async def test_a_hivemind_member_refuses_averaging():
     async with AsyncExitStack() as stack:
         server, client = await two_hosts(stack)
-        member = await join_member(server, [])
-        assert member.refusals is not None
+        spec = SwarmSpec("hm", "hm", kind="hivemind")  # the first member: no initial peers
+        for service in kind_of(spec).node_parts(NodeContext(server, spec, VolunteerOptions())).services:
+            await server.add_service(service)
+        assert server.service(HivemindRefusals) is not None
         with pytest.raises(HivemindRPCError, match="not supported by volunteer"):
             await call_stream(client, server.peer_id, "DecentralizedAverager.rpc_download_state", [b""], timeout=10)

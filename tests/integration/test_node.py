@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from volunteer.dht import DHTConfig
+from volunteer.cli import views
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
 from volunteer.net.events import ReachabilityChanged
@@ -58,13 +59,13 @@ async def test_node_hosts_declares_pauses_resumes_and_leaves_with_tombstones():
             await heartbeats(node, 1)
             found = await get_experts(seed.dht, UIDS)
             assert all([d.peer for d in found[uid]] == [node.host.peer_id] for uid in UIDS)
-            assert node.dht_view()["experts_declared"] == 2
-            assert [row["uid"] for row in node.expert_rows(trio.current_time())] == UIDS
-            assert any(row["peer_id"] == str(seed.host.peer_id) for row in node.connections_view())
-            assert node.reachability_view() is None  # NAT traversal is off in this test
+            assert views.dht_view(node)["experts_declared"] == 2
+            assert [row["uid"] for row in views.expert_rows(node, trio.current_time())] == UIDS
+            assert any(row["peer_id"] == str(seed.host.peer_id) for row in views.connections_view(node.host))
+            assert views.reachability_view(node) is None  # NAT traversal is off in this test
 
             await node.pause()
-            assert node.paused and node.dht_view()["experts_declared"] == 0
+            assert node.paused and views.dht_view(node)["experts_declared"] == 0
             assert (await get_experts(seed.dht, UIDS)) == {uid: [] for uid in UIDS}
             node.resume()
             await heartbeats(node, 2)

@@ -18,6 +18,7 @@ from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.experts.callstats import CallStats
 from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop
+from volunteer.experts.client import DHTDirectory
 from volunteer.experts.protocol import protocol_id
 from volunteer.experts.server import ExpertServer
 from volunteer.net.stack import StackOptions, open_stack
@@ -47,12 +48,13 @@ class Node:
             transports = [MemoryTransport(self.network)]
             async with open_stack(listen=["/memory/0"], transports=transports, options=QUIET) as host:
                 self.host = host
+                self.directory = DHTDirectory(host, None, SWARM)  # calls known peers: no DHT
                 if self.uids:
                     backends = [make_backend(uid, "ffn", self.hidden, config=CONFIG) for uid in self.uids]
                     async with open_runtime(backends, CONFIG) as runtime:
                         self.runtime = runtime
                         self.server = ExpertServer(host, runtime, SWARM, CONFIG)
-                        self.server.install()
+                        await host.add_service(self.server)
                         self._ready.set()
                         await self._stop.wait()
                 else:
@@ -62,8 +64,10 @@ class Node:
             self._ready.set()
             self._done.set()
 
-    # what RemoteExpert needs of a swarm: .loop, .host, .swarm_id, .calls (set in __init__)
+    # what RemoteExpert needs of a swarm (experts.directory.TrainerSwarm): .loop, .host, .directory,
+    # .swarm_id, .faults, .calls (set in __init__)
     swarm_id = SWARM
+    faults = None
 
     @property
     def addr(self):

@@ -21,6 +21,7 @@ from volunteer.errors import (
     UnknownExpertError,
 )
 from volunteer.experts import ExpertBackend, ExpertsConfig, TensorSpec, make_backend
+from volunteer.experts.client import DHTDirectory
 
 from .volunteer_fixture import DHT_CONFIG, SWARM, Volunteer
 
@@ -137,8 +138,9 @@ def test_unreachable_peer_and_timeouts(volunteer, swarm):
 
     volunteer.loop.run(install)
 
-    class Other:
-        loop, host, swarm_id, calls = swarm.loop, swarm.host, "hangswarm", swarm.calls
+    class Other:  # the same Host, calling experts of another swarm
+        loop, host, swarm_id, faults, calls = swarm.loop, swarm.host, "hangswarm", None, swarm.calls
+        directory = DHTDirectory(swarm.host, swarm.dht, "hangswarm")
 
     started = time.monotonic()
     with pytest.raises(ExpertTimeoutError, match="did not answer forward within 0.5 s"):

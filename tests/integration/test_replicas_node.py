@@ -1,4 +1,4 @@
-"""Replicated experts through ``open_volunteer`` nodes (issue 13): a late joiner catches up before
+"""Replicated experts through ``open_volunteer`` nodes: a late joiner catches up before
 it declares, replicas agree after a sync, a replica killed mid-sync stalls nobody, and a leaver's
 sole expert is handed over at its version. Loopback only; the swarm file's grid is a SwarmSpec's."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import trio
 
+from volunteer.cli import views
 from volunteer.dht import DHTConfig
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
@@ -90,9 +91,9 @@ async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_
                 # the version after a sync is the group's highest
                 assert first.runtime.backends["rep.0"].updates == late.runtime.backends["rep.0"].updates == 5
                 assert late.replicas.outcomes["rep.0"].contributors
-                row = next(r for r in late.expert_rows(trio.current_time()) if r["uid"] == "rep.0")
+                row = next(r for r in views.expert_rows(late, trio.current_time()) if r["uid"] == "rep.0")
                 assert row["version"] == 5 and row["last_sync_age_s"] is not None
-                coverage = late.coverage_view()
+                coverage = views.coverage_view(late)
                 assert coverage["grids"][0]["prefix"] == "rep" and coverage["grids"][0]["total"] == 2
                 # and trainers see it too (`volunteer experts`): the next heartbeat declares the sync's age
                 late.declarer.resume()

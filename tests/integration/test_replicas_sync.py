@@ -1,9 +1,12 @@
 """Replica sync between Hosts on the memory transport with real ffn backends: after a round with
 no training in between, replicas give the same outputs; the version is the group's highest; a
-replica killed mid-round does not stall the others; a silent one is left out at the deadline."""
+replica killed mid-round does not stall the others; a silent one is left out at the deadline; the
+runtime aggregates a round, after the step its expert owes, on its worker or inline when cheap."""
 
 from __future__ import annotations
 
+import copy
+import threading
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
@@ -13,6 +16,7 @@ import trio
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.replicas.aggregate import mean
 from volunteer.replicas.config import ReplicasConfig
 from volunteer.replicas.errors import SyncError
 from volunteer.replicas.store import BackendStore
@@ -33,8 +37,8 @@ def replica(seed: int, steps: int):
 
 
 @asynccontextmanager
-async def volunteer(network, backend, config=ReplicasConfig(), runtime=None):
-    sync = ReplicaSync(SWARM, BackendStore({UID: backend}, runtime=runtime), config)
+async def volunteer(network, backend, config=ReplicasConfig(), runtime=None, aggregate=mean):
+    sync = ReplicaSync(SWARM, BackendStore({UID: backend}, runtime=runtime), config, aggregate=aggregate)
     async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=[sync]) as host:
         yield host, sync
 
@@ -62,6 +66,43 @@ async def test_two_replicas_give_the_same_outputs_after_a_sync():
     assert a.updates == b.updates == 6  # the group's highest
     assert results["a"].contributors == (str(host_b.peer_id),) and results["b"].missing == ()
     assert UID in sync_a.last_sync and sync_b.rounds == 1
+
+
+async def test_the_runtime_aggregates_a_round_after_the_step_its_expert_owes():
+    network = MemoryNetwork()
+    a, b = replica(1, 2), replica(2, 6)
+    reference = copy.deepcopy(a)  # a's training, with its steps taken at once
+    theirs = {name: p.detach().clone() for name, p in b.module.named_parameters()}
+    config = ExpertsConfig(device="cpu", inline_compute_limit=10.0)  # whatever has a cost runs inline
+    x, g = torch.randn(4, 8), torch.randn(4, 8)
+    aggregated: list[tuple[str, bool]] = []  # (thread, a's step still owed) per aggregate
+
+    def recording(own, contributions):
+        aggregated.append((threading.current_thread().name, a.step_owed))
+        return mean(own, contributions)
+
+    async with open_runtime([a], config) as runtime:
+        for _ in range(2):  # the first pair teaches the costs on the worker; the second runs inline
+            await runtime.forward(UID, [x], keep_graph=True)
+            await runtime.backward(UID, [x], [g], settle_later=True)  # and nobody applies its step
+            reference.forward([x])
+            reference.backward([x], [g])
+        assert a.step_owed
+        threaded = ReplicasConfig(offload_bytes=1)  # hash, encode and decode in a thread, as for a big expert
+        async with (
+            volunteer(network, a, threaded, runtime=runtime, aggregate=recording) as (host_a, sync_a),
+            volunteer(network, b, threaded) as (host_b, sync_b),
+        ):
+            for _ in range(2):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(sync_a.average, UID, [host_b.full_addrs()[0]])
+                    nursery.start_soon(sync_b.average, UID, [host_a.full_addrs()[0]])
+    # the first round's aggregate ran on the worker (its cost unknown), the second inline like a
+    # cheap forward; both after the owed step, which was in the parameters a contributed
+    assert aggregated == [("volunteer-experts-runtime", False), (threading.current_thread().name, False)]
+    for name, p in a.module.named_parameters():
+        assert torch.allclose(p, (dict(reference.module.named_parameters())[name] + theirs[name]) / 2, atol=1e-6)
+    assert a.updates == b.updates == 6
 
 
 async def test_a_replica_killed_mid_round_does_not_stall_the_others():

@@ -36,8 +36,8 @@ def trained(uid: str, steps: int = 3, hidden: int = 8):
 
 
 @asynccontextmanager
-async def node(network, store: BackendStore | None = None, config: ReplicasConfig = ReplicasConfig()):
-    services = [StateService(SWARM, store, config)] if store is not None else []
+async def node(network, store: BackendStore | None = None, config: ReplicasConfig = ReplicasConfig(), on_accepted=None):
+    services = [StateService(SWARM, store, config, on_accepted=on_accepted)] if store is not None else []
     async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET, services=services) as host:
         yield host
 
@@ -148,9 +148,8 @@ async def test_push_makes_the_receiver_host_the_expert_at_the_senders_version():
         received,
         capacity=1,
         factory=lambda header: make_backend(header.uid, header.expert_class, header.hidden_dim, config=EXPERTS),
-        on_accepted=accepted.append,
     )
-    async with node(network, store) as receiver, node(network) as sender:
+    async with node(network, store, on_accepted=accepted.append) as receiver, node(network) as sender:
         addr = receiver.full_addrs()[0]
         version = await push_state(sender, addr, export_state(leaver), swarm_id=SWARM)
         assert version == 5 == received["expert.1.2"].updates

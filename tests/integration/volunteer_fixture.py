@@ -11,6 +11,7 @@ import trio
 from volunteer.dht import DHTConfig
 from volunteer.experts import ExpertsConfig
 from volunteer.experts.loop import BackgroundLoop
+from volunteer.hivemind.experts import HivemindExperts
 from volunteer.net.stack import StackOptions
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.node import VolunteerOptions, open_volunteer
@@ -53,8 +54,9 @@ class Volunteer:
                     self.host, self.dht, self.runtime = node.host, node.dht, node.runtime
                     self.server, self.declarer = node.server, node.declarer
                     # trainers find us as soon as we are ready
-                    if node.hivemind is not None:
-                        await node.hivemind.experts.declare()
+                    hivemind_experts = node.host.service(HivemindExperts)
+                    if hivemind_experts is not None:
+                        await hivemind_experts.declare()
                     else:
                         await node.declarer.declare_once()
                     self._ready.set()

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from volunteer.cli import views
+from volunteer.hivemind.experts import HivemindExperts
 from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarmfile import load_swarm_file
 
@@ -78,6 +80,6 @@ async def test_an_unmodified_hivemind_moe_trains_against_our_experts(tmp_path):
         assert sum(backend.updates for backend in backends) >= 200  # backward ran on our side
         assert "ExpertInputError" in result["wrong_shape_error"], result
         assert result["after_error_shape"] == [3, HIDDEN]
-        experts = node.hivemind.experts
-        assert experts.errors >= 1 and experts.refusals["backward_without_forward"] == 0
-        assert node.dht_view()["experts_declared"] == GRID
+        experts = node.host.service(HivemindExperts)
+        assert experts is not None and experts.errors >= 1 and experts.refusals["backward_without_forward"] == 0
+        assert views.dht_view(node)["experts_declared"] == GRID

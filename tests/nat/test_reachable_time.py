@@ -1,4 +1,4 @@
-"""How long a NATed `volunteer join` takes to become reachable (issue 15: "sees within seconds
+"""How long a NATed `volunteer join` takes to become reachable ("sees within seconds
 whether they are reachable"). The figure is printed, never asserted (no timing assertions):
 what is asserted is how it became reachable, and that the snapshot carries the same figure."""
 

@@ -120,7 +120,7 @@ async def test_live_dashboard_redraws_and_stops_on_cancel():
     assert "snapshot broke" in out.getvalue() and "expert.0.1" in out.getvalue()
 
 
-# --- issue 15: the dashboard a donor wants -------------------------------------------------------
+# --- the dashboard a donor wants -------------------------------------------------------
 import json  # noqa: E402
 import logging  # noqa: E402
 from types import SimpleNamespace  # noqa: E402

@@ -184,7 +184,7 @@ def test_heap_of_expirations_stays_bounded(alice: KeyPair) -> None:
     assert len(store._expiry) <= 2 * len(store) + 1025
 
 
-# --- fairness (issue 12): a signer's share of a key, largest holder loses first ---------------------
+# --- fairness: a signer's share of a key, largest holder loses first ---------------------
 ATTACKER = ("ip4", "127.0.0.2")
 HONEST = ("ip4", "127.0.0.3")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from volunteer.cli.expertscmd import coverage_of
+from volunteer.kinds.ours import coverage_of
 from volunteer.dht.grid import Declaration
 from volunteer.net.identity import KeyPair
 from volunteer.replicas import ReplicasConfig

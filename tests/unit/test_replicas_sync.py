@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from volunteer.replicas.aggregate import mean
 from volunteer.replicas.errors import StateMismatchError, SyncError
 from volunteer.replicas.sync import SyncRound
 
@@ -26,7 +27,7 @@ def test_done_when_everyone_contributed_and_the_average_includes_all():
     round_.add("c", 3, dict(params(7.0)))
     assert round_.done(101.0)
     outcome = round_.finish()
-    assert torch.allclose(outcome.averaged["w"], torch.full((2, 3), 4.0))
+    assert torch.allclose(mean(round_.params, round_.contributions)["w"], torch.full((2, 3), 4.0))
     assert outcome.version == 7 and outcome.contributors == ("b", "c") and outcome.missing == ()
 
 
@@ -36,7 +37,8 @@ def test_the_deadline_finishes_with_what_arrived():
     assert not round_.done(109.9)
     assert round_.done(110.0)
     outcome = round_.finish()
-    assert torch.allclose(outcome.averaged["b"], torch.full((3,), 2.0))  # (1 + 3) / 2: c left out
+    averaged = mean(round_.params, round_.contributions)
+    assert torch.allclose(averaged["b"], torch.full((3,), 2.0))  # (1 + 3) / 2: c left out
     assert outcome.version == 5 and outcome.missing == ("c",)
 
 
@@ -53,7 +55,7 @@ def test_nobody_arrives_keeps_our_own_values_and_version():
     round_.gone("b")
     round_.gone("c")
     outcome = round_.finish()
-    assert torch.equal(outcome.averaged["w"], torch.full((2, 3), 1.0))
+    assert torch.equal(mean(round_.params, round_.contributions)["w"], torch.full((2, 3), 1.0))
     assert outcome.version == 5 and outcome.contributors == ()
 
 
@@ -88,7 +90,8 @@ def test_misuse_is_refused():
 def test_average_keeps_the_parameter_dtype():
     round_ = SyncRound("e.0", "a", ["b"], 0, [("h", torch.ones(4, dtype=torch.float16))], now=0, timeout=1)
     round_.add("b", 0, {"h": torch.full((4,), 3.0, dtype=torch.float16)})
-    averaged = round_.finish().averaged["h"]
+    round_.finish()
+    averaged = mean(round_.params, round_.contributions)["h"]
     assert averaged.dtype == torch.float16 and torch.equal(averaged, torch.full((4,), 2.0, dtype=torch.float16))
 
 
@@ -112,3 +115,31 @@ def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
     for name, p in backend.module.named_parameters():
         assert torch.allclose(p, averaged[name])
     assert backend.updates == 9
+
+
+def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its_change():
+    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.replicas.state import merge_round, sync_parameters
+
+    own = dict(params(1.0))
+    assert all(torch.equal(mean(own, [])[name], own[name]) for name in own)
+    backend = make_backend("e.0", "ffn", 4, config=ExpertsConfig(device="cpu"))
+    base = dict(sync_parameters(backend))
+    theirs = [{name: t + 2.0 for name, t in base.items()}, {name: t + 4.0 for name, t in base.items()}]
+    seen = []
+
+    def first_only(mine, contributions):  # another aggregate: the seam a robust one plugs into
+        seen.append((mine, contributions))
+        return dict(contributions[0])
+
+    with torch.no_grad():  # a step while the round was open
+        for p in backend.module.parameters():
+            p.add_(0.5)
+    merge_round(backend, base, theirs, 7, first_only)
+    assert seen == [(base, theirs)] and backend.updates == 7
+    for name, p in backend.module.named_parameters():
+        assert torch.allclose(p, base[name] + 2.5)
+    merge_round(backend, base, theirs, 3)  # the mean by default: (0 + 2 + 4) / 3 over the base
+    for name, p in backend.module.named_parameters():
+        assert torch.allclose(p, base[name] + 4.5)
+    assert backend.updates == 7

@@ -9,7 +9,7 @@ import collections
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import trio
@@ -19,6 +19,7 @@ from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
 from . import contributions as contrib
+from . import views
 from .control import serve_control
 from .gpu import GpuMonitor
 from .rates import Window
@@ -94,6 +95,7 @@ class Daemon:
         self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
         self.reachable_how = ""
         self.reachable = trio.Event()
+        self._save_warned = False
         logging.getLogger().addHandler(self.logs)
 
     @property
@@ -104,12 +106,12 @@ class Daemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
         began = trio.current_time()
+        # each call answered with a result counts its caller among the trainers served
+        options = replace(self.options.node, on_served=lambda peer, _op: self.contributions.served(peer))
         try:
             async with trio.open_nursery() as nursery:
-                async with open_volunteer(self.swarm, self.options.node) as node:
+                async with open_volunteer(self.swarm, options) as node:
                     self.node = node
-                    if node.server is not None:
-                        node.server.on_served = lambda peer, _op: self.contributions.served(peer)
                     if self._leave_asked:  # a signal that came while the node was starting
                         node.leave()
                     nursery.start_soon(self._watch_reachable, began)
@@ -141,12 +143,12 @@ class Daemon:
             requests=sum(s.requests - s.errors for s in stats),  # answered with a result
             samples=sum(s.samples for s in stats),
             compute_s=sum(s.compute_s for s in stats),
-            bytes_sent=node.server.bytes_out if node.server is not None else 0,
+            bytes_sent=views.bytes_served(node),
         )
 
     def _save_contributions(self) -> None:
         if self._contributions_path is not None and not contrib.save(self._contributions_path, self.contributions):
-            if not getattr(self, "_save_warned", False):
+            if not self._save_warned:
                 self._save_warned = True
                 log.warning("cannot save contributions to %s (they are still counted for this session)",
                             self._contributions_path)
@@ -163,10 +165,10 @@ class Daemon:
         if node is None:
             return
         with node.host.events.subscribe(ReachabilityChanged, RelayReservationsChanged) as changes:
-            how = reachable_how(node.reachability_view())
+            how = reachable_how(views.reachability_view(node))
             if not how:
                 async for _ in changes:
-                    if how := reachable_how(node.reachability_view()):
+                    if how := reachable_how(views.reachability_view(node)):
                         break
                 else:
                     return  # the host closed before this node became reachable
@@ -224,24 +226,23 @@ class Daemon:
         }
         now = trio.current_time()
         if node is not None:
-            reachability = node.reachability_view()
+            reachability = views.reachability_view(node)
             if reachability is not None:
                 snap["reachability"] = reachability
             served = self.contributions.session_trainers
-            snap["connections"] = classify_connections(node.connections_view(), host, self.swarm.id, reachability, served)
-            dht = node.dht_view()
-            if dht is not None:
-                snap["dht"] = dht
-        snap["experts"] = self._windowed(node.expert_rows(now), now) if node is not None else []
-        coverage = node.coverage_view() if node is not None else None
+            snap["connections"] = classify_connections(views.connections_view(node.host), node.host, self.swarm.id,
+                                                       reachability, served)
+            snap["dht"] = views.dht_view(node)
+        snap["experts"] = self._windowed(views.expert_rows(node, now), now) if node is not None else []
+        coverage = views.coverage_view(node) if node is not None else None
         if coverage is not None:  # the swarm declares grids: replicas per expert, unhosted ones
             snap["coverage"] = coverage
-        snap["compute"] = node.compute_view() if node is not None else {"device": "cpu"}
+        snap["compute"] = views.compute_view(node.device) if node is not None else {"device": "cpu"}
         snap["gpu"] = self.gpu.read(self.device)
         if node is not None:
             self._observe_contributions()
             snap["upload"] = self._upload(now)
-            snap["refusals"] = self._refusals()
+            snap["refusals"] = views.refusals_view(node)
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
@@ -269,24 +270,11 @@ class Daemon:
     def _upload(self, now: float) -> dict:
         """Reply bytes per second over the window, against ``--max-upload``."""
         node = self.node
-        sent = node.server.bytes_out if node is not None and node.server is not None else 0
+        sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)
         rate = self.window.rate(UPLOAD_KEY)
         limit = node.options.max_upload if node is not None else None
         return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent}
-
-    def _refusals(self) -> dict[str, dict[str, int]]:
-        """``{scope: {reason: count}}``: the resource manager's and the expert server's."""
-        from ..net.resources import ResourceManager
-
-        node = self.node
-        refusals: dict[str, dict[str, int]] = {}
-        manager = node.host.service(ResourceManager) if node is not None else None
-        if manager is not None:
-            refusals.update(manager.refusals())
-        if node is not None and node.server is not None and node.server.refusals:
-            refusals["experts"] = dict(node.server.refusals)
-        return refusals
 
     def _checkpoint_view(self, directory: Path | None, now: float) -> dict:
         """Where checkpoints go, whether that is writable and how long since the last save."""

@@ -1,18 +1,20 @@
 """``volunteer doctor``: a netcheck. Can we reach the swarm's relays, are we public, can we punch?
 
 Each check prints one line, OK / WARN / FAIL, with what to do about it. The swarm is a name or
-swarm file (its relays and bootstrap peers are checked) or the peers' multiaddrs.
+swarm file (the peers its kind says to check: ours, its relays and bootstrap peers; hivemind's,
+its initial peers, then whether they speak hivemind's DHT and kad) or the peers' multiaddrs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import trio
 
 from ..errors import VolunteerError, describe
+from ..kinds import Check, SwarmKind, kind_of
 from ..net.stack import open_stack
 from ..net.multiaddr import Multiaddr
 from ..net.nat.autonat import Reachability
@@ -23,14 +25,6 @@ from ..net.perf import PERF, format_size, parse_size, perf_stream
 from .netcmds import add_identity_flag, load_identity
 
 CHECK_TIMEOUT = 15.0
-
-
-@dataclass
-class Check:
-    status: str  # OK, WARN, FAIL
-    name: str
-    detail: str
-    fix: str = ""
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -63,7 +57,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    peers = []
+    peers: list[Multiaddr] = []
+    perf = True  # every peer serves perf, unless a swarm's kind says its peers do not
+    kinds: list[tuple[SwarmKind, list[Multiaddr]]] = []  # each swarm's kind, for its own checks
     for text in args.peers:
         if text.startswith("/") and not text.endswith(".toml"):
             peers.append(Multiaddr(text))
@@ -71,19 +67,23 @@ def run_doctor(args: argparse.Namespace) -> int:
             from ..swarmfile import resolve_swarm
 
             spec = resolve_swarm(text)
-            if spec.kind == "hivemind" and len(args.peers) == 1:
-                from .hivemindcmd import run_hivemind_doctor
-
-                return run_hivemind_doctor(args, spec)
-            if not spec.entry_points:
-                raise VolunteerError(f"swarm {spec.name!r} lists no bootstrap peers or relays to check")
-            peers.extend(a for a in spec.entry_points if a not in peers)
+            kind = kind_of(spec)
+            plan = kind.doctor_plan(spec)
+            perf = perf and plan.perf
+            kinds.append((kind, plan.peers))
+            peers.extend(a for a in plan.peers if a not in peers)
     try:
-        perf_size = parse_size(args.perf_size)
+        perf_size = parse_size(args.perf_size) if perf else 0
     except ValueError as exc:
         raise VolunteerError(str(exc)) from None
-    checks = trio.run(diagnose, load_identity(args), Multiaddr(args.listen), peers, perf_size)
-    return report(checks, as_json=args.json)
+
+    async def all_checks() -> list[Check]:
+        checks = await diagnose(load_identity(args), Multiaddr(args.listen), peers, perf_size)
+        for kind, its_peers in kinds:
+            checks += await kind.check_peers(its_peers)
+        return checks
+
+    return report(trio.run(all_checks), as_json=args.json)
 
 
 def report(checks: list["Check"], *, as_json: bool) -> int:

@@ -1,23 +1,22 @@
-"""``volunteer experts SWARM``: the trainer's view of which experts are alive, and where."""
+"""``volunteer experts SWARM``: the trainer's view of which experts are alive, and where (asked
+of the swarm as its kind says: ``SwarmKind.list_experts``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
+from typing import TYPE_CHECKING
 
 import trio
 
-from ..dht import DHTConfig
-from ..dht.grid import list_experts
-from ..dht.node import open_dht
-from ..net.stack import open_stack
-from ..net.identity import KeyPair
-from ..net.multiaddr import Multiaddr
+from ..kinds import ExpertListing, kind_of
 from ..swarmfile import resolve_swarm
-from ..node import JoinError
 
-LOOKUP_TIMEOUT = 30.0
+if TYPE_CHECKING:
+    from rich.table import Table
+
+DASH = "–"  # what a kind does not declare (hivemind: addresses, load, heartbeat)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -37,51 +36,65 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def run_experts(args: argparse.Namespace) -> int:
     spec = resolve_swarm(args.swarm, swarm_id=args.swarm_id)
-    if spec.kind == "hivemind":
-        from .hivemindcmd import run_hivemind_experts
-
-        return run_hivemind_experts(args, spec)
     prefixes = [args.prefix] if args.prefix else [f"{g.prefix}." for g in spec.grids] or ["expert."]
-    rows = trio.run(fetch_rows, spec, prefixes)
+    listing = trio.run(kind_of(spec).list_experts, spec, prefixes)
+    if listing.incomplete is not None:
+        print(f"listing incomplete: {listing.incomplete}", file=sys.stderr)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(listing.rows, indent=2))
         return 0
     from rich.console import Console
+
+    console = Console()
+    if listing.coverage is not None:
+        print_coverage(console, listing.coverage)
+    if not listing.rows:
+        print(f"no live experts under {', '.join(map(repr, prefixes))} in {listing.title}")
+        return 0
+    console.print(experts_table(listing))
+    return 0
+
+
+def experts_table(listing: ExpertListing) -> "Table":
+    """The listing as a table of its kind's columns; "–" where a kind declares nothing."""
     from rich.table import Table
 
     from ..widgets import duration, short
 
-    console = Console()
-    if spec.grids:
-        print_coverage(console, spec.grids, rows)
-    if not rows:
-        print(f"no live experts under {', '.join(map(repr, prefixes))} in swarm {spec.name!r}")
-        return 0
-    table = Table(title=f"{len({r['uid'] for r in rows})} live experts in {spec.name!r}")
-    for column in ("uid", "host", "reached", "load", "version", "heartbeat"):
+    def cell(row: dict, column: str) -> str:
+        if column == "uid":
+            return row["uid"]
+        if column == "host":
+            return short(row["peer_id"])
+        if column == "reached":
+            return _shown(row.get("reached"))
+        if column == "load":
+            return _shown(row.get("load"), "{:.1f}")
+        if column == "version":
+            return _shown(row.get("version"))
+        if column == "heartbeat":
+            age = row.get("heartbeat_age_s")
+            return DASH if age is None else f"{duration(age)} ago"
+        if column == "expires":
+            return f"in {duration(row['expires_in_s'])}"
+        raise ValueError(f"unknown column {column!r}")
+
+    table = Table(title=f"{len({r['uid'] for r in listing.rows})} live experts in {listing.title}")
+    for column in listing.columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(row["uid"], short(row["peer_id"]), row["reached"], f"{row['load']:.1f}", str(row["version"]),
-                      f"{duration(row['heartbeat_age_s'])} ago")
-    console.print(table)
-    return 0
+    for row in listing.rows:
+        table.add_row(*(cell(row, column) for column in listing.columns))
+    return table
 
 
-def coverage_of(grids, rows: list[dict]) -> dict:
-    """The swarm's coverage of its declared grids, from the flat rows (one per expert and host)."""
-    from ..replicas.coverage import coverage
-
-    hosts: dict[str, dict[str, int]] = {}
-    for row in rows:
-        hosts.setdefault(row["uid"], {})[row["peer_id"]] = row["version"]
-    return coverage(grids, hosts)
+def _shown(value, fmt: str = "{}") -> str:
+    return DASH if value is None else fmt.format(value)
 
 
-def print_coverage(console, grids, rows: list[dict]) -> None:
+def print_coverage(console, view: dict) -> None:
     """One line per grid: experts hosted of the grid, replicas target, under-replicated, unhosted."""
     from rich.table import Table
 
-    view = coverage_of(grids, rows)
     table = Table(title="coverage of the swarm's grids")
     for column in ("grid", "hosted", "replicas", "under-replicated", "no host"):
         table.add_column(column)
@@ -92,42 +105,3 @@ def print_coverage(console, grids, rows: list[dict]) -> None:
     console.print(table)
     for warning in view["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")
-
-
-async def fetch_rows(spec, prefixes: str | list[str]) -> list[dict]:
-    """One row per (expert, host), best host first, for every grid prefix given. ``version`` is
-    the host's declared count of updates; ``last_sync_age_s`` the seconds since that host's replicas
-    last averaged (null: never), as its latest heartbeat declared it."""
-    if isinstance(prefixes, str):
-        prefixes = [prefixes]
-    if not spec.entry_points:
-        raise JoinError(f"swarm {spec.name!r} lists no bootstrap peers or relays")
-    async with open_stack(KeyPair.generate()) as host:
-        async with open_dht(host, DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
-            if len(dht.state.table) == 0:
-                raise JoinError(f"cannot reach swarm {spec.name!r}: no bootstrap peer answered")
-            found = {}
-            with trio.fail_after(LOOKUP_TIMEOUT):
-                for prefix in prefixes:
-                    found.update(await list_experts(dht, prefix))
-    now = time.time()
-    rows = []
-    for uid, hosts in found.items():
-        for decl in hosts:
-            addrs = [Multiaddr(a) for a in decl.addrs]
-            direct = [a for a in addrs if not a.is_relayed()]
-            rows.append(
-                {
-                    "uid": uid,
-                    "peer_id": str(decl.peer),
-                    "reached": "direct" if direct else ("relayed" if addrs else "unknown"),
-                    "addrs": [str(a) for a in addrs],
-                    "load": decl.load,
-                    "heartbeat_age_s": round(now - decl.heartbeat, 1),
-                    "expires_in_s": round(decl.expiration - now, 1),
-                    "version": int(getattr(decl, "version", 0) or 0),
-                    # the age declared at the heartbeat, plus the heartbeat's own age
-                    "last_sync_age_s": None if decl.synced_age is None else round(decl.synced_age + max(0.0, now - decl.heartbeat), 1),
-                }
-            )
-    return rows

@@ -4,8 +4,7 @@ Read at scrape time from the running node (a custom collector, as the relay's): 
 how long it took, connections, per-expert counters, the DHT, and refusals by scope and reason
 (``volunteer_refusals_total{scope,reason}``: the resource manager's scopes, plus
 ``expert_server`` for the expert server's own admission refusals), the same names the relay uses.
-Never calls the node's dashboard views that keep rate windows (``expert_rows``): a scrape must not
-move what the dashboard shows.
+Never touches the daemon's rate windows: a scrape must not move what the dashboard shows.
 """
 
 from __future__ import annotations
@@ -20,22 +19,25 @@ from prometheus_client.registry import Collector
 
 from relay.metrics import build_info, dht_metrics, refusal_metrics
 
+from .views import reachability_view
+
 if TYPE_CHECKING:
+    from ..node import VolunteerNode
     from .daemon import Daemon
 
 EXPERT_SERVER_SCOPE = "expert_server"  # the scope label of the expert server's own refusals
 REACHABILITY_STATES = ("public", "private", "unknown")
 
 
-def refusals_of(node) -> dict[str, dict[str, int]]:
+def refusals_of(node: "VolunteerNode") -> dict[str, dict[str, int]]:
     """``{scope: {reason: count}}`` from the Host's resource manager and the expert server."""
     from ..net.resources import ResourceManager
 
     manager = node.host.service(ResourceManager)
     out = {scope: dict(reasons) for scope, reasons in (manager.refusals() if manager is not None else {}).items()}
-    server = getattr(node, "server", None)
-    if server is not None and server.refusals:
-        out[EXPERT_SERVER_SCOPE] = dict(server.refusals)
+    served = node.server.snapshot()["refusals"] if node.server is not None else {}
+    if served:
+        out[EXPERT_SERVER_SCOPE] = dict(served)
     return out
 
 
@@ -53,7 +55,7 @@ class DaemonCollector(Collector):
         if node is None:
             return
         yield GaugeMetricFamily("volunteer_paused", "1 while paused (experts withdrawn).", value=1 if node.paused else 0)
-        view = node.reachability_view() or {}
+        view = reachability_view(node) or {}
         reach = GaugeMetricFamily("volunteer_reachability", "1 for the current AutoNAT verdict.", labels=["status"])
         for state in REACHABILITY_STATES:
             reach.add_metric([state], 1 if view.get("status") == state else 0)
@@ -72,8 +74,8 @@ class DaemonCollector(Collector):
             yield from dht_metrics({daemon.swarm.id: node.dht})
         yield refusal_metrics(refusals_of(node))
 
-    def _experts(self, node) -> Iterable[Metric]:
-        runtime = getattr(node, "runtime", None)
+    def _experts(self, node: "VolunteerNode") -> Iterable[Metric]:
+        runtime = node.runtime
         if runtime is None:
             return
         families = {

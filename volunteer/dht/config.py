@@ -84,7 +84,7 @@ class DHTConfig:
     max_subkeys_per_key: int = 1024  # e.g. hosts declaring under one grid prefix
     # One signer's share of any key. An honest host declares under one sub-key (its PeerID); a
     # little room for owners' suffixes, but one identity can no longer fill a grid's prefix key
-    # with 1,024 far-future sub-keys and push every honest heartbeat out (issue 12). A full key
+    # with 1,024 far-future sub-keys and push every honest heartbeat out. A full key
     # then makes room at the expense of the largest holder, by source address and then by signer
     # (``records.Storage``), so many identities from one address cannot do it either.
     max_subkeys_per_signer_per_key: int = 4

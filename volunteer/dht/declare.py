@@ -9,14 +9,21 @@ leaving host's experts vanish at once. Lookups of what is declared are in ``grid
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import trio
 
 from ..errors import DHTError, VolunteerError, describe
+from ..net.service import BaseService, HostAPI
 from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
 
+if TYPE_CHECKING:
+    from .node import DHTNode
+
 log = logging.getLogger(__name__)
+
+WITHDRAW_ON_EXIT = 2.0  # seconds a cancelled declarer spends tombstoning before it gives up
+
 
 def _no_version(uid: str) -> int:
     return 0
@@ -26,17 +33,19 @@ def _never_synced(uid: str) -> float | None:
     return None
 
 
-class ExpertDeclarer:
-    """Keeps a host's experts declared while it runs; ``withdraw`` removes them at once.
+class ExpertDeclarer(BaseService):
+    """Keeps a host's experts declared while it runs, as a Host service; ``withdraw`` removes
+    them at once.
 
     ``loads()`` gives each uid's load, ``versions(uid)`` its version (count of optimizer
     updates; 0 by default) and ``synced_ages(uid)`` the seconds since its replicas last averaged
-    (None: never), all read afresh every heartbeat."""
+    (None: never), all read afresh every heartbeat. What is declared changes only through
+    ``add`` and ``drop``; ``pause`` / ``resume`` stop and restart the heartbeats."""
 
     def __init__(
         self,
-        dht,
-        uids: Iterable[str],
+        dht: DHTNode,
+        uids: Iterable[str] = (),
         *,
         loads: Callable[[], Mapping[str, float]] = dict,
         addrs: Callable[[], Sequence[bytes]] | None = None,
@@ -44,11 +53,11 @@ class ExpertDeclarer:
         synced_ages: Callable[[str], float | None] = _never_synced,
     ) -> None:
         uids = list(uids)
-        bad = [u for u in uids if not is_valid_uid(u)]
-        if bad:
-            raise DHTError(f"invalid expert uid {bad[0]!r}: expected name.i.j… (e.g. ffn.0.3)")
+        for uid in uids:
+            _check_uid(uid)
         self.dht = dht
-        self.uids = sorted(set(uids))
+        self.host = dht.host
+        self._uids = sorted(set(uids))
         self.loads = loads
         self.versions = versions
         self.synced_ages = synced_ages
@@ -56,24 +65,58 @@ class ExpertDeclarer:
         self.paused = False
         self.last_declared: float | None = None  # when a heartbeat last reached at least one peer
         self.last_expiration = 0.0  # expiration of the newest declaration (tombstones must match it)
+        self._tombstoned_at = 0.0  # last_expiration when every declaration was last tombstoned
         self.declarations = 0
         self.heartbeat_bytes = 0  # DHT bytes sent by heartbeats, for "bytes per expert per minute"
         self._wake = trio.Event()
 
+    @property
+    def uids(self) -> list[str]:
+        """The uids declared at each heartbeat (a copy: change them with ``add`` / ``drop``)."""
+        return list(self._uids)
+
+    # --- what is declared ---------------------------------------------------------------------
+    def add(self, uid: str) -> None:
+        """Declare ``uid`` from now on; unless paused, the next heartbeat starts at once."""
+        _check_uid(uid)
+        if uid not in self._uids:
+            self._uids = sorted({*self._uids, uid})
+            self._wake_unless_paused()
+
+    async def drop(self, uid: str) -> None:
+        """Stop declaring ``uid`` and tombstone its record (trainers stop picking us for it at
+        once); the grid prefix records are rewritten by the next heartbeat, which starts at once."""
+        if uid not in self._uids:
+            return
+        self._uids = [u for u in self._uids if u != uid]
+        if self.last_expiration:
+            items = make_tombstones([uid], self.dht.host.peer_id, self.last_expiration, prefixes=False)
+            try:
+                await self.dht.store_many(items, cached_peers=True, replicas=self.dht.config.expert_replicas)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("tombstone of %s failed: %s", uid, describe(exc))
+        self._wake_unless_paused()
+
+    def _wake_unless_paused(self) -> None:
+        if not self.paused:
+            self._wake.set()
+
+    # --- heartbeats and tombstones ------------------------------------------------------------
     async def declare_once(self) -> int:
         """One heartbeat: sign and store every uid and grid prefix; returns peers reached (max over keys)."""
-        if not self.uids:
+        if not self._uids:
             return 0
         dht = self.dht
+        uids = list(self._uids)
         now = dht.clock()
         expiration = now + dht.config.expert_expiration
         loads = dict(self.loads())
         host_load = sum(loads.values()) / len(loads) if loads else 0.0
         info = HostInfo(dht.host.peer_id, tuple(self.addrs()), host_load)
-        versions = {uid: self.versions(uid) for uid in self.uids}
-        ages = {uid: age for uid in self.uids if (age := self.synced_ages(uid)) is not None}
+        versions = {uid: self.versions(uid) for uid in uids}
+        ages = {uid: age for uid in uids if (age := self.synced_ages(uid)) is not None}
         items = make_declarations(
-            self.uids, info, now, expiration, loads=loads, versions=versions, synced_ages=ages, config=dht.config
+            uids, info, now, expiration, loads=loads, versions=versions, synced_ages=ages, config=dht.config
         )
         # Recorded before the store: a withdraw while this heartbeat is in flight must write its
         # tombstones at least this late, or the heartbeat could land after them and outlive them.
@@ -88,17 +131,21 @@ class ExpertDeclarer:
         return reached
 
     async def withdraw(self) -> int:
-        """Tombstone every declaration (graceful leave or pause): lookups stop returning them at once."""
-        if not self.uids or not self.last_expiration:
+        """Stop declaring and tombstone every declaration (a graceful leave, or ``pause``):
+        lookups stop returning them at once; ``resume`` declares again. Nothing is sent when
+        nothing was declared since the last withdraw. Returns peers reached (max over keys)."""
+        self.paused = True
+        if not self._uids or self.last_expiration <= self._tombstoned_at:
             return 0
         dht = self.dht
-        items = make_tombstones(self.uids, dht.host.peer_id, self.last_expiration)
+        expiration = self.last_expiration
+        items = make_tombstones(self._uids, dht.host.peer_id, expiration)
         accepted = await dht.store_many(items, cached_peers=True, replicas=dht.config.expert_replicas)
+        self._tombstoned_at = max(self._tombstoned_at, expiration)
         return max(accepted) if accepted else 0
 
     async def pause(self) -> None:
         """Stop declaring and withdraw (``volunteer pause``)."""
-        self.paused = True
         await self.withdraw()
 
     def resume(self) -> None:
@@ -106,7 +153,17 @@ class ExpertDeclarer:
         self.paused = False
         self._wake.set()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    def snapshot(self) -> dict:
+        """The declarations' figures for ``volunteer status``: how many experts are declared now
+        (none while paused), when a heartbeat last reached a peer, heartbeats and their bytes."""
+        return {
+            "experts_declared": 0 if self.paused else len(self._uids),
+            "last_declared": self.last_declared,
+            "declarations": self.declarations,
+            "heartbeat_bytes": self.heartbeat_bytes,
+        }
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Heartbeat until cancelled; on cancellation, try (briefly) to withdraw."""
         task_status.started()
         try:
@@ -120,11 +177,16 @@ class ExpertDeclarer:
                 with trio.move_on_after(self.dht.config.expert_update_period):
                     await self._wake.wait()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            with trio.CancelScope(shield=True), trio.move_on_after(WITHDRAW_ON_EXIT):
                 try:
                     await self.withdraw()
                 except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                     log.warning("withdrawing experts failed: %s", describe(exc))
+
+
+def _check_uid(uid: str) -> None:
+    if not is_valid_uid(uid):
+        raise DHTError(f"invalid expert uid {uid!r}: expected name.i.j… (e.g. ffn.0.3)")
 
 
 __all__ = ["ExpertDeclarer"]

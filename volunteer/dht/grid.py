@@ -263,12 +263,16 @@ def make_declarations(
     return out
 
 
-def make_tombstones(uids: Iterable[str], peer: PeerID, expiration: float) -> list[tuple[bytes, bytes, None, float]]:
-    """Tombstones for every key ``make_declarations`` wrote; ``expiration`` = the last one declared."""
+def make_tombstones(
+    uids: Iterable[str], peer: PeerID, expiration: float, *, prefixes: bool = True
+) -> list[tuple[bytes, bytes, None, float]]:
+    """Tombstones for every key ``make_declarations`` wrote; ``expiration`` = the last one declared.
+    ``prefixes=False``: the uid records only (the prefix records still list other uids of ours)."""
     keys = set()
     for uid in uids:
         keys.add(uid)
-        keys.update(grid_prefixes(uid))
+        if prefixes:
+            keys.update(grid_prefixes(uid))
     return [(expert_key(k), peer.to_bytes(), None, float(expiration)) for k in sorted(keys)]
 
 

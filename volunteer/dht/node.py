@@ -21,15 +21,19 @@ import logging
 import random
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Callable, Iterable, Sequence
 
 import trio
 
 from ..errors import DHTError, DHTMessageError, VolunteerError, describe
+from ..net.events import PeerDisconnected, PeerIdentified, ReachabilityChanged
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
+from ..net.nat.autonat import Reachability
 from ..net.pool import SERVE_IDLE, pool_of
+from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream
 from .caches import ClosestPeers, RecentValues, chunks
 from .config import DHTConfig
@@ -58,23 +62,33 @@ _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap re
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
 
 
-class DHTNode(StoreMixin):
-    """A running DHT node. Create it with ``open_dht``."""
+class DHTNode(StoreMixin, BaseService):
+    """A DHT node, as a Host service (``await host.add_service(node)``) or for the length of a
+    block (``open_dht``).
+
+    Given ``bootstrap`` peers, it joins through them before it reports started (unless
+    ``wait_bootstrap=False``), so the services started after it find a routing table.
+    ``follow_reachability``: client mode follows the Host's ``ReachabilityChanged`` events (a
+    private volunteer is not put in others' tables), as a volunteer's node does."""
 
     def __init__(
         self,
-        host,
+        host: HostAPI,
         config: DHTConfig,
         *,
         client_mode: bool = False,
         clock: Callable[[], float] = time.time,
         bootstrap: Sequence[Multiaddr | str] = (),
+        wait_bootstrap: bool = True,
+        follow_reachability: bool = False,
     ) -> None:
         self.host = host
         self.config = config
         self.clock = clock
         self.state = NodeState(host.peer_id, config, client_mode=client_mode)
         self.bootstrap_addrs = [Multiaddr(a) for a in bootstrap]
+        self.wait_bootstrap = wait_bootstrap
+        self.follow_reachability = follow_reachability
         self.protocol = config.protocol_id
         # requests, failures, bytes in and out; inbound refusals are the core's (``state.rejected``)
         self.stats: dict[str, int] = defaultdict(int)
@@ -96,6 +110,13 @@ class DHTNode(StoreMixin):
     def set_client_mode(self, client_mode: bool) -> None:
         """Client mode (AutoNAT says private): we query and store but ask not to be routed to."""
         self.state.client_mode = bool(client_mode)
+
+    def _apply_reachability(self, reachability: Reachability) -> None:
+        # private volunteers run the DHT in client mode: routing others to them would fail
+        private = reachability is Reachability.PRIVATE
+        if self.client_mode != private:
+            log.info("DHT %s mode (reachability: %s)", "client" if private else "server", reachability.value)
+            self.set_client_mode(private)
 
     def _refresh_addrs(self) -> None:
         self.state.addrs = tuple(a.to_bytes() for a in self.host.shareable_addrs()[: self.config.max_addrs])
@@ -443,8 +464,6 @@ class DHTNode(StoreMixin):
                 log.debug("re-publication failed: %s", describe(exc))
 
     async def _follow_connections(self) -> None:
-        from ..net.events import PeerDisconnected, PeerIdentified
-
         events = self.host.events.subscribe()
         async for event in events:
             if isinstance(event, PeerIdentified) and self.protocol in (event.info.protocols or ()):
@@ -473,19 +492,30 @@ class DHTNode(StoreMixin):
         if not self.host.is_connected(peer):
             self._ping_soon([peer])
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Serve the protocol and keep the table healthy until cancelled."""
+    def handlers(self) -> Mapping[str, Handler]:
+        return {self.protocol: self._serve}
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the table healthy until cancelled (the Host routes the protocol to ``handlers()``);
+        reports started once joined through the bootstrap peers (if any, and ``wait_bootstrap``)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self.host.set_handler(self.protocol, self._serve)
             self._refresh_addrs()
+            if self.follow_reachability:
+                # subscribed before anything else starts: no verdict can fall before it
+                await nursery.start(self._follow_reachability)
             nursery.start_soon(self._maintain)
             nursery.start_soon(self._follow_connections)
+            if self.bootstrap_addrs and self.wait_bootstrap:
+                await self.bootstrap()
             task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self.host.remove_handler(self.protocol)
+
+    async def _follow_reachability(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with self.host.events.subscribe(ReachabilityChanged) as changes:
+            task_status.started()
+            async for change in changes:
+                if isinstance(change, ReachabilityChanged) and isinstance(change.reachability, Reachability):
+                    self._apply_reachability(change.reachability)
 
     def snapshot(self) -> dict:
         """Figures for the dashboard and ``volunteer status``."""
@@ -510,23 +540,28 @@ def _multiaddr(raw: bytes) -> Multiaddr | None:
 
 @asynccontextmanager
 async def open_dht(
-    host,
+    host: HostAPI,
     config: DHTConfig | None = None,
     *,
     bootstrap: Sequence[Multiaddr | str] = (),
     client_mode: bool = False,
     clock: Callable[[], float] = time.time,
     wait_bootstrap: bool = True,
-):
-    """Run a DHT node on ``host`` for the duration of the block; bootstraps first when peers are given."""
-    node = DHTNode(host, config or DHTConfig(), client_mode=client_mode, clock=clock, bootstrap=bootstrap)
+) -> AsyncIterator[DHTNode]:
+    """Run a DHT node on ``host`` for the duration of the block; bootstraps first when peers are
+    given. (A volunteer runs its node as a Host service instead, for the Host's lifetime.)"""
+    node = DHTNode(host, config or DHTConfig(), client_mode=client_mode, clock=clock, bootstrap=bootstrap,
+                   wait_bootstrap=wait_bootstrap)
+    handlers = node.handlers()
     async with trio.open_nursery() as nursery:
-        await nursery.start(node.run)
-        if node.bootstrap_addrs and wait_bootstrap:
-            await node.bootstrap()
+        for protocol, handler in handlers.items():
+            host.set_handler(protocol, handler)
         try:
+            await nursery.start(node.run, host)
             yield node
         finally:
+            for protocol in handlers:
+                host.remove_handler(protocol)
             nursery.cancel_scope.cancel()
 
 

@@ -188,7 +188,7 @@ class Storage:
     Caps: value size (``check``), records per signer, sub-keys per signer under one key, sub-keys
     per key, total records and bytes (expired records are collected first).
 
-    Fairness (issue 12): a full key or a full storage makes room at the expense of **the largest
+    Fairness: a full key or a full storage makes room at the expense of **the largest
     holder first**, never of a smaller one. Under a key, holders are grouped by the source address
     that stored their records, then by signer; the newcomer counts in its own groups. The largest
     source loses; within it the largest signer; within that, the soonest-expiring record. Ties are

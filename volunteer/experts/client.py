@@ -30,12 +30,17 @@ from ..errors import (
     VolunteerError,
     describe,
 )
+from ..dht.grid import grid_experts
+from ..dht.node import DHTNode
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.pool import pool_of
+from ..net.service import HostAPI
 
 from .callstats import AUTO, CallReport, CallStats, choose_compression
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
+from .directory import ExpertHost, TrainerSwarm
+from .faults import FaultInjection
 from .failures import raise_remote
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
@@ -57,20 +62,8 @@ def as_peer(peer: PeerID | Multiaddr | str) -> PeerID | Multiaddr:
     return Multiaddr(peer) if peer.startswith("/") else PeerID.from_string(peer)
 
 
-def remember_addrs(host, peer: PeerID, addrs: Sequence[bytes | str | Multiaddr]) -> None:
-    """Put a declaration's addresses (direct and relayed) where ``host.connect(peer)`` finds them."""
-    parsed = []
-    for addr in addrs:
-        try:
-            parsed.append(addr if isinstance(addr, Multiaddr) else Multiaddr(addr))
-        except VolunteerError:
-            continue
-    if parsed:
-        host.peerstore.add_addrs(peer, parsed)
-
-
 async def call_expert(
-    host,
+    host: HostAPI,
     peer: PeerID | Multiaddr,
     uid: str,
     op: str,
@@ -80,7 +73,7 @@ async def call_expert(
     n_inputs: int | None = None,
     compression: str = "none",
     timeout: float = DEFAULT_FORWARD_TIMEOUT,
-    faults=None,
+    faults: FaultInjection | None = None,
     config: ExpertsConfig = DEFAULT_CONFIG,
     backward_follows: bool = False,
     kept: int | None = None,
@@ -208,36 +201,85 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
     return outputs.finish()
 
 
-def caller_of(swarm):
-    """The function that calls ``swarm``'s experts: ``call_expert``, or the one a swarm of another
-    kind (hivemind) brings as ``swarm.call_expert`` (same signature)."""
-    return getattr(swarm, "call_expert", None) or call_expert
+class DHTDirectory:
+    """Our swarm kind's ``ExpertDirectory``: grids from the DHT's prefix records (``dht.grid``),
+    calls over the swarm's expert protocol (``call_expert``). Without a DHT node it calls peers
+    named by address only (``RemoteExpert``), and ``find_grid`` raises."""
+
+    def __init__(
+        self, host: HostAPI, dht: DHTNode | None, swarm_id: str, config: ExpertsConfig = DEFAULT_CONFIG
+    ) -> None:
+        self.host = host
+        self.dht = dht
+        self.swarm_id = swarm_id
+        self.config = config
+
+    async def find_grid(self, uid_prefix: str, grid_size: Sequence[int]) -> dict[str, list[ExpertHost]]:
+        if self.dht is None:
+            raise ExpertUnavailableError(f"no DHT to look up the grid {uid_prefix!r} in (this directory calls known peers only)")
+        found = await grid_experts(self.dht, uid_prefix, len(grid_size))
+        return {uid: list(hosts) for uid, hosts in found.items()}
+
+    async def call_expert(
+        self,
+        peer: PeerID | Multiaddr,
+        uid: str,
+        op: str,
+        tensors: Sequence[torch.Tensor] = (),
+        *,
+        n_inputs: int | None = None,
+        compression: str = "none",
+        timeout: float = DEFAULT_FORWARD_TIMEOUT,
+        faults: FaultInjection | None = None,
+        backward_follows: bool = False,
+        kept: int | None = None,
+        report: CallReport | None = None,
+    ) -> list[torch.Tensor] | dict:
+        return await call_expert(
+            self.host, peer, uid, op, tensors, swarm_id=self.swarm_id, n_inputs=n_inputs, compression=compression,
+            timeout=timeout, faults=faults, config=self.config, backward_follows=backward_follows, kept=kept,
+            report=report,
+        )
 
 
 class _Call:
-    """What an autograd Function needs to reach one expert from a synchronous thread. Each call
-    is recorded in ``stats`` (the trainer's ``CallStats``), whose measured throughput of the host
-    also picks the wire encoding when ``compression`` is ``auto``."""
+    """What an autograd Function needs to reach one expert from a synchronous thread: the call
+    goes through the swarm's directory (its kind's protocol), on the swarm's trio loop. ``addrs``
+    (the host's declared addresses) go to the peerstore at the first call, on the trio thread
+    (the peerstore is not thread-safe): no thread hop of their own. Each call is recorded in
+    ``stats`` (the trainer's ``CallStats``), whose measured throughput of the host also picks the
+    wire encoding when ``compression`` is ``auto``."""
 
     def __init__(
-        self, swarm, uid: str, peer, forward_timeout: float, backward_timeout: float, compression: str,
-        backward_follows: bool = False, stats: CallStats | None = None,
+        self, swarm: TrainerSwarm, uid: str, peer: PeerID | Multiaddr, forward_timeout: float, backward_timeout: float,
+        compression: str, backward_follows: bool = False, addrs: Sequence[bytes | str | Multiaddr] = (),
+        stats: CallStats | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
+        self._addrs = tuple(addrs) if isinstance(peer, PeerID) else ()  # a multiaddr peer carries its own
         self.stats = stats
         peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
         self.peer_name = str(peer_id if peer_id is not None else peer)
 
+    def _remember_host(self) -> None:
+        if self._addrs and isinstance(self.peer, PeerID):
+            self.swarm.host.peerstore.remember_addrs(self.peer, self._addrs)
+            self._addrs = ()
+
+    async def info(self) -> dict:
+        self._remember_host()
+        return await self.swarm.directory.call_expert(self.peer, self.uid, "info", timeout=self.forward_timeout)
+
     async def forward(self, inputs: Sequence[torch.Tensor], report: CallReport | None = None) -> list[torch.Tensor]:
         """The expert's outputs; ``report`` (filled in) keeps the key of the inputs the volunteer
         kept for the backward."""
+        self._remember_host()
         report = report if report is not None else CallReport()
-        return await self._recorded(report, caller_of(self.swarm)(
-            self.swarm.host, self.peer, self.uid, "forward", inputs, swarm_id=self.swarm.swarm_id,
-            compression=self._encoding(), timeout=self.forward_timeout, faults=getattr(self.swarm, "faults", None),
-            backward_follows=self.backward_follows, report=report,
+        return await self._recorded(report, self.swarm.directory.call_expert(
+            self.peer, self.uid, "forward", inputs, compression=self._encoding(), timeout=self.forward_timeout,
+            faults=self.swarm.faults, backward_follows=self.backward_follows, report=report,
         ))
 
     async def backward(
@@ -247,10 +289,9 @@ class _Call:
         """The gradients of the inputs; ``kept``: the forward's ``CallReport.kept`` (the inputs
         then stay here unless the volunteer has forgotten them)."""
         report = report if report is not None else CallReport()
-        return await self._recorded(report, caller_of(self.swarm)(
-            self.swarm.host, self.peer, self.uid, "backward", [*inputs, *grads], swarm_id=self.swarm.swarm_id,
-            n_inputs=len(inputs), compression=self._encoding(), timeout=self.backward_timeout,
-            faults=getattr(self.swarm, "faults", None), kept=kept, report=report,
+        return await self._recorded(report, self.swarm.directory.call_expert(
+            self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self._encoding(),
+            timeout=self.backward_timeout, faults=self.swarm.faults, kept=kept, report=report,
         ))
 
     def _encoding(self) -> str:
@@ -316,8 +357,8 @@ class RemoteExpert(nn.Module):
     def __init__(
         self,
         uid: str,
-        peer,
-        swarm,
+        peer: PeerID | Multiaddr | str,
+        swarm: TrainerSwarm,
         *,
         forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
@@ -328,13 +369,11 @@ class RemoteExpert(nn.Module):
         self.uid = uid
         self.peer = as_peer(peer)
         self.swarm = swarm
-        if addrs and isinstance(self.peer, PeerID):
-            swarm.loop.run(_remember, swarm.host, self.peer, list(addrs))
-        stats = swarm.calls
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
-                           stats=stats)
+                           addrs=addrs, stats=swarm.calls)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
-        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, stats=stats)
+        self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs,
+                                     stats=swarm.calls)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -342,13 +381,8 @@ class RemoteExpert(nn.Module):
     def info(self) -> dict:
         """The expert's schema and metadata, asked of the server once."""
         if self._info is None:
-            self._info = self.swarm.loop.run(self._ask_info)
+            self._info = self.swarm.loop.run(self._call.info)
         return self._info
-
-    async def _ask_info(self) -> dict:
-        return await caller_of(self.swarm)(
-            self.swarm.host, self.peer, self.uid, "info", swarm_id=self.swarm.swarm_id, timeout=self._call.forward_timeout
-        )
 
     def check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
         """Refuse inputs that cannot fit the expert's schema before any round trip, once the schema
@@ -383,8 +417,4 @@ class RemoteExpert(nn.Module):
         return f"uid={self.uid!r}, peer={self.peer}"
 
 
-async def _remember(host, peer, addrs) -> None:
-    remember_addrs(host, peer, addrs)
-
-
-__all__ = ["RemoteExpert", "as_peer", "call_expert", "remember_addrs"]
+__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert"]

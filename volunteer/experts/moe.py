@@ -3,10 +3,10 @@
 For a batch ``x`` of shape ``[batch, in_features]``:
 1. the gate scores every grid dimension (``grid_size=(4, 4)``: 4 + 4 scores per sample); an
    expert's score is the sum of its coordinates' scores (Learning@home's product-key grid);
-2. the live experts come from the DHT (``grid_experts``: the grid's prefix records, cached and
-   refreshed in the background every ``refresh_period`` seconds, so no forward waits for the
-   DHT but the first); each sample picks its ``k_best`` highest-scoring live experts, skipping
-   experts that failed recently (``backoff``);
+2. the live experts come from the swarm's directory (``swarm.directory.find_grid``; ours reads
+   the grid's prefix records from the DHT), cached and refreshed in the background every
+   ``refresh_period`` seconds, so no forward waits for a lookup but the first; each sample picks
+   its ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
 3. each chosen expert gets one call with all the samples that chose it, all calls in parallel
    (tensors as float16, or 8-bit on a link measured slow: ``compression="auto"``); once every
    sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
@@ -44,24 +44,16 @@ from ..errors import (
 )
 from ..dht.grid import parse_uid
 from .callstats import AUTO, CallReport
-from .client import DUMMY, _Call, detached_cpu, remember_addrs
+from .client import DUMMY, _Call, detached_cpu
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
+from .directory import TrainerSwarm
 
 log = logging.getLogger(__name__)
 
 STALE_AFTER = 10  # refresh periods: a grid cache this old is looked up again before a forward uses it
 
 
-def find_grid(swarm, uid_prefix: str, dims: int, *, grid_size: Sequence[int] | None = None, timeout: float = 30) -> dict[str, list]:
-    """``{uid: [host declarations]}`` of a grid, from the swarm's DHT: the one place the mixture
-    reaches the DHT (so a change of the grid lookup touches this function only). A swarm of
-    another kind (hivemind) brings its own lookup as ``swarm.find_grid``."""
-    other_kind = getattr(swarm, "find_grid", None)
-    if other_kind is not None:
-        return other_kind(uid_prefix, dims, grid_size=grid_size, timeout=timeout)
-    from ..dht.grid import grid_experts
-
-    return swarm.loop.run(grid_experts, swarm.dht, uid_prefix, dims, timeout=timeout)
+GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward that needed it
 
 
 class _NothingAnswered(Exception):
@@ -86,6 +78,8 @@ class _Plan:
         self.reports = [CallReport() for _ in calls]  # forward: each keeps the key of its kept inputs
 
     async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
+        # one hop to the trio thread for the whole round; each call records its host's declared
+        # addresses there before it dials
         results: list[list[torch.Tensor] | None] = [None] * len(self.calls)
         answers = [0] * self.batch
         satisfied = trio.Event()
@@ -174,7 +168,7 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def __init__(
         self,
-        swarm,
+        swarm: TrainerSwarm,
         *,
         in_features: int,
         grid_size: Sequence[int] | None = None,
@@ -221,8 +215,8 @@ class RemoteMixtureOfExperts(nn.Module):
     def stats(self) -> dict:
         """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``)
         and ``experts``: where the calls to each of the grid's experts spend their time, per host
-        (``Swarm.expert_stats``: path, round trip, bytes per call, network vs volunteer time)."""
-        return {**self._counts, "experts": self.swarm.expert_stats(self.uid_prefix)}
+        (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes per call, network vs volunteer time)."""
+        return {**self._counts, "experts": self.swarm.calls.snapshot(self.uid_prefix)}
 
     @property
     def calls(self) -> int:
@@ -243,18 +237,22 @@ class RemoteMixtureOfExperts(nn.Module):
         ``STALE_AFTER`` refresh periods (the background lookups keep failing): then we wait."""
         age = time.monotonic() - self._live_at
         if refresh or age >= STALE_AFTER * self.refresh_period:
-            self._set_live(find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size))
+            self._set_live(self._find_grid())
         elif age >= self.refresh_period and self._refreshing.acquire(blocking=False):
             threading.Thread(target=self._refresh_in_background, name="grid-refresh", daemon=True).start()
         return self._live
 
     def _refresh_in_background(self) -> None:
         try:
-            self._set_live(find_grid(self.swarm, self.uid_prefix, len(self.grid_size), grid_size=self.grid_size))
+            self._set_live(self._find_grid())
         except Exception as exc:  # the forward goes on with the cache; the next period tries again
             log.info("background lookup of grid %r failed: %s", self.uid_prefix, describe(exc))
         finally:
             self._refreshing.release()
+
+    def _find_grid(self) -> dict[str, list]:
+        return self.swarm.loop.run(self.swarm.directory.find_grid, self.uid_prefix, self.grid_size,
+                                   timeout=GRID_LOOKUP_TIMEOUT)
 
     def _set_live(self, found: dict[str, list]) -> None:
         valid = {}
@@ -404,10 +402,9 @@ class RemoteMixtureOfExperts(nn.Module):
         calls, samples = [], []
         for e in used:
             uid, decl = choices[e]
-            self.swarm.loop.run(_remember, self.swarm.host, decl.peer, decl.addrs)
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                backward_follows=torch.is_grad_enabled(), stats=self.swarm.calls,
+                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, stats=self.swarm.calls,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)
@@ -452,10 +449,6 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return f"grid={self.grid_size}, prefix={self.uid_prefix!r}, k_best={self.k_best}, k_min={self.k_min}"
-
-
-async def _remember(host, peer, addrs) -> None:
-    remember_addrs(host, peer, addrs)
 
 
 __all__ = ["RemoteMixtureOfExperts"]

@@ -1,90 +1,82 @@
-"""The records the expert runtime shares between the event loop and its worker thread, and how
-they group into batches and get their share of a batch's outputs back."""
+"""The records the expert runtime shares between the event loop and its worker thread, and how a
+computed batch gives each request its rows back."""
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from typing import Any, Iterable, Sequence
+import enum
+from typing import Any, Callable, Sequence
 
 import torch
-import trio
 
 from .schema import signature
 
 
+class Kind(enum.Enum):
+    """What a request or a job asks of the runtime (and, with an expert's uid, a cost key)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    STEP = "step"  # the optimizer step a backward owes (never submitted: the runtime owes it)
+    JOB = "job"  # a function run between batches (``Runtime.run_sync``, ``Runtime.run_on``)
+    AVERAGE = "average"  # a sync round's average written into an expert (``Runtime.run_on``)
+
+
+BATCH_KINDS = frozenset({Kind.FORWARD, Kind.BACKWARD})  # requests that queue and batch per expert
+JOB_KINDS = frozenset({Kind.JOB, Kind.AVERAGE})  # functions that run one at a time, in arrival order
+
+
 class Request:
-    """One caller's request, shared between the trio side and the worker."""
+    """One caller's request, shared between the trio side and the worker.
 
-    __slots__ = ("uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "event", "result", "error", "gone", "keep_graph", "settle_later")
+    A forward or backward carries tensors; a job carries ``work``, the function to call. ``waiter``
+    is whatever the caller waits on (a ``trio.Event``): the runtime calls its ``set()``."""
 
-    def __init__(self, uid: str, kind: str, inputs, grads, batch: int, nbytes: int) -> None:
-        self.uid, self.kind, self.inputs, self.grads = uid, kind, inputs, grads
-        self.batch, self.nbytes = batch, nbytes
-        self.key = signature(inputs)  # requests batch together only when these agree
-        self.submitted = time.perf_counter()
-        self.event = trio.Event()
+    __slots__ = (
+        "uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "waiter", "work",
+        "result", "error", "gone", "keep_graph", "settle_later",
+    )
+
+    def __init__(
+        self,
+        uid: str,
+        kind: Kind,
+        inputs: Sequence[torch.Tensor] = (),
+        grads: Sequence[torch.Tensor] | None = None,
+        *,
+        batch: int = 0,
+        waiter: Any = None,
+        work: Callable[[], Any] | None = None,
+        keep_graph: bool = False,
+        settle_later: bool = False,
+    ) -> None:
+        self.uid, self.kind = uid, kind
+        self.inputs = list(inputs)
+        self.grads = None if grads is None else list(grads)
+        self.batch = batch
+        self.nbytes = nbytes(self.inputs) + (nbytes(self.grads) if self.grads is not None else 0)
+        self.key = signature(self.inputs)  # requests batch together only when these agree
+        self.submitted = 0.0  # stamped by the scheduler when it takes the request
+        self.waiter = waiter
+        self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
         self.gone = False  # the caller stopped waiting (cancelled)
-        self.keep_graph = False  # a forward whose backward the caller announced
-        self.settle_later = False  # a backward whose caller calls Runtime.apply_owed_steps
+        self.keep_graph = keep_graph  # a forward whose backward the caller announced
+        self.settle_later = settle_later  # a backward whose caller calls Runtime.apply_owed_steps
+
+    def __repr__(self) -> str:
+        return f"<Request {self.kind.value} {self.uid!r} batch={self.batch}>"
 
 
-class Queue:
-    """One expert's queue of one kind (forward or backward): requests and their samples."""
-
-    __slots__ = ("requests", "samples")
-
-    def __init__(self) -> None:
-        self.requests: deque[Request] = deque()
-        self.samples = 0
-
-
-def wake(requests: list[Request]) -> None:
+def wake(requests: Sequence[Request]) -> None:
     """Wake the waiters of ``requests`` (on the event loop)."""
     for request in requests:
-        request.event.set()
+        request.waiter.set()
 
 
 def nbytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes the tensors hold."""
     return sum(t.nelement() * t.element_size() for t in tensors)
-
-
-def take_batch(
-    queues: Iterable[Queue], now: float, *, min_batch_size: int, max_batch_size: int, batch_window: float, closing: bool
-) -> tuple[list[Request], float | None]:
-    """The next batch, taken out of its queue: from the ready queue (``min_batch_size`` samples
-    waiting, or its oldest request ``batch_window`` old, or ``closing``) whose oldest request is
-    oldest, the requests of that request's sizes, oldest first, up to ``max_batch_size`` samples.
-    None ready: ``[]`` and the seconds until one is (None if no queue holds a request)."""
-    best, wait = None, None
-    for queue in queues:
-        if not queue.requests:
-            continue
-        head = queue.requests[0]
-        due = head.submitted + batch_window
-        if queue.samples >= min_batch_size or now >= due or closing:
-            if best is None or head.submitted < best.requests[0].submitted:
-                best = queue
-        else:
-            wait = due - now if wait is None else min(wait, due - now)
-    if best is None:
-        return [], wait
-    head = best.requests[0]
-    batch: list[Request] = []
-    kept: deque[Request] = deque()
-    samples = 0
-    for request in best.requests:
-        if request.key == head.key and samples + request.batch <= max_batch_size:
-            batch.append(request)
-            samples += request.batch
-        else:
-            kept.append(request)
-    best.requests = kept
-    best.samples -= samples
-    return batch, None
 
 
 def hand_out(batch: list[Request], outputs: list[torch.Tensor]) -> None:

@@ -1,48 +1,42 @@
 """The batching runtime: requests from many trainers, per expert, on one torch worker thread.
 
-Design (measured in tests/integration/test_experts_runtime.py): a dedicated worker thread owns
-every torch call but the cheap inline ones below. The trio side checks a request's metadata
-(count, dtypes, shapes: no kernels), appends it to its expert's bounded queue under a
-``threading.Condition`` and waits on a ``trio.Event``. The worker picks the ready queue whose
-oldest request is oldest, takes compatible requests up to ``max_batch_size`` samples, runs one
-batched forward or backward, splits the outputs back, and wakes the waiters with one
-``TrioToken.run_sync_soon`` per batch. That is two thread hand-offs per batch and no trio task
-per request; ``trio.to_thread.run_sync`` per batch would add a thread-cache round trip and could
-land torch on different OS threads.
+This module is the driver; the rules live in ``scheduler.py``, a synchronous core that decides
+what runs, in which order and where (owed optimizer steps first, then jobs, then batches; a cheap
+lone request inline on the event loop; the queue bounds; pause; experts coming and going). Here
+are only the worker thread, the ``threading.Condition`` around the core, the trio wake-ups and
+the torch calls.
 
-Three shortcuts for the one-trainer case, where latency is what counts:
-- A request that the worker would take at once (nothing queued, nothing running) and that is
-  cheap (its kind of call on that expert last took at most ``inline_compute_limit``) runs right
-  on the event loop, without the two hand-offs.
-- A backward's optimizer step is deferred: the reply leaves first, and the step is applied
-  right after, before anything else computes. The worker applies it after a batch it
-  computed; after an inline backward the server applies it itself once the reply is written
-  (``apply_owed_steps``: on the event loop when the step is cheap, so the trainer's next
-  forward finds the runtime idle and runs inline too; else on the worker). ``backend.updates``
-  counts the step at once, and every backend method settles an owed step before it computes
-  or exports, so nothing sees the parameters without it.
-- A lone forward keeps its autograd graph (``activations.py``), so its backward need not
+Hand-offs (measured in tests/integration/test_experts_runtime.py): the trio side checks a
+request's metadata (count, dtypes, shapes: no kernels), submits it to the core under the lock and
+waits on a ``trio.Event``. The worker takes its next job from the core, runs it (one batched
+forward or backward whose outputs are split back, an owed step, or a job), tells the core it
+finished, and only then wakes the waiters, with one ``TrioToken.run_sync_soon`` per job: a woken
+caller's next request finds the runtime idle and may run inline. That is two thread hand-offs
+per batch and no trio task per request; ``trio.to_thread.run_sync`` per batch would add a
+thread-cache round trip and could land torch on different OS threads.
+
+The shortcuts for the one-trainer case, where latency is what counts:
+- a request the core answers ``Inline`` runs right here on the event loop;
+- a backward's optimizer step is deferred so the reply leaves first. After a batch the worker
+  computed, it applies the step at once; after an inline backward the server applies it itself
+  once the reply is written (``apply_owed_steps``: on the event loop when the step is cheap, so
+  the trainer's next forward finds the runtime idle and runs inline too; else on the worker).
+  ``backend.updates`` counts the step at once, and every backend method settles an owed step
+  before it computes or exports, so nothing sees the parameters without it;
+- a lone forward keeps its autograd graph (``activations.py``), so its backward need not
   recompute it when nothing changed in between.
 
-Batching: a queue is ready once it holds ``min_batch_size`` samples or its oldest request has
-waited ``batch_window`` seconds. With the default ``min_batch_size=1`` an idle worker runs at
-once, and batches form from what arrives while it computes. Requests are batched only with
-requests of the same sizes after the batch dim. If a batched call raises, its requests run one
-by one, so only the culprit gets the error (for backward this costs extra optimizer steps: one
-per request instead of one per batch).
-
-Bounds: ``max_queue`` requests per expert and kind, ``max_queue_bytes`` of queued inputs in all;
-beyond either, a request fails at once with ExpertBusyError. ``pause()`` refuses new requests
-with ExpertPausedError (queued ones still run). On exit every backend with a checkpoint path and
-new updates is saved, even when the body was cancelled.
+If a batched call raises, its requests run one by one, so only the culprit gets the error (for
+backward this costs extra optimizer steps: one per request instead of one per batch). On exit
+every backend with a checkpoint path and new updates is saved, even when the body was cancelled.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
@@ -52,30 +46,20 @@ import trio
 from ..errors import (
     ExpertBusyError,
     ExpertConfigError,
-    ExpertPausedError,
     ExpertUnavailableError,
+    LocalProtocolError,
     UnknownExpertError,
     describe,
 )
 from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .requests import Queue as _Queue
-from .requests import Request as _Request
-from .requests import concat as _concat
-from .requests import hand_out as _hand_out
-from .requests import nbytes as _nbytes
-from .requests import take_batch as _take_batch
-from .requests import wake as _wake
+from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request, concat, hand_out, wake
+from .scheduler import QUEUED, Busy, Inline, Job, Scheduler
 from .schema import check_finite
-from .stats import Counters as _Counters
-from .stats import ExpertStats
+from .stats import ExpertStats, Ledger
 
 log = logging.getLogger(__name__)
-
-FORWARD = "forward"
-BACKWARD = "backward"
-STEP = "step"  # an optimizer step owed by a backward (its cost decides where it runs)
 
 
 class Runtime:
@@ -88,36 +72,29 @@ class Runtime:
             if backend.uid in self.backends:
                 raise ExpertConfigError(f"two backends share the uid {backend.uid!r}")
             self.backends[backend.uid] = backend
-        self._cond = threading.Condition()
-        self._queues = {(uid, kind): _Queue() for uid in self.backends for kind in (FORWARD, BACKWARD)}
-        self._calls: deque[_Request] = deque()  # run_sync jobs, before any batch
-        self._counters = {uid: _Counters() for uid in self.backends}
-        self._queued_bytes = 0
-        self._paused = False
-        self._closing = False
+        self._core = Scheduler(self.backends, config)
+        self._ledger = Ledger(config.latency_window)
+        for uid in self.backends:
+            self._ledger.add(uid)
+        self._cond = threading.Condition()  # guards the core, the ledger and the activations
         self._crashed: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
-        self._running: list[_Request] = []  # taken by the worker, not yet delivered
-        self._working = False  # the worker holds a job, or an inline computation runs
-        self._queued = 0  # requests in all queues
-        self._owed: deque[ExpertBackend] = deque()  # deferred steps the worker applies next
-        self._cost: dict[tuple[str, str], tuple[float, int]] = {}  # last (seconds, samples) per uid, kind
         self.activations = ActivationCache(
             config.activation_cache_entries, config.activation_cache_bytes, config.activation_cache_ttl
         )
 
     # --- public API (trio thread) -------------------------------------------------------------
 
-    async def forward(self, uid: str, inputs: Sequence[torch.Tensor], *, keep_graph: bool = False) -> list[torch.Tensor]:
+    async def forward(
+        self, uid: str, inputs: Sequence[torch.Tensor], *, keep_graph: bool = False
+    ) -> list[torch.Tensor]:
         """The expert's outputs for one request (batched with others). Raises ExpertInputError,
         ExpertBusyError, ExpertPausedError, UnknownExpertError, or what the expert raised.
         ``keep_graph``: the caller will send the backward of these inputs; if computed alone,
         the forward's graph is kept for it (``activations.py``)."""
-        backend = self._backend(uid)
-        batch = backend.check_inputs(inputs, nan_check=False)
-        request = _Request(uid, FORWARD, list(inputs), None, batch, _nbytes(inputs))
-        request.keep_graph = keep_graph
+        batch = self._backend(uid).check_inputs(inputs, nan_check=False)
+        request = Request(uid, Kind.FORWARD, inputs, batch=batch, waiter=trio.Event(), keep_graph=keep_graph)
         return await self._submit(request)
 
     async def backward(
@@ -132,11 +109,10 @@ class Runtime:
         ``settle_later``: the caller calls ``apply_owed_steps()`` once it has sent the result (a
         step owed by a backward computed on the event loop then waits for it, or for the next
         request, whichever comes first)."""
-        backend = self._backend(uid)
-        batch = backend.check_backward(inputs, grad_outputs, nan_check=False)
-        nbytes = _nbytes(inputs) + _nbytes(grad_outputs)
-        request = _Request(uid, BACKWARD, list(inputs), list(grad_outputs), batch, nbytes)
-        request.settle_later = settle_later
+        batch = self._backend(uid).check_backward(inputs, grad_outputs, nan_check=False)
+        request = Request(
+            uid, Kind.BACKWARD, inputs, grad_outputs, batch=batch, waiter=trio.Event(), settle_later=settle_later
+        )
         return await self._submit(request)
 
     def apply_owed_steps(self) -> None:
@@ -145,33 +121,27 @@ class Runtime:
         while the caller reads its reply: the next forward then finds the runtime idle and runs
         inline too, with no hand-off to the worker and back. Others go to the worker."""
         with self._cond:
-            if not self._owed:
+            job = self._core.step_inline()
+            if job is None:
+                if self._core.pending:
+                    self._cond.notify()
                 return
-            last = self._cost.get((self._owed[0].uid, STEP))
-            if self._working or last is None or last[0] > self.config.inline_compute_limit:
-                self._cond.notify()
-                return
-            backend = self._owed.popleft()
-            self._working = True
-        try:
-            self._settle(backend)
-        finally:
-            with self._cond:
-                self._working = False
-                self._cond.notify()
+        self._run_inline(job)
 
     async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the worker thread between batches (torch work that must not race
         the experts or block trio: compressing a large reply, an on-demand checkpoint)."""
-        self._check_open()
-        call = _Request("", "call", [], None, 0, 0)
-        call.result = (fn, args)  # the job rides in the result slot until the worker replaces it
-        with self._cond:
-            if len(self._calls) >= self.config.max_queue:
-                raise ExpertBusyError("the runtime's call queue is full")
-            self._calls.append(call)
-            self._cond.notify()
-        return await self._wait(call)
+        return await self._submit(Request("", Kind.JOB, waiter=trio.Event(), work=functools.partial(fn, *args)))
+
+    async def run_on(self, uid: str, fn: Callable[..., Any], *args: Any, kind: Kind = Kind.JOB) -> Any:
+        """Run ``fn(*args)``, work on expert ``uid``'s state (a sync round's average: ``kind``
+        ``Kind.AVERAGE``), between its batches and after any step it owes. It runs on the event
+        loop when a forward would (the runtime idle, the last ``kind`` job on ``uid`` took at most
+        ``inline_compute_limit``), else on the worker. UnknownExpertError if ``uid`` is not served;
+        ExpertUnavailableError if it is removed before the job runs."""
+        if kind not in JOB_KINDS:
+            raise LocalProtocolError(f"run_on runs jobs, not a {kind.value}")
+        return await self._submit(Request(uid, kind, waiter=trio.Event(), work=functools.partial(fn, *args)))
 
     async def settled(self) -> None:
         """Return once every optimizer step owed by an answered backward is applied. Read a
@@ -190,60 +160,49 @@ class Runtime:
 
     def pause(self) -> None:
         """Refuse new requests with ExpertPausedError; queued ones still run."""
-        self._paused = True
+        with self._cond:
+            self._core.pause()
 
     def resume(self) -> None:
         """Accept requests again after ``pause()``."""
-        self._paused = False
+        with self._cond:
+            self._core.resume()
 
     @property
     def paused(self) -> bool:
         """Whether new requests are refused."""
-        return self._paused
+        return self._core.paused
 
     def stats(self) -> dict[str, ExpertStats]:
         """A snapshot of every expert's counters."""
         with self._cond:
             return {
-                uid: c.snapshot(
-                    uid,
-                    queued=sum(len(self._queues[uid, kind].requests) for kind in (FORWARD, BACKWARD)),
-                    updates=self.backends[uid].updates,
-                )
-                for uid, c in self._counters.items()
+                uid: self._ledger.snapshot(uid, queued=self._core.queued(uid), updates=self.backends[uid].updates)
+                for uid in self._ledger.uids
             }
 
     # --- hosting changes while running (replicas: placement, hand-off receivers) ---------------
     def add_backend(self, backend: ExpertBackend) -> None:
         """Serve ``backend`` from now on (its state already loaded: a caught-up or pushed expert)."""
         with self._cond:
-            if backend.uid in self.backends:
-                raise ExpertConfigError(f"this runtime already serves {backend.uid!r}")
-            for kind in (FORWARD, BACKWARD):
-                self._queues[backend.uid, kind] = _Queue()
-            self._counters[backend.uid] = _Counters()
+            self._core.add(backend.uid)  # ExpertConfigError if it is served already
+            self._ledger.add(backend.uid)
             self.backends[backend.uid] = backend
 
     def remove_backend(self, uid: str) -> ExpertBackend:
         """Stop serving ``uid`` and return its backend (the caller saves it if it wants to):
-        requests still queued for it fail with ExpertUnavailableError; one being computed finishes."""
+        requests and jobs still queued for it fail with ExpertUnavailableError; one being
+        computed finishes."""
         with self._cond:
             backend = self.backends.pop(uid, None)
             if backend is None:
                 raise UnknownExpertError(f"no expert {uid!r} here")
-            stranded: list[_Request] = []
-            for kind in (FORWARD, BACKWARD):
-                queue = self._queues.pop((uid, kind))
-                stranded.extend(queue.requests)
-                self._queued_bytes -= sum(r.nbytes for r in queue.requests)
-            del self._counters[uid]
-            self._queued -= len(stranded)
+            stranded = self._core.remove(uid)
+            self._ledger.remove(uid)
             self.activations.drop(uid)
-            for kind in (FORWARD, BACKWARD, STEP):
-                self._cost.pop((uid, kind), None)
         for request in stranded:
             request.error = ExpertUnavailableError(f"this volunteer no longer hosts {uid!r}")
-        _wake(stranded)
+        wake(stranded)
         return backend
 
     # --- submission -------------------------------------------------------------------------------
@@ -257,93 +216,51 @@ class Runtime:
     def _check_open(self) -> None:
         if self._crashed is not None:
             raise ExpertUnavailableError(f"the expert runtime crashed: {describe(self._crashed)}")
-        if self._closing or self._thread is None:
+        if self._core.closing or self._thread is None:
             raise ExpertUnavailableError("the expert runtime is not running")
 
-    async def _submit(self, request: _Request) -> list[torch.Tensor]:
+    async def _submit(self, request: Request) -> Any:
         self._check_open()
-        if self._paused:
-            raise ExpertPausedError("this volunteer paused its experts")
-        queue = self._queues[request.uid, request.kind]
         with self._cond:
-            counters = self._counters[request.uid]
-            if len(queue.requests) >= self.config.max_queue:
-                counters.busy += 1
-                raise ExpertBusyError(f"expert {request.uid!r}: {len(queue.requests)} {request.kind} requests queued")
-            if self._queued_bytes + request.nbytes > self.config.max_queue_bytes:
-                counters.busy += 1
-                raise ExpertBusyError(f"the runtime holds {self._queued_bytes} bytes of queued inputs")
-            if request.kind == FORWARD:
-                counters.forward += 1
-            else:
-                counters.backward += 1
-            inline = self._may_inline(request)
-            if inline:
-                self._working = True  # the worker stays out until this computation ends
-            else:
-                queue.requests.append(request)
-                queue.samples += request.batch
-                self._queued_bytes += request.nbytes
-                self._queued += 1
+            decision = self._core.submit(request, time.perf_counter())
+            if isinstance(decision, Busy):
+                if request.kind in BATCH_KINDS:
+                    self._ledger.busy(request.uid)
+                raise ExpertBusyError(decision.reason)
+            self._ledger.accepted(request)
+            if decision is QUEUED:
                 self._cond.notify()
-        if inline:
-            return self._run_inline(request)
-        return await self._wait(request, queue)
+        if isinstance(decision, Inline):
+            self._run_inline(decision.job)
+            return _outcome(request)
+        try:
+            await request.waiter.wait()
+        except BaseException:
+            request.gone = True  # taken into a batch already: the worker skips it
+            with self._cond:
+                self._core.cancel(request)
+            raise
+        return _outcome(request)
+
+    def _run_inline(self, job: Job) -> None:
+        """Run a job the core gave the event loop; the worker stays out until it ends."""
+        seconds, owed = None, False
+        try:
+            seconds, owed = self._perform(job, self.backends.get(job.uid))
+        finally:
+            with self._cond:
+                self._core.finished(job, seconds, step_owed=owed)  # an owed step waits for ...
+                if not owed and self._core.pending:
+                    self._cond.notify()  # a wake-up for nothing costs the event loop the GIL
+        if owed and not job.requests[0].settle_later:
+            # ... our caller's reply: woken now, the worker's Python would contend for the GIL
+            # with the reply's serialization (a callback runs when the caller's task first
+            # yields, which is after its first send)
+            trio.lowlevel.current_trio_token().run_sync_soon(self._wake_worker)
 
     def _wake_worker(self) -> None:
         with self._cond:
             self._cond.notify()
-
-    def _may_inline(self, request: _Request) -> bool:
-        """Under the lock: whether ``request`` would be the worker's next batch, alone, and is
-        cheap enough to compute on the event loop (its last like call took <= the limit)."""
-        limit = self.config.inline_compute_limit
-        last = self._cost.get((request.uid, request.kind))
-        if limit <= 0 or last is None or self._working or self._queued or self._calls or self._owed:
-            return False
-        seconds, samples = last
-        return request.batch >= self.config.min_batch_size and seconds * max(1.0, request.batch / samples) <= limit
-
-    def _run_inline(self, request: _Request) -> list[torch.Tensor]:
-        backend = None
-        try:
-            backend = self._execute([request])
-        finally:
-            owed = backend is not None and backend.step_owed
-            with self._cond:
-                self._working = False
-                if owed:
-                    self._owed.append(backend)  # applied before anything else computes ...
-                else:
-                    self._cond.notify()
-            if owed and not request.settle_later:
-                # ... once our caller's reply is written: woken now, the worker's Python would
-                # contend for the GIL with the reply's serialization (a callback runs when the
-                # caller's task first yields, which is after its first send)
-                trio.lowlevel.current_trio_token().run_sync_soon(self._wake_worker)
-        if request.error is not None:
-            error, request.error = request.error, None
-            raise error
-        return request.result
-
-    async def _wait(self, request: _Request, queue: _Queue | None = None) -> Any:
-        try:
-            await request.event.wait()
-        except BaseException:
-            request.gone = True
-            with self._cond:
-                if queue is not None and request in queue.requests:
-                    queue.requests.remove(request)
-                    queue.samples -= request.batch
-                    self._queued_bytes -= request.nbytes
-                    self._queued -= 1
-                elif queue is None and request in self._calls:
-                    self._calls.remove(request)
-            raise
-        if request.error is not None:
-            error, request.error = request.error, None  # no cycle through the traceback
-            raise error
-        return request.result
 
     # --- worker thread ---------------------------------------------------------------------------
 
@@ -354,86 +271,62 @@ class Runtime:
 
     def _work(self) -> None:
         try:
+            follow: Job | None = None  # what the last job handed on (the step its batch owes)
             while True:
-                owed: ExpertBackend | None = None
-                job: _Request | None = None
-                batch: list[_Request] = []
                 with self._cond:
-                    while True:
-                        if self._working:  # an inline computation runs on the event loop
-                            self._cond.wait()
-                            continue
-                        if self._owed:
-                            owed = self._owed.popleft()
-                            break
-                        if self._calls:
-                            job = self._calls.popleft()
-                            break
-                        batch, wait = self._pick(time.perf_counter())
-                        if batch:
-                            break
-                        if self._closing:
-                            return
-                        self._cond.wait(wait)
-                    self._working = True
-                    self._running = [job] if job is not None else batch
-                if owed is not None:
-                    self._settle(owed)
-                    self._idle()
-                elif job is not None:
-                    self._call(job)  # goes idle itself
-                else:
-                    self._run(batch)  # goes idle itself
+                    job = follow or self._next_job()
+                    if job is None:
+                        return
+                    backend = self.backends.get(job.uid)
+                follow = self._run(job, backend)
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("expert runtime worker crashed")
             self._crashed = exc
             with self._cond:
-                stranded = [r for q in self._queues.values() for r in q.requests] + list(self._calls)
-                stranded += [r for r in self._running if not r.event.is_set()]
-                for queue in self._queues.values():
-                    queue.requests.clear()
-                self._calls.clear()
+                running = self._core.running
+                stranded = self._core.close()
+                if running is not None:
+                    stranded += [r for r in running.requests if not r.waiter.is_set()]
             for request in stranded:
                 request.result = None
                 request.error = ExpertUnavailableError(f"the expert runtime crashed: {describe(exc)}")
             self._deliver(stranded)
 
-    def _pick(self, now: float) -> tuple[list[_Request], float | None]:
-        """Under the lock: take the next batch, or say how long to wait for one."""
-        config = self.config
-        batch, wait = _take_batch(
-            self._queues.values(), now, min_batch_size=config.min_batch_size, max_batch_size=config.max_batch_size,
-            batch_window=config.batch_window, closing=self._closing,
-        )
-        self._queued_bytes -= sum(r.nbytes for r in batch)
-        self._queued -= len(batch)
-        return batch, wait
+    def _next_job(self) -> Job | None:
+        """Under the lock: wait for the core's next job; None once it is closed and drained."""
+        while True:
+            now = time.perf_counter()
+            job = self._core.next_job(now)
+            if job is not None or self._core.exhausted:
+                return job
+            self._cond.wait(self._core.wait(now))
 
-    def _call(self, job: _Request) -> None:
-        fn, args = job.result
-        try:
-            job.result = fn(*args)
-        except Exception as exc:
-            job.result, job.error = None, exc
-        self._idle()  # before the wake-up: the woken caller's next request may run inline
-        self._deliver([job])
-
-    def _idle(self) -> None:
+    def _run(self, job: Job, backend: ExpertBackend | None) -> Job | None:
+        """Run ``job`` on the worker, tell the core, then wake its callers; returns the job the
+        core hands on to the worker (the step a batch owes)."""
+        seconds, owed = self._perform(job, backend)
         with self._cond:
-            self._running = []
-            self._working = False
+            follow = self._core.finished(job, seconds, step_owed=owed)
+        self._deliver(job.requests)
+        return follow
 
-    def _run(self, batch: list[_Request]) -> None:
-        backend = self._execute(batch)
-        if backend is None or not backend.step_owed:
-            self._idle()  # before the wake-up: the woken caller's next request may run inline
-            self._deliver(batch)
-            return
-        self._deliver(batch)  # the reply first ...
-        self._settle(backend)  # ... then the step, before the worker computes anything else
-        self._idle()
+    def _perform(self, job: Job, backend: ExpertBackend | None) -> tuple[float | None, bool]:
+        """Run a job on this thread: (seconds to learn as its cost, or None; whether a step is owed)."""
+        if job.kind is Kind.STEP:
+            return (None if backend is None else self._settle(backend)), False
+        if job.kind in BATCH_KINDS:
+            if backend is None:  # the scheduler never hands out a batch of an expert it dropped
+                raise UnknownExpertError(f"no expert {job.uid!r} here")
+            return self._execute(job.requests, backend), backend.step_owed
+        (request,) = job.requests
+        started = time.perf_counter()
+        try:
+            request.result = request.work()
+        except Exception as exc:
+            request.result, request.error = None, exc
+        return time.perf_counter() - started, False
 
-    def _settle(self, backend: ExpertBackend) -> None:
+    def _settle(self, backend: ExpertBackend) -> float:
         """Apply ``backend``'s deferred step; forget its kept graphs the step made useless."""
         started = time.perf_counter()
         try:
@@ -441,21 +334,16 @@ class Runtime:
         except Exception as exc:  # the reply is gone: log it and count it on the expert
             log.exception("the optimizer step of expert %s failed", backend.uid)
             with self._cond:
-                counters = self._counters.get(backend.uid)
-                if counters is not None:
-                    counters.errors += 1
-                    counters.last_error, counters.last_error_time = describe(exc), time.time()
+                self._ledger.failed(backend.uid, exc, time.time())
         took = time.perf_counter() - started
         state = backend.state_fingerprint()
         with self._cond:
-            if backend.uid in self._counters:
-                self._cost[backend.uid, STEP] = (took, 1)
             self.activations.drop_stale(backend.uid, state)
+        return took
 
-    def _execute(self, batch: list[_Request]) -> ExpertBackend | None:
+    def _execute(self, batch: list[Request], backend: ExpertBackend) -> float | None:
         """Compute a batch (results and errors into its requests) and count it; returns its
-        backend (None if it was removed meanwhile)."""
-        backend = self.backends.get(batch[0].uid)
+        seconds when it ran whole, in one call (the cost the scheduler learns), else None."""
         live = [r for r in batch if not r.gone]
         if self.config.nan_check:
             live = [r for r in live if self._finite(r)]
@@ -463,33 +351,22 @@ class Runtime:
         started = time.perf_counter()
         if len(live) > 1:
             try:
-                self._compute(live)
+                self._compute(live, backend)
                 runs = 1
             except Exception:
                 for request in live:  # find the culprit: each alone, so only it fails
-                    runs += self._compute_alone(request)
+                    runs += self._compute_alone(request, backend)
         elif live:
-            runs = self._compute_alone(live[0])
+            runs = self._compute_alone(live[0], backend)
         done = time.perf_counter()
+        samples = sum(r.batch for r in live if r.error is None)
         with self._cond:
-            if runs == 1 and len(live) == len(batch) and batch[0].uid in self._counters:
-                self._cost[batch[0].uid, batch[0].kind] = (done - started, sum(r.batch for r in live))
-            # remove_backend may have dropped the expert while this batch ran: count into a stub
-            counters = self._counters.get(batch[0].uid) or _Counters()
-            counters.batches += runs
-            counters.compute_s += done - started
-            counters.samples += sum(r.batch for r in live if r.error is None)
-            for request in batch:
-                if request.error is not None:
-                    counters.errors += 1
-                    counters.last_error = describe(request.error)
-                    counters.last_error_time = time.time()
-                counters.latencies.append(done - request.submitted)
-            while len(counters.latencies) > self.config.latency_window:
-                counters.latencies.popleft()
-        return backend
+            self._ledger.computed(
+                batch[0].uid, batch, runs=runs, samples=samples, seconds=done - started, done=done, wall=time.time()
+            )
+        return done - started if runs == 1 and len(live) == len(batch) else None
 
-    def _finite(self, request: _Request) -> bool:
+    def _finite(self, request: Request) -> bool:
         try:
             check_finite(request.inputs)
             if request.grads is not None:
@@ -499,31 +376,31 @@ class Runtime:
             return False
         return True
 
-    def _compute_alone(self, request: _Request) -> bool:
+    def _compute_alone(self, request: Request, backend: ExpertBackend) -> bool:
         try:
-            self._compute([request])
+            self._compute([request], backend)
         except Exception as exc:
             request.error = exc
             return False
         return True
 
-    def _compute(self, batch: list[_Request]) -> None:
-        backend = self.backends[batch[0].uid]
+    def _compute(self, batch: list[Request], backend: ExpertBackend) -> None:
         backend.settle()
         if len(batch) == 1 and self.activations.enabled and self._compute_with_graph(backend, batch[0]):
             return
-        inputs = _concat([r.inputs for r in batch])
-        if batch[0].kind == FORWARD:
+        inputs = concat([r.inputs for r in batch])
+        if batch[0].kind is Kind.FORWARD:
             outputs = backend.forward(inputs, validate=False)
         else:
-            outputs = backend.backward(inputs, _concat([r.grads for r in batch]), validate=False, defer_step=True)
-        _hand_out(batch, outputs)
+            outputs = backend.backward(inputs, concat([r.grads for r in batch]), validate=False, defer_step=True)
+        hand_out(batch, outputs)
 
-    def _compute_with_graph(self, backend: ExpertBackend, request: _Request) -> bool:
-        """A lone forward that announced its backward keeps its graph; a lone backward uses the kept graph of its inputs if
-        the expert did not change since. False: compute it the ordinary way. (Batches of several
-        requests recompute: one graph per request would cost a backward pass per request.)"""
-        if request.kind == FORWARD:
+    def _compute_with_graph(self, backend: ExpertBackend, request: Request) -> bool:
+        """A lone forward that announced its backward keeps its graph; a lone backward uses the
+        kept graph of its inputs if the expert did not change since. False: compute it the
+        ordinary way. (Batches of several requests recompute: one graph per request would cost a
+        backward pass per request.)"""
+        if request.kind is Kind.FORWARD:
             if not request.keep_graph:
                 return False  # no backward announced: a graph would only hold memory
             request.result, graph = backend.forward_keeping_graph(request.inputs)
@@ -538,11 +415,11 @@ class Runtime:
         request.result = backend.backward_from_graph(graph, request.grads, defer_step=True)
         return True
 
-    def _deliver(self, requests: list[_Request]) -> None:
+    def _deliver(self, requests: list[Request]) -> None:
         if not requests:
             return
         try:
-            self._token.run_sync_soon(_wake, requests)
+            self._token.run_sync_soon(wake, requests)
         except trio.RunFinishedError:
             pass  # trio is gone: nobody is waiting any more
 
@@ -551,19 +428,12 @@ class Runtime:
     async def _aclose(self) -> list[BaseException]:
         """Stop the worker, fail what is still queued, save checkpoints; returns save failures."""
         with self._cond:
-            self._closing = True
-            stranded = [r for q in self._queues.values() for r in q.requests] + list(self._calls)
-            for queue in self._queues.values():
-                queue.requests.clear()
-                queue.samples = 0
-            self._calls.clear()
-            self._queued_bytes = 0
-            self._queued = 0
+            stranded = self._core.close()
             self.activations.clear()
             self._cond.notify()
         for request in stranded:
             request.error = ExpertUnavailableError("the expert runtime is shutting down")
-        _wake(stranded)
+        wake(stranded)
         if self._thread is not None:
             await trio.to_thread.run_sync(self._thread.join)
         return await trio.to_thread.run_sync(self._save_all)
@@ -578,6 +448,15 @@ class Runtime:
                     log.exception("checkpoint of expert %s failed", backend.uid)
                     failures.append(exc)
         return failures
+
+
+def _outcome(request: Request) -> Any:
+    """A finished request's result, or its error raised (dropped from the request first: no
+    cycle through the traceback)."""
+    if request.error is not None:
+        error, request.error = request.error, None
+        raise error
+    return request.result
 
 
 def _nothing() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import trio
 
@@ -32,11 +32,14 @@ from ..errors import (
 from ..net.identity import PeerID
 from ..net.streams import BufferedStream
 from ..net.pool import SERVE_IDLE
+from ..net.service import BaseService, Handler, HostAPI
 from .activations import KeptInputs
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
+from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
+from .runtime import Runtime
 from .tensors import TensorReader, serialize, writes
 
 log = logging.getLogger(__name__)
@@ -76,41 +79,72 @@ class UploadLimiter:
             await trio.sleep((min(nbytes, self.rate) - self.tokens) / self.rate)
 
 
-class ExpertServer:
-    """Serves a Runtime's experts on a Host. ``install()`` registers the protocol handler."""
+# told of each call answered with a result: (caller, request op); the CLI counts the distinct
+# trainers a volunteer served with it (its contributions)
+ServedHook = Callable[[PeerID, str], None]
 
-    def __init__(self, host, runtime, swarm_id: str, config: ExpertsConfig = DEFAULT_CONFIG) -> None:
+
+class ExpertServer(BaseService):
+    """Serves a Runtime's experts on a Host, as a Host service: ``await host.add_service(server)``.
+
+    ``upload_limit``: bytes per second of reply payload, shared by every call (None: unlimited);
+    ``on_served(peer, op)``: told of each call answered with a result. ``wait_idle`` returns once
+    no call is being served (a leaving node waits on it after pausing the runtime)."""
+
+    def __init__(
+        self,
+        host: HostAPI,
+        runtime: Runtime,
+        swarm_id: str,
+        config: ExpertsConfig = DEFAULT_CONFIG,
+        *,
+        upload_limit: float | None = None,
+        on_served: ServedHook | None = None,
+    ) -> None:
         self.host = host
         self.runtime = runtime
         self.config = config
         self.protocol = protocol_id(swarm_id)
-        self.active_requests = 0
+        self.in_flight = InFlight()  # calls being served now
         self.bytes_in = 0
         self.bytes_out = 0
         self.errors = 0
-        self.upload: UploadLimiter | None = None
+        self.upload = UploadLimiter(upload_limit) if upload_limit else None
         self.budget = RequestBudget(config)  # request bytes reserved now, per peer and in all
         self.forwards = ForwardRecord(config)  # who may call backward on what
         # a forward's inputs, for the backward its caller announced (it then sends only gradients)
         self.kept_inputs = KeptInputs(config.kept_inputs_entries, config.kept_inputs_bytes, config.activation_cache_ttl)
         self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
-        # told of each call answered with a result: (caller, request op); the CLI counts the
-        # distinct trainers a volunteer served with it (its contributions)
-        self.on_served: Callable[[PeerID, str], None] | None = None
+        self.on_served = on_served
 
     @property
     def upload_limit(self) -> float | None:
+        """Reply payload bytes per second (None: unlimited)."""
         return self.upload.rate if self.upload else None
 
-    @upload_limit.setter
-    def upload_limit(self, rate: float | None) -> None:
-        self.upload = UploadLimiter(rate) if rate else None
+    @property
+    def active_requests(self) -> int:
+        """Calls being served now."""
+        return self.in_flight.count
 
-    def install(self) -> None:
-        self.host.set_handler(self.protocol, self.handle)
+    def handlers(self) -> Mapping[str, Handler]:
+        return {self.protocol: self.handle}
 
-    def uninstall(self) -> None:
-        self.host.remove_handler(self.protocol)
+    async def wait_idle(self) -> None:
+        """Return once no call is being served (at once when none is)."""
+        await self.in_flight.wait_idle()
+
+    def snapshot(self) -> dict:
+        """Calls being served, bytes, errors and refusals by reason (``volunteer status``)."""
+        return {
+            "active_requests": self.active_requests,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "errors": self.errors,
+            "refusals": dict(self.refusals),
+            "upload_limit_bps": self.upload_limit,
+        }
+
 
     async def handle(self, stream) -> None:
         """Calls on one stream, one after another: a caller reuses an idle stream for its next
@@ -129,7 +163,7 @@ class ExpertServer:
         peer = stream.remote_peer
         reserved = 0
         owes_step = False  # a backward ran: its optimizer step waits until the reply is out
-        self.active_requests += 1
+        self.in_flight.started()
         try:
             try:
                 with trio.fail_after(READ_TIMEOUT):
@@ -200,7 +234,7 @@ class ExpertServer:
             await self._drain(reader, pending)
             return False
         finally:
-            self.active_requests -= 1
+            self.in_flight.ended()
             if owes_step:
                 # not earlier: taken during the send, the step would slow the reply down
                 self.runtime.apply_owed_steps()
@@ -236,4 +270,4 @@ class ExpertServer:
                 return
 
 
-__all__ = ["ExpertServer", "UploadLimiter"]
+__all__ = ["ExpertServer", "ServedHook", "UploadLimiter"]

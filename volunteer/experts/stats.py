@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from ..errors import describe
+from .requests import Kind, Request
 
 
 @dataclass
@@ -44,6 +48,73 @@ class Counters:
         )
 
 
+class Ledger:
+    """Every served expert's counters, kept by the runtime under its lock. Counting only: what
+    the runtime decides lives in ``scheduler.py``. The clocks are the caller's."""
+
+    def __init__(self, latency_window: int) -> None:
+        self.latency_window = latency_window
+        self._counters: dict[str, Counters] = {}
+
+    def add(self, uid: str) -> None:
+        """Count ``uid`` from now on (from zero)."""
+        self._counters[uid] = Counters()
+
+    def remove(self, uid: str) -> None:
+        """Forget ``uid``'s counters."""
+        del self._counters[uid]
+
+    def _of(self, uid: str) -> Counters:
+        # an expert removed while its batch ran is counted into a stub nobody reads
+        return self._counters.get(uid) or Counters()
+
+    def accepted(self, request: Request) -> None:
+        """A forward or backward was taken (inline or queued)."""
+        counters = self._of(request.uid)
+        if request.kind is Kind.FORWARD:
+            counters.forward += 1
+        elif request.kind is Kind.BACKWARD:
+            counters.backward += 1
+
+    def busy(self, uid: str) -> None:
+        """A forward or backward was refused because a bound was reached."""
+        self._of(uid).busy += 1
+
+    def failed(self, uid: str, error: BaseException, wall: float) -> None:
+        """Work that answers no request failed (an owed optimizer step)."""
+        counters = self._of(uid)
+        counters.errors += 1
+        counters.last_error, counters.last_error_time = describe(error), wall
+
+    def computed(
+        self, uid: str, batch: Sequence[Request], *, runs: int, samples: int, seconds: float, done: float, wall: float
+    ) -> None:
+        """A batch was computed: ``samples`` of it answered in ``runs`` successful calls taking
+        ``seconds`` and ending at ``done`` (the clock its requests were stamped with); its
+        requests hold their results or errors."""
+        counters = self._of(uid)
+        counters.batches += runs
+        counters.compute_s += seconds
+        counters.samples += samples
+        for request in batch:
+            if request.error is not None:
+                counters.errors += 1
+                counters.last_error = describe(request.error)
+                counters.last_error_time = wall
+            counters.latencies.append(done - request.submitted)
+        while len(counters.latencies) > self.latency_window:
+            counters.latencies.popleft()
+
+    def snapshot(self, uid: str, *, queued: int, updates: int) -> "ExpertStats":
+        """``uid``'s counters now."""
+        return self._counters[uid].snapshot(uid, queued=queued, updates=updates)
+
+    @property
+    def uids(self) -> list[str]:
+        """The experts counted."""
+        return list(self._counters)
+
+
 @dataclass(frozen=True)
 class ExpertStats:
     """A snapshot of one expert's counters, for the TUI and the control socket (seconds)."""
@@ -77,4 +148,4 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-__all__ = ["Counters", "ExpertStats", "percentile"]
+__all__ = ["Counters", "ExpertStats", "Ledger", "percentile"]

@@ -7,7 +7,8 @@ thin trio drivers; ``expert_wire`` (pure) and ``experts`` (the ``HivemindExperts
 our experts to hivemind clients; ``kad_wire`` (pure) and ``kad`` (``KadPeerRouting``) find peers by
 id over ``/ipfs/kad/1.0.0``; ``unsupported`` answers hivemind's averaging RPCs with a clear error;
 ``client`` and ``trainer`` let our RemoteExpert / RemoteMixtureOfExperts (``Swarm.join``) call
-hivemind-hosted experts; ``member`` is what ``open_volunteer`` runs; ``listing`` feeds
+hivemind-hosted experts (``HivemindDirectory``); ``member`` joins a volunteer to hivemind's DHT
+(the services a node runs are listed by ``volunteer.kinds.hivemind``); ``listing`` feeds
 ``volunteer experts``. See docs in each module. ``HivemindExperts`` is loaded on first
 use: it brings torch, which a DHT-only node does not need.
 """

@@ -31,6 +31,7 @@ import trio
 from ..errors import ExpertBackwardRefusedError, VolunteerError, describe
 from ..experts.admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord
 from ..experts.config import DEFAULT_CONFIG, ExpertsConfig
+from ..experts.inflight import InFlight
 from ..net.connection import NetStream
 from ..net.identity import PeerID
 from ..net.service import BaseService, Handler, HostAPI
@@ -79,7 +80,7 @@ class HivemindExperts(BaseService):
         self.refusals: Counter[str] = Counter()
         self.calls = 0
         self.errors = 0
-        self.active = 0  # forward/backward calls being served now
+        self.in_flight = InFlight()  # forward/backward calls being served now
         self.last_declared: float | None = None  # DHT time of the last round that reached anyone
         self.declared: list[str] = []  # uids declared in the last round
         self.skipped = [uid for uid in runtime.uids if not wire.is_hivemind_uid(uid)]
@@ -115,6 +116,26 @@ class HivemindExperts(BaseService):
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError) as exc:
                 log.info("declaring experts in the hivemind DHT failed: %s", describe(exc))
             await trio.sleep(self.limits.declare_period)
+
+    @property
+    def active_requests(self) -> int:
+        """Calls being served now (the runtime's queue counts the rest)."""
+        return self.in_flight.count
+
+    async def wait_idle(self) -> None:
+        """Return once no call is being served (at once when none is)."""
+        await self.in_flight.wait_idle()
+
+    def snapshot(self) -> dict:
+        """Calls served and being served, errors, refusals by reason, what was declared last."""
+        return {
+            "active_requests": self.in_flight.count,
+            "calls": self.calls,
+            "errors": self.errors,
+            "refusals": dict(self.refusals),
+            "declared": len(self.declared),
+            "last_declared": self.last_declared,
+        }
 
     # --- declaring -----------------------------------------------------------------------------
 
@@ -199,7 +220,7 @@ class HivemindExperts(BaseService):
         """Run one forward or backward through the runtime, admitted as our server admits calls;
         the answer's arrays and their compressions. Raises (the caller's RPC error) on refusal."""
         self.calls += 1
-        self.active += 1
+        self.in_flight.started()
         try:
             self._admit(op, uid, peer)
             schema = self._schema(uid)
@@ -216,7 +237,7 @@ class HivemindExperts(BaseService):
             log.debug("hivemind %s of %s for %s failed: %s", op, uid, peer.short(), describe(exc))
             raise
         finally:
-            self.active -= 1
+            self.in_flight.ended()
 
     def _admit(self, op: str, uid: str, peer: PeerID) -> None:
         # request bytes were reserved as they arrived (the door); what is left to check needs

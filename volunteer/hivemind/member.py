@@ -1,8 +1,10 @@
-"""A volunteer node's membership of a hivemind swarm: what ``open_volunteer`` runs instead of our
-DHT and declarer when the swarm file says ``kind = "hivemind"``.
+"""A volunteer node's membership of a hivemind swarm: the service that joins hivemind's DHT.
 
-    member = await join_member(host, spec.bootstrap)   # HivemindDHT, joined through them
-    await member.serve(runtime, config)                # + HivemindExperts, declaring every 30 s
+A node of a ``kind = "hivemind"`` swarm runs, instead of our DHT and declarer, hivemind's DHT
+(``HivemindDHT``), the refusals of what we do not speak (``HivemindRefusals``), kad peer routing
+(``KadPeerRouting``), this ``HivemindMember`` (which joins through the swarm's initial peers before
+it reports started) and, when it hosts experts, ``HivemindExperts`` (declaring every 30 s); the
+list is ``volunteer.kinds.hivemind``'s.
 
 Our swarm id never goes on hivemind's wire (hivemind has no such thing). What we do not speak of
 hivemind (averaging, signed-record validators, authorizers) is refused where it is asked for:
@@ -13,40 +15,44 @@ the swarm file (``swarmfile.HIVEMIND_UNSUPPORTED``), the DHT's ``auth`` fields, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import trio
+
+from ..errors import JoinError
 from ..net.multiaddr import Multiaddr
-from ..net.service import HostAPI
+from ..net.service import BaseService, HostAPI
 from .dht import HivemindDHT
-from .errors import HivemindError
-from .kad import KadPeerRouting
-from .unsupported import HivemindRefusals
 
 if TYPE_CHECKING:
     from .experts import HivemindExperts
 
 
-class HivemindMember:
-    """Our node in a hivemind swarm: its DHT service and, once experts run, its expert service."""
+class HivemindMember(BaseService):
+    """Joins hivemind's DHT through ``bootstrap`` (its initial peers; none: we are the first)
+    before it reports started; JoinError when initial peers were given and none answers a
+    hivemind ping. ``snapshot()`` is the DHT panel of ``volunteer status`` for such a node."""
 
-    def __init__(self, host: HostAPI, dht: HivemindDHT, refusals: HivemindRefusals | None = None) -> None:
-        self.host = host
+    def __init__(
+        self, dht: HivemindDHT, bootstrap: Sequence[Multiaddr] = (), *, experts: "HivemindExperts | None" = None,
+        swarm_name: str = "",
+    ) -> None:
         self.dht = dht
-        self.refusals = refusals
-        self.experts: HivemindExperts | None = None
+        self.bootstrap = list(bootstrap)
+        self.experts = experts
+        self.swarm_name = swarm_name
+        self.joined_through = 0  # initial peers that answered
 
-    async def serve(self, runtime: Any, config: Any) -> "HivemindExperts":
-        """Serve ``runtime``'s experts on hivemind's RPCs and declare them every 30 s."""
-        from .experts import HivemindExperts
-
-        self.experts = HivemindExperts(runtime, dht=self.dht, config=config)
-        await self.host.add_service(self.experts)
-        return self.experts
-
-    @property
-    def active_requests(self) -> int:
-        """hivemind calls being served now (the runtime's queue counts the rest)."""
-        return self.experts.active if self.experts is not None else 0
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.host = host
+        if self.bootstrap:
+            self.joined_through = await self.dht.bootstrap(self.bootstrap)
+            if not self.joined_through:
+                raise JoinError(
+                    f"cannot join hivemind swarm {self.swarm_name!r}: none of the {len(self.bootstrap)} initial peers "
+                    "answered a hivemind DHT ping (is this a hivemind 1.1 swarm? its peers must not run in client mode)"
+                )
+        task_status.started()
 
     def snapshot(self) -> dict:
         """The DHT figures of ``volunteer status`` (our DHT's keys; what hivemind's DHT does not
@@ -70,21 +76,4 @@ class HivemindMember:
         }
 
 
-async def join_member(host: HostAPI, bootstrap: Sequence[Multiaddr]) -> HivemindMember:
-    """Join the hivemind DHT through ``bootstrap`` (its initial peers; none: we are the first).
-    Raises HivemindError when initial peers were given and none answers a hivemind ping."""
-    dht = HivemindDHT()
-    await host.add_service(dht)
-    refusals = HivemindRefusals()
-    await host.add_service(refusals)
-    if host.service(KadPeerRouting) is None:
-        await host.add_service(KadPeerRouting())
-    if bootstrap and not await dht.bootstrap(list(bootstrap)):
-        raise HivemindError(
-            f"none of the {len(bootstrap)} initial peers answered a hivemind DHT ping "
-            "(is this a hivemind 1.1 swarm? its peers must not run in client mode)"
-        )
-    return HivemindMember(host, dht, refusals)
-
-
-__all__ = ["HivemindMember", "join_member"]
+__all__ = ["HivemindMember"]

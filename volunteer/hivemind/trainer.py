@@ -2,11 +2,13 @@
 file, so our ``RemoteExpert`` and ``RemoteMixtureOfExperts`` call experts that hivemind servers
 (``hivemind.moe.Server``, or a volunteer node on that swarm) host.
 
-    await join_as_trainer(swarm, host)   # client-mode HivemindDHT + kad; sets swarm.find_grid / call_expert
+    dht = await join_as_trainer(host, spec)    # client-mode HivemindDHT + kad, joined
+    swarm_directory = HivemindDirectory(host, dht)
 
-The two hooks replace ours: ``find_grid`` reads hivemind's ``uid → peer id`` records for every uid
-of the grid, ``call_expert`` calls ``ConnectionHandler.rpc_*`` through ``HivemindExpert`` with our
-timeouts and error types.
+``HivemindDirectory`` is the swarm's ``ExpertDirectory`` (``volunteer.experts.directory``):
+``find_grid`` reads hivemind's ``uid → peer id`` records for every uid of the grid,
+``call_expert`` calls ``ConnectionHandler.rpc_*`` through ``HivemindExpert`` with our timeouts
+and error types.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
+import trio
 
 from ..errors import VolunteerError
+from ..experts.callstats import CallReport
 from ..experts.config import DEFAULT_FORWARD_TIMEOUT
+from ..experts.directory import ExpertHost
+from ..experts.faults import FaultInjection
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI
@@ -36,10 +42,12 @@ MAX_GRID_UIDS = 4096
 
 @dataclass(frozen=True)
 class HivemindHost:
-    """Who serves an expert, as the mixture expects a declaration: a peer id (addresses: kad's job)."""
+    """Who serves an expert, as the mixture expects a declaration: a peer id (addresses: kad's
+    job; load: hivemind declares none)."""
 
     peer: PeerID
     addrs: tuple[Multiaddr, ...] = ()
+    load: float = 0.0
 
 
 def grid_uids(prefix: str, grid_size: Sequence[int]) -> list[str]:
@@ -67,55 +75,77 @@ def _as_peer(peer: Any) -> PeerID:
     return peer if isinstance(peer, PeerID) else PeerID.from_string(str(peer))
 
 
-async def hivemind_call_expert(
-    host: HostAPI,
-    peer: Any,
-    uid: str,
-    op: str,
-    tensors: Sequence[torch.Tensor] = (),
-    *,
-    n_inputs: int | None = None,
-    timeout: float = DEFAULT_FORWARD_TIMEOUT,
-    **_ours: Any,
-) -> Any:
-    """``experts.client.call_expert`` for an expert a hivemind server hosts: ``info`` gives
-    hivemind's info dict, ``forward`` / ``backward`` the output / input-gradient tensors. Options
-    that only our protocol has (swarm id, compression, fault injection) are ignored."""
-    expert = HivemindExpert(host, uid, _as_peer(peer), forward_timeout=timeout, backward_timeout=timeout)
-    if op == "info":
-        return await expert.info()
-    arrays = [tensor.detach().cpu().numpy() for tensor in tensors]
-    if op == "forward":
-        outputs = await expert.forward(arrays)
-    elif op == "backward":
-        split = len(arrays) if n_inputs is None else n_inputs
-        outputs = await expert.backward(arrays[:split], arrays[split:])
-    else:
-        raise ValueError(f"unknown expert operation {op!r}")
-    return [torch.from_numpy(np.ascontiguousarray(array)) for array in outputs]
+class HivemindDirectory:
+    """A hivemind swarm's experts for our trainers (an ``ExpertDirectory``): grids from hivemind's
+    uid records, calls over hivemind's ``ConnectionHandler`` RPCs. Options only our protocol has
+    (compression choice, keeping a forward's graph or its inputs) are ignored: a backward always
+    sends its inputs; injected faults apply. A ``report`` gets the call's times and its tensors'
+    raw bytes (no volunteer time: hivemind's replies do not say it)."""
+
+    def __init__(self, host: HostAPI, dht: HivemindDHT) -> None:
+        self.host = host
+        self.dht = dht
+
+    async def find_grid(self, uid_prefix: str, grid_size: Sequence[int]) -> dict[str, list[ExpertHost]]:
+        found = await hivemind_grid(self.dht, uid_prefix, grid_size)
+        return {uid: list(hosts) for uid, hosts in found.items()}
+
+    async def call_expert(
+        self,
+        peer: PeerID | Multiaddr,
+        uid: str,
+        op: str,
+        tensors: Sequence[torch.Tensor] = (),
+        *,
+        n_inputs: int | None = None,
+        compression: str = "none",
+        timeout: float = DEFAULT_FORWARD_TIMEOUT,
+        faults: FaultInjection | None = None,
+        backward_follows: bool = False,
+        kept: int | None = None,
+        report: CallReport | None = None,
+    ) -> Any:
+        """``info`` gives hivemind's info dict, ``forward`` / ``backward`` the output /
+        input-gradient tensors."""
+        report = report if report is not None else CallReport()
+        report.op, report.started = op, trio.current_time()
+        result = await self._call(peer, uid, op, tensors, n_inputs, timeout, faults)
+        report.done = trio.current_time()
+        if op != "info":
+            report.bytes_out = sum(t.numel() * t.element_size() for t in tensors)
+            report.bytes_in = sum(t.numel() * t.element_size() for t in result)
+        return result
+
+    async def _call(self, peer, uid, op, tensors, n_inputs, timeout, faults) -> Any:
+        if faults is not None:  # an experiment's injected failure or delay, before the call as ours
+            await faults.before_call(uid)
+        expert = HivemindExpert(self.host, uid, _as_peer(peer), forward_timeout=timeout, backward_timeout=timeout)
+        if op == "info":
+            return await expert.info()
+        arrays = [tensor.detach().cpu().numpy() for tensor in tensors]
+        if op == "forward":
+            outputs = await expert.forward(arrays)
+        elif op == "backward":
+            split = len(arrays) if n_inputs is None else n_inputs
+            outputs = await expert.backward(arrays[:split], arrays[split:])
+        else:
+            raise ValueError(f"unknown expert operation {op!r}")
+        return [torch.from_numpy(np.ascontiguousarray(array)) for array in outputs]
 
 
-async def join_as_trainer(swarm: Any, host: HostAPI) -> HivemindDHT:
-    """Join ``swarm.spec``'s hivemind DHT in client mode (as hivemind's trainers do) and install the
-    hivemind hooks on ``swarm``. Raises HivemindError when no initial peer answers."""
+async def join_as_trainer(host: HostAPI, bootstrap: Sequence[Multiaddr], *, swarm_name: str = "") -> HivemindDHT:
+    """Join a hivemind DHT in client mode (as hivemind's trainers do) through its initial peers,
+    with kad peer routing and the refusals of what we do not speak. Raises HivemindError when
+    there is no initial peer, or none answers."""
     dht = HivemindDHT(client_mode=True)
     await host.add_service(dht)
     await host.add_service(KadPeerRouting())
     await host.add_service(HivemindRefusals())
-    bootstrap = list(swarm.spec.bootstrap)
     if not bootstrap:
-        raise HivemindError(f"hivemind swarm {swarm.spec.name!r} names no initial peers (bootstrap)")
-    if not await dht.bootstrap(bootstrap):
-        raise HivemindError(f"none of the {len(bootstrap)} initial peers of {swarm.spec.name!r} answered a hivemind DHT ping")
-
-    def find_grid(uid_prefix: str, dims: int, *, grid_size: Sequence[int] | None = None, timeout: float = 30) -> dict:
-        if grid_size is None:
-            raise HivemindError("a hivemind grid lookup needs the grid's size (hivemind keeps no grid records)")
-        return swarm.loop.run(hivemind_grid, dht, uid_prefix, grid_size, timeout=timeout)
-
-    swarm.find_grid = find_grid
-    swarm.call_expert = hivemind_call_expert
+        raise HivemindError(f"hivemind swarm {swarm_name!r} names no initial peers (bootstrap)")
+    if not await dht.bootstrap(list(bootstrap)):
+        raise HivemindError(f"none of the {len(bootstrap)} initial peers of {swarm_name!r} answered a hivemind DHT ping")
     return dht
 
 
-__all__ = ["HivemindHost", "MAX_GRID_UIDS", "grid_uids", "hivemind_call_expert", "hivemind_grid", "join_as_trainer"]
+__all__ = ["HivemindDirectory", "HivemindHost", "MAX_GRID_UIDS", "grid_uids", "hivemind_grid", "join_as_trainer"]

@@ -8,8 +8,10 @@ contacts cannot grow memory without limit.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..errors import VolunteerError
 from .identity import PeerID, PublicKey
 from .multiaddr import Multiaddr
 
@@ -73,6 +75,20 @@ class Peerstore:
                 entry.addrs.remove(addr)
             entry.addrs.insert(0, addr)
         del entry.addrs[MAX_ADDRS_PER_PEER:]
+
+    def remember_addrs(self, peer: PeerID, addrs: Iterable[bytes | str | Multiaddr]) -> int:
+        """Remember addresses someone else vouched for (a DHT declaration, a swarm file), given as
+        multiaddrs, their text or their bytes; those that do not parse are skipped. Returns how many
+        parsed."""
+        parsed = []
+        for addr in addrs:
+            try:
+                parsed.append(addr if isinstance(addr, Multiaddr) else Multiaddr(addr))
+            except VolunteerError:  # a bad multiaddr in any encoding
+                continue
+        if parsed:
+            self.add_addrs(peer, parsed)
+        return len(parsed)
 
     def replace_addrs(self, peer: PeerID, addrs: list[Multiaddr]) -> None:
         """Set the peer's addresses to what it announced itself (identify), keeping order."""

@@ -1,9 +1,10 @@
 """Replicated expert state: the swarm's grid, automatic placement, state transfer, replica sync
-and hand-off on leave (issue 13). Sits above ``volunteer.experts`` and ``volunteer.dht``.
+and hand-off on leave. Sits above ``volunteer.experts`` and ``volunteer.dht``.
 
 Every piece is a pure core (no trio, ``now`` passed in) plus, for the protocols, a thin trio
 driver that runs as a Host service."""
 
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import (
     GridSpecError,
@@ -25,6 +26,7 @@ from .syncdriver import ReplicaSync
 from .transfer import StateService, catch_up, fetch_state, push_state
 
 __all__ = [
+    "Aggregate",
     "BackendStore",
     "DEFAULT_CONFIG",
     "ExportedState",
@@ -41,6 +43,7 @@ __all__ = [
     "fetch_state",
     "hand_off",
     "import_state",
+    "mean",
     "plan_handoff",
     "push_state",
     "state_protocol",

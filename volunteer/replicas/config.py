@@ -35,6 +35,10 @@ class ReplicasConfig:
     max_group: int = 16  # replicas of one expert averaged together (the others are ignored)
     stash_ttl: float = 10.0  # a contribution that arrives before our round opens waits this long
     max_stashed_bytes: int = 512 * MiB  # contributions waiting for a round, all experts together
+    # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
+    # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
+    # what a thread hop does
+    offload_bytes: int = 64 * 1024
 
     # --- placement and hand-off -----------------------------------------------------------
     recheck_period: float = 120.0  # placement is re-checked this often

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 import trio
 
 from ..errors import VolunteerError, describe
+from ..net.service import HostAPI
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .placement import Hosts, tie_break
 from .store import BackendStore
-from .transfer import push_state
+from .transfer import Target, push_state
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +81,12 @@ class HandOffResult:
 
 
 async def hand_off(
-    host: Any,
+    host: HostAPI,
     plan: HandOffPlan,
     store: BackendStore,
     *,
     swarm_id: str,
-    addrs: Mapping[str, Any] | None = None,
+    addrs: Mapping[str, Target] | None = None,
     timeout: float | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
 ) -> HandOffResult:

@@ -1,15 +1,17 @@
-"""``ReplicaManager``: a volunteer's replicated experts while it runs (issue 13, phase 2).
+"""``ReplicaManager``: a volunteer's replicated experts while it runs, as a Host service.
 
 It owns no decisions (placement, the sync round's bookkeeping and the hand-off plan are pure
 functions beside it); it feeds them what the DHT says, on a schedule, and carries out their
-answers through the runtime, the declarer and the two replica protocols:
+answers through the store (the runtime's experts), the declarer and the two replica protocols:
 
+- ``run`` starts by choosing what to host (``StartHosting``: placement's choice, or the uids
+  named), each caught up before it is ever declared, and reports started only then;
 - ``survey`` asks the DHT who hosts each grid expert, at which version, and remembers their
   addresses (catch-up, sync and hand-off dial them).
 - ``prepare`` brings a new backend up to date before anyone sees it: the freshest live replica's
   state is downloaded into it (``catch_up``); an expert whose replicas all refuse or vanish is
   not hosted, so a volunteer never serves random weights for an expert the swarm has trained.
-- ``run`` re-checks placement every ``recheck_period`` (automatic placement only) and opens a
+- then it re-checks placement every ``recheck_period`` (automatic placement only) and opens a
   sync round of every hosted grid expert at each wall-clock multiple of its grid's
   ``sync_period`` with the other live replicas.
 - ``hand_off_all`` (a graceful leave) pushes the experts no other live replica holds to
@@ -20,15 +22,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import trio
 
-from ..dht.grid import Declaration, expert_key, get_experts, list_experts
-from ..errors import VolunteerError, describe
+from ..dht.declare import ExpertDeclarer
+from ..dht.grid import Declaration, get_experts, list_experts
+from ..dht.node import DHTNode
+from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
-from ..experts.client import remember_addrs
 from ..net.identity import PeerID
+from ..net.service import BaseService, HostAPI
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
@@ -39,6 +44,9 @@ from .sync import SyncOutcome
 from .syncdriver import ReplicaSync
 from .transfer import StateService, catch_up
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
@@ -47,22 +55,42 @@ CATCH_UP_SOURCES = 3  # replicas tried, freshest first, before an expert is give
 
 # builds an empty backend (uid, class, hidden_dim): the daemon's make_backend with its settings
 BuildBackend = Callable[[str, str, int], ExpertBackend]
+START_CATCH_UPS = 2  # catch-ups at once when a node starts: sources serve only a few transfers each
 
 
-class ReplicaManager:
-    """Keeps a volunteer's grid experts placed, caught up, in sync and handed off on leave."""
+@dataclass(frozen=True)
+class StartHosting:
+    """What a volunteer asked to host when it starts: the uids it named (hosted even when none of
+    their replicas delivers their state, with a warning), or none and automatic placement; the
+    expert class and width for named uids (None: each grid's own; outside every grid, required)."""
+
+    uids: tuple[str, ...] = ()
+    expert_class: str | None = None
+    hidden_dim: int = 64
+
+
+class ReplicaManager(BaseService):
+    """Keeps a volunteer's grid experts placed, caught up, in sync and handed off on leave.
+
+    Its collaborators: the Host, the DHT node, the store over the runtime's experts, the replica
+    sync service and the declarer (``add`` / ``drop``). It builds its own state-transfer service
+    (``state``), whose pushes it accepts and makes room for; a node runs ``state`` and ``sync``
+    before it and the declarer after it."""
 
     def __init__(
         self,
         *,
-        host: Any,
-        dht: Any,
+        host: HostAPI,
+        dht: DHTNode,
+        store: BackendStore,
+        sync: ReplicaSync,
+        declarer: ExpertDeclarer,
         swarm_id: str,
         grids: Sequence[GridSpec],
-        store: BackendStore,
         build: BuildBackend | None = None,
         capacity: int = DEFAULT_CONFIG.default_capacity,
         auto_place: bool = False,
+        start: StartHosting = StartHosting(),
         config: ReplicasConfig = DEFAULT_CONFIG,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -71,14 +99,15 @@ class ReplicaManager:
         self.swarm_id = swarm_id
         self.grids = list(grids)
         self.store = store
+        self.sync = sync
+        self.declarer = declarer
         self.build = build
         self.capacity = capacity
         self.auto_place = auto_place
+        self.start = start
         self.config = config
         self.clock = clock  # the wall clock replicas align their sync rounds on
-        self.state = StateService(swarm_id, store, config)
-        self.sync = ReplicaSync(swarm_id, store, config)
-        self.declarer: Any = None  # set by the node once declaring (add/drop update it)
+        self.state = StateService(swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted)
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
         self.moves = 0  # experts added or dropped by re-checks
@@ -90,10 +119,6 @@ class ReplicaManager:
     def me(self) -> str:
         """This volunteer's peer id as placement and the sync core name it."""
         return str(self.host.peer_id)
-
-    def services(self) -> list[Any]:
-        """The Host services to add before declaring: state transfer and replica sync."""
-        return [self.state, self.sync]
 
     # --- what the DHT says ----------------------------------------------------------------------
     async def survey(self, uids: Sequence[str] = ()) -> dict[str, dict[str, int]]:
@@ -109,17 +134,17 @@ class ReplicaManager:
                 found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
         if direct:
             found.update(await get_experts(self.dht, list(dict.fromkeys(direct))))
-        self._remember(found)
+        self._remember_hosts(found)
         self.hosts = await self.alive_only(hosts_of(found))
         self.surveyed_at = trio.current_time()
         return self.hosts
 
-    def _remember(self, found: Mapping[str, Sequence[Declaration]]) -> None:
-        """Keep the addresses the declarations carry, so catch-up, sync and hand-off can dial them."""
+    def _remember_hosts(self, found: Mapping[str, Sequence[Declaration]]) -> None:
+        # the declarations' addresses, where catch-up, sync and hand-off dials find them
         for decls in found.values():
             for decl in decls:
-                if decl.peer != self.host.peer_id and decl.addrs:
-                    remember_addrs(self.host, decl.peer, decl.addrs)
+                if decl.peer != self.host.peer_id:
+                    self.host.peerstore.remember_addrs(decl.peer, decl.addrs)
 
     async def alive_only(self, hosts: Hosts) -> dict[str, dict[str, int]]:
         """``hosts`` without the hosts that do not answer: a killed volunteer's declarations stay
@@ -154,11 +179,6 @@ class ReplicaManager:
             log.info("%d declared host(s) of the grid do not answer: not counted as replicas", len(dead))
         return {uid: {p: v for p, v in holders.items() if p not in dead} for uid, holders in hosts.items()}
 
-    def synced_age(self, uid: str) -> float | None:
-        """Seconds since ``uid``'s replicas last averaged with us (None: never): declared with it."""
-        finished = self.sync.last_sync.get(uid)
-        return None if finished is None else max(0.0, trio.current_time() - finished)
-
     def coverage(self) -> dict:
         """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
         view = coverage(self.grids, self.hosts, mine=list(self.store.backends))
@@ -166,6 +186,18 @@ class ReplicaManager:
             round(trio.current_time() - self.surveyed_at, 1) if self.surveyed_at is not None else None
         )
         return view
+
+    def snapshot(self) -> dict:
+        """The grids' coverage as last surveyed, and what this volunteer did about it: experts
+        moved by re-checks, caught up before declaring, sync rounds that failed, state transfers."""
+        state = self.state
+        return {
+            "coverage": self.coverage(),
+            "moves": self.moves,
+            "caught_up": len(self.caught_up),
+            "sync_failures": self.sync_failures,
+            "transfers": {"served": state.served, "received": state.received, "refused": state.refused},
+        }
 
     def placement(self, hosts: Hosts) -> Placement:
         """What placement says this volunteer should host, given ``hosts``."""
@@ -225,31 +257,14 @@ class ReplicaManager:
         if uid in self.store.backends:  # a hand-off delivered it meanwhile
             return True
         self.store.add(backend)
-        self.declare(uid)
+        self.declarer.add(uid)
         return True
-
-    def declare(self, uid: str) -> None:
-        """Have the declarer announce ``uid`` at its next heartbeat, which starts at once."""
-        if self.declarer is not None and uid not in self.declarer.uids:
-            self.declarer.uids = sorted({*self.declarer.uids, uid})
-            if not self.declarer.paused:
-                self.declarer.resume()  # wakes its heartbeat: declared now, not in a period
 
     async def drop(self, uid: str) -> None:
         """Stop hosting ``uid``: tombstone its record first (trainers stop picking us), then let
-        the runtime forget it. Its grid prefix records are rewritten by the next heartbeat."""
-        declarer = self.declarer
-        if declarer is not None and uid in declarer.uids:
-            declarer.uids = [u for u in declarer.uids if u != uid]
-            if declarer.last_expiration:
-                item = (expert_key(uid), self.host.peer_id.to_bytes(), None, float(declarer.last_expiration))
-                with trio.move_on_after(self.config.request_timeout):
-                    try:
-                        await self.dht.store_many([item], cached_peers=True, replicas=self.dht.config.expert_replicas)
-                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                        log.debug("tombstone of %s failed: %s", uid, describe(exc))
-            if not declarer.paused:
-                declarer.resume()
+        the runtime forget it."""
+        with trio.move_on_after(self.config.request_timeout):
+            await self.declarer.drop(uid)
         if uid in self.store.backends:
             self.store.remove(uid)
 
@@ -267,7 +282,7 @@ class ReplicaManager:
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
                 return False
-            self._remember(found)
+            self._remember_hosts(found)
             # as in a survey: a killed host's lingering record must not make our copy look spare
             hosts = await self.alive_only(hosts_of(found))
         victim = make_room_for(incoming, hosts, me=self.me, hosting=mine)
@@ -279,9 +294,9 @@ class ReplicaManager:
         return True
 
     async def accepted(self, backend: ExpertBackend) -> None:
-        """A hand-off made us host ``backend``: declare it (BackendStore's ``on_accepted``)."""
+        """A hand-off made us host ``backend``: declare it (the state service's ``on_accepted``)."""
         log.info("took over %s at version %d (handed off by a leaving volunteer)", backend.uid, backend.updates)
-        self.declare(backend.uid)
+        self.declarer.add(backend.uid)
 
     async def recheck(self) -> Placement | None:
         """One placement re-check: survey, decide, then add (caught up) and drop what it says."""
@@ -301,14 +316,63 @@ class ReplicaManager:
         return None
 
     # --- the schedule ------------------------------------------------------------------------------
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Re-check placement (automatic placement only) and sync every grid, until cancelled."""
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Choose and catch up what to host (``start_hosting``), report started, then re-check
+        placement (automatic placement only) and sync every grid, until cancelled."""
+        await self.start_hosting()
         async with trio.open_nursery() as nursery:
             if self.auto_place:
                 nursery.start_soon(self._recheck_loop)
             for grid in self.grids:
                 nursery.start_soon(self._sync_loop, grid)
             task_status.started()
+
+    async def start_hosting(self) -> list[str]:
+        """What to host when the node starts: placement's choice (``auto_place``) or the uids
+        named, each caught up from its freshest live replica before it is ever declared. An expert
+        whose replicas all fail to deliver is left out under placement, hosted anyway (warned) when
+        named. Returns the uids now hosted. JoinError when an expert cannot be built."""
+        start = self.start
+        hosts: dict[str, dict[str, int]] = {}
+        with trio.move_on_after(SURVEY_TIMEOUT):
+            try:
+                hosts = await self.survey(start.uids)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.warning("cannot survey the grid (placing on an empty view): %s", describe(exc))
+        if self.auto_place:
+            uids = list(self.placement(hosts).host)
+            log.info("placement: hosting %d of the swarm's grid experts (capacity %d)", len(uids), self.capacity)
+        else:
+            uids = list(start.uids)
+            outside = [uid for uid in uids if grid_of(uid, self.grids) is None]
+            if outside:
+                log.warning("hosting %d expert(s) outside every grid the swarm declares: %s", len(outside),
+                            ", ".join(outside[:4]))
+        try:
+            backends = [self._build_at_start(uid) for uid in uids]
+        except (ExpertConfigError, KeyError, ValueError) as exc:
+            raise JoinError(f"cannot build experts: {describe(exc)}") from None
+        limiter = trio.CapacityLimiter(START_CATCH_UPS)
+
+        async def one(backend: ExpertBackend) -> None:
+            async with limiter:
+                ok = grid_of(backend.uid, self.grids) is None or await self.prepare(backend, hosts)
+            if (ok or not self.auto_place) and backend.uid not in self.store.backends:  # named uids: hosted anyway
+                self.store.add(backend)
+                self.declarer.add(backend.uid)
+
+        async with trio.open_nursery() as catchups:
+            for backend in backends:
+                catchups.start_soon(one, backend)
+        return sorted(self.store.backends)
+
+    def _build_at_start(self, uid: str) -> ExpertBackend:
+        if self.build is None:
+            raise ExpertConfigError("this volunteer builds no experts")
+        grid = grid_of(uid, self.grids)
+        if grid is not None and (self.auto_place or self.start.expert_class is None):
+            return self.build(uid, grid.expert_class, grid.hidden_dim)
+        return self.build(uid, self.start.expert_class or "", self.start.hidden_dim)
 
     async def _recheck_loop(self) -> None:
         while True:
@@ -337,7 +401,7 @@ class ReplicaManager:
             log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
             return 0
         rounds = 0
-        self._remember(found)
+        self._remember_hosts(found)
         async with trio.open_nursery() as nursery:
             for uid in mine:
                 peers = [d.peer for d in found.get(uid, []) if d.peer != self.host.peer_id]
@@ -396,7 +460,7 @@ ACTIVATION_MARGIN = 1.25  # activations of a batch on top of parameters, gradien
 
 def placement_capacity(
     grids: Sequence[GridSpec],
-    device: Any,
+    device: "torch.device | None",
     *,
     max_experts: int | None = None,
     max_gpu_memory: float | None = None,
@@ -404,7 +468,7 @@ def placement_capacity(
 ) -> int:
     """How many grid experts automatic placement hosts: ``--max-experts``; else what fits in the
     allowed share of a CUDA device's memory (the grids' largest expert); else (no GPU) 8."""
-    if max_experts is not None or getattr(device, "type", "cpu") != "cuda" or not grids:
+    if max_experts is not None or device is None or device.type != "cuda" or not grids:
         return capacity(max_experts=max_experts, config=config)
     import torch
 
@@ -418,6 +482,17 @@ def placement_capacity(
     return capacity(gpu_memory_bytes=int(total * (max_gpu_memory or GPU_SHARE)), bytes_per_expert=per_expert, config=config)
 
 
+def synced_ages(sync: ReplicaSync) -> Callable[[str], float | None]:
+    """The declarer's per-uid sync age: seconds since ``uid``'s replicas last averaged with us
+    (None: never), read from the sync service."""
+
+    def synced_age(uid: str) -> float | None:
+        finished = sync.last_sync.get(uid)
+        return None if finished is None else max(0.0, trio.current_time() - finished)
+
+    return synced_age
+
+
 def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
     """The declarer's per-uid version provider: a hosted expert's count of optimizer updates."""
 
@@ -428,4 +503,4 @@ def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
     return version
 
 
-__all__ = ["BuildBackend", "ReplicaManager", "placement_capacity", "versions_of"]
+__all__ = ["BuildBackend", "ReplicaManager", "StartHosting", "placement_capacity", "synced_ages", "versions_of"]

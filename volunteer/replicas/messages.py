@@ -295,7 +295,7 @@ def check_reply(message: dict) -> dict:
     error = message.get("e")
     if ok is not False or not isinstance(error, dict):
         raise StateProtocolError("reply must carry ok: true, or ok: false with an error")
-    code = error.get("c") if error.get("c") in REFUSAL_CODES else "error"
+    code = str(error["c"]) if error.get("c") in REFUSAL_CODES else "error"
     text = str(error.get("m", ""))[:1024]
     if code == "mismatch":
         raise StateMismatchError(f"the peer says: {text}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 
 from ..experts.backend import ExpertBackend
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError
 from .messages import StateHeader, TensorMeta, chunked, encode_tensors, split_payload
@@ -183,9 +184,24 @@ def apply_parameters(
     backend.updates = max(backend.updates, version)
 
 
+def merge_round(
+    backend: ExpertBackend,
+    own: Mapping[str, torch.Tensor],
+    contributions: Sequence[Mapping[str, torch.Tensor]],
+    version: int,
+    aggregate: Aggregate = mean,
+) -> None:
+    """Write a finished sync round into ``backend``: ``aggregate`` of the parameters we
+    contributed (``own``) and those that arrived, added as the round's change to the parameters
+    as they are now (``apply_parameters`` with ``own`` as the base), the version raised to the
+    group's highest. The tensor work of a round: run it where the backend is not training."""
+    apply_parameters(backend, aggregate(own, contributions), version, base=own)
+
+
 def parameter_layout(backend: ExpertBackend) -> tuple[TensorMeta, ...]:
-    """What a sync contribution for ``backend`` must list."""
-    return tuple(TensorMeta.of(name, t) for name, t in sync_parameters(backend))
+    """What a sync contribution for ``backend`` must list. Names, shapes and dtypes only, which
+    no step changes: safe on the event loop while the runtime trains (no copy, no settle)."""
+    return tuple(TensorMeta.of(name, p) for name, p in backend.module.named_parameters() if p.is_floating_point())
 
 
 __all__ = [
@@ -194,6 +210,7 @@ __all__ = [
     "check_fits",
     "export_state",
     "import_state",
+    "merge_round",
     "module_layout",
     "parameter_layout",
     "state_digest",

@@ -1,26 +1,28 @@
 """``BackendStore``: what the state, sync and hand-off services ask of the experts a volunteer
 hosts, over a dict of ``ExpertBackend``s. Torch work runs through ``Runtime.run_sync`` when a
 runtime is given (a backend is not thread-safe and the runtime's worker owns it), directly when
-not (tests, a backend no runtime serves yet)."""
+not (tests, a backend no runtime serves yet). Whether to make room for a pushed expert, and what
+to do once one is taken, is the state service's policy (``StateService``), not the store's."""
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Awaitable, Callable, Mapping, MutableMapping
+from typing import Any, Awaitable, Callable, Mapping, MutableMapping, Protocol, Sequence
 
 import torch
 
 from ..errors import ExpertConfigError
 from ..experts.backend import ExpertBackend
+from ..experts.requests import Kind
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateRefusedError
 from .messages import FetchRequest, StateHeader, TensorMeta
 from .state import (
     ExportedState,
-    apply_parameters,
     check_fits,
     export_state,
     import_state,
+    merge_round,
     module_layout,
     parameter_layout,
     sync_parameters,
@@ -34,29 +36,41 @@ AcceptedHook = Callable[[ExpertBackend], Awaitable[None] | None]
 MakeRoomHook = Callable[[str], Awaitable[bool]]
 
 
+class HostingRuntime(Protocol):
+    """What the store asks of the runtime that serves its backends (``experts.Runtime``)."""
+
+    backends: dict[str, ExpertBackend]
+
+    async def run_sync(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    async def run_on(self, uid: str, fn: Callable[..., Any], *args: Any, kind: Kind) -> Any: ...
+
+    def add_backend(self, backend: ExpertBackend) -> None: ...
+
+    def remove_backend(self, uid: str) -> ExpertBackend: ...
+
+
 class BackendStore:
     """The state of a volunteer's experts as the replica protocols see it.
 
-    ``capacity`` and ``factory`` let it take pushed experts it does not host yet (hand-off
-    receivers); without a factory a push is accepted only for a uid already hosted."""
+    ``backends``: in a node, the runtime's own dict (the runtime changes it as it takes and drops
+    experts through ``add`` / ``remove``). ``capacity`` and ``factory`` let it take pushed
+    experts it does not host yet (hand-off receivers); without a factory a push is accepted only
+    for a uid already hosted."""
 
     def __init__(
         self,
         backends: MutableMapping[str, ExpertBackend],
         *,
-        runtime: Any = None,
+        runtime: HostingRuntime | None = None,
         capacity: int | None = None,
         factory: BackendFactory | None = None,
-        on_accepted: AcceptedHook | None = None,
-        make_room: MakeRoomHook | None = None,
         config: ReplicasConfig = DEFAULT_CONFIG,
     ) -> None:
         self.backends = backends
         self.runtime = runtime
         self.capacity = capacity
         self.factory = factory
-        self.on_accepted = on_accepted
-        self.make_room = make_room
         self.config = config
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -105,19 +119,9 @@ class BackendStore:
             return
         check_fits(backend, header)
 
-    async def admit(self, header: StateHeader) -> None:
-        """``offer``, except that a full volunteer first asks ``make_room`` to free a slot (a
-        leaver's sole copy is worth more here than a second copy of an expert others hold)."""
-        try:
-            self.offer(header)
-        except StateRefusedError as exc:
-            if exc.code != "full" or self.make_room is None or not await self.make_room(header.uid):
-                raise
-            self.offer(header)
-
     async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
-        """Load a pushed state (building the backend if needed); the version now hosted. A hosted
-        expert at least as fresh as the push keeps its own state."""
+        """Load a pushed state (building the backend if needed, then hosting it); the version now
+        hosted. A hosted expert at least as fresh as the push keeps its own state."""
         self.offer(header)  # again: another push may have taken the room meanwhile
         backend = self.backends.get(header.uid)
         if backend is not None:
@@ -134,10 +138,6 @@ class BackendStore:
         if header.uid in self.backends:
             raise StateRefusedError(f"{header.uid!r} arrived twice at once", "busy")
         self.add(backend)
-        if self.on_accepted is not None:
-            result = self.on_accepted(backend)
-            if inspect.isawaitable(result):
-                await result
         return backend.updates
 
     def add(self, backend: ExpertBackend) -> None:
@@ -164,12 +164,25 @@ class BackendStore:
         backend = self._backend(uid)
         return await self._run(lambda: (backend.updates, sync_parameters(backend)))
 
-    async def apply(
-        self, uid: str, averaged: Mapping[str, torch.Tensor], version: int, base: Mapping[str, torch.Tensor] | None = None
+    async def merge(
+        self,
+        uid: str,
+        own: Mapping[str, torch.Tensor],
+        contributions: Sequence[Mapping[str, torch.Tensor]],
+        version: int,
+        aggregate: Aggregate = mean,
     ) -> None:
-        """Write a sync round's result into a hosted expert (``base``: what it contributed, so the
-        steps it took during the round are kept; see ``apply_parameters``)."""
-        await self._run(apply_parameters, self._backend(uid), averaged, version, base)
+        """Write a finished sync round into a hosted expert: the aggregate of what it contributed
+        (``own``) and what arrived, as the round's change (``merge_round``). With a runtime, a
+        job on that expert (``Kind.AVERAGE``): ordered with its forwards, backwards and steps,
+        on the worker unless it is as cheap as an inline forward, never a big sum on the event loop."""
+        backend = self._backend(uid)
+        if self.runtime is not None:
+            await self.runtime.run_on(
+                uid, merge_round, backend, own, contributions, version, aggregate, kind=Kind.AVERAGE
+            )
+        else:
+            merge_round(backend, own, contributions, version, aggregate)
 
     def versions(self) -> dict[str, int]:
         """Version of every hosted expert."""

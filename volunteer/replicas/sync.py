@@ -8,6 +8,10 @@ gone, or at the deadline; it then finishes with what it has, as hivemind's avera
 member that vanished simply is not in the average, so the parameters it would have brought keep
 this replica's own values. The version after a round is the highest of the contributors'.
 
+The round only collects: turning ``params`` and ``contributions`` into new parameters is an
+``Aggregate`` (``aggregate.py``), which the driver has the runtime run beside the expert's other
+work, never on the event loop.
+
 No trio, no clock: the driver (``syncdriver.py``) passes ``now``.
 """
 
@@ -23,11 +27,10 @@ from .errors import StateMismatchError, SyncError
 
 @dataclass(frozen=True)
 class SyncOutcome:
-    """A finished round: the averaged parameters to write, the version after it, who contributed
-    and who did not (gone or late)."""
+    """A finished round: the version after it, who contributed and who did not (gone or late).
+    (No tensors: the parameters it produced are in the expert.)"""
 
     uid: str
-    averaged: dict[str, torch.Tensor]
     version: int
     contributors: tuple[str, ...]
     missing: tuple[str, ...]
@@ -93,23 +96,18 @@ class SyncRound:
         """Whether to finish now: nobody left to wait for, or the deadline has passed."""
         return self.finished or not self.waiting or now >= self.deadline
 
+    @property
+    def contributions(self) -> list[Mapping[str, torch.Tensor]]:
+        """The parameters that arrived, in the order they arrived (ours are ``params``)."""
+        return [tensors for _, tensors in self._received.values()]
+
     def finish(self) -> SyncOutcome:
-        """The average of our parameters and every contribution that arrived (ours alone if none
-        did), and the group's highest version."""
+        """Close the round: no more contributions. The group's highest version, who contributed
+        and who is missing; the caller aggregates ``params`` and ``contributions``."""
         self.finished = True
-        contributions = [tensors for _, tensors in self._received.values()]
-        averaged: dict[str, torch.Tensor] = {}
-        for name, own in self.params.items():
-            if contributions:
-                total = own.to(torch.float64).clone()
-                for tensors in contributions:
-                    total += tensors[name].to(torch.float64)
-                averaged[name] = (total / (1 + len(contributions))).to(own.dtype)
-            else:
-                averaged[name] = own
         version = max([self.version, *(v for v, _ in self._received.values())])
         missing = tuple(sorted(self.members - self._received.keys()))
-        return SyncOutcome(self.uid, averaged, version, tuple(sorted(self._received)), missing)
+        return SyncOutcome(self.uid, version, tuple(sorted(self._received)), missing)
 
 
 __all__ = ["SyncOutcome", "SyncRound"]

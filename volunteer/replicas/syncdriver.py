@@ -2,11 +2,14 @@
 
 ``ReplicaSync`` is a Host service. ``average(uid, peers)`` opens a round, sends our parameters to
 every peer (one stream each, in parallel), and waits until every peer contributed or is gone (its
-send failed, it refused, or its last connection closed) or the round's deadline passes; then it
-writes the average into the expert through the store. A contribution that arrives before our own
-round opens (the peers' timers are not aligned) waits ``stash_ttl`` for it, within
-``max_stashed_bytes``. A replica that dies mid-round never stalls the others: nobody waits for
-it longer than ``sync_timeout``, and usually only until its connection drops.
+send failed, it refused, or its last connection closed) or the round's deadline passes; then the
+store has the runtime aggregate what arrived with our own parameters (``aggregate.py``: the mean
+by default) and write the result into the expert, as a job beside its forwards and backwards. A
+contribution that arrives before our own round opens (the peers' timers are not aligned) waits
+``stash_ttl`` for it, within ``max_stashed_bytes``. A replica that dies mid-round never stalls
+the others: nobody waits for it longer than ``sync_timeout``, and usually only until its
+connection drops. Hashing and encoding big parameters runs in a thread and the aggregate on the
+runtime: the event loop only moves bytes.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 from hashlib import sha256
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import torch
 import trio
@@ -25,6 +28,7 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
+from .aggregate import Aggregate, mean
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
@@ -33,6 +37,7 @@ from .sync import SyncOutcome, SyncRound
 from .transfer import receive_message, receive_payload, send_chunks
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +57,13 @@ class _OpenRound:
         self.changed.set()
 
 
+def _open_contribution(header: Contribution, payload: bytes | bytearray) -> dict[str, torch.Tensor]:
+    """A contribution's tensors, once its payload matches its sha256."""
+    if sha256(payload).digest() != header.sha256:
+        raise StateProtocolError(f"sync contribution for {header.uid!r} does not match its sha256")
+    return split_payload(header.tensors, payload)
+
+
 def peer_of(target: PeerID | Multiaddr | str) -> PeerID:
     """The PeerID a sync target names (a PeerID, or a multiaddr ending in /p2p/ID)."""
     if isinstance(target, PeerID):
@@ -64,12 +76,21 @@ def peer_of(target: PeerID | Multiaddr | str) -> PeerID:
 
 
 class ReplicaSync(BaseService):
-    """Averages hosted experts' parameters with their other live replicas."""
+    """Averages hosted experts' parameters with their other live replicas (``aggregate``: how a
+    round's contributions and ours become new parameters)."""
 
-    def __init__(self, swarm_id: str, store: BackendStore, config: ReplicasConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        swarm_id: str,
+        store: BackendStore,
+        config: ReplicasConfig = DEFAULT_CONFIG,
+        *,
+        aggregate: Aggregate = mean,
+    ) -> None:
         self.protocol = sync_protocol(swarm_id)
         self.store = store
         self.config = config
+        self.aggregate = aggregate
         self._rounds: dict[str, _OpenRound] = {}
         self._stash: dict[str, dict[str, _Stashed]] = {}
         self._stashed_bytes = 0
@@ -101,9 +122,7 @@ class ReplicaSync(BaseService):
                 raise StateMismatchError(f"parameters of {header.uid!r} differ from this replica's")
             with trio.fail_after(self.config.transfer_timeout):
                 payload = await receive_payload(reader, header.total, self.config)
-            if sha256(payload).digest() != header.sha256:
-                raise StateProtocolError(f"sync contribution for {header.uid!r} does not match its sha256")
-            self._deliver(peer, header, split_payload(header.tensors, payload))
+            self._deliver(peer, header, await self._off_the_loop(header.total, _open_contribution, header, payload))
             await reader.send_all(pack({"ok": True}, self.config))
         except (StateRefusedError, StateProtocolError, SyncError) as exc:
             self.refused += 1
@@ -143,6 +162,13 @@ class ReplicaSync(BaseService):
             if not stash:
                 del self._stash[uid]
 
+    async def _off_the_loop(self, nbytes: int, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, tensor bytes work on ``nbytes``: in a thread from ``offload_bytes`` on
+        (hashing and copying tens of MiB would stall every other task), else right here."""
+        if nbytes >= self.config.offload_bytes:
+            return await trio.to_thread.run_sync(fn, *args)
+        return fn(*args)
+
     # --- our rounds ------------------------------------------------------------------------------
     async def average(
         self, uid: str, peers: Sequence[PeerID | Multiaddr | str], *, timeout: float | None = None
@@ -172,7 +198,8 @@ class ReplicaSync(BaseService):
                         core.add(peer, early.version, early.tensors)
                     except (SyncError, StateMismatchError) as exc:
                         log.debug("early sync contribution of %s dropped: %s", peer, describe(exc))
-            metas, parts, sha = encode_tensors(params)
+            nbytes = sum(t.nelement() * t.element_size() for _, t in params)
+            metas, parts, sha = await self._off_the_loop(nbytes, encode_tensors, params)
             header = Contribution(uid, version, metas, sum(len(p) for p in parts), sha)
             chunks = chunked(parts, self.config.chunk_size)
             async with trio.open_nursery() as nursery:
@@ -184,7 +211,7 @@ class ReplicaSync(BaseService):
                         open_round.changed = trio.Event()
                 outcome = core.finish()
                 self._rounds.pop(uid, None)
-                await self.store.apply(uid, outcome.averaged, outcome.version, base=core.params)
+                await self.store.merge(uid, core.params, core.contributions, outcome.version, self.aggregate)
                 self.last_sync[uid] = trio.current_time()
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)

@@ -2,14 +2,17 @@
 the wire format, state.py the adapter, store.py what is served).
 
 ``StateService`` is a Host service serving a ``BackendStore``: fetches of hosted experts' states
-and pushes (hand-off) into it. ``fetch_state`` downloads a state, ``catch_up`` loads one into a
-backend before it is declared, ``push_state`` hands a state to another volunteer. Every exchange
-is bounded: the request by ``request_timeout``, the whole transfer by ``transfer_timeout``,
-payloads by ``max_state_bytes``, concurrent transfers served by ``max_concurrent_transfers``.
+and pushes (hand-off) into it; a full volunteer asks ``make_room`` to free a slot for a push, and
+``on_accepted`` hears of every expert a push made it host (the replica manager declares it).
+``fetch_state`` downloads a state, ``catch_up`` loads one into a backend before it is declared,
+``push_state`` hands a state to another volunteer. Every exchange is bounded: the request by
+``request_timeout``, the whole transfer by ``transfer_timeout``, payloads by ``max_state_bytes``,
+concurrent transfers served by ``max_concurrent_transfers``.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -17,7 +20,9 @@ import trio
 
 from ..errors import RemoteProtocolError, describe
 from ..experts.backend import ExpertBackend
-from ..net.service import BaseService, Handler
+from ..net.identity import PeerID
+from ..net.multiaddr import Multiaddr
+from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, StateTimeoutError
@@ -32,9 +37,11 @@ from .messages import (
     unpack,
 )
 from .state import ExportedState, import_state, module_layout, verify_payload
-from .store import BackendStore
+from .store import AcceptedHook, BackendStore, HostingRuntime, MakeRoomHook
 
 log = logging.getLogger(__name__)
+
+Target = PeerID | Multiaddr | str  # whom a transfer dials: a peer the Host knows, or an address
 
 
 async def receive_message(reader: BufferedStream, config: ReplicasConfig, what: str) -> dict:
@@ -67,10 +74,20 @@ async def send_chunks(stream: Any, chunks: Any) -> None:
 class StateService(BaseService):
     """Serves a store's expert states over the swarm's state-transfer protocol."""
 
-    def __init__(self, swarm_id: str, store: BackendStore, config: ReplicasConfig = DEFAULT_CONFIG) -> None:
+    def __init__(
+        self,
+        swarm_id: str,
+        store: BackendStore,
+        config: ReplicasConfig = DEFAULT_CONFIG,
+        *,
+        make_room: MakeRoomHook | None = None,
+        on_accepted: AcceptedHook | None = None,
+    ) -> None:
         self.protocol = state_protocol(swarm_id)
         self.store = store
         self.config = config
+        self.make_room = make_room
+        self.on_accepted = on_accepted
         self.active = 0
         self.served = 0  # fetches answered with a state
         self.received = 0  # pushes taken
@@ -110,13 +127,29 @@ class StateService(BaseService):
             await close_quietly(reader)
 
     async def _take_push(self, reader: BufferedStream, header: StateHeader) -> None:
-        await self.store.admit(header)  # refusal before the payload is sent
+        await self._admit(header)  # refusal before the payload is sent
         await reader.send_all(pack({"ok": True}, self.config))
         payload = await receive_payload(reader, header.total, self.config)
         verify_payload(header, payload)
+        hosted_before = header.uid in self.store.backends
         version = await self.store.receive(header, payload)
         self.received += 1
+        backend = self.store.backends.get(header.uid)
+        if not hosted_before and backend is not None and self.on_accepted is not None:
+            result = self.on_accepted(backend)
+            if inspect.isawaitable(result):
+                await result
         await reader.send_all(pack({"ok": True, "v": version}, self.config))
+
+    async def _admit(self, header: StateHeader) -> None:
+        """The store's ``offer``, except that a full volunteer first asks ``make_room`` to free a
+        slot (a leaver's sole copy is worth more here than a second copy of an expert others hold)."""
+        try:
+            self.store.offer(header)
+        except StateRefusedError as exc:
+            if exc.code != "full" or self.make_room is None or not await self.make_room(header.uid):
+                raise
+            self.store.offer(header)
 
     async def _try_send(self, reader: BufferedStream, message: dict) -> None:
         try:
@@ -130,12 +163,12 @@ def request_for(backend: ExpertBackend) -> FetchRequest:
     return FetchRequest(backend.uid, backend.expert_class, backend.hidden_dim, module_layout(backend))
 
 
-async def _open(host: Any, peer: Any, swarm_id: str) -> BufferedStream:
+async def _open(host: HostAPI, peer: Target, swarm_id: str) -> BufferedStream:
     return BufferedStream(await host.new_stream(peer, [state_protocol(swarm_id)]))
 
 
 async def fetch_state(
-    host: Any, peer: Any, request: FetchRequest, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
+    host: HostAPI, peer: Target, request: FetchRequest, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
 ) -> tuple[StateHeader, bytearray]:
     """Download the state ``request`` names from ``peer`` (a PeerID or a multiaddr): its header
     and verified payload. StateRefusedError / StateMismatchError when the peer refuses or sends
@@ -162,12 +195,12 @@ async def fetch_state(
 
 
 async def catch_up(
-    host: Any,
-    peer: Any,
+    host: HostAPI,
+    peer: Target,
     backend: ExpertBackend,
     *,
     swarm_id: str,
-    runtime: Any = None,
+    runtime: HostingRuntime | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
 ) -> StateHeader:
     """Load the freshest replica's state (``peer``) into ``backend`` before declaring it: the
@@ -182,7 +215,7 @@ async def catch_up(
 
 
 async def push_state(
-    host: Any, peer: Any, exported: ExportedState, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
+    host: HostAPI, peer: Target, exported: ExportedState, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
 ) -> int:
     """Hand a state to ``peer``, which hosts it from then on; returns the version it hosts.
     StateRefusedError (``full``, ``unknown``, ``mismatch``, ``busy``) when it will not take it."""

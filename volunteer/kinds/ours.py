@@ -1,0 +1,201 @@
+"""Our own swarm kind (``kind = "volunteer"``): what a volunteer of such a swarm runs, how a
+trainer joins it, and what ``volunteer experts`` and ``volunteer doctor`` ask of it.
+
+A volunteer's services, in start order (each starts once the one before it is ready):
+
+    DHTNode          joins through the entry points; client mode follows ReachabilityChanged
+    NatManager       AutoNAT probes; relay reservations once private           (options.nat)
+    LanDiscovery     mDNS: volunteers on the LAN join the DHT                  (options.mdns)
+    ExpertServer     /volunteer/<swarm>/experts/1.0.0 over the runtime          (hosting experts)
+    StateService, ReplicaSync, ReplicaManager                                  (the swarm has grids)
+                     the manager chooses and catches up what to host before it reports started
+    ExpertDeclarer   heartbeats, last: nothing is declared before it can be served
+
+To add a protocol to every volunteer, write a Host service (``volunteer.net.service``) and add
+it to this list; ``open_volunteer`` starts it with the rest. Services of one node only (a test,
+a plug-in) go in ``VolunteerOptions.services`` instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..dht import DHTConfig
+from ..dht.declare import ExpertDeclarer
+from ..dht.grid import list_experts as list_grid
+from ..dht.lan import LanDiscovery
+from ..dht.node import DHTNode, open_dht
+from ..errors import ExpertConfigError, JoinError, VolunteerError
+from ..net.stack import open_stack
+from ..net.identity import KeyPair
+from ..net.multiaddr import Multiaddr
+from ..net.nat.manager import NatManager
+from ..net.service import HostAPI, Service
+from ..swarmfile import GridSpec, SwarmSpec
+from .base import BuildBackend, Check, DoctorPlan, ExpertListing, NodeContext, NodeParts, TrainerParts
+from .options import VolunteerOptions
+
+if TYPE_CHECKING:
+    from ..experts.backend import ExpertBackend
+    from ..experts.runtime import Runtime
+    from ..replicas.messages import StateHeader
+
+LOOKUP_TIMEOUT = 30.0  # ``volunteer experts``: the grid walk gives up after this long
+COLUMNS = ("uid", "host", "reached", "load", "version", "heartbeat")
+
+
+class VolunteerKind:
+    """Our swarm kind: our DHT, declarations, expert protocol and replicas."""
+
+    name = "volunteer"
+
+    # --- a volunteer ------------------------------------------------------------------------------
+    def starting_backends(self, spec: SwarmSpec, options: VolunteerOptions, build: BuildBackend) -> list["ExpertBackend"]:
+        if spec.grids:
+            return []  # the replica manager chooses them and catches them up before they are served
+        return [build(uid, options.expert_class or "", options.hidden_dim) for uid in options.uids]
+
+    def node_parts(self, node: NodeContext) -> NodeParts:
+        host, spec, options = node.host, node.spec, node.options
+        dht = DHTNode(host, options.dht_config or DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points,
+                      follow_reachability=True)
+        services: list[Service] = [dht]
+        if options.nat:
+            servers = options.nat_servers if options.nat_servers is not None else spec.entry_points
+            services.append(NatManager(host, servers, spec.relays))
+        if options.mdns:
+            services.append(LanDiscovery(dht))
+        if node.runtime is None:
+            return NodeParts(services, dht_status=lambda: dht_status(dht, None), dht=dht)
+        return self._hosting(node, node.runtime, dht, services)
+
+    def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
+        from ..experts import DEFAULT_CONFIG
+        from ..experts.server import ExpertServer
+        from ..replicas.manager import versions_of
+
+        host, spec, options = node.host, node.spec, node.options
+        server = ExpertServer(host, runtime, spec.id, node.experts_config or DEFAULT_CONFIG,
+                              upload_limit=options.max_upload, on_served=options.on_served)
+        services.append(server)
+
+        def loads() -> dict[str, float]:  # queue length per expert: trainers spread out by it
+            return {uid: float(s.queued) for uid, s in runtime.stats().items()}
+
+        versions = versions_of(runtime.backends)
+        if not spec.grids or options.backends is not None:
+            declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions)
+            services.append(declarer)
+            return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server,
+                             declarer=declarer, dht=dht)
+
+        from ..replicas import DEFAULT_CONFIG as REPLICAS, BackendStore, ReplicaSync, grid_of
+        from ..replicas.manager import ReplicaManager, StartHosting, placement_capacity, synced_ages
+
+        config = options.replicas_config or REPLICAS
+        grids, build = spec.grids, node.build
+        if options.place:
+            from ..experts.backend import resolve_device
+
+            capacity = placement_capacity(grids, resolve_device(node.device), max_experts=options.max_experts,
+                                          max_gpu_memory=options.max_gpu_memory, config=config)
+        else:
+            capacity = options.max_experts if options.max_experts is not None else len(options.uids)
+
+        def factory(header: "StateHeader") -> "ExpertBackend":  # a handed-off expert: grid experts only
+            if grid_of(header.uid, grids) is None or build is None:
+                raise ExpertConfigError(f"{header.uid!r} is in no grid of this swarm")
+            if header.hidden_dim is None:
+                raise ExpertConfigError(f"the state of {header.uid!r} names no width to build it with")
+            return build(header.uid, header.expert_class, header.hidden_dim)
+
+        store = BackendStore(runtime.backends, runtime=runtime, capacity=capacity, factory=factory, config=config)
+        sync = ReplicaSync(spec.id, store, config)
+        declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, synced_ages=synced_ages(sync))
+        replicas = ReplicaManager(
+            host=host, dht=dht, store=store, sync=sync, declarer=declarer, swarm_id=spec.id, grids=grids,
+            build=build, capacity=capacity, auto_place=options.place, config=config,
+            start=StartHosting(tuple(options.uids), options.expert_class, options.hidden_dim),
+        )
+        services += [replicas.state, sync, replicas, declarer]
+        return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server, declarer=declarer,
+                         replicas=replicas, dht=dht)
+
+    # --- a trainer --------------------------------------------------------------------------------
+    async def join_trainer(self, host: HostAPI, spec: SwarmSpec, *, dht_config: DHTConfig | None = None) -> TrainerParts:
+        from ..experts.client import DHTDirectory
+
+        dht = DHTNode(host, dht_config or DHTConfig(swarm_id=spec.id), client_mode=True, bootstrap=spec.entry_points)
+        await host.add_service(dht)
+        if spec.entry_points and len(dht.state.table) == 0:
+            raise VolunteerError(f"cannot reach swarm {spec.name!r}: no bootstrap peer or relay answered")
+        return TrainerParts(DHTDirectory(host, dht, spec.id), dht)
+
+    # --- the CLI ----------------------------------------------------------------------------------
+    async def list_experts(self, spec: SwarmSpec, prefixes: Sequence[str]) -> ExpertListing:
+        if not spec.entry_points:
+            raise JoinError(f"swarm {spec.name!r} lists no bootstrap peers or relays")
+        async with open_stack(KeyPair.generate()) as host:
+            async with open_dht(host, DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
+                if len(dht.state.table) == 0:
+                    raise JoinError(f"cannot reach swarm {spec.name!r}: no bootstrap peer answered")
+                found = {}
+                with trio.fail_after(LOOKUP_TIMEOUT):
+                    for prefix in prefixes:
+                        found.update(await list_grid(dht, prefix))
+        now = time.time()
+        rows = []
+        for uid, hosts in found.items():
+            for decl in hosts:
+                addrs = [Multiaddr(a) for a in decl.addrs]
+                direct = [a for a in addrs if not a.is_relayed()]
+                rows.append({
+                    "uid": uid,
+                    "peer_id": str(decl.peer),
+                    "reached": "direct" if direct else ("relayed" if addrs else "unknown"),
+                    "addrs": [str(a) for a in addrs],
+                    "load": decl.load,
+                    "heartbeat_age_s": round(now - decl.heartbeat, 1),
+                    "expires_in_s": round(decl.expiration - now, 1),
+                    "version": int(decl.version or 0),
+                    # the age declared at the heartbeat, plus the heartbeat's own age
+                    "last_sync_age_s": None if decl.synced_age is None else round(decl.synced_age + max(0.0, now - decl.heartbeat), 1),
+                })
+        coverage = coverage_of(spec.grids, rows) if spec.grids else None
+        return ExpertListing(rows, f"swarm {spec.name!r}", COLUMNS, coverage=coverage)
+
+    def doctor_plan(self, spec: SwarmSpec) -> DoctorPlan:
+        if not spec.entry_points:
+            raise VolunteerError(f"swarm {spec.name!r} lists no bootstrap peers or relays to check")
+        return DoctorPlan(spec.entry_points, perf=True)
+
+    async def check_peers(self, peers: Sequence[Multiaddr]) -> list[Check]:
+        return []  # the netcheck says all there is: reach, AutoNAT, NAT type, relays, perf
+
+
+def dht_status(dht: DHTNode, declarer: ExpertDeclarer | None) -> dict:
+    """The DHT panel of ``volunteer status``: the node's figures, and how fresh and how many our
+    declarations are (none declared while paused)."""
+    view = dht.snapshot()
+    declared = declarer.snapshot() if declarer is not None else {"experts_declared": 0, "last_declared": None}
+    last = declared["last_declared"]
+    view["last_declared_age_s"] = round(dht.clock() - last, 1) if last else None
+    view["experts_declared"] = declared["experts_declared"]
+    return view
+
+
+def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> dict:
+    """The swarm's coverage of its declared grids, from the flat rows (one per expert and host)."""
+    from ..replicas.coverage import coverage
+
+    hosts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        hosts.setdefault(row["uid"], {})[row["peer_id"]] = row["version"]
+    return coverage(grids, hosts)
+
+
+__all__ = ["VolunteerKind", "coverage_of", "dht_status"]
