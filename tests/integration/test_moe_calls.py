@@ -80,15 +80,18 @@ def test_a_volunteer_that_forgot_the_inputs_gets_them_again(world):
 def test_a_stale_grid_is_looked_up_while_the_forward_goes_on(world, monkeypatch):
     _, swarm = world
     moe = mixture(swarm, refresh_period=0.01)
-    lookups, started, release, real = [], threading.Event(), threading.Event(), moe_module.find_grid
+    # a busy machine may take STALE_AFTER periods (0.1 s) per step: then a forward would rightly
+    # wait for its own lookup, which this test holds back; here the cache is never that stale
+    monkeypatch.setattr(moe_module, "STALE_AFTER", 10**9)
+    lookups, started, release, real = [], threading.Event(), threading.Event(), moe._find_grid
 
-    def slow_find_grid(*args, **kwargs):
+    def slow_find_grid():
         lookups.append(threading.current_thread().name)
         started.set()
         assert release.wait(30), "the test never released the lookup"
-        return real(*args, **kwargs)
+        return real()
 
-    monkeypatch.setattr(moe_module, "find_grid", slow_find_grid)
+    monkeypatch.setattr(moe, "_find_grid", slow_find_grid)
     looked_up_at = moe._live_at
     x = torch.randn(8, HIDDEN)
     for _ in range(3):  # each step finds the cache stale; one lookup runs, held back until released

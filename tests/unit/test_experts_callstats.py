@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from volunteer.experts.callstats import AUTO, MIN_WIRE_SAVING_S, CallReport, CallStats, choose_compression
+from volunteer.experts.callstats import AUTO, MIN_RATE_SAMPLE_BYTES, MIN_WIRE_SAVING_S, CallReport, CallStats, choose_compression
 from volunteer.experts.tensors import BLOCKWISE8_64, FLOAT16, NONE, deserialize, encode
 
 
@@ -54,12 +54,24 @@ def test_a_links_bytes_cost_compares_the_calls_transfer_with_their_round_trip():
     assert slow.bytes_cost("p") == pytest.approx(3.0 * 2 / 1.0625)
     # a call whose bytes arrived within its round trip says the link is fast: cost well below 1
     fast = CallStats()
-    fast.record("e.0", "p", report(compression=FLOAT16, done=10.5, bytes_out=1000, bytes_in=1000), rtt=0.3)
+    fast.record("e.0", "p", report(compression=FLOAT16, done=10.5, bytes_out=10_000, bytes_in=10_000), rtt=0.3)
     assert fast.bytes_cost("p") < 1
     # later calls move the figures smoothly, never by one call alone
     for _ in range(3):
-        stats.record("e.1", "p", report(compression=FLOAT16, done=10.51, bytes_out=100, bytes_in=100))
+        stats.record("e.1", "p", report(compression=FLOAT16, done=10.51, bytes_out=10_000, bytes_in=10_000))
     assert 0 < stats.bytes_cost("p") < 3.0
+
+
+def test_calls_too_small_to_measure_a_rate_leave_the_link_figures_alone():
+    # 200 payload bytes that took 0.3 s beyond the round trip: a busy machine, not a slow link
+    stats = CallStats()
+    for _ in range(5):
+        stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=100, bytes_in=100))
+    assert stats.bytes_cost("p") is None and stats.wire_seconds("p") is None
+    assert choose_compression(AUTO, stats.bytes_cost("p"), stats.wire_seconds("p")) == FLOAT16
+    assert stats.snapshot()["e.0"][0]["calls"] == 5  # still counted
+    stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=MIN_RATE_SAMPLE_BYTES, bytes_in=0))
+    assert stats.bytes_cost("p") is not None
 
 
 def test_auto_picks_half_by_default_and_8_bit_where_bytes_outweigh_the_round_trip():
@@ -77,7 +89,7 @@ def test_auto_keeps_half_where_8_bit_would_save_only_microseconds():
     assert choose_compression(AUTO, 10.0, 4 * MIN_WIRE_SAVING_S) == BLOCKWISE8_64
     stats = CallStats()
     stats.record("e.0", "p", report(compression=FLOAT16, sent=10.001, first_reply=10.002, done=10.0021,
-                                           server_s=0.0, bytes_out=1000, bytes_in=1000), rtt=0.0001)
+                                           server_s=0.0, bytes_out=10_000, bytes_in=10_000), rtt=0.0001)
     assert stats.bytes_cost("p") > 1
     assert choose_compression(AUTO, stats.bytes_cost("p"), stats.wire_seconds("p")) == FLOAT16
     for fixed in (NONE, FLOAT16, BLOCKWISE8_64):

@@ -23,6 +23,9 @@ RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figure
 LATENCY_BOUND_FLOOR = 0.1
 # Payload bytes of a call in float16, per payload byte in the encoding it used.
 AS_HALF = {NONE: 0.5, FLOAT16: 1.0, BLOCKWISE8_64: 2 / (1 + 4 / 64), BLOCKWISE8_256: 2 / (1 + 4 / 256)}
+# A call moving fewer payload bytes (both ways) measures latency, not the link's rate: its
+# timing does not move the host's link figures (tiny tensors on a busy machine look "slow").
+MIN_RATE_SAMPLE_BYTES = 16 * 1024
 # 8-bit is worth its rounding and its CPU only where it saves at least this much wire time per
 # call: on loopback or a LAN a call's bytes outlast its (tiny) round trip, yet take microseconds.
 MIN_WIRE_SAVING_S = 0.005
@@ -165,7 +168,7 @@ class CallStats:
     def _note_link(self, peer: str, report: CallReport, rtt: float | None) -> None:
         moved = report.bytes_out + report.bytes_in
         network = report.network_s
-        if not moved or network is None or not rtt:
+        if moved < MIN_RATE_SAMPLE_BYTES or network is None or not rtt:
             return
         transfer = max(network - rtt, LATENCY_BOUND_FLOOR * rtt)
         sample = (moved / transfer, moved * AS_HALF.get(report.compression, 1.0))
@@ -191,4 +194,4 @@ def choose_compression(setting: str, bytes_cost: float | None, wire_seconds: flo
     return BLOCKWISE8_64
 
 
-__all__ = ["AUTO", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
+__all__ = ["AUTO", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
