@@ -21,7 +21,17 @@ ASYNC_TEST_TIMEOUT = 120.0
 os.environ["VOLUNTEER_NO_MDNS"] = "1"
 
 
+# Whole floors of the suite that start processes, namespaces or external peers: each of their
+# tests takes seconds, so all of them are slow; unit and integration tests say so one by one.
+SLOW_FLOORS = ("e2e", "interop", "nat", "static")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests_root = os.path.dirname(__file__)
+    for item in items:
+        floor = os.path.relpath(str(item.path), tests_root).split(os.sep)[0]
+        if floor in SLOW_FLOORS or item.get_closest_marker("heavy") is not None:
+            item.add_marker(pytest.mark.slow)
     # minutes of full CPU (the 200-node simulation) run after everything else: the load they leave
     # on a shared 2-core machine should not reach the timing-sensitive network tests
     items.sort(key=lambda item: item.get_closest_marker("heavy") is not None)

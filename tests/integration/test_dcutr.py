@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import trio
 
 from relay.service import HopService
@@ -22,6 +24,7 @@ async def echo(stream):
     await stream.send_eof()
 
 
+@pytest.mark.slow
 async def test_relayed_connection_upgrades_to_direct():
     with trio.fail_after(60):
         async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(

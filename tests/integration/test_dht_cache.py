@@ -4,6 +4,8 @@ versions reach every lookup."""
 
 from __future__ import annotations
 
+import pytest
+
 from contextlib import AsyncExitStack
 
 import trio
@@ -36,6 +38,7 @@ async def swarm(stack: AsyncExitStack, n: int):
     return nodes
 
 
+@pytest.mark.slow
 async def test_leaver_is_absent_from_the_first_search_after_its_withdrawal():
     async with AsyncExitStack() as stack:
         nodes = await swarm(stack, 12)  # more nodes than a declaration's replicas: not every trainer holds it

@@ -76,6 +76,7 @@ def measured(node) -> tuple[int, int, int]:
     return len(records), sum(r.size for r in records), prefix
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(120)
 async def test_squatting_and_store_floods_do_not_hide_honest_experts():
     squatter = KeyPair.generate()

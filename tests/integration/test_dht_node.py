@@ -101,6 +101,23 @@ async def test_declared_experts_are_found_and_vanish_on_withdraw():
         nursery.cancel_scope.cancel()
 
 
+async def test_lookups_still_run_once_the_dht_service_stopped():
+    # a node's services stop together: a declarer's last withdraw may run once the DHT's own
+    # tasks are gone, and its lookups must still reach the peers that hold its declarations
+    network = MemoryNetwork()
+    async with AsyncExitStack() as stack:
+        boot, trainer = await swarm(stack, 2, network=network)
+        host = await stack.enter_async_context(
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET)
+        )
+        async with open_dht(host, CONFIG, bootstrap=[boot.host.full_addrs()[0]]) as leaver:
+            assert await leaver.store(b"k", b"v", time.time() + 60) > 1
+        with trio.fail_after(5):
+            assert await leaver.store(b"k", None, time.time() + 60) > 1
+        assert await trainer.get(b"k") == {}
+
+
+@pytest.mark.slow
 async def test_crashed_host_experts_expire():
     config = DHTConfig(swarm_id="test", expert_update_period=0.3, expert_expiration=1.0)
     async with AsyncExitStack() as stack:
@@ -200,6 +217,7 @@ async def test_own_records_are_republished(autojump_clock):
         assert [r.value for r in (await nodes[2].get(b"long-lived")).values()] == [b"v"]
 
 
+@pytest.mark.slow
 async def test_recent_lookups_are_reused_only_within_max_age():
     async with AsyncExitStack() as stack:
         nodes = await swarm(stack, 4)

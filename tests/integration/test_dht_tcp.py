@@ -26,6 +26,7 @@ async def add_node(stack: AsyncExitStack, boot=()):
     return await stack.enter_async_context(open_dht(host, CONFIG, bootstrap=list(boot)))
 
 
+@pytest.mark.slow
 async def test_sixteen_hosts_store_get_and_experts():
     rng = random.Random(3)
     async with AsyncExitStack() as stack:
@@ -50,6 +51,7 @@ async def test_sixteen_hosts_store_get_and_experts():
         assert [m.uid for m in best] == ["ffn.2.0", "ffn.2.1"]  # host 3's experts are gone
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(600)  # 100 joins: about 10 s here, far slower on a loaded CI machine
 async def test_joining_one_hundred_times_in_a_row_never_fails():
     async with AsyncExitStack() as stack:
@@ -67,6 +69,7 @@ async def test_joining_one_hundred_times_in_a_row_never_fails():
                     assert [r.value for r in (await dht.get(b"anchor")).values()] == [b"here"], f"join {attempt}"
 
 
+@pytest.mark.slow
 async def test_peers_started_together_form_one_dht():
     async with AsyncExitStack() as stack:
         bootstrap = await add_node(stack)

@@ -331,6 +331,7 @@ async def test_min_batch_size_waits_for_the_window():
             assert runtime.stats()["ffn.0"].batches == 2
 
 
+@pytest.mark.slow
 async def test_measure_overhead(capsys):
     """Prints (no assertions) what the runtime adds to a forward of ffn hidden 256, batch 16."""
     backend = make_backend("ffn.0", "ffn", 256)

@@ -288,6 +288,7 @@ async def test_answers_never_read_lose_their_streams_and_stay_within_budget():
 # --- kad -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(60)
 async def test_held_kad_requests_stay_within_budget():
     async with trio.open_nursery() as nursery:

@@ -39,6 +39,7 @@ def grid(prefix: str, *dims: int) -> list[str]:
     return [prefix + ".".join(map(str, index)) for index in itertools.product(*(range(d) for d in dims))]
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(60)
 async def test_grids_of_any_depth_are_listed_in_full():
     async with AsyncExitStack() as stack:

@@ -27,6 +27,7 @@ def test_grid_uids_enumerate_hivemind_uids():
     assert grid_uids("ffn.", (2, 2)) == ["ffn.0.0", "ffn.0.1", "ffn.1.0", "ffn.1.1"]
 
 
+@pytest.mark.slow
 def test_our_mixture_trains_on_a_hivemind_swarm_and_routes_around_a_dead_host():
     torch.manual_seed(0)
     first = Volunteer(["ffn.0", "ffn.1"], hidden=HIDDEN, kind="hivemind")

@@ -133,6 +133,7 @@ async def test_unknown_protocol_is_refused():
                 await client.new_stream(server.peer_id, ["/nobody/1.0.0", "/nobody/2.0.0"])
 
 
+@pytest.mark.slow
 async def test_garbage_and_slowloris_only_close_their_connection():
     config = HostConfig(handshake_timeout=1.0)
     with trio.fail_after(30):
@@ -198,6 +199,7 @@ async def test_dial_nobody_fails_fast():
                 await client.connect(KeyPair.generate().peer_id)
 
 
+@pytest.mark.slow
 async def test_thousand_concurrent_streams_on_one_connection():
     # A thousand at once of one protocol from one peer is past the default per-peer, per-protocol
     # inbound limit (512): the server is given room for them, so that the test does not hang on

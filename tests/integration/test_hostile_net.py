@@ -167,6 +167,7 @@ async def test_half_open_sockets_from_one_address_never_lock_others_out():
     assert refusals["address"]["first_message_timeout"] > 0  # the rest timed out
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(90)
 async def test_garbage_and_slowloris_lose_only_their_own_connections():
     async def attack(victim: Victim) -> None:
@@ -190,6 +191,7 @@ async def test_garbage_and_slowloris_lose_only_their_own_connections():
     assert victim.manager.refusals()["address"]["first_message_timeout"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(120)
 async def test_ping_flood_without_reading_loses_its_own_connection():
     async def attack(victim: Victim) -> None:
@@ -207,6 +209,7 @@ async def test_ping_flood_without_reading_loses_its_own_connection():
     assert victim.manager.refusals()["connection"]["control_outbox"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(120)
 async def test_a_thousand_unread_streams_stay_within_the_peer_budget():
     async def attack(victim: Victim) -> None:

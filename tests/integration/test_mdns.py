@@ -3,6 +3,8 @@ find each other on the (loopback) LAN and join each other's routing table; TXT p
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
 import trio
@@ -28,6 +30,7 @@ def test_txt_round_trip_and_malformed_input():
     assert encode_txt(["/" + "a" * 300]) == b""  # too long for one TXT string: left out
 
 
+@pytest.mark.slow
 async def test_two_nodes_on_a_lan_find_each_other():
     async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET) as h1, open_stack(
         listen=["/ip4/127.0.0.1/tcp/0"], options=QUIET
@@ -63,6 +66,7 @@ class _LateEventBrowser(zeroconf.ServiceBrowser):
         type(self).stuck = self.is_alive()
 
 
+@pytest.mark.slow
 async def test_cancel_while_an_announcement_arrives_does_not_deadlock(monkeypatch):
     # ServiceBrowser.cancel() joins the browser thread; a handler that waited there for the trio
     # thread (trio.from_thread.run_sync) would wait for ever
@@ -77,6 +81,7 @@ async def test_cancel_while_an_announcement_arrives_does_not_deadlock(monkeypatc
     assert _LateEventBrowser.stuck is False
 
 
+@pytest.mark.slow
 async def test_a_peer_that_leaves_and_returns_is_reported_again():
     seen: list[str] = []
     them = "12D3KooWreturnsReturns"
@@ -95,4 +100,5 @@ async def test_a_peer_that_leaves_and_returns_is_reported_again():
                 while them in watcher.found:  # its goodbye packets arrived
                     await trio.sleep(0.05)
             outer.cancel_scope.cancel()
-    assert seen == [them, them]
+    # other mDNS peers on this machine (another test run) may be reported too
+    assert [peer for peer in seen if peer == them] == [them, them]

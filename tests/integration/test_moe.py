@@ -15,6 +15,7 @@ from tests.training import SumTask
 from .volunteer_fixture import DHT_CONFIG, Volunteer
 
 
+@pytest.mark.slow
 def test_mixture_trains_survives_a_dead_volunteer_and_fails_clearly_when_all_are_gone():
     torch.manual_seed(0)
     first = Volunteer(["expert.0.0", "expert.0.1"], hidden=8)

@@ -147,6 +147,7 @@ async def test_a_flood_of_initials_and_handshakes_that_never_finish_lock_out_no_
             assert transport.stats()[0]["connections"] == 1  # only b's
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(40)
 async def test_a_peer_that_never_reads_holds_a_bounded_amount_of_ours_and_only_its_own_stream_stalls():
     async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
@@ -201,6 +202,7 @@ async def test_quic_over_ipv6_has_a_socket_of_its_own():
         assert len(quic_of(b).stats()) == 2  # one shared socket per address family
 
 
+@pytest.mark.slow
 @pytest.mark.trio_timeout(30)
 async def test_quic_handshakes_share_the_resource_managers_slots_per_source_address():
     from volunteer.net.resources import ResourceLimits

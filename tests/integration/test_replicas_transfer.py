@@ -172,6 +172,7 @@ async def test_push_to_a_volunteer_that_takes_no_new_experts_is_refused():
     assert info.value.code == "unknown"
 
 
+@pytest.mark.slow
 async def test_a_push_never_rolls_back_a_fresher_hosted_replica_but_brings_a_staler_one_forward():
     network = MemoryNetwork()
     hosted = trained("expert.0.1", steps=4)

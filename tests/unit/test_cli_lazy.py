@@ -53,6 +53,7 @@ def test_one_command_parser_parses_like_the_full_one():
     assert vars(lazy) == vars(full)
 
 
+@pytest.mark.slow
 def test_perf_command_imports_neither_dht_nor_node_nor_torch_nor_rich():
     # A fresh interpreter: this test process has imported everything already.
     code = (

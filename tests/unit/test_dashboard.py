@@ -75,6 +75,7 @@ def test_brackets_in_strings_are_shown_not_parsed_as_markup():
     assert "[/ip4/203.0.113.10]" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width,height", [(80, 24), (160, 40)])
 def test_wrong_types_and_multiline_strings_neither_crash_nor_overflow(width, height):
     junk = [None, "x", float("nan"), True, [None], "[/]", "a\nb\nc"]
@@ -93,6 +94,7 @@ def test_wrong_types_and_multiline_strings_neither_crash_nor_overflow(width, hei
     check_fits(render_text(None, width=width, height=height), width, height)
 
 
+@pytest.mark.slow
 async def test_live_dashboard_redraws_and_stops_on_cancel():
     import io
 
@@ -231,6 +233,7 @@ def test_gpu_panel_says_why_it_is_not_available(monkeypatch):
         assert f"GPU n/a ({reason})" in text, text
 
 
+@pytest.mark.slow
 def test_rows_fill_the_terminal_before_anything_hides():
     big = dict(FULL, experts=[dict(FULL["experts"][0], uid=f"expert.{i // 8}.{i % 8}") for i in range(32)],
                connections=[dict(FULL["connections"][0], peer_id=f"12D3KooWPeer{i:04d}x", role="trainer") for i in range(6)])
@@ -266,6 +269,7 @@ def test_plain_words_for_reachability_and_nat():
     assert "hole punching unlikely" in text
 
 
+@pytest.mark.slow
 def test_coverage_versions_sync_ages_refusals_upload_and_checkpoints_render():
     snapshot = dict(
         FULL,
@@ -307,6 +311,7 @@ def test_windowed_rates_and_batch_sizes():
     assert window.rate("e") is None
 
 
+@pytest.mark.slow
 def test_contributions_survive_a_restart_and_count_trainers_in_bounded_memory(tmp_path):
     path = contrib.state_path(tmp_path, "lab/../x")
     assert path.parent == tmp_path / "contributions"

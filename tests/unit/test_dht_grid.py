@@ -173,6 +173,7 @@ def test_select_alive_skips_tombstones_impostors_and_junk(host_kp: KeyPair) -> N
     assert [d.peer for d in alive] == [host_kp.peer_id]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300))
 def test_declaration_decode_only_typed_errors(data: bytes) -> None:
@@ -193,6 +194,7 @@ def test_declaration_decode_only_typed_errors(data: bytes) -> None:
         ),
     )
 )
+@pytest.mark.slow
 def test_declaration_decode_structured_garbage(msg) -> None:
     try:
         Declaration.decode(msgpack.packb(msg, use_bin_type=True), CONFIG)

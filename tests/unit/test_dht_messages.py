@@ -190,6 +190,7 @@ VALID = [body(encode_request(r, CONFIG)) for r in REQUESTS] + [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_random_bytes_only_typed_errors(data: bytes) -> None:
@@ -200,6 +201,7 @@ def test_random_bytes_only_typed_errors(data: bytes) -> None:
             pass
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(VALID), st.data())
 def test_mutated_messages_only_typed_errors(original: bytes, data) -> None:
@@ -235,6 +237,7 @@ FIELDS = st.sampled_from(["op", "cm", "ad", "rs", "tg", "ks", "ps", "vs", "ok", 
     ),
     st.sampled_from(["ping", "store", "find_node", "find_value", "pong", "stored", "nodes", "values", "error"]),
 )
+@pytest.mark.slow
 def test_structured_garbage_only_typed_errors(obj, op) -> None:
     if isinstance(obj, dict):
         obj = {**obj, "op": op}
@@ -256,6 +259,7 @@ def test_handle_garbage_answers_typed_error_reply() -> None:
     assert len(state.table) == 0  # a peer that sent garbage is not added
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=512))
 def test_handle_never_raises(data: bytes) -> None:
@@ -329,6 +333,7 @@ def test_on_reply_updates_table_and_raises_remote_errors() -> None:
     assert len(state.table) == 1
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from([request_body(r) for r in REQUESTS]), st.data())
 def test_handle_mutated_requests_only_typed_errors(original: bytes, data) -> None:

@@ -323,12 +323,14 @@ def recall(sim: Sim, lookups: int, seed: int) -> float:
     return hits / total
 
 
+@pytest.mark.slow
 def test_healthy_network_finds_exact_k_closest(network: Sim) -> None:
     sizes = [len(s.table) for s in network.nodes.values()]
     assert min(sizes) >= network.config.k
     assert recall(network, 40, seed=1) == 1.0
 
 
+@pytest.mark.slow
 def test_twenty_percent_dead_still_finds_k_closest(network: Sim) -> None:
     sim = network
     victims = sim.rng.sample(sim.peers, 50)
@@ -359,6 +361,7 @@ def test_twenty_percent_dead_still_finds_k_closest(network: Sim) -> None:
     assert recall(sim, 20, seed=5) == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["far", "garbage"])
 def test_liars_cannot_stop_termination(kind: str, network: Sim) -> None:
     sim = network
@@ -382,6 +385,7 @@ def test_liars_cannot_stop_termination(kind: str, network: Sim) -> None:
         assert hits / total >= 0.9
 
 
+@pytest.mark.slow
 def test_store_and_find_values_with_dead_nodes(network: Sim) -> None:
     sim = network
     publishers = [KeyPair.generate() for _ in range(5)]

@@ -176,6 +176,7 @@ def test_cap_total_records_and_bytes(alice: KeyPair, mallory: KeyPair) -> None:
     assert store.bytes_used == 2 * size
 
 
+@pytest.mark.slow
 def test_heap_of_expirations_stays_bounded(alice: KeyPair) -> None:
     store = Storage(CONFIG)
     for i in range(3000):  # one publisher refreshing the same record very often
@@ -199,6 +200,7 @@ def heartbeat(kp: KeyPair, now: float) -> Record:
     return sign(kp, b"ffn.", owned_subkey(kp.peer_id), b"decl", now + 15)
 
 
+@pytest.mark.slow
 def test_one_signer_holds_at_most_its_share_of_a_key(alice: KeyPair, mallory: KeyPair) -> None:
     store = Storage(CONFIG)
     squat = [rec(mallory, key=b"ffn.", suffix=i.to_bytes(2, "big"), exp=NOW + 3600) for i in range(1024)]
@@ -211,6 +213,7 @@ def test_one_signer_holds_at_most_its_share_of_a_key(alice: KeyPair, mallory: Ke
     assert store.store(rec(alice, key=b"ffn."), NOW, source=HONEST)
 
 
+@pytest.mark.slow
 def test_squatter_with_far_future_subkeys_cannot_evict_heartbeats(mallory: KeyPair, honest_hosts) -> None:
     store = Storage(CONFIG)
     now = NOW

@@ -26,6 +26,7 @@ def graph_of(backend, x):
     return backend.forward_keeping_graph([x])[1]
 
 
+@pytest.mark.slow
 def test_backward_from_a_kept_graph_equals_recomputing():
     backend = make_backend("ffn.0", "ffn", 16, config=CONFIG)
     twin = copy.deepcopy(backend)

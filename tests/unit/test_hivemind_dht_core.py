@@ -165,6 +165,7 @@ def test_fuzz_response_decoders(data):
 @FUZZ
 @given(st.lists(st.tuples(st.binary(min_size=20, max_size=20), st.binary(max_size=40), st.binary(max_size=40),
                           st.floats(allow_nan=True)), max_size=6))
+@pytest.mark.slow
 def test_fuzz_store_requests_with_odd_tags_and_values(entries):
     server = DHTProtocolCore(random_id())
     request = pb.StoreRequest(

@@ -257,6 +257,7 @@ ops = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(ops)
 def test_storage_accounting_matches_what_it_holds(steps):

@@ -97,6 +97,7 @@ def test_random_bytes_never_crash_a_decoder(data, which):
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 200), st.integers(1, 2**31))
 def test_truncated_requests_and_oversized_sizes_are_refused(cut, claimed):

@@ -147,6 +147,7 @@ def objects_in(value) -> int:
     return 1
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(values, st.integers(1, 64))
 def test_the_object_budget_holds_exactly(value, budget):

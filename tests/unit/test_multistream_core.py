@@ -34,6 +34,7 @@ def test_codec():
             decode_message(bad)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=50))
 def test_decoder_random_bytes(data):

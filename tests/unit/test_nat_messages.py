@@ -54,6 +54,7 @@ def test_addresses_past_the_read_bound_are_not_even_parsed():
     assert messages.punchable(junk + [good]) == []
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=600), st.sampled_from([messages.CONNECT, messages.SYNC]))
 def test_random_bytes_never_crash(data, expected):

@@ -152,6 +152,7 @@ def test_random_second_message_to_initiator(data):
         pass
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=2000))
 def test_random_transport_bytes(data):

@@ -344,6 +344,7 @@ def test_random_message_2_to_an_initiator(data):
         initiator.read_message(data)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_mutated_message_3(data):

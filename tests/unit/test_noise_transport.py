@@ -185,6 +185,7 @@ def test_random_bytes_only_raise_protocol_errors(chunks):
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([0, 1, 12, 100, NOISE_MAX_PLAINTEXT - 1, NOISE_MAX_PLAINTEXT, NOISE_MAX_PLAINTEXT + 1,
                                  3 * NOISE_MAX_PLAINTEXT + 7, 1 << 20]), max_size=6))
+@pytest.mark.slow
 def test_encrypt_parts_gives_the_same_frames_as_encrypting_the_join(sizes):
     """yamux hands Noise its header/payload list: the wire bytes must not depend on how it is split."""
     parts = [os.urandom(size) for size in sizes]

@@ -223,6 +223,7 @@ frames = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(frames, max_size=20))
 def test_random_frame_sequences(sequence):

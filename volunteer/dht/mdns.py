@@ -85,6 +85,9 @@ class MdnsDiscovery:
         self.interfaces = list(interfaces) if interfaces else None
         self.name = f"{_instance_name()}.{SERVICE}"
         self.found: dict[str, list[str]] = {}
+        # instance name → how many times it said goodbye: a lookup that began before a goodbye
+        # answers from what the peer announced before it left, so it reports nothing
+        self._departures: dict[str, int] = {}
         self._names: dict[str, set[str]] = {}  # instance name -> the peers its TXT record named
         self._resolving: dict[str, bool] = {}  # name -> whether it changed again since the lookup began
         self._limiter = trio.CapacityLimiter(MAX_LOOKUPS)
@@ -178,6 +181,7 @@ class MdnsDiscovery:
 
     def _forget(self, name: str) -> None:
         # a peer that leaves and comes back with the same addresses is reported again
+        self._departures[name] = self._departures.get(name, 0) + 1
         for peer in self._names.pop(name, ()):
             self.found.pop(peer, None)
 
@@ -196,10 +200,11 @@ class MdnsDiscovery:
             again = True
             while again:
                 self._resolving[name] = False
+                departures = self._departures.get(name, 0)
                 info = await trio.to_thread.run_sync(
                     self._zeroconf.get_service_info, SERVICE, name, LOOKUP_MS, limiter=self._limiter
                 )
-                if info is not None:
+                if info is not None and self._departures.get(name, 0) == departures:
                     self._report(name, info)
                 again = self._resolving[name]
         finally:

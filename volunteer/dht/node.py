@@ -268,6 +268,14 @@ class DHTNode(StoreMixin, BaseService):
         await self._drive([lookup], lambda asked: [(c, ask) for _, contacts in asked for c in contacts])
         return lookup.result()
 
+    def _spawner(self, fallback: trio.Nursery):
+        """Where a lookup's requests run: the node's nursery while it runs (so a finished lookup
+        does not wait for its stragglers), else ``fallback`` (the node stopping or stopped)."""
+        ours = self._nursery
+        if ours is None or ours.cancel_scope.cancel_called:
+            return fallback.start_soon
+        return ours.start_soon
+
     async def _drive(self, lookups: Sequence[Lookup], dispatch) -> None:
         """Run lookups until all finish. Each round, ``dispatch([(lookup, contacts it asks now)])``
         returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round.
@@ -279,7 +287,7 @@ class DHTNode(StoreMixin, BaseService):
         woken = trio.Event()
         late: set[trio.CancelScope] = set()
         async with trio.open_nursery() as nursery:
-            spawn = self._nursery.start_soon if self._nursery is not None else nursery.start_soon
+            spawn = self._spawner(nursery)
 
             async def run(ask, contact) -> None:
                 scope = trio.CancelScope()
@@ -498,17 +506,22 @@ class DHTNode(StoreMixin, BaseService):
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep the table healthy until cancelled (the Host routes the protocol to ``handlers()``);
         reports started once joined through the bootstrap peers (if any, and ``wait_bootstrap``)."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            self._refresh_addrs()
-            if self.follow_reachability:
-                # subscribed before anything else starts: no verdict can fall before it
-                await nursery.start(self._follow_reachability)
-            nursery.start_soon(self._maintain)
-            nursery.start_soon(self._follow_connections)
-            if self.bootstrap_addrs and self.wait_bootstrap:
-                await self.bootstrap()
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._refresh_addrs()
+                if self.follow_reachability:
+                    # subscribed before anything else starts: no verdict can fall before it
+                    await nursery.start(self._follow_reachability)
+                nursery.start_soon(self._maintain)
+                nursery.start_soon(self._follow_connections)
+                if self.bootstrap_addrs and self.wait_bootstrap:
+                    await self.bootstrap()
+                task_status.started()
+        finally:
+            # services stopped beside ours (a declarer withdrawing on its way out) may still ask
+            # through us: their requests then run in their own nurseries (see _spawner)
+            self._nursery = None
 
     async def _follow_reachability(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.host.events.subscribe(ReachabilityChanged) as changes:
