@@ -7,7 +7,9 @@ server in a second process): median latency of a remote forward and of forward+b
 same computation done locally, and the overhead (remote minus local). Then server throughput in
 samples/s with 16 concurrent trainers doing forward+backward (hidden 1024, batch 64). hivemind's
 figures come from benchmarks/_hivemind_experts.py in its own venv (benchmarks/setup_hivemind.sh).
-The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's.
+The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's. Last, what
+the trainer's checks of every reply (experts/guard.py) cost: forward+backward with them and
+without, alternating call by call in the same run (the goal: at most 5 %).
 
 Every process (this one, our server, hivemind's) runs torch with ``--torch-threads`` intra-op
 threads, 1 by default: on a 2-core machine the client and the server share the cores, and a
@@ -19,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -90,12 +94,46 @@ def measure_ours(repeats: int, throughput_seconds: float) -> dict:
             local = FeedForward(hidden)
             x = torch.randn(batch, hidden)
             out[f"{hidden}x{batch}"] = latency_figures(expert, local, x, repeats)
+            unchecked = RemoteExpert(f"ffn{hidden}.0", addr, client, check_replies=False)
+            out[f"{hidden}x{batch}"].update(checks_cost(expert, unchecked, x, repeats))
         out["throughput"] = throughput(client, addr, throughput_seconds)
     finally:
         client.close()
         server.stdin.close()
         server.wait(timeout=30)
     return out
+
+
+def checks_cost(checked, unchecked, x: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median forward+backward ms with the trainer's reply checks (experts/guard.py) and without,
+    the two alternating call by call so that both see the same machine."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for expert in (checked, unchecked):  # warm-up: connection, first batch, the guard's warm-up
+        for _ in range(20):
+            expert(x.clone().requires_grad_()).sum().backward()
+    for _ in range(repeats):
+        for on, expert in ((True, checked), (False, unchecked)):
+            started = time.perf_counter()
+            expert(x.clone().requires_grad_()).sum().backward()
+            times[on].append(time.perf_counter() - started)
+    return {"checked_ms": statistics.median(times[True]) * 1000, "unchecked_ms": statistics.median(times[False]) * 1000}
+
+
+def guard_us(hidden: int, batch: int, repeats: int = 2000) -> float:
+    """Median microseconds the reply checks of one forward+backward take in this process alone
+    (the guard's statistic of the outputs and of the input gradients, its range, the ledger)."""
+    from volunteer.experts.guard import ReplyGuard
+    from volunteer.experts.trust import TrustLedger
+
+    guard = ReplyGuard(TrustLedger())
+    outputs, grad_inputs, grad_outputs = ([torch.randn(batch, hidden)] for _ in range(3))
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        guard.check_outputs("ffn.0", "peer", outputs, outputs)
+        guard.check_gradients("ffn.0", "peer", grad_inputs, grad_outputs)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e6
 
 
 def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hidden: int = 1024, batch: int = 64) -> float:
@@ -142,6 +180,14 @@ def main() -> None:
     ratio = f"{ours['throughput'] / o:.2f}" if o else "n/a"
     print(f"{'throughput samples/s (16 trainers)':<34}{ours['throughput']:>10.0f}{(f'{o:.0f}' if o else 'n/a'):>10}{ratio:>8}")
     print("(overhead ratio: ours / hivemind, goal <= 0.25; throughput ratio: ours / hivemind, goal >= 1)")
+    print(f"\nThe trainer's reply checks, ours only (fwd+bwd, median of {args.repeats}, alternating call by call)")
+    print(f"{'figure':<34}{'checks on':>10}{'off':>10}{'cost':>8}{'checks alone':>14}")
+    for hidden, batch in CONFIGS:
+        mine = ours[f"{hidden}x{batch}"]
+        on, off = mine["checked_ms"], mine["unchecked_ms"]
+        alone = guard_us(hidden, batch)
+        print(f"{f'h{hidden} b{batch} fwd+bwd ms':<34}{on:>10.2f}{off:>10.2f}{on / off - 1:>+8.1%}{f'{alone:.0f} us':>14}")
+    print("(checks alone: what they take of one forward+backward in this process, without the network)")
 
 
 if __name__ == "__main__":

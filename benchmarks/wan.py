@@ -299,7 +299,7 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
     relayed = profile == "relayed"
     nat = {f"vol{i}": "symmetric" for i in range(VOLUNTEERS)} if relayed else "eim"
     result: dict = {"profile": profile, "rtt": line.rtt}
-    with rigmod.Rig(rigmod.homes(base, HOMES, nat=nat)) as rig:
+    with rigmod.Rig(rigmod.line_homes(base, HOMES, nat=nat)) as rig:
         if not relayed:
             for i in range(VOLUNTEERS):
                 rig.forward_port(f"nat_vol{i}", PORT, f"vol{i}")

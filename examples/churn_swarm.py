@@ -7,7 +7,9 @@ before the old one goes, alternately gracefully (SIGTERM: hand-off, then checkpo
 (SIGKILL), so never fewer than ``min_alive`` volunteers are up. ``ExpertLedger`` watches the
 declared versions from the trainer's side and counts experts lost (an expert that had trained
 state shows up again at version 0) and updates lost (drops of the freshest declared version).
-Every child process is killed when the swarm is closed, whatever happened.
+Every child process is killed when the swarm is closed, whatever happened. Without ``begin``
+nobody comes or goes: a plain replicated swarm (``train_digits.py --liar`` starts one, one of its
+volunteers lying).
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ class ChurnSwarm:
         self.anchor = self._spawn("anchor", ["--max-experts", "0", "--identity", str(self.dir / "anchor.key"),
                                              "--listen", f"/ip4/127.0.0.1/tcp/{port}"], anchor_file)
 
-    def _spawn(self, name: str, extra: list[str], swarm_file: Path | None = None) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "volunteer", "join", str(swarm_file or self.swarm_file), "--device", "cpu", "--no-dashboard",
+    def _spawn(self, name: str, extra: list[str], swarm_file: Path | None = None, lie: str | None = None) -> subprocess.Popen:
+        # a liar runs the same `volunteer join`, its ffn experts made to lie (examples/lying_volunteer.py)
+        program = [str(ROOT / "examples" / "lying_volunteer.py"), lie] if lie else ["-m", "volunteer"]
+        cmd = [sys.executable, *program, "join", str(swarm_file or self.swarm_file), "--device", "cpu", "--no-dashboard",
                "--no-mdns", "--control", str(self.dir / f"{name}.sock"), *extra]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
                                 cwd=str(ROOT))
@@ -107,17 +111,26 @@ class ChurnSwarm:
         if self.verbose and any(what in line for what in ("caught up", "handed off", "could not hand off")):
             print(f"  [{name}] {line.rstrip()}", flush=True)
 
-    def start_volunteer(self) -> None:
-        """One more volunteer, placed by the swarm (returns once it has joined)."""
+    def start_volunteer(self, lie: str | None = None) -> str:
+        """One more volunteer, placed by the swarm (returns its name once it has joined);
+        ``lie``: its experts lie that way (``examples/lying_volunteer.py``)."""
         self._named += 1
         name = f"v{self._named}"
         proc = self._spawn(name, ["--max-experts", str(self.max_experts), "--identity", str(self.dir / f"{name}.key"),
                                   "--checkpoints", str(self.dir / "checkpoints" / name), "--recheck-period", "5", *self.log_flags,
-                                  "--listen", "/ip4/127.0.0.1/tcp/0"])
+                                  "--listen", "/ip4/127.0.0.1/tcp/0"], lie=lie)
         self.started += 1
         self.alive.append((proc, time.monotonic() + self.random.uniform(*self.life)))
         if self.verbose:
             print(f"  churn: volunteer {name} joined ({len(self.alive)} alive)", flush=True)
+        return name
+
+    def peer_id(self, name: str) -> str:
+        """The PeerID of a volunteer this swarm started."""
+        from volunteer.net.identity import load_or_create_keypair
+
+        keypair, _ = load_or_create_keypair(self.dir / f"{name}.key")
+        return str(keypair.peer_id)
 
     def _end(self, proc: subprocess.Popen) -> None:
         graceful = self.graceful <= self.killed  # alternate: half leave gracefully, half are killed

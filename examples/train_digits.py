@@ -7,12 +7,22 @@
     python examples/train_digits.py --swarm demo         # use a running swarm instead
     python examples/train_digits.py --churn              # volunteers join and leave all through training
     python examples/train_digits.py --churn --replicas 1 # the same without replicas, for comparison
+    python examples/train_digits.py --liar times10       # 3 honest replicas of every expert and one that lies
 
 --churn: the swarm file declares the grid ([[grid]], --replicas, --sync-period); volunteers run
 `volunteer join SWARM` with no --experts (automatic placement), each living a random
 --churn-life seconds (15:40), half leaving gracefully (hand-off) and half killed, never fewer
 than 2 alive, at least --churn-processes (6) over the run. It prints how many experts lost their
 state (must be 0 with replicas 2) and how many updates were lost.
+
+--liar zeros|times10|nan|subtle: the swarm file declares the grid with --honest (3) + 1 replicas
+synced every --sync-period seconds; --honest volunteers and one liar (examples/lying_volunteer.py,
+a `volunteer join` whose ffn experts lie) each host the whole grid. The trainer's guard and audits
+should exclude the liar; it prints when (after how many of the liar's replies) and why, and
+whether any honest volunteer was excluded. --honest N alone runs the same swarm without a liar.
+--audits alternate switches audits on and off every 10 steps (an audit runs in the background, so
+its cost lands on the steps after it: blocks keep it in its own) and prints the median step time
+of each.
 
 The model: Linear(64→H) → ReLU → RemoteMixtureOfExperts(H, grid 4x4, k_best 4) → Linear(H→10).
 Every forward and backward of the mixture goes to volunteer processes over libp2p (Noise,
@@ -38,8 +48,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from volunteer import RemoteMixtureOfExperts, Swarm  # noqa: E402
+from volunteer import RemoteMixtureOfExperts, Swarm, TrustPolicy  # noqa: E402
 from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
+
+ALTERNATE_EVERY = 10  # --audits alternate: steps with audits on, then as many with them off
 
 
 def load_digits_split(seed: int = 0):
@@ -113,6 +125,66 @@ class Testnet:
                 self.proc.wait()
 
 
+class ReplicatedSwarm:
+    """``honest`` volunteer processes each hosting every expert of the grid (replicas synced every
+    ``sync_period`` s) and, with ``lie``, one more whose experts lie (examples/lying_volunteer.py)."""
+
+    def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int) -> None:
+        from churn_swarm import ChurnSwarm
+
+        experts = grid[0] * grid[1]
+        self.lie = lie
+        self.swarm = ChurnSwarm(grid=grid, hidden=hidden, replicas=honest + (1 if lie else 0), sync_period=sync_period,
+                                max_experts=experts, life=(1e9, 1e9), seed=seed)
+        self.honest = honest
+        self.honest_peers: list[str] = []
+        self.liar_peer: str | None = None
+
+    def start(self):
+        """Start the volunteers (the liar last: it catches up from an honest replica, as a real
+        newcomer would); returns the swarm file."""
+        for _ in range(self.honest):
+            self.honest_peers.append(self.swarm.peer_id(self.swarm.start_volunteer()))
+        if self.lie:
+            self.liar_peer = self.swarm.peer_id(self.swarm.start_volunteer(lie=self.lie))
+            print(f"liar: {self.liar_peer} ({self.lie})", flush=True)
+        return self.swarm.swarm_file
+
+    def report(self, trust: dict, best: float, step_times: dict[bool, list[tuple[float, float]]], mixture: dict) -> None:
+        """What the trainer's checks did to the liar and to the honest volunteers, and a summary
+        line for benchmarks/audits.py."""
+        import json
+        import statistics
+
+        honest_excluded = [p for p in self.honest_peers if trust.get(p, {}).get("standing") == "excluded"]
+        for peer in honest_excluded:
+            print(f"HONEST volunteer {peer} excluded: {trust[peer]['excluded_because']}", flush=True)
+        liar = trust.get(self.liar_peer or "", {})
+        if self.liar_peer:
+            if liar.get("standing") == "excluded":
+                print(f"liar excluded after {liar['excluded_after_replies']} of its replies: {liar['excluded_because']}",
+                      flush=True)
+            else:
+                print(f"liar NOT excluded ({liar.get('standing', 'never called')}, {liar.get('replies', 0)} replies, "
+                      f"{liar.get('audits_disagreed', 0)} audits disagreed)", flush=True)
+        medians = {on: statistics.median(wall for wall, _ in t) if t else None for on, t in step_times.items()}
+        cpu = {on: statistics.median(cpu for _, cpu in t) if t else None for on, t in step_times.items()}
+        summary = {
+            "lie": self.lie, "best": best, "liar_excluded": liar.get("standing") == "excluded",
+            "liar_excluded_after": liar.get("excluded_after_replies"), "liar_replies": liar.get("replies", 0),
+            "liar_audits_disagreed": liar.get("audits_disagreed", 0),
+            "honest_excluded": len(honest_excluded),
+            "honest_replies": sum(trust.get(p, {}).get("replies", 0) for p in self.honest_peers),
+            "step_median_audits_on": medians[True], "step_median_audits_off": medians[False],
+            "step_cpu_median_audits_on": cpu[True], "step_cpu_median_audits_off": cpu[False],
+            "calls": mixture["calls"], "audits": mixture["audits"],
+        }
+        print("summary: " + json.dumps(summary), flush=True)
+
+    def close(self) -> None:
+        self.swarm.close()
+
+
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 128) -> float:
     model.eval()
     correct = 0
@@ -151,34 +223,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn-life", default="15:40", help="--churn: each volunteer lives MIN:MAX seconds")
     parser.add_argument("--churn-processes", type=int, default=6, help="--churn: volunteer processes over the run, at least")
     parser.add_argument("--max-experts", type=int, help="--churn: experts per volunteer (default: the whole grid)")
+    parser.add_argument("--liar", choices=("zeros", "times10", "nan", "subtle"),
+                        help="one volunteer among honest replicas of every expert lies this way")
+    parser.add_argument("--honest", type=int, help="honest replicas of every expert (default 3 with --liar)")
+    parser.add_argument("--audits", choices=("on", "off", "alternate"), default="on",
+                        help="audit calls (alternate: on and off every 10 steps, to compare step times)")
+    parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
+                        "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
+                        "at least 2 %%)")
     args = parser.parse_args(argv)
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
     epochs = args.epochs or (2000 if args.churn else 30)
     torch.manual_seed(args.seed)
     x_train, x_test, y_train, y_test = load_digits_split(args.seed)
 
-    churn = ledger = None
-    if args.churn:
+    churn = ledger = replicated = None
+    if args.liar or args.honest:
+        replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed)
+    elif args.churn:
         from churn_swarm import ChurnSwarm, ExpertLedger
 
         life = tuple(float(v) for v in args.churn_life.split(":"))
         churn = ChurnSwarm(grid=grid, hidden=args.hidden, replicas=args.replicas, sync_period=args.sync_period,
                            max_experts=args.max_experts or grid[0] * grid[1], life=life, seed=args.seed)
         ledger = ExpertLedger()
-    testnet = None if args.swarm or churn else Testnet(args.volunteers, grid, args.hidden)
+    testnet = None if args.swarm or churn or replicated else Testnet(args.volunteers, grid, args.hidden)
+    # audits on / off -> (wall, this process's CPU) seconds per step; the CPU time of all our
+    # threads (the trio one runs the audits) is what other processes' load disturbs least
+    step_times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     try:
         if churn is not None:
             churn.begin()
         from volunteer.experts.faults import FaultInjection
 
+        swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
+        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher)
+        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30)
+        trust = {"trust": flat} if args.audit_rate else {}
+
         faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
-        swarm = Swarm.join(args.swarm or (churn.swarm_file if churn else testnet.swarm_file), faults=faults)
+        swarm = Swarm.join(args.swarm or swarm_file, faults=faults, **trust)
         with swarm:
             model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout, args.compression)
+            model.moe.audits = args.audits != "off"
             optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
             started = time.monotonic()
             best = 0.0
             generator = torch.Generator().manual_seed(args.seed)
+            steps = 0
             for epoch in range(1, epochs + 1):
                 if testnet is not None and epoch == args.kill_volunteer_at_epoch:
                     pid = testnet.kill_one()
@@ -187,10 +279,15 @@ def main(argv: list[str] | None = None) -> int:
                 losses = []
                 for i in range(0, len(order), args.batch_size):
                     idx = order[i : i + args.batch_size]
+                    if args.audits == "alternate" and steps % ALTERNATE_EVERY == 0:
+                        model.moe.audits = not model.moe.audits
+                    steps += 1
+                    step_started, cpu_started = time.perf_counter(), time.process_time()
                     loss = nn.functional.cross_entropy(model(x_train[idx]), y_train[idx])
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
+                    step_times[model.moe.audits].append((time.perf_counter() - step_started, time.process_time() - cpu_started))
                     losses.append(loss.item())
                     if ledger is not None and (i // args.batch_size) % 5 == 0:
                         ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
@@ -205,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed ({mixture['failed_over']} "
                   f"retried on another replica), {mixture['rerouted']} samples re-routed to a second round, "
                   f"{mixture['samples_short']} short of k_min (zero output)", flush=True)
+            print(f"checks: {mixture['rejected']} replies rejected by the guard, {mixture['audits']} audits, "
+                  f"{mixture['disagreements']} disagreements, {mixture['exclusions']} volunteers excluded", flush=True)
+            if replicated is not None:
+                replicated.report(swarm.trust_report(), best, step_times, mixture)
             if churn is not None:
                 print(f"churn: {churn.started} volunteer processes ({churn.graceful} left gracefully, {churn.killed} "
                       f"killed), replicas {args.replicas}: experts lost {ledger.experts_lost}, "
@@ -217,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             testnet.stop()
         if churn is not None:
             churn.close()
+        if replicated is not None:
+            replicated.close()
     reached = best >= args.target
     print(f"{'reached' if reached else 'did NOT reach'} {args.target:.0%} test accuracy (best {best:.3f})")
     return 0 if reached else 1

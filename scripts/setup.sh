@@ -15,10 +15,11 @@ retry() {
     done
 }
 
-# iproute2 + nftables/iptables for tests/nat (network namespaces); tmux for the TUI tests.
+# iproute2 + nftables/iptables for tests/nat (network namespaces), miniupnpd for its port-mapping
+# home router; tmux for the TUI tests.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     missing=""
-    for cmd in ip:iproute2 nft:nftables iptables:iptables tmux:tmux; do
+    for cmd in ip:iproute2 nft:nftables iptables:iptables miniupnpd:miniupnpd-nftables tmux:tmux; do
         command -v "${cmd%%:*}" >/dev/null || missing="$missing ${cmd##*:}"
     done
     if [ -n "$missing" ]; then

@@ -19,6 +19,9 @@ ASYNC_TEST_TIMEOUT = 120.0
 # Tests may only talk to loopback and namespaces they create: daemons they start must not send
 # mDNS multicast on this machine's real interfaces (the mDNS tests bind to 127.0.0.1 explicitly).
 os.environ["VOLUNTEER_NO_MDNS"] = "1"
+# ... nor ask this machine's real router for port mappings (NAT-PMP, PCP, UPnP's SSDP multicast);
+# the NAT rig's tests turn it back on inside their namespaces, where the routers are theirs.
+os.environ["VOLUNTEER_NO_PORT_MAPPING"] = "1"
 
 
 # Whole floors of the suite that start processes, namespaces or external peers: each of their

@@ -1,6 +1,7 @@
 """volunteer: donate GPUs to train mixture-of-experts models over a libp2p swarm.
 
-Trainers: ``from volunteer import Swarm, RemoteMixtureOfExperts, RemoteExpert``; volunteers (and
+Trainers: ``from volunteer import Swarm, RemoteMixtureOfExperts, RemoteExpert`` (and ``TrustPolicy``,
+how often their replies are audited); volunteers (and
 tests, benchmarks): ``from volunteer import open_volunteer, VolunteerOptions``. All imported lazily,
 so ``volunteer id`` or a relay never loads torch.
 """
@@ -11,6 +12,7 @@ _LAZY = {
     "Swarm": ("volunteer.swarm", "Swarm"),
     "RemoteExpert": ("volunteer.experts.client", "RemoteExpert"),
     "RemoteMixtureOfExperts": ("volunteer.experts.moe", "RemoteMixtureOfExperts"),
+    "TrustPolicy": ("volunteer.experts.trust", "TrustPolicy"),
     "open_volunteer": ("volunteer.node", "open_volunteer"),
     "VolunteerNode": ("volunteer.node", "VolunteerNode"),
     "VolunteerOptions": ("volunteer.node", "VolunteerOptions"),
@@ -27,5 +29,5 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "RemoteExpert", "RemoteMixtureOfExperts", "Swarm", "VolunteerNode", "VolunteerOptions", "__version__", "open_volunteer",
+    "RemoteExpert", "RemoteMixtureOfExperts", "Swarm", "TrustPolicy", "VolunteerNode", "VolunteerOptions", "__version__", "open_volunteer",
 ]

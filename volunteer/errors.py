@@ -102,6 +102,19 @@ class KeepaliveTimeout(ConnectionLost):
     """The peer did not answer a keepalive ping in time (and sent nothing else meanwhile)."""
 
 
+class PortMappingError(VolunteerError):
+    """A router refused or could not make a port mapping (NAT-PMP, PCP or UPnP IGD said why).
+    ``code``: the protocol's result code, when it gave one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PortMappingMessageError(PortMappingError, RemoteProtocolError):
+    """A router's port-mapping answer was malformed (too short, wrong version, wrong opcode)."""
+
+
 class ResourceLimitExceeded(VolunteerError):
     """A configured bound (streams, pending handshakes, buffer size) would be exceeded."""
 
@@ -204,6 +217,31 @@ class ExpertBackwardRefusedError(ExpertUnavailableError):
 class ExpertInputsForgottenError(ExpertUnavailableError):
     """A backward named the inputs its forward left on the server, and the server no longer
     holds them (evicted, or too old): the caller sends them again with the gradients."""
+
+
+class ExpertExcludedError(ExpertUnavailableError):
+    """This trainer excluded the expert's host: it was caught returning wrong results (a
+    non-finite reply, or outputs that other replicas outvoted in an audit). No call is sent."""
+
+
+class ExpertReplyRejected(ExpertError):
+    """A volunteer's reply failed the trainer's checks (``experts/guard.py``) and was dropped
+    before it reached autograd: the call counts as failed. ``outputs`` keeps the rejected
+    tensors (an audit compares them with another replica's answer to the same inputs);
+    ``excluded`` says whether this rejection got the host excluded."""
+
+    def __init__(self, message: str, *, outputs=None, excluded: bool = False) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+        self.excluded = excluded
+
+
+class NonFiniteReplyError(ExpertReplyRejected):
+    """The reply held NaN or infinity although the trainer sent finite tensors."""
+
+
+class ImplausibleReplyError(ExpertReplyRejected):
+    """The reply's scale is far outside what this expert's replicas have recently returned."""
 
 
 class ExpertProtocolError(ExpertError, RemoteProtocolError):

@@ -3,6 +3,7 @@
     swarm = Swarm.join("demo")                      # a name, a swarm file, or a bootstrap multiaddr
     moe = RemoteMixtureOfExperts(swarm, in_features=64, grid_size=(4, 4), uid_prefix="expert", k_best=4)
     ...train as usual...
+    swarm.trust_report()                            # what audits found, per volunteer
     swarm.close()
 
 A Swarm owns a background thread running trio with a Host joined to the swarm as its kind says
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING
 
 from .dht import DHTConfig
 from .errors import VolunteerError
+from .experts.guard import ReplyGuard
+from .experts.trust import DEFAULT_POLICY, TrustLedger, TrustPolicy
 from .kinds import SwarmKind, TrainerParts, kind_of
 from .net.host import Host
 from .net.stack import open_stack
@@ -41,13 +44,19 @@ class Swarm:
     """A connection to a swarm for trainers and scripts; create it with ``Swarm.join``.
 
     ``faults``: fault injection for experiments (``experts.faults.FaultInjection``): every expert
-    call through this swarm asks it first; set or cleared between experiments."""
+    call through this swarm asks it first; set or cleared between experiments.
+    ``trust``: the audit policy (``experts.trust.TrustPolicy``) of this trainer's trust ledger."""
 
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
-                 dht_config: DHTConfig | None = None, faults: "FaultInjection | None" = None) -> None:
+                 dht_config: DHTConfig | None = None, faults: "FaultInjection | None" = None,
+                 trust: TrustPolicy = DEFAULT_POLICY) -> None:
         from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
 
+        # what this trainer has seen of each volunteer (standings, streaks, exclusions) and the
+        # guard every mixture on this swarm checks replies with (experts/trust.py, guard.py)
+        self.trust = TrustLedger(trust)
+        self.guard = ReplyGuard(self.trust)
         self.spec = spec
         self.kind: SwarmKind = kind_of(spec)  # chosen once: how this swarm is joined and called
         self.swarm_id = spec.id
@@ -147,6 +156,13 @@ class Swarm:
         on the volunteer (queued and computing); uids under ``prefix``, or all."""
         return self.loop.run(_snapshot, self.calls, prefix)
 
+    def trust_report(self) -> dict[str, dict]:
+        """Per volunteer this trainer called: its standing (unproven, proven, suspect, excluded),
+        its streak of audits passed, whether it is trusted, its audits passed and disagreed, its
+        replies the guard rejected, why it was excluded, and its standing per expert. Results
+        are audited (compared with other replicas), never verified."""
+        return self.loop.run(_report, self.trust) if self.loop.running else self.trust.report()
+
     # --- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leave the swarm and stop the background thread (idempotent)."""
@@ -175,6 +191,10 @@ class Swarm:
 
 async def _snapshot(calls, prefix: str | None) -> dict:
     return calls.snapshot(prefix)  # on the trio thread, which records the calls
+
+
+async def _report(trust: TrustLedger) -> dict[str, dict]:
+    return trust.report()  # read on the loop that updates it
 
 
 __all__ = ["Swarm"]

@@ -234,7 +234,7 @@ MULTIADDR_LIST = Typed((list,), "a list of multiaddr strings")
 JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
     "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
     "max_gpu_memory": (int, float), "max_upload": (int, float), "expert_file": str, "mdns": bool,
-    "share_tracebacks": str, "max_experts": int,
+    "share_tracebacks": str, "max_experts": int, "port_mapping": bool,
 }
 
 SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn

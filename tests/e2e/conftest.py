@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,23 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 60) -> subproc
         [sys.executable, "-m", "volunteer", *args],
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+def run_example_in_own_group(args: list[str], *, limit: float, env: dict | None = None) -> tuple[int, str]:
+    """``python examples/ARGS`` in its own process group (its exit status and output); whatever
+    happens, every process it started is killed when it ends."""
+    proc = subprocess.Popen([sys.executable, str(HERE.parents[1] / "examples" / args[0]), *args[1:]],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE.parents[1],
+                            start_new_session=True, env={**os.environ, **(env or {})})
+    try:
+        out, _ = proc.communicate(timeout=limit)
+        return proc.returncode, out
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the example, and every process it started that is left
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 @pytest.fixture

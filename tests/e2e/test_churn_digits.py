@@ -6,33 +6,15 @@ every process it started is killed when the test ends."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
+from .conftest import run_example_in_own_group
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN_LIMIT = 240  # seconds for the whole shortened run, on a loaded 2-core machine
 
 
 def run_churn(*args: str) -> tuple[int, str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--churn", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=RUN_LIMIT)
-        return proc.returncode, out
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the trainer, the anchor and every volunteer left
-        except ProcessLookupError:
-            pass
-        proc.wait()
+    return run_example_in_own_group(["train_digits.py", "--churn", *args], limit=RUN_LIMIT)
 
 
 def test_training_under_churn_with_two_replicas_loses_no_expert():

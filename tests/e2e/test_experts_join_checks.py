@@ -61,3 +61,28 @@ def test_join_without_experts_places_on_the_swarm_files_grid(tmp_path):
     assert build_options(parser.parse_args([*base, "--max-experts", "3"])).node.max_experts == 3
     named = build_options(parser.parse_args([*base, "--experts", "ffn:expert.[0:2]"])).node
     assert not named.place and named.uids == ["expert.0", "expert.1"]
+
+
+def test_port_mapping_is_on_by_default_and_off_by_flag_or_config_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("VOLUNTEER_NO_PORT_MAPPING", raising=False)
+    swarm = unreachable_swarm(tmp_path)
+    parser = build_parser()
+    base = ["join", swarm, "--identity", str(tmp_path / "key")]
+    default = build_options(parser.parse_args(base)).node
+    assert default.stack is None or default.stack.port_mapping  # the standard stack: PortMapper included
+    assert not build_options(parser.parse_args([*base, "--no-port-mapping"])).node.stack.port_mapping
+    config = tmp_path / "config.toml"
+    config.write_text("[join]\nport_mapping = false\n")
+    assert not build_options(parser.parse_args([*base, "--config", str(config)])).node.stack.port_mapping
+    config.write_text("[join]\nport_mapping = true\n")
+    assert build_options(parser.parse_args([*base, "--config", str(config)])).node.stack is None
+    monkeypatch.setenv("VOLUNTEER_NO_PORT_MAPPING", "1")
+    assert not build_options(parser.parse_args(base)).node.stack.port_mapping
+
+
+def test_a_port_mapping_key_of_the_wrong_type_is_one_line(tmp_path, cli_env):
+    config = tmp_path / "config.toml"
+    config.write_text('[join]\nport_mapping = "no"\n')
+    result = run_cli("join", unreachable_swarm(tmp_path), "--config", str(config), env=cli_env)
+    assert result.returncode == 1
+    assert "port_mapping has the wrong type: expected true or false" in one_line_error(result)

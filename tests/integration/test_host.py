@@ -322,6 +322,14 @@ async def test_an_expected_punch_is_classified_as_ours():
             with puncher._expecting(peer, [addr], Direction.INBOUND):
                 assert puncher.classify_inbound(raw) is None  # as the server of the upgrade, nothing to claim
             assert puncher.classify_inbound(raw) is None
+            # a symmetric NAT dialling our port mapping: the peer's IP, a port it never told us
+            renumbered = RawConnection(None, Multiaddr("/ip4/127.0.0.1/tcp/4001"), Multiaddr("/ip4/203.0.113.5/tcp/61111"), None)
+            other_ip = RawConnection(None, Multiaddr("/ip4/127.0.0.1/tcp/4001"), Multiaddr("/ip4/203.0.113.6/tcp/61111"), None)
+            with puncher._expecting(peer, [addr], Direction.OUTBOUND):
+                verdict = puncher.classify_inbound(renumbered)
+                assert verdict.role is Direction.OUTBOUND and verdict.expected_peer == peer
+                assert puncher.classify_inbound(other_ip) is None
+            assert puncher.classify_inbound(renumbered) is None
 
 
 async def test_a_refused_dial_is_dialled_again_while_the_caller_allows():

@@ -4,7 +4,9 @@ background event loop, for tests that drive trainers from plain synchronous code
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import trio
 
@@ -18,6 +20,8 @@ from volunteer.node import VolunteerOptions, open_volunteer
 from volunteer.swarm import Swarm
 from volunteer.swarmfile import SwarmSpec
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # lying_volunteer: liars for the tests
+
 QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 SWARM = "testswarm"
 DHT_CONFIG = DHTConfig(swarm_id=SWARM, expert_update_period=1.0, expert_expiration=3.0)
@@ -28,12 +32,16 @@ class Volunteer:
     ``kind="hivemind"``: a member of a hivemind swarm (hivemind's DHT and expert RPCs)."""
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
-                 backends=None, kind: str = "volunteer") -> None:
+                 backends=None, kind: str = "volunteer", grid=None, replicas_config=None,
+                 dht_config: DHTConfig = DHT_CONFIG) -> None:
         self.kind = kind
+        self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
-            listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=DHT_CONFIG, nat=False, mdns=False,
+            listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=dht_config, nat=False, mdns=False,
             expert_class=expert_class, uids=list(uids), hidden_dim=hidden,
             experts_config=config or ExpertsConfig(device="cpu"), backends=backends,
+            place=grid is not None and not uids, max_experts=len(list(grid.uids())) if grid is not None else None,
+            replicas_config=replicas_config,
         )
         self.bootstrap = list(bootstrap)
         self.loop = BackgroundLoop().start()
@@ -46,7 +54,7 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
-        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind)
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids)
         try:
             with trio.CancelScope() as scope:
                 async with open_volunteer(spec, self.options) as node:
@@ -73,7 +81,24 @@ class Volunteer:
         return self.host.full_addrs()[0]
 
     def spec(self) -> SwarmSpec:
-        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind)
+        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind, grids=self.grids)
+
+    @property
+    def peer(self) -> str:
+        return str(self.host.peer_id)
+
+    def lie(self, lie) -> None:
+        """From now on every expert here returns ``lie(honest output)`` (its state stays honest)."""
+        from lying_volunteer import lie_in_module
+
+        self.corrupt(lambda module: lie_in_module(module, lie))
+
+    def corrupt(self, patch) -> None:
+        """Apply ``patch(module)`` to every expert's module here, between batches."""
+        async def apply() -> None:
+            await self.runtime.run_sync(lambda: [patch(b.module) for b in self.runtime.backends.values()])
+
+        self.loop.run(apply)
 
     def stop(self, *, crash: bool = False) -> None:
         async def stop() -> None:

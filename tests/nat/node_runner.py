@@ -1,11 +1,12 @@
 """Volunteer nodes for the NAT rig scenarios, run inside namespaces with the project's Python.
 
     listen-via-relay RELAY_MULTIADDR   listen on 0.0.0.0:4001 (or --listen …), keep a reservation on the relay,
-                                       serve /echo/1.0.0; prints `READY <circuit multiaddr>`,
-                                       then `RESERVED <circuit multiaddr>` after each new
-                                       reservation; runs until stdin closes
+                                       serve /echo/1.0.0; prints `READY <circuit multiaddr>`
+                                       (then, with --wait-mapped, `MAPPED <addrs>` or `UNMAPPED
+                                       <why>`), then `RESERVED <circuit multiaddr>` after each
+                                       new reservation; runs until stdin closes
     autonat SERVER                     listen on 0.0.0.0:4001, ask SERVER to dial back; print the verdict
-    echo-client TARGET [--size N] [--listen A] [--wait-direct S]
+    echo-client TARGET [--size N] [--listen A] [--wait-direct S] [--also ADDR]
                                        dial TARGET, echo N random bytes, print one JSON line
 """
 
@@ -18,9 +19,13 @@ import sys
 
 import trio
 
+from volunteer.net.events import PortMappingChanged
+from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.nat.dcutr import HolePuncher
-from volunteer.net.stack import open_stack
+from volunteer.net.nat.portmap import PortMapper
 from volunteer.net.nat.relay_client import ReservationManager
+from volunteer.net.stack import StackOptions, open_stack
+from volunteer.net.transport.quic import QuicLimits
 
 ECHO = "/echo/1.0.0"
 
@@ -31,8 +36,14 @@ async def echo(stream) -> None:
     await stream.send_eof()
 
 
+def stack_options(args) -> StackOptions:
+    """The stack as the flags say: router port mapping only when asked (the rig's tests turn it on)."""
+    return StackOptions(port_mapping=args.port_mapping, quic=None if args.no_quic else QuicLimits())
+
+
 async def listen_via_relay(args) -> None:
-    async with open_stack(listen=args.listen or ["/ip4/0.0.0.0/tcp/4001"]) as host, trio.open_nursery() as nursery:
+    async with open_stack(listen=args.listen or ["/ip4/0.0.0.0/tcp/4001"], options=stack_options(args)) as host, \
+            trio.open_nursery() as nursery:
         host.set_handler(ECHO, echo)
         manager = ReservationManager([args.relay], want=1, max_backoff=2.0)
         await host.add_service(manager)
@@ -50,19 +61,42 @@ async def listen_via_relay(args) -> None:
             if current is not None and current is not announced:
                 addr = current.circuit_addrs[0].encapsulate(f"/p2p/{host.peer_id}")
                 print("READY" if announced is None else "RESERVED", addr, flush=True)
+                if announced is None and args.wait_mapped:
+                    await wait_mapped(host, args.wait_mapped)
                 announced = current
             with trio.move_on_after(0.2):
                 await stdin_closed.wait()
         nursery.cancel_scope.cancel()
 
 
+async def wait_mapped(host, seconds: float) -> None:
+    """Print ``MAPPED <addrs>`` once a router mapping has been dialled back (what a DHT record of
+    ours would carry then), or ``UNMAPPED <why>`` after ``seconds``."""
+    mapper = host.service(PortMapper)
+    if mapper is None:
+        print("UNMAPPED port mapping is off", flush=True)
+        return
+    with host.events.subscribe(PortMappingChanged) as changes, trio.move_on_after(seconds):
+        while not mapper.advertised_addrs():
+            await changes.receive()
+    addrs = mapper.advertised_addrs()
+    if addrs:
+        print("MAPPED", " ".join(str(a.with_peer_id(host.peer_id)) for a in addrs), flush=True)
+    else:
+        print("UNMAPPED", json.dumps(mapper.snapshot()), flush=True)
+
+
 async def echo_client(args) -> dict:
-    async with open_stack(listen=args.listen) as host:  # the relay client is a standard service
+    async with open_stack(listen=args.listen, options=stack_options(args)) as host:  # the relay client is standard
         result: dict = {}
+        if args.also:
+            # the target's other addresses, as a DHT record of it would list them: direct ones first
+            target = Multiaddr(args.target)
+            host.peerstore.add_addrs(target.peer_id, [target, *(Multiaddr(a) for a in args.also)])
         if args.wait_direct:
             # Connect (relayed, at first), then give hole punching its chance before sending data.
             started = trio.current_time()
-            first = await host.connect(args.target)
+            first = await (host.connect(Multiaddr(args.target).peer_id) if args.also else host.connect(args.target))
             result["first_path"] = first.describe_path()
             peer = first.remote_peer
             with trio.move_on_after(args.wait_direct):
@@ -82,10 +116,11 @@ async def echo_client(args) -> dict:
             while data := await stream.receive_some(1 << 20):
                 received += data
         result.update(ok=bytes(received) == payload, bytes=len(received), path=stream.connection.describe_path(),
-                      transport=stream.connection.transport)
+                      transport=stream.connection.transport, remote_addr=str(stream.connection.remote_addr))
         puncher = host.service(HolePuncher)
         if puncher is not None:
             result["punch"] = puncher.snapshot()
+            result["birthday"] = dict(puncher.birthday_probes)
             result["outcomes"] = [{"success": o.success, "attempts": o.attempts, "transport": o.transport, "result": o.result,
                                    "seconds": o.seconds, "error": o.error} for o in puncher.outcomes]
         return result
@@ -192,6 +227,13 @@ def main() -> int:
     p = sub.add_parser("autonat")
     p.add_argument("server")
     p.add_argument("--listen", action="append", default=["/ip4/0.0.0.0/tcp/4001"])
+    for sub_parser in sub.choices.values():
+        sub_parser.add_argument("--port-mapping", action="store_true", help="ask the home router to map our ports")
+        sub_parser.add_argument("--no-quic", action="store_true", help="TCP only (today's behaviour, for comparisons)")
+    sub.choices["listen-via-relay"].add_argument("--wait-mapped", type=float, default=0.0, metavar="SECONDS",
+                                                 help="after READY, print MAPPED (or UNMAPPED) within this long")
+    sub.choices["echo-client"].add_argument("--also", action="append", default=[], metavar="MULTIADDR",
+                                            help="more addresses of the target (direct ones are dialled first)")
     args = parser.parse_args()
     if args.command == "punch-loop":
         print(json.dumps(trio.run(punch_loop, args)), flush=True)

@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.nat.lines import DATACENTER, PROFILES, Link, cap_command, caps_of
+from tests.nat import homes as home_routers
+from tests.nat.lines import PROFILES, Link, cap_command, caps_of
 from tests.nat.netns import (  # noqa: F401  (re-exported: tests and benchmarks use them from here)
     CMD_TIMEOUT,
     NS_RE,
@@ -47,159 +49,35 @@ from tests.nat.netns import (  # noqa: F401  (re-exported: tests and benchmarks 
     read_line,
     unusable_reason,
 )
+from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
+    ALLOWED,
+    INTERNET,
+    INTERNET_V6,
+    MAX_NODES,
+    NATS,
+    PUBLIC,
+    RESERVED,
+    SPECS,
+    STUN_HOST,
+    Host,
+    Router,
+    Spec,
+    _allowed,
+    _check,
+    double_nat_pair,
+    all_homes,
+    easy_pair,
+    line_homes,
+    ipv6_pair,
+    rst_pair,
+    symmetric_pair,
+    upnp_pair,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DELAYER = Path(__file__).with_name("delayer.py")
-ALLOWED = tuple(
-    ipaddress.ip_network(n)
-    for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "100.64.0.0/10")
-)
-INTERNET = ipaddress.ip_network("203.0.113.0/24")
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,19}$")
-RESERVED = ("internet", "wire")
-NATS = ("eim", "symmetric")
 READY_TIMEOUT = 10.0  # a delayer must say "ready" within this
-MAX_NODES = 64
 SETTLE_TIMEOUT = 10.0  # links must be operationally up within this
-
-
-# ---------------------------------------------------------------- spec
-
-
-@dataclasses.dataclass(frozen=True)
-class Router:
-    """A NAT router: WAN leg on the internet (or on ``upstream``'s LAN), LAN bridge behind it.
-
-    ``nat``: "eim" (masquerade: endpoint-independent mapping, keeps ports when it can) or
-    "symmetric" (masquerade random,fully-random: a fresh random port per new 5-tuple).
-    ``wan`` is picked from the upstream segment when None. ``link`` impairs the WAN leg.
-    ``unsolicited_tcp``: "drop" (silently, as most home routers) or "reset" (answer a SYN
-    nobody asked for with a RST, as some NAT boxes do; unsolicited UDP is still dropped).
-    """
-
-    name: str
-    lan: str
-    nat: str = "eim"
-    wan: str | None = None
-    upstream: str | None = None
-    link: Link | None = None
-    unsolicited_tcp: str = "drop"
-
-
-@dataclasses.dataclass(frozen=True)
-class Host:
-    """A host: behind ``router`` (default route via it) or, when None, on the internet.
-
-    ``addrs``: first is primary; picked from the router's LAN when empty (behind a router).
-    """
-
-    name: str
-    router: str | None = None
-    addrs: tuple[str, ...] = ()
-    link: Link | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A whole scenario. Routers must be listed after their upstream."""
-
-    routers: tuple[Router, ...] = ()
-    hosts: tuple[Host, ...] = ()
-
-
-PUBLIC = (
-    Host("relay", addrs=("203.0.113.10",)),
-    Host("public", addrs=("203.0.113.20",)),
-    Host("observer", addrs=("203.0.113.30", "203.0.113.31")),
-)
-
-
-def _link(delay_ms: float, jitter_ms: float, loss_pct: float) -> Link | None:
-    return Link(delay_ms, jitter_ms, loss_pct) if (delay_ms or jitter_ms or loss_pct) else None
-
-
-def easy_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """peer_a behind EIM nat_a, peer_b behind EIM nat_b, relay/public/observer on the internet.
-
-    Delay/jitter/loss (per direction) go on both home routers' WAN links.
-    """
-    return _pair("eim", delay_ms, jitter_ms, loss_pct)
-
-
-def symmetric_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """Like easy_pair, but nat_a is symmetric (endpoint-dependent mapping)."""
-    return _pair("symmetric", delay_ms, jitter_ms, loss_pct)
-
-
-def _pair(nat_a: str, delay_ms: float, jitter_ms: float, loss_pct: float) -> Spec:
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("nat_a", "192.0.2.0/26", nat_a, "203.0.113.101", link=link),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-def double_nat_pair(
-    delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, cgnat: str = "eim"
-) -> Spec:
-    """peer_a behind home nat_a behind carrier NAT isp_a (100.64.0.0/24); peer_b behind nat_b."""
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("isp_a", "100.64.0.0/24", cgnat, "203.0.113.111"),
-            Router("nat_a", "192.0.2.0/26", "eim", "100.64.0.2", upstream="isp_a", link=link),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-def rst_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, both: bool = False) -> Spec:
-    """Like easy_pair, but nat_a (and nat_b too when ``both``) answers unsolicited inbound TCP
-    with a RST instead of dropping it (unsolicited UDP is dropped as everywhere)."""
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(
-            Router("nat_a", "192.0.2.0/26", "eim", "203.0.113.101", link=link, unsolicited_tcp="reset"),
-            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link,
-                   unsolicited_tcp="reset" if both else "drop"),
-        ),
-        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
-        + PUBLIC,
-    )
-
-
-def homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim",
-          queue_ms: float = 100.0) -> Spec:
-    """One home per name, each on a ``line`` (``lines.PROFILES``: caps, delay, loss): host
-    ``name`` (198.51.100.x) behind router ``nat_<name>``; plus ``relay`` (203.0.113.10) in a
-    datacenter 10 ms from the internet and ``public`` (203.0.113.20) on it. ``nat``: one NAT
-    type for every home, or one per name (missing names get "eim")."""
-    if not 1 <= len(names) <= 8:
-        raise ValueError("homes: 1 to 8 homes")
-    link = PROFILES[line].link(queue_ms)
-    kinds = {n: (nat if isinstance(nat, str) else nat.get(n, "eim")) for n in names}
-    return Spec(
-        routers=tuple(Router(f"nat_{n}", f"198.51.100.{32 * i}/27", kinds[n], link=link)
-                      for i, n in enumerate(names)),
-        hosts=tuple(Host(n, f"nat_{n}") for n in names)
-        + (Host("relay", addrs=("203.0.113.10",), link=DATACENTER), Host("public", addrs=("203.0.113.20",))),
-    )
-
-
-SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair}
-
-
-def _allowed(addr: str) -> ipaddress.IPv4Address:
-    ip = ipaddress.ip_address(addr)
-    if not any(ip in n for n in ALLOWED):
-        raise ValueError(f"{addr} is outside the rig's allowed ranges")
-    return ip
 
 
 @dataclasses.dataclass
@@ -226,30 +104,6 @@ class _Segment:
                 raise ValueError(f"{addr} is not a free host address in {self.net}")
         self.used.add(ip)
         return ip
-
-
-def _check(spec: Spec) -> None:
-    names = [r.name for r in spec.routers] + [h.name for h in spec.hosts]
-    if len(names) > MAX_NODES:
-        raise ValueError(f"at most {MAX_NODES} nodes")
-    for n in names:
-        if not NAME_RE.match(n) or n in RESERVED:
-            raise ValueError(f"bad node name {n!r}")
-    if len(set(names)) != len(names):
-        raise ValueError("node names must be unique")
-    for r in spec.routers:
-        if r.nat not in NATS:
-            raise ValueError(f"{r.name}: nat must be one of {NATS}")
-        if r.unsolicited_tcp not in ("drop", "reset"):
-            raise ValueError(f"{r.name}: unsolicited_tcp must be 'drop' or 'reset'")
-        if not any(ipaddress.ip_network(r.lan).subnet_of(n) for n in ALLOWED):
-            raise ValueError(f"{r.name}: LAN {r.lan} outside the allowed ranges")
-    for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
-        _allowed(a)
-    for x in list(spec.routers) + list(spec.hosts):
-        problems = x.link.problems() if x.link else []
-        if problems:
-            raise ValueError(f"{x.name}: link values out of range: {'; '.join(problems)}")
 
 
 # ---------------------------------------------------------------- the rig
@@ -292,6 +146,9 @@ class Rig:
         self._segs: dict[str, _Segment] = {}
         self._ports = itertools.count()
         self._nodes = {x.name: x for x in list(spec.routers) + list(spec.hosts)}
+        self._lan6: dict[str, tuple[str, ipaddress.IPv6Address]] = {}  # IPv6 router -> (its /64, WAN address)
+        self._addrs6: dict[str, list[str]] = {}
+        self._files: list[str] = []  # configuration and pid files of the home daemons
         self._capped: dict[str, dict[str, tuple[str, str]]] = {}  # node -> up/down -> (ns, dev)
 
     # ---- lifecycle
@@ -321,6 +178,9 @@ class Rig:
             _terminate(p)
         for ns in reversed(self.namespaces):
             _delete_ns(ns)
+        files, self._files = self._files, []
+        for path in files:
+            Path(path).unlink(missing_ok=True)
         self.namespaces = []
         _live.discard(self)
 
@@ -393,8 +253,9 @@ class Rig:
         return self.run(router, ["cat", "/proc/net/nf_conntrack"], check=True).stdout.splitlines()
 
     def dropped(self, router: str) -> int:
-        """Packets the router's firewall dropped so far (sum of its drop-rule counters)."""
-        out = self.run(router, ["nft", "-j", "list", "table", "ip", TABLE], check=True).stdout
+        """Packets the router's firewall dropped so far (its drop and reject rules' counters, over
+        every table: IPv4 NAT, the miniupnpd home's inet table, the IPv6 firewall)."""
+        out = self.run(router, ["nft", "-j", "list", "ruleset"], check=True).stdout
         total = 0
         for item in json.loads(out).get("nftables", []):
             for e in item.get("rule", {}).get("expr", []):
@@ -432,12 +293,19 @@ class Rig:
 
     # ---- building
 
-    def _add_ns(self, name: str, router: bool = False) -> str:
+    def _add_ns(self, name: str, router: bool = False, ipv6: bool = False) -> str:
         ns = f"{self.tag}-{name}"
         _cmd(["ip", "netns", "add", ns])
         self.namespaces.append(ns)
         _cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
-        ctl = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+        if ipv6:  # no duplicate address detection: addresses are usable at once, the rig picks them
+            ctl = ["net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0",
+                   "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0",
+                   "net.ipv6.conf.all.accept_ra=0", "net.ipv6.conf.default.accept_ra=0"]
+            if router:
+                ctl.append("net.ipv6.conf.all.forwarding=1")
+        else:
+            ctl = ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
         if router:
             ctl.append("net.ipv4.ip_forward=1")
         _cmd(["ip", "netns", "exec", ns, "sysctl", "-q", "-e", "-w", *ctl])
@@ -498,7 +366,7 @@ class Rig:
                 raise ValueError(f"{r.name}: upstream {r.upstream!r} must be a router listed first")
             up = self._segs[r.upstream or "internet"]
             wan = up.take(r.wan, 101 if r.upstream is None else 2)
-            ns = self._add_ns(r.name, router=True)
+            ns = self._add_ns(r.name, router=True, ipv6=r.ipv6 is not None)
             lan_net = ipaddress.ip_network(r.lan)
             gw = next(lan_net.hosts())
             seg = _Segment(ns, self._bridge(ns, "lan"), lan_net, gw, {gw})
@@ -509,8 +377,11 @@ class Rig:
             _cmd(["ip", "-n", ns, "addr", "add", f"{gw}/{lan_net.prefixlen}", "dev", seg.bridge])
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
-            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"],
-                 input=_ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
+            rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
+                     else _ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
+            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
+            if r.ipv6 is not None:
+                self._ipv6_router(r, ns, wif, seg.bridge)
             self._addrs[r.name] = [str(wan), str(gw)]
             self._up[r.name] = r.upstream
         for h in self.spec.hosts:
@@ -520,7 +391,8 @@ class Rig:
             if h.router is None and not h.addrs:
                 raise ValueError(f"{h.name}: a public host needs explicit addrs")
             ips = [seg.take(a, 2) for a in h.addrs] or [seg.take(None, 2)]
-            ns = self._add_ns(h.name)
+            lan6 = self._lan6.get(h.router) if h.router else None
+            ns = self._add_ns(h.name, ipv6=lan6 is not None)
             eth = f"{self.iftag}-eth0"
             self._attach(ns, eth, seg, h.link)
             for ip in ips:
@@ -529,7 +401,64 @@ class Rig:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(seg.gateway)])
             self._addrs[h.name] = [str(ip) for ip in ips]
             self._up[h.name] = h.router
+            if lan6 is not None:
+                self._ipv6_host(h.name, ns, eth, lan6)
+        self._route_ipv6_homes()
         self._settle()
+        self._start_home_daemons()
+
+    # ---- the richer homes (homes.py): IPv6 behind a firewall, miniupnpd
+
+    def _ipv6_router(self, r: Router, ns: str, wan: str, lan: str) -> None:
+        """Give an IPv6 home's router its WAN address on the internet's /64, its LAN's /64 and
+        the stateful firewall; the internet namespace forwards IPv6 from then on."""
+        wan6 = home_routers.ipv6_wan(INTERNET_V6, len(self._lan6))
+        gw6 = home_routers.ipv6_lan(r.ipv6, 1)
+        self._lan6[r.name] = (r.ipv6, wan6)
+        _cmd(["ip", "netns", "exec", self.ns("internet"), "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0"])
+        _cmd(["ip", "-n", ns, "addr", "add", f"{wan6}/{INTERNET_V6.prefixlen}", "dev", wan, "nodad"])
+        _cmd(["ip", "-n", ns, "addr", "add", f"{gw6}/64", "dev", lan, "nodad"])
+        _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=home_routers.ipv6_firewall(TABLE + "6", wan, lan))
+        self._addrs6[r.name] = [str(wan6), str(gw6)]
+
+    def _ipv6_host(self, name: str, ns: str, eth: str, lan6: tuple[str, ipaddress.IPv6Address]) -> None:
+        prefix, _ = lan6
+        taken = sum(1 for other in self._addrs6 if other in self._up and self._up[other] == self._up[name])
+        ip6 = home_routers.ipv6_lan(prefix, 2 + taken)
+        _cmd(["ip", "-n", ns, "addr", "add", f"{ip6}/64", "dev", eth, "nodad"])
+        _cmd(["ip", "-n", ns, "-6", "route", "add", "default", "via", str(home_routers.ipv6_lan(prefix, 1))])
+        self._addrs6[name] = [str(ip6)]
+
+    def _route_ipv6_homes(self) -> None:
+        """Every IPv6 router reaches the other homes' /64s through their WAN addresses (the
+        internet has no router of its own: its segment is one bridge)."""
+        for router in self._lan6:
+            for other, (prefix, wan6) in self._lan6.items():
+                if other != router:
+                    _cmd(["ip", "-n", self.ns(router), "-6", "route", "add", prefix, "via", str(wan6)])
+
+    def _start_home_daemons(self) -> None:
+        """The STUN responder, then miniupnpd on each miniupnpd router; returns once they serve."""
+        upnp = [r for r in self.spec.routers if r.upnp]
+        if not upnp:
+            return
+        stun_ips = self.addrs(STUN_HOST)
+        stun = self.popen(STUN_HOST, home_routers.stun_command(stun_ips), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        home_routers.wait_ready(stun, "ready", read_line)
+        for r in upnp:
+            ns = self.ns(r.name)
+            conf, pid = f"/tmp/{ns}-miniupnpd.conf", f"/tmp/{ns}-miniupnpd.pid"
+            uuid = f"{os.getpid() & 0xFFFFFFFF:08x}-0000-4000-8000-{abs(hash(ns)) & 0xFFFFFFFFFFFF:012x}"
+            Path(conf).write_text(home_routers.miniupnpd_conf(TABLE, f"{self.iftag}-wan", f"{self.iftag}-lan", r.lan,
+                                                       stun_ips[0], uuid))
+            self._files += [conf, pid]
+            daemon = self.popen(r.name, home_routers.miniupnpd_command(conf, pid), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+            home_routers.wait_ready(daemon, home_routers.MINIUPNPD_READY, read_line)
+
+    def addrs6(self, node: str) -> list[str]:
+        """A node's IPv6 addresses (a router: WAN, then LAN gateway); empty without IPv6."""
+        return list(self._addrs6.get(node, []))
 
     def _settle(self) -> None:
         """Wait until every link is operationally up with a real qdisc.
@@ -627,10 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.nat.rig", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="bring a scenario up and hold it until Ctrl-C / SIGTERM")
-    u.add_argument("scenario", choices=sorted(SPECS) + ["homes"],
-                   help="homes: --homes N homes (home0, home1, ...) on the --line profile")
-    u.add_argument("--line", choices=sorted(PROFILES), default="cable", help="homes: line profile")
-    u.add_argument("--homes", type=int, default=2, help="homes: how many")
+    u.add_argument("scenario", choices=sorted(SPECS) + ["lines"],
+                   help="lines: --homes N homes (home0, home1, ...) on the --line profile")
+    u.add_argument("--line", choices=sorted(PROFILES), default="cable", help="lines: line profile")
+    u.add_argument("--homes", type=int, default=2, help="lines: how many homes")
     u.add_argument("--delay-ms", type=float, default=0.0, help="per direction, home WAN links")
     u.add_argument("--jitter-ms", type=float, default=0.0)
     u.add_argument("--loss-pct", type=float, default=0.0)
@@ -663,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    if a.scenario == "homes":
-        spec = homes(a.line, [f"home{i}" for i in range(max(1, min(a.homes, 8)))])
+    if a.scenario == "lines":
+        spec = line_homes(a.line, [f"home{i}" for i in range(max(1, min(a.homes, 8)))])
     else:
         spec = SPECS[a.scenario](a.delay_ms, a.jitter_ms, a.loss_pct)
     with Rig(spec) as rig:

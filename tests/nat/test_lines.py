@@ -76,7 +76,7 @@ def transfer(rig: rigmod.Rig, node: str, op: str, nbytes: int) -> tuple[int, flo
 @pytest.mark.parametrize("line", sorted(lines.PROFILES))
 def test_each_line_delivers_its_caps_and_delay(make_rig, line):
     profile = lines.PROFILES[line]
-    rig = make_rig(rigmod.homes(line, ["home0"]))
+    rig = make_rig(rigmod.line_homes(line, ["home0"]))
     caps = rig.caps("nat_home0")
     assert [c["rate_bit"] for c in caps["up"]] == [int(profile.up_mbit * 1e6)]
     assert [c["rate_bit"] for c in caps["down"]] == [int(profile.down_mbit * 1e6)]
@@ -98,7 +98,7 @@ def test_each_line_delivers_its_caps_and_delay(make_rig, line):
 
 @pytest.mark.nat
 def test_port_forward_opens_one_port_to_one_host(make_rig):
-    rig = make_rig(rigmod.homes("fibre", ["home0"]))
+    rig = make_rig(rigmod.line_homes("fibre", ["home0"]))
     server = rig.popen("home0", [sys.executable, "-c", SERVER, str(PORT)], stdout=subprocess.PIPE)
     assert read_line(server, 10).strip() == "ready"
     wan = rig.addr("nat_home0")

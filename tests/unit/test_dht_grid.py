@@ -356,3 +356,30 @@ def test_declarations_carry_the_age_of_the_last_replica_sync():
         value = msgpack.packb({"p": peer.to_bytes(), "a": [], "l": 0.0, "h": 1.0, "y": bad}, use_bin_type=True)
         with pytest.raises(DHTRecordError):
             Declaration.decode(value, config)
+
+
+def test_prefix_records_carry_their_childrens_sync_ages_for_a_grid_walk():
+    from volunteer.dht.config import MAX_SYNCED_AGE, DHTConfig
+    from volunteer.dht.grid import Declaration, HostInfo, expert_key, make_declarations
+    from volunteer.net.identity import KeyPair
+
+    peer = KeyPair.generate().peer_id
+    config = DHTConfig()
+    items = make_declarations(["ffn.0.0", "ffn.0.1", "ffn.1.0"], HostInfo(peer, (), 0.0), 100.0, 115.0,
+                              synced_ages={"ffn.0.1": 3.5, "ffn.1.0": 1e12}, config=config)
+    by_key = {key: Declaration.decode(value, config) for key, _, value, _ in items}
+    row = by_key[expert_key("ffn.0.")]
+    assert row.child_synced_ages == ((1, 3.5),)  # ffn.0.0 never synced: left out
+    assert row.for_child(1).synced_age == 3.5 and row.for_child(0).synced_age is None
+    assert by_key[expert_key("ffn.1.")].for_child(0).synced_age == MAX_SYNCED_AGE  # clamped
+    assert Declaration.decode(row.encode(), config) == row  # round trip
+    import msgpack
+    import pytest
+
+    from volunteer.errors import DHTRecordError
+
+    for bad in ({2: 1.0}, {1: -1.0}, {1: float("nan")}, {1: True}, {1: "1"}, [1.0], {1: 10 * MAX_SYNCED_AGE}):
+        value = msgpack.packb({"p": peer.to_bytes(), "a": [], "l": 0.0, "h": 1.0, "n": {1: "ffn.0.1"}, "z": bad},
+                              use_bin_type=True)
+        with pytest.raises(DHTRecordError):
+            Declaration.decode(value, config)

@@ -16,3 +16,24 @@ def test_dials_try_tcp_then_quic_then_relays():
     order = dial_order(peer, [circuit, quic, tcp])
     assert order[:2] == [tcp, quic] and order[2].is_relayed()
     assert attempt_delay(tcp) < attempt_delay(quic) == limits.DIAL_STAGGER + limits.QUIC_DIAL_DELAY
+
+
+def test_ipv6_and_ipv4_take_turns_within_each_kind_of_address():
+    from volunteer.net.dialing import dial_order, interleave_families
+    from volunteer.net.identity import KeyPair
+
+    v4 = [Multiaddr(f"/ip4/203.0.113.{n}/tcp/4001") for n in (1, 2, 3)]
+    v6 = [Multiaddr(f"/ip6/2001:db8::{n}/tcp/4001") for n in (1, 2)]
+    memory = Multiaddr("/dns4/example.org/tcp/4001")
+    assert interleave_families([*v4, memory, *v6]) == [v6[0], v4[0], v6[1], v4[1], v4[2], memory]
+    quic6 = Multiaddr("/ip6/2001:db8::1/udp/4001/quic-v1")
+    order = dial_order(KeyPair.generate().peer_id, [quic6, *v4[:1], *v6[:1]])
+    assert order == [v6[0], v4[0], quic6]  # TCP (both families in turn) before QUIC
+
+
+def test_only_global_unicast_ipv6_counts_as_an_external_address():
+    from volunteer.net.interfaces import is_global_v6
+
+    assert is_global_v6("2001:db8:a::2") and is_global_v6("2a00:1450::1%eth0")
+    for ip in ("fe80::1", "fd00::1", "::1", "::ffff:192.0.2.1", "192.0.2.1", "not an ip"):
+        assert not is_global_v6(ip), ip

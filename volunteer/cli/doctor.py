@@ -1,4 +1,5 @@
-"""``volunteer doctor``: a netcheck. Can we reach the swarm's relays, are we public, can we punch?
+"""``volunteer doctor``: a netcheck. Can we reach the swarm's relays, are we public, can we punch,
+does the router map ports, does our NAT's mapping vary by destination, does it hairpin, IPv6?
 
 Each check prints one line, OK / WARN / FAIL, with what to do about it. The swarm is a name or
 swarm file (the peers its kind says to check: ours, its relays and bootstrap peers; hivemind's,
@@ -9,22 +10,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 
 import trio
 
 from ..errors import VolunteerError, describe
 from ..kinds import Check, SwarmKind, kind_of
-from ..net.stack import open_stack
+from ..net.events import PortMappingChanged
+from ..net.host import Host
+from ..net.identity import KeyPair
+from ..net.interfaces import default_listen_addrs, global_ipv6_addrs, is_global_v6
 from ..net.multiaddr import Multiaddr
 from ..net.nat.autonat import Reachability
 from ..net.nat.manager import NatManager
-from ..net.nat.observed import MappingType
+from ..net.nat.observed import endpoint_of
+from ..net.nat.observer import AddressObserver
+from ..net.nat.portmap import PortMapper
 from ..net.nat.relay_client import reserve
+from ..net.stack import StackOptions, open_stack
 from ..net.perf import PERF, format_size, parse_size, perf_stream
 from .netcmds import add_identity_flag, load_identity
+from .reachcheck import hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
 
 CHECK_TIMEOUT = 15.0
+PORT_MAPPING_WAIT = 10.0  # for the router to answer (PCP and NAT-PMP give up after 3.75 s, UPnP after 1 s of discovery)
+CONFIRM_WAIT = 10.0  # for an AutoNAT server to dial a fresh mapping back
+SHORT_DIAL = 5.0  # a hairpin or IPv6 dial
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +45,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="check connectivity: relays, reachability, NAT type, hole punching, throughput",
         description=(
             "A netcheck for volunteers: reach each relay / bootstrap peer and time it, ask them whether "
-            "this machine is reachable from outside (AutoNAT), tell the NAT mapping type (can hole "
-            "punching work?), try a relay reservation, and measure throughput to each relay with the "
-            "perf protocol. Each line is OK, WARN or FAIL, with what to do about it."
+            "this machine is reachable from outside (AutoNAT), ask the router for a port mapping (PCP, "
+            "NAT-PMP, UPnP IGD: which it speaks, the mapping it gave, whether a peer reached it), tell "
+            "whether the NAT's mapping varies by destination for TCP and QUIC (can hole punching work?), "
+            "whether the router hairpins, whether IPv6 works, try a relay reservation, and measure "
+            "throughput to each relay with the perf protocol. Each line is OK, WARN or FAIL, with what "
+            "to do about it."
         ),
         epilog=(
             "examples:\n"
@@ -48,8 +63,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("peers", nargs="+", metavar="SWARM_OR_MULTIADDR",
                    help="a swarm (name or swarm file: its relays and bootstrap peers are checked), or multiaddrs")
-    p.add_argument("--listen", default="/ip4/0.0.0.0/tcp/0", metavar="MULTIADDR",
-                   help="listen address to test (default: any port); use your daemon's port to test it exactly")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR",
+                   help="listen address to test (repeatable; default: TCP and QUIC on any port, IPv6 too with a "
+                   "global IPv6 address); use your daemon's ports to test them exactly")
+    p.add_argument("--no-port-mapping", action="store_true",
+                   help="do not ask the router for a port mapping (also VOLUNTEER_NO_PORT_MAPPING=1)")
     p.add_argument("--perf-size", default="4MiB", metavar="SIZE", help="bytes each way for the throughput check (0 to skip)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     add_identity_flag(p)
@@ -78,12 +96,26 @@ def run_doctor(args: argparse.Namespace) -> int:
         raise VolunteerError(str(exc)) from None
 
     async def all_checks() -> list[Check]:
-        checks = await diagnose(load_identity(args), Multiaddr(args.listen), peers, perf_size)
+        checks = await diagnose(load_identity(args), listen_addrs(args), peers, perf_size, port_mapping_off(args))
         for kind, its_peers in kinds:
             checks += await kind.check_peers(its_peers)
         return checks
 
     return report(trio.run(all_checks), as_json=args.json)
+
+
+def listen_addrs(args: argparse.Namespace) -> list[Multiaddr]:
+    """What doctor listens on: --listen, else what a volunteer listens on by default."""
+    return [Multiaddr(a) for a in (args.listen or default_listen_addrs())]
+
+
+def port_mapping_off(args: argparse.Namespace) -> str:
+    """Why doctor leaves the router's ports alone (empty: it asks for a mapping)."""
+    if getattr(args, "no_port_mapping", False):
+        return "--no-port-mapping"
+    if os.environ.get("VOLUNTEER_NO_PORT_MAPPING") == "1":
+        return "VOLUNTEER_NO_PORT_MAPPING=1"
+    return ""
 
 
 def report(checks: list["Check"], *, as_json: bool) -> int:
@@ -97,9 +129,12 @@ def report(checks: list["Check"], *, as_json: bool) -> int:
     return 1 if any(c.status == "FAIL" for c in checks) else 0
 
 
-async def diagnose(keypair, listen: Multiaddr, peers: list[Multiaddr], perf_size: int) -> list[Check]:
+async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], perf_size: int,
+                   port_mapping_off: str = "") -> list[Check]:
+    """Run every check (``port_mapping_off``: why port mapping is off, empty when it is on)."""
     checks: list[Check] = []
-    async with open_stack(keypair, [listen]) as host:
+    services = [] if port_mapping_off else [PortMapper()]
+    async with open_stack(keypair, listen, options=StackOptions(port_mapping=False), services=services) as host:
         checks.append(Check("OK", "identity", str(host.peer_id)))
         checks.append(Check("OK", "listening", ", ".join(str(a) for a in host.listen_addrs)))
         reached = []
@@ -131,16 +166,12 @@ async def diagnose(keypair, listen: Multiaddr, peers: list[Multiaddr], perf_size
             detail = "; ".join(r.text for r in manager.last_results if r.text) or manager.last_error or "no verdict"
             checks.append(Check("WARN", "reachability", f"unknown ({detail})", "ask a relay operator whether AutoNAT is served"))
 
-        mapping = manager.mapping()
-        observed = ", ".join(str(a) for a in manager.our_addrs()[:2])
-        if mapping is MappingType.ENDPOINT_INDEPENDENT:
-            checks.append(Check("OK", "NAT mapping", f"endpoint-independent ({observed}): hole punching can work"))
-        elif mapping is MappingType.ENDPOINT_DEPENDENT:
-            checks.append(Check("WARN", "NAT mapping", f"symmetric ({observed}): hole punching will fail",
-                                "traffic will stay on relays; a router setting (full-cone/EIM NAT, UPnP) or a forwarded port helps"))
-        else:
-            checks.append(Check("WARN", "NAT mapping", f"unknown: needs two peers to compare ({observed or 'no observation'})",
-                                "give doctor two relays or bootstrap peers"))
+        mapper = host.service(PortMapper)
+        snapshot = await _port_mapping(host, mapper) if mapper is not None else None
+        checks.append(port_mapping_check(snapshot, port_mapping_off))
+        checks += _nat_mapping_checks(host, manager, mapper)
+        checks.append(await _hairpin(host, manager, mapper))
+        checks.append(await _ipv6(host, reached))
 
         for addr in reached:
             try:
@@ -162,3 +193,79 @@ async def diagnose(keypair, listen: Multiaddr, peers: list[Multiaddr], perf_size
                     checks.append(Check("WARN", f"perf {addr.peer_id.short() if addr.peer_id else addr}"[:22], describe(exc),
                                         "the peer may not serve /perf/1.0.0, or its perf budget is spent"))
     return checks
+
+
+async def _port_mapping(host: Host, mapper: PortMapper) -> dict:
+    """Wait for the router's answer, then for an AutoNAT server to dial the mapping back."""
+    with trio.move_on_after(PORT_MAPPING_WAIT):
+        await mapper.started.wait()
+    with host.events.subscribe(PortMappingChanged) as changes, trio.move_on_after(CONFIRM_WAIT):
+        while mapper.confirming:
+            await changes.receive()
+    return mapper.snapshot()
+
+
+def _nat_mapping_checks(host: Host, manager: NatManager, mapper: PortMapper | None) -> list[Check]:
+    """Whether the mapping varies by destination, for TCP and (when we listen on it) QUIC."""
+    observer = host.service(AddressObserver)
+    mapped = mapper is not None and bool(mapper.advertised_addrs())
+    now = trio.current_time()
+    checks = []
+    for transport, name in (("tcp", "TCP"), ("quic", "QUIC")):
+        ports = [found[2] for found in map(endpoint_of, host.listen_addrs)
+                 if found is not None and found[0] == transport and ":" not in found[1]]
+        if not ports:
+            continue
+        if observer is None:
+            mapping, observed = manager.mapping(), manager.our_addrs()
+        else:
+            mapping = observer.observed.mapping(now, ports[0], transport=transport)
+            observed = observer.observed.candidates(now, ports[0], transport=transport)
+        checks.append(nat_mapping_check(name, mapping, [str(a) for a in observed], mapped))
+    return checks
+
+
+async def _hairpin(host: Host, manager: NatManager, mapper: PortMapper | None) -> Check:
+    """Dial our own public address (a confirmed mapping first, else an observed one, TCP first)
+    from a second, throw-away host inside this machine: does the router loop it back to us?"""
+    candidates = [*(mapper.advertised_addrs() if mapper is not None else []), *manager.our_addrs()]
+    candidates.sort(key=lambda a: a.value_for("tcp") is None)  # TCP first: a QUIC dial needs more setup
+    targets = [a for a in candidates if not is_global_v6(a.value_at(0))]
+    if not targets:
+        return hairpin_check(None, None)
+    target = targets[0]
+    options = StackOptions(port_mapping=False, hole_punching=False, relay_client=False, perf=None)
+    async with open_stack(KeyPair.generate(), [], options=options) as probe_host:
+        # caught in here: out of the stack, a failure would come wrapped in its nursery's group
+        try:
+            with trio.fail_after(SHORT_DIAL):
+                await probe_host.dial_addr(target, host.peer_id)
+        except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+            return hairpin_check(False, str(target), describe(exc))
+    return hairpin_check(True, str(target))
+
+
+async def _ipv6(host: Host, reached: list[Multiaddr]) -> Check:
+    """Our global IPv6 addresses, and whether a peer we reached answers over IPv6."""
+    ours = global_ipv6_addrs()
+    if not ours:
+        return ipv6_check([], None)
+    why = ""
+    tried = False
+    for addr in reached:
+        peer = addr.peer_id
+        conn = host.connection_to(peer) if peer is not None else None
+        if conn is not None and is_global_v6(conn.remote_addr.value_at(0)):
+            return ipv6_check(ours, True)
+        for candidate in (host.peerstore.addrs(peer) if peer is not None else []):
+            if candidate.is_relayed() or not is_global_v6(candidate.value_at(0)):
+                continue
+            tried = True
+            try:
+                with trio.fail_after(SHORT_DIAL):
+                    await host.dial_addr(candidate, peer)
+            except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                why = f"{candidate}: {describe(exc)}"
+                continue
+            return ipv6_check(ours, True)
+    return ipv6_check(ours, False if tried else None, why)

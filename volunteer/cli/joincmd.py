@@ -93,7 +93,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_fraction, metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
     p.add_argument("--max-upload", type=_rate, metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
-    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1)")
+    p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
+                   "and the same on /ip6/:: with a global IPv6 address)")
     p.add_argument("--swarm-id", help="swarm id when SWARM is a bare multiaddr (default: default)")
     p.add_argument("--identity", type=Path, metavar="PATH", help="identity key (default $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)")
     p.add_argument("--checkpoints", type=Path, metavar="DIR", help="checkpoint directory (default ~/.local/state/volunteer/checkpoints/SWARM)")
@@ -105,6 +106,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9101)")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")
+    p.add_argument("--no-port-mapping", action="store_true",
+                   help="do not ask the home router to forward our ports (UPnP IGD, NAT-PMP, PCP); also "
+                   "[join] port_mapping = false in the config, or VOLUNTEER_NO_PORT_MAPPING=1")
     add_control_flag(p)
     p.set_defaults(run=run_join)
 
@@ -124,7 +128,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         q.set_defaults(run=run_control, control_cmd=name)
 
 
+def port_mapping_wanted(args: argparse.Namespace, settings: dict) -> bool:
+    """Whether join asks the router for port mappings: not with --no-port-mapping, nor with
+    port_mapping = false in the settings, nor with VOLUNTEER_NO_PORT_MAPPING=1 (which the stack's
+    default honours)."""
+    return not getattr(args, "no_port_mapping", False) and settings.get("port_mapping", True) \
+        and os.environ.get("VOLUNTEER_NO_PORT_MAPPING") != "1"
+
+
 def build_options(args: argparse.Namespace):
+    from ..net.interfaces import default_listen_addrs
+    from ..net.stack import StackOptions
     from ..node import VolunteerOptions
     from .daemon import DaemonOptions
 
@@ -161,7 +175,8 @@ def build_options(args: argparse.Namespace):
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
-        listen=pick(args.listen, "listen", ["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic-v1"]),
+        # TCP and QUIC on IPv4, and on IPv6 too when this machine has a global IPv6 address
+        listen=pick(args.listen, "listen", default_listen_addrs()),
         expert_class=expert_class,
         uids=uids,
         hidden_dim=hidden,
@@ -172,6 +187,7 @@ def build_options(args: argparse.Namespace):
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
+        stack=None if port_mapping_wanted(args, settings) else StackOptions(port_mapping=False),
         share_tracebacks=pick(args.share_tracebacks, "share_tracebacks", "redacted"),
         place=not uids and bool(spec.grids) and max_experts != 0,  # no experts named: the grid decides
         max_experts=max_experts,

@@ -119,6 +119,11 @@ def _is_version(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_DECLARED_VERSION
 
 
+def _is_synced_age(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= MAX_SYNCED_AGE)
+
+
 @dataclass(frozen=True)
 class Declaration:
     """A decoded declaration value; ``expiration`` comes from its record (0 if not from one).
@@ -138,6 +143,9 @@ class Declaration:
     # uid records of replicated experts: seconds between the replicas' last averaging and this
     # heartbeat ("y"; a duration, so no clock crosses the wire); None: never synced
     synced_age: float | None = None
+    # prefix records: (next index, sync age of the uid ``children`` names there), for the synced
+    # ones ("z"): a trainer's grid walk learns how far replicas may have drifted apart
+    child_synced_ages: tuple[tuple[int, float], ...] = ()
 
     def encode(self) -> bytes:
         """The msgpack value stored in the DHT."""
@@ -156,12 +164,15 @@ class Declaration:
         versions = {int(c): int(v) for c, v in self.child_versions if v}
         if versions:
             msg["w"] = versions
+        if self.child_synced_ages:
+            msg["z"] = {int(c): float(age) for c, age in self.child_synced_ages}
         return msgpack.packb(msg, use_bin_type=True)
 
     def for_child(self, index: int) -> "Declaration":
         """This prefix record as the declaration of the uid it lists under ``index``: same host,
-        load and heartbeat, with that uid's version."""
-        return replace(self, version=dict(self.child_versions).get(index, 0))
+        load and heartbeat, with that uid's version and sync age."""
+        return replace(self, version=dict(self.child_versions).get(index, 0),
+                       synced_age=dict(self.child_synced_ages).get(index))
 
     @classmethod
     def decode(cls, data: bytes, config: DHTConfig, expiration: float = 0.0) -> "Declaration":
@@ -182,6 +193,7 @@ class Declaration:
             version = msg.get("v", 0)
             child_versions = msg.get("w", {})
             synced_age = msg.get("y")
+            child_ages = msg.get("z", {})
             ok = (
                 len(addrs) <= config.max_addrs
                 and all(isinstance(a, bytes) and len(a) <= config.max_addr_size for a in addrs)
@@ -195,11 +207,9 @@ class Declaration:
                 and _is_version(version)
                 and isinstance(child_versions, dict)
                 and all(c in children and _is_version(v) for c, v in child_versions.items())
-                and (
-                    synced_age is None
-                    or (isinstance(synced_age, (int, float)) and not isinstance(synced_age, bool)
-                        and math.isfinite(synced_age) and 0 <= synced_age <= MAX_SYNCED_AGE)
-                )
+                and (synced_age is None or _is_synced_age(synced_age))
+                and isinstance(child_ages, dict)
+                and all(c in children and _is_synced_age(a) for c, a in child_ages.items())
             )
         except (TypeError, KeyError, AttributeError, ValueError, PeerIDError):
             ok = False
@@ -209,6 +219,7 @@ class Declaration:
             peer, addrs, float(load), float(heartbeat), tuple(sorted(children.items())), expiration,
             version, tuple(sorted((c, v) for c, v in child_versions.items() if v)),
             None if synced_age is None else float(synced_age),
+            tuple(sorted((c, float(a)) for c, a in child_ages.items())),
         )
 
 
@@ -255,7 +266,11 @@ def make_declarations(
     for prefix, below in sorted(children.items()):
         listed = tuple(sorted(below.items()))
         child_versions = tuple((c, versions.get(uid, 0)) for c, uid in listed)
-        decl = Declaration(host.peer, host.addrs, float(host.load), now, listed, child_versions=child_versions)
+        child_ages = tuple(
+            (c, min(max(0.0, float(ages[uid])), MAX_SYNCED_AGE)) for c, uid in listed if uid in (ages := synced_ages or {})
+        )
+        decl = Declaration(host.peer, host.addrs, float(host.load), now, listed, child_versions=child_versions,
+                           child_synced_ages=child_ages)
         out.append((expert_key(prefix), subkey, decl.encode(), float(expiration)))
     for key, _, value, _ in out:
         if len(value) > config.max_value_size:

@@ -30,11 +30,21 @@ from .server import ExpertServer
 from .schema import TensorSpec
 from .tensors import COMPRESSIONS, TensorReader, deserialize, encode, pick_compression, serialize
 
+# what a trainer checks in every reply, and how far it trusts each volunteer
+from .audit import AuditConfig
+from .guard import GuardConfig, ReplyGuard
+from .trust import Standing, TrustLedger, TrustPolicy
+
 __all__ = [
+    "AuditConfig",
     "BackgroundLoop",
     "ExpertServer",
     "RemoteExpert",
     "RemoteMixtureOfExperts",
+    "ReplyGuard",
+    "Standing",
+    "TrustLedger",
+    "TrustPolicy",
     "call_expert",
     "protocol_id",
     "COMPRESSIONS",
@@ -44,6 +54,7 @@ __all__ = [
     "ExpertStats",
     "ExpertsConfig",
     "FeedForward",
+    "GuardConfig",
     "Runtime",
     "TensorReader",
     "TensorSpec",

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import (
     ExpertError,
+    ExpertExcludedError,
     ExpertInputError,
     ExpertInputsForgottenError,
     ExpertPeerUnreachableError,
@@ -42,6 +43,8 @@ from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TI
 from .directory import ExpertHost, TrainerSwarm
 from .faults import FaultInjection
 from .failures import raise_remote
+from .guard import ReplyGuard
+from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
@@ -248,20 +251,23 @@ class _Call:
     (the host's declared addresses) go to the peerstore at the first call, on the trio thread
     (the peerstore is not thread-safe): no thread hop of their own. Each call is recorded in
     ``stats`` (the trainer's ``CallStats``), whose measured throughput of the host also picks the
-    wire encoding when ``compression`` is ``auto``."""
+    wire encoding when ``compression`` is ``auto``. With a ``guard``, a reply that fails the
+    trainer's checks raises ``ExpertReplyRejected`` (recorded as a failed call) and a host the
+    trainer excluded is not called (``ExpertExcludedError``)."""
 
     def __init__(
         self, swarm: TrainerSwarm, uid: str, peer: PeerID | Multiaddr, forward_timeout: float, backward_timeout: float,
         compression: str, backward_follows: bool = False, addrs: Sequence[bytes | str | Multiaddr] = (),
         stats: CallStats | None = None,
+        guard: ReplyGuard | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
         self._addrs = tuple(addrs) if isinstance(peer, PeerID) else ()  # a multiaddr peer carries its own
         self.stats = stats
-        peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
-        self.peer_name = str(peer_id if peer_id is not None else peer)
+        self.guard = guard
+        self.peer_key = peer_key(peer)
 
     def _remember_host(self) -> None:
         if self._addrs and isinstance(self.peer, PeerID):
@@ -273,47 +279,80 @@ class _Call:
         return await self.swarm.directory.call_expert(self.peer, self.uid, "info", timeout=self.forward_timeout)
 
     async def forward(self, inputs: Sequence[torch.Tensor], report: CallReport | None = None) -> list[torch.Tensor]:
-        """The expert's outputs; ``report`` (filled in) keeps the key of the inputs the volunteer
-        kept for the backward."""
+        """The expert's outputs, past the guard; ``report`` (filled in) keeps the key of the
+        inputs the volunteer kept for the backward."""
+        _refuse_excluded(self)
         self._remember_host()
         report = report if report is not None else CallReport()
+
+        def check(outputs: list[torch.Tensor]) -> None:
+            if self.guard is not None:
+                _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
+                self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
+
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "forward", inputs, compression=self._encoding(), timeout=self.forward_timeout,
             faults=self.swarm.faults, backward_follows=self.backward_follows, report=report,
-        ))
+        ), check)
 
     async def backward(
         self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kept: int | None = None,
         report: CallReport | None = None,
     ) -> list[torch.Tensor]:
-        """The gradients of the inputs; ``kept``: the forward's ``CallReport.kept`` (the inputs
-        then stay here unless the volunteer has forgotten them)."""
+        """The gradients of the inputs, past the guard; ``kept``: the forward's ``CallReport.kept``
+        (the inputs then stay here unless the volunteer has forgotten them)."""
+        _refuse_excluded(self)
+        self._remember_host()
         report = report if report is not None else CallReport()
+
+        def check(grad_inputs: list[torch.Tensor]) -> None:
+            if self.guard is not None:
+                _refuse_excluded(self)
+                self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
+
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self._encoding(),
             timeout=self.backward_timeout, faults=self.swarm.faults, kept=kept, report=report,
-        ))
+        ), check)
 
     def _encoding(self) -> str:
         if self.stats is None:
             return choose_compression(self.compression, None)
         return choose_compression(
-            self.compression, self.stats.bytes_cost(self.peer_name), self.stats.wire_seconds(self.peer_name))
+            self.compression, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key))
 
-    async def _recorded(self, report: CallReport, call):
-        if self.stats is None:
-            return await call
+    async def _recorded(self, report: CallReport, call, check) -> list[torch.Tensor]:
+        # a reply the guard rejects counts as a failed call in the host's record
         try:
             result = await call
+            check(result)
         except ExpertError:
-            self.stats.failed(self.uid, self.peer_name)
+            if self.stats is not None:
+                self.stats.failed(self.uid, self.peer_key)
             raise
+        if self.stats is None:
+            return result
         conn = self.swarm.host.connection_to(_peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer)
         if conn is None:
-            self.stats.record(self.uid, self.peer_name, report)
+            self.stats.record(self.uid, self.peer_key, report)
         else:
-            self.stats.record(self.uid, self.peer_name, report, conn.describe_path(), conn.rtt)
+            self.stats.record(self.uid, self.peer_key, report, conn.describe_path(), conn.rtt)
         return result
+
+
+def peer_key(peer: PeerID | Multiaddr) -> str:
+    """How the trust ledger and the call records name a host: its PeerID string (a multiaddr's
+    /p2p part)."""
+    if isinstance(peer, Multiaddr):
+        found = _peer_id_in(peer)
+        return str(found) if found is not None else str(peer)
+    return str(peer)
+
+
+def _refuse_excluded(call: _Call) -> None:
+    if call.guard is not None and call.guard.ledger.excluded(call.peer_key):
+        why = call.guard.ledger.exclusion_reason(call.peer_key)
+        raise ExpertExcludedError(f"expert {call.uid!r} on {call.peer_key}: this trainer excluded that host ({why})")
 
 
 def detached_cpu(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -352,6 +391,12 @@ class RemoteExpert(nn.Module):
     ``peer`` is a PeerID (with addresses the swarm knows, e.g. from ``swarm.get_experts``), a PeerID
     string, or a multiaddr ending in /p2p/ID. Forward and backward are remote calls; gradients flow
     back to the inputs, and the server updates the expert's parameters on backward.
+
+    Every reply passes ``guard`` (``experts/guard.py``) before it reaches autograd: NaN or
+    infinity, or a scale far from this expert's recent replies, raises ``ExpertReplyRejected``.
+    By default the expert has a guard of its own; ``guard=swarm.guard`` shares the swarm's
+    (its trust ledger, which ``Swarm.trust_report`` shows, and its learned ranges);
+    ``check_replies=False`` takes every reply as it comes (to measure what the checks cost).
     """
 
     def __init__(
@@ -364,16 +409,19 @@ class RemoteExpert(nn.Module):
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
         compression: str = AUTO,
         addrs: Sequence[bytes | str] = (),
+        guard: ReplyGuard | None = None,
+        check_replies: bool = True,
     ) -> None:
         super().__init__()
         self.uid = uid
         self.peer = as_peer(peer)
         self.swarm = swarm
+        self.guard = (guard if guard is not None else ReplyGuard(TrustLedger())) if check_replies else None
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
-                           addrs=addrs, stats=swarm.calls)
+                           addrs=addrs, stats=swarm.calls, guard=self.guard)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
         self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs,
-                                     stats=swarm.calls)
+                                     stats=swarm.calls, guard=self.guard)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 
@@ -417,4 +465,4 @@ class RemoteExpert(nn.Module):
         return f"uid={self.uid!r}, peer={self.peer}"
 
 
-__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert"]
+__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert", "peer_key"]

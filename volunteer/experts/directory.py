@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..net.service import HostAPI
     from .callstats import CallReport, CallStats
     from .faults import FaultInjection
+    from .guard import ReplyGuard
     from .loop import BackgroundLoop
 
 
@@ -40,6 +41,12 @@ class ExpertHost(Protocol):
 
     @property
     def load(self) -> float: ...
+
+    @property
+    def synced_age(self) -> float | None:
+        """Seconds since this replica last averaged with its peers, as declared (``None``: never,
+        or a kind whose replicas do not average): how far audits let it drift from another."""
+        ...
 
 
 class ExpertDirectory(Protocol):
@@ -73,8 +80,9 @@ class ExpertDirectory(Protocol):
 class TrainerSwarm(Protocol):
     """What ``RemoteExpert`` and ``RemoteMixtureOfExperts`` need of a swarm handle (``Swarm``):
     the trio loop they call through, its Host (whose peerstore learns the hosts' addresses), the
-    swarm kind's directory, optional fault injection for experiments, and the record of its
-    calls (``calls``: where they spend their time, and what the links make auto compression pick)."""
+    swarm kind's directory, optional fault injection for experiments, the record of its calls
+    (``calls``: where they spend their time, and what the links make auto compression pick), and
+    the guard with the trainer's trust ledger."""
 
     @property
     def loop(self) -> "BackgroundLoop": ...
@@ -92,7 +100,15 @@ class TrainerSwarm(Protocol):
     def faults(self) -> "FaultInjection | None": ...
 
     @property
-    def calls(self) -> "CallStats": ...
+    def calls(self) -> "CallStats":
+        """The record of this trainer's expert calls, per expert and host (``callstats.py``)."""
+        ...
+
+    @property
+    def guard(self) -> "ReplyGuard":
+        """The checks every reply passes (``guard.py``) with this trainer's trust ledger, shared
+        by the swarm's mixtures so a host caught by one is excluded from all."""
+        ...
 
 
 __all__ = ["ExpertDirectory", "ExpertHost", "TrainerSwarm"]

@@ -20,6 +20,12 @@ For a batch ``x`` of shape ``[batch, in_features]``:
 Backward goes only to the experts that answered forward (their optimizers step), with only the
 gradients: the volunteers kept the forward's inputs. A failed backward call only loses that
 expert's gradient. Gradients reach the gate through the weights.
+
+Every reply passes the swarm's guard first (``guard.py``: NaN, infinity or an implausible scale
+fail the call, which then fails over like any failure) and some are audited against a second
+replica (``audit.py``); hosts are chosen with the trust ledger's weights (``trust.py``) and an
+excluded host is never called. ``stats`` also counts ``rejected`` replies, ``audits``,
+``disagreements``, ``exclusions``, ``unauditable`` (no comparable replica) and ``audits_skipped``.
 """
 
 from __future__ import annotations
@@ -37,16 +43,20 @@ from torch import nn
 from ..errors import (
     ExpertError,
     ExpertPeerUnreachableError,
+    ExpertReplyRejected,
     ExpertTimeoutError,
     ExpertUnavailableError,
     RemoteExpertError,
     describe,
 )
 from ..dht.grid import parse_uid
+from .audit import DEFAULT_AUDITS, AuditConfig, Auditor
 from .callstats import AUTO, CallReport
 from .client import DUMMY, _Call, detached_cpu
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
+from .guard import ReplyGuard
+from .trust import TrustLedger
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +86,7 @@ class _Plan:
         self.moe, self.calls, self.samples, self.batch, self.need = moe, calls, samples, batch, need
         self.errors: list[BaseException] = []
         self.reports = [CallReport() for _ in calls]  # forward: each keeps the key of its kept inputs
+        self.audits: dict[int, Any] = {}  # call index -> its audit case, which needs its backward
 
     async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
         # one hop to the trio thread for the whole round; each call records its host's declared
@@ -91,8 +102,10 @@ class _Plan:
                 nonlocal finished
                 try:
                     started = time.monotonic()
-                    results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
+                    outputs = results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
                     self.moe._answered(self.calls[i], time.monotonic() - started)
+                    self.audits[i] = self.moe._auditor.answered(
+                        self.calls[i], inputs[i], outputs, self.reports[i].compression)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
@@ -100,6 +113,8 @@ class _Plan:
                 except ExpertError as exc:
                     self.errors.append(exc)
                     self.moe._failed(self.calls[i], exc)
+                    if isinstance(exc, ExpertReplyRejected):
+                        self.moe._rejected(self.calls[i], inputs[i], exc)
                 finally:
                     finished += 1
                     if finished == len(self.calls):
@@ -119,16 +134,24 @@ class _Plan:
         out: list[torch.Tensor | None] = [None] * len(self.calls)
 
         async def one(i: int) -> None:
+            report = CallReport()
             try:
-                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept))[0]
+                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept, report))[0]
             except ExpertError as exc:
                 log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
                 self.moe._failed(self.calls[i], exc)
+                if isinstance(exc, ExpertReplyRejected):
+                    self.moe._rejected(self.calls[i], None, exc)
+            finally:
+                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression)
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
                 if grad is not None:
                     nursery.start_soon(one, i)
+        for case in self.audits.values():  # audited calls that got no gradient: no backward
+            self.moe._auditor.backward_sent(case, None, None)
+        self.audits.clear()
         return out
 
 
@@ -182,6 +205,9 @@ class RemoteMixtureOfExperts(nn.Module):
         backoff: float = 60.0,
         refresh_period: float = 2.0,
         compression: str = AUTO,
+        guard: ReplyGuard | None = None,
+        audits: bool = True,
+        audit_config: AuditConfig = DEFAULT_AUDITS,
     ) -> None:
         super().__init__()
         if k_min < 1 or k_best < k_min:
@@ -209,14 +235,26 @@ class RemoteMixtureOfExperts(nn.Module):
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
-        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0}
+        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0}
+        # the swarm's guard and trust ledger, shared by its mixtures (a mixture built without a
+        # swarm, to test its choices, keeps its own)
+        self.guard = guard or (swarm.guard if swarm is not None else ReplyGuard(TrustLedger()))
+        self.trust = self.guard.ledger
+        self._auditor = Auditor(
+            self.trust, self._replicas_for_audit, self._audit_call, self._counts, config=audit_config,
+            compression=compression, backward_wait=forward_timeout + backward_timeout, rng=self._random,
+        )
+        self._auditor.enabled = audits
 
     @property
     def stats(self) -> dict:
-        """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``)
-        and ``experts``: where the calls to each of the grid's experts spend their time, per host
-        (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes per call, network vs volunteer time)."""
-        return {**self._counts, "experts": self.swarm.calls.snapshot(self.uid_prefix)}
+        """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
+        the checks' ``rejected``, ``audits``, ``disagreements``, ``exclusions``, ``unauditable``,
+        ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
+        their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
+        per call, network vs volunteer time)."""
+        experts = self.swarm.calls.snapshot(self.uid_prefix) if self.swarm is not None else {}
+        return {**self._counts, "experts": experts}
 
     @property
     def calls(self) -> int:
@@ -227,6 +265,16 @@ class RemoteMixtureOfExperts(nn.Module):
     def failures(self) -> int:
         """Expert calls that failed, forward or backward (``stats["failures"]``)."""
         return self._counts["failures"]
+
+    @property
+    def audits(self) -> bool:
+        """Whether calls are audited (a second replica answers some of them too, ``audit.py``);
+        the guard checks every reply either way."""
+        return self._auditor.enabled
+
+    @audits.setter
+    def audits(self, on: bool) -> None:
+        self._auditor.enabled = bool(on)
 
     # --- experts ---------------------------------------------------------------------------------
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
@@ -275,12 +323,17 @@ class RemoteMixtureOfExperts(nn.Module):
         eligible = [
             decl for decl in hosts
             if self._avoid.get((uid, str(decl.peer)), 0) <= now and (uid, str(decl.peer)) not in self._failed_now
+            and not self.trust.excluded(str(decl.peer))
         ]
         if len(eligible) <= 1:
             return eligible[0] if eligible else None
         known = sorted(self._latency.values())
         typical = known[len(known) // 2] if known else 0.05
-        weights = [1.0 / ((1.0 + max(0.0, d.load)) * max(1e-3, self._latency.get(str(d.peer), typical))) for d in eligible]
+        weights = [
+            self.trust.pick_weight(uid, str(d.peer))
+            / ((1.0 + max(0.0, d.load)) * max(1e-3, self._latency.get(str(d.peer), typical)))
+            for d in eligible
+        ]
         return self._random.choices(eligible, weights)[0]
 
     def _failed(self, call: _Call, error: BaseException | None = None) -> None:
@@ -304,11 +357,39 @@ class RemoteMixtureOfExperts(nn.Module):
             del self._strikes[key]
             self._avoid.pop(key, None)
 
+    # --- checks (guard.py, audit.py) -----------------------------------------------------------
+    def _rejected(self, call: _Call, inputs: torch.Tensor | None, error: ExpertReplyRejected) -> None:
+        """The guard rejected ``call``'s reply: counted; a forward's finite reply is kept for
+        the auditor to compare with what the fail-over gets for the same inputs."""
+        self._counts["rejected"] += 1
+        if inputs is None:  # a backward's: the gradient is dropped, nothing to compare
+            if error.excluded:
+                self._counts["exclusions"] += 1
+            return
+        self._auditor.rejected(call, inputs, error)
+
+    def _replicas_for_audit(self, uid: str) -> list[tuple[Any, float | None]]:
+        """(declaration, sync age) of the hosts of ``uid`` an audit may call now: neither
+        excluded nor backed off. The age adds how old the declaration may be by now."""
+        now = time.monotonic()
+        slack = self._auditor.config.heartbeat_slack + max(0.0, now - self._live_at)
+        return [
+            (decl, None if decl.synced_age is None else decl.synced_age + slack)
+            for decl in self._live.get(uid, [])
+            if self._avoid.get((uid, str(decl.peer)), 0) <= now and not self.trust.excluded(str(decl.peer))
+        ]
+
+    def _audit_call(self, uid: str, decl, backward_follows: bool) -> _Call:
+        """A call to one replica for an audit, as ordinary as a call of ``_round``."""
+        return _Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
+                     backward_follows=backward_follows, addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard)
+
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         flat = x.reshape(-1, self.in_features)
         self._failed_now.clear()
+        self._auditor.begin_forward()
         try:
             result = self._forward(flat)
         finally:
@@ -404,7 +485,7 @@ class RemoteMixtureOfExperts(nn.Module):
             uid, decl = choices[e]
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, stats=self.swarm.calls,
+                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)

@@ -48,6 +48,7 @@ class HivemindHost:
     peer: PeerID
     addrs: tuple[Multiaddr, ...] = ()
     load: float = 0.0
+    synced_age: float | None = None  # hivemind's replicas never average: no audit compares them
 
 
 def grid_uids(prefix: str, grid_size: Sequence[int]) -> list[str]:

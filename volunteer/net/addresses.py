@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable, Sequence
 
+from .interfaces import global_ipv6_addrs
 from .multiaddr import Multiaddr
 
 
@@ -47,21 +48,24 @@ def is_loopback(addr: Multiaddr) -> bool:
 
 
 def expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
-    """Replace 0.0.0.0 / :: with this machine's addresses (loopback and the hostname's)."""
+    """Replace 0.0.0.0 / :: with this machine's addresses: loopback and, for 0.0.0.0, the
+    hostname's; for ::, every global IPv6 address of its interfaces (those are what peers dial;
+    resolving the hostname for IPv6 would ask DNS, and block, where /etc/hosts has no answer)."""
     components = addr.components
     if not components or components[0][1] not in ("0.0.0.0", "::"):
         return [addr]
     name, ip_text = components[0][0], addr.value_at(0)
-    family = socket.AF_INET if name == "ip4" else socket.AF_INET6
-    loopback = "127.0.0.1" if family == socket.AF_INET else "::1"
-    hosts = [loopback]
-    try:
-        for info in socket.getaddrinfo(socket.gethostname(), None, family, socket.SOCK_STREAM):
-            ip = str(info[4][0])
-            if ip not in hosts:
-                hosts.append(ip)
-    except OSError:
-        pass  # no resolvable hostname: loopback alone is still true
+    if name == "ip6":
+        hosts = ["::1", *global_ipv6_addrs()]
+    else:
+        hosts = ["127.0.0.1"]
+        try:
+            for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
+                ip = str(info[4][0])
+                if ip not in hosts:
+                    hosts.append(ip)
+        except OSError:
+            pass  # no resolvable hostname: loopback alone is still true
     rest = str(addr)[len(f"/{name}/{ip_text}") :]
     return [Multiaddr(f"/{name}/{ip}{rest}") for ip in hosts]
 

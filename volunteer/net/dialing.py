@@ -1,5 +1,6 @@
 """How a Host reaches a peer that has several addresses: staggered parallel dials ("happy
-eyeballs"), direct addresses before relayed ones, the first connection wins.
+eyeballs", RFC 8305: IPv6 and IPv4 take turns), direct addresses before relayed ones, the first
+connection wins.
 
 A peer behind NAT advertises LAN addresses that never answer; waiting for each to time out would
 delay the relay for tens of seconds, so each attempt starts a little after the previous one (at
@@ -33,7 +34,7 @@ def _is_quic(addr: Multiaddr) -> bool:
 def dial_order(peer: PeerID, addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
     """The addresses to try, in order: each once, direct TCP, then direct QUIC, then relayed, at
     most MAX_DIAL_ADDRS (our QUIC costs several times TCP's CPU per byte: it is for peers, and
-    hole punches, that TCP cannot reach).
+    hole punches, that TCP cannot reach); within each, IPv6 and IPv4 take turns.
 
     Relayed addresses are advertised as ``…/p2p/RELAY/p2p-circuit``, the target implied: this
     appends ``/p2p/PEER`` so the circuit transport knows whom to ask the relay for.
@@ -42,7 +43,28 @@ def dial_order(peer: PeerID, addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
     for addr in addrs:
         parts = addr.relay_parts()
         named.append(addr.encapsulate(f"/p2p/{peer}") if parts is not None and parts[1] is None else addr)
-    return sorted(dict.fromkeys(named), key=lambda a: (a.is_relayed(), _is_quic(a)))[: limits.MAX_DIAL_ADDRS]
+    ordered: list[Multiaddr] = []
+    for group in ((False, False), (False, True), (True, False), (True, True)):
+        ordered += interleave_families([a for a in dict.fromkeys(named) if (a.is_relayed(), _is_quic(a)) == group])
+    return ordered[: limits.MAX_DIAL_ADDRS]
+
+
+def _family(addr: Multiaddr) -> str:
+    components = addr.components
+    return components[0][0] if components else ""
+
+
+def interleave_families(addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
+    """``addrs`` with IPv6 and IPv4 taking turns, IPv6 first (RFC 8305's happy eyeballs): a
+    family that is broken on this path costs one stagger step, not a whole family of timeouts.
+    Addresses of neither family (relayed, DNS, memory) keep their place after them."""
+    v6 = [a for a in addrs if _family(a) == "ip6"]
+    v4 = [a for a in addrs if _family(a) == "ip4"]
+    rest = [a for a in addrs if _family(a) not in ("ip4", "ip6")]
+    mixed: list[Multiaddr] = []
+    for index in range(max(len(v6), len(v4))):
+        mixed += v6[index:index + 1] + v4[index:index + 1]
+    return mixed + rest
 
 
 def attempt_delay(addr: Multiaddr) -> float:
@@ -83,4 +105,4 @@ async def dial_staggered(dial_one: DialOne, peer: PeerID, addrs: Sequence[Multia
     raise DialError(f"could not reach {peer}", causes)
 
 
-__all__ = ["attempt_delay", "dial_order", "dial_staggered"]
+__all__ = ["attempt_delay", "dial_order", "dial_staggered", "interleave_families"]

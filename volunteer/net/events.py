@@ -76,6 +76,21 @@ class ReachabilityChanged(HostEvent):
 
 
 @dataclass(frozen=True)
+class ListenAddrsChanged(HostEvent):
+    """The Host started listening somewhere (``addrs``: every address it listens on now)."""
+
+    addrs: "tuple[Multiaddr, ...]"
+
+
+@dataclass(frozen=True)
+class PortMappingChanged(HostEvent):
+    """Router port mapping changed what we may advertise (``addrs``: mapped addresses an AutoNAT
+    server has dialled back; unconfirmed mappings are never among them)."""
+
+    addrs: "tuple[Multiaddr, ...]"
+
+
+@dataclass(frozen=True)
 class RelayReservationsChanged(HostEvent):
     """The relay circuits we hold (and advertise) changed (``circuit_addrs``: the current ones)."""
 
@@ -170,10 +185,12 @@ __all__ = [
     "DirectConnectionUp",
     "EventBus",
     "HostEvent",
+    "ListenAddrsChanged",
     "ObservedAddrChanged",
     "PeerConnected",
     "PeerDisconnected",
     "PeerIdentified",
+    "PortMappingChanged",
     "ReachabilityChanged",
     "RelayReservationsChanged",
     "RelayedConnectionUp",

@@ -41,6 +41,7 @@ from .events import (
     DirectConnectionUp,
     EventBus,
     HostEvent,
+    ListenAddrsChanged,
     PeerConnected,
     PeerDisconnected,
     RelayedConnectionUp,
@@ -128,6 +129,7 @@ class Host:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise ListenError(f"cannot listen on {addr}: {reason}") from None
         self.listen_addrs.extend(bound)
+        self.events.publish(ListenAddrsChanged(tuple(self.listen_addrs)))
         return bound
 
     def add_transport(self, transport: Transport) -> None:

@@ -149,3 +149,28 @@ DCUTR_MIN_PUNCH = 2.0  # ... but at least this long (one lost SYN is retransmitt
 DCUTR_MAX_PUNCH = 5.0  # ... and at most this long: a failed attempt ends well inside DCUTR_STREAM_TIMEOUT
 TCP_REFUSED_REDIAL_DELAY = 0.05  # a punched SYN refused (RST from the peer's router) is re-sent this much later
 DCUTR_REPUNCH_INTERVAL = 30.0  # after a network change, a relayed peer is punched again at most this often
+
+# --- NAT wing: router port mapping (net/nat/portmap/: NAT-PMP, PCP, UPnP IGD) ---
+PORTMAP_SERVER_PORT = 5351  # NAT-PMP and PCP servers listen here on the default gateway
+PORTMAP_MAX_MESSAGE = 1100  # a PCP message is at most 1100 bytes (RFC 6887); NAT-PMP's are 16 at most
+PORTMAP_LIFETIME = 7200  # seconds of mapping we ask for (RFC 6886 recommends two hours)
+PORTMAP_MAX_LIFETIME = 24 * 3600  # a granted lifetime is never trusted further out than this
+PORTMAP_MIN_RENEW = 30.0  # renew no sooner than this after a grant (a gateway granting 10 s leases)
+PORTMAP_FIRST_RETRANSMIT = 0.25  # a request unanswered this long is sent again, the wait doubling (RFC 6886)
+PORTMAP_TRIES = 4  # ... this many sends in all: 0.25 + 0.5 + 1 + 2 s before giving up on a gateway
+PORTMAP_UPNP_DISCOVER_MS = 1000  # SSDP discovery waits this long for routers to answer (milliseconds)
+PORTMAP_UPNP_TIMEOUT = 10.0  # one UPnP IGD call (discovery, a SOAP request) gives up after this
+PORTMAP_RETRY_INTERVAL = 30.0  # after a network change, mapping is tried again at most this often
+PORTMAP_MAX_BACKOFF = 600.0  # seconds between retries after failures, at most
+PORTMAP_REMOVE_DEADLINE = 2.0  # on leaving, mappings that the router has not deleted by then are left to expire
+PORTMAP_CONFIRM_SERVERS = 3  # AutoNAT servers asked to dial a new mapping back, at most
+
+# --- NAT wing: birthday probing against one hard NAT (net/nat/birthday.py, prober.py) ---
+BIRTHDAY_SOCKETS = 256  # sockets the hard side opens per attempt (Tailscale's figure)
+BIRTHDAY_PROBES = 1024  # probes the easy side sends per attempt: with 256 ports open, ~98 % find one
+BIRTHDAY_BURST = 16  # probes (or first packets of sockets) sent together ...
+BIRTHDAY_BURST_INTERVAL = 0.02  # ... this often: 1,024 probes take 1.3 s (800 packets per second)
+BIRTHDAY_PORT_LOW = 1024  # the ports a hard NAT hands out, probed at random
+BIRTHDAY_PORT_HIGH = 65535
+BIRTHDAY_EASY_DELAY = 0.05  # the easy side starts probing this much later: the hard side's mappings exist by then
+BIRTHDAY_BUDGET = 4.0  # seconds one birthday probe may take, its QUIC handshake included

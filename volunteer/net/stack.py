@@ -14,6 +14,8 @@ struct:
     relay client   dial and accept circuit-relay-v2 connections (``StackOptions.relay_client``)
     address observer, hole puncher
                    the addresses peers see us at, and DCUtR over them (``StackOptions.hole_punching``)
+    port mapper    asks the home router (PCP, NAT-PMP, UPnP IGD) to forward our listen ports and
+                   advertises a mapping once AutoNAT reached it (``StackOptions.port_mapping``)
 
     async with open_stack(keypair, ["/ip4/0.0.0.0/tcp/4001"], services=[my_service]) as host:
         ...
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+import os
 from dataclasses import dataclass, field
 
 from .config import HostConfig
@@ -35,6 +38,7 @@ from .identity import KeyPair
 from .multiaddr import Multiaddr
 from .nat.dcutr import HolePuncher
 from .nat.observer import AddressObserver
+from .nat.portmap import PortMapper
 from .nat.relay_client import RelayClient
 from .perf import PerfLimits, PerfServer
 from .ping import Ping
@@ -60,6 +64,10 @@ class StackOptions:
     # Run DCUtR: upgrade relayed connections to direct, hole-punched ones (with the address
     # observer that tells the puncher where peers see us).
     hole_punching: bool = True
+    # Ask the home router to forward our IPv4 listen ports (PCP, NAT-PMP, UPnP IGD). Off when
+    # VOLUNTEER_NO_PORT_MAPPING=1 unless set here: a machine-wide switch (test suites keep their
+    # daemons from talking to the real router with it).
+    port_mapping: bool = field(default_factory=lambda: os.environ.get("VOLUNTEER_NO_PORT_MAPPING") != "1")
 
 
 def standard_services(options: StackOptions | None = None) -> list[Service]:
@@ -74,6 +82,8 @@ def standard_services(options: StackOptions | None = None) -> list[Service]:
         services.append(RelayClient())
     if options.hole_punching:
         services += [AddressObserver(), HolePuncher()]
+    if options.port_mapping:
+        services.append(PortMapper())
     return services
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeGuard
@@ -27,16 +28,21 @@ import trio
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
 from ..connection import Connection
-from ..events import DirectConnectionUp, ObservedAddrChanged, ReachabilityChanged, RelayedConnectionUp
+from ..events import DirectConnectionUp, ObservedAddrChanged, PortMappingChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
+from ..interfaces import is_global_v6
 from ..multiaddr import Multiaddr
 from ..service import BaseService, Handler, HostAPI, InboundClass
 from ..streams import BufferedStream, close_quietly
 from ..transport.base import Direction, Path, RawConnection
 from ..transport.quic import QuicTransport
 from . import messages
-from .messages import CONNECT, SYNC, PunchMessage, punch_transport, punchable
+from .messages import CONNECT, SYNC, PunchMessage, punch_candidates, punch_transport, punchable
+from .birthday import EASY, birthday_step
+from .observed import endpoint_of
 from .observer import AddressObserver
+from .portmap import PortMapper
+from .prober import open_hard_sockets, spray_probes
 from .punch import DIRECT, FAILED, REVERSED, PunchOutcome, PunchPlan, PunchStep, attempt_roles, punch_gaps, should_repunch
 
 log = logging.getLogger(__name__)
@@ -61,11 +67,16 @@ class HolePuncher(BaseService):
         # Addresses whose inbound connection is the punch we expect from that peer, and the role
         # we keep on it (see classify_inbound).
         self._expected: dict[Multiaddr, tuple[PeerID, Direction]] = {}
+        # The same, by IP, for TCP as the upgrade's client: a peer behind a symmetric NAT dialling
+        # our router's port mapping reaches us from a port nobody told us (its NAT picked it anew).
+        self._expected_tcp_ips: dict[str, tuple[PeerID, Direction]] = {}
         self._punching: set[PeerID] = set()
         self._last_try: dict[PeerID, float] = {}
         # every attempt, by transport and result (both sides count theirs): see snapshot()
         self.tally: dict[str, dict[str, int]] = {}
         self.observer: AddressObserver | None = None
+        self._probing: set[str] = set()  # IPs we send birthday probes to (their dials are punches)
+        self.birthday_probes: dict[str, int] = {}  # birthday probes we took part in, by our role
 
     def handlers(self) -> dict[str, Handler]:
         return {DCUTR: self.handle}
@@ -76,7 +87,14 @@ class HolePuncher(BaseService):
         Over QUIC the peer's dial reaching our socket is the punch itself (roles are QUIC's)."""
         expected = self._expected.get(raw.remote_addr)
         if expected is None:
-            return None
+            found = endpoint_of(raw.remote_addr)
+            if found is not None and found[0] == "quic" and found[1] in self._probing:
+                # a birthday probe's dial: from one of the hard side's many ports, any of which may win
+                return InboundClass(role=Direction.INBOUND, path=Path.HOLE_PUNCHED)
+            if found is not None and found[0] == "tcp":
+                expected = self._expected_tcp_ips.get(found[1])
+            if expected is None:
+                return None
         peer, role = expected
         return InboundClass(role=role, expected_peer=peer, path=Path.HOLE_PUNCHED)
 
@@ -114,9 +132,15 @@ class HolePuncher(BaseService):
         return chosen
 
     def our_addrs(self) -> list[Multiaddr]:
-        """What we tell the other side to dial: observed external addresses of our TCP and QUIC
-        listen ports."""
-        return self.observer.external_addrs(trio.current_time()) if self.observer else []
+        """What we tell the other side to dial, at most DCUTR_MAX_PUNCH_ADDRS per transport:
+        router mappings an AutoNAT server reached (the peer's dial simply gets in), our global
+        IPv6 addresses (no NAT: they are their own external address; a stateful firewall is
+        punched as a NAT is), then the observed external addresses of our TCP and QUIC ports."""
+        mapper = self.host.service(PortMapper)
+        mapped = mapper.advertised_addrs() if mapper is not None else []
+        ipv6 = [a for a in self.host.addrs if not a.is_relayed() and is_global_v6(a.value_at(0))]
+        observed = self.observer.external_addrs(trio.current_time()) if self.observer else []
+        return punch_candidates([*mapped, *ipv6, *observed])
 
     def snapshot(self) -> dict:
         """Punch attempts by transport and result, and how punches ended (for status and metrics)."""
@@ -234,14 +258,19 @@ class HolePuncher(BaseService):
     async def _await_observed_addrs(self) -> None:
         """Identify with the relay may still be in flight: give our observed addresses a moment
         (DCUTR_OBSERVATION_WAIT), woken by the observer's ObservedAddrChanged, until every
-        transport we listen on has one (a QUIC observation comes from a connection of its own)."""
+        transport we listen on has one (a QUIC observation comes from a connection of its own),
+        and a router mapping being dialled back by AutoNAT has its answer (PortMappingChanged)."""
         assert self.observer is not None
+        mapper = self.host.service(PortMapper)
 
         def missing() -> bool:
             assert self.observer is not None
+            if mapper is not None and mapper.confirming:
+                return True
             return not self.our_addrs() or bool(self.observer.observed.missing(trio.current_time(), self.host.listen_addrs))
 
-        with self.host.events.subscribe(ObservedAddrChanged) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
+        kinds = (ObservedAddrChanged, PortMappingChanged)
+        with self.host.events.subscribe(*kinds) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
             while missing():
                 await changes.receive()
 
@@ -249,47 +278,48 @@ class HolePuncher(BaseService):
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:
         """While we punch, an inbound connection from one of ``addrs`` is this punch
         (``classify_inbound``): over TCP only when we are the upgrade's client (as its server, a
-        plain inbound connection is what we expect anyway), over QUIC always."""
+        plain inbound connection is what we expect anyway), and then from any port of their IPs
+        (a symmetric NAT's new port, dialling our port mapping); over QUIC always."""
         registered = [
             addr for addr in addrs
             if addr not in self._expected and (role is Direction.OUTBOUND or punch_transport(addr) == "quic")
         ]
         for addr in registered:
             self._expected[addr] = (peer, role)
+        ips: list[str] = []
+        if role is Direction.OUTBOUND:
+            for addr in addrs:
+                found = endpoint_of(addr)
+                if found is not None and found[0] == "tcp" and found[1] not in self._expected_tcp_ips:
+                    self._expected_tcp_ips[found[1]] = (peer, role)
+                    ips.append(found[1])
         try:
             yield
         finally:
             for addr in registered:
                 self._expected.pop(addr, None)
+            for ip in ips:
+                self._expected_tcp_ips.pop(ip, None)
 
     async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
         """Punch every address at once, within the step's budget: TCP by dialling from our listen
-        port, QUIC by dialling (as the client) or by sending punch packets (as the server). The
-        first direct connection wins, ours or one the peer opened to us (DirectConnectionUp).
-        Returns it (or None) and whether it was our own dial."""
+        port, QUIC by dialling (as the client) or by sending punch packets (as the server). When
+        that fails, a birthday probe over UDP follows, from the same moment on both sides: the
+        longest budget after the punch's start (each side sized its own budget from the round trip
+        it measured, and the two differ; a hard side opening its sockets after the easy side's
+        probes have gone out finds nothing). The first direct connection wins, ours or one the
+        peer opened to us (DirectConnectionUp). Returns it (or None) and whether it was our own dial."""
         winner: list[tuple[Connection, bool]] = []
         quic = self.host.service(QuicTransport)
-        with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_after(step.budget):
+        started = trio.current_time()
+        birthday_at = started + limits.DCUTR_MAX_PUNCH
+        with self.host.events.subscribe(DirectConnectionUp) as direct_ups:
             async with trio.open_nursery() as nursery:
 
                 def won(conn: Connection, ours: bool) -> None:
-                    winner.append((conn, ours))
+                    if not winner:
+                        winner.append((conn, ours))
                     nursery.cancel_scope.cancel()
-
-                async def dial(addr: Multiaddr, options: dict) -> None:
-                    try:
-                        conn = await self.host.dial_addr(addr, peer, role=step.role, path=Path.HOLE_PUNCHED, **options)
-                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                        log.debug("punch to %s failed: %s", addr, describe(exc))
-                        return
-                    won(conn, True)
-
-                async def spray(addr: Multiaddr) -> None:
-                    # random packets from the shared socket open our NAT toward the peer's dial
-                    for gap in punch_gaps(random.random(), step.budget):
-                        if quic is None or not quic.punch(addr):
-                            return
-                        await trio.sleep(gap)
 
                 async def watch() -> None:
                     existing = self.host.connection_to(peer)
@@ -300,21 +330,77 @@ class HolePuncher(BaseService):
                         if isinstance(event, DirectConnectionUp) and event.peer == peer:
                             conn = event.connection
                             # as QUIC's server we wait for the peer's dial: that one is ours too
-                            expected = conn.transport == "quic" and step.role is Direction.INBOUND
+                            # (and, probing a hard NAT, for the hard side's dial through a probed port)
+                            found = endpoint_of(conn.remote_addr)
+                            probed = found is not None and found[1] in self._probing
+                            expected = conn.transport == "quic" and (step.role is Direction.INBOUND or probed)
                             won(conn, conn.direction is Direction.OUTBOUND or expected)
                             return
 
+                async def phases() -> None:
+                    with trio.move_on_at(started + step.budget):
+                        await self._ordinary_punch(peer, step, quic, won)
+                    await self._birthday(peer, step, quic, won, birthday_at)
+                    nursery.cancel_scope.cancel()
+
                 nursery.start_soon(watch)
-                for addr in step.addrs:
-                    transport = punch_transport(addr)
-                    if transport == "tcp":
-                        # From our listen port only: any other port has no NAT mapping to punch.
-                        nursery.start_soon(dial, addr, {"reuse_port_only": True, "redial_refused_for": step.budget})
-                    elif transport == "quic" and step.role is Direction.OUTBOUND:
-                        nursery.start_soon(dial, addr, {"reuse_port_only": True})
-                    elif transport == "quic":
-                        nursery.start_soon(spray, addr)
+                nursery.start_soon(phases)
         return winner[0] if winner else (None, False)
+
+    async def _ordinary_punch(self, peer: PeerID, step: PunchStep, quic: QuicTransport | None, won) -> None:
+        async def dial(addr: Multiaddr, options: dict) -> None:
+            try:
+                conn = await self.host.dial_addr(addr, peer, role=step.role, path=Path.HOLE_PUNCHED, **options)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("punch to %s failed: %s", addr, describe(exc))
+                return
+            won(conn, True)
+
+        async def spray(addr: Multiaddr) -> None:
+            # random packets from the shared socket open our NAT toward the peer's dial
+            for gap in punch_gaps(random.random(), step.budget):
+                if quic is None or not quic.punch(addr):
+                    return
+                await trio.sleep(gap)
+
+        async with trio.open_nursery() as nursery:
+            for addr in step.addrs:
+                transport = punch_transport(addr)
+                if transport == "tcp":
+                    # From our listen port only: any other port has no NAT mapping to punch.
+                    nursery.start_soon(dial, addr, {"reuse_port_only": True, "redial_refused_for": step.budget})
+                elif transport == "quic" and step.role is Direction.OUTBOUND:
+                    nursery.start_soon(dial, addr, {"reuse_port_only": True})
+                elif transport == "quic":
+                    nursery.start_soon(spray, addr)
+
+    async def _birthday(self, peer: PeerID, step: PunchStep, quic: QuicTransport | None, won, start_at: float) -> None:
+        """One birthday probe (``birthday``) from ``start_at``, when our NAT and the peer's
+        addresses call for one (without, the attempt ends now)."""
+        if quic is None or self.observer is None or quic.endpoint_for(socket.AF_INET) is None:
+            return
+        plan = birthday_step(self.observer.udp_role(trio.current_time()), step.addrs, random.Random())
+        if plan is None:
+            return
+        await trio.sleep_until(start_at)
+        self.birthday_probes[plan.role] = self.birthday_probes.get(plan.role, 0) + 1
+        with trio.move_on_after(plan.budget):
+            if plan.role == EASY:
+                self._probing.add(plan.target_ip)
+                try:
+                    await spray_probes(quic, plan)
+                    await trio.sleep_forever()  # the hard side dials us: watch() sees it arrive
+                finally:
+                    self._probing.discard(plan.target_ip)
+            sock = await open_hard_sockets(plan)
+            if sock is None:
+                return
+            try:
+                conn = await self.host.dial_addr(plan.target, peer, path=Path.HOLE_PUNCHED, udp_socket=sock)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.info("birthday probe: QUIC dial through %s failed: %s", plan.target, describe(exc))
+                return
+            won(conn, True)
 
 
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:

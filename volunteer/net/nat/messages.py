@@ -62,15 +62,24 @@ def punch_transport(addr: Multiaddr) -> str | None:
 def punchable(raw_addrs: Iterable[bytes]) -> list[Multiaddr]:
     """Addresses we can hole punch: direct TCP and QUIC v1 ones, at most DCUTR_MAX_PUNCH_ADDRS
     of each transport, in the order given."""
-    addrs: list[Multiaddr] = []
-    per_transport: dict[str, int] = {}
+    parsed: list[Multiaddr] = []
     for index, raw in enumerate(raw_addrs):
         if index >= limits.DCUTR_MAX_ADDRS_READ:
             break
         try:
-            addr = Multiaddr.from_bytes(raw).without_peer_id()
+            parsed.append(Multiaddr.from_bytes(raw).without_peer_id())
         except VolunteerError:
             continue
+    return punch_candidates(parsed)
+
+
+def punch_candidates(candidates: Iterable[Multiaddr]) -> list[Multiaddr]:
+    """The direct TCP and QUIC v1 addresses among ``candidates``, each once, at most
+    DCUTR_MAX_PUNCH_ADDRS per transport, in the order given (what we send, and what we keep of
+    what a peer sent)."""
+    addrs: list[Multiaddr] = []
+    per_transport: dict[str, int] = {}
+    for addr in candidates:
         transport = punch_transport(addr)
         if transport is None or addr in addrs or per_transport.get(transport, 0) >= limits.DCUTR_MAX_PUNCH_ADDRS:
             continue
@@ -79,4 +88,4 @@ def punchable(raw_addrs: Iterable[bytes]) -> list[Multiaddr]:
     return addrs
 
 
-__all__ = ["CONNECT", "SYNC", "HolePunch", "PunchMessage", "decode", "encode", "punch_transport", "punchable"]
+__all__ = ["CONNECT", "SYNC", "HolePunch", "PunchMessage", "decode", "encode", "punch_candidates", "punch_transport", "punchable"]

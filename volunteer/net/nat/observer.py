@@ -22,7 +22,8 @@ from ..events import ObservedAddrChanged, PeerIdentified
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
-from .observed import MappingType, ObservedAddrs, probe_target
+from .birthday import udp_role
+from .observed import MappingType, ObservedAddrs, endpoint_of, probe_target
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +35,20 @@ class AddressObserver(BaseService):
         self.observed = ObservedAddrs()
         self._published: tuple[Multiaddr, ...] = ()
         self._probed: dict[tuple[PeerID, str], float] = {}  # (peer, transport) -> when we last dialled it
+        self._nursery: trio.Nursery | None = None
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.host = host
         # One identify per connection: a queue as long as the connection limit loses none.
         with host.events.subscribe(PeerIdentified, max_queued=limits.MAX_CONNECTIONS) as events:
-            task_status.started()
-            async for event in events:
-                assert isinstance(event, PeerIdentified)
-                self.note(event, now=trio.current_time())
+            # our own nursery for the observation dials: they end with us, never racing the Host's close
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                async for event in events:
+                    assert isinstance(event, PeerIdentified)
+                    self.note(event, now=trio.current_time())
+                nursery.cancel_scope.cancel()
 
     def note(self, event: PeerIdentified, *, now: float) -> None:
         """Record the observation ``event`` carries, if any, and publish a change of our addresses."""
@@ -67,7 +73,8 @@ class AddressObserver(BaseService):
         if len(self._probed) >= limits.MAX_OBSERVATIONS:
             self._probed.pop(next(iter(self._probed)))
         self._probed[(peer, transport)] = now
-        self.host.start_soon(self._probe, peer, target, name=f"observe {transport} via {peer.short()}")
+        if self._nursery is not None:
+            self._nursery.start_soon(self._probe, peer, target, name=f"observe {transport} via {peer.short()}")
 
     async def _probe(self, peer: PeerID, target: Multiaddr) -> None:
         """Dial ``peer`` at ``target`` from our listen socket; identify on the new connection
@@ -80,6 +87,18 @@ class AddressObserver(BaseService):
     def external_addrs(self, now: float) -> list[Multiaddr]:
         """Observed external addresses of our listen ports: what a hole punch asks the peer to dial."""
         return self.observed.external_addrs(now, self.host.listen_addrs)
+
+    def udp_role(self, now: float) -> str | None:
+        """Our side of a birthday probe (``birthday.udp_role``): from the mapping peers observed for
+        our IPv4 QUIC listen port."""
+        ports = [found[2] for found in map(endpoint_of, self.host.listen_addrs)
+                 if found is not None and found[0] == "quic" and ":" not in found[1]]
+        local = ports[0] if ports else None
+        if local is None:
+            return None
+        observed = [found[2] for found in map(endpoint_of, self.observed.candidates(now, local, transport="quic"))
+                    if found is not None and ":" not in found[1]]
+        return udp_role(self.observed.mapping(now, local, transport="quic"), observed, local)
 
     def mapping(self, now: float) -> MappingType:
         """The NAT mapping type of our (first) TCP listen port."""

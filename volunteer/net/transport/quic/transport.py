@@ -184,18 +184,32 @@ class QuicTransport(BaseService):
         local_port: int | None = None,
         reuse_port_only: bool = False,
         local_host: str | None = None,
+        udp_socket: socket.socket | None = None,
     ) -> RawConnection:
-        """A connection to ``addr``, secured and multiplexed (see the module docstring)."""
+        """A connection to ``addr``, secured and multiplexed (see the module docstring).
+
+        ``udp_socket``: dial from this bound socket, which the connection then owns (closed when
+        it ends): the socket a birthday probe found a way through a hard NAT with."""
         host, port = quic_endpoint(addr)
-        await self._load()
+        try:
+            await self._load()
+        except BaseException:
+            if udp_socket is not None:
+                udp_socket.close()
+            raise
         infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         if not infos:
             raise OSError(errno.EHOSTUNREACH, f"cannot resolve {host}")
         family, _, _, _, sockaddr = infos[0]
         endpoint = self.shared.get(family)
-        if local_host is not None or (endpoint is not None and local_port not in (None, endpoint.port)):
+        if local_host is not None or udp_socket is not None or (endpoint is not None and local_port not in (None, endpoint.port)):
             endpoint = None
-        if endpoint is None:
+        if udp_socket is not None:
+            udp_socket.setblocking(False)
+            endpoint = UdpEndpoint(udp_socket, self._config, quic_limits=self.quic_limits,
+                                   handshake_timeout=self.handshake_timeout, closes_when_idle=True)
+            await self._running_nursery().start(endpoint.serve)
+        elif endpoint is None:
             if reuse_port_only:
                 raise OSError(errno.EADDRNOTAVAIL, "no QUIC listen socket to dial from")
             wildcard = "::" if family == socket.AF_INET6 else "0.0.0.0"

@@ -1,0 +1,104 @@
+"""A volunteer whose experts lie: what a trainer's guard and audits are for (red-team runs).
+
+    python examples/lying_volunteer.py zeros join SWARM [volunteer join options...]
+
+runs ``volunteer join`` exactly as a user would, after changing one thing in this process: every
+built-in ``ffn`` expert returns a lie instead of its output. Its state, declarations, replica
+syncs and timing stay honest, as a real attacker's modified install would. The lies:
+
+- ``zeros``: outputs times 0 (a host that computes nothing);
+- ``times10``: outputs times 10;
+- ``nan``: outputs times NaN;
+- ``subtle``: outputs +3 % on a random 20 % of forward passes (close to replicas' honest drift).
+
+``Lie``, ``lie_in_module`` and ``lie_in_backward`` are importable too (tests make an in-process
+volunteer lie with them).
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+LIES = ("zeros", "times10", "nan", "subtle")
+SUBTLE_SHARE = 0.2  # forward passes the subtle liar changes
+SUBTLE_FACTOR = 1.03
+
+
+class Lie:
+    """What a lying expert does to an honest output."""
+
+    def __init__(self, kind: str, seed: int | None = None) -> None:
+        if kind not in LIES:
+            raise ValueError(f"unknown lie {kind!r}; one of {', '.join(LIES)}")
+        self.kind = kind
+        self.rng = random.Random(seed)
+        self.told = 0  # outputs changed
+
+    def __call__(self, output: torch.Tensor) -> torch.Tensor:
+        if self.kind == "subtle" and self.rng.random() >= SUBTLE_SHARE:
+            return output
+        self.told += 1
+        factor = {"zeros": 0.0, "times10": 10.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR}[self.kind]
+        return output * factor
+
+
+def lie_in_module(module: nn.Module, lie: Lie) -> None:
+    """Make this module instance return ``lie(honest output)`` (its parameters stay as they are)."""
+    honest = module.forward
+
+    def forward(*args, **kwargs):
+        return lie(honest(*args, **kwargs))
+
+    module.forward = forward
+
+
+class _ScaledInputGradient(torch.autograd.Function):
+    """Identity forward; its backward hands back the input gradient times ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+def lie_in_backward(module: nn.Module, factor: float) -> None:
+    """Make this module instance answer honest outputs but input gradients times ``factor``
+    (NaN, or a scale the guard's range lets pass): only checks of backwards can see it."""
+    honest = module.forward
+    module.forward = lambda x: honest(_ScaledInputGradient.apply(x, factor))
+
+
+def lie_in_every_ffn(lie: Lie) -> None:
+    """Make every ``ffn`` expert this process builds lie (what a modified install does)."""
+    from volunteer.experts.layers import FeedForward
+
+    honest = FeedForward.forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return lie(honest(self, x))
+
+    FeedForward.forward = forward
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in LIES:
+        print(__doc__, file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from volunteer.cli.main import main as volunteer
+
+    lie_in_every_ffn(Lie(argv[0]))
+    return volunteer(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

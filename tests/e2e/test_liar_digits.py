@@ -1,0 +1,34 @@
+"""``examples/train_digits.py --liar times10`` as a user runs it: 3 honest `volunteer join`
+processes and one whose ffn experts answer ten times their output (examples/lying_volunteer.py),
+each hosting the whole grid, replicas synced every 5 s. The trainer's audits exclude the liar
+within 200 of its replies, naming it and why, no honest volunteer is excluded, and training
+reaches 95 %. The example runs in its own process group: whatever happens, every process it
+started is killed when the test ends."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import run_example_in_own_group
+
+RUN_LIMIT = 420  # seconds for the whole run (four volunteers start one after another), on a loaded 2-core machine
+
+
+def run_example(*args: str) -> tuple[int, str]:
+    # five processes share two cores: one torch thread each
+    return run_example_in_own_group(["train_digits.py", *args], limit=RUN_LIMIT,
+                                    env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_a_volunteer_whose_experts_answer_ten_times_their_output_is_excluded_and_training_reaches_95():
+    code, out = run_example("--liar", "times10", "--target", "0.95", "--epochs", "15")
+    assert code == 0, out[-4000:]
+    liar = next(line.split()[1] for line in out.splitlines() if line.startswith("liar: "))
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
+    assert summary["liar_excluded"] and summary["liar_excluded_after"] <= 200, summary
+    assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out
+    assert f"excluding volunteer {liar}: its outputs of expert" in out  # the log line names it and why
+    assert "reached 95% test accuracy" in out and summary["best"] >= 0.95

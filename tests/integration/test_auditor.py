@@ -1,0 +1,172 @@
+"""The Auditor driver (volunteer/experts/audit.py) on trio with scripted replicas instead of a
+network: who gets asked, what a disagreement and a third opinion do to the trust ledger, how the
+backward of an audited call is mirrored, and what is counted."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+import trio
+import trio.testing
+
+from volunteer.errors import ExpertTimeoutError, ImplausibleReplyError, NonFiniteReplyError
+from volunteer.experts.audit import AuditConfig, Auditor
+from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
+
+UID = "e.0"
+X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+TRUTH = torch.tanh(X)
+ALWAYS = TrustPolicy(untrusted_rate=1.0, suspect_rate=1.0, audit_rate=1.0)
+
+
+@dataclass(frozen=True)
+class Host:
+    peer: str
+    addrs: tuple = ()
+
+
+class Replica:
+    """A scripted host: answers ``factor`` times the truth (or raises ``error``)."""
+
+    def __init__(self, name: str, factor: float = 1.0, error: Exception | None = None, grad_factor: float = 1.0) -> None:
+        self.host, self.factor, self.error, self.grad_factor = Host(name), factor, error, grad_factor
+        self.forwards: list[bool] = []  # backward_follows of each forward it got
+        self.backwards = 0
+
+
+class Call:
+    def __init__(self, replica: Replica, backward_follows: bool) -> None:
+        self.replica, self.backward_follows = replica, backward_follows
+        self.uid, self.peer = UID, replica.host.peer
+
+    async def forward(self, inputs, report=None):
+        self.replica.forwards.append(self.backward_follows)
+        await trio.sleep(0)
+        if self.replica.error is not None:
+            raise self.replica.error
+        return [torch.tanh(inputs[0]) * self.replica.factor]
+
+    async def backward(self, inputs, grads, kept=None, report=None):
+        self.replica.backwards += 1
+        await trio.sleep(0)
+        return [grads[0] * self.replica.grad_factor]
+
+
+def auditor(replicas: list[Replica], *, ages: float | None = 1.0, policy: TrustPolicy = ALWAYS, **config):
+    ledger = TrustLedger(policy)
+    stats: dict[str, int] = {}
+    by_peer = {r.host.peer: r for r in replicas}
+    audits = Auditor(ledger, lambda uid: [(r.host, ages) for r in replicas if not ledger.excluded(r.host.peer)],
+                     lambda uid, host, follows: Call(by_peer[host.peer], follows), stats,
+                     config=AuditConfig(**config), rng=random.Random(0))
+    return audits, ledger, stats
+
+
+async def settle(audits: Auditor) -> None:
+    while audits.pending:
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(0)
+
+
+async def answer(audits: Auditor, replica: Replica, *, follows: bool = False, outputs=None):
+    return audits.answered(Call(replica, follows), X, outputs if outputs is not None else [TRUTH * replica.factor])
+
+
+async def test_agreeing_replicas_are_both_proven():
+    a, b = Replica("a"), Replica("b")
+    audits, ledger, stats = auditor([a, b])
+    await answer(audits, a)
+    await settle(audits)
+    assert b.forwards == [False] and stats["audits"] == 1 and stats["disagreements"] == 0
+    assert ledger.standing(UID, "a") is Standing.PROVEN and ledger.standing(UID, "b") is Standing.PROVEN
+
+
+async def test_a_disagreement_is_settled_by_a_third_replica_and_the_outvoted_one_excluded():
+    liar, b, c = Replica("liar", factor=3.0), Replica("b"), Replica("c")
+    audits, ledger, stats = auditor([liar, b, c])
+    await answer(audits, liar)
+    await settle(audits)
+    assert stats["disagreements"] == 1 and stats["exclusions"] == 1
+    assert ledger.excluded("liar") and "differed from those of" in ledger.exclusion_reason("liar")
+    assert ledger.standing(UID, "b") is Standing.PROVEN and ledger.standing(UID, "c") is Standing.PROVEN
+    assert b.forwards == [False] and c.forwards == [False]  # an audit of an evaluation call, then a lone forward
+
+
+async def test_with_no_third_replica_both_stay_suspect():
+    liar, b = Replica("liar", factor=3.0), Replica("b")
+    audits, ledger, stats = auditor([liar, b])
+    await answer(audits, b)
+    await settle(audits)
+    assert stats["disagreements"] == 1 and stats["exclusions"] == 0
+    assert ledger.standing(UID, "liar") is Standing.SUSPECT and ledger.standing(UID, "b") is Standing.SUSPECT
+
+
+async def test_replicas_that_never_synced_are_not_compared():
+    a, b = Replica("a"), Replica("b", factor=5.0)
+    audits, ledger, stats = auditor([a, b], ages=None)
+    await answer(audits, a)
+    await settle(audits)
+    assert b.forwards == [] and stats["unauditable"] == 1 and stats["audits"] == 0
+    assert ledger.standing(UID, "a") is Standing.UNPROVEN
+
+
+async def test_an_audited_training_call_is_mirrored_with_its_backward_and_the_gradients_compared():
+    a, b, liar = Replica("a"), Replica("b"), Replica("liar", grad_factor=3.0)
+    audits, ledger, stats = auditor([liar, a, b])
+    case = await answer(audits, liar, follows=True)
+    assert case is not None
+    await trio.testing.wait_all_tasks_blocked()
+    auditor_replica = a if a.forwards else b
+    assert auditor_replica.forwards == [True] and auditor_replica.backwards == 0  # waits for the trainer's backward
+    grads = torch.ones_like(TRUTH)
+    audits.backward_sent(case, grads, grads * 3.0)  # the trainer's backward to liar went out
+    await settle(audits)
+    assert auditor_replica.backwards == 1
+    assert stats["audits"] == 2 and stats["disagreements"] == 1  # outputs agreed, gradients did not
+    assert ledger.excluded("liar") and "input gradients" in ledger.exclusion_reason("liar")
+
+
+async def test_an_audited_call_whose_backward_never_comes_sends_no_backward():
+    a, b = Replica("a"), Replica("b")
+    audits, _, _ = auditor([a, b])
+    case = await answer(audits, a, follows=True)
+    await trio.testing.wait_all_tasks_blocked()
+    audits.backward_sent(case, None, None)  # the trainer's backward had no gradient for it
+    await settle(audits)
+    assert b.forwards == [True] and b.backwards == 0
+
+
+async def test_a_reply_the_guard_rejected_is_compared_with_its_fail_over_at_no_extra_call():
+    liar, b, c = Replica("liar", factor=0.0), Replica("b"), Replica("c")
+    audits, ledger, stats = auditor([liar, b, c], policy=TrustPolicy(untrusted_rate=0.0, audit_rate=0.0))
+    audits.rejected(Call(liar, False), X, ImplausibleReplyError("out of range", outputs=[TRUTH * 0.0]))
+    assert await answer(audits, b) is None  # b's fail-over answer: compared, not audited again
+    await settle(audits)
+    assert b.forwards == [] and c.forwards == [False]  # only the third opinion is a new call
+    assert ledger.excluded("liar") and stats["audits"] >= 1
+
+
+async def test_an_auditor_the_guard_excludes_is_counted_and_one_that_fails_decides_nothing():
+    a = Replica("a")
+    nan = Replica("nan", error=NonFiniteReplyError("nan", excluded=True))
+    audits, ledger, stats = auditor([a, nan])
+    await answer(audits, a)
+    await settle(audits)
+    assert stats["exclusions"] == 1 and stats["audits"] == 0
+    slow = Replica("slow", error=ExpertTimeoutError("no answer"))
+    audits, ledger, stats = auditor([a, slow])
+    await answer(audits, a)
+    await settle(audits)
+    assert stats["exclusions"] == 0 and ledger.standing(UID, "a") is Standing.UNPROVEN
+
+
+async def test_audits_in_flight_are_bounded_and_none_start_when_disabled():
+    a, b = Replica("a"), Replica("b")
+    audits, _, stats = auditor([a, b], max_pending=2)
+    for _ in range(5):
+        await answer(audits, a, follows=True)  # each waits for a backward that does not come yet
+    assert audits.pending == 2 and stats["audits_skipped"] == 3
+    audits.enabled = False
+    assert await answer(audits, a) is None and audits.pending == 2

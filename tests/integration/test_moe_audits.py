@@ -1,0 +1,200 @@
+"""A trainer among honest replicas of every expert and one volunteer that lies (built from our own
+modules: examples/lying_volunteer.py's lies, patched into one in-process volunteer's experts): its
+guard keeps every wrong reply out of autograd and its audits exclude the liar within a few of its
+replies, while honest volunteers stay trusted. Loopback, in-process volunteers."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from volunteer import RemoteMixtureOfExperts, Swarm
+from volunteer.experts.trust import TrustPolicy
+from volunteer.replicas import ReplicasConfig
+from volunteer.swarmfile import GridSpec
+
+from tests.training import SumTask
+
+from .volunteer_fixture import DHT_CONFIG, Volunteer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+from lying_volunteer import Lie, lie_in_backward  # noqa: E402
+
+HIDDEN = 16
+REPLICAS = ReplicasConfig(recheck_period=3600.0, sync_timeout=5.0)
+# heartbeats every second (declared sync ages stay fresh), but a declaration outlives a loaded
+# machine's stalls: no volunteer here leaves, and an expired one would empty the trainer's grid
+DHT = replace(DHT_CONFIG, expert_expiration=60.0)
+LIAR_BUDGET = 200  # replies of the liar by which it must be excluded
+
+
+def grid(replicas: int) -> GridSpec:
+    return GridSpec("expert", (2, 2), "ffn", HIDDEN, replicas=replicas, sync_period=1.0)
+
+
+class Replicated:
+    """``honest`` volunteers each hosting the whole grid, then (``lie``) one more whose experts lie,
+    and a trainer's swarm; ``close`` stops them all."""
+
+    def __init__(self, honest: int, lie=None, *, corrupt=None, trust: TrustPolicy | None = None) -> None:
+        liars = 1 if lie is not None or corrupt is not None else 0
+        spec = grid(honest + liars)
+        self.honest: list[Volunteer] = []
+        self.liar: Volunteer | None = None
+        self.swarm: Swarm | None = None
+        try:
+            for _ in range(honest):
+                bootstrap = [self.honest[0].addr] if self.honest else []
+                self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap, replicas_config=REPLICAS,
+                                             dht_config=DHT))
+            if liars:
+                self.liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr], replicas_config=REPLICAS,
+                                       dht_config=DHT)
+                # caught up from an honest replica first: its state is honest, only its replies lie
+                self.liar.lie(lie) if lie is not None else self.liar.corrupt(corrupt)
+            options = {"trust": trust} if trust is not None else {}
+            self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT, **options)
+            self.moe = RemoteMixtureOfExperts(self.swarm, in_features=HIDDEN, grid=spec, k_best=2, forward_timeout=5,
+                                              backward_timeout=5, timeout_after_k_min=1.0, refresh_period=0.5)
+            self.wait_for_replicas(honest + liars)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_for_replicas(self, count: int) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            live = self.moe.live_experts(refresh=True)
+            if len(live) == 4 and all(len(hosts) == count for hosts in live.values()):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"not every expert has {count} replicas: {self.moe.live_experts()}")
+
+    def train_until(self, done, *, steps: int) -> tuple[SumTask, list[float]]:
+        """Train on SumTask until ``done()`` (checked after every step) or ``steps``."""
+        torch.manual_seed(0)
+        task = SumTask(self.moe, HIDDEN, batch=32, lr=1e-2)
+        losses = []
+        for _ in range(steps):
+            losses.append(task.step())
+            if done():
+                break
+        return task, losses
+
+    def trust(self) -> dict:
+        return self.swarm.trust_report()
+
+    def close(self) -> None:
+        if self.swarm is not None:
+            self.swarm.close()
+        for volunteer in [*self.honest, *([self.liar] if self.liar else [])]:
+            volunteer.stop()
+
+
+def assert_trained_finite(task: SumTask, losses: list[float]) -> None:
+    assert all(math.isfinite(loss) for loss in losses), losses
+    assert all(bool(torch.isfinite(p).all()) for p in [*task.moe.parameters(), *task.head.parameters()])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["zeros", "times10", "nan"])
+def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes_on(kind):
+    world = Replicated(3, Lie(kind, seed=1))
+    try:
+        liar = world.liar.peer
+        task, losses = world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
+        trust = world.trust()
+        assert trust[liar]["standing"] == "excluded", trust[liar]
+        assert trust[liar]["excluded_after_replies"] <= LIAR_BUDGET
+        print(f"{kind}: excluded after {trust[liar]['excluded_after_replies']} replies: {trust[liar]['excluded_because']}")
+        assert world.moe.stats["exclusions"] == 1
+        more = [task.step() for _ in range(10)]  # the liar is called no more
+        after = world.trust()
+        assert after[liar]["replies"] == trust[liar]["replies"]
+        for volunteer in world.honest:
+            assert after[volunteer.peer]["standing"] != "excluded", after[volunteer.peer]
+        assert_trained_finite(task, losses + more)
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
+    # outputs x3: within the guard's plausible range (a factor of 4), a relative gap of 0.67 to the
+    # honest replies, beyond the audits' tolerance
+    world = Replicated(2, lambda output: output * 3.0)
+    try:
+        liar = world.liar.peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
+        trust = world.trust()
+        assert trust[liar]["standing"] == "excluded", trust[liar]
+        assert "differed from those of" in trust[liar]["excluded_because"]
+        assert world.moe.stats["rejected"] == 0 and world.moe.stats["disagreements"] >= 1
+        assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
+        assert any(trust.get(v.peer, {}).get("standing") == "proven" for v in world.honest)
+    finally:
+        world.close()
+
+
+def lie_in_backward_only(module: torch.nn.Module) -> None:
+    """Honest outputs, input gradients x3: only audits that compare backwards can see it."""
+    lie_in_backward(module, 3.0)
+
+
+@pytest.mark.slow
+def test_a_liar_in_backward_only_is_outvoted_on_its_input_gradients():
+    world = Replicated(2, corrupt=lie_in_backward_only)
+    try:
+        liar = world.liar.peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
+        trust = world.trust()
+        assert trust[liar]["standing"] == "excluded", trust[liar]
+        assert "its input gradients of expert" in trust[liar]["excluded_because"]
+        assert world.moe.stats["rejected"] == 0  # within the guard's range: audits caught it
+        assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_with_one_honest_replica_a_disagreement_leaves_both_suspect_and_excludes_nobody():
+    world = Replicated(1, lambda output: output * 3.0)
+    try:
+        liar, honest = world.liar.peer, world.honest[0].peer
+        world.train_until(lambda: world.moe.stats["disagreements"] >= 1, steps=300)
+        trust = world.trust()
+        assert world.moe.stats["disagreements"] >= 1 and world.moe.stats["exclusions"] == 0
+        assert trust[liar]["standing"] == "suspect" and trust[honest]["standing"] == "suspect"
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_honest_replicas_are_never_excluded_and_every_audit_is_a_forward_with_its_backward():
+    # audit every call of a host not yet trusted: many audits, each one an ordinary call
+    world = Replicated(3, trust=TrustPolicy(untrusted_rate=1.0, trust_after=1000))
+    try:
+        task, losses = world.train_until(lambda: False, steps=60)
+        deadline = time.monotonic() + 20
+        while world.moe._auditor.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert world.moe._auditor.pending == 0
+        stats, trust = world.moe.stats, world.trust()
+        assert stats["audits"] >= 30 and stats["disagreements"] == 0 and stats["exclusions"] == 0, stats
+        assert stats["rejected"] == 0
+        assert all(trust[v.peer]["standing"] == "proven" for v in world.honest), (stats, trust)
+        for volunteer in world.honest:  # never a forward whose backward does not come
+            for uid, counters in volunteer.runtime.stats().items():
+                assert counters.forward == counters.backward, (uid, counters)
+        assert sum(c.forward for v in world.honest for c in v.runtime.stats().values()) > stats["calls"]
+        assert losses[-1] < losses[0]
+        assert_trained_finite(task, losses)
+    finally:
+        world.close()

@@ -1,0 +1,168 @@
+"""How the rig's richer home routers are set up: miniupnpd (UPnP IGD, NAT-PMP, PCP) and IPv6
+behind a stateful firewall. ``rig.py`` calls these while it builds; they only produce rulesets and
+configuration text, and start the daemons a home needs.
+
+miniupnpd home: one ``table inet rig`` whose base chains jump into the chains miniupnpd fills
+(``miniupnpd`` for filter rules, ``prerouting_miniupnpd`` for its DNATs), then NAT the LAN out of
+the WAN as the home's ``nat`` says. The router's own input chain jumps into miniupnpd's filter
+chain too, so the ports its STUN test opens let the STUN answers in: miniupnpd refuses to map on a
+WAN address in a documentation range (the rig's internet is one) unless it learns its public
+address by STUN and sees that nothing filters it (``ext_perform_stun``). The LAN's masquerade
+leaves the router's own packets alone, so its STUN test sees its ports unchanged.
+
+IPv6 home: the LAN's /64 is routed, not translated; ``table ip6 rig6`` lets out everything the LAN
+sends and in only what answers it (conntrack), plus the neighbour discovery a link needs. A TCP
+simultaneous open or a UDP punch goes through two such firewalls as through two EIM NATs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+import sys
+from pathlib import Path
+
+MINIUPNPD_READY = "Listening for NAT-PMP/PCP traffic"
+READY_TIMEOUT = 15.0  # miniupnpd's STUN test (four requests, answers within 3 s) and the responder
+STUN_PORTS = (3478, 3479)
+HERE = Path(__file__).resolve().parent
+
+
+def upnp_ruleset(table: str, nat: str, wan: str, lan: str, lan_net: str, unsolicited_tcp: str = "drop") -> str:
+    """The nftables ruleset of a miniupnpd router (see the module docstring)."""
+    flags = " random,fully-random" if nat == "symmetric" else ""
+    reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
+    return f"""
+table inet {table} {{
+  chain miniupnpd {{
+  }}
+  chain prerouting_miniupnpd {{
+  }}
+  chain postrouting_miniupnpd {{
+  }}
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    jump prerouting_miniupnpd
+  }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    jump postrouting_miniupnpd
+    ip saddr {lan_net} oifname "{wan}" masquerade{flags}
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    ct state invalid counter drop
+    ct state established,related accept
+    iifname "{wan}" jump miniupnpd
+    iifname "{lan}" oifname "{wan}" accept
+    counter drop
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname "{wan}" ct state established,related accept
+    iifname "{wan}" jump miniupnpd
+    {reset}iifname "{wan}" counter drop
+  }}
+}}
+"""
+
+
+def miniupnpd_conf(table: str, wan: str, lan: str, lan_net: str, stun_ip: str, uuid: str) -> str:
+    """miniupnpd's configuration: UPnP IGD on the LAN bridge, NAT-PMP and PCP (one switch), the
+    public address by STUN, mappings only for LAN hosts and their own address (secure mode)."""
+    return f"""ext_ifname={wan}
+listening_ip={lan}
+http_port=0
+enable_upnp=yes
+enable_natpmp=yes
+secure_mode=yes
+ext_perform_stun=yes
+ext_stun_host={stun_ip}
+ext_stun_port={STUN_PORTS[0]}
+upnp_table_name={table}
+upnp_nat_table_name={table}
+upnp_forward_chain=miniupnpd
+upnp_nat_chain=prerouting_miniupnpd
+upnp_nat_postrouting_chain=postrouting_miniupnpd
+min_lifetime=60
+max_lifetime=86400
+uuid={uuid}
+allow 1024-65535 {lan_net} 1024-65535
+deny 0-65535 0.0.0.0/0 0-65535
+"""
+
+
+def ipv6_firewall(table: str, wan: str, lan: str) -> str:
+    """A stateful IPv6 firewall: out anything, in only replies and neighbour discovery."""
+    return f"""
+table ip6 {table} {{
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    ct state invalid counter drop
+    ct state established,related accept
+    iifname "{lan}" oifname "{wan}" accept
+    counter drop
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    ct state established,related accept
+    icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit, nd-router-advert }} accept
+    iifname "{lan}" accept
+    iifname "{wan}" counter drop
+  }}
+}}
+"""
+
+
+def ipv6_wan(internet6: ipaddress.IPv6Network, index: int) -> ipaddress.IPv6Address:
+    """The WAN address of the ``index``-th IPv6 router on the internet's /64 (from ::101 on)."""
+    return internet6[0x101 + index]
+
+
+def ipv6_lan(prefix: str, index: int) -> ipaddress.IPv6Address:
+    """Address ``index`` of a home's /64: 1 is the router, LAN hosts from 2 on."""
+    return ipaddress.IPv6Network(prefix)[index]
+
+
+def stun_command(ips: list[str]) -> list[str]:
+    """The STUN responder's command line (two addresses, two ports)."""
+    return [sys.executable, str(HERE / "stun_responder.py"), ips[0], ips[1],
+            "--port", str(STUN_PORTS[0]), "--alt-port", str(STUN_PORTS[1])]
+
+
+def miniupnpd_command(conf_path: str, pid_path: str) -> list[str]:
+    """miniupnpd in the foreground (-d: logs to stderr), with this rig's pid file."""
+    return ["miniupnpd", "-d", "-f", conf_path, "-P", pid_path]
+
+
+def wait_ready(proc: subprocess.Popen, marker: str, read_line, timeout: float = READY_TIMEOUT) -> list[str]:
+    """Lines a daemon printed until one containing ``marker``; RuntimeError (with them) otherwise."""
+    import time
+
+    lines: list[str] = []
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        try:
+            line = read_line(proc, max(0.05, left))
+        except TimeoutError:
+            line = None
+        if line:
+            lines.append(line.rstrip())
+            if marker in line:
+                return lines
+        if not line and (proc.poll() is not None or time.monotonic() >= end):
+            raise RuntimeError(f"daemon not ready ({marker!r} never came): " + " | ".join(lines[-8:]))
+
+
+__all__ = [
+    "MINIUPNPD_READY",
+    "ipv6_firewall",
+    "ipv6_lan",
+    "ipv6_wan",
+    "miniupnpd_command",
+    "miniupnpd_conf",
+    "stun_command",
+    "upnp_ruleset",
+    "wait_ready",
+]

@@ -1,0 +1,133 @@
+"""The trust ledger (volunteer/experts/trust.py): standings, BOINC-style streaks, audit
+probabilities, pick weights, exclusions and its bounds. Pure: no trio, no torch."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from volunteer.errors import ExpertConfigError
+from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
+
+POLICY = TrustPolicy(audit_rate=0.02, untrusted_rate=0.2, suspect_rate=0.5, trust_after=10, guard_strikes=3)
+
+
+def test_a_new_host_is_unproven_and_audited_at_the_untrusted_rate():
+    ledger = TrustLedger(POLICY)
+    assert ledger.standing("e.0", "a") is Standing.UNPROVEN and ledger.peer_standing("a") is Standing.UNPROVEN
+    assert ledger.audit_probability("e.0", "a") == 0.2
+    assert ledger.pick_weight("e.0", "a") == POLICY.unproven_weight
+    assert not ledger.trusted("a") and not ledger.excluded("a")
+
+
+def test_ten_valid_results_in_a_row_make_a_peer_trusted_then_it_is_rechecked_with_probability_one_over_streak():
+    ledger = TrustLedger(POLICY)
+    for i in range(9):
+        ledger.passed(f"e.{i}", "a")
+    assert ledger.standing("e.0", "a") is Standing.PROVEN and ledger.pick_weight("e.0", "a") == POLICY.proven_weight
+    assert not ledger.trusted("a") and ledger.audit_probability("e.0", "a") == 0.2  # 9 in a row: not yet
+    ledger.passed("e.0", "a")
+    assert ledger.trusted("a") and ledger.audit_probability("e.0", "a") == pytest.approx(1 / 10)
+    for _ in range(10):
+        ledger.passed("e.0", "a")
+    assert ledger.audit_probability("e.0", "a") == pytest.approx(1 / 20)
+    for _ in range(200):
+        ledger.passed("e.0", "a")
+    assert ledger.audit_probability("e.0", "a") == 0.02  # never below the floor
+    # an expert of a trusted peer that no audit has proven yet is still checked at the higher rate
+    assert ledger.audit_probability("e.99", "a") == 0.2
+
+
+def test_a_disagreement_makes_the_pair_suspect_and_ends_the_streak():
+    ledger = TrustLedger(POLICY)
+    for _ in range(12):
+        ledger.passed("e.0", "a")
+    ledger.passed("e.1", "a")
+    ledger.disagreed("e.0", "a")
+    assert ledger.standing("e.0", "a") is Standing.SUSPECT and ledger.peer_standing("a") is Standing.SUSPECT
+    assert ledger.standing("e.1", "a") is Standing.PROVEN
+    assert ledger.audit_probability("e.0", "a") == 0.5 and ledger.pick_weight("e.0", "a") == POLICY.suspect_weight
+    assert not ledger.trusted("a") and ledger.audit_probability("e.1", "a") == 0.2
+    ledger.passed("e.0", "a")  # a later audit passes: proven again
+    assert ledger.standing("e.0", "a") is Standing.PROVEN and ledger.peer_standing("a") is Standing.PROVEN
+
+
+def test_guard_rejections_in_a_row_call_for_exclusion_and_an_accepted_reply_resets_them():
+    ledger = TrustLedger(POLICY)
+    for _ in range(5):
+        ledger.passed("e.0", "a")
+    assert ledger.rejected("e.0", "a") is False and ledger.rejected("e.1", "a") is False
+    assert ledger.report()["a"]["streak"] == 0  # an invalid result
+    ledger.accepted("a")
+    assert ledger.rejected("e.0", "a") is False and ledger.rejected("e.0", "a") is False
+    assert ledger.rejected("e.1", "a") is True  # the third in a row, over any of its experts
+
+
+def test_an_excluded_peer_stays_excluded_for_every_expert_with_its_first_reason():
+    ledger = TrustLedger(POLICY)
+    ledger.passed("e.0", "a")
+    ledger.replied("a")
+    ledger.replied("a")
+    assert ledger.exclude("a", "returned NaN") is True
+    assert ledger.exclude("a", "something else") is False
+    for uid in ("e.0", "e.7"):
+        assert ledger.standing(uid, "a") is Standing.EXCLUDED
+        assert ledger.audit_probability(uid, "a") == 0.0 and ledger.pick_weight(uid, "a") == 0.0
+    ledger.passed("e.0", "a")  # nothing brings it back
+    ledger.disagreed("e.0", "a")
+    assert ledger.rejected("e.0", "a") is False
+    report = ledger.report()["a"]
+    assert report["standing"] == "excluded" and report["excluded_because"] == "returned NaN"
+    assert report["excluded_after_replies"] == 2 and report["experts"] == {"e.0": "excluded"}
+
+
+def test_the_report_lists_every_peer_seen():
+    ledger = TrustLedger(POLICY)
+    ledger.passed("e.0", "a")
+    ledger.disagreed("e.1", "b")
+    ledger.exclude("c", "caught")
+    report = ledger.report()
+    assert {peer: r["standing"] for peer, r in report.items()} == {"a": "proven", "b": "suspect", "c": "excluded"}
+    assert report["a"]["audits_passed"] == 1 and report["b"]["audits_disagreed"] == 1
+    assert report["b"]["experts"] == {"e.1": "suspect"}
+
+
+def test_tables_are_bounded():
+    ledger = TrustLedger(TrustPolicy(max_pairs=4, max_peers=3))
+    for i in range(10):
+        ledger.passed(f"e.{i}", f"p{i}")
+        ledger.exclude(f"x{i}", "caught")
+    assert len(ledger._pairs) == 4 and len(ledger._peers) == 3 and len(ledger._excluded) == 3
+    assert ledger.excluded("x9") and not ledger.excluded("x0")  # the oldest exclusions go first
+    assert ledger.standing("e.9", "p9") is Standing.PROVEN and ledger.standing("e.0", "p0") is Standing.UNPROVEN
+
+
+@pytest.mark.parametrize("bad", [{"audit_rate": 1.5}, {"untrusted_rate": -0.1}, {"trust_after": 0},
+                                 {"guard_strikes": 0}, {"max_pairs": 0}, {"suspect_rate": True}, {"audit_rate": "1%"}])
+def test_policy_refuses_nonsense(bad):
+    with pytest.raises(ExpertConfigError):
+        TrustPolicy(**bad)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["passed", "disagreed", "rejected", "accepted", "replied", "exclude"]),
+                          st.sampled_from(["e.0", "e.1"]), st.sampled_from(["a", "b", "c"])), max_size=60))
+def test_any_sequence_of_observations_keeps_the_ledger_coherent(events):
+    ledger = TrustLedger(POLICY)
+    excluded = set()
+    for what, uid, peer in events:
+        if what in ("accepted", "replied"):
+            getattr(ledger, what)(peer)
+        elif what == "exclude":
+            ledger.exclude(peer, "caught")
+            excluded.add(peer)
+        else:
+            getattr(ledger, what)(uid, peer)
+        for p in "abc":
+            for u in ("e.0", "e.1"):
+                probability = ledger.audit_probability(u, p)
+                assert 0.0 <= probability <= 1.0
+                assert (probability == 0.0) == (p in excluded) == (ledger.pick_weight(u, p) == 0.0)
+                assert (ledger.standing(u, p) is Standing.EXCLUDED) == (p in excluded)
+    assert {p for p, r in ledger.report().items() if r["standing"] == "excluded"} == excluded

@@ -1,0 +1,436 @@
+"""Audits: a trainer sends some of its calls to a second replica too and compares the answers.
+
+Which calls: each answered call of a host is audited with the probability its standing gives
+(``trust.TrustLedger.audit_probability``: high for a host not yet trusted, then 1/streak, never
+below the policy's ``audit_rate``), and every call the guard rejected as implausible is compared
+with the answer its fail-over got from another replica for the same inputs (no extra call).
+
+What a volunteer sees of an audit: an ordinary call from the same trainer, with the same inputs
+and shape as work, sent in the same round as the call it checks (no odd timing), saying that a
+backward follows exactly when the audited call did, and followed by that backward with the same
+output gradients (so no audit is a forward whose backward never comes; the auditor's expert takes
+the step a replica would have taken for that work). The protocol carries no audit flag. Only a
+third opinion on outputs, asked after a disagreement, is a lone forward, as evaluation calls are.
+
+How answers compare: ``distance`` is the relative L2 gap of two replies. Replicas that trained
+apart since their last sync differ honestly (measured on the digits experts, ffn h64 with Adam at
+1e-3, syncs every 5 s or 30 s: median 0.2, at most 0.42, no larger a minute after a sync), so
+``tolerance`` grows from ``drift_floor`` with the declared sync ages of both (plus
+``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``; replicas that never
+synced, or not recently enough, are not compared. Other experts and learning rates drift otherwise:
+``AuditConfig`` holds these numbers. A gap
+beyond the tolerance is a disagreement: both become suspect, and a third replica decides
+(``judge``): the one the two others outvote is excluded for this trainer. With no third replica
+both stay suspect (down-weighted, audited at ``suspect_rate``) until an audit passes. A lie
+smaller than replicas' honest drift (outputs +3 %) cannot be told from it by comparison; see
+docs/ARCHITECTURE.md for what exact audits would take.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any, Callable, MutableMapping, Protocol, Sequence
+
+import torch
+import trio
+
+from ..errors import ExpertConfigError, ExpertError, ExpertReplyRejected, describe
+from .callstats import CallReport
+from .guard import GRADIENTS, OUTPUTS
+from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
+from .trust import TrustLedger
+
+log = logging.getLogger(__name__)
+
+# relative L2 error the wire's compression alone may add to a reply (8-bit blockwise: 1/255 of a
+# block's absolute maximum per value, a few percent of the RMS at worst)
+COMPRESSION_ERROR = {NONE: 0.0, FLOAT16: 0.002, BLOCKWISE8_64: 0.03, BLOCKWISE8_256: 0.04}
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """How replies are compared, and how many audits may be in flight."""
+
+    hardware_tolerance: float = 0.01  # relative gap of identical states on different hardware
+    drift_floor: float = 0.2  # tolerated gap of replicas right after a sync ...
+    drift_per_second: float = 0.1  # ... growing with the sum of their sync ages ...
+    max_tolerance: float = 0.6  # ... up to this (a zero or x10 reply is 0.9 to 1 away)
+    max_sync_age: float = 60.0  # replicas whose sync ages sum beyond this are not compared
+    heartbeat_slack: float = 5.0  # how much older a declared sync age may be when read
+    max_pending: int = 32  # audits in flight; more are skipped (and counted)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ExpertConfigError(f"AuditConfig.{f.name} must be a non-negative number, got {value!r}")
+        if self.max_pending < 1:
+            raise ExpertConfigError("AuditConfig.max_pending must be >= 1")
+
+
+DEFAULT_AUDITS = AuditConfig()
+
+
+# --- pure: distances, tolerances, verdicts ------------------------------------------------------
+def distance(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> float:
+    """``|a - b| / max(|a|, |b|)`` over all tensors (0 for two all-zero replies, ``inf`` when
+    their shapes differ or a value is not finite). Between 0 and 2."""
+    if len(first) != len(second) or any(a.shape != b.shape for a, b in zip(first, second)):
+        return math.inf
+    gap = norm_a = norm_b = 0.0
+    for a, b in zip(first, second):
+        a, b = a.detach().float(), b.detach().float()
+        gap += float(torch.linalg.vector_norm(a - b)) ** 2
+        norm_a += float(torch.linalg.vector_norm(a)) ** 2
+        norm_b += float(torch.linalg.vector_norm(b)) ** 2
+    if not all(math.isfinite(v) for v in (gap, norm_a, norm_b)):
+        return math.inf
+    scale = math.sqrt(max(norm_a, norm_b))
+    return 0.0 if scale == 0.0 else math.sqrt(gap) / scale
+
+
+def tolerance(config: AuditConfig, first_age: float | None, second_age: float | None, compression: str = "none") -> float | None:
+    """The gap two replicas' honest replies may show, given their sync ages (seconds since each
+    last averaged, as declared, slack included); None when they cannot be compared (one never
+    synced, or both too long ago)."""
+    if first_age is None or second_age is None:
+        return None
+    ages = first_age + second_age
+    if not math.isfinite(ages) or ages > config.max_sync_age:
+        return None
+    drift = min(config.max_tolerance, config.drift_floor + config.drift_per_second * ages)
+    return config.hardware_tolerance + 2 * COMPRESSION_ERROR.get(compression, max(COMPRESSION_ERROR.values())) + drift
+
+
+@dataclass(frozen=True)
+class Gap:
+    """How far two replies are apart, and how far they may be."""
+
+    distance: float
+    tolerance: float
+
+    @property
+    def agree(self) -> bool:
+        return self.distance <= self.tolerance
+
+
+class Outcome(Enum):
+    """What a comparison (and its third opinion, if one was needed) decided."""
+
+    AGREE = "agree"
+    FIRST_WRONG = "first wrong"
+    SECOND_WRONG = "second wrong"
+    UNDECIDED = "undecided"
+
+
+def judge(first_second: Gap, first_third: Gap | None = None, second_third: Gap | None = None) -> Outcome:
+    """Two replies that agree pass. Otherwise a third reply decides: the one it disagrees with,
+    while agreeing with the other, was wrong. No third reply, or one that sides with both or
+    neither, decides nothing."""
+    if first_second.agree:
+        return Outcome.AGREE
+    if first_third is None or second_third is None:
+        return Outcome.UNDECIDED
+    if second_third.agree and not first_third.agree:
+        return Outcome.FIRST_WRONG
+    if first_third.agree and not second_third.agree:
+        return Outcome.SECOND_WRONG
+    return Outcome.UNDECIDED
+
+
+# --- the trio part: running audits ------------------------------------------------------------------
+@dataclass
+class Opinion:
+    """One host's answer to the audited inputs, with its declared sync age (slack included)."""
+
+    peer: object
+    age: float | None
+    outputs: list[torch.Tensor]
+    grads: list[torch.Tensor] | None = None  # its input gradients, once a backward ran
+    # the lossiest encoding its tensors travelled in (None: unknown, the mixture's setting counts)
+    compression: str | None = None
+
+    def travelled(self, compression: str | None) -> None:
+        """Its answer (or its gradients) crossed the wire in ``compression`` too."""
+        self.compression = lossier(self.compression, compression)
+
+
+def lossier(first: str | None, second: str | None) -> str | None:
+    """The encoding of the two that may add the larger error (None: unknown)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return max(first, second, key=lambda c: COMPRESSION_ERROR.get(c, max(COMPRESSION_ERROR.values())))
+
+
+class Case:
+    """One audited call: the inputs, the first answer, and (once the trainer's backward ran) the
+    output gradients it sent and the input gradients it got back."""
+
+    def __init__(self, uid: str, inputs: torch.Tensor, first: Opinion, backward_follows: bool) -> None:
+        self.uid, self.inputs, self.first, self.backward_follows = uid, inputs, first, backward_follows
+        self.grad_outputs: torch.Tensor | None = None
+        self.backward_done = trio.Event()
+
+
+class Declared(Protocol):
+    """What an audit reads of a host's declaration."""
+
+    @property
+    def peer(self) -> Any: ...
+
+
+class ExpertCall(Protocol):
+    """A call to one host of one expert (``client._Call``)."""
+
+    async def forward(self, inputs: Sequence[torch.Tensor], report: CallReport | None = None) -> list[torch.Tensor]: ...
+
+    async def backward(
+        self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kept: int | None = None,
+        report: CallReport | None = None,
+    ) -> list[torch.Tensor]: ...
+
+
+Replicas = Callable[[str], Sequence[tuple[Declared, float | None]]]  # uid -> (declaration, sync age) of usable hosts
+
+
+class Auditor:
+    """A mixture's audits: started from its calls, run as background tasks on its event loop.
+
+    ``replicas(uid)``: the (declaration, sync age) of every host of ``uid`` the mixture may call
+    now; ``make_call(uid, declaration, backward_follows)``: a ``client._Call`` to it (guarded,
+    so an auditor's own reply is checked too); ``stats``: the mixture's counters."""
+
+    def __init__(
+        self,
+        ledger: TrustLedger,
+        replicas: Replicas,
+        make_call: Callable[[str, Any, bool], ExpertCall],
+        stats: MutableMapping[str, int],
+        *,
+        config: AuditConfig = DEFAULT_AUDITS,
+        compression: str = "none",
+        backward_wait: float = 60.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.ledger, self.replicas, self.make_call, self.stats = ledger, replicas, make_call, stats
+        self.config, self.compression, self.backward_wait = config, compression, backward_wait
+        self.rng = rng or random.Random()
+        self.enabled = True
+        self.pending = 0
+        self._rejected: dict[str, tuple[torch.Tensor, Opinion]] = {}  # this forward's rejected replies, by uid
+        for key in ("audits", "disagreements", "exclusions", "unauditable", "audits_skipped"):
+            stats.setdefault(key, 0)
+
+    # --- called by the mixture, on the event loop ------------------------------------------------
+    def begin_forward(self) -> None:
+        """A new forward: rejected replies of the last one can no longer meet their fail-over."""
+        self._rejected.clear()
+
+    def rejected(self, call, inputs: torch.Tensor, error: ExpertReplyRejected) -> None:
+        """The guard rejected ``call``'s finite reply: keep it for the fail-over's answer."""
+        if error.excluded:
+            self.stats["exclusions"] += 1
+        if error.outputs is not None and not error.excluded and self.enabled:
+            self._rejected[call.uid] = (inputs, Opinion(call.peer, self._age(call.uid, call.peer), error.outputs))
+
+    def answered(self, call, inputs: torch.Tensor, outputs: list[torch.Tensor], compression: str | None = None) -> Case | None:
+        """``call`` answered ``outputs`` (past the guard; ``compression``: the encoding they
+        travelled in): compare them with a reply the guard rejected for the same inputs, or audit
+        them by chance. Returns the case, if any, for ``backward_sent``."""
+        if not self.enabled:
+            return None
+        first = Opinion(call.peer, self._age(call.uid, call.peer), outputs, compression=compression)
+        earlier = self._rejected.pop(call.uid, None)
+        if earlier is not None and earlier[0].shape == inputs.shape and torch.equal(earlier[0], inputs):
+            case = Case(call.uid, inputs, earlier[1], backward_follows=False)
+            self._start(self._compare_with_fail_over, case, first)
+            return None
+        if self.rng.random() >= self.ledger.audit_probability(call.uid, str(call.peer)):
+            return None
+        case = Case(call.uid, inputs, first, call.backward_follows)
+        return case if self._start(self._audit, case) else None
+
+    def backward_sent(self, case: Case | None, grad_outputs: torch.Tensor | None, grad_inputs: torch.Tensor | None,
+                      compression: str | None = None) -> None:
+        """The trainer's backward of an audited call went out (``grad_outputs`` None: it had
+        none); ``grad_inputs``: what the audited host answered (None if it failed), in
+        ``compression``."""
+        if case is None:
+            return
+        case.grad_outputs = grad_outputs
+        if grad_inputs is not None:
+            case.first.grads = [grad_inputs]
+            case.first.travelled(compression)
+        case.backward_done.set()
+
+    # --- background tasks ---------------------------------------------------------------------
+    def _start(self, fn, *args) -> bool:
+        if self.pending >= self.config.max_pending:
+            self.stats["audits_skipped"] += 1
+            return False
+        self.pending += 1
+        trio.lowlevel.spawn_system_task(self._run, fn, args)
+        return True
+
+    async def _run(self, fn, args) -> None:
+        try:
+            await fn(*args)
+        except Exception:  # a bug in an audit must not reach the event loop, nor pass unseen
+            log.exception("an audit of %s failed", args[0].uid)
+        finally:
+            self.pending -= 1
+
+    async def _audit(self, case: Case) -> None:
+        first = case.first
+        chosen = self._other(case.uid, {str(first.peer)}, [first])
+        if chosen is None:
+            self.stats["unauditable"] += 1
+            return
+        decl, age = chosen
+        call = self.make_call(case.uid, decl, case.backward_follows)
+        report = CallReport()  # keeps the key of the inputs the auditor's host kept for the backward
+        try:
+            outputs = await call.forward([case.inputs], report)
+        except ExpertError as exc:  # the auditor failed (the guard counted a bad reply): no verdict
+            log.debug("audit call to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
+            self._count_exclusion(exc)
+            return
+        second = Opinion(decl.peer, age, outputs, compression=report.compression)
+        outcome = await self._settle(case, first, second, OUTPUTS)
+        if not case.backward_follows or self.ledger.excluded(str(second.peer)):
+            return
+        with trio.move_on_after(self.backward_wait):
+            await case.backward_done.wait()
+        if case.grad_outputs is None:
+            return  # the trainer ran no backward for this call: neither does the auditor
+        try:
+            back = CallReport()
+            second.grads = await call.backward([case.inputs], [case.grad_outputs], report.kept, back)
+            second.travelled(back.compression)
+        except ExpertError as exc:
+            log.debug("audit backward to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
+            self._count_exclusion(exc)
+            return
+        if outcome is Outcome.AGREE and first.grads is not None and not self.ledger.excluded(str(first.peer)):
+            await self._settle(case, first, second, GRADIENTS)
+
+    async def _compare_with_fail_over(self, case: Case, second: Opinion) -> None:
+        await self._settle(case, case.first, second, OUTPUTS)
+
+    async def _settle(self, case: Case, first: Opinion, second: Opinion, kind: str) -> Outcome | None:
+        """Compare two answers (outputs or input gradients); on a disagreement ask a third
+        replica and act on the verdict. None when the two cannot be compared."""
+        gap = self._gap(first, second, kind)
+        if gap is None:
+            self.stats["unauditable"] += 1
+            return None
+        self.stats["audits"] += 1
+        uid, ledger = case.uid, self.ledger
+        if gap.agree:
+            ledger.passed(uid, str(first.peer))
+            ledger.passed(uid, str(second.peer))
+            return Outcome.AGREE
+        self.stats["disagreements"] += 1
+        ledger.disagreed(uid, str(first.peer))
+        ledger.disagreed(uid, str(second.peer))
+        log.info("audit of %s: %s of %s and %s differ by %.3f (tolerance %.3f): asking a third replica",
+                 uid, kind, first.peer, second.peer, gap.distance, gap.tolerance)
+        third = await self._third_opinion(case, first, second, kind)
+        if third is None:
+            log.info("audit of %s: no third replica to decide between %s and %s: both stay suspect",
+                     uid, first.peer, second.peer)
+            return Outcome.UNDECIDED
+        first_third, second_third = self._gap(first, third, kind), self._gap(second, third, kind)
+        outcome = judge(gap, first_third, second_third)
+        if outcome in (Outcome.FIRST_WRONG, Outcome.SECOND_WRONG):
+            wrong, right = (first, second) if outcome is Outcome.FIRST_WRONG else (second, first)
+            off = first_third if outcome is Outcome.FIRST_WRONG else second_third
+            assert off is not None
+            self._exclude(wrong.peer, f"its {kind} of expert {uid} differed from those of {right.peer} and "
+                                      f"{third.peer} (relative gap {gap.distance:.3f} and {off.distance:.3f}, "
+                                      f"tolerance {gap.tolerance:.3f}), which agreed")
+            ledger.passed(uid, str(right.peer))
+            ledger.passed(uid, str(third.peer))
+        else:
+            log.info("audit of %s: the third replica %s did not settle it: %s and %s stay suspect",
+                     uid, third.peer, first.peer, second.peer)
+        return outcome
+
+    async def _third_opinion(self, case: Case, first: Opinion, second: Opinion, kind: str) -> Opinion | None:
+        """The same inputs (and, for gradients, the same output gradients) to a third replica."""
+        chosen = self._other(case.uid, {str(first.peer), str(second.peer)}, [first, second])
+        if chosen is None:
+            return None
+        decl, age = chosen
+        grad_outputs = case.grad_outputs if kind == GRADIENTS else None
+        call = self.make_call(case.uid, decl, grad_outputs is not None)
+        report = CallReport()
+        try:
+            outputs = await call.forward([case.inputs], report)
+            third = Opinion(decl.peer, age, outputs, compression=report.compression)
+            if grad_outputs is not None:
+                back = CallReport()
+                third.grads = await call.backward([case.inputs], [grad_outputs], report.kept, back)
+                third.travelled(back.compression)
+        except ExpertError as exc:
+            log.info("third opinion on %s from %s failed: %s", case.uid, decl.peer, describe(exc))
+            self._count_exclusion(exc)
+            return None
+        return third
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _age(self, uid: str, peer) -> float | None:
+        for decl, age in self.replicas(uid):
+            if decl.peer == peer:
+                return age
+        return None
+
+    def _other(self, uid: str, skip: set[str], comparable_with: list[Opinion]) -> tuple[Declared, float | None] | None:
+        """A host of ``uid`` other than ``skip``, comparable with each opinion, drawn with the
+        ledger's pick weights (proven hosts first)."""
+        candidates, weights = [], []
+        for decl, age in self.replicas(uid):
+            peer = str(decl.peer)
+            if peer in skip or self.ledger.excluded(peer):
+                continue
+            if any(tolerance(self.config, o.age, age) is None for o in comparable_with):
+                continue
+            candidates.append((decl, age))
+            weights.append(self.ledger.pick_weight(uid, peer))
+        if not candidates:
+            return None
+        return self.rng.choices(candidates, weights)[0]
+
+    def _gap(self, first: Opinion, second: Opinion, kind: str) -> Gap | None:
+        # the encodings the two replies travelled in where both are known (auto picks one per
+        # call), else the mixture's setting
+        encodings = (first.compression, second.compression)
+        used = lossier(*encodings) if None not in encodings else None
+        allowed = tolerance(self.config, first.age, second.age, used or self.compression)
+        if allowed is None:
+            return None
+        mine, theirs = (first.outputs, second.outputs) if kind == OUTPUTS else (first.grads, second.grads)
+        if mine is None or theirs is None:
+            return None
+        return Gap(distance(mine, theirs), allowed)
+
+    def _count_exclusion(self, error: ExpertError) -> None:
+        """An audit's own call got its host excluded by the guard (a non-finite reply, or one
+        implausible reply too many): the mixture counts it as its calls' exclusions are."""
+        if isinstance(error, ExpertReplyRejected) and error.excluded:
+            self.stats["exclusions"] += 1
+
+    def _exclude(self, peer, reason: str) -> None:
+        if self.ledger.exclude(str(peer), reason):
+            self.stats["exclusions"] += 1
+            log.warning("excluding volunteer %s: %s", peer, reason)
+
+
+__all__ = [
+    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "distance", "judge", "lossier",
+    "tolerance",
+]

@@ -1,0 +1,275 @@
+"""How far a trainer trusts the volunteers it calls: the vocabulary and the streak policy.
+
+Every host of an expert stands, for one trainer, in one of four ``Standing``\\ s:
+
+- **unproven**: it only declared that it hosts the expert;
+- **proven**: it has shown that it holds the expert's state: one of its replies passed an audit
+  (it matched another replica's answer to the same inputs, or a recomputation);
+- **suspect**: a check failed and no third opinion has settled who was wrong yet (or none can);
+- **excluded**: it was caught (a non-finite reply, a reply outvoted by two other replicas, or
+  replies out of any plausible range again and again) and this trainer calls it no more.
+
+Exclusion is per peer: a host caught lying about one expert is trusted with none. Results are
+"audited", never "verified": an audit compares replicas within a tolerance, it proves nothing.
+
+How often a host is audited follows BOINC's adaptive replication: a peer is **trusted** after
+``trust_after`` valid results in a row (audits it passed), and from then on re-checked with
+probability ``1/streak``, never below ``audit_rate``; an untrusted peer, a pair (uid, peer) not yet
+proven and a suspect pair are checked at the higher ``untrusted_rate`` / ``suspect_rate``. A failed
+check (a reply the guard rejected, a disagreement) ends the streak.
+
+``TrustLedger`` is pure: no clock, no trio, no torch. Callers report what they observed and read
+back standings, audit probabilities and pick weights. Its tables are bounded (least recently seen
+forgotten first; an exclusion is remembered longest).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from enum import Enum
+
+from ..errors import ExpertConfigError
+
+
+class Standing(str, Enum):
+    """Where a host stands with a trainer, for one expert (``TrustLedger.standing``) or in all
+    (``TrustLedger.peer_standing``)."""
+
+    UNPROVEN = "unproven"
+    PROVEN = "proven"
+    SUSPECT = "suspect"
+    EXCLUDED = "excluded"
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """The streak policy's numbers (BOINC's adaptive replication) and the ledger's bounds."""
+
+    audit_rate: float = 0.02  # the floor of a trusted peer's re-check probability
+    untrusted_rate: float = 0.2  # a peer short of ``trust_after``, or a pair not yet proven
+    suspect_rate: float = 0.5  # a pair whose last check failed and was not settled
+    trust_after: int = 10  # valid results in a row that make a peer trusted
+    # weights a mixture multiplies into its choice among an expert's replicas
+    proven_weight: float = 1.0
+    unproven_weight: float = 0.5
+    suspect_weight: float = 0.2
+    # replies of one peer in a row that the guard rejected as implausible (no accepted reply of
+    # it in between) that exclude it: an honest host's reply is out of range rarely, never 8 in a row
+    guard_strikes: int = 8
+    max_pairs: int = 65536  # (uid, peer) records kept
+    max_peers: int = 16384  # peer records kept, and exclusions remembered
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ExpertConfigError(f"TrustPolicy.{f.name} must be a non-negative number, got {value!r}")
+        for name in ("audit_rate", "untrusted_rate", "suspect_rate"):
+            if getattr(self, name) > 1:
+                raise ExpertConfigError(f"TrustPolicy.{name} is a probability, got {getattr(self, name)!r}")
+        if self.trust_after < 1 or self.guard_strikes < 1 or self.max_pairs < 1 or self.max_peers < 1:
+            raise ExpertConfigError("TrustPolicy: trust_after, guard_strikes, max_pairs and max_peers must be >= 1")
+
+
+DEFAULT_POLICY = TrustPolicy()
+
+
+@dataclass
+class PairRecord:
+    """What a trainer has seen of one host serving one expert."""
+
+    standing: Standing = Standing.UNPROVEN
+    passed: int = 0  # audits it passed
+    disagreed: int = 0  # audits where it disagreed with another replica
+    rejected: int = 0  # replies the guard rejected
+
+
+@dataclass
+class PeerRecord:
+    """What a trainer has seen of one host, over every expert it serves."""
+
+    streak: int = 0  # valid results in a row
+    replies: int = 0  # replies the guard checked
+    excluded_after: int | None = None  # replies checked when it was excluded
+    passed: int = 0
+    disagreed: int = 0
+    rejected: int = 0
+    rejected_in_a_row: int = 0  # guard rejections since its last accepted reply
+
+    def trusted(self, policy: TrustPolicy) -> bool:
+        """Whether the peer has earned the low re-check rate."""
+        return self.streak >= policy.trust_after
+
+
+class TrustLedger:
+    """Standings and streaks of the hosts one trainer calls (see the module docstring)."""
+
+    def __init__(self, policy: TrustPolicy = DEFAULT_POLICY) -> None:
+        self.policy = policy
+        self._pairs: OrderedDict[tuple[str, str], PairRecord] = OrderedDict()
+        self._peers: OrderedDict[str, PeerRecord] = OrderedDict()
+        self._excluded: OrderedDict[str, str] = OrderedDict()  # peer -> why
+
+    # --- reading -------------------------------------------------------------------------------
+    def excluded(self, peer: str) -> bool:
+        """Whether ``peer`` was caught and is no longer called."""
+        return peer in self._excluded
+
+    def exclusion_reason(self, peer: str) -> str | None:
+        """Why ``peer`` was excluded (None if it was not)."""
+        return self._excluded.get(peer)
+
+    def standing(self, uid: str, peer: str) -> Standing:
+        """``peer``'s standing as a host of ``uid``."""
+        if peer in self._excluded:
+            return Standing.EXCLUDED
+        pair = self._pairs.get((uid, peer))
+        return pair.standing if pair is not None else Standing.UNPROVEN
+
+    def peer_standing(self, peer: str) -> Standing:
+        """Excluded; else suspect if any of its experts is; else proven if any is; else unproven."""
+        if peer in self._excluded:
+            return Standing.EXCLUDED
+        return _overall(pair.standing for (_, p), pair in self._pairs.items() if p == peer)
+
+    def trusted(self, peer: str) -> bool:
+        """Whether ``peer`` has ``trust_after`` valid results in a row."""
+        record = self._peers.get(peer)
+        return record is not None and record.trusted(self.policy)
+
+    def audit_probability(self, uid: str, peer: str) -> float:
+        """The chance that a reply of ``peer`` for ``uid`` is audited (0 once excluded)."""
+        policy = self.policy
+        if peer in self._excluded:
+            return 0.0
+        pair = self._pairs.get((uid, peer))
+        if pair is not None and pair.standing is Standing.SUSPECT:
+            return max(policy.audit_rate, policy.suspect_rate)
+        record = self._peers.get(peer)
+        if pair is None or pair.standing is not Standing.PROVEN or record is None or not record.trusted(policy):
+            return max(policy.audit_rate, policy.untrusted_rate)
+        return max(policy.audit_rate, min(1.0, 1.0 / record.streak))
+
+    def pick_weight(self, uid: str, peer: str) -> float:
+        """A factor for choosing ``peer`` among ``uid``'s replicas: 0 once excluded, less for
+        unproven and suspect hosts than for proven ones."""
+        standing = self.standing(uid, peer)
+        return {
+            Standing.EXCLUDED: 0.0,
+            Standing.SUSPECT: self.policy.suspect_weight,
+            Standing.UNPROVEN: self.policy.unproven_weight,
+            Standing.PROVEN: self.policy.proven_weight,
+        }[standing]
+
+    # --- what was observed -------------------------------------------------------------------
+    def passed(self, uid: str, peer: str) -> None:
+        """A reply of ``peer`` for ``uid`` passed an audit: a valid result, the pair is proven."""
+        if peer in self._excluded:
+            return
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair.standing = Standing.PROVEN
+        pair.passed += 1
+        record.passed += 1
+        record.streak += 1
+
+    def disagreed(self, uid: str, peer: str) -> None:
+        """A reply of ``peer`` for ``uid`` disagreed with another replica's: the pair is suspect
+        until a later audit passes, and the peer's streak starts over."""
+        if peer in self._excluded:
+            return
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair.standing = Standing.SUSPECT
+        pair.disagreed += 1
+        record.disagreed += 1
+        record.streak = 0
+
+    def replied(self, peer: str) -> None:
+        """A reply of ``peer`` arrived and is being checked."""
+        self._peer(peer).replies += 1
+
+    def accepted(self, peer: str) -> None:
+        """A reply of ``peer`` passed the guard (guard rejections in a row start over)."""
+        record = self._peers.get(peer)
+        if record is not None:
+            record.rejected_in_a_row = 0
+            self._peers.move_to_end(peer)
+
+    def rejected(self, uid: str, peer: str) -> bool:
+        """The guard rejected a reply of ``peer`` for ``uid`` as implausible: an invalid result.
+        Returns True when that makes ``guard_strikes`` in a row: the caller then excludes it."""
+        if peer in self._excluded:
+            return False
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair.rejected += 1
+        record.rejected += 1
+        record.rejected_in_a_row += 1
+        record.streak = 0
+        return record.rejected_in_a_row >= self.policy.guard_strikes
+
+    def exclude(self, peer: str, reason: str) -> bool:
+        """Exclude ``peer`` for ``reason``; False if it already was (the first reason stays)."""
+        if peer in self._excluded:
+            return False
+        self._excluded[peer] = reason
+        self._peer(peer).excluded_after = self._peer(peer).replies
+        while len(self._excluded) > self.policy.max_peers:
+            self._excluded.popitem(last=False)
+        return True
+
+    # --- the per-peer view ---------------------------------------------------------------------
+    def report(self) -> dict[str, dict]:
+        """Per peer: standing, streak, trusted, audits passed and failed, replies rejected, why it
+        was excluded, and its standing per expert."""
+        peers = set(self._peers) | set(self._excluded)
+        experts: dict[str, dict[str, Standing]] = {}
+        for (uid, peer), pair in self._pairs.items():
+            experts.setdefault(peer, {})[uid] = Standing.EXCLUDED if peer in self._excluded else pair.standing
+        out = {}
+        for peer in sorted(peers):
+            record = self._peers.get(peer) or PeerRecord()
+            mine = experts.get(peer, {})
+            overall = Standing.EXCLUDED if peer in self._excluded else _overall(mine.values())
+            out[peer] = {
+                "standing": overall.value,
+                "replies": record.replies,
+                "excluded_after_replies": record.excluded_after,
+                "streak": record.streak,
+                "trusted": record.trusted(self.policy),
+                "audits_passed": record.passed,
+                "audits_disagreed": record.disagreed,
+                "replies_rejected": record.rejected,
+                "excluded_because": self._excluded.get(peer),
+                "experts": {uid: standing.value for uid, standing in sorted(mine.items())},
+            }
+        return out
+
+    # --- tables ---------------------------------------------------------------------------------
+    def _pair(self, uid: str, peer: str) -> PairRecord:
+        return _touch(self._pairs, (uid, peer), PairRecord, self.policy.max_pairs)
+
+    def _peer(self, peer: str) -> PeerRecord:
+        return _touch(self._peers, peer, PeerRecord, self.policy.max_peers)
+
+
+def _touch(table: OrderedDict, key, make, bound: int):
+    """``table[key]``, made if missing, as the most recently used; the least recent go past ``bound``."""
+    record = table.get(key)
+    if record is None:
+        record = table[key] = make()
+        while len(table) > bound:
+            table.popitem(last=False)
+    else:
+        table.move_to_end(key)
+    return record
+
+
+def _overall(standings) -> Standing:
+    found = set(standings)
+    for standing in (Standing.SUSPECT, Standing.PROVEN):
+        if standing in found:
+            return standing
+    return Standing.UNPROVEN
+
+
+__all__ = ["DEFAULT_POLICY", "PairRecord", "PeerRecord", "Standing", "TrustLedger", "TrustPolicy"]
