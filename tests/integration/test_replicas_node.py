@@ -74,16 +74,24 @@ async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_
                 # downloaded before the runtime even started: the state equals the replica's
                 assert late.replicas.caught_up["rep.0"] == version
                 assert state_digest(joined) == digest and joined.updates == version
-                # and its first declaration already carried the caught-up version
+                # and its first declaration already carried the caught-up version and, no round
+                # having run (the grid syncs hourly), a sync age: a copy of a replica is in sync
+                # with it, so trainers can audit the joiner from its first reply
                 mine = str(late.host.peer_id)
                 await until(lambda: _has_version(seed.dht, "rep.0", mine, version), "declared")
+                assert late.replicas.sync.rounds == 0 and "rep.0" in late.replicas.sync.last_sync
+                assert await _has_synced(seed.dht, "rep.0", mine)
 
                 # trained apart, then synced with no training in between: same outputs
                 await train(first, "rep.0", 2, seed=1)
                 await train(late, "rep.0", 1, seed=2)
+                seeded = str(first.host.peer_id)  # caught up from nobody: no sync age yet
+                assert not await _has_synced(seed.dht, "rep.0", seeded)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(first.replicas.sync_grid, GRID)
                     nursery.start_soon(late.replicas.sync_grid, GRID)
+                # its first round's age is declared at once, not a heartbeat period (here 600 s) later
+                await until(lambda: _has_synced(seed.dht, "rep.0", seeded), "first sync age declared")
                 x = torch.randn(3, HIDDEN)
                 a = first.runtime.backends["rep.0"].forward([x])[0]
                 b = late.runtime.backends["rep.0"].forward([x])[0]

@@ -102,6 +102,11 @@ class ExpertDeclarer(BaseService):
                 log.debug("tombstone of %s failed: %s", uid, describe(exc))
         self._wake_unless_paused()
 
+    def refresh(self) -> None:
+        """Something declared changed (a version, a sync age): unless paused, the next heartbeat
+        starts at once."""
+        self._wake_unless_paused()
+
     def _wake_unless_paused(self) -> None:
         if not self.paused:
             self._wake.set()

@@ -307,6 +307,10 @@ class ReplicaManager(BaseService):
         source, header, payload = won[0]
         await trio.to_thread.run_sync(import_state, backend, header, payload)  # nobody serves it yet
         self.caught_up[backend.uid] = header.version
+        # a copy of a replica's state is in sync with it: declared with a sync age from its first
+        # heartbeat, so trainers can audit it before its first round (a volunteer that joins a
+        # swarm mid-training is called at once)
+        self.sync.aligned(backend.uid)
         self._stand(backend.uid, source, Standing.PROVEN)
         log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
         return True
@@ -507,6 +511,7 @@ class ReplicaManager(BaseService):
         return rounds
 
     async def _one_round(self, uid: str, peers: list[PeerID]) -> None:
+        first = uid not in self.sync.last_sync
         try:
             outcome = await self.sync.average(uid, peers)
         except VolunteerError as exc:  # e.g. the expert was dropped or handed over meanwhile
@@ -514,6 +519,10 @@ class ReplicaManager(BaseService):
             log.debug("sync of %s failed: %s", uid, describe(exc))
             return
         self.outcomes[uid] = outcome
+        if first:
+            # its first sync age: declared now, not a heartbeat period later (until a trainer
+            # reads one, no audit can compare this replica with another)
+            self.declarer.refresh()
         if outcome.missing:
             log.debug("sync of %s finished without %d replica(s)", uid, len(outcome.missing))
 

@@ -105,7 +105,7 @@ class ReplicaSync(BaseService):
         self._rounds: dict[str, _OpenRound] = {}
         self._stash: dict[str, dict[str, _Stashed]] = {}
         self._stashed_bytes = 0
-        self.last_sync: dict[str, float] = {}  # uid → trio time its last round finished
+        self.last_sync: dict[str, float] = {}  # uid → trio time its state last matched its replicas'
         self.rounds = 0
         self.refused = 0
 
@@ -232,13 +232,19 @@ class ReplicaSync(BaseService):
                 outcome = replace(
                     outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
                 )
-                self.last_sync[uid] = trio.current_time()
+                self.aligned(uid)
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
         finally:
             self._rounds.pop(uid, None)
         self.rounds += 1
         return outcome
+
+    def aligned(self, uid: str) -> None:
+        """``uid``'s state matches its replicas' as of now: a round finished, or it was just
+        caught up from a replica (loaded that replica's state whole). Its declared sync age, which
+        lets trainers' audits compare it with another replica, counts from here."""
+        self.last_sync[uid] = trio.current_time()
 
     def _stand(self, uid: str, peer: str, standing: Standing) -> None:
         self.standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
