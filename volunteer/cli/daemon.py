@@ -333,7 +333,7 @@ class Daemon:
         return rows
 
     def _upload(self, now: float) -> dict:
-        """Reply bytes per second over the window, against ``--max-upload``."""
+        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``."""
         node = self.node
         sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)

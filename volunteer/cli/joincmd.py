@@ -103,7 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
-    p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
+    p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap everything this volunteer uploads (expert replies, replica sync, catch-up, hand-off), bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
                    "and the same on /ip6/:: with a global IPv6 address)")
     p.add_argument("--name", type=_public_name, metavar="NAME",
