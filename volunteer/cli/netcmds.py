@@ -9,6 +9,7 @@ from pathlib import Path
 import trio
 
 from ..errors import DialError, HandshakeError, PeerIDMismatch, VolunteerError
+from ..kinds.entry import wrong_peer_line
 from ..net.connection import Connection
 from ..net.stack import open_stack
 from ..net.identity import KeyPair, default_identity_path, load_or_create_keypair
@@ -136,12 +137,12 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
         except trio.TooSlowError:
             raise VolunteerError(f"timeout: no connection to {target} within {args.timeout:g}s") from None
         except PeerIDMismatch as exc:
-            raise VolunteerError(exc.advice(str(target).split("/p2p/", 1)[0])) from None
+            raise VolunteerError(wrong_peer_line(exc, target)) from None
         except HandshakeError as exc:
             raise VolunteerError(f"handshake refused by {target}: {exc}") from None
         except DialError as exc:
-            if (wrong := PeerIDMismatch.inside(exc)) is not None:
-                raise VolunteerError(wrong.advice(str(target).split("/p2p/", 1)[0])) from None
+            if PeerIDMismatch.inside(exc) is not None:
+                raise VolunteerError(wrong_peer_line(exc, target)) from None
             raise VolunteerError(f"unreachable: {exc}") from None
         setup_ms = (trio.current_time() - started) * 1000
         peer = conn.remote_peer
