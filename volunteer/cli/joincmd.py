@@ -13,8 +13,8 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
+from ..settings import JOIN_CHECKS
 from ..swarmfile import (
-    JOIN_CHECKS,
     identity_path,
     load_config,
     load_limits,
