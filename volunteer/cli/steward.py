@@ -75,6 +75,7 @@ class Steward:
         failure_limit: int = DEFAULT_FAILURE_LIMIT,
         transferred_today: Callable[[float], int] = lambda now: 0,
         on_fold: Callable[[str], None] | None = None,
+        on_choice: Callable[[Conduct], None] | None = None,
         contact: SwarmContact | None = None,
         contact_period: float = CONTACT_PERIOD,
     ) -> None:
@@ -89,6 +90,7 @@ class Steward:
         self.contact_period = contact_period
         self.transferred_today = transferred_today
         self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
+        self.on_choice = on_choice  # told of each change of the donor's choice (kept across restarts)
         self.clock: Callable[[], float] = probe.now if probe is not None else time.time  # wall clock
         self.node: VolunteerNode | None = None
         self.set_aside: dict[str, Any] = {}  # uid -> the backend taken out of the runtime
@@ -132,6 +134,8 @@ class Steward:
                 self.on_fold(origin)
         event = self.conduct.ask(action, origin, now)
         self._note(event)
+        if event is not None and self.on_choice is not None:
+            self.on_choice(self.conduct)
         await self._match()
         self._changed.set()
         paused = self.node.paused if self.node is not None else not self.conduct.serving
@@ -207,7 +211,10 @@ class Steward:
                 await node.server.wait_idle()
         await self._hand_off(node, "finishing")
         saved = await self._save_checkpoints(node)
-        self._note(self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
+        finished = self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)")
+        self._note(finished)
+        if finished is not None and self.on_choice is not None:
+            self.on_choice(self.conduct)
 
     async def _hand_off(self, node: VolunteerNode, why: str) -> None:
         if node.replicas is None:
