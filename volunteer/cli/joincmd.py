@@ -268,6 +268,21 @@ def settle_consent(args: argparse.Namespace, options) -> None:
     options.start_reason = "waiting for your consent: `volunteer fold` starts"
 
 
+def say_memory_estimate(options) -> None:
+    """Print what the experts will take before any is built; refuse in one line when that is
+    more than the memory allowed (``--max-gpu-memory`` of the GPU, or what is free)."""
+    from .memory import estimate_for
+
+    estimate = estimate_for(options.node, options.swarm.grids)
+    if estimate is None:
+        if options.node.expert_file:
+            print("memory estimate: not known before --expert-file registers its classes", flush=True)
+        return
+    if not estimate.fits:
+        raise VolunteerError(estimate.refusal())
+    print(estimate.line(), flush=True)
+
+
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
     # one lock decides whether a daemon already runs here: taken before anything else starts, so a
@@ -280,6 +295,7 @@ def run_join(args: argparse.Namespace) -> int:
 
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
+        say_memory_estimate(options)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
