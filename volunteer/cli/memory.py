@@ -93,14 +93,20 @@ def allowed_memory(device: "torch.device", max_gpu_memory: float | None) -> tupl
 
 def estimate_for(options: "VolunteerOptions", grids: Sequence["GridSpec"]) -> MemoryEstimate | None:
     """The estimate for a volunteer's options (``VolunteerOptions``) and its swarm's grids; None
-    when it hosts nothing. VolunteerError in one line for an expert class not known yet (an
-    ``--expert-file`` registers its classes when the node starts: those are not estimated)."""
+    when it hosts nothing, on a GPU that is not there (the node's device check refuses it), or
+    for an expert class not known yet (an ``--expert-file`` registers its classes when the node
+    starts: those are not estimated)."""
     from ..experts.backend import resolve_device
     from ..experts.layers import get_expert_class
     from ..replicas.manager import placement_capacity
 
     o = options
     device = resolve_device(o.device)
+    if device.type == "cuda":
+        import torch
+
+        if not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count():
+            return None  # no such GPU: the node's device check says so in one line
     if o.uids:
         kinds = [(o.expert_class or "", o.hidden_dim)]
         count = len(o.uids)
