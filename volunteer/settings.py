@@ -142,7 +142,7 @@ EXPERT_LIMITS = (
 RUN_SETTINGS = {
     "consent": bool, "on_battery": bool, "when_idle": (int, float), "max_other_load": (int, float),
     "pause_programs": list, "compute_hours": (str, list), "network_hours": (str, list), "daily_transfer": (int, str),
-    "gpus": list, "exclude_gpus": list, "failure_limit": int,
+    "gpus": list, "exclude_gpus": list, "failure_limit": int, "pause_on_gpu_use": bool,
 }
 CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS, "run": RUN_SETTINGS}  # config.toml's tables
 CONFIG_CHECKS: dict = {"join": JOIN_CHECKS, "limits": LIMIT_CHECKS}  # their values' checks (run: cli/policy.py)

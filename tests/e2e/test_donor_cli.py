@@ -180,12 +180,14 @@ def test_every_policy_through_the_cli_with_a_fake_machine(relay, tmp_path, env):
     looks()
     env = {**env, "VOLUNTEER_PROBE": f"fake:{machine}"}
     daemon = Joined(relay, *EXPERTS, "--yes", "--pause-while", "steam", "--max-other-load", "50", "--when-idle", "0.05",
-                    "--compute-hours", "08:00-20:00", "--policy-period", "0.2", env=env, control=tmp_path / "d.sock")
+                    "--compute-hours", "08:00-20:00", "--pause-on-gpu-use", "--policy-period", "0.2", env=env,
+                    control=tmp_path / "d.sock")
     try:
         wait_listed(relay, env, ["expert.0", "expert.1"])
         steps = [
             (dict(on_battery=True), "paused: on battery"),
             (dict(programs=["steam"]), "paused: steam is running"),
+            (dict(gpu_users=["blender"]), "paused: blender uses the GPU"),
             (dict(other_load=80), "paused: other programs use 80 % CPU (limit 50 %)"),
             (dict(other_load=5, input_idle_s=1), "waiting: computer in use, resumes after 3 s"),
             (dict(now=datetime.datetime(2030, 6, 1, 23, 0).isoformat()), "paused: outside computing hours, resumes at 08:00"),

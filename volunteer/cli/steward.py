@@ -27,7 +27,7 @@ import trio
 
 from ..errors import VolunteerError, describe
 from .fold import Conduct, Event
-from .policy import Observations, PolicySettings, RunPolicy
+from .policy import GPU_USE_LINE, GPU_USE_UNKNOWN, Observations, PolicySettings, RunPolicy
 from .probes import CpuSample, SystemProbe, other_load
 from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, SwarmContact, VisibilityWatch
 
@@ -160,6 +160,7 @@ class Steward:
             programs=probe.programs() if self.settings.pause_programs else frozenset(),
             input_idle_s=probe.input_idle_s() if self.settings.when_idle else None,
             transferred_today=self.transferred_today(now) if self.settings.daily_transfer else 0,
+            gpu_users=probe.gpu_users() if self.settings.pause_on_gpu_use else None,
         )
         self.last_observations = seen
         self._note(self.conduct.set_verdict(self.policy.decide(seen, now), now))
@@ -355,15 +356,21 @@ class Steward:
         """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
         now = self.clock()
         seen = self.last_observations
+        gpu_unknown = seen is not None and self.settings.pause_on_gpu_use and seen.gpu_users is None
         return {
             "conduct": self.conduct.view(now),
             "policy": {
                 "settings": self.settings.as_dict(),
-                "lines": self.settings.describe(),
+                "lines": [f"{line} ({GPU_USE_UNKNOWN})" if line == GPU_USE_LINE and gpu_unknown else line
+                          for line in self.settings.describe()],
                 "verdict": self.conduct.verdict.as_dict(),
                 "observed": None if seen is None else {
                     "on_battery": seen.on_battery, "other_load": seen.other_load,
                     "input_idle_s": seen.input_idle_s, "transferred_today": seen.transferred_today,
+                    "gpu_users": None if seen.gpu_users is None else sorted(seen.gpu_users),
+                    # the GPU-use policy where nothing tells which programs use the GPU
+                    "gpu_use": None if not self.settings.pause_on_gpu_use else
+                    (GPU_USE_UNKNOWN if seen.gpu_users is None else "watched"),
                 },
             },
             "self_care": {
