@@ -3,6 +3,7 @@
     python examples/train_digits.py                      # starts a testnet: a relay + 4 volunteers (4x4 grid)
     python examples/train_digits.py --fail-rate 0.1      # a tenth of expert calls fail (Learning@home's test)
     python examples/train_digits.py --latency-ms 20      # every expert call waits 20 ms more
+    python examples/train_digits.py --compression blockwise8_64   # 8-bit tensors on every link
     python examples/train_digits.py --swarm demo         # use a running swarm instead
     python examples/train_digits.py --churn              # volunteers join and leave all through training
     python examples/train_digits.py --churn --replicas 1 # the same without replicas, for comparison
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from volunteer import RemoteMixtureOfExperts, Swarm, TrustPolicy  # noqa: E402
+from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
 
 ALTERNATE_EVERY = 10  # --audits alternate: steps with audits on, then as many with them off
 
@@ -64,14 +66,15 @@ def load_digits_split(seed: int = 0):
 
 
 class Model(nn.Module):
-    def __init__(self, swarm, hidden: int, grid: tuple[int, int], k_best: int, k_min: int, timeout: float) -> None:
+    def __init__(self, swarm, hidden: int, grid: tuple[int, int], k_best: int, k_min: int, timeout: float,
+                 compression: str = "auto") -> None:
         super().__init__()
         self.inp = nn.Linear(64, hidden)
         # the swarm file's [[grid]] when it declares one (--churn): what the volunteers place themselves on
         declared = swarm.spec.grids[0] if getattr(swarm.spec, "grids", None) else None
         self.moe = RemoteMixtureOfExperts(
             swarm, in_features=hidden, grid=declared, grid_size=grid, uid_prefix="expert", k_best=k_best, k_min=k_min,
-            forward_timeout=timeout, backward_timeout=timeout, timeout_after_k_min=timeout / 4,
+            forward_timeout=timeout, backward_timeout=timeout, timeout_after_k_min=timeout / 4, compression=compression,
         )
         self.out = nn.Linear(hidden, 10)
 
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-rate", type=float, default=0.0, help="fraction of expert calls made to fail")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="extra delay added to every expert call")
     parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--compression", default="auto", choices=["auto", *COMPRESSIONS],
+                        help="tensors on the wire: auto (what each link calls for: float16, 8-bit where slow) or fixed")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--show-status", action="store_true", help="print a volunteer's dashboard at the end")
     parser.add_argument("--kill-volunteer-at-epoch", type=int, metavar="E",
@@ -259,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
         swarm = Swarm.join(args.swarm or swarm_file, faults=faults, **trust)
         with swarm:
-            model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout)
+            model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout, args.compression)
             model.moe.audits = args.audits != "off"
             optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
             started = time.monotonic()

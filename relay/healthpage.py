@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from volunteer.net.perf import format_size
+from volunteer.sizes import format_size
 from volunteer.web.guard import GuardPolicy
 from volunteer.web.html import BASE_STYLE, PAGE_HEADERS, table
 from volunteer.web.svg import Cell, cell_map

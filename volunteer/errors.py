@@ -241,6 +241,11 @@ class ExpertBackwardRefusedError(ExpertUnavailableError):
     server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
 
 
+class ExpertInputsForgottenError(ExpertUnavailableError):
+    """A backward named the inputs its forward left on the server, and the server no longer
+    holds them (evicted, or too old): the caller sends them again with the gradients."""
+
+
 class ExpertExcludedError(ExpertUnavailableError):
     """This trainer excluded the expert's host: it was caught returning wrong results (a
     non-finite reply, or outputs that other replicas outvoted in an audit). No call is sent."""

@@ -72,7 +72,7 @@ def fraction(value: object) -> float:
 
 def rate(value: object) -> float:
     """A check: bytes per second above zero, a number or a size such as 5MiB."""
-    from .net.perf import parse_size
+    from .sizes import parse_size
 
     if isinstance(value, str):
         try:

@@ -50,6 +50,7 @@ class Swarm:
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
                  dht_config: DHTConfig | None = None, faults: "FaultInjection | None" = None,
                  trust: TrustPolicy = DEFAULT_POLICY) -> None:
+        from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
 
         # what this trainer has seen of each volunteer (standings, streaks, exclusions) and the
@@ -64,6 +65,7 @@ class Swarm:
         self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
         self.faults = faults
         self.loop = BackgroundLoop()
+        self.calls = CallStats()  # every expert call made through this swarm (expert_stats)
         self._host: Host | None = None
         self._joined: TrainerParts | None = None
         self._ready: trio.Event | None = None
@@ -147,6 +149,13 @@ class Swarm:
 
         return self.loop.run(list_experts, self.dht, prefix, timeout=timeout)
 
+    def expert_stats(self, prefix: str | None = None) -> dict[str, list[dict]]:
+        """Where this trainer's expert calls spend their time: ``{uid: [one dict per host]}``
+        with the host's peer, connection path (direct, hole-punched, relayed via …), round trip
+        (``rtt_ms``), payload bytes per call each way, and the time per call on the network vs
+        on the volunteer (queued and computing); uids under ``prefix``, or all."""
+        return self.loop.run(_snapshot, self.calls, prefix)
+
     def trust_report(self) -> dict[str, dict]:
         """Per volunteer this trainer called: its standing (unproven, proven, suspect, excluded),
         its streak of audits passed, whether it is trusted, its audits passed and disagreed, its
@@ -178,6 +187,10 @@ class Swarm:
     def __repr__(self) -> str:
         peer = self._host.peer_id.short() if self._host is not None else "not joined"
         return f"<Swarm {self.spec.name!r} as {peer}>"
+
+
+async def _snapshot(calls, prefix: str | None) -> dict:
+    return calls.snapshot(prefix)  # on the trio thread, which records the calls
 
 
 async def _report(trust: TrustLedger) -> dict[str, dict]:

@@ -15,7 +15,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from .net.perf import format_size
+from .sizes import format_size
 
 
 SHORT_ID_CHARS = 6  # what PeerID.short() keeps too: one spelling of a peer in logs and every view

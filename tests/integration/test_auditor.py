@@ -41,14 +41,14 @@ class Call:
         self.replica, self.backward_follows = replica, backward_follows
         self.uid, self.peer = UID, replica.host.peer
 
-    async def forward(self, inputs):
+    async def forward(self, inputs, report=None):
         self.replica.forwards.append(self.backward_follows)
         await trio.sleep(0)
         if self.replica.error is not None:
             raise self.replica.error
         return [torch.tanh(inputs[0]) * self.replica.factor]
 
-    async def backward(self, inputs, grads):
+    async def backward(self, inputs, grads, kept=None, report=None):
         self.replica.backwards += 1
         await trio.sleep(0)
         return [grads[0] * self.replica.grad_factor]

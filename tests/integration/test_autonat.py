@@ -51,6 +51,19 @@ async def test_nat_manager_decides_public():
             assert await manager.probe_round() is Reachability.PUBLIC
             snapshot = manager.snapshot()
             assert snapshot["reachability"] == "public" and snapshot["evidence"]["required"] == 1
+            # the address the server reached us on is advertised (behind a forwarded port it is
+            # the only one others can dial)
+            assert manager.advertised_addrs() == [client.addrs[0]] == [Multiaddr(snapshot["confirmed_addr"])]
+
+
+def test_a_private_or_undecided_node_advertises_no_confirmed_address():
+    manager = NatManager(None, [])
+    assert manager.advertised_addrs() == []  # unknown
+    server = KeyPair.generate().peer_id
+    manager.tracker.record(server, True, Multiaddr("/ip4/203.0.113.7/tcp/4001"))
+    assert manager.advertised_addrs() == [Multiaddr("/ip4/203.0.113.7/tcp/4001")]
+    manager.tracker.record(server, False)
+    assert manager.tracker.status is Reachability.PRIVATE and manager.advertised_addrs() == []
 
 
 def test_tracker_needs_agreeing_distinct_servers_and_does_not_flap():

@@ -14,6 +14,7 @@ import trio
 from torch import nn
 
 from volunteer.experts import RemoteMixtureOfExperts
+from volunteer.experts.callstats import CallStats
 from volunteer.experts.guard import ReplyGuard
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
@@ -48,7 +49,8 @@ class ScriptedDirectory:
         return {f"{uid_prefix}.{i}": list(self.hosts) for i in range(grid_size[0])}
 
     async def call_expert(self, peer, uid, op, tensors=(), *, n_inputs=None, compression="none", timeout=0.0,
-                          faults=None, backward_follows=False):
+                          faults=None, backward_follows=False, kept=None, report=None):
+        # keeps no inputs between calls: a backward always carries them (``kept`` stays unused)
         factor = self.factor[str(peer)]
         if op == "forward":
             self.forwards[str(peer)] += 1
@@ -62,11 +64,19 @@ class ScriptedSwarm:
 
     def __init__(self, directory: ScriptedDirectory, policy: TrustPolicy) -> None:
         self.loop = BackgroundLoop().start()
-        self.host = None  # no host is dialled: the hosts declare no addresses
+        self.host = _NoConnections()  # no host is dialled: the hosts declare no addresses
         self.directory = directory
         self.swarm_id = "scripted"
         self.faults = None
         self.guard = ReplyGuard(TrustLedger(policy))
+        self.calls = CallStats()
+
+
+class _NoConnections:
+    """The trainer's Host as the call records see it: no connection to measure a path or RTT on."""
+
+    def connection_to(self, peer):
+        return None
 
 
 def train(factors: list[float], steps: int, policy: TrustPolicy = EAGER):

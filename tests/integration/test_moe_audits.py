@@ -187,9 +187,9 @@ def test_honest_replicas_are_never_excluded_and_every_audit_is_a_forward_with_it
             time.sleep(0.05)
         assert world.moe._auditor.pending == 0
         stats, trust = world.moe.stats, world.trust()
-        assert stats["audits"] >= 30 and stats["disagreements"] == 0 and stats["exclusions"] == 0
+        assert stats["audits"] >= 30 and stats["disagreements"] == 0 and stats["exclusions"] == 0, stats
         assert stats["rejected"] == 0
-        assert all(trust[v.peer]["standing"] == "proven" for v in world.honest), trust
+        assert all(trust[v.peer]["standing"] == "proven" for v in world.honest), (stats, trust)
         for volunteer in world.honest:  # never a forward whose backward does not come
             for uid, counters in volunteer.runtime.stats().items():
                 assert counters.forward == counters.backward, (uid, counters)

@@ -12,20 +12,15 @@ from volunteer import RemoteMixtureOfExperts, Swarm
 from volunteer.errors import ExpertUnavailableError
 from volunteer.experts.faults import FaultInjection
 
-from .volunteer_fixture import DHT_CONFIG, Volunteer
+from .volunteer_fixture import DHT_CONFIG, Volunteer, volunteer_and_trainer
 
 GRID = ["expert.0.0", "expert.0.1"]
 
 
 @pytest.fixture(scope="module")
 def world():
-    volunteer = Volunteer(GRID, hidden=8)
-    swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
-    try:
-        yield volunteer, swarm
-    finally:
-        swarm.close()
-        volunteer.stop()
+    with volunteer_and_trainer(GRID, hidden=8) as pair:
+        yield pair
 
 
 def mixture(swarm, **options) -> RemoteMixtureOfExperts:

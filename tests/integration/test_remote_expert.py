@@ -15,6 +15,7 @@ import trio
 
 from volunteer.errors import ExpertTimeoutError, ExpertUnavailableError, VolunteerError
 from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts.callstats import CallStats
 from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.client import DHTDirectory
@@ -34,6 +35,7 @@ class Node:
     def __init__(self, loop: BackgroundLoop, network: MemoryNetwork, uids=(), hidden: int = 8) -> None:
         self.loop, self.network, self.uids, self.hidden = loop, network, list(uids), hidden
         self.runtime = None
+        self.calls = CallStats()
         self.loop.run(self._start, timeout=10)
 
     async def _start(self) -> None:
@@ -63,7 +65,7 @@ class Node:
             self._done.set()
 
     # what RemoteExpert needs of a swarm (experts.directory.TrainerSwarm): .loop, .host, .directory,
-    # .swarm_id, .faults
+    # .swarm_id, .faults, .calls (set in __init__)
     swarm_id = SWARM
     faults = None
 
@@ -99,7 +101,7 @@ def test_forward_backward_from_a_plain_thread_match_a_local_copy(world):
     results: dict = {}
 
     def trainer() -> None:  # an ordinary thread, as a PyTorch training loop would be
-        remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5)
+        remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5, compression="none")
         x = torch.randn(6, 8, requires_grad=True)
         y = remote(x)
         weights = torch.randn(6, 8)

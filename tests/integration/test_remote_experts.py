@@ -60,7 +60,7 @@ def swarm(volunteer):
 
 def test_forward_and_backward_match_local_computation(volunteer, swarm):
     local = copy.deepcopy(volunteer.runtime.backends["expert.0.0"].module)
-    remote = RemoteExpert("expert.0.0", str(volunteer.host.peer_id), swarm)
+    remote = RemoteExpert("expert.0.0", str(volunteer.host.peer_id), swarm, compression="none")
     assert remote.info["outputs"][0]["s"] == [8]
     x = torch.randn(5, 8, requires_grad=True)
     x_local = x.detach().clone().requires_grad_()
@@ -112,7 +112,7 @@ def test_a_cached_schema_refuses_a_wrong_width_locally(volunteer, swarm):
 
 
 def test_compression_round_trip(volunteer, swarm):
-    exact = RemoteExpert("expert.0.1", volunteer.addr, swarm)
+    exact = RemoteExpert("expert.0.1", volunteer.addr, swarm, compression="none")
     half = RemoteExpert("expert.0.1", volunteer.addr, swarm, compression="float16")
     x = torch.randn(4, 8)
     with torch.no_grad():
@@ -139,7 +139,7 @@ def test_unreachable_peer_and_timeouts(volunteer, swarm):
     volunteer.loop.run(install)
 
     class Other:  # the same Host, calling experts of another swarm
-        loop, host, swarm_id, faults = swarm.loop, swarm.host, "hangswarm", None
+        loop, host, swarm_id, faults, calls = swarm.loop, swarm.host, "hangswarm", None, swarm.calls
         directory = DHTDirectory(swarm.host, swarm.dht, "hangswarm")
 
     started = time.monotonic()

@@ -3,7 +3,9 @@ background event loop, for tests that drive trainers from plain synchronous code
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
@@ -15,6 +17,7 @@ from volunteer.hivemind.experts import HivemindExperts
 from volunteer.net.stack import StackOptions
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.node import VolunteerOptions, open_volunteer
+from volunteer.swarm import Swarm
 from volunteer.swarmfile import SwarmSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))  # lying_volunteer: liars for the tests
@@ -106,6 +109,18 @@ class Volunteer:
         if self.loop.running:
             self.loop.run(stop, timeout=30)
             self.loop.stop()
+
+
+@contextlib.contextmanager
+def volunteer_and_trainer(uids, *, hidden: int = 8) -> Iterator[tuple[Volunteer, Swarm]]:
+    """A volunteer serving ``uids`` and a trainer's ``Swarm`` joined through it; both stop after."""
+    volunteer = Volunteer(uids, hidden=hidden)
+    swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
+    try:
+        yield volunteer, swarm
+    finally:
+        swarm.close()
+        volunteer.stop()
 
 
 async def _nothing() -> int:

@@ -34,7 +34,21 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.nat import homes
+from tests.nat import homes as home_routers
+from tests.nat.lines import PROFILES, Link, cap_command, caps_of
+from tests.nat.netns import (  # noqa: F401  (re-exported: tests and benchmarks use them from here)
+    CMD_TIMEOUT,
+    NS_RE,
+    TABLE,
+    _cmd,
+    _delete_ns,
+    _pid_alive,
+    _terminate,
+    cleanup_stale,
+    list_namespaces,
+    read_line,
+    unusable_reason,
+)
 from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
     ALLOWED,
     INTERNET,
@@ -46,7 +60,6 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     SPECS,
     STUN_HOST,
     Host,
-    Link,
     Router,
     Spec,
     _allowed,
@@ -54,6 +67,7 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     double_nat_pair,
     all_homes,
     easy_pair,
+    line_homes,
     ipv6_pair,
     rst_pair,
     symmetric_pair,
@@ -62,12 +76,8 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
 
 REPO = Path(__file__).resolve().parents[2]
 DELAYER = Path(__file__).with_name("delayer.py")
-NS_RE = re.compile(r"^vr(\d+)([a-z])-([a-z0-9_]+)$")
-CMD_TIMEOUT = 30.0  # bound for every command the rig runs itself
-KILL_GRACE = 2.0  # SIGTERM, then SIGKILL after this long
 READY_TIMEOUT = 10.0  # a delayer must say "ready" within this
 SETTLE_TIMEOUT = 10.0  # links must be operationally up within this
-TABLE = "rig"  # nftables table name inside router namespaces
 
 
 @dataclasses.dataclass
@@ -94,118 +104,6 @@ class _Segment:
                 raise ValueError(f"{addr} is not a free host address in {self.net}")
         self.used.add(ip)
         return ip
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _cmd(argv: Sequence[str], timeout: float = CMD_TIMEOUT, input: str | None = None) -> str:
-    """Run a setup command; raise with its stderr when it fails."""
-    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=input)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
-    return p.stdout
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (killed but not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def list_namespaces() -> list[str]:
-    """Names of all network namespaces that look like ours (``vr<pid><letter>-<node>``)."""
-    try:
-        names = os.listdir("/run/netns")
-    except OSError:
-        return []
-    return sorted(n for n in names if NS_RE.match(n))
-
-
-def _kill_ns_pids(ns: str) -> None:
-    try:
-        pids = [int(p) for p in _cmd(["ip", "netns", "pids", ns], timeout=5).split()]
-    except (RuntimeError, ValueError, subprocess.TimeoutExpired):
-        return
-    for pid in pids[:1000]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def _delete_ns(ns: str) -> None:
-    _kill_ns_pids(ns)
-    subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=CMD_TIMEOUT)
-
-
-def cleanup_stale() -> list[str]:
-    """Delete our namespaces (and processes in them) whose creating pid is dead; return them."""
-    gone = []
-    for ns in list_namespaces():
-        m = NS_RE.match(ns)
-        if m and not _pid_alive(int(m.group(1))):
-            _delete_ns(ns)
-            gone.append(ns)
-    return gone
-
-
-def read_line(proc: subprocess.Popen, timeout: float) -> str:
-    """One line from ``proc.stdout`` (a pipe) within ``timeout`` s; "" at EOF.
-
-    Reads the file descriptor directly; use only this function on that pipe. Raises
-    TimeoutError when no full line arrives in time.
-    """
-    buf: bytearray = proc.__dict__.setdefault("_rig_buf", bytearray())
-    fd = proc.stdout.fileno()
-    end = time.monotonic() + timeout
-    while b"\n" not in buf:
-        left = end - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no line from pid {proc.pid} within {timeout} s")
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            line = bytes(buf)
-            buf.clear()
-            return line.decode(errors="replace")
-        buf += chunk
-    i = buf.index(b"\n") + 1
-    line = bytes(buf[:i])
-    del buf[:i]
-    return line.decode(errors="replace")
-
-
-_probe: str | None | bool = False  # False: not probed yet
-
-
-def unusable_reason() -> str | None:
-    """Why the rig cannot run here (not root, no ``ip netns``, no nft), or None when it can."""
-    global _probe
-    if _probe is not False:
-        return _probe
-    _probe = None
-    if os.geteuid() != 0:
-        _probe = "NAT rig needs root (network namespaces and nftables)"
-    elif not shutil.which("ip") or not shutil.which("nft"):
-        _probe = "NAT rig needs the ip (iproute2) and nft (nftables) commands"
-    else:
-        ns = f"vr{os.getpid()}z-probe"
-        try:
-            _cmd(["ip", "netns", "add", ns])
-            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"],
-                 input=f"table ip {TABLE} {{ chain p {{ type nat hook postrouting priority "
-                       "srcnat; masquerade random,fully-random; }; }")
-        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-            _probe = f"ip netns / nftables NAT unusable here: {e}"
-        finally:
-            _delete_ns(ns)
-    return _probe
 
 
 # ---------------------------------------------------------------- the rig
@@ -251,6 +149,7 @@ class Rig:
         self._lan6: dict[str, tuple[str, ipaddress.IPv6Address]] = {}  # IPv6 router -> (its /64, WAN address)
         self._addrs6: dict[str, list[str]] = {}
         self._files: list[str] = []  # configuration and pid files of the home daemons
+        self._capped: dict[str, dict[str, tuple[str, str]]] = {}  # node -> up/down -> (ns, dev)
 
     # ---- lifecycle
 
@@ -364,6 +263,26 @@ class Rig:
                     total += e["counter"]["packets"]
         return total
 
+    def caps(self, node: str) -> dict[str, list[dict]]:
+        """The tbf caps in force on a node's link: ``{"up": [...], "down": [...]}`` (see
+        ``lines.caps_of``); empty lists for a direction without a cap."""
+        where = self._capped.get(node, {})
+        return {d: caps_of(*where[d]) if d in where else [] for d in ("up", "down")}
+
+    def forward_port(self, router: str, port: int, host: str, proto: str = "tcp") -> None:
+        """Open ``port`` on the router's WAN address to ``host`` behind it (a user's port forward):
+        new connections to WAN:port reach host:port; everything else stays dropped."""
+        if not 0 < port < 65536 or proto not in ("tcp", "udp"):
+            raise ValueError(f"bad port forward {proto}/{port}")
+        if self._up.get(host) != router:
+            raise ValueError(f"{host} is not behind {router}")
+        wan, target = f"{self.iftag}-wan", self.addr(host)
+        rules = (f"add chain ip {TABLE} prerouting {{ type nat hook prerouting priority dstnat; }}\n"
+                 f'add rule ip {TABLE} prerouting iifname "{wan}" {proto} dport {port} dnat to {target}\n'
+                 f'insert rule ip {TABLE} forward iifname "{wan}" ip daddr {target} {proto} dport {port} '
+                 f"ct status dnat accept\n")
+        _cmd(["ip", "netns", "exec", self.ns(router), "nft", "-f", "-"], input=rules)
+
     def describe(self) -> str:
         """A table: node, namespace, addresses, public address."""
         rows = [f"{'node':10} {'namespace':24} {'addresses':32} public"]
@@ -402,7 +321,7 @@ class Rig:
         """Plug interface ``ifname`` of ``ns`` into a segment, through a delayer if ``link``."""
         i = next(self._ports)
         port = f"{self.iftag}-p{i}"
-        if link is None:
+        if link is None or not link.delays:
             _cmd(["ip", "-n", ns, "link", "add", ifname, "type", "veth",
                   "peer", "name", port, "netns", seg.ns])
         else:
@@ -426,6 +345,18 @@ class Rig:
                 raise RuntimeError(f"delayer on {wa}/{wb} did not start")
         _cmd(["ip", "-n", seg.ns, "link", "set", port, "master", seg.bridge, "up"])
         _cmd(["ip", "-n", ns, "link", "set", ifname, "up"])
+        if link is not None:
+            self._cap(ns, ifname, seg.ns, port, link)
+
+    def _cap(self, ns: str, ifname: str, up_ns: str, port: str, link: Link) -> None:
+        """Install a link's caps: the uplink on ``ifname`` (egress towards the upstream segment),
+        the downlink on the segment's ``port`` (egress towards ``ns``); both before the delayer."""
+        node = ns.split("-", 1)[1]
+        self._capped[node] = {"up": (ns, ifname), "down": (up_ns, port)}
+        for (where, dev), mbit in ((self._capped[node]["up"], link.up_mbit),
+                                   (self._capped[node]["down"], link.down_mbit)):
+            if mbit is not None:
+                _cmd(cap_command(where, dev, mbit, link.queue_ms))
 
     def _build(self) -> None:
         inet = self._add_ns("internet")
@@ -446,7 +377,7 @@ class Rig:
             _cmd(["ip", "-n", ns, "addr", "add", f"{gw}/{lan_net.prefixlen}", "dev", seg.bridge])
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
-            rules = (homes.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
+            rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
                      else _ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
             _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
             if r.ipv6 is not None:
@@ -481,21 +412,21 @@ class Rig:
     def _ipv6_router(self, r: Router, ns: str, wan: str, lan: str) -> None:
         """Give an IPv6 home's router its WAN address on the internet's /64, its LAN's /64 and
         the stateful firewall; the internet namespace forwards IPv6 from then on."""
-        wan6 = homes.ipv6_wan(INTERNET_V6, len(self._lan6))
-        gw6 = homes.ipv6_lan(r.ipv6, 1)
+        wan6 = home_routers.ipv6_wan(INTERNET_V6, len(self._lan6))
+        gw6 = home_routers.ipv6_lan(r.ipv6, 1)
         self._lan6[r.name] = (r.ipv6, wan6)
         _cmd(["ip", "netns", "exec", self.ns("internet"), "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=0"])
         _cmd(["ip", "-n", ns, "addr", "add", f"{wan6}/{INTERNET_V6.prefixlen}", "dev", wan, "nodad"])
         _cmd(["ip", "-n", ns, "addr", "add", f"{gw6}/64", "dev", lan, "nodad"])
-        _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=homes.ipv6_firewall(TABLE + "6", wan, lan))
+        _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=home_routers.ipv6_firewall(TABLE + "6", wan, lan))
         self._addrs6[r.name] = [str(wan6), str(gw6)]
 
     def _ipv6_host(self, name: str, ns: str, eth: str, lan6: tuple[str, ipaddress.IPv6Address]) -> None:
         prefix, _ = lan6
         taken = sum(1 for other in self._addrs6 if other in self._up and self._up[other] == self._up[name])
-        ip6 = homes.ipv6_lan(prefix, 2 + taken)
+        ip6 = home_routers.ipv6_lan(prefix, 2 + taken)
         _cmd(["ip", "-n", ns, "addr", "add", f"{ip6}/64", "dev", eth, "nodad"])
-        _cmd(["ip", "-n", ns, "-6", "route", "add", "default", "via", str(homes.ipv6_lan(prefix, 1))])
+        _cmd(["ip", "-n", ns, "-6", "route", "add", "default", "via", str(home_routers.ipv6_lan(prefix, 1))])
         self._addrs6[name] = [str(ip6)]
 
     def _route_ipv6_homes(self) -> None:
@@ -512,18 +443,18 @@ class Rig:
         if not upnp:
             return
         stun_ips = self.addrs(STUN_HOST)
-        stun = self.popen(STUN_HOST, homes.stun_command(stun_ips), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        homes.wait_ready(stun, "ready", read_line)
+        stun = self.popen(STUN_HOST, home_routers.stun_command(stun_ips), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        home_routers.wait_ready(stun, "ready", read_line)
         for r in upnp:
             ns = self.ns(r.name)
             conf, pid = f"/tmp/{ns}-miniupnpd.conf", f"/tmp/{ns}-miniupnpd.pid"
             uuid = f"{os.getpid() & 0xFFFFFFFF:08x}-0000-4000-8000-{abs(hash(ns)) & 0xFFFFFFFFFFFF:012x}"
-            Path(conf).write_text(homes.miniupnpd_conf(TABLE, f"{self.iftag}-wan", f"{self.iftag}-lan", r.lan,
+            Path(conf).write_text(home_routers.miniupnpd_conf(TABLE, f"{self.iftag}-wan", f"{self.iftag}-lan", r.lan,
                                                        stun_ips[0], uuid))
             self._files += [conf, pid]
-            daemon = self.popen(r.name, homes.miniupnpd_command(conf, pid), stdout=subprocess.PIPE,
+            daemon = self.popen(r.name, home_routers.miniupnpd_command(conf, pid), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
-            homes.wait_ready(daemon, homes.MINIUPNPD_READY, read_line)
+            home_routers.wait_ready(daemon, home_routers.MINIUPNPD_READY, read_line)
 
     def addrs6(self, node: str) -> list[str]:
         """A node's IPv6 addresses (a router: WAN, then LAN gateway); empty without IPv6."""
@@ -581,27 +512,6 @@ table ip {TABLE} {{
 """
 
 
-def _terminate(p: subprocess.Popen) -> None:
-    """SIGTERM the process group, SIGKILL after a grace period; reap it."""
-    if p.poll() is None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    p.send_signal(sig)
-                except ProcessLookupError:
-                    pass
-            try:
-                p.wait(KILL_GRACE)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    for f in (p.stdin, p.stdout, p.stderr):
-        if f is not None:
-            f.close()
-
-
 # Echo requests over a raw socket, for machines without ping(8). Prints one RTT (ms) per reply.
 _PING = r"""
 import os, select, socket, struct, sys, time
@@ -646,7 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.nat.rig", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="bring a scenario up and hold it until Ctrl-C / SIGTERM")
-    u.add_argument("scenario", choices=sorted(SPECS))
+    u.add_argument("scenario", choices=sorted(SPECS) + ["lines"],
+                   help="lines: --homes N homes (home0, home1, ...) on the --line profile")
+    u.add_argument("--line", choices=sorted(PROFILES), default="cable", help="lines: line profile")
+    u.add_argument("--homes", type=int, default=2, help="lines: how many homes")
     u.add_argument("--delay-ms", type=float, default=0.0, help="per direction, home WAN links")
     u.add_argument("--jitter-ms", type=float, default=0.0)
     u.add_argument("--loss-pct", type=float, default=0.0)
@@ -679,7 +592,10 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    spec = SPECS[a.scenario](a.delay_ms, a.jitter_ms, a.loss_pct)
+    if a.scenario == "lines":
+        spec = line_homes(a.line, [f"home{i}" for i in range(max(1, min(a.homes, 8)))])
+    else:
+        spec = SPECS[a.scenario](a.delay_ms, a.jitter_ms, a.loss_pct)
     with Rig(spec) as rig:
         print(rig.describe())
         print(f"\nrig {rig.tag} up; try: python -m tests.nat.rig exec peer_a -- "

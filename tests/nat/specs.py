@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import re
+from collections.abc import Sequence
+
+from tests.nat.lines import DATACENTER, PROFILES, Link
 
 ALLOWED = tuple(
     ipaddress.ip_network(n)
@@ -25,15 +28,6 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,19}$")
 RESERVED = ("internet", "wire")
 NATS = ("eim", "symmetric")
 MAX_NODES = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    """Impairment of one uplink (each direction): delay and jitter in ms, loss in percent."""
-
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    loss_pct: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +144,24 @@ def rst_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.
     )
 
 
+def line_homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim",
+               queue_ms: float = 100.0) -> Spec:
+    """One home per name, each on a ``line`` (``lines.PROFILES``: caps, delay, loss): host
+    ``name`` (198.51.100.x) behind router ``nat_<name>``; plus ``relay`` (203.0.113.10) in a
+    datacenter 10 ms from the internet and ``public`` (203.0.113.20) on it. ``nat``: one NAT
+    type for every home, or one per name (missing names get "eim")."""
+    if not 1 <= len(names) <= 8:
+        raise ValueError("line_homes: 1 to 8 homes")
+    link = PROFILES[line].link(queue_ms)
+    kinds = {n: (nat if isinstance(nat, str) else nat.get(n, "eim")) for n in names}
+    return Spec(
+        routers=tuple(Router(f"nat_{n}", f"198.51.100.{32 * i}/27", kinds[n], link=link)
+                      for i, n in enumerate(names)),
+        hosts=tuple(Host(n, f"nat_{n}") for n in names)
+        + (Host("relay", addrs=("203.0.113.10",), link=DATACENTER), Host("public", addrs=("203.0.113.20",))),
+    )
+
+
 SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair}
 
 
@@ -187,9 +199,9 @@ def _check(spec: Spec) -> None:
     for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
         _allowed(a)
     for x in list(spec.routers) + list(spec.hosts):
-        if x.link and not (0 <= x.link.delay_ms <= 10_000 and 0 <= x.link.jitter_ms <= 10_000
-                           and 0 <= x.link.loss_pct <= 100):
-            raise ValueError(f"{x.name}: link values out of range")
+        problems = x.link.problems() if x.link else []
+        if problems:
+            raise ValueError(f"{x.name}: link values out of range: {'; '.join(problems)}")
 
 
 STUN = Host(STUN_HOST, addrs=("203.0.113.40", "203.0.113.41"))

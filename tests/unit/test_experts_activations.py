@@ -7,6 +7,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from volunteer.errors import ExpertConfigError
 from volunteer.experts import ExpertsConfig, make_backend
@@ -149,3 +151,91 @@ def test_a_forward_request_announces_its_backward_in_an_optional_field():
     assert not Request.from_message({**plain.to_message(), "g": 1}).keep_graph  # only a true bool counts
     backward = Request("backward", "ffn.0", tensors={"t": [{}, {}], "n": 0}, n_inputs=1, keep_graph=True)
     assert "g" not in backward.to_message()
+
+
+# --- kept inputs: a backward carries only its gradients -----------------------------------------
+
+
+def test_kept_inputs_go_back_only_to_their_caller_for_their_expert():
+    from volunteer.experts.activations import KeptInputs
+
+    kept = KeptInputs(max_entries=8, max_bytes=1 << 20, ttl=60)
+    x = torch.randn(4, 16)
+    key = kept.put("alice", "ffn.0", [x], now=0)
+    assert key is not None and kept.nbytes == x.nelement() * 4
+    assert kept.take("mallory", "ffn.0", key, now=1) is None  # another caller's key is nothing to them
+    assert kept.take("alice", "ffn.1", key, now=1) is None  # nor to another expert
+    assert kept.take("alice", "ffn.0", key, now=1)[0] is x  # the very tensor: no copy
+    assert kept.take("alice", "ffn.0", key, now=1) is None  # taken once
+    assert (kept.hits, kept.misses, len(kept), kept.nbytes) == (1, 3, 0, 0)
+
+
+def test_kept_inputs_are_bounded_in_count_bytes_age_and_per_caller():
+    from volunteer.experts.activations import KeptInputs
+
+    kept = KeptInputs(max_entries=4, max_bytes=4 * 1024, ttl=10)
+    x = torch.zeros(64, 4)  # 1 KiB
+    keys = [kept.put("alice", "ffn.0", [x], now=0) for _ in range(3)]
+    assert len(kept) == 2  # one caller holds at most half of the entries: its oldest went
+    assert kept.take("alice", "ffn.0", keys[0], now=0) is None
+    bob = [kept.put("bob", "ffn.0", [x], now=1) for _ in range(2)]
+    assert len(kept) == 4 and kept.nbytes == 4 * 1024  # alice's two stay: bob took only his share
+    kept.put("carol", "ffn.0", [x], now=2)
+    assert len(kept) == 4 and kept.take("alice", "ffn.0", keys[1], now=2) is None  # the oldest of all went
+    assert kept.put("dave", "ffn.0", [torch.zeros(1024, 4)], now=2) is None  # alone more than a caller's share
+    assert kept.take("bob", "ffn.0", bob[0], now=11.5) is None  # older than the ttl
+    assert len(kept) == 1 and kept.nbytes == 1024  # only carol's, from t=2, is young enough
+    off = KeptInputs(max_entries=0, max_bytes=1 << 20, ttl=60)
+    assert off.put("alice", "ffn.0", [x], now=0) is None
+
+
+def test_a_backward_names_kept_inputs_and_a_reply_carries_key_and_volunteer_time():
+    from volunteer.errors import ExpertProtocolError
+    from volunteer.experts.protocol import Reply, Request, unpack
+
+    grads = {"t": [{}], "n": 0}
+    backward = Request("backward", "ffn.0", tensors=grads, n_inputs=0, kept=7)
+    message = backward.to_message()
+    assert message["k"] == 7 and message["ni"] == 0
+    assert Request.from_message(message).kept == 7
+    with pytest.raises(ExpertProtocolError):
+        Request.from_message({**message, "ni": 1})  # kept inputs and inputs sent too
+    for bad in (-1, 2**63, 1.5, "7", True):
+        with pytest.raises(ExpertProtocolError):
+            Request.from_message({**message, "k": bad})
+    assert "k" not in Request("forward", "ffn.0", tensors=grads, kept=7).to_message()  # a forward names none
+    reply = Reply.result({"t": [], "n": 0}, server_s=0.0123456789, kept=3)
+    body = unpack(reply.encode()[1:])
+    assert body["st"] == pytest.approx(0.012346) and body["k"] == 3
+    back = Reply.decode(reply.encode()[1:], "forward")
+    assert back.kept == 3 and back.server_s == pytest.approx(0.012346)
+    assert Reply.decode(reply.encode()[1:], "backward").kept is None  # only a forward's reply keeps inputs
+    plain = Reply.decode(Reply.result({"t": [], "n": 0}).encode()[1:], "forward")
+    assert (plain.kept, plain.server_s) == (None, None)  # what an older server sends
+    for bad in (-1.0, float("nan"), float("inf"), "1", [1]):
+        with pytest.raises(ExpertProtocolError):
+            Reply.decode(_packed({"ok": True, "t": {}, "st": bad}), "forward")
+
+
+def _packed(message: dict) -> bytes:
+    import msgpack
+
+    return msgpack.packb(message, use_bin_type=True)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.dictionaries(st.sampled_from(["op", "uid", "c", "t", "ni", "g", "k", "ok", "st", "e", "info"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1), st.floats(), st.text(max_size=8),
+                                 st.lists(st.integers(-9, 9), max_size=3),
+                                 st.dictionaries(st.text(max_size=2), st.integers(-9, 9), max_size=2)),
+                       max_size=8),
+       st.sampled_from(["info", "forward", "backward"]))
+def test_request_and_reply_decoders_refuse_anything_odd_with_a_protocol_error(message, op):
+    from volunteer.errors import ExpertProtocolError
+    from volunteer.experts.protocol import Reply, Request
+
+    for parse in (lambda: Request.from_message(message), lambda: Reply.decode(_packed(message), op)):
+        try:
+            parse()
+        except ExpertProtocolError:
+            pass

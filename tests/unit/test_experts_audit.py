@@ -76,3 +76,14 @@ def test_distance_is_symmetric_and_between_zero_and_two(a, b):
     else:
         assert 0.0 <= d <= 2.0 + 1e-6
         assert distance(first, first) == 0.0
+
+
+def test_replies_are_compared_within_the_error_of_the_lossier_encoding_they_travelled_in():
+    from volunteer.experts.audit import lossier
+
+    assert lossier("float16", "blockwise8_64") == "blockwise8_64"
+    assert lossier("none", "float16") == "float16"
+    assert lossier(None, "float16") == "float16" and lossier("none", None) == "none"
+    # a x3 reply (relative gap 0.67) is beyond the widest drift over float16, not over auto's worst case
+    config = AuditConfig()
+    assert tolerance(config, 30.0, 30.0, "float16") < 2 / 3 < tolerance(config, 30.0, 30.0, "blockwise8_256")

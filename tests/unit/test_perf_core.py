@@ -2,7 +2,8 @@
 
 import pytest
 
-from volunteer.net.perf import ByteBudget, format_size, parse_size
+from volunteer.net.perf import ByteBudget
+from volunteer.sizes import format_size, parse_size
 
 
 def test_parse_size():

@@ -21,7 +21,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..net.perf import format_size
+from ..sizes import format_size
 from ..widgets import as_dict, as_dicts, duration, finite, fit, line, num, section, short, text
 
 SECTIONS = ("Identity", "Reachability", "Connections", "DHT", "Experts", "Compute", "Given", "Log")

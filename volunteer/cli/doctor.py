@@ -32,7 +32,8 @@ from ..net.nat.observer import AddressObserver
 from ..net.nat.portmap import PortMapper
 from ..net.nat.relay_client import reserve
 from ..net.stack import StackOptions, open_stack
-from ..net.perf import PERF, format_size, parse_size, perf_stream
+from ..net.perf import PERF, perf_stream
+from ..sizes import format_size, parse_size
 from .netcmds import add_identity_flag, load_identity
 from .reachcheck import hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
 

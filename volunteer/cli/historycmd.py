@@ -10,7 +10,7 @@ import sys
 import time
 
 from ..errors import VolunteerError
-from ..net.perf import format_size
+from ..sizes import format_size
 from ..widgets import duration
 from .history import Bucket, load_all
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import VolunteerError
-from ..net.perf import format_size
+from ..sizes import format_size
 
 if TYPE_CHECKING:
     import torch

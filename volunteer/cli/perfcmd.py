@@ -14,15 +14,10 @@ import trio
 from ..errors import DialError, HandshakeError, NegotiationError, VolunteerError
 from ..net.stack import open_stack
 from ..net.multiaddr import Multiaddr
-from ..net.perf import PERF, PerfResult, format_size, parse_size, perf_stream
+from ..net.perf import PERF, PerfResult, perf_stream
+from ..sizes import format_size, parse_size, size_arg
 from .netcmds import add_identity_flag, add_listen_flag, listen_addrs, load_identity
 
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +38,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("addr", metavar="MULTIADDR", help="the peer's multiaddr, ideally ending in /p2p/PEER_ID")
-    p.add_argument("--upload", type=_size, default=parse_size("16MiB"), metavar="SIZE", help="bytes to upload (default 16MiB)")
-    p.add_argument("--download", type=_size, default=parse_size("16MiB"), metavar="SIZE", help="bytes to download (default 16MiB)")
+    p.add_argument("--upload", type=size_arg, default=parse_size("16MiB"), metavar="SIZE", help="bytes to upload (default 16MiB)")
+    p.add_argument("--download", type=size_arg, default=parse_size("16MiB"), metavar="SIZE", help="bytes to download (default 16MiB)")
     p.add_argument("--streams", type=int, default=1, metavar="N", help="parallel perf streams (default 1)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds for the whole measurement (default 120)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

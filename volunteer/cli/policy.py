@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..errors import VolunteerError
-from ..net.perf import format_size
+from ..sizes import format_size
 
 DEFAULT_IDLE_LOAD = 25.0  # % of the machine: BOINC's "in use" threshold for other programs' CPU
 LOAD_RESUME_SAMPLES = 2  # samples below the load limit before a load pause lifts (no flapping)
@@ -181,7 +181,7 @@ def _programs(value: object) -> tuple[str, ...]:
 def settings_from(values: dict) -> PolicySettings:
     """PolicySettings from ``[run]``-style keys (flags already merged over the file's values);
     PolicyError in one line for a value out of range."""
-    from ..net.perf import parse_size
+    from ..sizes import parse_size
 
     settings = PolicySettings()
     changes: dict = {}

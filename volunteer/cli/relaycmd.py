@@ -11,7 +11,7 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
-from ..net.perf import parse_size
+from ..sizes import size_arg
 from ..swarmfile import load_limits
 from .netcmds import add_identity_flag, load_identity, swarm_id_arg
 
@@ -25,12 +25,6 @@ def host_port(text: str) -> tuple[str, int]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -78,8 +72,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-circuits", type=int, default=defaults.max_circuits, metavar="N")
     limits.add_argument("--max-circuits-per-peer", type=int, default=defaults.max_circuits_per_peer, metavar="N")
     limits.add_argument("--circuit-duration", type=float, default=defaults.circuit_duration, metavar="SECONDS")
-    limits.add_argument("--circuit-data", type=_size, default=defaults.circuit_data, metavar="SIZE", help="per direction, e.g. 512MiB")
-    limits.add_argument("--buffer-size", type=_size, default=defaults.buffer_size, metavar="SIZE")
+    limits.add_argument("--circuit-data", type=size_arg, default=defaults.circuit_data, metavar="SIZE", help="per direction, e.g. 512MiB")
+    limits.add_argument("--buffer-size", type=size_arg, default=defaults.buffer_size, metavar="SIZE")
     p.set_defaults(run=run_relay)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from html import escape
 from pathlib import Path
 
-from ..net.perf import format_size
+from ..sizes import format_size
 from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
 from ..web.html import BASE_STYLE, PAGE_HEADERS, table
 from ..web.svg import PALETTE, Series, bar_chart

@@ -39,6 +39,7 @@ import torch
 import trio
 
 from ..errors import ExpertConfigError, ExpertError, ExpertReplyRejected, describe
+from .callstats import CallReport
 from .guard import GRADIENTS, OUTPUTS
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
 from .trust import TrustLedger
@@ -150,6 +151,19 @@ class Opinion:
     age: float | None
     outputs: list[torch.Tensor]
     grads: list[torch.Tensor] | None = None  # its input gradients, once a backward ran
+    # the lossiest encoding its tensors travelled in (None: unknown, the mixture's setting counts)
+    compression: str | None = None
+
+    def travelled(self, compression: str | None) -> None:
+        """Its answer (or its gradients) crossed the wire in ``compression`` too."""
+        self.compression = lossier(self.compression, compression)
+
+
+def lossier(first: str | None, second: str | None) -> str | None:
+    """The encoding of the two that may add the larger error (None: unknown)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return max(first, second, key=lambda c: COMPRESSION_ERROR.get(c, max(COMPRESSION_ERROR.values())))
 
 
 class Case:
@@ -172,9 +186,12 @@ class Declared(Protocol):
 class ExpertCall(Protocol):
     """A call to one host of one expert (``client._Call``)."""
 
-    async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+    async def forward(self, inputs: Sequence[torch.Tensor], report: CallReport | None = None) -> list[torch.Tensor]: ...
 
-    async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+    async def backward(
+        self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kept: int | None = None,
+        report: CallReport | None = None,
+    ) -> list[torch.Tensor]: ...
 
 
 Replicas = Callable[[str], Sequence[tuple[Declared, float | None]]]  # uid -> (declaration, sync age) of usable hosts
@@ -220,13 +237,13 @@ class Auditor:
         if error.outputs is not None and not error.excluded and self.enabled:
             self._rejected[call.uid] = (inputs, Opinion(call.peer, self._age(call.uid, call.peer), error.outputs))
 
-    def answered(self, call, inputs: torch.Tensor, outputs: list[torch.Tensor]) -> Case | None:
-        """``call`` answered ``outputs`` (past the guard): compare them with a reply the guard
-        rejected for the same inputs, or audit them by chance. Returns the case, if any, for
-        ``backward_sent``."""
+    def answered(self, call, inputs: torch.Tensor, outputs: list[torch.Tensor], compression: str | None = None) -> Case | None:
+        """``call`` answered ``outputs`` (past the guard; ``compression``: the encoding they
+        travelled in): compare them with a reply the guard rejected for the same inputs, or audit
+        them by chance. Returns the case, if any, for ``backward_sent``."""
         if not self.enabled:
             return None
-        first = Opinion(call.peer, self._age(call.uid, call.peer), outputs)
+        first = Opinion(call.peer, self._age(call.uid, call.peer), outputs, compression=compression)
         earlier = self._rejected.pop(call.uid, None)
         if earlier is not None and earlier[0].shape == inputs.shape and torch.equal(earlier[0], inputs):
             case = Case(call.uid, inputs, earlier[1], backward_follows=False)
@@ -237,14 +254,17 @@ class Auditor:
         case = Case(call.uid, inputs, first, call.backward_follows)
         return case if self._start(self._audit, case) else None
 
-    def backward_sent(self, case: Case | None, grad_outputs: torch.Tensor | None, grad_inputs: torch.Tensor | None) -> None:
+    def backward_sent(self, case: Case | None, grad_outputs: torch.Tensor | None, grad_inputs: torch.Tensor | None,
+                      compression: str | None = None) -> None:
         """The trainer's backward of an audited call went out (``grad_outputs`` None: it had
-        none); ``grad_inputs``: what the audited host answered (None if it failed)."""
+        none); ``grad_inputs``: what the audited host answered (None if it failed), in
+        ``compression``."""
         if case is None:
             return
         case.grad_outputs = grad_outputs
         if grad_inputs is not None:
             case.first.grads = [grad_inputs]
+            case.first.travelled(compression)
         case.backward_done.set()
 
     # --- background tasks ---------------------------------------------------------------------
@@ -272,13 +292,14 @@ class Auditor:
             return
         decl, age = chosen
         call = self.make_call(case.uid, decl, case.backward_follows)
+        report = CallReport()  # keeps the key of the inputs the auditor's host kept for the backward
         try:
-            outputs = await call.forward([case.inputs])
+            outputs = await call.forward([case.inputs], report)
         except ExpertError as exc:  # the auditor failed (the guard counted a bad reply): no verdict
             log.debug("audit call to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
             self._count_exclusion(exc)
             return
-        second = Opinion(decl.peer, age, outputs)
+        second = Opinion(decl.peer, age, outputs, compression=report.compression)
         outcome = await self._settle(case, first, second, OUTPUTS)
         if not case.backward_follows or self.ledger.excluded(str(second.peer)):
             return
@@ -287,7 +308,9 @@ class Auditor:
         if case.grad_outputs is None:
             return  # the trainer ran no backward for this call: neither does the auditor
         try:
-            second.grads = await call.backward([case.inputs], [case.grad_outputs])
+            back = CallReport()
+            second.grads = await call.backward([case.inputs], [case.grad_outputs], report.kept, back)
+            second.travelled(back.compression)
         except ExpertError as exc:
             log.debug("audit backward to %s for %s failed: %s", decl.peer, case.uid, describe(exc))
             self._count_exclusion(exc)
@@ -345,11 +368,14 @@ class Auditor:
         decl, age = chosen
         grad_outputs = case.grad_outputs if kind == GRADIENTS else None
         call = self.make_call(case.uid, decl, grad_outputs is not None)
+        report = CallReport()
         try:
-            outputs = await call.forward([case.inputs])
-            third = Opinion(decl.peer, age, outputs)
+            outputs = await call.forward([case.inputs], report)
+            third = Opinion(decl.peer, age, outputs, compression=report.compression)
             if grad_outputs is not None:
-                third.grads = await call.backward([case.inputs], [grad_outputs])
+                back = CallReport()
+                third.grads = await call.backward([case.inputs], [grad_outputs], report.kept, back)
+                third.travelled(back.compression)
         except ExpertError as exc:
             log.info("third opinion on %s from %s failed: %s", case.uid, decl.peer, describe(exc))
             self._count_exclusion(exc)
@@ -380,7 +406,11 @@ class Auditor:
         return self.rng.choices(candidates, weights)[0]
 
     def _gap(self, first: Opinion, second: Opinion, kind: str) -> Gap | None:
-        allowed = tolerance(self.config, first.age, second.age, self.compression)
+        # the encodings the two replies travelled in where both are known (auto picks one per
+        # call), else the mixture's setting
+        encodings = (first.compression, second.compression)
+        used = lossier(*encodings) if None not in encodings else None
+        allowed = tolerance(self.config, first.age, second.age, used or self.compression)
         if allowed is None:
             return None
         mine, theirs = (first.outputs, second.outputs) if kind == OUTPUTS else (first.grads, second.grads)
@@ -400,4 +430,7 @@ class Auditor:
             log.warning("excluding volunteer %s: %s", peer, reason)
 
 
-__all__ = ["AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "distance", "judge", "tolerance"]
+__all__ = [
+    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "distance", "judge", "lossier",
+    "tolerance",
+]

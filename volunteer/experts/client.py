@@ -20,8 +20,10 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertError,
     ExpertExcludedError,
     ExpertInputError,
+    ExpertInputsForgottenError,
     ExpertPeerUnreachableError,
     ExpertProtocolError,
     ExpertTimeoutError,
@@ -36,6 +38,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.pool import pool_of
 from ..net.service import HostAPI
 
+from .callstats import AUTO, CallReport, CallStats, choose_compression
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
 from .directory import ExpertHost, TrainerSwarm
 from .faults import FaultInjection
@@ -76,13 +79,24 @@ async def call_expert(
     faults: FaultInjection | None = None,
     config: ExpertsConfig = DEFAULT_CONFIG,
     backward_follows: bool = False,
+    kept: int | None = None,
+    report: CallReport | None = None,
 ):
     """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors.
     ``backward_follows`` (forward): we will call backward with these inputs, so the server may
-    keep the forward's graph for it instead of recomputing it."""
+    keep the forward's graph (and the inputs) for it. ``kept`` (backward): the key under which
+    the forward's reply said the inputs are kept (``CallReport.kept``): only the gradients go,
+    unless the volunteer has forgotten them (then the inputs too). ``report``: filled in with
+    what the call cost (times, payload bytes, the volunteer's time)."""
     peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
     peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
+    report = report if report is not None else CallReport()
+    report.op, report.compression, report.started = op, compression, trio.current_time()
+    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
+    sending = list(tensors)
+    if op == "backward" and kept is not None and n_inputs:
+        request, sending = replace(request, kept=kept, n_inputs=0), sending[n_inputs:]
     with trio.move_on_after(timeout) as scope:
         if faults is not None:
             await faults.before_call(uid)
@@ -92,19 +106,26 @@ async def call_expert(
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
         pool = pool_of(host)
-        for attempt in range(2):
+        stale_retried = False
+        while True:
             try:
                 lease = await pool.lend(conn.remote_peer, protocol)
             except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
                 async with lease:
-                    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
-                    return await _exchange(lease, request, tensors, peer_name, config)
+                    return await _exchange(lease, request, sending, peer_name, config, report)
             except _StaleStream as exc:
-                if lease.reused and attempt == 0:
+                if lease.reused and not stale_retried:
+                    stale_retried = True
                     continue  # the server had dropped that idle stream: once more on a fresh one
                 raise ExpertUnavailableError(str(exc)) from None
+            except ExpertInputsForgottenError:
+                if request.kept is None:
+                    raise
+                # evicted or too old on the volunteer: the inputs go again, with the gradients
+                request, sending = replace(request, kept=None, n_inputs=n_inputs or 0), list(tensors)
+                report.resent_inputs = True
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ExpertUnavailableError(f"connection to {peer_name} broke during a call to {uid!r}: {describe(exc)}") from None
     if scope.cancelled_caught:
@@ -115,13 +136,14 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, request: Request, tensors, peer_name, config):
+async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport):
     reader = lease.stream
     op, uid = request.op, request.uid
     chunks = iter(())
     if op != "info":
         header, chunks = serialize(list(tensors), request.compression, config=config)
         request = replace(request, tensors=header)
+        report.bytes_out += header["n"]
     reply: Reply | None = None
     buffers = list(writes(request.encode(), chunks))
 
@@ -129,12 +151,14 @@ async def _exchange(lease, request: Request, tensors, peer_name, config):
         try:
             for buffer in buffers:
                 await reader.send_all(buffer)
+            report.sent = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
     async def receive_reply(cancel_sending) -> tuple[Reply | None, BaseException | None]:
         try:
             body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
+            report.first_reply = trio.current_time()
         except (VolunteerError, trio.BrokenResourceError) as exc:
             cancel_sending()
             return None, _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
@@ -165,7 +189,9 @@ async def _exchange(lease, request: Request, tensors, peer_name, config):
     if not reply.ok:
         lease.discard()  # the server ends the stream after an error reply
         raise_remote(reply.failure, expert_uid=uid, peer_id=peer_name, config=config)
+    report.server_s, report.kept = reply.server_s, reply.kept
     if op == "info":
+        report.done = trio.current_time()
         return reply.info
     outputs = TensorReader(reply.tensors, config=config)
     while not outputs.done:
@@ -173,6 +199,8 @@ async def _exchange(lease, request: Request, tensors, peer_name, config):
         if not chunk:
             raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} mid-reply")
         outputs.feed(chunk)
+    report.bytes_in += outputs.expected
+    report.done = trio.current_time()
     return outputs.finish()
 
 
@@ -207,10 +235,13 @@ class DHTDirectory:
         timeout: float = DEFAULT_FORWARD_TIMEOUT,
         faults: FaultInjection | None = None,
         backward_follows: bool = False,
+        kept: int | None = None,
+        report: CallReport | None = None,
     ) -> list[torch.Tensor] | dict:
         return await call_expert(
             self.host, peer, uid, op, tensors, swarm_id=self.swarm_id, n_inputs=n_inputs, compression=compression,
-            timeout=timeout, faults=faults, config=self.config, backward_follows=backward_follows,
+            timeout=timeout, faults=faults, config=self.config, backward_follows=backward_follows, kept=kept,
+            report=report,
         )
 
 
@@ -218,19 +249,23 @@ class _Call:
     """What an autograd Function needs to reach one expert from a synchronous thread: the call
     goes through the swarm's directory (its kind's protocol), on the swarm's trio loop. ``addrs``
     (the host's declared addresses) go to the peerstore at the first call, on the trio thread
-    (the peerstore is not thread-safe): no thread hop of their own. With a ``guard``, a reply
-    that fails the trainer's checks raises ``ExpertReplyRejected`` and a host the trainer
-    excluded is not called (``ExpertExcludedError``)."""
+    (the peerstore is not thread-safe): no thread hop of their own. Each call is recorded in
+    ``stats`` (the trainer's ``CallStats``), whose measured throughput of the host also picks the
+    wire encoding when ``compression`` is ``auto``. With a ``guard``, a reply that fails the
+    trainer's checks raises ``ExpertReplyRejected`` (recorded as a failed call) and a host the
+    trainer excluded is not called (``ExpertExcludedError``)."""
 
     def __init__(
         self, swarm: TrainerSwarm, uid: str, peer: PeerID | Multiaddr, forward_timeout: float, backward_timeout: float,
         compression: str, backward_follows: bool = False, addrs: Sequence[bytes | str | Multiaddr] = (),
+        stats: CallStats | None = None,
         guard: ReplyGuard | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
         self._addrs = tuple(addrs) if isinstance(peer, PeerID) else ()  # a multiaddr peer carries its own
+        self.stats = stats
         self.guard = guard
         self.peer_key = peer_key(peer)
 
@@ -243,33 +278,71 @@ class _Call:
         self._remember_host()
         return await self.swarm.directory.call_expert(self.peer, self.uid, "info", timeout=self.forward_timeout)
 
-    async def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    async def forward(self, inputs: Sequence[torch.Tensor], report: CallReport | None = None) -> list[torch.Tensor]:
+        """The expert's outputs, past the guard; ``report`` (filled in) keeps the key of the
+        inputs the volunteer kept for the backward."""
         _refuse_excluded(self)
         self._remember_host()
-        outputs = await self.swarm.directory.call_expert(
-            self.peer, self.uid, "forward", inputs, compression=self.compression, timeout=self.forward_timeout,
-            faults=self.swarm.faults, backward_follows=self.backward_follows,
-        )
-        if self.guard is not None:
-            _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
-            self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
-        return outputs
+        report = report if report is not None else CallReport()
 
-    async def backward(self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        def check(outputs: list[torch.Tensor]) -> None:
+            if self.guard is not None:
+                _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
+                self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
+
+        return await self._recorded(report, self.swarm.directory.call_expert(
+            self.peer, self.uid, "forward", inputs, compression=self._encoding(), timeout=self.forward_timeout,
+            faults=self.swarm.faults, backward_follows=self.backward_follows, report=report,
+        ), check)
+
+    async def backward(
+        self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kept: int | None = None,
+        report: CallReport | None = None,
+    ) -> list[torch.Tensor]:
+        """The gradients of the inputs, past the guard; ``kept``: the forward's ``CallReport.kept``
+        (the inputs then stay here unless the volunteer has forgotten them)."""
         _refuse_excluded(self)
         self._remember_host()
-        grad_inputs = await self.swarm.directory.call_expert(
-            self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self.compression,
-            timeout=self.backward_timeout, faults=self.swarm.faults,
-        )
-        if self.guard is not None:
-            _refuse_excluded(self)
-            self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
-        return grad_inputs
+        report = report if report is not None else CallReport()
+
+        def check(grad_inputs: list[torch.Tensor]) -> None:
+            if self.guard is not None:
+                _refuse_excluded(self)
+                self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
+
+        return await self._recorded(report, self.swarm.directory.call_expert(
+            self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self._encoding(),
+            timeout=self.backward_timeout, faults=self.swarm.faults, kept=kept, report=report,
+        ), check)
+
+    def _encoding(self) -> str:
+        if self.stats is None:
+            return choose_compression(self.compression, None)
+        return choose_compression(
+            self.compression, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key))
+
+    async def _recorded(self, report: CallReport, call, check) -> list[torch.Tensor]:
+        # a reply the guard rejects counts as a failed call in the host's record
+        try:
+            result = await call
+            check(result)
+        except ExpertError:
+            if self.stats is not None:
+                self.stats.failed(self.uid, self.peer_key)
+            raise
+        if self.stats is None:
+            return result
+        conn = self.swarm.host.connection_to(_peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer)
+        if conn is None:
+            self.stats.record(self.uid, self.peer_key, report)
+        else:
+            self.stats.record(self.uid, self.peer_key, report, conn.describe_path(), conn.rtt)
+        return result
 
 
 def peer_key(peer: PeerID | Multiaddr) -> str:
-    """How the trust ledger names a host: its PeerID string (a multiaddr's /p2p part)."""
+    """How the trust ledger and the call records name a host: its PeerID string (a multiaddr's
+    /p2p part)."""
     if isinstance(peer, Multiaddr):
         found = _peer_id_in(peer)
         return str(found) if found is not None else str(peer)
@@ -297,8 +370,9 @@ class _RemoteFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, dummy: torch.Tensor, call: _Call, *inputs: torch.Tensor):
         device = inputs[0].device
-        outputs = call.swarm.loop.run(call.forward, detached_cpu(inputs))
-        ctx.call, ctx.device = call, device
+        report = CallReport()
+        outputs = call.swarm.loop.run(call.forward, detached_cpu(inputs), report)
+        ctx.call, ctx.device, ctx.kept = call, device, report.kept
         ctx.output_meta = [(o.shape, o.dtype) for o in outputs]
         ctx.save_for_backward(*inputs)
         return tuple(o.to(device) for o in outputs)
@@ -307,7 +381,7 @@ class _RemoteFunction(torch.autograd.Function):
     def backward(ctx, *grad_outputs):
         inputs = ctx.saved_tensors
         grads = [g if g is not None else torch.zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grad_outputs, ctx.output_meta)]
-        grad_inputs = ctx.call.swarm.loop.run(ctx.call.backward, detached_cpu(inputs), detached_cpu(grads))
+        grad_inputs = ctx.call.swarm.loop.run(ctx.call.backward, detached_cpu(inputs), detached_cpu(grads), ctx.kept)
         return (None, None, *(g.to(ctx.device) for g in grad_inputs))
 
 
@@ -333,7 +407,7 @@ class RemoteExpert(nn.Module):
         *,
         forward_timeout: float = DEFAULT_FORWARD_TIMEOUT,
         backward_timeout: float = DEFAULT_BACKWARD_TIMEOUT,
-        compression: str = "none",
+        compression: str = AUTO,
         addrs: Sequence[bytes | str] = (),
         guard: ReplyGuard | None = None,
         check_replies: bool = True,
@@ -344,10 +418,10 @@ class RemoteExpert(nn.Module):
         self.swarm = swarm
         self.guard = (guard if guard is not None else ReplyGuard(TrustLedger())) if check_replies else None
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
-                           addrs=addrs, guard=self.guard)
+                           addrs=addrs, stats=swarm.calls, guard=self.guard)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
         self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs,
-                                     guard=self.guard)
+                                     stats=swarm.calls, guard=self.guard)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 

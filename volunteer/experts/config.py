@@ -43,6 +43,9 @@ class ExpertsConfig:
     activation_cache_entries: int = 16  # graphs kept in the whole runtime (0 turns this off)
     activation_cache_bytes: int = 256 * MiB  # activations they hold, in all
     activation_cache_ttl: float = 60.0  # seconds a graph waits for its backward
+    # --- kept forward inputs (activations.KeptInputs): a backward carries only its gradients
+    kept_inputs_entries: int = 256  # forwards whose inputs wait for their backward, in all (0: off)
+    kept_inputs_bytes: int = 256 * MiB  # their bytes, in all; one caller holds at most half of each
 
     # --- backends ----------------------------------------------------------------------------
     device: str = "auto"  # "auto": CUDA when present, else CPU; or any torch device string

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ..net.identity import PeerID
     from ..net.multiaddr import Multiaddr
     from ..net.service import HostAPI
+    from .callstats import CallReport, CallStats
     from .faults import FaultInjection
     from .guard import ReplyGuard
     from .loop import BackgroundLoop
@@ -67,16 +68,21 @@ class ExpertDirectory(Protocol):
         timeout: float = DEFAULT_FORWARD_TIMEOUT,
         faults: "FaultInjection | None" = None,
         backward_follows: bool = False,
+        kept: int | None = None,
+        report: "CallReport | None" = None,
     ) -> Any:
-        """One ``info`` / ``forward`` / ``backward`` call: the info dict, or the output tensors."""
+        """One ``info`` / ``forward`` / ``backward`` call: the info dict, or the output tensors.
+        ``kept`` (backward): the key under which the forward's reply said the host kept its inputs
+        (a kind that keeps none sends them anyway); ``report``: filled in with what the call cost."""
         ...
 
 
 class TrainerSwarm(Protocol):
     """What ``RemoteExpert`` and ``RemoteMixtureOfExperts`` need of a swarm handle (``Swarm``):
     the trio loop they call through, its Host (whose peerstore learns the hosts' addresses), the
-    swarm kind's directory, optional fault injection for experiments, and the guard with the
-    trainer's trust ledger."""
+    swarm kind's directory, optional fault injection for experiments, the record of its calls
+    (``calls``: where they spend their time, and what the links make auto compression pick), and
+    the guard with the trainer's trust ledger."""
 
     @property
     def loop(self) -> "BackgroundLoop": ...
@@ -92,6 +98,11 @@ class TrainerSwarm(Protocol):
 
     @property
     def faults(self) -> "FaultInjection | None": ...
+
+    @property
+    def calls(self) -> "CallStats":
+        """The record of this trainer's expert calls, per expert and host (``callstats.py``)."""
+        ...
 
     @property
     def guard(self) -> "ReplyGuard":

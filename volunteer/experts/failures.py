@@ -8,10 +8,11 @@ A failure dict has exactly these keys (all strings; bounded by ExpertsConfig)::
 
 ``kind`` tells the client what to do without parsing type names: ``busy`` (queue or request
 bytes full: try another expert now), ``paused`` and ``unknown`` (this host will not serve it:
-pick another), ``refused`` (a backward without a recent forward from this caller), ``input``
+pick another), ``refused`` (a backward without a recent forward from this caller),
+``forgotten`` (a backward named kept inputs the server no longer holds: send them), ``input``
 (the caller sent tensors that do not fit the schema), ``error`` (the expert failed).
 ``raise_remote`` raises ExpertBusyError / ExpertPausedError / UnknownExpertError /
-ExpertBackwardRefusedError for the first four, so the client's "skip this expert" path catches
+ExpertBackwardRefusedError / ExpertInputsForgottenError for the first five, so the client's "skip this expert" path catches
 them as ExpertUnavailableError, and RemoteExpertError (type, message, remote traceback) for the rest.
 
 How much of a traceback leaves the volunteer is its choice (``ExpertsConfig.share_tracebacks``):
@@ -31,6 +32,7 @@ from ..errors import (
     ExpertBackwardRefusedError,
     ExpertBusyError,
     ExpertInputError,
+    ExpertInputsForgottenError,
     ExpertPausedError,
     ExpertProtocolError,
     RemoteExpertError,
@@ -46,10 +48,11 @@ _KINDS: tuple[tuple[str, type[BaseException]], ...] = (
     ("paused", ExpertPausedError),
     ("unknown", UnknownExpertError),
     ("refused", ExpertBackwardRefusedError),
+    ("forgotten", ExpertInputsForgottenError),
     ("input", ExpertInputError),
 )
 KINDS = frozenset({kind for kind, _ in _KINDS} | {"error"})
-_QUIET = frozenset({"busy", "paused", "unknown", "refused"})  # expected refusals: no traceback to ship
+_QUIET = frozenset({"busy", "paused", "unknown", "refused", "forgotten"})  # expected refusals: no traceback to ship
 
 
 def _clip(text: str, limit: int, keep_tail: bool = False) -> str:
@@ -179,6 +182,8 @@ def from_failure(
         return UnknownExpertError(f"{peer} does not serve expert {uid!r}: {message}")
     if kind == "refused":
         return ExpertBackwardRefusedError(f"expert {uid!r} on {peer} refused backward: {message}")
+    if kind == "forgotten":
+        return ExpertInputsForgottenError(f"expert {uid!r} on {peer} no longer holds the forward's inputs: {message}")
     return RemoteExpertError(failure["type"], message, failure["traceback"], uid, peer)
 
 

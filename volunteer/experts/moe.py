@@ -4,20 +4,22 @@ For a batch ``x`` of shape ``[batch, in_features]``:
 1. the gate scores every grid dimension (``grid_size=(4, 4)``: 4 + 4 scores per sample); an
    expert's score is the sum of its coordinates' scores (Learning@home's product-key grid);
 2. the live experts come from the swarm's directory (``swarm.directory.find_grid``; ours reads
-   the grid's prefix records from the DHT), cached for ``refresh_period`` seconds so most
-   batches need no lookup; each sample picks its
-   ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
-3. each chosen expert gets one call with all the samples that chose it, all calls in parallel;
-   once every sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
+   the grid's prefix records from the DHT), cached and refreshed in the background every
+   ``refresh_period`` seconds, so no forward waits for a lookup but the first; each sample picks
+   its ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
+3. each chosen expert gets one call with all the samples that chose it, all calls in parallel
+   (tensors as float16, or 8-bit on a link measured slow: ``compression="auto"``); once every
+   sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
 4. samples still short of ``k_min`` go to their next-best live experts by gate score (not tried
    yet in this forward, not failed) in a second round, bounded like the first;
 5. outputs are combined with softmax weights over the scores of the experts that answered; a
    sample still short after both rounds gets a zero output. Only a step where no expert answered
    at all raises, so a training loop survives anything short of the whole grid being gone.
 ``stats`` counts ``calls``, ``failures``, ``samples_short`` (zero outputs) and ``rerouted``
-(samples sent to a second round).
-Backward goes only to the experts that answered forward (their optimizers step); a failed
-backward call only loses that expert's gradient. Gradients reach the gate through the weights.
+(samples sent to a second round), and shows per expert where its calls spend their time.
+Backward goes only to the experts that answered forward (their optimizers step), with only the
+gradients: the volunteers kept the forward's inputs. A failed backward call only loses that
+expert's gradient. Gradients reach the gate through the weights.
 
 Every reply passes the swarm's guard first (``guard.py``: NaN, infinity or an implausible scale
 fail the call, which then fails over like any failure) and some are audited against a second
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from typing import Any, Sequence
 
@@ -48,6 +51,7 @@ from ..errors import (
 )
 from ..dht.grid import parse_uid
 from .audit import DEFAULT_AUDITS, AuditConfig, Auditor
+from .callstats import AUTO, CallReport
 from .client import DUMMY, _Call, detached_cpu
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
@@ -55,6 +59,8 @@ from .guard import ReplyGuard
 from .trust import TrustLedger
 
 log = logging.getLogger(__name__)
+
+STALE_AFTER = 10  # refresh periods: a grid cache this old is looked up again before a forward uses it
 
 
 GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward that needed it
@@ -79,6 +85,7 @@ class _Plan:
     def __init__(self, moe: "RemoteMixtureOfExperts", calls: list[_Call], samples: list[torch.Tensor], batch: int, need: list[int]) -> None:
         self.moe, self.calls, self.samples, self.batch, self.need = moe, calls, samples, batch, need
         self.errors: list[BaseException] = []
+        self.reports = [CallReport() for _ in calls]  # forward: each keeps the key of its kept inputs
         self.audits: dict[int, Any] = {}  # call index -> its audit case, which needs its backward
 
     async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
@@ -95,9 +102,10 @@ class _Plan:
                 nonlocal finished
                 try:
                     started = time.monotonic()
-                    outputs = results[i] = await self.calls[i].forward([inputs[i]])
+                    outputs = results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
                     self.moe._answered(self.calls[i], time.monotonic() - started)
-                    self.audits[i] = self.moe._auditor.answered(self.calls[i], inputs[i], outputs)
+                    self.audits[i] = self.moe._auditor.answered(
+                        self.calls[i], inputs[i], outputs, self.reports[i].compression)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
@@ -126,15 +134,16 @@ class _Plan:
         out: list[torch.Tensor | None] = [None] * len(self.calls)
 
         async def one(i: int) -> None:
+            report = CallReport()
             try:
-                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]]))[0]
+                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept, report))[0]
             except ExpertError as exc:
                 log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
                 self.moe._failed(self.calls[i], exc)
                 if isinstance(exc, ExpertReplyRejected):
                     self.moe._rejected(self.calls[i], None, exc)
             finally:
-                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i])
+                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression)
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
@@ -195,7 +204,7 @@ class RemoteMixtureOfExperts(nn.Module):
         timeout_after_k_min: float = 1.0,
         backoff: float = 60.0,
         refresh_period: float = 2.0,
-        compression: str = "none",
+        compression: str = AUTO,
         guard: ReplyGuard | None = None,
         audits: bool = True,
         audit_config: AuditConfig = DEFAULT_AUDITS,
@@ -220,31 +229,42 @@ class RemoteMixtureOfExperts(nn.Module):
         self.gate = nn.Linear(in_features, sum(self.grid_size))
         self._live: dict[str, list] = {}
         self._live_at = float("-inf")
+        self._refreshing = threading.Lock()  # held while a background lookup runs
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
-        self.stats = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0}
+        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0}
         # the swarm's guard and trust ledger, shared by its mixtures (a mixture built without a
         # swarm, to test its choices, keeps its own)
         self.guard = guard or (swarm.guard if swarm is not None else ReplyGuard(TrustLedger()))
         self.trust = self.guard.ledger
         self._auditor = Auditor(
-            self.trust, self._replicas_for_audit, self._audit_call, self.stats, config=audit_config,
+            self.trust, self._replicas_for_audit, self._audit_call, self._counts, config=audit_config,
             compression=compression, backward_wait=forward_timeout + backward_timeout, rng=self._random,
         )
         self._auditor.enabled = audits
 
     @property
+    def stats(self) -> dict:
+        """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
+        the checks' ``rejected``, ``audits``, ``disagreements``, ``exclusions``, ``unauditable``,
+        ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
+        their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
+        per call, network vs volunteer time)."""
+        experts = self.swarm.calls.snapshot(self.uid_prefix) if self.swarm is not None else {}
+        return {**self._counts, "experts": experts}
+
+    @property
     def calls(self) -> int:
         """Expert calls made (``stats["calls"]``)."""
-        return self.stats["calls"]
+        return self._counts["calls"]
 
     @property
     def failures(self) -> int:
         """Expert calls that failed, forward or backward (``stats["failures"]``)."""
-        return self.stats["failures"]
+        return self._counts["failures"]
 
     @property
     def audits(self) -> bool:
@@ -258,23 +278,42 @@ class RemoteMixtureOfExperts(nn.Module):
 
     # --- experts ---------------------------------------------------------------------------------
     def live_experts(self, *, refresh: bool = False) -> dict[str, list]:
-        """``{uid: [host declarations]}`` of the grid, refreshed every ``refresh_period`` seconds."""
-        if refresh or time.monotonic() - self._live_at >= self.refresh_period:
-            found = self.swarm.loop.run(
-                self.swarm.directory.find_grid, self.uid_prefix, self.grid_size, timeout=GRID_LOOKUP_TIMEOUT
-            )
-            valid = {}
-            for uid, hosts in found.items():
-                try:
-                    name, coords = parse_uid(uid)
-                except ValueError:
-                    continue
-                if name == self.uid_prefix and len(coords) == len(self.grid_size) and all(
-                    c < g for c, g in zip(coords, self.grid_size)
-                ):
-                    valid[uid] = hosts
-            self._live, self._live_at = valid, time.monotonic()
+        """``{uid: [host declarations]}`` of the grid. The first call (and ``refresh=True``) looks
+        the grid up and waits for it; after that, a cache older than ``refresh_period`` is
+        refreshed in the background while the forward goes on with it (a lookup is a round trip
+        or two to the DHT, as long as a step on a fast home line), unless it is older than
+        ``STALE_AFTER`` refresh periods (the background lookups keep failing): then we wait."""
+        age = time.monotonic() - self._live_at
+        if refresh or age >= STALE_AFTER * self.refresh_period:
+            self._set_live(self._find_grid())
+        elif age >= self.refresh_period and self._refreshing.acquire(blocking=False):
+            threading.Thread(target=self._refresh_in_background, name="grid-refresh", daemon=True).start()
         return self._live
+
+    def _refresh_in_background(self) -> None:
+        try:
+            self._set_live(self._find_grid())
+        except Exception as exc:  # the forward goes on with the cache; the next period tries again
+            log.info("background lookup of grid %r failed: %s", self.uid_prefix, describe(exc))
+        finally:
+            self._refreshing.release()
+
+    def _find_grid(self) -> dict[str, list]:
+        return self.swarm.loop.run(self.swarm.directory.find_grid, self.uid_prefix, self.grid_size,
+                                   timeout=GRID_LOOKUP_TIMEOUT)
+
+    def _set_live(self, found: dict[str, list]) -> None:
+        valid = {}
+        for uid, hosts in found.items():
+            try:
+                name, coords = parse_uid(uid)
+            except ValueError:
+                continue
+            if name == self.uid_prefix and len(coords) == len(self.grid_size) and all(
+                c < g for c, g in zip(coords, self.grid_size)
+            ):
+                valid[uid] = hosts
+        self._live, self._live_at = valid, time.monotonic()
 
     def _pick_host(self, uid: str, hosts: list):
         """One of the expert's replicas, drawn with weight 1 / ((1 + load) x latency): calls
@@ -301,7 +340,7 @@ class RemoteMixtureOfExperts(nn.Module):
         # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
         # experts are skipped for up to ``backoff`` seconds after two tries, while an expert that
         # failed once (a random drop: the next call just picks it again) stays in the pool.
-        self.stats["failures"] += 1
+        self._counts["failures"] += 1
         key = (call.uid, str(call.peer))
         strikes = self._strikes.get(key, 0) + (2 if isinstance(error, ExpertPeerUnreachableError) else 1)
         self._strikes[key] = strikes
@@ -322,10 +361,10 @@ class RemoteMixtureOfExperts(nn.Module):
     def _rejected(self, call: _Call, inputs: torch.Tensor | None, error: ExpertReplyRejected) -> None:
         """The guard rejected ``call``'s reply: counted; a forward's finite reply is kept for
         the auditor to compare with what the fail-over gets for the same inputs."""
-        self.stats["rejected"] += 1
+        self._counts["rejected"] += 1
         if inputs is None:  # a backward's: the gradient is dropped, nothing to compare
             if error.excluded:
-                self.stats["exclusions"] += 1
+                self._counts["exclusions"] += 1
             return
         self._auditor.rejected(call, inputs, error)
 
@@ -343,7 +382,7 @@ class RemoteMixtureOfExperts(nn.Module):
     def _audit_call(self, uid: str, decl, backward_follows: bool) -> _Call:
         """A call to one replica for an audit, as ordinary as a call of ``_round``."""
         return _Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                     backward_follows=backward_follows, addrs=decl.addrs, guard=self.guard)
+                     backward_follows=backward_follows, addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard)
 
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -414,14 +453,14 @@ class RemoteMixtureOfExperts(nn.Module):
                 second[b, picks] = True
             rerouted = int(second.any(-1).sum())
             if rerouted:
-                self.stats["rerouted"] += rerouted
+                self._counts["rerouted"] += rerouted
                 tried |= second
                 parts += self._round(flat, choices, second, deficits, answered, failed_experts, errors)
 
         if not answered.any():
             raise _worst(errors) if errors else ExpertUnavailableError("no expert answered")
         complete = answered.sum(-1) >= need  # samples with k_min answers; the others output zero
-        self.stats["samples_short"] += int((~complete).sum())
+        self._counts["samples_short"] += int((~complete).sum())
         keep = (answered & complete[:, None]).to(flat.device)
         masked = expert_scores.masked_fill(~keep, float("-inf"))
         masked = torch.where(keep.any(-1, keepdim=True), masked, torch.zeros_like(masked))  # no NaN rows
@@ -446,11 +485,11 @@ class RemoteMixtureOfExperts(nn.Module):
             uid, decl = choices[e]
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, guard=self.guard,
+                backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)
-        self.stats["calls"] += len(calls)
+        self._counts["calls"] += len(calls)
         try:
             *outs, ok = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
         except _NothingAnswered:
@@ -470,6 +509,8 @@ class RemoteMixtureOfExperts(nn.Module):
         """The failed experts that have another live replica get their samples again, on that
         replica, once: a leaving or crashed host takes none of its experts out of the step while
         their replicas serve (its failed calls already keep it out of ``_pick_host``)."""
+        if not failed_experts:
+            return []  # the common case: no lookup, not even of the cache
         live = self.live_experts()
         retry: dict[int, Any] = {}
         for e in sorted(failed_experts):
@@ -480,7 +521,7 @@ class RemoteMixtureOfExperts(nn.Module):
         if not retry:
             return []
         failed_experts.difference_update(retry)
-        self.stats["failed_over"] += len(retry)
+        self._counts["failed_over"] += len(retry)
         moved = [(uid, retry.get(e, decl)) for e, (uid, decl) in enumerate(choices)]
         again = torch.zeros_like(assign)
         again[:, sorted(retry)] = assign[:, sorted(retry)]

@@ -6,14 +6,25 @@ Request: a uvarint-length-prefixed msgpack header, then the tensors' payload byt
      "c": compression wanted for the reply,            # see tensors.COMPRESSIONS
      "t": tensors header (tensors.serialize),          # forward: inputs; backward: inputs + grads
      "ni": number of inputs among the tensors,         # backward only
-     "g": true}                                        # forward only, optional: a backward of
+     "g": true,                                        # forward only, optional: a backward of
                                                        # these inputs will follow (keep the graph)
+     "k": key}                                         # backward only, optional: the inputs are
+                                                       # the ones the forward's reply said it kept
+                                                       # under this key ("ni" is then 0: only
+                                                       # the gradients travel)
 
 Reply: the same framing::
 
-    {"ok": true, "t": tensors header} + payload        # forward / backward
+    {"ok": true, "t": tensors header,                  # forward / backward, then the payload
+     "st": seconds the call spent on the volunteer,    # optional: queued and computing
+     "k": key}                                         # forward with "g", optional: the inputs
+                                                       # are kept for the backward under this key
     {"ok": true, "info": {...}}                        # info
     {"ok": false, "e": failure dict}                   # failures.to_failure
+
+A backward whose key the server no longer holds fails with kind ``forgotten``; the caller sends
+it again with the inputs. Peers that do not know "k" and "st" ignore them: an old server keeps
+nothing and says no key, an old caller sends the inputs.
 
 The lazy multistream-select of the Host sends the protocol name, the header and the first payload
 bytes in one write: a call costs one round trip. Headers are bounded by ``MAX_HEADER``, payloads
@@ -33,6 +44,7 @@ from .tensors import COMPRESSIONS
 
 MAX_HEADER = 64 * 1024
 MAX_UID = 256  # characters of an expert uid in a request
+MAX_KEY = 2**63 - 1  # kept-inputs keys are non-negative int64s
 OPS = ("info", "forward", "backward")
 
 
@@ -98,6 +110,7 @@ class Request:
     tensors: dict | None = None
     n_inputs: int = 0
     keep_graph: bool = False  # forward: the caller will send the backward of these inputs
+    kept: int | None = None  # backward: the inputs are those the server kept under this key
 
     @property
     def payload_bytes(self) -> int:
@@ -113,6 +126,8 @@ class Request:
             message["ni"] = self.n_inputs
         if self.op == "forward" and self.keep_graph:
             message["g"] = True
+        if self.op == "backward" and self.kept is not None:
+            message["k"] = self.kept
         return message
 
     def encode(self) -> bytes:
@@ -136,11 +151,16 @@ class Request:
         tensors = _field(message, "t", dict, "tensors header")
         count = len(tensors["t"]) if isinstance(tensors.get("t"), (list, tuple)) else 0
         inputs = count
+        kept = None
         if op == "backward":
             inputs = _field(message, "ni", int, "number of inputs")
-            if not 0 < inputs < count:
+            if "k" in message:
+                kept = _key(message["k"])
+                if inputs != 0 or count == 0:
+                    raise ExpertProtocolError("backward with kept inputs: 'ni' must be 0 and gradients must follow")
+            elif not 0 < inputs < count:
                 raise ExpertProtocolError(f"backward: {inputs} inputs among {count} tensors leaves no gradients")
-        return cls(op, uid, compression, tensors, inputs, op == "forward" and message.get("g") is True)
+        return cls(op, uid, compression, tensors, inputs, op == "forward" and message.get("g") is True, kept)
 
     @classmethod
     def decode(cls, body: bytes) -> "Request":
@@ -148,20 +168,30 @@ class Request:
         return cls.from_message(unpack(body))
 
 
+def _key(value: object) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_KEY:
+        raise ExpertProtocolError("kept-inputs key must be a non-negative int64")
+    return value
+
+
 @dataclass(frozen=True)
 class Reply:
     """One call's reply header: a result (``tensors`` header, payload follows; or ``info``) or a
-    ``failure`` dict (``failures.to_failure``; checked by ``failures.check_failure``)."""
+    ``failure`` dict (``failures.to_failure``; checked by ``failures.check_failure``). A result
+    may say how long the call spent on the volunteer (``server_s``) and, for a forward, the key
+    under which its inputs are kept for the backward (``kept``)."""
 
     ok: bool
     tensors: dict | None = None
     info: dict | None = None
     failure: dict | None = None
+    server_s: float | None = None
+    kept: int | None = None
 
     @classmethod
-    def result(cls, tensors: dict) -> "Reply":
+    def result(cls, tensors: dict, *, server_s: float | None = None, kept: int | None = None) -> "Reply":
         """A forward/backward result; its payload follows the header."""
-        return cls(True, tensors=tensors)
+        return cls(True, tensors=tensors, server_s=server_s, kept=kept)
 
     @classmethod
     def of_info(cls, info: dict) -> "Reply":
@@ -179,7 +209,12 @@ class Reply:
             return pack({"ok": False, "e": self.failure})
         if self.info is not None:
             return pack({"ok": True, "info": self.info})
-        return pack({"ok": True, "t": self.tensors})
+        message: dict = {"ok": True, "t": self.tensors}
+        if self.server_s is not None:
+            message["st"] = round(self.server_s, 6)
+        if self.kept is not None:
+            message["k"] = self.kept
+        return pack(message)
 
     @classmethod
     def decode(cls, body: bytes, op: str) -> "Reply":
@@ -197,7 +232,11 @@ class Reply:
             if not isinstance(info, dict):
                 raise ExpertProtocolError("malformed info reply")
             return cls(True, info=info)
-        return cls(True, tensors=message.get("t"))
+        server_s = message.get("st")
+        if server_s is not None and (type(server_s) not in (int, float) or not 0 <= server_s < 1e9):
+            raise ExpertProtocolError("reply field 'st' must be a non-negative number of seconds")
+        kept = _key(message["k"]) if op == "forward" and "k" in message else None
+        return cls(True, tensors=message.get("t"), server_s=None if server_s is None else float(server_s), kept=kept)
 
 
 def check_request(message: dict) -> tuple[str, str, str, dict | None, int]:

@@ -23,6 +23,7 @@ import trio
 from ..errors import (
     ExpertBackwardRefusedError,
     ExpertBusyError,
+    ExpertInputsForgottenError,
     ExpertProtocolError,
     TensorFormatError,
     VolunteerError,
@@ -33,6 +34,7 @@ from ..net.streams import BufferedStream
 from ..net.pool import SERVE_IDLE
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.upload import REPLIES, UploadMeter
+from .activations import KeptInputs
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
@@ -100,6 +102,8 @@ class ExpertServer(BaseService):
         self.upload = upload if upload is not None else UploadMeter(upload_limit)
         self.budget = RequestBudget(config)  # request bytes reserved now, per peer and in all
         self.forwards = ForwardRecord(config)  # who may call backward on what
+        # a forward's inputs, for the backward its caller announced (it then sends only gradients)
+        self.kept_inputs = KeptInputs(config.kept_inputs_entries, config.kept_inputs_bytes, config.activation_cache_ttl)
         self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
         self.on_served = on_served
         self.on_outcome = on_outcome
@@ -176,19 +180,29 @@ class ExpertServer(BaseService):
                     self.bytes_in += tensors.expected
                     inputs = tensors.finish()
                 n_inputs = request.n_inputs
+                kept = None
+                started = trio.current_time()
                 if request.op == "forward":
                     outputs = await self.runtime.forward(uid, inputs, keep_graph=request.keep_graph)
                     self.forwards.forwarded(peer, uid, now=trio.current_time())
+                    if request.keep_graph:
+                        kept = self.kept_inputs.put(str(peer), uid, inputs, now=trio.current_time())
                 else:
+                    if request.kept is not None:
+                        kept_inputs = self.kept_inputs.take(str(peer), uid, request.kept, now=started)
+                        if kept_inputs is None:
+                            raise ExpertInputsForgottenError(f"inputs {request.kept} of {uid!r} are no longer kept")
+                        inputs, n_inputs = [*kept_inputs, *inputs], len(kept_inputs)
                     owes_step = True
                     outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True)
+                server_s = trio.current_time() - started
                 reply, chunks = serialize(outputs, request.compression, config=self.config)
             except trio.TooSlowError:
                 raise ExpertProtocolError(f"request not received within {READ_TIMEOUT:.0f} s") from None
             finally:
                 if reserved:
                     self.budget.release(peer, reserved)
-            head = Reply.result(reply).encode()
+            head = Reply.result(reply, server_s=server_s, kept=kept).encode()
             buffers = list(writes(head, chunks))
             for buffer in buffers:
                 # payload bytes in this write (the header is not limited or counted)

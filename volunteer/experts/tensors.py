@@ -15,7 +15,10 @@ Compressions (chosen per call by the sender; ``"c"`` says what was used per tens
 floating-point tensors are ever compressed and integers/bools always go raw):
 
 - ``none``: the tensor's own bytes.
-- ``float16``: float32/float64 sent as IEEE half (2 bytes per value; others go raw).
+- ``float16``: float32/float64 sent as IEEE half (2 bytes per value; others go raw). A tensor
+  half cannot hold faithfully goes another way, said in its ``"c"``: beyond half's range
+  (absmax > 65504) raw; so small that half's fixed subnormal step would be coarser than 8-bit
+  blockwise (absmax < 2^-17, tiny gradients) as ``blockwise8_64``, whose scale follows the values.
 - ``blockwise8_64`` / ``blockwise8_256``: 8-bit linear quantization per block of 64/256 values:
   the float32 absmax/127 scale of each block, then one int8 code per value. The error per value
   is at most half a step, absmax(block)/254. NaN or inf in a block spoils that block.
@@ -57,6 +60,10 @@ _BLOCK = {BLOCKWISE8_64: 64, BLOCKWISE8_256: 256}
 _FLOATS = frozenset({"float32", "float64", "float16", "bfloat16"})
 _HALVABLE = frozenset({"float32", "float64"})  # float16 would gain nothing on bf16/f16 and overflow bf16
 _TENSOR_KEYS = frozenset("dscn")
+FLOAT16_MAX = 65504.0
+# Below this absmax every value of a tensor sits in half's subnormal range, whose fixed step
+# (2^-24) errs more than 8-bit blockwise's absmax/254 would.
+FLOAT16_FLOOR = 2.0 ** -17
 _BIG_ENDIAN = sys.byteorder == "big"
 
 
@@ -137,6 +144,8 @@ def _encode(tensor: torch.Tensor, compression: str) -> tuple[dict, list[memoryvi
         tensor = tensor.cpu()
     tensor = tensor.contiguous()
     used = effective_compression(name, compression)
+    if used == FLOAT16:
+        used = _half_or_else(tensor)
     if used == NONE:
         parts = [_as_bytes(tensor)]
     elif used == FLOAT16:
@@ -146,6 +155,18 @@ def _encode(tensor: torch.Tensor, compression: str) -> tuple[dict, list[memoryvi
         parts = [_as_bytes(scales), _as_bytes(codes)]
     meta = {"d": name, "s": list(tensor.shape), "c": used, "n": sum(p.nbytes for p in parts)}
     return meta, parts
+
+
+def _half_or_else(tensor: torch.Tensor) -> str:
+    """``float16``, unless the values need another encoding (see the module docstring)."""
+    if tensor.numel() == 0:
+        return FLOAT16
+    absmax = float(tensor.abs().max())
+    if absmax > FLOAT16_MAX and math.isfinite(absmax):
+        return NONE
+    if absmax < FLOAT16_FLOOR:
+        return BLOCKWISE8_64
+    return FLOAT16
 
 
 def serialize(

@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import trio
 
 from ..errors import VolunteerError
+from ..experts.callstats import CallReport
 from ..experts.config import DEFAULT_FORWARD_TIMEOUT
 from ..experts.directory import ExpertHost
 from ..experts.faults import FaultInjection
@@ -77,7 +79,9 @@ def _as_peer(peer: Any) -> PeerID:
 class HivemindDirectory:
     """A hivemind swarm's experts for our trainers (an ``ExpertDirectory``): grids from hivemind's
     uid records, calls over hivemind's ``ConnectionHandler`` RPCs. Options only our protocol has
-    (compression choice, keeping a forward's graph) are ignored; injected faults apply."""
+    (compression choice, keeping a forward's graph or its inputs) are ignored: a backward always
+    sends its inputs; injected faults apply. A ``report`` gets the call's times and its tensors'
+    raw bytes (no volunteer time: hivemind's replies do not say it)."""
 
     def __init__(self, host: HostAPI, dht: HivemindDHT) -> None:
         self.host = host
@@ -99,9 +103,21 @@ class HivemindDirectory:
         timeout: float = DEFAULT_FORWARD_TIMEOUT,
         faults: FaultInjection | None = None,
         backward_follows: bool = False,
+        kept: int | None = None,
+        report: CallReport | None = None,
     ) -> Any:
         """``info`` gives hivemind's info dict, ``forward`` / ``backward`` the output /
         input-gradient tensors."""
+        report = report if report is not None else CallReport()
+        report.op, report.started = op, trio.current_time()
+        result = await self._call(peer, uid, op, tensors, n_inputs, timeout, faults)
+        report.done = trio.current_time()
+        if op != "info":
+            report.bytes_out = sum(t.numel() * t.element_size() for t in tensors)
+            report.bytes_in = sum(t.numel() * t.element_size() for t in result)
+        return result
+
+    async def _call(self, peer, uid, op, tensors, n_inputs, timeout, faults) -> Any:
         if faults is not None:  # an experiment's injected failure or delay, before the call as ours
             await faults.before_call(uid)
         expert = HivemindExpert(self.host, uid, _as_peer(peer), forward_timeout=timeout, backward_timeout=timeout)

@@ -8,7 +8,6 @@ perf streams at once and move only so many bytes a minute, or it could burn a vo
 
 from __future__ import annotations
 
-import re
 import struct
 from collections import deque
 from collections.abc import Callable
@@ -226,24 +225,3 @@ async def perf_stream(
         raise RemoteProtocolError(f"perf server sent {received} bytes, expected {download}")
     await stream.aclose()
     return uploaded_at - started, finished - uploaded_at
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
-
-
-def parse_size(text: str) -> int:
-    """'64MiB' → 67108864, '1GB' → 10**9, '512k' → 512000, '100' → 100."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (try 64MiB, 1GB, 4096)")
-    number, prefix, binary, _ = match.groups()
-    power = " kmgt".index(prefix.lower()) if prefix else 0
-    base = 1024 if binary else 1000
-    return int(float(number) * base**power)
-
-
-def format_size(count: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"

@@ -120,7 +120,7 @@ class ReplicaSync(BaseService):
         async with host.events.subscribe(PeerDisconnected) as events:
             task_status.started()
             async for event in events:
-                if not host.is_connected(event.peer):
+                if isinstance(event, PeerDisconnected) and not host.is_connected(event.peer):
                     for open_round in self._rounds.values():
                         open_round.core.gone(str(event.peer))
                         open_round.poke()
@@ -192,11 +192,11 @@ class ReplicaSync(BaseService):
         if uid in self._rounds:
             raise SyncError(f"a sync round of {uid!r} is already running")
         me = str(self.host.peer_id)
-        targets = {}
+        targets: dict[str, PeerID | Multiaddr | str] = {}
         for target in peers:
-            peer = peer_of(target)
-            if str(peer) != me:
-                targets.setdefault(str(peer), target)
+            target_id = str(peer_of(target))
+            if target_id != me:
+                targets.setdefault(target_id, target)
         targets = dict(list(targets.items())[: self.config.max_group - 1])
         version, params = await self.store.parameters(uid)
         now = trio.current_time()

@@ -69,6 +69,13 @@ class NatManager(BaseService):
         observer = self._observer()
         return observer.mapping(trio.current_time()) if observer else MappingType.UNKNOWN
 
+    def advertised_addrs(self) -> list[Multiaddr]:
+        """The address an AutoNAT server reached us on, while we are public: behind a forwarded
+        port (or on a public IP the hostname does not resolve to), our listen addresses alone
+        are ones nobody else can dial."""
+        confirmed = self.tracker.confirmed_addr
+        return [confirmed] if self.reachability is Reachability.PUBLIC and confirmed is not None else []
+
     def observed_addrs(self) -> list[Multiaddr]:
         """Our external addresses as peers observe them (for the listen port)."""
         observer = self._observer()

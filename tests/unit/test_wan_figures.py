@@ -1,0 +1,113 @@
+"""The WAN benchmark's machinery without the rig: statistics, round trips counted from sends, the
+physical limit of a step, the table's last line, the lines a profile crosses, and its options."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import _wan_compute  # noqa: E402
+import _wan_figures as figures  # noqa: E402
+import wan  # noqa: E402
+
+
+def test_median_and_p95():
+    assert figures.median([3, 1, 2]) == 2
+    assert figures.median([4, 1, 3, 2]) == 2.5
+    values = list(range(1, 51))
+    assert figures.percentile(values, 95) == 48  # nearest rank: ceil(0.95 * 50) = 48th
+    assert figures.percentile([7], 95) == 7
+    with pytest.raises(ValueError):
+        figures.median([])
+    with pytest.raises(ValueError):
+        figures.percentile(values, 0)
+
+
+def test_round_trips_are_sends_after_half_a_round_trip_of_silence():
+    rtt = 0.08
+    sends = [
+        (0.000, 300),  # a DHT request
+        (0.085, 2000), (0.090, 60_000), (0.101, 60_000),  # the forward's calls, one burst
+        (0.150, 40),  # a window update while replies arrive: too small to be a request
+        (0.400, 60_000), (0.430, 30_000),  # the backward's calls
+        (0.600, 500),  # the next step's: outside the window
+    ]
+    assert figures.count_round_trips(sends, 0.0, 0.5, rtt) == 3
+    assert figures.count_round_trips(reversed(sends), 0.0, 0.5, rtt) == 3  # any order
+    assert figures.count_round_trips(sends, 0.08, 0.5, rtt) == 2
+    assert figures.count_round_trips([], 0.0, 1.0, rtt) == 0
+    # slow start after idle: the window's worth, then a wait for acks, then more: each wait counts
+    assert figures.count_round_trips([(0.0, 14_000), (0.08, 28_000), (0.16, 56_000)], 0, 1, rtt) == 3
+
+
+def test_the_limit_is_two_round_trips_the_bytes_over_the_slowest_links_and_the_compute():
+    line = figures.Line(trainer_up=10e6, trainer_down=50e6, volunteer_up=10e6, volunteer_down=50e6, rtt=0.08)
+    need = figures.StepBytes(to_volunteers=1_000_000, to_trainer=1_000_000)
+    # out: the trainer's 10 Mbit/s carries it all (0.8 s); back: each volunteer's 10 Mbit/s carries
+    # a quarter (0.2 s), slower than the trainer's 50 Mbit/s carrying all of it (0.16 s)
+    assert figures.limit_seconds(line, need, compute=0.5, volunteers=4) == pytest.approx(0.16 + 0.8 + 0.2 + 0.5)
+    one = figures.limit_seconds(line, need, compute=0.0, volunteers=1)
+    assert one == pytest.approx(0.16 + 0.8 + 0.8)  # a lone volunteer's uplink carries all the replies
+    with pytest.raises(ValueError):
+        figures.limit_seconds(line, need, 0.0, volunteers=0)
+
+
+def test_rows_and_the_last_line_read_as_a_script_expects():
+    steps = [{"t0": i, "t1": i + 0.5 + 0.1 * (i == 3), "tx0": 1000 * i, "rx0": 2000 * i,
+              "tx": 1000 * (i + 1), "rx": 2000 * (i + 1)} for i in range(4)]
+    ours = figures.row_from_steps("cable", "ours", steps, 64, limit=0.4, sends=[(0.0, 500)], rtt=0.08)
+    assert ours.step_median == pytest.approx(0.5) and ours.step_p95 == pytest.approx(0.6)
+    assert ours.samples_per_s == pytest.approx(64 * 4 / 3.6)  # from the first start to the last end
+    assert (ours.bytes_up, ours.bytes_down, ours.round_trips) == (1000, 2000, 0.0)
+    assert ours.ratio == pytest.approx(1.25)
+    theirs = figures.Row("cable", "hivemind", 2.0, 2.5, 32.0, 0, 0, 5, 0.4, 4)
+    slow = figures.Row("dsl", "ours", 1.0, 1.0, 10.0, 0, 0, 2, 0.5, 4)
+    line = figures.last_line([ours, slow], [theirs])
+    assert re.fullmatch(r"wan: limit ratio worst \d+\.\d\d, vs hivemind worst \d+\.\d\d×", line)
+    assert line == f"wan: limit ratio worst 2.00, vs hivemind worst {ours.samples_per_s / 32:.2f}×"
+    assert figures.last_line([ours], []) == "wan: limit ratio worst 1.25, vs hivemind worst n/a"
+    assert "x" in figures.format_row(ours, theirs) and figures.format_row(theirs).startswith("cable    hivemind")
+
+
+def test_the_tcp_column_compares_our_step_with_raw_tcp_plus_the_compute():
+    ours = figures.Row("cable", "ours", 1.2, 1.5, 50.0, 0, 0, 2, 1.0, 20)
+    tcp = figures.Row("cable", "raw tcp", 0.5, 0.6, 128.0, 0, 0, 2, 1.0, 20)
+    floor = figures.tcp_floor(tcp, compute=0.3)
+    assert floor == pytest.approx(0.8)
+    assert figures.format_row(ours, None, floor).endswith(" 1.50x")  # 1.2 s over 0.8 s
+    assert figures.format_row(ours).endswith("-")  # no raw TCP row: no figure
+    assert "1.50x" not in figures.format_row(tcp, None, floor)  # only our row carries the ratios
+    hivemind = figures.Row("cable", "hivemind", 4.0, 5.0, 25.0, 0, 0, 6, 1.0, 20)
+    assert figures.format_row(ours, hivemind, floor).endswith(" 2.00x  1.50x")  # vs hm, then vs tcp
+
+
+def test_profiles_cross_the_lines_they_say():
+    cable, base = wan.line_of("cable")
+    assert base == "cable" and cable.rtt == pytest.approx(0.08) and cable.trainer_up == 10e6
+    relayed, base = wan.line_of("relayed")
+    assert base == "cable" and relayed.rtt == pytest.approx(0.12)  # two datacenter legs more
+    fibre, _ = wan.line_of("fibre")
+    assert (fibre.trainer_down, fibre.volunteer_up, fibre.rtt) == (300e6, 100e6, pytest.approx(0.032))
+
+
+def test_options():
+    quick = wan.parse_args(["--quick"])
+    assert (quick.profiles, quick.steps, quick.hivemind_steps) == (list(wan.QUICK_PROFILES), 20, 3)
+    full = wan.parse_args([])
+    assert full.profiles == list(wan.PROFILES) and full.steps >= 50 and full.hivemind_steps == wan.HIVEMIND_STEPS
+    assert wan.parse_args(["--profiles", "dsl, far"]).profiles == ["dsl", "far"]
+    assert wan.parse_args(["--steps", "5"]).hivemind_steps == 5
+    for bad in (["--profiles", "moon"], ["--steps", "0"], ["--profiles", ","], ["--hidden", "0"]):
+        with pytest.raises(SystemExit):
+            wan.parse_args(bad)
+
+
+def test_a_step_computes_the_volunteers_share_over_the_cores():
+    alone = {"forward": 0.1, "backward": 0.2}
+    assert _wan_compute.step_compute(alone, volunteers=4, cores=2) == pytest.approx(0.6)
+    assert _wan_compute.step_compute(alone, volunteers=4, cores=16) == pytest.approx(0.3)  # never below one's own

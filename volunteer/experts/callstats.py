@@ -1,0 +1,197 @@
+"""Where a trainer's expert calls spend their time: per call a ``CallReport`` (filled in by
+``call_expert``), per expert host a running summary (``CallStats``), and from those the wire
+encoding a link calls for (``choose_compression``). Pure: times are the caller's clock.
+
+A call's time splits into the volunteer's part (``server_s``: the reply says how long the call
+spent on the volunteer, queued and computing) and the network's (everything else: the request's
+and the reply's bytes on the wire, round trips, connection setup). The round trip to a host is
+the connection's own measurement (yamux pings) when it has one, else estimated from the calls:
+the smallest gap between our last request byte and the reply's first, less the volunteer's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
+
+AUTO = "auto"  # a trainer's compression setting: the encoding each call's link calls for
+RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figures
+# A call that moved its bytes within its round trip was not held by them: its transfer time
+# counts as this fraction of the round trip (the link is at least that fast).
+LATENCY_BOUND_FLOOR = 0.1
+# Payload bytes of a call in float16, per payload byte in the encoding it used.
+AS_HALF = {NONE: 0.5, FLOAT16: 1.0, BLOCKWISE8_64: 2 / (1 + 4 / 64), BLOCKWISE8_256: 2 / (1 + 4 / 256)}
+# A call moving fewer payload bytes (both ways) measures latency, not the link's rate: its
+# timing does not move the host's link figures (tiny tensors on a busy machine look "slow").
+MIN_RATE_SAMPLE_BYTES = 16 * 1024
+# 8-bit is worth its rounding and its CPU only where it saves at least this much wire time per
+# call: on loopback or a LAN a call's bytes outlast its (tiny) round trip, yet take microseconds.
+MIN_WIRE_SAVING_S = 0.005
+
+
+@dataclasses.dataclass
+class CallReport:
+    """What one call cost (times in seconds, on the caller's clock; None when it did not happen)."""
+
+    op: str = ""
+    compression: str = NONE  # the encoding the call's tensors travelled in
+    started: float = 0.0
+    sent: float | None = None  # the request's last byte handed to the stream
+    first_reply: float | None = None  # the reply header arrived
+    done: float | None = None
+    bytes_out: int = 0  # tensor payload sent
+    bytes_in: int = 0  # tensor payload received
+    server_s: float | None = None  # the volunteer's time on the call, from its reply
+    kept: int | None = None  # forward: the volunteer's key for the inputs it kept for the backward
+    resent_inputs: bool = False  # backward: the volunteer had forgotten them, so they went again
+
+    @property
+    def total(self) -> float | None:
+        """Seconds from the start to the last reply byte."""
+        return None if self.done is None else self.done - self.started
+
+    @property
+    def network_s(self) -> float | None:
+        """Seconds of the call not spent on the volunteer."""
+        total = self.total
+        return None if total is None else max(0.0, total - (self.server_s or 0.0))
+
+    @property
+    def rtt_sample(self) -> float | None:
+        """The gap between our last request byte and the reply, less the volunteer's time."""
+        if self.sent is None or self.first_reply is None:
+            return None
+        return max(0.0, self.first_reply - self.sent - (self.server_s or 0.0))
+
+
+@dataclasses.dataclass
+class HostSummary:
+    """Running totals of one expert on one host."""
+
+    uid: str
+    peer: str
+    path: str = ""
+    calls: int = 0
+    failures: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    network_s: float = 0.0
+    server_s: float = 0.0
+    rtt: float | None = None  # min over calls of CallReport.rtt_sample
+    last_total: float | None = None
+
+    def snapshot(self) -> dict:
+        """Plain numbers for people and scripts (ms; payload bytes in all and per call)."""
+        calls = max(1, self.calls)
+        return {
+            "uid": self.uid, "peer": self.peer, "path": self.path, "calls": self.calls, "failures": self.failures,
+            "rtt_ms": None if self.rtt is None else round(self.rtt * 1e3, 2),
+            "bytes_out": self.bytes_out, "bytes_in": self.bytes_in,
+            "bytes_out_per_call": self.bytes_out // calls, "bytes_in_per_call": self.bytes_in // calls,
+            "network_ms_per_call": round(self.network_s / calls * 1e3, 2),
+            "server_ms_per_call": round(self.server_s / calls * 1e3, 2),
+            "last_call_ms": None if self.last_total is None else round(self.last_total * 1e3, 2),
+        }
+
+
+class CallStats:
+    """Per (expert, host) summaries of a trainer's calls, and what each host's link makes the
+    bytes of a call cost: ``bytes_cost(peer)``, the seconds a call's payload takes on the wire in
+    float16 over the round trip (moving figures of the calls' throughput and payload). A call's
+    throughput is its share of the links it crosses, as the step that waits for all calls sees it."""
+
+    def __init__(self) -> None:
+        self._hosts: dict[tuple[str, str], HostSummary] = {}
+        self._links: dict[str, tuple[float, float]] = {}  # peer -> (bytes/s, float16 bytes per call), moving
+
+    def record(self, uid: str, peer: str, report: CallReport, path: str = "", rtt: float | None = None) -> None:
+        """Count one answered call; ``path`` and ``rtt`` (seconds) are the connection's, when it
+        measured one (else the calls' own estimate stands)."""
+        summary = self._summary(uid, peer)
+        summary.calls += 1
+        summary.path = path or summary.path
+        summary.bytes_out += report.bytes_out
+        summary.bytes_in += report.bytes_in
+        summary.network_s += report.network_s or 0.0
+        summary.server_s += report.server_s or 0.0
+        summary.last_total = report.total
+        sample = report.rtt_sample
+        if rtt is not None:
+            summary.rtt = rtt
+        elif sample is not None:
+            summary.rtt = sample if summary.rtt is None else min(summary.rtt, sample)
+        self._note_link(peer, report, summary.rtt)
+
+    def failed(self, uid: str, peer: str) -> None:
+        """Count one failed call."""
+        self._summary(uid, peer).failures += 1
+
+    def bytes_cost(self, peer: str) -> float | None:
+        """Seconds a call's payload to ``peer`` takes on the wire in float16, in round trips
+        (None before a call to it was measured): above 1 the bytes, not the latency, make it slow."""
+        link = self._links.get(peer)
+        rtt = self._rtt_of(peer)
+        if link is None or not rtt:
+            return None
+        rate, half_bytes = link
+        return half_bytes / rate / rtt
+
+    def wire_seconds(self, peer: str) -> float | None:
+        """Seconds a call's payload to ``peer`` takes on the wire in float16 (None before a call
+        to it was measured)."""
+        link = self._links.get(peer)
+        if link is None:
+            return None
+        rate, half_bytes = link
+        return half_bytes / rate
+
+    def snapshot(self, prefix: str | None = None) -> dict[str, list[dict]]:
+        """``{uid: [per-host summary, ...]}``, for uids under ``prefix`` (all when None)."""
+        out: dict[str, list[dict]] = {}
+        for (uid, _), summary in sorted(self._hosts.items()):
+            if prefix is None or uid == prefix or uid.startswith(prefix + "."):
+                out.setdefault(uid, []).append(summary.snapshot())
+        return out
+
+    def _summary(self, uid: str, peer: str) -> HostSummary:
+        key = (uid, peer)
+        if key not in self._hosts:
+            self._hosts[key] = HostSummary(uid, peer)
+        return self._hosts[key]
+
+    def _rtt_of(self, peer: str) -> float | None:
+        rtts = [h.rtt for (_, p), h in self._hosts.items() if p == peer and h.rtt]
+        return min(rtts) if rtts else None
+
+    def _note_link(self, peer: str, report: CallReport, rtt: float | None) -> None:
+        moved = report.bytes_out + report.bytes_in
+        network = report.network_s
+        if moved < MIN_RATE_SAMPLE_BYTES or network is None or not rtt:
+            return
+        transfer = max(network - rtt, LATENCY_BOUND_FLOOR * rtt)
+        sample = (moved / transfer, moved * AS_HALF.get(report.compression, 1.0))
+        old = self._links.get(peer)
+        if old is None:
+            self._links[peer] = sample
+        else:
+            self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
+
+
+def choose_compression(setting: str, bytes_cost: float | None, wire_seconds: float | None = None) -> str:
+    """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then float16
+    (tensors.serialize keeps values float16 cannot hold faithfully in another encoding), or
+    8-bit blockwise where the link makes a call's float16 bytes cost more than its round trip
+    (``CallStats.bytes_cost`` above 1: a home uplink shared by a step's calls) and halving them
+    saves at least ``MIN_WIRE_SAVING_S`` (``wire_seconds``: ``CallStats.wire_seconds``)."""
+    if setting != AUTO:
+        return setting
+    if bytes_cost is None or not math.isfinite(bytes_cost) or bytes_cost <= 1.0:
+        return FLOAT16
+    if wire_seconds is None or not math.isfinite(wire_seconds) or wire_seconds / 2 < MIN_WIRE_SAVING_S:
+        return FLOAT16
+    return BLOCKWISE8_64
+
+
+__all__ = ["AUTO", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
