@@ -9,7 +9,6 @@ from pathlib import Path
 import trio
 
 from ..errors import DialError, HandshakeError, PeerIDMismatch, VolunteerError
-from ..kinds.entry import wrong_peer_line
 from ..net.connection import Connection
 from ..net.stack import open_stack
 from ..net.identity import KeyPair, default_identity_path, load_or_create_keypair
@@ -137,11 +136,15 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
         except trio.TooSlowError:
             raise VolunteerError(f"timeout: no connection to {target} within {args.timeout:g}s") from None
         except PeerIDMismatch as exc:
+            from ..kinds.entry import wrong_peer_line  # the kinds (and the DHT) only on this error
+
             raise VolunteerError(wrong_peer_line(exc, target)) from None
         except HandshakeError as exc:
             raise VolunteerError(f"handshake refused by {target}: {exc}") from None
         except DialError as exc:
             if PeerIDMismatch.inside(exc) is not None:
+                from ..kinds.entry import wrong_peer_line
+
                 raise VolunteerError(wrong_peer_line(exc, target)) from None
             raise VolunteerError(f"unreachable: {exc}") from None
         setup_ms = (trio.current_time() - started) * 1000
