@@ -53,7 +53,13 @@ class Client:
     def __init__(self) -> None:
         import trio
 
+        from volunteer.experts.callstats import CallStats
+        from volunteer.experts.guard import ReplyGuard
+        from volunteer.experts.trust import TrustLedger
+
         self.loop = BackgroundLoop().start()
+        self.calls = CallStats()
+        self.guard = ReplyGuard(TrustLedger())
         self._stop = None
 
         async def start() -> None:
