@@ -182,12 +182,14 @@ class ExpertDeclarer(BaseService):
         task_status.started()
         try:
             while True:
+                # armed before the heartbeat: a change made while it is under way (read before
+                # the change) starts the next one at once instead of being lost
+                self._wake = trio.Event()
                 if not self.paused:
                     try:
                         await self.declare_once()
                     except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                         log.warning("declaring experts failed: %s", describe(exc))
-                self._wake = trio.Event()
                 with trio.move_on_after(self.dht.config.expert_update_period):
                     await self._wake.wait()
         finally:
