@@ -12,7 +12,7 @@ from volunteer.dht.grid import Declaration
 from volunteer.net.identity import KeyPair
 from volunteer.replicas import ReplicasConfig
 from volunteer.replicas.coverage import claim_standings, coverage, grid_coverage, hosts_of, next_round_at
-from volunteer.replicas.manager import placement_capacity
+from volunteer.replicas.providers import placement_capacity
 from volunteer.swarmfile import GridSpec
 
 GRID = GridSpec("expert", (2, 2), "ffn", 8, replicas=2)

@@ -77,7 +77,7 @@ class VolunteerKind:
     def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
         from ..experts import DEFAULT_CONFIG
         from ..experts.server import ExpertServer
-        from ..replicas.manager import versions_of
+        from ..replicas.providers import versions_of
 
         host, spec, options = node.host, node.spec, node.options
         server = ExpertServer(host, runtime, spec.id, node.experts_config or DEFAULT_CONFIG,
@@ -103,7 +103,8 @@ class VolunteerKind:
                              declarer=declarer, dht=dht)
 
         from ..replicas import DEFAULT_CONFIG as REPLICAS, BackendStore, ReplicaSync, grid_of
-        from ..replicas.manager import ReplicaManager, StartHosting, placement_capacity, synced_ages
+        from ..replicas.manager import ReplicaManager, StartHosting
+        from ..replicas.providers import placement_capacity, synced_ages
 
         config = options.replicas_config or REPLICAS
         grids, build = spec.grids, node.build

@@ -127,16 +127,24 @@ def catch_up_source(hosts: Hosts, uid: str, *, me: str) -> str | None:
     return max(others, key=lambda peer: (others[peer], -tie_break(me + peer, uid)))
 
 
+VERSION_CLAIM = "version_claim"  # a version far above what the other replicas declare: not believed
+
+
+def claim_is_suspect(version: int, others: Sequence[int], *, factor: float, margin: int) -> bool:
+    """Whether ``version`` is more than ``factor`` times the lower median of ``others`` plus
+    ``margin`` (no others: never)."""
+    ranked = sorted(others)
+    return bool(ranked) and version > factor * ranked[(len(ranked) - 1) // 2] + margin
+
+
 def suspect_claims(claims: Mapping[str, int], *, factor: float, margin: int) -> frozenset[str]:
     """The peers whose declared version is far above what the other replicas declare: more than
     ``factor`` times the lower median of the others' plus ``margin``. A version is a claim
     nobody checks; one that outruns every other replica's by that much is suspect, not fresh."""
-    suspects = set()
-    for peer, version in claims.items():
-        others = sorted(v for p, v in claims.items() if p != peer)
-        if others and version > factor * others[(len(others) - 1) // 2] + margin:
-            suspects.add(peer)
-    return frozenset(suspects)
+    return frozenset(
+        peer for peer, version in claims.items()
+        if claim_is_suspect(version, [v for p, v in claims.items() if p != peer], factor=factor, margin=margin)
+    )
 
 
 def catch_up_order(hosts: Hosts, uid: str, *, me: str, factor: float, margin: int) -> tuple[list[str], frozenset[str]]:
