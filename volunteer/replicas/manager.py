@@ -231,10 +231,16 @@ class ReplicaManager(BaseService):
             del self._standings[next(iter(self._standings))]
 
     def placement(self, hosts: Hosts) -> Placement:
-        """What placement says this volunteer should host, given ``hosts``."""
+        """What placement says this volunteer should host, given ``hosts``; only the hosts
+        ``proven`` to us (``standings``) may make it drop a copy."""
+        standings = self.standings()
+        proven = {
+            uid: {peer: v for peer, v in holders.items() if standings.get(uid, {}).get(peer) == Standing.PROVEN.value}
+            for uid, holders in hosts.items()
+        }
         return place(
             self.grids, hosts, me=self.me, capacity=self.capacity, hosting=list(self.store.backends),
-            max_moves=self.config.max_moves_per_recheck,
+            max_moves=self.config.max_moves_per_recheck, proven=proven,
         )
 
     # --- catch-up -------------------------------------------------------------------------------

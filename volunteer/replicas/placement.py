@@ -56,8 +56,13 @@ def place(
     capacity: int,
     hosting: Collection[str] = (),
     max_moves: int = DEFAULT_CONFIG.max_moves_per_recheck,
+    proven: Hosts | None = None,
 ) -> Placement:
-    """Decide what to host (see the module docstring). ``hosting`` empty: a first placement."""
+    """Decide what to host (see the module docstring). ``hosting`` empty: a first placement.
+    ``proven``: the hosts among ``hosts`` that proved they hold the state (default: all). Only
+    they make a hosted copy droppable: a declaration and a dial are anyone's to give, and a copy
+    dropped for squatters is lost; what to add still reads every declared host."""
+    vouched = hosts if proven is None else proven
     target: dict[str, int] = {}
     for grid in grids:
         for uid in grid.uids():
@@ -82,8 +87,8 @@ def place(
         chosen = kept | set(add)
         under = sorted((uid for uid in target if uid not in chosen and others[uid] < target[uid]), key=want_key)
         over = sorted(
-            (uid for uid in kept if uid in target and _may_drop(hosts, uid, me, target[uid])),
-            key=lambda uid: (-(others[uid] + 1 - target[uid]), tie_break(me, uid)),
+            (uid for uid in kept if uid in target and _may_drop(vouched, uid, me, target[uid])),
+            key=lambda uid: (-(len(_others(vouched, uid, me)) + 1 - target[uid]), tie_break(me, uid)),
         )
         for new, old in list(zip(under, over))[: max(0, max_moves)]:
             add.append(new)
