@@ -504,11 +504,21 @@ EXPERT_QUORUM = 2
 GRID_PREFETCH_KEYS = 64
 
 
-async def get_experts(dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0) -> dict[str, list[Declaration]]:
+def survey_quorum(dht: DHTNode) -> int:
+    """The quorum of a survey that decides placement, catch-up, sync or a hand-off: every one of
+    the k closest peers that holds the key answers (S/Kademlia's many paths as the model), so two
+    holders that answer with their own records only cannot hide the others, as they can from a
+    trainer's quorum of ``EXPERT_QUORUM``."""
+    return dht.config.k
+
+
+async def get_experts(
+    dht: DHTNode, uids: Iterable[str], *, max_age: float = 0.0, quorum: int = EXPERT_QUORUM
+) -> dict[str, list[Declaration]]:
     """Hosts serving each uid now, best first (fresh heartbeat, then lowest load); ``max_age`` as in
-    ``DHTNode.get_many``."""
+    ``DHTNode.get_many``; ``quorum``: how many holders' answers end the lookup (``survey_quorum``)."""
     uids = [u for u in dict.fromkeys(uids)]
-    found = await dht.get_many([expert_key(u) for u in uids], quorum=EXPERT_QUORUM, max_age=max_age)
+    found = await dht.get_many([expert_key(u) for u in uids], quorum=quorum, max_age=max_age)
     now = dht.clock()
     return {uid: select_alive(found[expert_key(uid)], now, dht.config) for uid in uids}
 
@@ -523,10 +533,12 @@ def select_left(found: Found, now: float) -> frozenset[PeerID]:
     )
 
 
-async def get_hosts_and_leavers(dht: DHTNode, uid: str) -> tuple[list[Declaration], frozenset[PeerID]]:
+async def get_hosts_and_leavers(
+    dht: DHTNode, uid: str, *, quorum: int = EXPERT_QUORUM
+) -> tuple[list[Declaration], frozenset[PeerID]]:
     """``get_experts`` of one uid, plus the hosts that tombstoned it (``select_left``)."""
     key = expert_key(uid)
-    found = await dht.get_many([key], quorum=EXPERT_QUORUM, tombstones=True)
+    found = await dht.get_many([key], quorum=quorum, tombstones=True)
     now = dht.clock()
     return select_alive(found[key], now, dht.config), select_left(found[key], now)
 
@@ -624,6 +636,7 @@ __all__ = [
     "make_tombstones",
     "get_hosts_and_leavers",
     "select_left",
+    "survey_quorum",
     "make_uid",
     "parse_prefix",
     "parse_uid",

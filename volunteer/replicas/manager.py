@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 import trio
 
 from ..dht.declare import ExpertDeclarer
-from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts
+from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts, survey_quorum
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
@@ -142,7 +142,7 @@ class ReplicaManager(BaseService):
                 listed = await list_experts(self.dht, grid.prefix + ".", limit=grid.count)
                 found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
         if direct:
-            found.update(await get_experts(self.dht, list(dict.fromkeys(direct))))
+            found.update(await get_experts(self.dht, list(dict.fromkeys(direct)), quorum=survey_quorum(self.dht)))
         self._remember_hosts(found)
         self.hosts = await self.alive_only(hosts_of(found))
         self.surveyed_at = trio.current_time()
@@ -357,7 +357,7 @@ class ReplicaManager(BaseService):
             return PushClaim(declared=False, sole=False)
         with trio.move_on_after(self.config.request_timeout):
             try:
-                decls, left = await get_hosts_and_leavers(self.dht, uid)
+                decls, left = await get_hosts_and_leavers(self.dht, uid, quorum=survey_quorum(self.dht))
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("vouching for a push of %s: lookup failed: %s", uid, describe(exc))
                 return PushClaim(declared=False, sole=False)
@@ -381,7 +381,7 @@ class ReplicaManager(BaseService):
         hosts: dict[str, dict[str, int]] = {}
         with trio.move_on_after(self.config.request_timeout):
             try:
-                found = await get_experts(self.dht, mine)
+                found = await get_experts(self.dht, mine, quorum=survey_quorum(self.dht))
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
                 return False
@@ -499,7 +499,7 @@ class ReplicaManager(BaseService):
             return 0
         try:
             with trio.fail_after(self.config.sync_timeout):
-                found = await get_experts(self.dht, mine)
+                found = await get_experts(self.dht, mine, quorum=survey_quorum(self.dht))
         except (VolunteerError, OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
             log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
             return 0
