@@ -140,3 +140,23 @@ async def test_a_placing_joiner_hosts_its_full_share_beside_three_squatters_and_
                     for uid in uids:
                         assert state_digest(joiner.runtime.backends[uid]) == state_digest(honest.runtime.backends[uid])
                         assert joiner.replicas.standings()[uid][str(honest.host.peer_id)] == "proven"
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_joiner_whose_survey_showed_only_a_squatter_looks_again_and_finds_the_honest_host():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(uids=["rep.0"])) as honest, \
+                open_volunteer(spec(entry), options(uids=["rep.0"])) as squatter, \
+                open_volunteer(spec(entry), options(uids=["rep.1"], max_experts=2)) as joiner:
+            squatter.host.set_handler(state_protocol(SWARM), refuse)
+            await train(honest, "rep.0", 2)
+            await until(lambda: _redeclared(seed.dht, honest, "rep.0", 2), "honest declared")
+            await until(lambda: _holders(seed.dht, "rep.0", 2), "both declared")
+            # an eclipsed survey: the squatter is all it shows
+            eclipsed = {"rep.0": {str(squatter.host.peer_id): 10}}
+            assert await joiner.replicas.add("rep.0", eclipsed)
+            joined = joiner.runtime.backends["rep.0"]
+            assert state_digest(joined) == state_digest(honest.runtime.backends["rep.0"])
+            assert joiner.replicas.standings()["rep.0"][str(honest.host.peer_id)] == "proven"

@@ -331,13 +331,35 @@ class ReplicaManager(BaseService):
         except VolunteerError as exc:
             log.warning("cannot build %s: %s", uid, describe(exc))
             return False
-        if backend is None or not await self.prepare(backend, hosts):
+        if backend is None:
             return False
+        if not await self.prepare(backend, hosts):
+            again = await self._look_again(uid, hosts)
+            if again is None or not await self.prepare(backend, again):
+                return False
         if uid in self.store.backends:  # a hand-off delivered it meanwhile
             return True
         self.store.add(backend)
         self.declarer.add(uid)
         return True
+
+    async def _look_again(self, uid: str, hosts: Hosts) -> Hosts | None:
+        """After every source of ``uid`` in ``hosts`` failed: a fresh survey of it (a survey may
+        have been eclipsed, or a source was replaced), or None when it shows no live host that
+        was not tried already."""
+        tried = set(hosts.get(uid, {}))
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                found = await get_experts(self.dht, [uid], quorum=survey_quorum(self.dht))
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("looking %s up again: %s", uid, describe(exc))
+                return None
+            self._remember_hosts(found)
+            fresh = await self.alive_only(hosts_of(found))
+            if set(fresh.get(uid, {})) - tried - {self.me}:
+                log.info("%s: looking again found hosts the first survey did not show", uid)
+                return fresh
+        return None
 
     async def drop(self, uid: str) -> None:
         """Stop hosting ``uid``: tombstone its record first (trainers stop picking us), then let
