@@ -43,7 +43,8 @@ from .net.identity import KeyPair
 from .net.resources import ResourceLimits, ResourceManager
 from .net.service import Service
 from .net.stack import open_stack
-from .swarmfile import EXPERT_LIMITS, SwarmSpec
+from .settings import EXPERT_LIMITS
+from .swarmfile import SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from .dht.declare import ExpertDeclarer

@@ -1,8 +1,9 @@
 """What a swarm file and ``config.toml`` say, and the ``--experts`` grid syntax.
 
 Where the files live is ``volunteer.paths`` (re-exported here for the callers that import it
-from this module). Swarm files and the config file are validated alike (``validate_table``): an
-unknown key is one line naming it and the known ones, and every value's type is checked.
+from this module). Swarm files and the config file are validated alike by the settings schema
+(``volunteer.settings``: ``validate_table``, each setting's type and check): an unknown key is one
+line naming it and the known ones, and every value's type and range is checked.
 
 A swarm file (TOML)::
 
@@ -29,15 +30,14 @@ that it is removed when that testnet stops and a real swarm's file is never over
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import tomli_w
 
@@ -45,12 +45,17 @@ from .dht.config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH
 from .dht.grid import DELIMITER, parse_uid
 from .errors import VolunteerError
 from .net.multiaddr import Multiaddr
-from .net.resources import ResourceLimits
+from .settings import (
+    CONFIG_CHECKS,
+    CONFIG_KEYS,
+    JOIN_CHECKS,
+    JOIN_SETTINGS,
+    LIMIT_SETTINGS,
+    MULTIADDR_LIST,
+    SwarmFileError,
+    validate_table,
+)
 from .paths import config_dir, config_file, identity_path, runtime_dir, state_dir, swarms_dir
-
-
-class SwarmFileError(VolunteerError):
-    """A swarm name, file or --experts spec that cannot be used."""
 
 
 class GridSpecError(SwarmFileError, ValueError):
@@ -221,108 +226,7 @@ class SwarmSpec:
         return tomli_w.dumps(data)
 
 
-# --- validation: swarm files and config.toml alike ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Typed:
-    """A schema entry whose expected type is better said in words than by its Python type."""
-
-    types: tuple
-    words: str
-
-
-MULTIADDR_LIST = Typed((list,), "a list of multiaddr strings")
-
-# --- values: one check per setting, for config.toml, a swarm file and the flag alike -------------
-# Each takes what the file holds (a number, a string) or the flag's text, and returns the value to
-# use, or raises ValueError saying what is expected: a setting means one thing wherever it is set.
-
-def _number(value: object, integer: bool) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
-    if isinstance(value, str):
-        try:
-            value = int(value) if integer else float(value)
-        except ValueError:
-            raise ValueError(f"expected {'a whole number' if integer else 'a number'}, got {value!r}") from None
-    if integer and isinstance(value, float):
-        raise ValueError(f"expected a whole number, got {value!r}")
-    if not isinstance(value, (int, float)) or value != value or value in (math.inf, -math.inf):
-        raise ValueError(f"expected a number, got {value!r}")
-    return value
-
-
-def at_least(low: float, *, integer: bool = True, example: str = "") -> "Callable[[object], float]":
-    """A check: a number (whole unless ``integer`` is False) of ``low`` or more."""
-    def check(value: object) -> float:
-        number = _number(value, integer)
-        if number < low:
-            raise ValueError(f"expected {'a whole number' if integer else 'a number'} of {low:g} or more"
-                             f"{f', e.g. {example}' if example else ''}, got {value!r}")
-        return number
-    return check
-
-
-def fraction(value: object) -> float:
-    """A check: a fraction in (0, 1] (of the GPU's memory)."""
-    number = _number(value, False)
-    if not 0 < number <= 1:
-        raise ValueError(f"expected a fraction in (0, 1], e.g. 0.5, got {value!r}")
-    return float(number)
-
-
-def rate(value: object) -> float:
-    """A check: bytes per second above zero, a number or a size such as 5MiB."""
-    from .sizes import parse_size
-
-    if isinstance(value, str):
-        try:
-            value = float(value)  # a plain number (a negative one is refused below, in words)
-        except ValueError:
-            try:
-                value = parse_size(value.strip())
-            except ValueError:
-                raise ValueError(f"not a size: {value!r} (e.g. 5MiB for 5 MiB/s)") from None
-    number = _number(value, False)
-    if not number > 0:
-        raise ValueError(f"expected bytes per second above 0 (e.g. 5MiB), got {value!r}")
-    return float(number)
-
-
-# device names torch takes that make sense for experts; anything else is refused in one line
-# before torch lists its twenty device types at the user
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
-
-
-def device_name(value: object) -> str:
-    """A check: a device experts can run on."""
-    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
-        raise ValueError(f"unknown device {value!r}: use auto, cpu, cuda or cuda:N (e.g. cuda:0), or mps")
-    return value
-
-
-def one_of(*choices: str) -> "Callable[[object], str]":
-    """A check: one of ``choices``."""
-    def check(value: object) -> str:
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return str(value)
-    return check
-
-
-JOIN_CHECKS: dict = {  # [join] / [experts] values, and the flags of the same names
-    "hidden_dim": at_least(1, example="64"), "max_batch": at_least(1, example="1024"),
-    "max_gpu_memory": fraction, "max_upload": rate, "max_experts": at_least(0, example="8"),
-    "device": device_name, "share_tracebacks": one_of("full", "redacted", "none"), "cpu_threads": at_least(1, example="4"),
-}
-
-JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys, with their types
-    "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
-    "max_gpu_memory": (int, float), "max_upload": Typed((int, float, str), "a number or a size such as 5MiB"),
-    "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int, "port_mapping": bool,
-    "cpu_threads": int,
-}
+# --- a swarm file's own keys (its [experts] table takes config.toml's [join] settings) -------------
 
 SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table checked in turn
     "name": str,
@@ -334,86 +238,6 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
     "kind": str,  # which protocols the swarm speaks (e.g. "hivemind")
     "testnet": {"pid": int},  # written by `volunteer testnet` only
 }
-
-# config.toml's [limits]: the resource manager's bounds (volunteer.net.resources.ResourceLimits,
-# sized for a 24 GiB desktop) and the expert servers' request budgets (ours, and the hivemind
-# door's), for a machine that wants others
-LIMIT_SETTINGS = {
-    **{f.name: (int, float) for f in fields(ResourceLimits)},
-    "max_request_bytes_per_peer": int, "max_request_bytes_total": int, "backward_window": (int, float),
-    "hivemind_request_bytes_per_peer": int, "hivemind_request_bytes_per_address": int,
-    "hivemind_request_bytes_total": int,
-}
-LIMIT_CHECKS: dict = {  # [limits] values: every bound is a count or bytes above zero
-    **{key: at_least(1, integer=False) for key in LIMIT_SETTINGS}, "backward_window": at_least(0, integer=False),
-}
-EXPERT_LIMITS = (
-    "max_request_bytes_per_peer", "max_request_bytes_total", "backward_window",
-    "hivemind_request_bytes_per_peer", "hivemind_request_bytes_per_address", "hivemind_request_bytes_total",
-)
-# config.toml's [run]: consent and the run-when policies (volunteer/cli/policy.py checks values)
-RUN_SETTINGS = {
-    "consent": bool, "on_battery": bool, "when_idle": (int, float), "max_other_load": (int, float),
-    "pause_programs": list, "compute_hours": (str, list), "network_hours": (str, list), "daily_transfer": (int, str),
-    "gpus": list, "exclude_gpus": list, "failure_limit": int,
-}
-CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS, "run": RUN_SETTINGS}  # config.toml's tables
-CONFIG_CHECKS: dict = {"join": JOIN_CHECKS, "limits": LIMIT_CHECKS}  # their values' checks (run: cli/policy.py)
-
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               list: "a list", dict: "a table"}
-
-
-def _type_name(kind) -> str:
-    if isinstance(kind, Typed):
-        return kind.words
-    if isinstance(kind, dict):
-        return "a table"
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds:
-        return "a number"
-    return " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
-
-
-def _value_type_name(value) -> str:
-    for kind in (bool, int, float, str, list, dict):
-        if isinstance(value, kind):
-            return _TYPE_NAMES[kind]
-    return type(value).__name__
-
-
-def validate_table(data: dict, schema: dict, *, where: str, prefix: str = "", checks: dict | None = None) -> None:
-    """Check a parsed TOML table against ``schema`` (key → type, tuple of types, or a nested
-    schema for a sub-table) and its values against ``checks`` (key → check, or a nested dict),
-    replacing each checked value with the one to use (``"5MiB"`` → 5242880.0). Raises
-    SwarmFileError in one line: an unknown key with the known ones (and the likeliest one meant),
-    a value of the wrong type with the type expected, or a value out of range with the range."""
-    checks = checks or {}
-    for key, value in list(data.items()):
-        dotted = f"{prefix}{key}"
-        kind = schema.get(key)
-        if kind is None:
-            close = difflib.get_close_matches(key, list(schema), n=1)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise SwarmFileError(f"{where}: unknown setting {dotted} ({hint}known: {', '.join(schema)})")
-        if isinstance(kind, dict):
-            if not isinstance(value, dict):
-                raise SwarmFileError(f"{where}: {dotted} has the wrong type: expected a table [{dotted}], got {_value_type_name(value)}")
-            nested = checks.get(key)
-            validate_table(value, kind, where=where, prefix=f"{dotted}.", checks=nested if isinstance(nested, dict) else None)
-            continue
-        kinds = kind.types if isinstance(kind, Typed) else kind if isinstance(kind, tuple) else (kind,)
-        # TOML's true is a Python int too: a bool passes only where a bool is asked for
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise SwarmFileError(
-                f"{where}: {dotted} has the wrong type: expected {_type_name(kind)}, got {_value_type_name(value)}"
-            )
-        check = checks.get(key)
-        if callable(check):
-            try:
-                data[key] = check(value)
-            except ValueError as exc:
-                raise SwarmFileError(f"{where}: {dotted}: {exc}") from None
 
 
 def _read_toml(path: Path, what: str) -> dict:
@@ -612,3 +436,5 @@ __all__ = [
     "swarms_dir",
     "validate_table",
 ]
+# CONFIG_KEYS, JOIN_SETTINGS, LIMIT_SETTINGS, SwarmFileError and validate_table are the settings
+# schema's (volunteer.settings), named here too for the callers that read them with a swarm file

@@ -142,6 +142,34 @@ def test_first_join_asks_for_consent_and_fold_starts_and_remembers(relay, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_pause_outlives_a_restart_until_fold(relay, tmp_path, env):  # noqa: F811
+    control = tmp_path / "d.sock"
+    daemon = Joined(relay, *EXPERTS, "--yes", env=env, control=control)
+    try:
+        wait_listed(relay, env, ["expert.0", "expert.1"])
+        assert daemon.cli("pause").returncode == 0
+        wait_listed(relay, env, [])
+    finally:
+        assert daemon.stop() == 0
+    again = Joined(relay, *EXPERTS, "--yes", env=env, control=control)  # a reboot, say
+    try:
+        status = again.status()
+        assert status["paused"] and status["state_text"] == "paused by you (cli): `volunteer fold` resumes", status
+        assert "kept from before the restart" in status["conduct"]["events"][0]["reason"]
+        time.sleep(2)
+        assert listed(relay, env) == []  # the restarted daemon announced nothing
+        assert again.cli("fold").returncode == 0
+        wait_listed(relay, env, ["expert.0", "expert.1"])
+    finally:
+        assert again.stop() == 0
+    third = Joined(relay, *EXPERTS, "--yes", env=env, control=control)  # fold is kept too: it serves
+    try:
+        assert third.status()["state"] == "folding"
+    finally:
+        third.stop()
+
+
+@pytest.mark.slow
 def test_every_policy_through_the_cli_with_a_fake_machine(relay, tmp_path, env):  # noqa: F811
     machine = tmp_path / "machine.json"
     noon = datetime.datetime(2030, 6, 1, 12, 0).isoformat()
@@ -152,12 +180,14 @@ def test_every_policy_through_the_cli_with_a_fake_machine(relay, tmp_path, env):
     looks()
     env = {**env, "VOLUNTEER_PROBE": f"fake:{machine}"}
     daemon = Joined(relay, *EXPERTS, "--yes", "--pause-while", "steam", "--max-other-load", "50", "--when-idle", "0.05",
-                    "--compute-hours", "08:00-20:00", "--policy-period", "0.2", env=env, control=tmp_path / "d.sock")
+                    "--compute-hours", "08:00-20:00", "--pause-on-gpu-use", "--policy-period", "0.2", env=env,
+                    control=tmp_path / "d.sock")
     try:
         wait_listed(relay, env, ["expert.0", "expert.1"])
         steps = [
             (dict(on_battery=True), "paused: on battery"),
             (dict(programs=["steam"]), "paused: steam is running"),
+            (dict(gpu_users=["blender"]), "paused: blender uses the GPU"),
             (dict(other_load=80), "paused: other programs use 80 % CPU (limit 50 %)"),
             (dict(other_load=5, input_idle_s=1), "waiting: computer in use, resumes after 3 s"),
             (dict(now=datetime.datetime(2030, 6, 1, 23, 0).isoformat()), "paused: outside computing hours, resumes at 08:00"),

@@ -86,8 +86,8 @@ def test_ctrl_c_while_starting_is_no_traceback(tmp_path, cli_env, solo, after):
     assert len([line for line in err.splitlines() if line]) <= 1, err
 
 
-def test_a_wrong_peer_id_is_said_alike_by_ping_and_join(tmp_path, cli_env, node):
-    """The address answers, but as another peer: both commands name both ids whole, in the same words."""
+def test_a_wrong_peer_id_is_said_alike_by_ping_join_and_doctor(tmp_path, cli_env, node):
+    """The address answers, but as another peer: every command names both ids whole, in the same words."""
     from volunteer.net.identity import KeyPair
 
     wrong = KeyPair.generate().peer_id
@@ -99,3 +99,9 @@ def test_a_wrong_peer_id_is_said_alike_by_ping_and_join(tmp_path, cli_env, node)
     swarm.write_text(f'name = "wrong"\nrelays = ["{where}/p2p/{wrong}"]\n')
     line = _one_line(run_cli("join", "--yes", str(swarm), "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", env=cli_env), 1)
     assert said in line and line.endswith(f"(fix swarm file {swarm})"), line
+    doctor = run_cli("doctor", str(swarm), "--no-port-mapping", "--perf-size", "0", "--listen", "/ip4/127.0.0.1/tcp/0",
+                     env=cli_env)
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr
+    reach = next((row for row in doctor.stdout.splitlines() if row.startswith("FAIL  reach")), doctor.stdout)
+    assert said in reach and f"its relay {where.split('/')[2]}:" in reach, reach
+    assert reach.endswith(f"(fix swarm file {swarm})"), reach

@@ -109,3 +109,30 @@ def test_swarm_contact_cut_off_after_the_grace_redials_each_period_and_comes_bac
     assert contact.view(250) == {"cut_off": True, "cut_off_for_s": 50.0, "cut_off_since": 200, "redials": 2, "cut_offs": 1}
     assert contact.observe(2, 251) == "back" and contact.text("x") is None
     assert contact.observe(2, 260) is None and contact.view(260)["cut_off"] is False
+
+
+def test_a_pause_or_finish_is_kept_across_a_restart_until_fold(tmp_path):
+    from volunteer.cli.fold import choice_path, load_choice, save_choice
+
+    path = choice_path(tmp_path, "demo/../x")
+    assert path.parent == tmp_path / "conduct" and load_choice(path) is None
+    conduct = Conduct(now=100.0)
+    conduct.ask("pause", "web", 200.0)
+    assert save_choice(path, conduct)
+    kept = load_choice(path)
+    assert (kept.choice, kept.origin, kept.since) == ("paused", "web", 200.0)
+    again = Conduct.kept(kept, now=5000.0)  # the next daemon starts as the donor left this one
+    assert not again.serving and again.state == "paused" and again.origin == "web"
+    assert again.text == "paused by you (web): `volunteer fold` resumes"
+    assert "kept from before the restart" in again.events[-1].reason
+    again.ask("fold", "cli", 5001.0)
+    assert save_choice(path, again) and not path.exists() and load_choice(path) is None
+    # a finish under way when the daemon stopped comes back finished; malformed files are none
+    finishing = Conduct(now=0.0)
+    finishing.ask("finish", "cli", 1.0)
+    save_choice(path, finishing)
+    assert Conduct.kept(load_choice(path), now=2.0).state == "finished"
+    for text in ("{", '{"choice": "folding", "origin": "cli", "since": 1}', '{"choice": "paused", "origin": "x", "since": 1}',
+                 '{"choice": "paused", "origin": "cli", "since": true}', "[]"):
+        path.write_text(text)
+        assert load_choice(path) is None, text

@@ -135,3 +135,17 @@ def test_describe_lists_what_is_in_force():
     assert "pause while steam runs" in lines and "at most 5.0 GiB transferred per day" in lines
     assert PolicySettings(on_battery=False).describe() == ["keep running on battery"]
     assert time.localtime(at(23)).tm_hour == 23
+
+
+def test_another_program_on_the_gpu_pauses_and_unknown_use_never_does():
+    from volunteer.cli.policy import Observations, PolicySettings, RunPolicy, settings_from
+
+    settings = settings_from({"pause_on_gpu_use": True})
+    assert settings.pause_on_gpu_use and "pause while other programs use the GPU" in settings.describe()
+    policy = RunPolicy(settings)
+    verdict = policy.decide(Observations(gpu_users=frozenset({"blender", "steam"})), now=0.0)
+    assert (verdict.state, verdict.reason, verdict.code) == ("paused", "blender uses the GPU", "gpu")
+    assert policy.decide(Observations(gpu_users=frozenset()), now=1.0).run  # nobody else on it
+    assert policy.decide(Observations(gpu_users=None), now=2.0).run  # nothing tells: no pause
+    off = RunPolicy(PolicySettings())
+    assert off.decide(Observations(gpu_users=frozenset({"blender"})), now=0.0).run  # the policy is off by default

@@ -108,3 +108,51 @@ def test_choose_gpus():
         choose_gpus(2, [3], [])
     with pytest.raises(VolunteerError, match="leave no GPU"):
         choose_gpus(1, None, [0])
+
+
+def test_gpu_use_is_unknown_without_nvml_or_nvidia_smi(monkeypatch, tmp_path):
+    """No nvidia-ml-py and no nvidia-smi: the probe says "unknown" (None) and never raises."""
+    import importlib
+    import json
+
+    real_import = importlib.import_module
+
+    def no_pynvml(name, *args, **kwargs):
+        if name == "pynvml":
+            raise ImportError("No module named 'pynvml'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_pynvml)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
+    probe = PsutilProbe()
+    assert probe.gpu_users() is None and probe.gpu_users() is None
+    fake = tmp_path / "machine.json"
+    fake.write_text(json.dumps({"gpu_users": ["Blender"]}))
+    assert FakeProbe(fake).gpu_users() == frozenset({"blender"})
+    fake.write_text("{}")
+    assert FakeProbe(fake).gpu_users() is None
+
+
+def test_gpu_use_from_nvidia_smi_names_other_programs(monkeypatch, tmp_path):
+    """A stand-in nvidia-smi lists our own pid and another's: only the other program is named."""
+    import importlib
+    import os
+    import subprocess
+    import sys
+
+    real_import = importlib.import_module
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name)) if name == "pynvml" else real_import(name, *a, **k))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        smi = tmp_path / "nvidia-smi"
+        smi.write_text(f"#!/bin/sh\necho {os.getpid()}\necho {other.pid}\n")
+        smi.chmod(0o755)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        users = PsutilProbe().gpu_users()
+        assert users is not None and any(name.startswith("python") for name in users), users
+        smi.write_text(f"#!/bin/sh\necho {os.getpid()}\n")  # only ourselves on the GPU: nobody else
+        assert PsutilProbe().gpu_users() == frozenset()
+    finally:
+        other.kill()
+        other.wait()

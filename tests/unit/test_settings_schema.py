@@ -73,7 +73,7 @@ def test_limits_are_above_zero(tmp_path, key):
 
 
 def test_a_device_is_checked_alike_in_the_file_and_the_flag(tmp_path):
-    from volunteer.swarmfile import JOIN_CHECKS
+    from volunteer.settings import JOIN_CHECKS
 
     config = tmp_path / "config.toml"
     config.write_text('[join]\ndevice = "gpu"\n')
@@ -82,3 +82,19 @@ def test_a_device_is_checked_alike_in_the_file_and_the_flag(tmp_path):
     with pytest.raises(ValueError) as as_flag:  # the flag's value goes through the same check in build_options
         JOIN_CHECKS["device"]("gpu")
     assert str(in_file.value).endswith(f"join.device: {as_flag.value}")
+
+
+def test_the_schema_is_its_own_module_that_the_swarm_file_reads():
+    """The schema (keys, types and value checks) lives apart from the swarm file's format: the
+    swarm file and config.toml are checked with the same objects, and a table checked with the
+    schema alone refuses in the same words."""
+    import volunteer.settings as settings
+    import volunteer.swarmfile as swarmfile
+
+    assert swarmfile.SWARM_KEYS["experts"] is settings.JOIN_SETTINGS
+    assert swarmfile.SwarmFileError is settings.SwarmFileError
+    assert "swarmfile" not in {name.split(".")[-1] for name in vars(settings) if not name.startswith("_")}
+    table = {"max_upload": "5MiB", "max_gpu_memory": 2}
+    with pytest.raises(settings.SwarmFileError, match=r"config file x: join.max_gpu_memory: expected a fraction"):
+        settings.validate_table({"join": table}, settings.CONFIG_KEYS, where="config file x", checks=settings.CONFIG_CHECKS)
+    assert table["max_upload"] == 5 * 2**20  # checked values are replaced by the ones to use

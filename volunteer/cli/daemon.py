@@ -23,7 +23,7 @@ from . import contributions as contrib
 from . import history as hist
 from . import views
 from .control import DaemonLock, serve_control
-from .fold import Conduct
+from .fold import Conduct, choice_path, load_choice, save_choice
 from .policy import PolicySettings
 from .probes import SystemProbe
 from .steward import POLICY_PERIOD, Steward, TrafficMeter
@@ -117,11 +117,19 @@ class Daemon:
         self.history = hist.load(self._history_path) if self._history_path is not None else hist.History()
         self._history_deltas = hist.Deltas()
         self.traffic = TrafficMeter()
-        self.conduct = Conduct(folding=options.folding, origin="start" if options.folding else "consent",
-                               reason=options.start_reason, now=self.clock())
+        self._choice_path = choice_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
+        # a pause or finish the donor chose outlives the daemon, until `volunteer fold` (consent
+        # not yet given comes first: that start is paused anyway)
+        kept = load_choice(self._choice_path) if self._choice_path is not None and options.folding else None
+        if kept is not None:
+            self.conduct = Conduct.kept(kept, now=self.clock())
+            options.node.start_paused = True  # nothing is declared before the steward looks
+        else:
+            self.conduct = Conduct(folding=options.folding, origin="start" if options.folding else "consent",
+                                   reason=options.start_reason, now=self.clock())
         self.steward = Steward(self.conduct, options.policy, probe, period=options.policy_period,
                                failure_limit=options.failure_limit, transferred_today=self._transferred_today,
-                               on_fold=options.on_fold)
+                               on_fold=options.on_fold, on_choice=self._keep_choice)
         self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
         self.reachable_how = ""
         self.reachable = trio.Event()
@@ -201,6 +209,11 @@ class Daemon:
                 figures[name] = figures.get(name, 0) + value
         self.history.add(now, figures)
         self.history.tick(now, serving=self.conduct.serving)
+
+    def _keep_choice(self, conduct: Conduct) -> None:
+        """Keep the donor's pause or finish for the next start (forget it on a fold)."""
+        if self._choice_path is not None:
+            save_choice(self._choice_path, conduct)
 
     def _transferred_today(self, now: float) -> int:
         self._observe_contributions()
@@ -333,7 +346,7 @@ class Daemon:
         return rows
 
     def _upload(self, now: float) -> dict:
-        """Reply bytes per second over the window, against ``--max-upload``."""
+        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``."""
         node = self.node
         sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)

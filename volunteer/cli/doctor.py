@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import trio
 
-from ..errors import VolunteerError, describe
+from ..errors import PeerIDMismatch, VolunteerError, describe
 from ..kinds import Check, SwarmKind, kind_of
+from ..kinds.entry import wrong_peer_line
 from ..net.events import PortMappingChanged
 from ..net.host import Host
 from ..net.identity import KeyPair
@@ -33,6 +36,9 @@ from ..net.perf import PERF, perf_stream
 from ..sizes import format_size, parse_size
 from .netcmds import add_identity_flag, load_identity
 from .reachcheck import hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
+
+if TYPE_CHECKING:
+    from ..swarmfile import SwarmSpec
 
 CHECK_TIMEOUT = 15.0
 PORT_MAPPING_WAIT = 10.0  # for the router to answer (PCP and NAT-PMP give up after 3.75 s, UPnP after 1 s of discovery)
@@ -79,6 +85,7 @@ def run_doctor(args: argparse.Namespace) -> int:
     peers: list[Multiaddr] = []
     perf = True  # every peer serves perf, unless a swarm's kind says its peers do not
     kinds: list[tuple[SwarmKind, list[Multiaddr]]] = []  # each swarm's kind, for its own checks
+    sources: dict[Multiaddr, "SwarmSpec"] = {}  # the swarm file each checked address came from
     for text in args.peers:
         if text.startswith("/") and not text.endswith(".toml"):
             peers.append(Multiaddr(text))
@@ -91,13 +98,16 @@ def run_doctor(args: argparse.Namespace) -> int:
             perf = perf and plan.perf
             kinds.append((kind, plan.peers))
             peers.extend(a for a in plan.peers if a not in peers)
+            for addr in plan.peers:
+                sources.setdefault(addr, spec)
     try:
         perf_size = parse_size(args.perf_size) if perf else 0
     except ValueError as exc:
         raise VolunteerError(str(exc)) from None
 
     async def all_checks() -> list[Check]:
-        checks = await diagnose(load_identity(args), listen_addrs(args), peers, perf_size, port_mapping_off(args))
+        checks = await diagnose(load_identity(args), listen_addrs(args), peers, perf_size, port_mapping_off(args),
+                                sources=sources)
         for kind, its_peers in kinds:
             checks += await kind.check_peers(its_peers)
         return checks
@@ -131,8 +141,9 @@ def report(checks: list["Check"], *, as_json: bool) -> int:
 
 
 async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], perf_size: int,
-                   port_mapping_off: str = "") -> list[Check]:
-    """Run every check (``port_mapping_off``: why port mapping is off, empty when it is on)."""
+                   port_mapping_off: str = "", *, sources: Mapping[Multiaddr, "SwarmSpec"] | None = None) -> list[Check]:
+    """Run every check (``port_mapping_off``: why port mapping is off, empty when it is on;
+    ``sources``: the swarm each peer's address came from, named when that address is wrong)."""
     checks: list[Check] = []
     services = [] if port_mapping_off else [PortMapper()]
     async with open_stack(keypair, listen, options=StackOptions(port_mapping=False), services=services) as host:
@@ -148,6 +159,12 @@ async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], per
                 reached.append(addr)
                 checks.append(Check("OK", f"reach {conn.remote_peer.short()}", f"rtt {rtt * 1000:.1f} ms via {conn.describe_path()}"))
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                if PeerIDMismatch.inside(exc) is not None:  # someone answered: the address is wrong
+                    spec = (sources or {}).get(addr)
+                    fix = (f"put the node's current address in swarm file {spec.path}" if spec is not None and spec.path
+                           else "give the node's current address")
+                    checks.append(Check("FAIL", "reach", wrong_peer_line(exc, addr, spec), fix))
+                    continue
                 checks.append(Check("FAIL", f"reach {addr}"[:22], describe(exc),
                                     "check the address, and that your firewall allows outgoing TCP"))
         if not reached:

@@ -48,6 +48,8 @@ def add_donor_flags(p: argparse.ArgumentParser) -> None:
                    help="pause while other programs use more than PERCENT of the CPU, e.g. 25")
     r.add_argument("--pause-while", action="append", metavar="PROGRAM",
                    help="pause while PROGRAM runs (a process name, e.g. steam; repeatable)")
+    r.add_argument("--pause-on-gpu-use", action="store_true", default=None,
+                   help="pause while another program uses the GPU (where NVIDIA's driver tools tell; else shown as unavailable)")
     r.add_argument("--compute-hours", action="append", metavar="HH:MM-HH:MM",
                    help="compute only inside this daily window, local time (repeatable, e.g. 22:00-07:00)")
     r.add_argument("--network-hours", action="append", metavar="HH:MM-HH:MM",
@@ -80,7 +82,7 @@ def donor_choices(args: argparse.Namespace, run: dict) -> DonorChoices:
         values["on_battery"] = args.on_battery == "pause"
     for flag, key in (("when_idle", "when_idle"), ("max_other_load", "max_other_load"), ("pause_while", "pause_programs"),
                       ("compute_hours", "compute_hours"), ("network_hours", "network_hours"),
-                      ("daily_transfer", "daily_transfer")):
+                      ("daily_transfer", "daily_transfer"), ("pause_on_gpu_use", "pause_on_gpu_use")):
         value = getattr(args, flag, None)
         if value is not None:
             values[key] = value

@@ -12,13 +12,22 @@ the policy's verdict (``policy.Verdict``) and self-care's reason (every expert f
 hold a folding daemon back. Every change is an ``Event`` with its origin (``cli``, ``web``,
 ``policy``, ``self-care``, ``consent``), kept in a bounded log the dashboard, the web page and
 ``volunteer status`` show. ``Steward`` in ``steward.py`` applies it to a running node.
+
+The donor's pause or finish outlives the daemon (``save_choice`` / ``load_choice``, a small file
+in the state directory): after a restart or a reboot the daemon starts as the donor left it, until
+``volunteer fold``. What the policy or self-care decided is not kept: they look again at start.
 """
 
 from __future__ import annotations
 
 import collections
+import json
+import logging
+import os
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .policy import RUN, Verdict
 
@@ -27,6 +36,12 @@ ACTIONS = {"fold": "folding", "pause": "paused", "finish": "finishing"}
 ORIGINS = ("cli", "web", "policy", "self-care", "consent", "start")
 EVENTS_KEPT = 100
 LONG_PAUSE = 15 * 60.0  # seconds: a pause known or seen to last this long hands off sole copies
+# a choice kept across restarts, as the daemon starts with it: a finish under way ended with the
+# daemon (nothing is in flight after a restart), so it comes back finished
+KEPT = {"paused": "paused", "finishing": "finished", "finished": "finished"}
+CHOICE_FILE_LIMIT = 4096  # bytes of a kept choice read
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,15 @@ class Event:
         return f"{self.action} ({self.origin}): {self.reason}" if self.reason else f"{self.action} ({self.origin})"
 
 
+@dataclass(frozen=True)
+class KeptChoice:
+    """The donor's pause or finish as it was saved: the choice, who made it, since when (wall clock)."""
+
+    choice: str
+    origin: str
+    since: float
+
+
 class Conduct:
     """The donor's choice, the policy's verdict and self-care's hold, with their history."""
 
@@ -64,6 +88,18 @@ class Conduct:
         self._record(now, "fold" if folding else "pause", reason, origin)
         self._paused_since: float | None = None if self.serving else now
         self.handed_off = False  # sole copies were handed off during the current pause
+
+    @classmethod
+    def kept(cls, kept: KeptChoice, now: float) -> "Conduct":
+        """A daemon starting as the donor left the last one: paused or finished, by whom, since
+        when; the first event says it was kept across the restart."""
+        conduct = cls(folding=False, origin=kept.origin, now=now)
+        conduct.choice, conduct.since = KEPT[kept.choice], kept.since
+        conduct.events.clear()
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kept.since))
+        action = "pause" if conduct.choice == "paused" else "finished"
+        conduct._record(now, action, f"kept from before the restart ({kept.choice} by you since {when})", kept.origin)
+        return conduct
 
     def _record(self, now: float, action: str, reason: str, origin: str) -> Event:
         event = Event(now, action, reason, origin)
@@ -179,4 +215,46 @@ class Conduct:
         }
 
 
-__all__ = ["ACTIONS", "CHOICES", "Conduct", "Event", "LONG_PAUSE", "ORIGINS"]
+def choice_path(state_dir: Path, swarm_id: str) -> Path:
+    """Where the donor's pause or finish of one swarm is kept under ``state_dir``."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", swarm_id)[:64] or "default"
+    return state_dir / "conduct" / f"{safe}.json"
+
+
+def save_choice(path: Path, conduct: Conduct) -> bool:
+    """Keep the donor's choice in ``path`` (atomically) when it is a pause or a finish, and remove
+    the file once the donor folds again; False (logged) when the disk refuses."""
+    try:
+        if conduct.choice == "folding":
+            path.unlink(missing_ok=True)
+            return True
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text(json.dumps({"choice": conduct.choice, "origin": conduct.origin, "since": conduct.since}))
+        os.replace(partial, path)
+        return True
+    except OSError as exc:
+        log.warning("cannot keep your %s across restarts in %s: %s", conduct.choice, path, exc.strerror or exc)
+        return False
+
+
+def load_choice(path: Path) -> KeptChoice | None:
+    """The donor's kept pause or finish, or None (none kept; an unreadable or malformed file is
+    logged and read as none: the daemon then starts as consent says)."""
+    try:
+        with path.open("rb") as handle:
+            data = json.loads(handle.read(CHOICE_FILE_LIMIT))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the kept pause in %s: %s", path, exc)
+        return None
+    if (not isinstance(data, dict) or data.get("choice") not in KEPT or data.get("origin") not in ORIGINS
+            or not isinstance(data.get("since"), (int, float)) or isinstance(data.get("since"), bool)):
+        log.warning("ignoring the kept pause in %s: not a choice this version wrote", path)
+        return None
+    return KeptChoice(data["choice"], data["origin"], float(data["since"]))
+
+
+__all__ = ["ACTIONS", "CHOICES", "Conduct", "Event", "KeptChoice", "LONG_PAUSE", "ORIGINS", "choice_path", "load_choice",
+           "save_choice"]

@@ -13,8 +13,8 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.identity import load_or_create_keypair
+from ..settings import JOIN_CHECKS
 from ..swarmfile import (
-    JOIN_CHECKS,
     identity_path,
     load_config,
     load_limits,
@@ -103,7 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
-    p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap the upload of expert replies, bytes/s (e.g. 5MiB)")
+    p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap everything this volunteer uploads (expert replies, replica sync, catch-up, hand-off), bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
                    "and the same on /ip6/:: with a global IPv6 address)")
     p.add_argument("--name", type=_public_name, metavar="NAME",
@@ -268,6 +268,21 @@ def settle_consent(args: argparse.Namespace, options) -> None:
     options.start_reason = "waiting for your consent: `volunteer fold` starts"
 
 
+def say_memory_estimate(options) -> None:
+    """Print what the experts will take before any is built; refuse in one line when that is
+    more than the memory allowed (``--max-gpu-memory`` of the GPU, or what is free)."""
+    from .memory import estimate_for
+
+    estimate = estimate_for(options.node, options.swarm.grids)
+    if estimate is None:
+        if options.node.expert_file:
+            print("memory estimate: not known before --expert-file registers its classes", flush=True)
+        return
+    if not estimate.fits:
+        raise VolunteerError(estimate.refusal())
+    print(estimate.line(), flush=True)
+
+
 def run_join(args: argparse.Namespace) -> int:
     options = build_options(args)
     # one lock decides whether a daemon already runs here: taken before anything else starts, so a
@@ -280,6 +295,7 @@ def run_join(args: argparse.Namespace) -> int:
 
         # found now, in one line (CheckpointDirError), not as a traceback when leaving with updates
         check_checkpoint_dir(options.node.checkpoint_dir)
+        say_memory_estimate(options)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 

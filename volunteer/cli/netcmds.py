@@ -136,12 +136,16 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
         except trio.TooSlowError:
             raise VolunteerError(f"timeout: no connection to {target} within {args.timeout:g}s") from None
         except PeerIDMismatch as exc:
-            raise VolunteerError(exc.advice(str(target).split("/p2p/", 1)[0])) from None
+            from ..kinds.entry import wrong_peer_line  # the kinds (and the DHT) only on this error
+
+            raise VolunteerError(wrong_peer_line(exc, target)) from None
         except HandshakeError as exc:
             raise VolunteerError(f"handshake refused by {target}: {exc}") from None
         except DialError as exc:
-            if (wrong := PeerIDMismatch.inside(exc)) is not None:
-                raise VolunteerError(wrong.advice(str(target).split("/p2p/", 1)[0])) from None
+            if PeerIDMismatch.inside(exc) is not None:
+                from ..kinds.entry import wrong_peer_line
+
+                raise VolunteerError(wrong_peer_line(exc, target)) from None
             raise VolunteerError(f"unreachable: {exc}") from None
         setup_ms = (trio.current_time() - started) * 1000
         peer = conn.remote_peer

@@ -29,6 +29,8 @@ LOAD_RESUME_SAMPLES = 2  # samples below the load limit before a load pause lift
 PROGRAM_NAME_LIMIT = 64  # names of programs to pause for, each at most this long
 MAX_PROGRAMS = 64
 MINUTES_PER_DAY = 24 * 60
+GPU_USE_LINE = "pause while other programs use the GPU"
+GPU_USE_UNKNOWN = "unavailable here: no NVML or nvidia-smi tells which programs use the GPU"
 
 
 class PolicyError(VolunteerError):
@@ -110,6 +112,7 @@ class PolicySettings:
     compute_hours: tuple[Window, ...] = ()  # compute only inside these daily windows (none: always)
     network_hours: tuple[Window, ...] = ()  # use the network only inside these windows (none: always)
     daily_transfer: int | None = None  # bytes in and out per local day, then pause until midnight
+    pause_on_gpu_use: bool = False  # pause while another program uses a GPU (where the driver tells)
 
     @property
     def idle_load(self) -> float:
@@ -127,6 +130,8 @@ class PolicySettings:
             lines.append(f"pause while other programs use more than {self.max_other_load:g} % CPU")
         if self.pause_programs:
             lines.append("pause while " + ", ".join(self.pause_programs) + " runs")
+        if self.pause_on_gpu_use:
+            lines.append(GPU_USE_LINE)
         if self.compute_hours:
             lines.append("compute only " + ", ".join(str(w) for w in self.compute_hours))
         if self.network_hours:
@@ -141,6 +146,7 @@ class PolicySettings:
             "on_battery": self.on_battery, "when_idle": self.when_idle, "max_other_load": self.max_other_load,
             "pause_programs": list(self.pause_programs), "compute_hours": [str(w) for w in self.compute_hours],
             "network_hours": [str(w) for w in self.network_hours], "daily_transfer": self.daily_transfer,
+            "pause_on_gpu_use": self.pause_on_gpu_use,
         }
 
 
@@ -181,6 +187,8 @@ def settings_from(values: dict) -> PolicySettings:
     changes: dict = {}
     if "on_battery" in values:
         changes["on_battery"] = bool(values["on_battery"])
+    if values.get("pause_on_gpu_use"):
+        changes["pause_on_gpu_use"] = True
     if values.get("when_idle") is not None:
         minutes = float(values["when_idle"])
         if not math.isfinite(minutes) or minutes < 0 or minutes > MINUTES_PER_DAY:
@@ -222,12 +230,13 @@ class Observations:
     programs: frozenset[str] = frozenset()  # names of running programs (lower case)
     input_idle_s: float | None = None  # seconds since the last keyboard or mouse input
     transferred_today: int = 0  # bytes in and out since local midnight
+    gpu_users: frozenset[str] | None = None  # other programs using a GPU (None: nothing tells)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What the policy says now: ``state`` is ``running``, ``paused`` or ``waiting``; ``code``
-    names the policy that decided (``battery``, ``program``, ``idle``, ``load``, ``hours``,
+    names the policy that decided (``battery``, ``program``, ``gpu``, ``idle``, ``load``, ``hours``,
     ``network_hours``, ``transfer``); ``until`` is when it lifts, if known (wall clock)."""
 
     state: str = "running"
@@ -275,6 +284,8 @@ class RunPolicy:
         running = sorted(p for p in s.pause_programs if p.lower() in seen.programs)
         if running:
             return Verdict("paused", f"{running[0]} is running", "program")
+        if s.pause_on_gpu_use and seen.gpu_users:  # unknown (None) never pauses: the status says so
+            return Verdict("paused", f"{sorted(seen.gpu_users)[0]} uses the GPU", "gpu")
         minute = _local_minute(now)
         for code, windows, what in (("hours", s.compute_hours, "computing"), ("network_hours", s.network_hours, "network")):
             if windows and not any(w.contains(minute) for w in windows):
@@ -324,4 +335,4 @@ class RunPolicy:
         return max(0.0, now - self._calm_since)
 
 
-__all__ = ["Observations", "PolicyError", "PolicySettings", "RunPolicy", "Verdict", "Window", "local_day", "settings_from"]
+__all__ = ["GPU_USE_LINE", "GPU_USE_UNKNOWN", "Observations", "PolicyError", "PolicySettings", "RunPolicy", "Verdict", "Window", "local_day", "settings_from"]

@@ -1,5 +1,5 @@
 """The one seam between run-when policies and the machine: battery, other programs' load,
-program names, input idleness and the wall clock.
+program names, programs using the GPU, input idleness and the wall clock.
 
 ``PsutilProbe`` asks psutil (one library for Linux, Windows and macOS) and, for input idleness,
 what the platform offers (Windows' GetLastInputInfo, macOS' HIDIdleTime, logind's idle hint on
@@ -16,6 +16,7 @@ runs: a fake battery, a fake busy process, a fake clock. ``probe_from_env`` pick
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import logging
 import os
@@ -87,6 +88,11 @@ class SystemProbe(Protocol):
         """Seconds since the last keyboard or mouse input; None where the platform does not tell."""
         ...
 
+    def gpu_users(self) -> frozenset[str] | None:
+        """Lower-case names of other programs using a GPU now; None where nothing tells (no
+        NVIDIA driver tools: nvidia-ml-py and nvidia-smi both absent or failing)."""
+        ...
+
 
 # --- the real machine -----------------------------------------------------------------------------
 
@@ -123,6 +129,7 @@ class PsutilProbe:
         self._logind_session: str | None = None
         self._tree_times: dict[int, float] = {}  # pid -> CPU seconds at the last sample
         self._tree_total = 0.0
+        self._gpu_unknown_said = False
 
     def now(self) -> float:
         """Wall-clock seconds."""
@@ -205,6 +212,60 @@ class PsutilProbe:
                 names.add(os.path.splitext(name.lower())[0])  # "steam.exe" matches "steam"
         return frozenset(names)
 
+    def gpu_users(self) -> frozenset[str] | None:
+        """Other programs with a context on an NVIDIA GPU, through NVML (nvidia-ml-py), else
+        ``nvidia-smi``; None when neither answers (said once in the log, never raised)."""
+        pids = self._nvml_gpu_pids()
+        if pids is None:
+            pids = self._smi_gpu_pids()
+        if pids is None:
+            if not self._gpu_unknown_said:
+                self._gpu_unknown_said = True
+                log.info("cannot tell which programs use the GPU: no NVML (nvidia-ml-py) or nvidia-smi answered")
+            return None
+        names: set[str] = set()
+        own = {os.getpid()}
+        for pid in sorted(pids - own)[:PROGRAM_LIMIT]:
+            try:
+                names.add(os.path.splitext(self._psutil.Process(pid).name().lower())[0])
+            except self._psutil.Error:
+                continue  # gone since, or not ours to look at
+        return frozenset(names)
+
+    def _nvml_gpu_pids(self) -> set[int] | None:
+        try:
+            nvml = importlib.import_module("pynvml")
+            nvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - no module, no library, no driver: all mean "NVML does not tell"
+            log.debug("NVML unavailable for the GPU-use policy: %s", exc)
+            return None
+        try:
+            pids: set[int] = set()
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                for query in (nvml.nvmlDeviceGetComputeRunningProcesses, nvml.nvmlDeviceGetGraphicsRunningProcesses):
+                    pids.update(int(p.pid) for p in query(handle))
+            return pids
+        except Exception as exc:  # noqa: BLE001 - a driver that answers nothing useful is "unknown" too
+            log.debug("NVML could not list GPU processes: %s", exc)
+            return None
+        finally:
+            try:
+                nvml.nvmlShutdown()
+            except Exception as exc:  # noqa: BLE001
+                log.debug("NVML shutdown: %s", exc)
+
+    def _smi_gpu_pids(self) -> set[int] | None:
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.debug("nvidia-smi unavailable for the GPU-use policy: %s", exc)
+            return None
+        if done.returncode != 0:
+            return None
+        return {int(word) for word in done.stdout.split() if word.isdigit()}
+
     def input_idle_s(self) -> float | None:
         """Seconds since the last input, from the platform; None where it does not tell."""
         if self._idle_source is None:
@@ -270,7 +331,7 @@ class PsutilProbe:
 class FakeProbe:
     """Figures from a JSON file, re-read at every sample, so a test drives a running daemon:
     ``{"now": "2030-01-01T23:30:00" or epoch, "running": true, "on_battery": true,
-    "other_load": 80, "programs": ["steam"], "input_idle_s": 30}``; a missing key means "the
+    "other_load": 80, "programs": ["steam"], "input_idle_s": 30, "gpu_users": ["blender"]}``; a missing key means "the
     platform does not tell" (``now`` missing: the real clock; ``running``: the fake clock runs
     from ``now`` on, else it stands still)."""
 
@@ -335,6 +396,11 @@ class FakeProbe:
         """The file's ``input_idle_s``."""
         value = self._read().get("input_idle_s")
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def gpu_users(self) -> frozenset[str] | None:
+        """The file's ``gpu_users`` (programs using the GPU); missing: nothing tells."""
+        value = self._read().get("gpu_users")
+        return frozenset(str(v).lower() for v in value) if isinstance(value, list) else None
 
 
 def probe_from_env(environ: dict | None = None) -> SystemProbe:

@@ -125,7 +125,7 @@ def resource_limits(overrides: dict):
     """The resource manager's bounds with config.toml's [limits] applied (the expert server's
     request budget, also allowed there, means nothing to a relay)."""
     from ..net.resources import ResourceLimits
-    from ..swarmfile import EXPERT_LIMITS
+    from ..settings import EXPERT_LIMITS
 
     return ResourceLimits(**{k: v for k, v in overrides.items() if k not in EXPERT_LIMITS})
 

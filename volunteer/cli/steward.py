@@ -27,7 +27,7 @@ import trio
 
 from ..errors import VolunteerError, describe
 from .fold import Conduct, Event
-from .policy import Observations, PolicySettings, RunPolicy
+from .policy import GPU_USE_LINE, GPU_USE_UNKNOWN, Observations, PolicySettings, RunPolicy
 from .probes import CpuSample, SystemProbe, other_load
 from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, SwarmContact, VisibilityWatch
 
@@ -75,6 +75,7 @@ class Steward:
         failure_limit: int = DEFAULT_FAILURE_LIMIT,
         transferred_today: Callable[[float], int] = lambda now: 0,
         on_fold: Callable[[str], None] | None = None,
+        on_choice: Callable[[Conduct], None] | None = None,
         contact: SwarmContact | None = None,
         contact_period: float = CONTACT_PERIOD,
     ) -> None:
@@ -89,6 +90,7 @@ class Steward:
         self.contact_period = contact_period
         self.transferred_today = transferred_today
         self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
+        self.on_choice = on_choice  # told of each change of the donor's choice (kept across restarts)
         self.clock: Callable[[], float] = probe.now if probe is not None else time.time  # wall clock
         self.node: VolunteerNode | None = None
         self.set_aside: dict[str, Any] = {}  # uid -> the backend taken out of the runtime
@@ -132,6 +134,8 @@ class Steward:
                 self.on_fold(origin)
         event = self.conduct.ask(action, origin, now)
         self._note(event)
+        if event is not None and self.on_choice is not None:
+            self.on_choice(self.conduct)
         await self._match()
         self._changed.set()
         paused = self.node.paused if self.node is not None else not self.conduct.serving
@@ -156,6 +160,7 @@ class Steward:
             programs=probe.programs() if self.settings.pause_programs else frozenset(),
             input_idle_s=probe.input_idle_s() if self.settings.when_idle else None,
             transferred_today=self.transferred_today(now) if self.settings.daily_transfer else 0,
+            gpu_users=probe.gpu_users() if self.settings.pause_on_gpu_use else None,
         )
         self.last_observations = seen
         self._note(self.conduct.set_verdict(self.policy.decide(seen, now), now))
@@ -207,7 +212,10 @@ class Steward:
                 await node.server.wait_idle()
         await self._hand_off(node, "finishing")
         saved = await self._save_checkpoints(node)
-        self._note(self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)"))
+        finished = self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)")
+        self._note(finished)
+        if finished is not None and self.on_choice is not None:
+            self.on_choice(self.conduct)
 
     async def _hand_off(self, node: VolunteerNode, why: str) -> None:
         if node.replicas is None:
@@ -348,15 +356,21 @@ class Steward:
         """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
         now = self.clock()
         seen = self.last_observations
+        gpu_unknown = seen is not None and self.settings.pause_on_gpu_use and seen.gpu_users is None
         return {
             "conduct": self.conduct.view(now),
             "policy": {
                 "settings": self.settings.as_dict(),
-                "lines": self.settings.describe(),
+                "lines": [f"{line} ({GPU_USE_UNKNOWN})" if line == GPU_USE_LINE and gpu_unknown else line
+                          for line in self.settings.describe()],
                 "verdict": self.conduct.verdict.as_dict(),
                 "observed": None if seen is None else {
                     "on_battery": seen.on_battery, "other_load": seen.other_load,
                     "input_idle_s": seen.input_idle_s, "transferred_today": seen.transferred_today,
+                    "gpu_users": None if seen.gpu_users is None else sorted(seen.gpu_users),
+                    # the GPU-use policy where nothing tells which programs use the GPU
+                    "gpu_use": None if not self.settings.pause_on_gpu_use else
+                    (GPU_USE_UNKNOWN if seen.gpu_users is None else "watched"),
                 },
             },
             "self_care": {

@@ -145,8 +145,13 @@ def refusals_view(node: "VolunteerNode") -> dict[str, dict[str, int]]:
 
 
 def bytes_served(node: "VolunteerNode") -> int:
-    """Reply payload bytes the expert server sent (0 when it does not count them)."""
-    return (node.server.snapshot().get("bytes_out") or 0) if node.server is not None else 0
+    """Bytes the volunteer uploaded: expert replies, replica sync, catch-up served and hand-off
+    (the shared upload meter's total; a server without one: its reply bytes; 0 without a server)."""
+    if node.server is None:
+        return 0
+    snap = node.server.snapshot()
+    upload = snap.get("upload")
+    return (upload.get("bytes_sent") if isinstance(upload, dict) else snap.get("bytes_out")) or 0
 
 
 __all__ = [

@@ -87,6 +87,10 @@ def _policy_part(snap: dict) -> str:
         observed.append(f"other programs {seen['other_load']:.0f} % CPU")
     if seen.get("input_idle_s") is not None:
         observed.append(f"no input for {duration(seen['input_idle_s'])}")
+    if (seen.get("gpu_use") or "").startswith("unavailable"):  # the policy is on, but nothing tells
+        observed.append(f"GPU use {seen['gpu_use']}")
+    elif seen.get("gpu_users"):
+        observed.append(f"GPU used by {', '.join(seen['gpu_users'][:3])}")
     if seen.get("transferred_today"):
         observed.append(f"{format_size(int(seen['transferred_today']))} transferred today")
     care = snap.get("self_care", {})

@@ -33,6 +33,7 @@ from ..net.identity import PeerID
 from ..net.streams import BufferedStream
 from ..net.pool import SERVE_IDLE
 from ..net.service import BaseService, Handler, HostAPI
+from ..net.upload import REPLIES, UploadMeter
 from .activations import KeptInputs
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
@@ -60,25 +61,6 @@ async def _wait_readable(reader: BufferedStream) -> bool:
     return True
 
 
-class UploadLimiter:
-    """Token bucket on reply bytes (``volunteer join --max-upload``), shared by every call."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = float(rate)
-        self.tokens = self.rate
-        self.last = trio.current_time()
-
-    async def take(self, nbytes: int) -> None:
-        while True:
-            now = trio.current_time()
-            self.tokens = min(self.rate, self.tokens + (now - self.last) * self.rate)
-            self.last = now
-            if self.tokens >= min(nbytes, self.rate):
-                self.tokens -= nbytes
-                return
-            await trio.sleep((min(nbytes, self.rate) - self.tokens) / self.rate)
-
-
 # told of each call answered with a result: (caller, request op); the CLI counts the distinct
 # trainers a volunteer served with it (its contributions)
 ServedHook = Callable[[PeerID, str], None]
@@ -91,7 +73,8 @@ OutcomeHook = Callable[[str, "str | None"], None]
 class ExpertServer(BaseService):
     """Serves a Runtime's experts on a Host, as a Host service: ``await host.add_service(server)``.
 
-    ``upload_limit``: bytes per second of reply payload, shared by every call (None: unlimited);
+    ``upload``: the volunteer's shared upload meter (capped and counted with its replica traffic);
+    without one, ``upload_limit`` bytes per second of reply payload for this server alone;
     ``on_served(peer, op)``: told of each call answered with a result; ``on_outcome(uid, error)``:
     told of each call's outcome (error None: answered). ``wait_idle`` returns once
     no call is being served (a leaving node waits on it after pausing the runtime)."""
@@ -103,6 +86,7 @@ class ExpertServer(BaseService):
         swarm_id: str,
         config: ExpertsConfig = DEFAULT_CONFIG,
         *,
+        upload: UploadMeter | None = None,
         upload_limit: float | None = None,
         on_served: ServedHook | None = None,
         on_outcome: OutcomeHook | None = None,
@@ -115,7 +99,7 @@ class ExpertServer(BaseService):
         self.bytes_in = 0
         self.bytes_out = 0
         self.errors = 0
-        self.upload = UploadLimiter(upload_limit) if upload_limit else None
+        self.upload = upload if upload is not None else UploadMeter(upload_limit)
         self.budget = RequestBudget(config)  # request bytes reserved now, per peer and in all
         self.forwards = ForwardRecord(config)  # who may call backward on what
         # a forward's inputs, for the backward its caller announced (it then sends only gradients)
@@ -127,7 +111,7 @@ class ExpertServer(BaseService):
     @property
     def upload_limit(self) -> float | None:
         """Reply payload bytes per second (None: unlimited)."""
-        return self.upload.rate if self.upload else None
+        return self.upload.rate
 
     @property
     def active_requests(self) -> int:
@@ -150,6 +134,7 @@ class ExpertServer(BaseService):
             "errors": self.errors,
             "refusals": dict(self.refusals),
             "upload_limit_bps": self.upload_limit,
+            "upload": self.upload.snapshot(),  # the volunteer's whole upload, replicas' included
         }
 
 
@@ -222,8 +207,7 @@ class ExpertServer(BaseService):
             for buffer in buffers:
                 # payload bytes in this write (the header is not limited or counted)
                 payload = 0 if buffer is head else len(buffer) - (len(head) if len(buffers) == 1 else 0)
-                if self.upload is not None and payload:
-                    await self.upload.take(payload)
+                await self.upload.take(payload, REPLIES)
                 await reader.send_all(buffer)
                 self.bytes_out += payload
             if self.on_served is not None:
@@ -281,4 +265,4 @@ class ExpertServer(BaseService):
                 return
 
 
-__all__ = ["ExpertServer", "OutcomeHook", "ServedHook", "UploadLimiter"]
+__all__ = ["ExpertServer", "OutcomeHook", "ServedHook"]

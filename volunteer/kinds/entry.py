@@ -43,10 +43,7 @@ async def reach_swarm(host: HostAPI, spec: SwarmSpec, timeout: float = REACH_TIM
             nursery.start_soon(one, addr)
     if not reached and wrong_peers:  # someone answered, but not whom the swarm file names
         addr, wrong = next(iter(wrong_peers.items()))
-        kind = "relay" if addr in spec.relays else "bootstrap peer"
-        named = f"swarm file {spec.path}" if spec.path is not None else "the address given"
-        raise JoinError(f"cannot join swarm {spec.name!r}: " + wrong.advice(f"its {kind} {_host_port(addr)}")
-                        + f" (fix {named})")
+        raise JoinError(f"cannot join swarm {spec.name!r}: " + wrong_peer_line(wrong, addr, spec))
     if not reached:
         # one short line: where (host:port, no peer id), why (the innermost reason), what next
         addr, reason = next(iter(failures.items()))
@@ -75,6 +72,20 @@ def _root_reason(exc: BaseException) -> str:
     return text.rsplit(": ", 1)[-1][:80]  # the innermost clause of "while …: because …: reason"
 
 
+def wrong_peer_line(exc: BaseException, addr: Multiaddr, spec: SwarmSpec | None = None) -> str:
+    """One line for a dial of ``addr`` that another peer than its /p2p/ id answered, in the same
+    words wherever it is said (``join``, ``ping``, ``doctor``): where (``host:port``, and which
+    entry point of ``spec`` it is), both ids whole, what to do, and the swarm file to fix."""
+    wrong = PeerIDMismatch.inside(exc)
+    if wrong is None:
+        raise ValueError(f"not a wrong peer id: {exc!r}")
+    if spec is None:
+        return wrong.advice(_host_port(addr))
+    kind = "relay" if addr in spec.relays else "bootstrap peer"
+    named = f"swarm file {spec.path}" if spec.path is not None else "the address given"
+    return wrong.advice(f"its {kind} {_host_port(addr)}") + f" (fix {named})"
+
+
 def _host_port(addr: Multiaddr) -> str:
     """``127.0.0.1:4001`` from a multiaddr (the whole address, less its /p2p part, otherwise)."""
     text = str(addr).split("/p2p/", 1)[0]
@@ -84,4 +95,4 @@ def _host_port(addr: Multiaddr) -> str:
     return text
 
 
-__all__ = ["REACH_TIMEOUT", "reach_swarm"]
+__all__ = ["REACH_TIMEOUT", "reach_swarm", "wrong_peer_line"]

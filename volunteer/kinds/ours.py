@@ -36,6 +36,7 @@ from ..net.identity import KeyPair
 from ..net.multiaddr import Multiaddr
 from ..net.nat.manager import NatManager
 from ..net.service import HostAPI, Service
+from ..net.upload import UploadMeter
 from ..swarmfile import GridSpec, SwarmSpec
 from .base import BuildBackend, Check, DoctorPlan, ExpertListing, NodeContext, NodeParts, TrainerParts
 from .options import VolunteerOptions
@@ -80,8 +81,10 @@ class VolunteerKind:
         from ..replicas.providers import versions_of
 
         host, spec, options = node.host, node.spec, node.options
+        # one meter for everything this volunteer uploads: replies, sync, catch-up served, hand-off
+        upload = UploadMeter(options.max_upload)
         server = ExpertServer(host, runtime, spec.id, node.experts_config or DEFAULT_CONFIG,
-                              upload_limit=options.max_upload, on_served=options.on_served,
+                              upload=upload, on_served=options.on_served,
                               on_outcome=options.on_outcome)
         services.append(server)
 
@@ -124,13 +127,13 @@ class VolunteerKind:
             return build(header.uid, header.expert_class, header.hidden_dim)
 
         store = BackendStore(runtime.backends, runtime=runtime, capacity=capacity, factory=factory, config=config)
-        sync = ReplicaSync(spec.id, store, config)
+        sync = ReplicaSync(spec.id, store, config, upload=upload)
         declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, synced_ages=synced_ages(sync),
                                   profile=profile)
         replicas = ReplicaManager(
             host=host, dht=dht, store=store, sync=sync, declarer=declarer, swarm_id=spec.id, grids=grids,
             build=build, capacity=capacity, auto_place=options.place, config=config,
-            start=StartHosting(tuple(options.uids), options.expert_class, options.hidden_dim),
+            start=StartHosting(tuple(options.uids), options.expert_class, options.hidden_dim), upload=upload,
         )
         services += [replicas.state, sync, replicas, declarer]
         return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server, declarer=declarer,

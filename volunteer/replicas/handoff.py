@@ -20,6 +20,7 @@ import trio
 
 from ..errors import VolunteerError, describe
 from ..net.service import HostAPI
+from ..net.upload import UploadMeter
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .placement import Hosts, tie_break
 from .store import BackendStore
@@ -89,6 +90,7 @@ async def hand_off(
     addrs: Mapping[str, Target] | None = None,
     timeout: float | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
+    upload: UploadMeter | None = None,
 ) -> HandOffResult:
     """Run ``plan``: push each expert to its first candidate that takes it, all within ``timeout``
     (``handoff_timeout``). ``addrs`` maps a candidate's peer id to what to dial (a multiaddr) when
@@ -107,7 +109,7 @@ async def hand_off(
         for candidate in push.candidates:
             target = (addrs or {}).get(candidate, candidate)
             try:
-                version = await push_state(host, target, exported, swarm_id=swarm_id, config=config)
+                version = await push_state(host, target, exported, swarm_id=swarm_id, config=config, upload=upload)
             except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 reasons.append(f"{candidate[:16]}: {describe(exc)}")
                 continue

@@ -37,6 +37,7 @@ from ..experts.backend import ExpertBackend
 from ..experts.trust import Standing
 from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
+from ..net.upload import UploadMeter
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
@@ -97,8 +98,10 @@ class ReplicaManager(BaseService):
         start: StartHosting = StartHosting(),
         config: ReplicasConfig = DEFAULT_CONFIG,
         clock: Callable[[], float] = time.time,
+        upload: UploadMeter | None = None,
     ) -> None:
         self.host = host
+        self.upload = upload  # the volunteer's shared upload cap: catch-up served and hand-off count
         self.dht = dht
         self.swarm_id = swarm_id
         self.grids = list(grids)
@@ -112,7 +115,8 @@ class ReplicaManager(BaseService):
         self.config = config
         self.clock = clock  # the wall clock replicas align their sync rounds on
         self.state = StateService(
-            swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted, vouch=self.vouch
+            swarm_id, store, config, make_room=self.make_room, on_accepted=self.accepted, vouch=self.vouch,
+            upload=upload,
         )
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
@@ -572,7 +576,8 @@ class ReplicaManager(BaseService):
         addrs = {peer: PeerID.from_string(peer) for peer in candidates}
         left = max(0.0, budget - (trio.current_time() - started))
         result = await hand_off(
-            self.host, plan, self.store, swarm_id=self.swarm_id, addrs=addrs, timeout=left, config=self.config
+            self.host, plan, self.store, swarm_id=self.swarm_id, addrs=addrs, timeout=left, config=self.config,
+            upload=self.upload,
         )
         for uid, (peer, version) in sorted(result.done.items()):
             log.warning("handed off %s (version %d) to %s", uid, version, peer[-10:])

@@ -32,6 +32,7 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
+from ..net.upload import SYNC, UploadMeter
 from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
@@ -93,8 +94,10 @@ class ReplicaSync(BaseService):
         *,
         aggregate: Aggregate = robust,
         guard: SyncGuard | None = None,
+        upload: UploadMeter | None = None,
     ) -> None:
         self.protocol = sync_protocol(swarm_id)
+        self.upload = upload  # the volunteer's shared upload cap: contributions count against it
         self.store = store
         self.config = config
         self.aggregate = aggregate
@@ -253,7 +256,7 @@ class ReplicaSync(BaseService):
                 stream = BufferedStream(await self.host.new_stream(target, [self.protocol]))
                 try:
                     await stream.send_all(pack(header.to_wire(), self.config))
-                    await send_chunks(stream, chunks)
+                    await send_chunks(stream, chunks, self.upload, SYNC)
                     check_reply(await receive_message(stream, self.config, "sync reply"))
                 finally:
                     await close_quietly(stream)

@@ -29,6 +29,7 @@ from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, Handler, HostAPI
 from ..net.streams import BufferedStream, close_quietly
+from ..net.upload import CATCH_UP, HAND_OFF, UploadMeter, send_metered
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, StateTimeoutError
 from .messages import (
@@ -99,10 +100,9 @@ async def receive_payload(reader: BufferedStream, total: int, config: ReplicasCo
     return payload
 
 
-async def send_chunks(stream: Any, chunks: Any) -> None:
-    """Write a payload's chunks in order."""
-    for chunk in chunks:
-        await stream.send_all(chunk)
+async def send_chunks(stream: Any, chunks: Any, upload: UploadMeter | None = None, purpose: str = CATCH_UP) -> None:
+    """Write a payload's chunks in order, through the volunteer's upload meter when given."""
+    await send_metered(stream, chunks, upload, purpose)
 
 
 class StateService(BaseService):
@@ -117,8 +117,10 @@ class StateService(BaseService):
         make_room: MakeRoomHook | None = None,
         on_accepted: AcceptedHook | None = None,
         vouch: PushVouch | None = None,
+        upload: UploadMeter | None = None,
     ) -> None:
         self.protocol = state_protocol(swarm_id)
+        self.upload = upload  # the volunteer's shared upload cap: states served count against it
         self.store = store
         self.config = config
         self.make_room = make_room
@@ -145,7 +147,7 @@ class StateService(BaseService):
                 if isinstance(request, FetchRequest):
                     exported = await self.store.export(request)
                     await reader.send_all(pack({"ok": True, "h": exported.header.to_wire()}, self.config))
-                    await send_chunks(reader, exported.chunks)
+                    await send_chunks(reader, exported.chunks, self.upload, CATCH_UP)
                     self.served += 1
                 else:
                     await self._take_push(reader, request, str(stream.remote_peer))
@@ -304,7 +306,13 @@ async def load_caught_up(
 
 
 async def push_state(
-    host: HostAPI, peer: Target, exported: ExportedState, *, swarm_id: str, config: ReplicasConfig = DEFAULT_CONFIG
+    host: HostAPI,
+    peer: Target,
+    exported: ExportedState,
+    *,
+    swarm_id: str,
+    config: ReplicasConfig = DEFAULT_CONFIG,
+    upload: UploadMeter | None = None,
 ) -> int:
     """Hand a state to ``peer``, which hosts it from then on; returns the version it hosts.
     StateRefusedError (``full``, ``unknown``, ``mismatch``, ``busy``) when it will not take it."""
@@ -314,7 +322,7 @@ async def push_state(
             try:
                 await reader.send_all(pack({"op": "push", "h": exported.header.to_wire()}, config))
                 check_reply(await receive_message(reader, config, "push reply"))
-                await send_chunks(reader, exported.chunks)
+                await send_chunks(reader, exported.chunks, upload, HAND_OFF)
                 done = check_reply(await receive_message(reader, config, "push result"))
                 version = done.get("v")
                 if type(version) is not int:
