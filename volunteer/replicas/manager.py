@@ -43,7 +43,7 @@ from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
-from .providers import placement_capacity, synced_ages, versions_of
+from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versions_of
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
@@ -584,4 +584,6 @@ class ReplicaManager(BaseService):
         return result
 
 
-__all__ = ["BuildBackend", "ReplicaManager", "StartHosting", "placement_capacity", "synced_ages", "versions_of"]
+__all__ = [
+    "ACTIVATION_MARGIN", "BuildBackend", "ReplicaManager", "StartHosting", "placement_capacity", "synced_ages", "versions_of",
+]
