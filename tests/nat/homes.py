@@ -1,5 +1,5 @@
-"""How the rig's home routers are set up: the plain NAT's rules, miniupnpd (UPnP IGD, NAT-PMP, PCP) and IPv6
-behind a stateful firewall. ``rig.py`` calls these while it builds; they only produce rulesets and
+"""How the rig's home routers are set up: the plain NAT's rules, miniupnpd (UPnP IGD, NAT-PMP,
+PCP) and IPv6 behind a stateful firewall. ``rig.py`` calls these while it builds; they only produce rulesets and
 configuration text, and start the daemons a home needs.
 
 miniupnpd home: one ``table inet rig`` whose base chains jump into the chains miniupnpd fills
