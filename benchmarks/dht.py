@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from volunteer.dht import DHTConfig  # noqa: E402
 from volunteer.dht.declare import ExpertDeclarer  # noqa: E402
-from volunteer.dht.grid import find_best_experts  # noqa: E402
+from volunteer.dht.beam import find_best_experts  # noqa: E402
 from volunteer.dht.node import open_dht  # noqa: E402
 from volunteer.net.stack import StackOptions, open_stack  # noqa: E402
 

@@ -132,7 +132,7 @@ class Swarm:
     # --- queries (synchronous) ----------------------------------------------------------------------
     def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, timeout: float = 30.0):
         """Beam search over a grid: the ``beam_size`` best live experts (``ExpertMatch`` list)."""
-        from .dht.grid import find_best_experts
+        from .dht.beam import find_best_experts
 
         scores = [[float(s) for s in dim] for dim in grid_scores]
         return self.loop.run(find_best_experts, self.dht, prefix, scores, beam_size, timeout=timeout)

@@ -12,7 +12,8 @@ import trio
 
 from volunteer.dht import DHTConfig
 from volunteer.dht.declare import ExpertDeclarer
-from volunteer.dht.grid import find_best_experts, get_experts
+from volunteer.dht.beam import find_best_experts
+from volunteer.dht.grid import get_experts
 from volunteer.dht.node import open_dht
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport

@@ -94,3 +94,69 @@ async def test_squatters_that_look_fresher_do_not_keep_a_joiner_from_the_honest_
                     for uid in uids:
                         assert state_digest(joiner.runtime.backends[uid]) == state_digest(honest.runtime.backends[uid])
                         assert joiner.replicas.caught_up[uid] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_squatters_declaring_an_expert_do_not_make_its_honest_holder_drop_it():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with AsyncExitStack() as stack:
+            holder = await stack.enter_async_context(open_volunteer(spec(entry), options(place=True, max_experts=1)))
+            (held,) = holder.runtime.uids
+            await train(holder, held, 2)
+            digest = state_digest(holder.runtime.backends[held])
+            for _ in range(3):  # more than the grid's 2 replicas, fresher: the holder looks spare
+                squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=[held])))
+                squatter.host.set_handler(state_protocol(SWARM), refuse)
+                squatter.runtime.backends[held].updates = 10
+                await until(lambda node=squatter: _redeclared(seed.dht, node, held, 10), "squatter declared")
+            # the other expert of the grid has no host: a move would drop the squatted one for it
+            await holder.replicas.recheck()
+            assert held in holder.runtime.uids
+            assert state_digest(holder.runtime.backends[held]) == digest
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_placing_joiner_hosts_its_full_share_beside_three_squatters_and_one_honest_host():
+    uids = ["rep.0", "rep.1"]
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with AsyncExitStack() as stack:
+            honest = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=uids, max_experts=2)))
+            for uid in uids:
+                await train(honest, uid, 2)
+                await until(lambda uid=uid: _redeclared(seed.dht, honest, uid, 2), "honest declared")
+            for _ in range(3):  # every grid expert, fresher than the honest host, dials taken
+                squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=uids, max_experts=2)))
+                squatter.host.set_handler(state_protocol(SWARM), refuse)
+                for uid in uids:
+                    squatter.runtime.backends[uid].updates = 10
+                    await until(lambda uid=uid, node=squatter: _redeclared(seed.dht, node, uid, 10), "squatter declared")
+            with trio.fail_after(30):
+                async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as joiner:
+                    assert sorted(joiner.runtime.uids) == uids
+                    for uid in uids:
+                        assert state_digest(joiner.runtime.backends[uid]) == state_digest(honest.runtime.backends[uid])
+                        assert joiner.replicas.standings()[uid][str(honest.host.peer_id)] == "proven"
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_joiner_whose_survey_showed_only_a_squatter_looks_again_and_finds_the_honest_host():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(uids=["rep.0"])) as honest, \
+                open_volunteer(spec(entry), options(uids=["rep.0"])) as squatter, \
+                open_volunteer(spec(entry), options(uids=["rep.1"], max_experts=2)) as joiner:
+            squatter.host.set_handler(state_protocol(SWARM), refuse)
+            await train(honest, "rep.0", 2)
+            await until(lambda: _redeclared(seed.dht, honest, "rep.0", 2), "honest declared")
+            await until(lambda: _holders(seed.dht, "rep.0", 2), "both declared")
+            # an eclipsed survey: the squatter is all it shows
+            eclipsed = {"rep.0": {str(squatter.host.peer_id): 10}}
+            assert await joiner.replicas.add("rep.0", eclipsed)
+            joined = joiner.runtime.backends["rep.0"]
+            assert state_digest(joined) == state_digest(honest.runtime.backends["rep.0"])
+            assert joiner.replicas.standings()["rep.0"][str(honest.host.peer_id)] == "proven"

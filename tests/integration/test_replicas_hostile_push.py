@@ -1,7 +1,8 @@
 """Unsolicited pushes, tried as an attacker would: a liar is an ordinary volunteer (its signed
 declarations under its own key) that pushes an all-zero state at version 10⁹ with our own
 ``push_state``. A volunteer that hosts the expert keeps its own state; a full volunteer gives up
-none of its experts for an expert other live hosts hold. Loopback ``open_volunteer`` nodes."""
+none of its experts for an expert other live hosts hold; a sole copy handed off is hosted at the
+version its pusher declared, not the one its header claims. Loopback ``open_volunteer`` nodes."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from volunteer.cli.metrics import refusals_of
 from volunteer.experts import ExpertsConfig, make_backend
 from volunteer.replicas.errors import StateRefusedError
 from volunteer.replicas.state import export_state, state_digest
+from volunteer.replicas.placement import VERSION_CLAIM
 from volunteer.replicas.transfer import UNSOLICITED_PUSH, push_state
 from volunteer.node import open_volunteer
 
-from .test_replicas_node import CONFIG, HIDDEN, SWARM, _holders, options, spec, train, until
+from .test_replicas_hostile_catchup import _redeclared
+from .test_replicas_node import ALONE, CONFIG, GRID, HIDDEN, SWARM, _has_version, _holders, options, spec, train, until
 
 
 def zeros_at_a_huge_version(uid: str):
@@ -73,3 +76,26 @@ async def test_a_full_volunteer_gives_up_nothing_for_a_pushed_expert_others_hold
                 await push_state(seed.host, full.host.peer_id, zeros_at_a_huge_version("rep.1"),
                                  swarm_id=SWARM, config=CONFIG)
             assert info.value.code == "unknown" and full.runtime.uids == ["rep.0"]
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(60)
+async def test_a_handed_off_sole_copy_is_not_hosted_at_the_version_its_pusher_claims():
+    grids = (GRID, ALONE)
+    async with open_volunteer(spec(grids=grids), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry, grids=grids), options(uids=["rep.0"], max_experts=2)) as receiver, \
+                open_volunteer(spec(entry, grids=grids), options(uids=["solo.0"])) as liar:
+            await train(liar, "solo.0", 2)
+            await until(lambda: _redeclared(seed.dht, liar, "solo.0", 2), "liar declared version 2")
+            # its own trained state (finite, plausible), under a header claiming version 10⁹
+            claimed = make_backend("solo.0", "ffn", HIDDEN, config=ExpertsConfig(device="cpu"))
+            claimed.module.load_state_dict(liar.runtime.backends["solo.0"].module.state_dict())
+            claimed.updates = 10**9
+            version = await push_state(liar.host, receiver.host.peer_id, export_state(claimed),
+                                       swarm_id=SWARM, config=CONFIG)
+            assert version == 2 and receiver.runtime.backends["solo.0"].updates == 2
+            assert receiver.replicas.state.refusals[VERSION_CLAIM] == 1
+            assert views.refusals_view(receiver)["replicas"] == {VERSION_CLAIM: 1}
+            mine = str(receiver.host.peer_id)
+            await until(lambda: _has_version(seed.dht, "solo.0", mine, 2), "receiver declares what the liar declared")

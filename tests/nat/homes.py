@@ -1,5 +1,5 @@
-"""How the rig's richer home routers are set up: miniupnpd (UPnP IGD, NAT-PMP, PCP) and IPv6
-behind a stateful firewall. ``rig.py`` calls these while it builds; they only produce rulesets and
+"""How the rig's home routers are set up: the plain NAT's rules, miniupnpd (UPnP IGD, NAT-PMP,
+PCP) and IPv6 behind a stateful firewall. ``rig.py`` calls these while it builds; they only produce rulesets and
 configuration text, and start the daemons a home needs.
 
 miniupnpd home: one ``table inet rig`` whose base chains jump into the chains miniupnpd fills
@@ -26,6 +26,38 @@ MINIUPNPD_READY = "Listening for NAT-PMP/PCP traffic"
 READY_TIMEOUT = 15.0  # miniupnpd's STUN test (four requests, answers within 3 s) and the responder
 STUN_PORTS = (3478, 3479)
 HERE = Path(__file__).resolve().parent
+
+
+def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop") -> str:
+    """nftables rules of a plain home/carrier router (no port mapping): NAT out of WAN, drop unsolicited from WAN.
+
+    Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
+    traffic to the router's own WAN address, so the router never answers for itself. With
+    ``unsolicited_tcp="reset"`` a new TCP connection to the WAN address (a SYN that matches no
+    mapping) is answered with a RST instead, counted too.
+    """
+    flags = " random,fully-random" if nat == "symmetric" else ""
+    reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
+    return f"""
+table ip {table} {{
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    oifname "{wan}" masquerade{flags}
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    ct state invalid counter drop
+    ct state established,related accept
+    iifname "{lan}" oifname "{wan}" accept
+    counter drop
+  }}
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname "{wan}" ct state established,related accept
+    {reset}iifname "{wan}" counter drop
+  }}
+}}
+"""
 
 
 def upnp_ruleset(table: str, nat: str, wan: str, lan: str, lan_net: str, unsolicited_tcp: str = "drop") -> str:
@@ -163,6 +195,7 @@ __all__ = [
     "miniupnpd_command",
     "miniupnpd_conf",
     "stun_command",
+    "router_ruleset",
     "upnp_ruleset",
     "wait_ready",
 ]

@@ -378,7 +378,7 @@ class Rig:
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
             rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
-                     else _ruleset(r.nat, wif, seg.bridge, r.unsolicited_tcp))
+                     else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp))
             _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
             if r.ipv6 is not None:
                 self._ipv6_router(r, ns, wif, seg.bridge)
@@ -478,38 +478,6 @@ class Rig:
             if time.monotonic() > end:
                 raise RuntimeError(f"links in {ns} not up after {SETTLE_TIMEOUT} s: {lines}")
             time.sleep(0.05)
-
-
-def _ruleset(nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop") -> str:
-    """nftables rules of a home/carrier router: NAT out of WAN, drop unsolicited from WAN.
-
-    Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
-    traffic to the router's own WAN address, so the router never answers for itself. With
-    ``unsolicited_tcp="reset"`` a new TCP connection to the WAN address (a SYN that matches no
-    mapping) is answered with a RST instead, counted too.
-    """
-    flags = " random,fully-random" if nat == "symmetric" else ""
-    reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
-    return f"""
-table ip {TABLE} {{
-  chain postrouting {{
-    type nat hook postrouting priority srcnat; policy accept;
-    oifname "{wan}" masquerade{flags}
-  }}
-  chain forward {{
-    type filter hook forward priority filter; policy accept;
-    ct state invalid counter drop
-    ct state established,related accept
-    iifname "{lan}" oifname "{wan}" accept
-    counter drop
-  }}
-  chain input {{
-    type filter hook input priority filter; policy accept;
-    iifname "{wan}" ct state established,related accept
-    {reset}iifname "{wan}" counter drop
-  }}
-}}
-"""
 
 
 # Echo requests over a raw socket, for machines without ping(8). Prints one RTT (ms) per reply.

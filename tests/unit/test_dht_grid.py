@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from volunteer.dht.config import DHTConfig
+from volunteer.dht.beam import BeamSearch
 from volunteer.dht.grid import (
-    BeamSearch,
     Declaration,
     HostInfo,
     grid_prefixes,

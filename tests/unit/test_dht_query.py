@@ -193,6 +193,28 @@ def test_value_lookup_merges_newest_and_rejects_forgeries() -> None:
     assert set(lookup.live_records(106.0)) == {owned_subkey(alice.peer_id)}
 
 
+def test_a_survey_lookup_asks_past_two_censors_that_answer_with_their_own_records_only() -> None:
+    rng = random.Random(8)
+    honest, censor_a, censor_b = (KeyPair.generate() for _ in range(3))
+    key = b"rep.0"
+    own = [sign(c, key, owned_subkey(c.peer_id), b"me", 105.0) for c in (censor_a, censor_b)]
+    honest_rec = sign(honest, key, owned_subkey(honest.peer_id), b"honest", 105.0)
+    seeds = contacts(5, rng)
+
+    def run(quorum: int) -> set[bytes]:
+        lookup = ValueLookup(key, seeds, CONFIG, 90.0, quorum=quorum)
+        asked = lookup.next(90.0)  # the two closest answer first, with their own records only
+        lookup.on_success(asked[0].peer, [], 90.1, [own[0]])
+        lookup.on_success(asked[1].peer, [], 90.1, [own[1]])
+        if not lookup.finished:  # the others answer with the honest host's record too
+            for contact in [asked[2], *lookup.next(90.2)]:
+                lookup.on_success(contact.peer, [], 90.3, [honest_rec])
+        return {rec.value for rec in lookup.live_records(95.0).values()}
+
+    assert run(quorum=2) == {b"me"}  # the expert quorum stops at the censors: the host is hidden
+    assert run(quorum=CONFIG.k) == {b"me", b"honest"}  # a survey merges every holder's answer
+
+
 # --- a simulated network ----------------------------------------------------------------------
 HANG = object()
 FAIL = object()

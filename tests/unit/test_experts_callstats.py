@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from volunteer.experts.callstats import AUTO, MIN_RATE_SAMPLE_BYTES, MIN_WIRE_SAVING_S, CallReport, CallStats, choose_compression
+from volunteer.experts.callstats import (
+    AUTO,
+    MIN_HALF_SAVING_S,
+    MIN_RATE_SAMPLE_BYTES,
+    MIN_WIRE_SAVING_S,
+    CallReport,
+    CallStats,
+    choose_compression,
+)
 from volunteer.experts.tensors import BLOCKWISE8_64, FLOAT16, NONE, deserialize, encode
 
 
@@ -113,3 +121,17 @@ def test_float16_keeps_out_what_half_cannot_hold(values, used):
     if values.is_floating_point() and torch.isfinite(values).all():
         scale = float(values.abs().max()) or 1.0
         assert float((back - values).abs().max()) <= scale * 2 ** -7
+
+
+def test_auto_sends_tensors_as_they_are_on_a_fast_link():
+    # loopback or a wired LAN: float16's conversions cost more than the bytes they save
+    assert choose_compression(AUTO, None, None, rtt=0.0002) == NONE
+    assert choose_compression(AUTO, 10.0, 4 * MIN_WIRE_SAVING_S, rtt=0.0002) == NONE
+    assert choose_compression(AUTO, 0.5, MIN_HALF_SAVING_S / 2) == NONE  # halving saves microseconds
+    # a home link: a round trip of tens of milliseconds keeps float16, or 8-bit where bytes weigh
+    assert choose_compression(AUTO, None, None, rtt=0.030) == FLOAT16
+    assert choose_compression(AUTO, 2.5, 0.1, rtt=0.030) == BLOCKWISE8_64
+    stats = CallStats()
+    stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=100, bytes_in=100), rtt=0.0003)
+    assert stats.rtt("p") == 0.0003
+    assert choose_compression(AUTO, stats.bytes_cost("p"), stats.wire_seconds("p"), stats.rtt("p")) == NONE

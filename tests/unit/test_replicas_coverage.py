@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from volunteer.kinds.ours import coverage_of
+from volunteer.cli.expertscmd import experts_table
+from volunteer.kinds import ExpertListing
+from volunteer.kinds.ours import COLUMNS, coverage_of, mark_claims
 from volunteer.dht.grid import Declaration
 from volunteer.net.identity import KeyPair
 from volunteer.replicas import ReplicasConfig
-from volunteer.replicas.coverage import coverage, grid_coverage, hosts_of, next_round_at
-from volunteer.replicas.manager import placement_capacity
+from volunteer.replicas.coverage import claim_standings, coverage, grid_coverage, hosts_of, next_round_at
+from volunteer.replicas.providers import placement_capacity
 from volunteer.swarmfile import GridSpec
 
 GRID = GridSpec("expert", (2, 2), "ffn", 8, replicas=2)
@@ -79,3 +81,30 @@ def test_placement_capacity_without_a_gpu():
     config = ReplicasConfig(default_capacity=8)
     assert placement_capacity([GRID], None, config=config) == 8
     assert placement_capacity([GRID], None, max_experts=3, config=config) == 3
+
+
+def test_claim_standings_mark_a_version_far_above_the_others_suspect():
+    hosts = {
+        "expert.0.0": {"honest-a": 40, "honest-b": 42, "liar": 10**9},
+        "expert.0.1": {"only": 10**9},
+        "expert.1.0": {"a": 7, "b": 9},
+    }
+    standings = claim_standings(hosts, factor=2.0, margin=1000)
+    assert standings["expert.0.0"] == {"honest-a": "plausible", "honest-b": "plausible", "liar": "suspect"}
+    assert standings["expert.0.1"] == {"only": "sole"}  # nothing to compare a sole claim with
+    assert standings["expert.1.0"] == {"a": "plausible", "b": "plausible"}
+
+
+def test_volunteer_experts_rows_carry_each_replicas_claim_standing():
+    rows = [
+        {"uid": "expert.0.0", "peer_id": "a", "version": 5},
+        {"uid": "expert.0.0", "peer_id": "b", "version": 6},
+        {"uid": "expert.0.0", "peer_id": "liar", "version": 10**9},
+        {"uid": "expert.1.1", "peer_id": "a", "version": 0},
+    ]
+    mark_claims(rows)
+    assert [row["claim"] for row in rows] == ["plausible", "plausible", "suspect", "sole"]
+    listing = ExpertListing(rows, "swarm 't'", COLUMNS)
+    table = experts_table(listing)
+    claim_cells = list(table.columns[COLUMNS.index("claim")].cells)
+    assert claim_cells == ["plausible", "plausible", "suspect", "sole"]

@@ -4,6 +4,8 @@ with spare capacity, capacity-bounded, most trained first, with fallbacks."""
 from __future__ import annotations
 
 from volunteer.replicas.handoff import plan_handoff
+from volunteer.replicas.placement import claim_is_suspect, suspect_claims
+from volunteer.replicas.transfer import PushClaim, handed_off_version
 
 
 def test_experts_with_other_replicas_need_no_push():
@@ -39,3 +41,22 @@ def test_equally_free_receivers_are_spread_by_hash():
     firsts = [p.candidates[0] for p in plan.pushes]
     assert set(firsts) == {"p0", "p1", "p2", "p3"}  # most-spare-first balances them
     assert max(firsts.count(p) for p in set(firsts)) - min(firsts.count(p) for p in set(firsts)) <= 1
+
+
+def test_a_claim_far_above_the_others_is_suspect_and_a_near_one_is_not():
+    assert claim_is_suspect(10**9, [40, 42], factor=2.0, margin=1000)
+    assert not claim_is_suspect(1080, [40, 42, 10**9], factor=2.0, margin=1000)  # lower median: 42
+    assert not claim_is_suspect(10**9, [], factor=2.0, margin=1000)  # nothing to compare
+    assert suspect_claims({"a": 40, "b": 42, "liar": 10**9}, factor=2.0, margin=1000) == {"liar"}
+
+
+def test_a_handed_off_state_is_hosted_at_its_declared_version_when_the_header_claims_far_more():
+    claim = PushClaim(declared=True, sole=True, version=7)
+    assert handed_off_version(10**9, claim, factor=2.0, margin=1000) == 7  # the signed record wins
+    # a declaration lags training by a heartbeat: a little above it is the pusher's fresh version
+    assert handed_off_version(12, claim, factor=2.0, margin=1000) == 12
+    # only a tombstone was seen: nothing declared, so a huge header counts from 0
+    tombstoned = PushClaim(declared=True, sole=True)
+    assert handed_off_version(10**9, tombstoned, factor=2.0, margin=1000) == 0
+    assert handed_off_version(4, tombstoned, factor=2.0, margin=1000) == 4
+    assert handed_off_version(10**9, None, factor=2.0, margin=1000) == 10**9  # no DHT to ask

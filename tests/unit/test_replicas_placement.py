@@ -172,3 +172,17 @@ def test_a_full_volunteer_makes_room_by_giving_up_its_most_replicated_expert():
     # sole copies are never given up for another sole copy
     assert make_room_for("x.0", hosts, me="me", hosting=["e.2"]) is None
     assert make_room_for("e.0", hosts, me="me", hosting=["e.0"]) is None
+
+
+def test_only_proven_hosts_make_a_hosted_copy_droppable():
+    grid = GridSpec("rep", (2,), "ffn", 8, replicas=2)
+    # three fresher squatters declare rep.0, which "me" holds; rep.1 has no host
+    hosts = {"rep.0": {"me": 2, "s1": 10, "s2": 10, "s3": 10}}
+    fooled = place([grid], hosts, me="me", capacity=1, hosting=["rep.0"])
+    assert fooled.drop == ("rep.0",)  # on their word alone, our copy looks spare
+    kept = place([grid], hosts, me="me", capacity=1, hosting=["rep.0"], proven={"rep.0": {"me": 2}})
+    assert kept.drop == () and kept.host == ("rep.0",)
+    # two replicas we caught up from or synced with do make it spare: the move goes ahead
+    proven = {"rep.0": {"me": 2, "s1": 10, "s2": 10}}
+    moved = place([grid], hosts, me="me", capacity=1, hosting=["rep.0"], proven=proven)
+    assert moved.drop == ("rep.0",) and moved.add == ("rep.1",)

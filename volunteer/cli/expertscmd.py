@@ -73,6 +73,8 @@ def experts_table(listing: ExpertListing) -> "Table":
             return _shown(row.get("load"), "{:.1f}")
         if column == "version":
             return _shown(row.get("version"))
+        if column == "claim":
+            return _shown(row.get("claim"))
         if column == "heartbeat":
             age = row.get("heartbeat_age_s")
             return DASH if age is None else f"{duration(age)} ago"

@@ -65,9 +65,15 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def listen_addrs(args: argparse.Namespace) -> list[str]:
-    """The ``--listen`` addresses given, else one ephemeral port."""
-    return list(args.listen) or list(EPHEMERAL_LISTEN)
+def listen_addrs(args: argparse.Namespace, target: Multiaddr | None = None) -> list[str]:
+    """The ``--listen`` addresses given, else ephemeral ports: TCP and QUIC, or TCP alone for a
+    ``target`` reached directly over TCP (no punch can follow, and loading QUIC costs a one-shot
+    command a tenth of a second)."""
+    if args.listen:
+        return list(args.listen)
+    if target is not None and "p2p-circuit" not in target.protocols() and "tcp" in target.protocols():
+        return [a for a in EPHEMERAL_LISTEN if "/tcp/" in a]
+    return list(EPHEMERAL_LISTEN)
 
 
 def load_identity(args: argparse.Namespace) -> KeyPair:
@@ -128,7 +134,7 @@ def run_ping(args: argparse.Namespace) -> int:
 
 
 async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -> int:
-    async with open_stack(keypair, listen_addrs(args)) as host:
+    async with open_stack(keypair, listen_addrs(args, target)) as host:
         started = trio.current_time()
         try:
             with trio.fail_after(args.timeout):

@@ -54,7 +54,7 @@ def run_perf(args: argparse.Namespace) -> int:
     target = Multiaddr(args.addr)
     keypair = load_identity(args)
     result = trio.run(measure, target, keypair, args.upload, args.download, args.streams, args.timeout, not args.json,
-                      listen_addrs(args))
+                      listen_addrs(args, target))
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

@@ -10,12 +10,10 @@ node, ``declare`` (``ExpertDeclarer``), ``mdns``. ``config.DHTConfig`` holds eve
 from .caches import ClosestPeers, RecentValues, StorePlan
 from .config import DHTConfig, protocol_id
 from .declare import ExpertDeclarer
+from .beam import BeamSearch, ExpertMatch, find_best_experts
 from .grid import (
-    BeamSearch,
     Declaration,
-    ExpertMatch,
     HostInfo,
-    find_best_experts,
     get_experts,
     grid_experts,
     grid_prefixes,

@@ -29,6 +29,11 @@ MIN_RATE_SAMPLE_BYTES = 16 * 1024
 # 8-bit is worth its rounding and its CPU only where it saves at least this much wire time per
 # call: on loopback or a LAN a call's bytes outlast its (tiny) round trip, yet take microseconds.
 MIN_WIRE_SAVING_S = 0.005
+# float16 is worth its conversions only off the machine and its wired LAN: where a round trip takes
+# under this, or where halving a call's bytes would save under MIN_HALF_SAVING_S of wire time, the
+# tensors travel as they are (loopback: float16 made a small forward+backward 1-2 ms slower)
+FAST_LINK_RTT_S = 0.001
+MIN_HALF_SAVING_S = 0.0005
 
 
 @dataclasses.dataclass
@@ -161,6 +166,10 @@ class CallStats:
             self._hosts[key] = HostSummary(uid, peer)
         return self._hosts[key]
 
+    def rtt(self, peer: str) -> float | None:
+        """The shortest round trip measured to ``peer`` (None before one was)."""
+        return self._rtt_of(peer)
+
     def _rtt_of(self, peer: str) -> float | None:
         rtts = [h.rtt for (_, p), h in self._hosts.items() if p == peer and h.rtt]
         return min(rtts) if rtts else None
@@ -179,14 +188,22 @@ class CallStats:
             self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
 
 
-def choose_compression(setting: str, bytes_cost: float | None, wire_seconds: float | None = None) -> str:
-    """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then float16
-    (tensors.serialize keeps values float16 cannot hold faithfully in another encoding), or
-    8-bit blockwise where the link makes a call's float16 bytes cost more than its round trip
-    (``CallStats.bytes_cost`` above 1: a home uplink shared by a step's calls) and halving them
-    saves at least ``MIN_WIRE_SAVING_S`` (``wire_seconds``: ``CallStats.wire_seconds``)."""
+def choose_compression(
+    setting: str, bytes_cost: float | None, wire_seconds: float | None = None, rtt: float | None = None
+) -> str:
+    """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then none on a
+    fast link (``rtt`` under ``FAST_LINK_RTT_S``, or float16 saving under ``MIN_HALF_SAVING_S``
+    of ``wire_seconds``), else float16 (tensors.serialize keeps values float16 cannot hold
+    faithfully in another encoding), or 8-bit blockwise where the link makes a call's float16
+    bytes cost more than its round trip (``CallStats.bytes_cost`` above 1: a home uplink shared
+    by a step's calls) and halving them saves at least ``MIN_WIRE_SAVING_S`` (``wire_seconds``:
+    ``CallStats.wire_seconds``, the payload's time on the wire in float16)."""
     if setting != AUTO:
         return setting
+    if rtt is not None and rtt < FAST_LINK_RTT_S:
+        return NONE
+    if wire_seconds is not None and math.isfinite(wire_seconds) and wire_seconds < MIN_HALF_SAVING_S:
+        return NONE
     if bytes_cost is None or not math.isfinite(bytes_cost) or bytes_cost <= 1.0:
         return FLOAT16
     if wire_seconds is None or not math.isfinite(wire_seconds) or wire_seconds / 2 < MIN_WIRE_SAVING_S:
@@ -194,4 +211,4 @@ def choose_compression(setting: str, bytes_cost: float | None, wire_seconds: flo
     return BLOCKWISE8_64
 
 
-__all__ = ["AUTO", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
+__all__ = ["AUTO", "FAST_LINK_RTT_S", "MIN_HALF_SAVING_S", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]

@@ -319,7 +319,8 @@ class _Call:
         if self.stats is None:
             return choose_compression(self.compression, None)
         return choose_compression(
-            self.compression, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key))
+            self.compression, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key),
+            self.stats.rtt(self.peer_key))
 
     async def _recorded(self, report: CallReport, call, check) -> list[torch.Tensor]:
         # a reply the guard rejects counts as a failed call in the host's record

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..replicas.messages import StateHeader
 
 LOOKUP_TIMEOUT = 30.0  # ``volunteer experts``: the grid walk gives up after this long
-COLUMNS = ("uid", "host", "reached", "load", "version", "heartbeat")
+COLUMNS = ("uid", "host", "reached", "load", "version", "claim", "heartbeat")
 
 
 class VolunteerKind:
@@ -78,7 +78,7 @@ class VolunteerKind:
     def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
         from ..experts import DEFAULT_CONFIG
         from ..experts.server import ExpertServer
-        from ..replicas.manager import versions_of
+        from ..replicas.providers import versions_of
 
         host, spec, options = node.host, node.spec, node.options
         # one meter for everything this volunteer uploads: replies, sync, catch-up served, hand-off
@@ -106,7 +106,8 @@ class VolunteerKind:
                              declarer=declarer, dht=dht)
 
         from ..replicas import DEFAULT_CONFIG as REPLICAS, BackendStore, ReplicaSync, grid_of
-        from ..replicas.manager import ReplicaManager, StartHosting, placement_capacity, synced_ages
+        from ..replicas.manager import ReplicaManager, StartHosting
+        from ..replicas.providers import placement_capacity, synced_ages
 
         config = options.replicas_config or REPLICAS
         grids, build = spec.grids, node.build
@@ -178,6 +179,7 @@ class VolunteerKind:
                     # the age declared at the heartbeat, plus the heartbeat's own age
                     "last_sync_age_s": None if decl.synced_age is None else round(decl.synced_age + max(0.0, now - decl.heartbeat), 1),
                 })
+        mark_claims(rows)
         coverage = coverage_of(spec.grids, rows) if spec.grids else None
         return ExpertListing(rows, f"swarm {spec.name!r}", COLUMNS, coverage=coverage)
 
@@ -211,4 +213,20 @@ def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> dict:
     return coverage(grids, hosts)
 
 
-__all__ = ["VolunteerKind", "coverage_of", "dht_status"]
+def mark_claims(rows: list[dict]) -> None:
+    """Give every row its replica's ``claim`` standing among the other replicas of its uid
+    (``claim_standings``: ``suspect``, ``sole`` or ``plausible``), in place."""
+    from ..replicas.config import DEFAULT_CONFIG
+    from ..replicas.coverage import claim_standings
+
+    hosts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        hosts.setdefault(row["uid"], {})[row["peer_id"]] = row["version"]
+    standings = claim_standings(
+        hosts, factor=DEFAULT_CONFIG.version_claim_factor, margin=DEFAULT_CONFIG.version_claim_margin
+    )
+    for row in rows:
+        row["claim"] = standings[row["uid"]][row["peer_id"]]
+
+
+__all__ = ["VolunteerKind", "coverage_of", "dht_status", "mark_claims"]

@@ -11,7 +11,7 @@ import math
 from typing import Mapping, Sequence
 
 from .grid import GridSpec, grid_of
-from .placement import Hosts
+from .placement import Hosts, suspect_claims
 
 
 def next_round_at(now: float, period: float) -> float:
@@ -64,3 +64,19 @@ def hosts_of(found: Mapping[str, Sequence[object]]) -> dict[str, dict[str, int]]
 
 
 __all__ = ["coverage", "grid_coverage", "hosts_of", "next_round_at"]
+
+
+def claim_standings(hosts: Hosts, *, factor: float, margin: int) -> dict[str, dict[str, str]]:
+    """``uid → {peer: standing}`` of each declared replica, judged from the DHT's word alone (what
+    ``volunteer experts`` can see without fetching a state): ``suspect`` when its version claim is
+    far above the other replicas' (``suspect_claims``), ``sole`` when no other replica declares
+    the uid (nothing to compare), else ``plausible`` (its claim is in line with the others'; that
+    its state matches theirs is only proven by fetching it)."""
+    out: dict[str, dict[str, str]] = {}
+    for uid, claims in hosts.items():
+        suspects = suspect_claims(claims, factor=factor, margin=margin)
+        out[uid] = {
+            peer: "suspect" if peer in suspects else ("sole" if len(claims) == 1 else "plausible")
+            for peer in claims
+        }
+    return out

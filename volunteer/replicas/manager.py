@@ -25,12 +25,12 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import trio
 
 from ..dht.declare import ExpertDeclarer
-from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts
+from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts, survey_quorum
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
@@ -42,7 +42,8 @@ from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import Hosts, Placement, capacity, catch_up_order, expert_memory_bytes, make_room_for, place
+from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
+from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versions_of
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
@@ -51,14 +52,10 @@ from .messages import StateHeader
 from .state import check_plausible, import_state
 from .transfer import PushClaim, StateService, fetch_state, request_for
 
-if TYPE_CHECKING:
-    import torch
-
 log = logging.getLogger(__name__)
 
 SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
 DIRECT_LOOKUP_LIMIT = 1024  # grids up to this many experts are surveyed uid by uid (one batch)
-VERSION_CLAIM = "version_claim"  # a declared version far above the other replicas', tried last
 IMPLAUSIBLE_STATE = "implausible_state"  # a fetched state that is not finite or not at a trained scale
 
 # builds an empty backend (uid, class, hidden_dim): the daemon's make_backend with its settings
@@ -149,7 +146,7 @@ class ReplicaManager(BaseService):
                 listed = await list_experts(self.dht, grid.prefix + ".", limit=grid.count)
                 found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
         if direct:
-            found.update(await get_experts(self.dht, list(dict.fromkeys(direct))))
+            found.update(await get_experts(self.dht, list(dict.fromkeys(direct)), quorum=survey_quorum(self.dht)))
         self._remember_hosts(found)
         self.hosts = await self.alive_only(hosts_of(found))
         self.surveyed_at = trio.current_time()
@@ -238,10 +235,16 @@ class ReplicaManager(BaseService):
             del self._standings[next(iter(self._standings))]
 
     def placement(self, hosts: Hosts) -> Placement:
-        """What placement says this volunteer should host, given ``hosts``."""
+        """What placement says this volunteer should host, given ``hosts``; only the hosts
+        ``proven`` to us (``standings``) may make it drop a copy."""
+        standings = self.standings()
+        proven = {
+            uid: {peer: v for peer, v in holders.items() if standings.get(uid, {}).get(peer) == Standing.PROVEN.value}
+            for uid, holders in hosts.items()
+        }
         return place(
             self.grids, hosts, me=self.me, capacity=self.capacity, hosting=list(self.store.backends),
-            max_moves=self.config.max_moves_per_recheck,
+            max_moves=self.config.max_moves_per_recheck, proven=proven,
         )
 
     # --- catch-up -------------------------------------------------------------------------------
@@ -336,13 +339,35 @@ class ReplicaManager(BaseService):
         except VolunteerError as exc:
             log.warning("cannot build %s: %s", uid, describe(exc))
             return False
-        if backend is None or not await self.prepare(backend, hosts):
+        if backend is None:
             return False
+        if not await self.prepare(backend, hosts):
+            again = await self._look_again(uid, hosts)
+            if again is None or not await self.prepare(backend, again):
+                return False
         if uid in self.store.backends:  # a hand-off delivered it meanwhile
             return True
         self.store.add(backend)
         self.declarer.add(uid)
         return True
+
+    async def _look_again(self, uid: str, hosts: Hosts) -> Hosts | None:
+        """After every source of ``uid`` in ``hosts`` failed: a fresh survey of it (a survey may
+        have been eclipsed, or a source was replaced), or None when it shows no live host that
+        was not tried already."""
+        tried = set(hosts.get(uid, {}))
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                found = await get_experts(self.dht, [uid], quorum=survey_quorum(self.dht))
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.debug("looking %s up again: %s", uid, describe(exc))
+                return None
+            self._remember_hosts(found)
+            fresh = await self.alive_only(hosts_of(found))
+            if set(fresh.get(uid, {})) - tried - {self.me}:
+                log.info("%s: looking again found hosts the first survey did not show", uid)
+                return fresh
+        return None
 
     async def drop(self, uid: str) -> None:
         """Stop hosting ``uid``: tombstone its record first (trainers stop picking us), then let
@@ -355,21 +380,25 @@ class ReplicaManager(BaseService):
     async def vouch(self, pusher: str, uid: str) -> PushClaim:
         """What the DHT says of a push of grid expert ``uid`` by ``pusher`` (the state service's
         ``vouch``): whether ``pusher`` declares it or tombstoned it (a leaver tombstones its
-        experts before it hands them off), and whether no other live host holds it. A uid outside
-        every grid, or a lookup that fails, vouches for nothing."""
+        experts before it hands them off), whether no other live host holds it, and the version the
+        pusher declared (its record, or our last survey's once a tombstone replaced it). A uid
+        outside every grid, or a lookup that fails, vouches for nothing."""
         if grid_of(uid, self.grids) is None:
             return PushClaim(declared=False, sole=False)
         with trio.move_on_after(self.config.request_timeout):
             try:
-                decls, left = await get_hosts_and_leavers(self.dht, uid)
+                decls, left = await get_hosts_and_leavers(self.dht, uid, quorum=survey_quorum(self.dht))
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("vouching for a push of %s: lookup failed: %s", uid, describe(exc))
                 return PushClaim(declared=False, sole=False)
-            declared = any(str(d.peer) == pusher for d in decls) or any(str(p) == pusher for p in left)
+            own = [int(d.version or 0) for d in decls if str(d.peer) == pusher]
+            declared = bool(own) or any(str(p) == pusher for p in left)
+            # a leaver's tombstone replaced its declaration: the version our last survey saw
+            version = own[0] if own else self.hosts.get(uid, {}).get(pusher)
             others = {uid: [d for d in decls if str(d.peer) not in (pusher, self.me)]}
             self._remember_hosts(others)
             alive = await self.alive_only(hosts_of(others))
-            return PushClaim(declared=declared, sole=not alive.get(uid))
+            return PushClaim(declared=declared, sole=not alive.get(uid), version=version)
         return PushClaim(declared=False, sole=False)
 
     async def make_room(self, incoming: str) -> bool:
@@ -382,7 +411,7 @@ class ReplicaManager(BaseService):
         hosts: dict[str, dict[str, int]] = {}
         with trio.move_on_after(self.config.request_timeout):
             try:
-                found = await get_experts(self.dht, mine)
+                found = await get_experts(self.dht, mine, quorum=survey_quorum(self.dht))
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.debug("making room for %s: lookup failed: %s", incoming, describe(exc))
                 return False
@@ -500,7 +529,7 @@ class ReplicaManager(BaseService):
             return 0
         try:
             with trio.fail_after(self.config.sync_timeout):
-                found = await get_experts(self.dht, mine)
+                found = await get_experts(self.dht, mine, quorum=survey_quorum(self.dht))
         except (VolunteerError, OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
             log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
             return 0
@@ -564,53 +593,6 @@ class ReplicaManager(BaseService):
         return result
 
 
-GPU_SHARE = 0.9  # of the device's memory placement fills when --max-gpu-memory does not say
-ACTIVATION_MARGIN = 1.25  # activations of a batch on top of parameters, gradients and Adam's moments
-
-
-def placement_capacity(
-    grids: Sequence[GridSpec],
-    device: "torch.device | None",
-    *,
-    max_experts: int | None = None,
-    max_gpu_memory: float | None = None,
-    config: ReplicasConfig = DEFAULT_CONFIG,
-) -> int:
-    """How many grid experts automatic placement hosts: ``--max-experts``; else what fits in the
-    allowed share of a CUDA device's memory (the grids' largest expert); else (no GPU) 8."""
-    if max_experts is not None or device is None or device.type != "cuda" or not grids:
-        return capacity(max_experts=max_experts, config=config)
-    import torch
-
-    from ..experts.layers import get_expert_class
-
-    total = torch.cuda.get_device_properties(device.index or 0).total_memory
-    largest = max(
-        sum(p.numel() for p in get_expert_class(grid.expert_class).build(grid.hidden_dim).parameters()) for grid in grids
-    )
-    per_expert = int(expert_memory_bytes(largest) * ACTIVATION_MARGIN)
-    return capacity(gpu_memory_bytes=int(total * (max_gpu_memory or GPU_SHARE)), bytes_per_expert=per_expert, config=config)
-
-
-def synced_ages(sync: ReplicaSync) -> Callable[[str], float | None]:
-    """The declarer's per-uid sync age: seconds since ``uid``'s replicas last averaged with us
-    (None: never), read from the sync service."""
-
-    def synced_age(uid: str) -> float | None:
-        finished = sync.last_sync.get(uid)
-        return None if finished is None else max(0.0, trio.current_time() - finished)
-
-    return synced_age
-
-
-def versions_of(backends: Mapping[str, ExpertBackend]) -> Callable[[str], int]:
-    """The declarer's per-uid version provider: a hosted expert's count of optimizer updates."""
-
-    def version(uid: str) -> int:
-        backend = backends.get(uid)
-        return backend.updates if backend is not None else 0
-
-    return version
-
-
-__all__ = ["BuildBackend", "ReplicaManager", "StartHosting", "placement_capacity", "synced_ages", "versions_of"]
+__all__ = [
+    "ACTIVATION_MARGIN", "BuildBackend", "ReplicaManager", "StartHosting", "placement_capacity", "synced_ages", "versions_of",
+]

@@ -56,8 +56,13 @@ def place(
     capacity: int,
     hosting: Collection[str] = (),
     max_moves: int = DEFAULT_CONFIG.max_moves_per_recheck,
+    proven: Hosts | None = None,
 ) -> Placement:
-    """Decide what to host (see the module docstring). ``hosting`` empty: a first placement."""
+    """Decide what to host (see the module docstring). ``hosting`` empty: a first placement.
+    ``proven``: the hosts among ``hosts`` that proved they hold the state (default: all). Only
+    they make a hosted copy droppable: a declaration and a dial are anyone's to give, and a copy
+    dropped for squatters is lost; what to add still reads every declared host."""
+    vouched = hosts if proven is None else proven
     target: dict[str, int] = {}
     for grid in grids:
         for uid in grid.uids():
@@ -82,8 +87,8 @@ def place(
         chosen = kept | set(add)
         under = sorted((uid for uid in target if uid not in chosen and others[uid] < target[uid]), key=want_key)
         over = sorted(
-            (uid for uid in kept if uid in target and _may_drop(hosts, uid, me, target[uid])),
-            key=lambda uid: (-(others[uid] + 1 - target[uid]), tie_break(me, uid)),
+            (uid for uid in kept if uid in target and _may_drop(vouched, uid, me, target[uid])),
+            key=lambda uid: (-(len(_others(vouched, uid, me)) + 1 - target[uid]), tie_break(me, uid)),
         )
         for new, old in list(zip(under, over))[: max(0, max_moves)]:
             add.append(new)
@@ -127,16 +132,24 @@ def catch_up_source(hosts: Hosts, uid: str, *, me: str) -> str | None:
     return max(others, key=lambda peer: (others[peer], -tie_break(me + peer, uid)))
 
 
+VERSION_CLAIM = "version_claim"  # a version far above what the other replicas declare: not believed
+
+
+def claim_is_suspect(version: int, others: Sequence[int], *, factor: float, margin: int) -> bool:
+    """Whether ``version`` is more than ``factor`` times the lower median of ``others`` plus
+    ``margin`` (no others: never)."""
+    ranked = sorted(others)
+    return bool(ranked) and version > factor * ranked[(len(ranked) - 1) // 2] + margin
+
+
 def suspect_claims(claims: Mapping[str, int], *, factor: float, margin: int) -> frozenset[str]:
     """The peers whose declared version is far above what the other replicas declare: more than
     ``factor`` times the lower median of the others' plus ``margin``. A version is a claim
     nobody checks; one that outruns every other replica's by that much is suspect, not fresh."""
-    suspects = set()
-    for peer, version in claims.items():
-        others = sorted(v for p, v in claims.items() if p != peer)
-        if others and version > factor * others[(len(others) - 1) // 2] + margin:
-            suspects.add(peer)
-    return frozenset(suspects)
+    return frozenset(
+        peer for peer, version in claims.items()
+        if claim_is_suspect(version, [v for p, v in claims.items() if p != peer], factor=factor, margin=margin)
+    )
 
 
 def catch_up_order(hosts: Hosts, uid: str, *, me: str, factor: float, margin: int) -> tuple[list[str], frozenset[str]]:

@@ -121,8 +121,9 @@ class BackendStore:
         if self.spare is not None and self.spare < 1:
             raise StateRefusedError(f"no capacity for {header.uid!r}", "full")
 
-    async def receive(self, header: StateHeader, payload: bytes | bytearray) -> int:
-        """Build the expert of a pushed state, load it and host it; the version now hosted."""
+    async def receive(self, header: StateHeader, payload: bytes | bytearray, *, version: int | None = None) -> int:
+        """Build the expert of a pushed state, load it and host it at ``version`` (the header's
+        when None); the version now hosted."""
         self.offer(header)  # again: another push may have taken the room meanwhile
         assert self.factory is not None
         try:
@@ -130,6 +131,8 @@ class BackendStore:
         except ExpertConfigError as exc:
             raise StateMismatchError(f"cannot build {header.uid!r} ({header.expert_class!r}) here: {exc}") from exc
         import_state(backend, header, payload)  # nobody else sees this backend yet
+        if version is not None:
+            backend.updates = version
         if header.uid in self.backends:
             raise StateRefusedError(f"{header.uid!r} arrived twice at once", "busy")
         self.add(backend)

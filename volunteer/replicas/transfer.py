@@ -42,6 +42,7 @@ from .messages import (
     state_protocol,
     unpack,
 )
+from .placement import VERSION_CLAIM, claim_is_suspect
 from .state import ExportedState, check_plausible, import_state, module_layout, verify_payload
 from .store import AcceptedHook, BackendStore, HostingRuntime, MakeRoomHook
 
@@ -58,6 +59,20 @@ class PushClaim:
 
     declared: bool
     sole: bool
+    version: int | None = None  # what the pusher last declared for the uid, if the DHT showed it
+
+
+def handed_off_version(pushed: int, claim: PushClaim | None, *, factor: float, margin: int) -> int:
+    """The version a receiver hosts a handed-off state at. A header's version is the pusher's
+    bare word: it stands only while it is not a suspect claim (``placement.claim_is_suspect``)
+    beside what the pusher declared for the uid in its signed record (``claim.version``; 0 when
+    no declaration of it was seen, only its tombstone), else the declared version is taken. A
+    declaration lags a heartbeat behind training, hence the margin rather than a plain minimum.
+    Without a ``vouch`` (no DHT to ask) the header is all there is."""
+    if claim is None:
+        return pushed
+    declared = claim.version or 0
+    return declared if claim_is_suspect(pushed, [declared], factor=factor, margin=margin) else pushed
 
 
 # asked of every push (pusher's peer id, uid): the replica manager looks the uid up in the DHT
@@ -151,12 +166,19 @@ class StateService(BaseService):
             await close_quietly(reader)
 
     async def _take_push(self, reader: BufferedStream, header: StateHeader, pusher: str) -> None:
-        await self._admit(header, pusher)  # refusal before the payload is sent
+        claim = await self._admit(header, pusher)  # refusal before the payload is sent
         await reader.send_all(pack({"ok": True}, self.config))
         payload = await receive_payload(reader, header.total, self.config)
         verify_payload(header, payload)
         hosted_before = header.uid in self.store.backends
-        version = await self.store.receive(header, payload)
+        version = handed_off_version(
+            header.version, claim, factor=self.config.version_claim_factor, margin=self.config.version_claim_margin
+        )
+        if version != header.version:
+            self.refusals[VERSION_CLAIM] += 1
+            log.warning("%s pushed %s claiming version %d; hosting it at %d, what it declared",
+                        pusher, header.uid, header.version, version)
+        version = await self.store.receive(header, payload, version=version)
         self.received += 1
         backend = self.store.backends.get(header.uid)
         if not hosted_before and backend is not None and self.on_accepted is not None:
@@ -165,7 +187,7 @@ class StateService(BaseService):
                 await result
         await reader.send_all(pack({"ok": True, "v": version}, self.config))
 
-    async def _admit(self, header: StateHeader, pusher: str) -> None:
+    async def _admit(self, header: StateHeader, pusher: str) -> PushClaim | None:
         """Refuse a push that is not a hand-off of a sole copy (see the module docstring); then
         the store's ``offer``, except that a full volunteer first asks ``make_room`` to free a slot
         (a leaver's sole copy is worth more here than a second copy of an expert others hold), and
@@ -187,6 +209,7 @@ class StateService(BaseService):
             if exc.code != "full" or claim is None or self.make_room is None or not await self.make_room(header.uid):
                 raise
             self.store.offer(header)
+        return claim
 
     async def _try_send(self, reader: BufferedStream, message: dict) -> None:
         try:
