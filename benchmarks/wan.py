@@ -214,7 +214,7 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
         for i in range(VOLUNTEERS):
             home = workdir / f"vol{i}"
             volunteers.append(procs.launch(f"vol{i}", [
-                PY, "-m", "volunteer", "join", str(swarm), "--no-dashboard", "--no-mdns",
+                PY, "-m", "volunteer", "join", str(swarm), "--yes", "--no-dashboard", "--no-mdns",
                 "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(args.hidden),
                 "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--identity", str(home / "id.key"),
                 "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
