@@ -7,17 +7,9 @@ import argparse
 from dataclasses import dataclass
 
 from ..errors import VolunteerError
+from ..web.serve import host_port_arg
 from .policy import PolicyError, PolicySettings, settings_from
 from .selfcare import DEFAULT_FAILURE_LIMIT
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    from ..web.serve import parse_host_port
-
-    try:
-        return parse_host_port(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -36,7 +28,7 @@ def add_donor_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--yes", action="store_true",
                    help="agree to donate with the settings shown, without asking, for this start (unattended installs; "
                    "[run] consent = true in config.toml says it for every start)")
-    g.add_argument("--web", type=_host_port, metavar="HOST:PORT",
+    g.add_argument("--web", type=host_port_arg, metavar="HOST:PORT",
                    help="serve a local web page with live state, plots and fold/pause/finish buttons "
                    "(e.g. 127.0.0.1:7396; a per-install token guards it)")
     r = p.add_argument_group("run-when policies (config.toml [run] keys of the same names)")

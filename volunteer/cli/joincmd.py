@@ -26,6 +26,7 @@ from ..swarmfile import (
 )
 from .control import ControlError, DaemonLock, default_control_path, request
 from .donorflags import add_donor_flags, choose_gpus, donor_choices
+from ..web.serve import host_port_arg
 from .netcmds import swarm_id_arg
 
 JOIN_EXAMPLES = """\
@@ -65,12 +66,6 @@ def _public_name(text: str) -> str:
         return check_public_name(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    from .relaycmd import host_port
-
-    return host_port(text)
 
 
 def add_control_flag(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +110,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="what your expert errors show trainers: full tracebacks, redacted (paths relative "
                    "to the package or ~; the default), or none (type and message only)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines, even in a terminal")
-    p.add_argument("--metrics", type=_host_port, metavar="HOST:PORT",
+    p.add_argument("--metrics", type=host_port_arg, metavar="HOST:PORT",
                    help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9101)")
     p.add_argument("--no-mdns", action="store_true",
                    help="do not look for volunteers of this swarm on the LAN (mDNS); also VOLUNTEER_NO_MDNS=1")

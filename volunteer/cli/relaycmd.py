@@ -13,17 +13,8 @@ from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
 from ..sizes import size_arg
 from ..swarmfile import load_limits
+from ..web.serve import host_port_arg
 from .netcmds import add_identity_flag, load_identity, swarm_id_arg
-
-
-def host_port(text: str) -> tuple[str, int]:
-    """``--metrics HOST:PORT`` as argparse takes it (a bad one is a usage error, exit 2)."""
-    from ..web.serve import parse_host_port
-
-    try:
-        return parse_host_port(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 
@@ -52,11 +43,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/4001 and /ip4/0.0.0.0/udp/4001/quic-v1: "
                    "peers learn their QUIC address for hole punching from a relay that speaks QUIC)")
     p.add_argument("--announce", action="append", default=[], metavar="MULTIADDR", help="address to advertise instead of the listen addresses (repeatable)")
-    p.add_argument("--metrics", type=host_port, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
+    p.add_argument("--metrics", type=host_port_arg, metavar="HOST:PORT", help="serve Prometheus metrics over HTTP at http://HOST:PORT/metrics")
     p.add_argument("--swarm", action="append", metavar="SWARM_ID|FILE", type=swarm_id_or_file,
                    help="serve as DHT bootstrap peer for this swarm id, or for the swarm a swarm file describes "
                         "(its grids and entry points then show on --web) (repeatable; default: default)")
-    p.add_argument("--web", type=host_port, metavar="HOST:PORT",
+    p.add_argument("--web", type=host_port_arg, metavar="HOST:PORT",
                    help="serve the public swarm health page (coverage map, volunteers, entry points, top "
                         "contributors; JSON at /api/health, Prometheus at /metrics) at http://HOST:PORT/")
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",

@@ -35,6 +35,17 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def host_port_arg(text: str) -> tuple[str, int]:
+    """``parse_host_port`` as an argparse ``type=`` (``--web``, ``--metrics``): a bad one is a
+    usage error (exit 2) in one line."""
+    import argparse
+
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def open_web_socket(host: str, port: int, *, flag: str, what: str = "the web page") -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: the OS picks one); a port in use or an
     address not ours is a ListenError that names ``flag``."""
@@ -90,4 +101,4 @@ async def serve_app(app, sock: socket.socket, *, task_status: trio.TaskStatus[No
         sock.close()
 
 
-__all__ = ["listener_address", "open_web_socket", "parse_host_port", "serve_app", "url_of"]
+__all__ = ["host_port_arg", "listener_address", "open_web_socket", "parse_host_port", "serve_app", "url_of"]
