@@ -41,6 +41,18 @@ async def stall(stream) -> None:  # takes the state stream and never answers
     await trio.sleep_forever()
 
 
+async def add_squatter(stack, seed, entry, uids: list[str], behaviour, **opts):
+    """A volunteer in ``stack`` that declares ``uids`` at version 10 (fresher than the honest
+    hosts, so tried first) and answers the state protocol with ``behaviour``."""
+    squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=uids, **opts)))
+    squatter.host.set_handler(state_protocol(SWARM), behaviour)
+    for uid in uids:
+        squatter.runtime.backends[uid].updates = 10
+    for uid in uids:
+        await until(lambda uid=uid: _redeclared(seed.dht, squatter, uid, 10), "squatter declared")
+    return squatter
+
+
 @pytest.mark.slow
 @pytest.mark.trio_timeout(90)
 @pytest.mark.parametrize("claim", [10**9, 4])  # far above the honest replica's, and just above it
@@ -81,12 +93,7 @@ async def test_squatters_that_look_fresher_do_not_keep_a_joiner_from_the_honest_
             honest.declarer.resume()
             squatters = 3 if behaviour is refuse else 2
             for _ in range(squatters):
-                squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=uids, max_experts=2)))
-                squatter.host.set_handler(state_protocol(SWARM), behaviour)
-                for uid in uids:  # declared fresher than the honest host: tried first
-                    squatter.runtime.backends[uid].updates = 10
-                for uid in uids:
-                    await until(lambda uid=uid, node=squatter: _redeclared(seed.dht, node, uid, 10), "squatter declared")
+                await add_squatter(stack, seed, entry, uids, behaviour, max_experts=2)
             # two stalled sources are raced and dropped at their header deadline; every squatter
             # is tried without costing the honest one its turn (the bound is the issue's)
             with trio.fail_after(30 if behaviour is refuse else 10):
@@ -107,10 +114,7 @@ async def test_squatters_declaring_an_expert_do_not_make_its_honest_holder_drop_
             await train(holder, held, 2)
             digest = state_digest(holder.runtime.backends[held])
             for _ in range(3):  # more than the grid's 2 replicas, fresher: the holder looks spare
-                squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=[held])))
-                squatter.host.set_handler(state_protocol(SWARM), refuse)
-                squatter.runtime.backends[held].updates = 10
-                await until(lambda node=squatter: _redeclared(seed.dht, node, held, 10), "squatter declared")
+                await add_squatter(stack, seed, entry, [held], refuse)
             # the other expert of the grid has no host: a move would drop the squatted one for it
             await holder.replicas.recheck()
             assert held in holder.runtime.uids
@@ -129,11 +133,7 @@ async def test_a_placing_joiner_hosts_its_full_share_beside_three_squatters_and_
                 await train(honest, uid, 2)
                 await until(lambda uid=uid: _redeclared(seed.dht, honest, uid, 2), "honest declared")
             for _ in range(3):  # every grid expert, fresher than the honest host, dials taken
-                squatter = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=uids, max_experts=2)))
-                squatter.host.set_handler(state_protocol(SWARM), refuse)
-                for uid in uids:
-                    squatter.runtime.backends[uid].updates = 10
-                    await until(lambda uid=uid, node=squatter: _redeclared(seed.dht, node, uid, 10), "squatter declared")
+                await add_squatter(stack, seed, entry, uids, refuse, max_experts=2)
             with trio.fail_after(30):
                 async with open_volunteer(spec(entry), options(place=True, max_experts=2)) as joiner:
                     assert sorted(joiner.runtime.uids) == uids
