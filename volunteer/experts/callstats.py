@@ -137,7 +137,7 @@ class CallStats:
         """Seconds a call's payload to ``peer`` takes on the wire in float16, in round trips
         (None before a call to it was measured): above 1 the bytes, not the latency, make it slow."""
         link = self._links.get(peer)
-        rtt = self._rtt_of(peer)
+        rtt = self.rtt(peer)
         if link is None or not rtt:
             return None
         rate, half_bytes = link
@@ -168,9 +168,6 @@ class CallStats:
 
     def rtt(self, peer: str) -> float | None:
         """The shortest round trip measured to ``peer`` (None before one was)."""
-        return self._rtt_of(peer)
-
-    def _rtt_of(self, peer: str) -> float | None:
         rtts = [h.rtt for (_, p), h in self._hosts.items() if p == peer and h.rtt]
         return min(rtts) if rtts else None
 
