@@ -33,6 +33,7 @@ accuracy per epoch and exits 0 once it reaches --target (default 0.95), 1 if it 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -239,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 
     churn = ledger = replicated = None
     if args.liar or args.honest:
+        # what the audits saw (each disagreement and how a third replica settled it), not only
+        # whom they excluded
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        logging.getLogger("volunteer.experts.audit").setLevel(logging.INFO)
         replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed)
     elif args.churn:
         from churn_swarm import ChurnSwarm, ExpertLedger

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import pytest
 import torch
 import trio
 import trio.testing
@@ -54,11 +55,13 @@ class Call:
         return [grads[0] * self.replica.grad_factor]
 
 
-def auditor(replicas: list[Replica], *, ages: float | None = 1.0, policy: TrustPolicy = ALWAYS, **config):
+def auditor(replicas: list[Replica], *, ages: float | None | dict = 1.0, policy: TrustPolicy = ALWAYS, **config):
+    """``ages``: every replica's declared sync age, or a dict of them by name (1 s if missing)."""
     ledger = TrustLedger(policy)
     stats: dict[str, int] = {}
     by_peer = {r.host.peer: r for r in replicas}
-    audits = Auditor(ledger, lambda uid: [(r.host, ages) for r in replicas if not ledger.excluded(r.host.peer)],
+    age_of = (lambda peer: ages.get(peer, 1.0)) if isinstance(ages, dict) else (lambda peer: ages)
+    audits = Auditor(ledger, lambda uid: [(r.host, age_of(r.host.peer)) for r in replicas if not ledger.excluded(r.host.peer)],
                      lambda uid, host, follows: Call(by_peer[host.peer], follows), stats,
                      config=AuditConfig(**config), rng=random.Random(0))
     return audits, ledger, stats
@@ -110,6 +113,41 @@ async def test_replicas_that_never_synced_are_not_compared():
     await settle(audits)
     assert b.forwards == [] and stats["unauditable"] == 1 and stats["audits"] == 0
     assert ledger.standing(UID, "a") is Standing.UNPROVEN
+
+
+@pytest.mark.parametrize("claim", [None, 65.0])  # no sync at all, or one too old to compare strictly
+async def test_a_host_that_claims_no_recent_sync_is_still_compared_and_outvoted_it_is_stale(claim):
+    # declaring no sync age does not buy freedom from audits: a gross lie is compared loosely with
+    # replicas that claim a sync, and once two of them outvote it, it is not called for the expert
+    liar, b, c = Replica("liar", factor=10.0), Replica("b"), Replica("c")
+    audits, ledger, stats = auditor([liar, b, c], ages={"liar": claim})
+    await answer(audits, liar)
+    await settle(audits)
+    assert stats["audits"] >= 1 and stats["disagreements"] == 1 and stats["stale"] == 1
+    assert ledger.standing(UID, "liar") is Standing.STALE and ledger.pick_weight(UID, "liar") == 0.0
+    assert not ledger.excluded("liar")  # an honest replica whose rounds keep failing looks the same
+    assert b.forwards == [False] and c.forwards == [False]
+    ledger.realigned(UID, "liar")  # it declares a recent sync again: audited strictly from now on
+    assert ledger.standing(UID, "liar") is Standing.UNPROVEN
+
+
+async def test_a_loose_comparison_within_the_largest_honest_drift_passes_and_proves_nothing():
+    drifted, b = Replica("drifted", factor=1.3), Replica("b")  # a relative gap of 0.23
+    audits, ledger, stats = auditor([drifted, b], ages={"drifted": None})
+    await answer(audits, drifted)
+    await settle(audits)
+    assert b.forwards == [False] and stats["audits"] == 1 and stats["disagreements"] == 0
+    assert ledger.standing(UID, "drifted") is Standing.UNPROVEN and ledger.standing(UID, "b") is Standing.UNPROVEN
+
+
+async def test_a_host_that_claims_a_sync_and_is_outvoted_by_two_that_claim_none_is_only_suspect():
+    aligned, old_b, old_c = Replica("aligned", factor=10.0), Replica("old_b"), Replica("old_c")
+    audits, ledger, stats = auditor([aligned, old_b, old_c], ages={"old_b": None, "old_c": None})
+    await answer(audits, aligned)
+    await settle(audits)
+    # old_b and old_c cannot be compared with each other: no third opinion settles it
+    assert stats["disagreements"] == 1 and stats["stale"] == 0 and stats["exclusions"] == 0
+    assert ledger.standing(UID, "aligned") is Standing.SUSPECT
 
 
 async def test_an_audited_training_call_is_mirrored_with_its_backward_and_the_gradients_compared():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from volunteer import RemoteMixtureOfExperts, Swarm
-from volunteer.experts.trust import TrustPolicy
+from volunteer.experts.trust import Standing, TrustPolicy
 from volunteer.replicas import ReplicasConfig
 from volunteer.swarmfile import GridSpec
 
@@ -43,7 +43,8 @@ class Replicated:
     """``honest`` volunteers each hosting the whole grid, then (``lie``) one more whose experts lie,
     and a trainer's swarm; ``close`` stops them all."""
 
-    def __init__(self, honest: int, lie=None, *, corrupt=None, trust: TrustPolicy | None = None) -> None:
+    def __init__(self, honest: int, lie=None, *, corrupt=None, trust: TrustPolicy | None = None,
+                 liar_claims_no_sync: bool = False) -> None:
         liars = 1 if lie is not None or corrupt is not None else 0
         spec = grid(honest + liars)
         self.honest: list[Volunteer] = []
@@ -59,6 +60,8 @@ class Replicated:
                                        dht_config=DHT)
                 # caught up from an honest replica first: its state is honest, only its replies lie
                 self.liar.lie(lie) if lie is not None else self.liar.corrupt(corrupt)
+                if liar_claims_no_sync:
+                    self.liar.claim_no_sync()
             options = {"trust": trust} if trust is not None else {}
             self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT, **options)
             self.moe = RemoteMixtureOfExperts(self.swarm, in_features=HIDDEN, grid=spec, k_best=2, forward_timeout=5,
@@ -139,6 +142,27 @@ def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
         assert world.moe.stats["rejected"] == 0 and world.moe.stats["disagreements"] >= 1
         assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
         assert any(trust.get(v.peer, {}).get("standing") == "proven" for v in world.honest)
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
+    # declaring no sync age would make it incomparable under strict tolerances: it is compared
+    # loosely with the replicas that declare one, and outvoted, it is stale for that expert
+    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True)
+    try:
+        liar = world.liar.peer
+        uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+        world.train_until(lambda: all(world.moe.trust.standing(uid, liar) is Standing.STALE for uid in uids), steps=600)
+        trust = world.trust()
+        assert trust[liar]["experts"] == dict.fromkeys(uids, "stale"), (trust[liar], world.moe.stats)
+        assert world.moe.stats["stale"] == 4 and world.moe.stats["exclusions"] == 0
+        replies = trust[liar]["replies"]
+        world.train_until(lambda: False, steps=10)
+        assert world.trust()[liar]["replies"] == replies  # called no more
+        for volunteer in world.honest:
+            assert world.trust()[volunteer.peer]["standing"] not in ("excluded", "stale"), world.trust()
     finally:
         world.close()
 

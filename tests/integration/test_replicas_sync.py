@@ -162,6 +162,28 @@ async def test_a_silent_replica_is_left_out_at_the_deadline(autojump_clock):
         assert trio.current_time() - start >= 10  # virtual time: it waited for the deadline
     assert outcome.contributors == () and outcome.missing == (str(host_b.peer_id),)
     assert torch.equal(outputs(a, torch.ones(1, 8)), own) and a.updates == 2  # its own values
+    # nothing merged: its state is as far from b's as before, so it declares no fresh sync age
+    # (an audit would compare it with b at a tolerance its drift may exceed)
+    assert UID not in sync_a.last_sync and sync_a.rounds == 1
+
+
+async def test_a_round_whose_contributions_were_all_refused_leaves_the_sync_age_alone():
+    network = MemoryNetwork()
+    a, b = replica(1, 2), replica(2, 3)
+    with torch.no_grad():
+        for p in b.module.parameters():
+            p.fill_(float("nan"))  # b's contribution is refused as non-finite
+    async with volunteer(network, a) as (host_a, sync_a), volunteer(network, b) as (host_b, sync_b):
+        sync_a.aligned(UID)
+        synced = sync_a.last_sync[UID]
+        await trio.sleep(0.01)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sync_b.average, UID, [host_a.full_addrs()[0]])
+            outcome = await sync_a.average(UID, [host_b.full_addrs()[0]])
+    assert outcome.refused and outcome.refused[0][0] == str(host_b.peer_id)
+    assert sync_a.last_sync[UID] == synced  # the age still counts from the last real alignment
+    sync_a.forget(UID)
+    assert UID not in sync_a.last_sync
 
 
 async def test_a_peer_that_does_not_host_the_expert_is_not_waited_for():

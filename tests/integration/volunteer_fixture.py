@@ -100,6 +100,15 @@ class Volunteer:
 
         self.loop.run(apply)
 
+    def claim_no_sync(self) -> None:
+        """From now on this volunteer declares no sync age for any expert (a modified install's
+        claim: its rounds still run), starting with a declaration right now."""
+        async def apply() -> None:
+            self.declarer.synced_ages = lambda uid: None
+            await self.declarer.declare_once()
+
+        self.loop.run(apply)
+
     def stop(self, *, crash: bool = False) -> None:
         async def stop() -> None:
             self._crash = crash

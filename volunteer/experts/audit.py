@@ -16,14 +16,22 @@ How answers compare: ``distance`` is the relative L2 gap of two replies. Replica
 apart since their last sync differ honestly (measured on the digits experts, ffn h64 with Adam at
 1e-3, syncs every 5 s or 30 s: median 0.2, at most 0.42, no larger a minute after a sync), so
 ``tolerance`` grows from ``drift_floor`` with the declared sync ages of both (plus
-``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``; replicas that never
-synced, or not recently enough, are not compared. Other experts and learning rates drift otherwise:
-``AuditConfig`` holds these numbers. A gap
+``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``. Other experts and
+learning rates drift otherwise: ``AuditConfig`` holds these numbers. A gap
 beyond the tolerance is a disagreement: both become suspect, and a third replica decides
-(``judge``): the one the two others outvote is excluded for this trainer. With no third replica
+(``judge``): the one the two others outvoted is excluded for this trainer. With no third replica
 both stay suspect (down-weighted, audited at ``suspect_rate``) until an audit passes. A lie
 smaller than replicas' honest drift (outputs +3 %) cannot be told from it by comparison; see
 docs/ARCHITECTURE.md for what exact audits would take.
+
+A sync age is a claim too, and declaring none must not buy a host freedom from audits. A host
+that claims no recent sync (none, or older than ``max_sync_age / 2``) is compared *loosely* with
+hosts that claim one: at ``max_tolerance``, the gap honest replicas never reach within a minute of
+a sync, which a gross lie (zeros, x10: a gap of 0.9 to 1) exceeds. Such a host cannot be told
+from an honest replica whose rounds keep failing, so when two aligned replicas outvote it, it is
+not excluded but **stale** for that expert: not called for it until it declares a recent sync
+again (and is then audited strictly). Hosts of which none claims a sync (hivemind's, which never
+average) are not compared.
 """
 
 from __future__ import annotations
@@ -103,7 +111,26 @@ def tolerance(config: AuditConfig, first_age: float | None, second_age: float | 
     if not math.isfinite(ages) or ages > config.max_sync_age:
         return None
     drift = min(config.max_tolerance, config.drift_floor + config.drift_per_second * ages)
-    return config.hardware_tolerance + 2 * COMPRESSION_ERROR.get(compression, max(COMPRESSION_ERROR.values())) + drift
+    return _wire_error(config, compression) + drift
+
+
+def aligned(config: AuditConfig, age: float | None) -> bool:
+    """Whether a declared sync age (slack included) claims a recent sync: strictly comparable
+    with any other such claim."""
+    return age is not None and math.isfinite(age) and age <= config.max_sync_age / 2
+
+
+def loose_tolerance(config: AuditConfig, first_age: float | None, second_age: float | None,
+                    compression: str = "none") -> float | None:
+    """The gap allowed between a host that claims a recent sync and one that claims none: the
+    largest honest drift (see the module docstring); None unless exactly one of them claims one."""
+    if aligned(config, first_age) == aligned(config, second_age):
+        return None
+    return _wire_error(config, compression) + config.max_tolerance
+
+
+def _wire_error(config: AuditConfig, compression: str) -> float:
+    return config.hardware_tolerance + 2 * COMPRESSION_ERROR.get(compression, max(COMPRESSION_ERROR.values()))
 
 
 @dataclass(frozen=True)
@@ -112,6 +139,7 @@ class Gap:
 
     distance: float
     tolerance: float
+    loose: bool = False  # one side claims no recent sync (``loose_tolerance``)
 
     @property
     def agree(self) -> bool:
@@ -222,7 +250,7 @@ class Auditor:
         self.enabled = True
         self.pending = 0
         self._rejected: dict[str, tuple[torch.Tensor, Opinion]] = {}  # this forward's rejected replies, by uid
-        for key in ("audits", "disagreements", "exclusions", "unauditable", "audits_skipped"):
+        for key in ("audits", "disagreements", "exclusions", "stale", "unauditable", "audits_skipped"):
             stats.setdefault(key, 0)
 
     # --- called by the mixture, on the event loop ------------------------------------------------
@@ -329,6 +357,8 @@ class Auditor:
             self.stats["unauditable"] += 1
             return None
         self.stats["audits"] += 1
+        if gap.loose:
+            return await self._settle_loosely(case, first, second, kind, gap)
         uid, ledger = case.uid, self.ledger
         if gap.agree:
             ledger.passed(uid, str(first.peer))
@@ -358,6 +388,37 @@ class Auditor:
         else:
             log.info("audit of %s: the third replica %s did not settle it: %s and %s stay suspect",
                      uid, third.peer, first.peer, second.peer)
+        return outcome
+
+    async def _settle_loosely(self, case: Case, first: Opinion, second: Opinion, kind: str, gap: Gap) -> Outcome:
+        """``_settle`` where one side claims no recent sync: an agreement proves nothing (the
+        tolerance is the largest honest drift); a disagreement asks a third replica, and the side
+        outvoted is stale for this expert if it claims no sync, else suspect."""
+        if gap.agree:
+            return Outcome.AGREE
+        uid, ledger = case.uid, self.ledger
+        self.stats["disagreements"] += 1
+        log.info("audit of %s: %s of %s and %s differ by %.3f (tolerance %.3f, %s claims no recent sync): "
+                 "asking a third replica", uid, kind, first.peer, second.peer, gap.distance, gap.tolerance,
+                 first.peer if not aligned(self.config, first.age) else second.peer)
+        third = await self._third_opinion(case, first, second, kind)
+        first_third = second_third = None
+        if third is not None:
+            first_third, second_third = self._gap(first, third, kind), self._gap(second, third, kind)
+        outcome = judge(gap, first_third, second_third)
+        if outcome not in (Outcome.FIRST_WRONG, Outcome.SECOND_WRONG):
+            ledger.disagreed(uid, str(first.peer))
+            ledger.disagreed(uid, str(second.peer))
+            return outcome
+        assert third is not None
+        wrong, right = (first, second) if outcome is Outcome.FIRST_WRONG else (second, first)
+        if aligned(self.config, wrong.age):
+            ledger.disagreed(uid, str(wrong.peer))
+        elif ledger.stale(uid, str(wrong.peer)):
+            self.stats["stale"] += 1
+            log.warning("not calling %s for expert %s: it claims no recent sync and its %s differ from those of "
+                        "%s and %s by more than replicas drift apart (%.3f, tolerance %.3f)",
+                        wrong.peer, uid, kind, right.peer, third.peer, gap.distance, gap.tolerance)
         return outcome
 
     async def _third_opinion(self, case: Case, first: Opinion, second: Opinion, kind: str) -> Opinion | None:
@@ -391,19 +452,27 @@ class Auditor:
 
     def _other(self, uid: str, skip: set[str], comparable_with: list[Opinion]) -> tuple[Declared, float | None] | None:
         """A host of ``uid`` other than ``skip``, comparable with each opinion, drawn with the
-        ledger's pick weights (proven hosts first)."""
-        candidates, weights = [], []
+        ledger's pick weights (proven hosts first); strictly comparable hosts before those only
+        loosely comparable (a loose comparison proves nothing when it agrees)."""
+        strict: list[tuple[tuple[Declared, float | None], float]] = []
+        loose: list[tuple[tuple[Declared, float | None], float]] = []
         for decl, age in self.replicas(uid):
             peer = str(decl.peer)
-            if peer in skip or self.ledger.excluded(peer):
+            weight = self.ledger.pick_weight(uid, peer)
+            if peer in skip or weight <= 0.0:  # excluded, or stale for this expert
                 continue
-            if any(tolerance(self.config, o.age, age) is None for o in comparable_with):
-                continue
-            candidates.append((decl, age))
-            weights.append(self.ledger.pick_weight(uid, peer))
-        if not candidates:
+            if all(tolerance(self.config, o.age, age) is not None for o in comparable_with):
+                strict.append(((decl, age), weight))
+            elif all(self._comparable(o.age, age) for o in comparable_with):
+                loose.append(((decl, age), weight))
+        found = strict or loose
+        if not found:
             return None
-        return self.rng.choices(candidates, weights)[0]
+        return self.rng.choices([host for host, _ in found], [weight for _, weight in found])[0]
+
+    def _comparable(self, first_age: float | None, second_age: float | None) -> bool:
+        return (tolerance(self.config, first_age, second_age) is not None
+                or loose_tolerance(self.config, first_age, second_age) is not None)
 
     def _gap(self, first: Opinion, second: Opinion, kind: str) -> Gap | None:
         # the encodings the two replies travelled in where both are known (auto picks one per
@@ -411,12 +480,15 @@ class Auditor:
         encodings = (first.compression, second.compression)
         used = lossier(*encodings) if None not in encodings else None
         allowed = tolerance(self.config, first.age, second.age, used or self.compression)
+        loose = allowed is None
+        if loose:
+            allowed = loose_tolerance(self.config, first.age, second.age, used or self.compression)
         if allowed is None:
             return None
         mine, theirs = (first.outputs, second.outputs) if kind == OUTPUTS else (first.grads, second.grads)
         if mine is None or theirs is None:
             return None
-        return Gap(distance(mine, theirs), allowed)
+        return Gap(distance(mine, theirs), allowed, loose)
 
     def _count_exclusion(self, error: ExpertError) -> None:
         """An audit's own call got its host excluded by the guard (a non-finite reply, or one
@@ -431,6 +503,6 @@ class Auditor:
 
 
 __all__ = [
-    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "distance", "judge", "lossier",
-    "tolerance",
+    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "aligned", "distance", "judge",
+    "loose_tolerance", "lossier", "tolerance",
 ]

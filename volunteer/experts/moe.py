@@ -50,13 +50,13 @@ from ..errors import (
     describe,
 )
 from ..dht.grid import parse_uid
-from .audit import DEFAULT_AUDITS, AuditConfig, Auditor
+from .audit import DEFAULT_AUDITS, AuditConfig, Auditor, aligned
 from .callstats import AUTO, CallReport
 from .client import DUMMY, _Call, detached_cpu
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
 from .guard import ReplyGuard
-from .trust import TrustLedger
+from .trust import Standing, TrustLedger
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,7 @@ class RemoteMixtureOfExperts(nn.Module):
     @property
     def stats(self) -> dict:
         """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
-        the checks' ``rejected``, ``audits``, ``disagreements``, ``exclusions``, ``unauditable``,
+        the checks' ``rejected``, ``audits``, ``disagreements``, ``exclusions``, ``stale``, ``unauditable``,
         ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
         their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
         per call, network vs volunteer time)."""
@@ -323,7 +323,7 @@ class RemoteMixtureOfExperts(nn.Module):
         eligible = [
             decl for decl in hosts
             if self._avoid.get((uid, str(decl.peer)), 0) <= now and (uid, str(decl.peer)) not in self._failed_now
-            and not self.trust.excluded(str(decl.peer))
+            and self._callable(uid, decl)
         ]
         if len(eligible) <= 1:
             return eligible[0] if eligible else None
@@ -335,6 +335,25 @@ class RemoteMixtureOfExperts(nn.Module):
             for d in eligible
         ]
         return self._random.choices(eligible, weights)[0]
+
+    def _callable(self, uid: str, decl) -> bool:
+        """Neither excluded nor stale for ``uid`` (a stale host that declares a recent sync again
+        is taken back, unproven: its audits are strict from now on)."""
+        peer = str(decl.peer)
+        if self.trust.excluded(peer):
+            return False
+        if self.trust.standing(uid, peer) is not Standing.STALE:
+            return True
+        if aligned(self._auditor.config, self._declared_age(decl)):
+            self.trust.realigned(uid, peer)
+            return True
+        return False
+
+    def _declared_age(self, decl) -> float | None:
+        """``decl``'s sync age, plus how old the declaration may be by now."""
+        if decl.synced_age is None:
+            return None
+        return decl.synced_age + self._auditor.config.heartbeat_slack + max(0.0, time.monotonic() - self._live_at)
 
     def _failed(self, call: _Call, error: BaseException | None = None) -> None:
         # Exponential back-off per (expert, host) from the second failure in a row: a dead host's
@@ -372,9 +391,8 @@ class RemoteMixtureOfExperts(nn.Module):
         """(declaration, sync age) of the hosts of ``uid`` an audit may call now: neither
         excluded nor backed off. The age adds how old the declaration may be by now."""
         now = time.monotonic()
-        slack = self._auditor.config.heartbeat_slack + max(0.0, now - self._live_at)
         return [
-            (decl, None if decl.synced_age is None else decl.synced_age + slack)
+            (decl, self._declared_age(decl))
             for decl in self._live.get(uid, [])
             if self._avoid.get((uid, str(decl.peer)), 0) <= now and not self.trust.excluded(str(decl.peer))
         ]

@@ -1,11 +1,14 @@
 """How far a trainer trusts the volunteers it calls: the vocabulary and the streak policy.
 
-Every host of an expert stands, for one trainer, in one of four ``Standing``\\ s:
+Every host of an expert stands, for one trainer, in one of five ``Standing``\\ s:
 
 - **unproven**: it only declared that it hosts the expert;
 - **proven**: it has shown that it holds the expert's state: one of its replies passed an audit
   (it matched another replica's answer to the same inputs, or a recomputation);
 - **suspect**: a check failed and no third opinion has settled who was wrong yet (or none can);
+- **stale**: it claims no recent sync and two replicas that claim one outvoted its reply: honest
+  but left behind, or lying behind that claim, it is not called for this expert until it declares
+  a recent sync again (``audit.py``);
 - **excluded**: it was caught (a non-finite reply, a reply outvoted by two other replicas, or
   replies out of any plausible range again and again) and this trainer calls it no more.
 
@@ -39,6 +42,7 @@ class Standing(str, Enum):
     UNPROVEN = "unproven"
     PROVEN = "proven"
     SUSPECT = "suspect"
+    STALE = "stale"
     EXCLUDED = "excluded"
 
 
@@ -152,11 +156,12 @@ class TrustLedger:
         return max(policy.audit_rate, min(1.0, 1.0 / record.streak))
 
     def pick_weight(self, uid: str, peer: str) -> float:
-        """A factor for choosing ``peer`` among ``uid``'s replicas: 0 once excluded, less for
-        unproven and suspect hosts than for proven ones."""
+        """A factor for choosing ``peer`` among ``uid``'s replicas: 0 once excluded or stale,
+        less for unproven and suspect hosts than for proven ones."""
         standing = self.standing(uid, peer)
         return {
             Standing.EXCLUDED: 0.0,
+            Standing.STALE: 0.0,
             Standing.SUSPECT: self.policy.suspect_weight,
             Standing.UNPROVEN: self.policy.unproven_weight,
             Standing.PROVEN: self.policy.proven_weight,
@@ -179,10 +184,32 @@ class TrustLedger:
         if peer in self._excluded:
             return
         pair, record = self._pair(uid, peer), self._peer(peer)
-        pair.standing = Standing.SUSPECT
+        if pair.standing is not Standing.STALE:  # only a declared sync lifts that
+            pair.standing = Standing.SUSPECT
         pair.disagreed += 1
         record.disagreed += 1
         record.streak = 0
+
+    def stale(self, uid: str, peer: str) -> bool:
+        """``peer`` claims no recent sync of ``uid`` and aligned replicas outvoted its reply: not
+        picked for ``uid`` until ``realigned``. False if it already was stale (or is excluded)."""
+        if peer in self._excluded:
+            return False
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        if pair.standing is Standing.STALE:
+            return False
+        pair.standing = Standing.STALE
+        pair.disagreed += 1
+        record.disagreed += 1
+        record.streak = 0
+        return True
+
+    def realigned(self, uid: str, peer: str) -> None:
+        """``peer`` declares a recent sync of ``uid`` again: a stale pair is unproven (and audited
+        strictly) from now on."""
+        pair = self._pairs.get((uid, peer))
+        if pair is not None and pair.standing is Standing.STALE:
+            pair.standing = Standing.UNPROVEN
 
     def replied(self, peer: str) -> None:
         """A reply of ``peer`` arrived and is being checked."""
@@ -266,7 +293,7 @@ def _touch(table: OrderedDict, key, make, bound: int):
 
 def _overall(standings) -> Standing:
     found = set(standings)
-    for standing in (Standing.SUSPECT, Standing.PROVEN):
+    for standing in (Standing.SUSPECT, Standing.STALE, Standing.PROVEN):
         if standing in found:
             return standing
     return Standing.UNPROVEN

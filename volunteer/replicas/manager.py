@@ -376,6 +376,7 @@ class ReplicaManager(BaseService):
             await self.declarer.drop(uid)
         if uid in self.store.backends:
             self.store.remove(uid)
+        self.sync.forget(uid)
 
     async def vouch(self, pusher: str, uid: str) -> PushClaim:
         """What the DHT says of a push of grid expert ``uid`` by ``pusher`` (the state service's

@@ -235,7 +235,11 @@ class ReplicaSync(BaseService):
                 outcome = replace(
                     outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
                 )
-                self.aligned(uid)
+                if verdict.accepted:
+                    # a round that merged nobody (every peer late, gone or refused) left our
+                    # state where it was: declaring it freshly synced would have audits compare
+                    # it with a tolerance its drift may exceed
+                    self.aligned(uid)
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
         finally:
@@ -248,6 +252,11 @@ class ReplicaSync(BaseService):
         caught up from a replica (loaded that replica's state whole). Its declared sync age, which
         lets trainers' audits compare it with another replica, counts from here."""
         self.last_sync[uid] = trio.current_time()
+
+    def forget(self, uid: str) -> None:
+        """We no longer host ``uid``: a later copy of it is aligned by its own catch-up or round,
+        never by this one's."""
+        self.last_sync.pop(uid, None)
 
     def _stand(self, uid: str, peer: str, standing: Standing) -> None:
         self.standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget
