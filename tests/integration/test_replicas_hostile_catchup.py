@@ -160,3 +160,63 @@ async def test_a_joiner_whose_survey_showed_only_a_squatter_looks_again_and_find
             joined = joiner.runtime.backends["rep.0"]
             assert state_digest(joined) == state_digest(honest.runtime.backends["rep.0"])
             assert joiner.replicas.standings()["rep.0"][str(honest.host.peer_id)] == "proven"
+
+
+async def negated(node, uid: str) -> None:
+    """Make ``node``'s ``uid`` its own parameters negated: finite, at a trained scale, at the same
+    version, and a different expert (what only comparison with another state can tell)."""
+    backend = node.runtime.backends[uid]
+    with torch.no_grad():
+        for p in backend.module.parameters():
+            p.neg_()
+
+
+def same_parameters(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.module.parameters(), b.module.parameters()))
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_plausible_lie_is_outvoted_by_two_honest_states_and_never_loaded():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with AsyncExitStack() as stack:
+            honest = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
+            await train(honest, "rep.0", 3)
+            await until(lambda: _redeclared(seed.dht, honest, "rep.0", 3), "honest declared")
+            # a second honest replica and the liar both catch up from it, then the liar turns
+            second = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
+            liar = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
+            await negated(liar, "rep.0")
+            for node in (second, liar):
+                await until(lambda node=node: _redeclared(seed.dht, node, "rep.0", 3), "replica declared")
+            async with open_volunteer(spec(entry), options(uids=["rep.0"])) as joiner:
+                joined = joiner.runtime.backends["rep.0"]
+                assert same_parameters(joined, honest.runtime.backends["rep.0"])
+                assert not same_parameters(joined, liar.runtime.backends["rep.0"])
+                standings = joiner.replicas.snapshot()["standings"]["rep.0"]
+                assert standings.get(str(liar.host.peer_id)) in ("suspect", None)  # None: two honest raced first
+                assert list(standings.values()).count("proven") == 2  # the state and its corroboration
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_with_one_honest_state_and_one_plausible_lie_a_joiner_loads_neither():
+    async with open_volunteer(spec(), options()) as seed:
+        entry = seed.host.full_addrs()[0]
+        async with open_volunteer(spec(entry), options(uids=["rep.0"])) as honest:
+            await train(honest, "rep.0", 3)
+            await until(lambda: _redeclared(seed.dht, honest, "rep.0", 3), "honest declared")
+            async with open_volunteer(spec(entry), options(uids=["rep.0"])) as liar:
+                await negated(liar, "rep.0")
+                await until(lambda: _redeclared(seed.dht, liar, "rep.0", 3), "liar declared")
+                # a standoff of two states: two opinions detect a lie, only a third could outvote
+                # it (a uid named on the command line is hosted anyway, from its own start)
+                async with open_volunteer(spec(entry), options(uids=["rep.0"])) as joiner:
+                    joined = joiner.runtime.backends["rep.0"]
+                    assert joiner.replicas.caught_up == {} and joined.updates == 0
+                    for node in (honest, liar):
+                        assert not same_parameters(joined, node.runtime.backends["rep.0"])
+                    snapshot = joiner.replicas.snapshot()
+                    assert snapshot["refusals"].get("uncorroborated_state") == 2, snapshot
+                    assert set(snapshot["standings"]["rep.0"].values()) == {"suspect"}

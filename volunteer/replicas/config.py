@@ -41,6 +41,13 @@ class ReplicasConfig:
     version_claim_factor: float = 2.0
     version_claim_margin: int = 1000
     plausible_norm_ratio: float = 100.0
+    # two fetched states corroborate each other when their outputs on random probe inputs are
+    # within this relative L2 gap (the largest honest replicas show within a minute of a sync:
+    # the trainers' audits, experts/audit.py, use the same figure) and their parameters within
+    # this one (replicas of one lineage drift a small share apart; independent initialisations are
+    # about 1.4 apart, the expert negated 2)
+    corroboration_tolerance: float = 0.6
+    corroboration_parameter_gap: float = 0.5
 
     # --- replica sync -------------------------------------------------------------------------
     sync_period: float = 30.0  # default of a grid's sync_period

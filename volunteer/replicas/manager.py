@@ -47,16 +47,16 @@ from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versi
 from .store import BackendStore
 from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
-from .errors import ImplausibleStateError
-from .messages import StateHeader
-from .state import check_plausible, import_state
-from .transfer import PushClaim, StateService, fetch_state, request_for
+from .catchup import race_for_state
+from .state import import_state
+from .transfer import PushClaim, StateService
 
 log = logging.getLogger(__name__)
 
 SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
 DIRECT_LOOKUP_LIMIT = 1024  # grids up to this many experts are surveyed uid by uid (one batch)
 IMPLAUSIBLE_STATE = "implausible_state"  # a fetched state that is not finite or not at a trained scale
+UNCORROBORATED_STATE = "uncorroborated_state"  # a fetched state no other source's state agreed with
 
 # builds an empty backend (uid, class, hidden_dim): the daemon's make_backend with its settings
 BuildBackend = Callable[[str, str, int], ExpertBackend]
@@ -251,12 +251,12 @@ class ReplicaManager(BaseService):
     async def prepare(self, backend: ExpertBackend, hosts: Hosts) -> bool:
         """Bring ``backend`` up to date from a live replica before it is declared. True when it
         may be hosted: caught up, already as fresh (its own checkpoint), or no other replica
-        exists; False when replicas exist but none delivered a believable state in time.
+        exists; False when replicas exist but none delivered a believable state in time, or
+        their states disagree with no two agreeing.
 
-        Sources are tried freshest first, suspect version claims only after all others failed (``catch_up_order``),
-        ``catch_up_parallel`` at a time: each is paced (a stalled or silent one is dropped within
-        seconds), one that refuses or fails costs only itself, every candidate is tried within
-        ``catch_up_timeout``, and the first state that checks out (``check_plausible``) wins."""
+        Sources are tried freshest first, suspect version claims only if no other delivered a
+        state (``catch_up_order``), raced by ``catchup.race_for_state``: the first plausible state
+        that another source's state corroborates wins (a sole source's is taken as it is)."""
         order, suspects = catch_up_order(
             hosts, backend.uid, me=self.me, factor=self.config.version_claim_factor,
             margin=self.config.version_claim_margin,
@@ -271,47 +271,21 @@ class ReplicaManager(BaseService):
         claims = hosts.get(backend.uid, {})
         if backend.updates > 0 and claims[order[0]] <= backend.updates:
             return True  # our checkpoint is as fresh as any believable replica: the next sync merges them
-        won: list[tuple[str, StateHeader, bytearray]] = []
-        limiter = trio.CapacityLimiter(self.config.catch_up_parallel)
-        request = request_for(backend)
-
-        async def attempt(source: str, done: trio.CancelScope) -> None:
-            async with limiter:
-                if won:
-                    return
-                try:
-                    header, payload = await fetch_state(
-                        self.host, PeerID.from_string(source), request, swarm_id=self.swarm_id,
-                        config=self.config, paced=True,
-                    )
-                    # tensor work on a state of up to max_state_bytes: off the event loop
-                    await trio.to_thread.run_sync(
-                        check_plausible, backend, header, payload, self.config.plausible_norm_ratio
-                    )
-                except ImplausibleStateError as exc:
-                    self.refusals[IMPLAUSIBLE_STATE] += 1
-                    self._stand(backend.uid, source, Standing.EXCLUDED)
-                    log.warning("catching up %s: %s's state refused: %s", backend.uid, source[-10:], describe(exc))
-                    return
-                except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    log.info("catching up %s from %s failed: %s", backend.uid, source[-10:], describe(exc))
-                    return
-                if not won:
-                    won.append((source, header, payload))
-                    done.cancel()
-
-        with trio.move_on_after(self.config.catch_up_timeout):
-            # suspect claims only once every believable source failed: never raced against them
-            for phase in ([p for p in order if p not in suspects], [p for p in order if p in suspects]):
-                async with trio.open_nursery() as nursery:
-                    for source in phase:
-                        nursery.start_soon(attempt, source, nursery.cancel_scope)
-                if won:
-                    break
-        if not won:
-            log.warning("not hosting %s: none of its %d live replicas delivered a believable state", backend.uid, len(order))
+        believable = [p for p in order if p not in suspects]
+        race = await race_for_state(self.host, backend, [believable, [p for p in order if p in suspects]],
+                                    swarm_id=self.swarm_id, config=self.config)
+        for source in race.implausible:
+            self.refusals[IMPLAUSIBLE_STATE] += 1
+            self._stand(backend.uid, source, Standing.EXCLUDED)
+        for source in race.uncorroborated:
+            self.refusals[UNCORROBORATED_STATE] += 1
+            self._stand(backend.uid, source, Standing.SUSPECT)
+        if race.chosen is None:
+            why = ("their states disagree, and no two agree" if race.uncorroborated
+                   else "none delivered a believable state")
+            log.warning("not hosting %s: of its %d live replicas, %s", backend.uid, len(order), why)
             return False
-        source, header, payload = won[0]
+        source, header, payload = race.chosen.source, race.chosen.header, race.chosen.payload
         await trio.to_thread.run_sync(import_state, backend, header, payload)  # nobody serves it yet
         self.caught_up[backend.uid] = header.version
         # a copy of a replica's state is in sync with it: declared with a sync age from its first
@@ -319,7 +293,10 @@ class ReplicaManager(BaseService):
         # swarm mid-training is called at once)
         self.sync.aligned(backend.uid)
         self._stand(backend.uid, source, Standing.PROVEN)
-        log.info("caught up %s from %s at version %d", backend.uid, source[-10:], header.version)
+        if race.corroborated_by is not None:
+            self._stand(backend.uid, race.corroborated_by, Standing.PROVEN)
+        log.info("caught up %s from %s at version %d%s", backend.uid, source[-10:], header.version,
+                 f" (corroborated by {race.corroborated_by[-10:]})" if race.corroborated_by else "")
         return True
 
     def make(self, uid: str) -> ExpertBackend | None:
