@@ -175,6 +175,8 @@ class ReplicatedSwarm:
             "liar_excluded_after": liar.get("excluded_after_replies"), "liar_replies": liar.get("replies", 0),
             "liar_audits_disagreed": liar.get("audits_disagreed", 0),
             "honest_excluded": len(honest_excluded),
+            # an honest replica of one expert whose syncs lagged, outvoted on it: not called for it
+            "honest_outvoted_on": sum(len(trust.get(p, {}).get("outvoted_on", [])) for p in self.honest_peers),
             "honest_replies": sum(trust.get(p, {}).get("replies", 0) for p in self.honest_peers),
             "step_median_audits_on": medians[True], "step_median_audits_off": medians[False],
             "step_cpu_median_audits_on": cpu[True], "step_cpu_median_audits_off": cpu[False],
@@ -308,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"retried on another replica), {mixture['rerouted']} samples re-routed to a second round, "
                   f"{mixture['samples_short']} short of k_min (zero output)", flush=True)
             print(f"checks: {mixture['rejected']} replies rejected by the guard, {mixture['audits']} audits, "
-                  f"{mixture['disagreements']} disagreements, {mixture['exclusions']} volunteers excluded", flush=True)
+                  f"{mixture['disagreements']} disagreements, {mixture['outvoted']} replicas outvoted on an expert, "
+                  f"{mixture['stale']} stale, {mixture['exclusions']} volunteers excluded", flush=True)
             if replicated is not None:
                 replicated.report(swarm.trust_report(), best, step_times, mixture)
             if churn is not None:

@@ -157,7 +157,7 @@ class Swarm:
         return self.loop.run(_snapshot, self.calls, prefix)
 
     def trust_report(self) -> dict[str, dict]:
-        """Per volunteer this trainer called: its standing (unproven, proven, suspect, stale, excluded),
+        """Per volunteer this trainer called: its standing (unproven, proven, suspect, outvoted, stale, excluded),
         its streak of audits passed, whether it is trusted, its audits passed and disagreed, its
         replies the guard rejected, why it was excluded, and its standing per expert. Results
         are audited (compared with other replicas), never verified."""

@@ -38,9 +38,9 @@ class Replica:
 
 
 class Call:
-    def __init__(self, replica: Replica, backward_follows: bool) -> None:
+    def __init__(self, replica: Replica, backward_follows: bool, uid: str = UID) -> None:
         self.replica, self.backward_follows = replica, backward_follows
-        self.uid, self.peer = UID, replica.host.peer
+        self.uid, self.peer = uid, replica.host.peer
 
     async def forward(self, inputs, report=None):
         self.replica.forwards.append(self.backward_follows)
@@ -62,7 +62,7 @@ def auditor(replicas: list[Replica], *, ages: float | None | dict = 1.0, policy:
     by_peer = {r.host.peer: r for r in replicas}
     age_of = (lambda peer: ages.get(peer, 1.0)) if isinstance(ages, dict) else (lambda peer: ages)
     audits = Auditor(ledger, lambda uid: [(r.host, age_of(r.host.peer)) for r in replicas if not ledger.excluded(r.host.peer)],
-                     lambda uid, host, follows: Call(by_peer[host.peer], follows), stats,
+                     lambda uid, host, follows: Call(by_peer[host.peer], follows, uid), stats,
                      config=AuditConfig(**config), rng=random.Random(0))
     return audits, ledger, stats
 
@@ -73,8 +73,8 @@ async def settle(audits: Auditor) -> None:
         await trio.sleep(0)
 
 
-async def answer(audits: Auditor, replica: Replica, *, follows: bool = False, outputs=None):
-    return audits.answered(Call(replica, follows), X, outputs if outputs is not None else [TRUTH * replica.factor])
+async def answer(audits: Auditor, replica: Replica, *, follows: bool = False, outputs=None, uid: str = UID):
+    return audits.answered(Call(replica, follows, uid), X, outputs if outputs is not None else [TRUTH * replica.factor])
 
 
 async def test_agreeing_replicas_are_both_proven():
@@ -86,15 +86,23 @@ async def test_agreeing_replicas_are_both_proven():
     assert ledger.standing(UID, "a") is Standing.PROVEN and ledger.standing(UID, "b") is Standing.PROVEN
 
 
-async def test_a_disagreement_is_settled_by_a_third_replica_and_the_outvoted_one_excluded():
+async def test_a_disagreement_is_settled_by_a_third_replica_and_a_peer_outvoted_on_two_experts_is_excluded():
     liar, b, c = Replica("liar", factor=3.0), Replica("b"), Replica("c")
     audits, ledger, stats = auditor([liar, b, c])
     await answer(audits, liar)
     await settle(audits)
-    assert stats["disagreements"] == 1 and stats["exclusions"] == 1
-    assert ledger.excluded("liar") and "differed from those of" in ledger.exclusion_reason("liar")
+    assert stats["disagreements"] == 1 and stats["outvoted"] == 1 and stats["exclusions"] == 0
+    # outvoted once: not called for this expert again, but not yet a verdict on the peer (honest
+    # replicas of a fast-training expert drift off one expert at a time)
+    assert ledger.standing(UID, "liar") is Standing.OUTVOTED and ledger.pick_weight(UID, "liar") == 0.0
+    assert not ledger.excluded("liar") and ledger.pick_weight("e.1", "liar") > 0
     assert ledger.standing(UID, "b") is Standing.PROVEN and ledger.standing(UID, "c") is Standing.PROVEN
     assert b.forwards == [False] and c.forwards == [False]  # an audit of an evaluation call, then a lone forward
+    await answer(audits, liar, uid="e.1")  # a liar lies on every expert it serves
+    await settle(audits)
+    assert stats["outvoted"] == 2 and stats["exclusions"] == 1 and ledger.excluded("liar")
+    assert ledger.exclusion_reason("liar").startswith("its outputs of expert e.1 differed from those of")
+    assert ledger.exclusion_reason("liar").endswith("outvoted before on e.0")
 
 
 async def test_with_no_third_replica_both_stay_suspect():
@@ -163,7 +171,7 @@ async def test_an_audited_training_call_is_mirrored_with_its_backward_and_the_gr
     await settle(audits)
     assert auditor_replica.backwards == 1
     assert stats["audits"] == 2 and stats["disagreements"] == 1  # outputs agreed, gradients did not
-    assert ledger.excluded("liar") and "input gradients" in ledger.exclusion_reason("liar")
+    assert ledger.standing(UID, "liar") is Standing.OUTVOTED and stats["outvoted"] == 1
 
 
 async def test_an_audited_call_whose_backward_never_comes_sends_no_backward():
@@ -183,7 +191,7 @@ async def test_a_reply_the_guard_rejected_is_compared_with_its_fail_over_at_no_e
     assert await answer(audits, b) is None  # b's fail-over answer: compared, not audited again
     await settle(audits)
     assert b.forwards == [] and c.forwards == [False]  # only the third opinion is a new call
-    assert ledger.excluded("liar") and stats["audits"] >= 1
+    assert ledger.standing(UID, "liar") is Standing.OUTVOTED and stats["audits"] >= 1
 
 
 async def test_an_auditor_the_guard_excludes_is_counted_and_one_that_fails_decides_nothing():

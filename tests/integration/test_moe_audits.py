@@ -154,6 +154,11 @@ def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
     try:
         liar = world.liar.peer
         uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+        deadline = time.monotonic() + 20  # the trainer reads its new claim (no record of an older one)
+        while any(d.synced_age is not None for hosts in world.moe.live_experts(refresh=True).values()
+                  for d in hosts if str(d.peer) == liar):
+            assert time.monotonic() < deadline, "the liar's declarations still carry a sync age"
+            time.sleep(0.2)
         world.train_until(lambda: all(world.moe.trust.standing(uid, liar) is Standing.STALE for uid in uids), steps=600)
         trust = world.trust()
         assert trust[liar]["experts"] == dict.fromkeys(uids, "stale"), (trust[liar], world.moe.stats)

@@ -234,7 +234,7 @@ class Sim:
         self.peers = list(self.nodes)
         self.dead: set[PeerID] = set()  # refuse at once (dial error)
         self.hung: set[PeerID] = set()  # accept and never answer
-        self.liars: dict[PeerID, str] = {}  # "far" or "garbage"
+        self.liars: dict[PeerID, str] = {}  # "far", "garbage" or "censor"
         self.requests = 0
 
     def alive(self, peer: PeerID) -> bool:
@@ -255,6 +255,14 @@ class Sim:
         return response
 
     def _lie(self, kind: str, request, response):
+        if kind == "censor":  # its fellow censors as the only closer peers, its own records only
+            fellows = tuple(Contact(p, (b"/sim",)) for p in self.liars if self.liars[p] == "censor")
+            if isinstance(response, Nodes):
+                return Nodes(fellows)
+            return Values(tuple(
+                type(r)(tuple(rec for rec in r.records if self.liars.get(rec.signer) == "censor"), fellows)
+                for r in response.results
+            ))
         target = key_id(request.keys[0]) if isinstance(request, FindValue) else int.from_bytes(request.target, "big")
         if kind == "far":
             liars = sorted(self.peers, key=lambda p: -(node_id(p) ^ target))[: self.config.k]
@@ -428,3 +436,44 @@ def test_store_and_find_values_with_dead_nodes(network: Sim) -> None:
         found = lookup.live_records(sim.now)
         assert {r.signer for r in found.values()} == {kp.peer_id for kp in publishers}
         assert len(lookup.found_on) >= CONFIG.value_quorum or lookup.finished
+
+
+def test_two_censoring_nodes_among_ten_hide_a_live_host_from_fewer_than_1_in_200_surveys() -> None:
+    """Two DHT servers among ten that declare an expert too and answer every lookup with their own
+    records and each other only (the eclipse of issue 22). A fresh joiner's placement survey
+    (quorum: the k closest) must find the honest host; a trainer's expert lookup (quorum 2) may
+    stop at the censors."""
+    sim = Sim(10, seed=21)
+    sim.bootstrap()
+    rng = random.Random(5)
+    censors = sim.peers[1:3]
+    key = b"rep.0"
+    honest, *censor_keys = (KeyPair.generate() for _ in range(3))
+    for kp, src in ((honest, sim.peers[5]), *zip(censor_keys, censors)):
+        record = sign(kp, key, owned_subkey(kp.peer_id), b"host", sim.now + 3600)
+        for contact in [Contact(src, (b"/sim",)), *sim.find_node(src, key_id(key)).result()]:
+            sim._serve(src, contact.peer, Store((record,)))
+    censor_signers = {kp.peer_id for kp in censor_keys}
+    for censor in censors:
+        sim.liars[censor] = "censor"
+    for record_signer, censor in zip(censor_signers, censors):
+        sim.liars[record_signer] = "censor"  # whose records a censor lets through: its own
+    misses = {CONFIG.k: 0, 2: 0}
+    surveys = 400
+    for _ in range(surveys):
+        # a fresh node each time, bootstrapped from an honest member (the swarm file's entry
+        # points; one that knows only censors sees only what they show, in any DHT)
+        joiner = make_peer(sim.rng)
+        sim.nodes[joiner] = state = NodeState(joiner, CONFIG, addrs=[b"/sim"])
+        sim.peers.append(joiner)
+        entry = rng.choice([p for p in sim.peers[:10] if p not in censors])
+        state.table.update(Contact(entry, (b"/sim",)), sim.now)
+        sim.find_node(joiner, node_id(joiner))
+        for quorum in misses:
+            lookup = sim.run(joiner, state.value_lookup(key, sim.now, quorum=quorum),
+                             lambda: state.find_value_request([key]))
+            if honest.peer_id not in {r.signer for r in lookup.live_records(sim.now).values()}:
+                misses[quorum] += 1
+        sim.dead.add(joiner)  # it leaves: the others' tables learn so at their next try
+    assert misses[CONFIG.k] * 200 < surveys, misses  # fewer than 1 in 200
+    print(f"honest host missed by {misses[CONFIG.k]} of {surveys} surveys, {misses[2]} expert lookups (quorum 2)")

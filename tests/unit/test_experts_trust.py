@@ -131,3 +131,25 @@ def test_any_sequence_of_observations_keeps_the_ledger_coherent(events):
                 assert (probability == 0.0) == (p in excluded) == (ledger.pick_weight(u, p) == 0.0)
                 assert (ledger.standing(u, p) is Standing.EXCLUDED) == (p in excluded)
     assert {p for p, r in ledger.report().items() if r["standing"] == "excluded"} == excluded
+
+
+def test_a_peer_outvoted_on_two_different_experts_is_excluded_and_one_expert_twice_is_not():
+    ledger = TrustLedger()
+    assert not ledger.outvoted("e.0", "p") and not ledger.outvoted("e.0", "p")  # one expert, twice
+    assert ledger.standing("e.0", "p") is Standing.OUTVOTED and ledger.pick_weight("e.0", "p") == 0.0
+    ledger.disagreed("e.0", "p")
+    ledger.passed("e.0", "p")  # an audit in flight that ends later does not lift a verdict
+    assert ledger.standing("e.0", "p") is Standing.OUTVOTED
+    assert ledger.pick_weight("e.1", "p") > 0 and ledger.peer_standing("p") is Standing.OUTVOTED
+    assert ledger.outvoted("e.1", "p")  # the caller excludes it now
+    assert ledger.report()["p"]["outvoted_on"] == ["e.0", "e.1"] and ledger.outvoted_on("p") == ["e.0", "e.1"]
+    assert TrustLedger(TrustPolicy(outvotes_to_exclude=1)).outvoted("e.0", "q")
+
+
+def test_a_stale_pair_is_lifted_only_by_a_declared_sync():
+    ledger = TrustLedger()
+    assert ledger.stale("e.0", "p") and not ledger.stale("e.0", "p")
+    ledger.disagreed("e.0", "p")
+    assert ledger.standing("e.0", "p") is Standing.STALE and ledger.pick_weight("e.0", "p") == 0.0
+    ledger.realigned("e.0", "p")
+    assert ledger.standing("e.0", "p") is Standing.UNPROVEN

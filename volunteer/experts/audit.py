@@ -19,7 +19,10 @@ apart since their last sync differ honestly (measured on the digits experts, ffn
 ``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``. Other experts and
 learning rates drift otherwise: ``AuditConfig`` holds these numbers. A gap
 beyond the tolerance is a disagreement: both become suspect, and a third replica decides
-(``judge``): the one the two others outvoted is excluded for this trainer. With no third replica
+(``judge``): the one the two others outvoted is not called for that expert again, and a peer
+outvoted on ``outvotes_to_exclude`` (2) different experts is excluded for this trainer (one outvote
+is not enough: honest replicas of a fast-training expert whose syncs fail for a while drift as far
+apart as a x3 lie, but one expert at a time; a liar lies on all it serves). With no third replica
 both stay suspect (down-weighted, audited at ``suspect_rate``) until an audit passes. A lie
 smaller than replicas' honest drift (outputs +3 %) cannot be told from it by comparison; see
 docs/ARCHITECTURE.md for what exact audits would take.
@@ -250,7 +253,7 @@ class Auditor:
         self.enabled = True
         self.pending = 0
         self._rejected: dict[str, tuple[torch.Tensor, Opinion]] = {}  # this forward's rejected replies, by uid
-        for key in ("audits", "disagreements", "exclusions", "stale", "unauditable", "audits_skipped"):
+        for key in ("audits", "disagreements", "outvoted", "exclusions", "stale", "unauditable", "audits_skipped"):
             stats.setdefault(key, 0)
 
     # --- called by the mixture, on the event loop ------------------------------------------------
@@ -380,9 +383,9 @@ class Auditor:
             wrong, right = (first, second) if outcome is Outcome.FIRST_WRONG else (second, first)
             off = first_third if outcome is Outcome.FIRST_WRONG else second_third
             assert off is not None
-            self._exclude(wrong.peer, f"its {kind} of expert {uid} differed from those of {right.peer} and "
-                                      f"{third.peer} (relative gap {gap.distance:.3f} and {off.distance:.3f}, "
-                                      f"tolerance {gap.tolerance:.3f}), which agreed")
+            self._outvoted(uid, wrong.peer, f"its {kind} of expert {uid} differed from those of {right.peer} and "
+                                            f"{third.peer} (relative gap {gap.distance:.3f} and {off.distance:.3f}, "
+                                            f"tolerance {gap.tolerance:.3f}), which agreed")
             ledger.passed(uid, str(right.peer))
             ledger.passed(uid, str(third.peer))
         else:
@@ -496,8 +499,19 @@ class Auditor:
         if isinstance(error, ExpertReplyRejected) and error.excluded:
             self.stats["exclusions"] += 1
 
-    def _exclude(self, peer, reason: str) -> None:
-        if self.ledger.exclude(str(peer), reason):
+    def _outvoted(self, uid: str, peer, reason: str) -> None:
+        """Two replicas outvoted ``peer`` on ``uid`` for ``reason``: not called for ``uid`` any
+        more, and excluded once that makes ``outvotes_to_exclude`` experts."""
+        ledger = self.ledger
+        if ledger.excluded(str(peer)):
+            return
+        self.stats["outvoted"] += 1
+        if not ledger.outvoted(uid, str(peer)):
+            log.warning("not calling %s for expert %s: %s", peer, uid, reason)
+            return
+        earlier = [u for u in ledger.outvoted_on(str(peer)) if u != uid]
+        reason += f"; outvoted before on {', '.join(earlier)}" if earlier else ""
+        if ledger.exclude(str(peer), reason):
             self.stats["exclusions"] += 1
             log.warning("excluding volunteer %s: %s", peer, reason)
 

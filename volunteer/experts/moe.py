@@ -249,7 +249,7 @@ class RemoteMixtureOfExperts(nn.Module):
     @property
     def stats(self) -> dict:
         """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
-        the checks' ``rejected``, ``audits``, ``disagreements``, ``exclusions``, ``stale``, ``unauditable``,
+        the checks' ``rejected``, ``audits``, ``disagreements``, ``outvoted``, ``exclusions``, ``stale``, ``unauditable``,
         ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
         their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
         per call, network vs volunteer time)."""

@@ -1,16 +1,20 @@
 """How far a trainer trusts the volunteers it calls: the vocabulary and the streak policy.
 
-Every host of an expert stands, for one trainer, in one of five ``Standing``\\ s:
+Every host of an expert stands, for one trainer, in one of six ``Standing``\\ s:
 
 - **unproven**: it only declared that it hosts the expert;
 - **proven**: it has shown that it holds the expert's state: one of its replies passed an audit
   (it matched another replica's answer to the same inputs, or a recomputation);
 - **suspect**: a check failed and no third opinion has settled who was wrong yet (or none can);
+- **outvoted**: its reply differed from two other replicas' that agreed (``audit.py``): not
+  called for this expert any more. One outvote is not yet a verdict on the peer: honest replicas
+  of a fast-training expert whose syncs fail for a while drift apart by as much as a crude lie
+  (measured: relative gaps up to 0.85 where the tolerance is 0.6), but only for that expert;
 - **stale**: it claims no recent sync and two replicas that claim one outvoted its reply: honest
   but left behind, or lying behind that claim, it is not called for this expert until it declares
   a recent sync again (``audit.py``);
-- **excluded**: it was caught (a non-finite reply, a reply outvoted by two other replicas, or
-  replies out of any plausible range again and again) and this trainer calls it no more.
+- **excluded**: it was caught (a non-finite reply, outvoted on ``outvotes_to_exclude`` different
+  experts, or replies out of any plausible range again and again) and this trainer calls it no more.
 
 Exclusion is per peer: a host caught lying about one expert is trusted with none. Results are
 "audited", never "verified": an audit compares replicas within a tolerance, it proves nothing.
@@ -29,7 +33,7 @@ forgotten first; an exclusion is remembered longest).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 
 from ..errors import ExpertConfigError
@@ -42,6 +46,7 @@ class Standing(str, Enum):
     UNPROVEN = "unproven"
     PROVEN = "proven"
     SUSPECT = "suspect"
+    OUTVOTED = "outvoted"
     STALE = "stale"
     EXCLUDED = "excluded"
 
@@ -61,6 +66,9 @@ class TrustPolicy:
     # replies of one peer in a row that the guard rejected as implausible (no accepted reply of
     # it in between) that exclude it: an honest host's reply is out of range rarely, never 8 in a row
     guard_strikes: int = 8
+    # experts on which two other replicas outvoted a peer's reply that exclude it (a liar lies on
+    # every expert it serves; an honest replica drifts off on one at a time)
+    outvotes_to_exclude: int = 2
     max_pairs: int = 65536  # (uid, peer) records kept
     max_peers: int = 16384  # peer records kept, and exclusions remembered
 
@@ -72,8 +80,10 @@ class TrustPolicy:
         for name in ("audit_rate", "untrusted_rate", "suspect_rate"):
             if getattr(self, name) > 1:
                 raise ExpertConfigError(f"TrustPolicy.{name} is a probability, got {getattr(self, name)!r}")
-        if self.trust_after < 1 or self.guard_strikes < 1 or self.max_pairs < 1 or self.max_peers < 1:
-            raise ExpertConfigError("TrustPolicy: trust_after, guard_strikes, max_pairs and max_peers must be >= 1")
+        if min(self.trust_after, self.guard_strikes, self.outvotes_to_exclude, self.max_pairs, self.max_peers) < 1:
+            raise ExpertConfigError(
+                "TrustPolicy: trust_after, guard_strikes, outvotes_to_exclude, max_pairs and max_peers must be >= 1"
+            )
 
 
 DEFAULT_POLICY = TrustPolicy()
@@ -100,6 +110,7 @@ class PeerRecord:
     disagreed: int = 0
     rejected: int = 0
     rejected_in_a_row: int = 0  # guard rejections since its last accepted reply
+    outvoted_on: list[str] = field(default_factory=list)  # experts it was outvoted on (distinct)
 
     def trusted(self, policy: TrustPolicy) -> bool:
         """Whether the peer has earned the low re-check rate."""
@@ -161,6 +172,7 @@ class TrustLedger:
         standing = self.standing(uid, peer)
         return {
             Standing.EXCLUDED: 0.0,
+            Standing.OUTVOTED: 0.0,
             Standing.STALE: 0.0,
             Standing.SUSPECT: self.policy.suspect_weight,
             Standing.UNPROVEN: self.policy.unproven_weight,
@@ -173,7 +185,8 @@ class TrustLedger:
         if peer in self._excluded:
             return
         pair, record = self._pair(uid, peer), self._peer(peer)
-        pair.standing = Standing.PROVEN
+        if pair.standing is not Standing.OUTVOTED:  # a verdict stands (an audit in flight may end later)
+            pair.standing = Standing.PROVEN
         pair.passed += 1
         record.passed += 1
         record.streak += 1
@@ -184,11 +197,31 @@ class TrustLedger:
         if peer in self._excluded:
             return
         pair, record = self._pair(uid, peer), self._peer(peer)
-        if pair.standing is not Standing.STALE:  # only a declared sync lifts that
+        if pair.standing not in (Standing.STALE, Standing.OUTVOTED):  # a disagreement is no news
             pair.standing = Standing.SUSPECT
         pair.disagreed += 1
         record.disagreed += 1
         record.streak = 0
+
+    def outvoted(self, uid: str, peer: str) -> bool:
+        """Two other replicas of ``uid`` agreed and ``peer``'s reply differed from both: the pair
+        is outvoted (not picked for ``uid`` again). Returns True when that makes
+        ``outvotes_to_exclude`` experts: the caller then excludes the peer."""
+        if peer in self._excluded:
+            return False
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair.standing = Standing.OUTVOTED
+        pair.disagreed += 1
+        record.disagreed += 1
+        record.streak = 0
+        if uid not in record.outvoted_on:
+            record.outvoted_on.append(uid)
+        return len(record.outvoted_on) >= self.policy.outvotes_to_exclude
+
+    def outvoted_on(self, peer: str) -> list[str]:
+        """The experts on which ``peer`` was outvoted, first first."""
+        record = self._peers.get(peer)
+        return list(record.outvoted_on) if record is not None else []
 
     def stale(self, uid: str, peer: str) -> bool:
         """``peer`` claims no recent sync of ``uid`` and aligned replicas outvoted its reply: not
@@ -196,7 +229,7 @@ class TrustLedger:
         if peer in self._excluded:
             return False
         pair, record = self._pair(uid, peer), self._peer(peer)
-        if pair.standing is Standing.STALE:
+        if pair.standing in (Standing.STALE, Standing.OUTVOTED):
             return False
         pair.standing = Standing.STALE
         pair.disagreed += 1
@@ -247,7 +280,7 @@ class TrustLedger:
     # --- the per-peer view ---------------------------------------------------------------------
     def report(self) -> dict[str, dict]:
         """Per peer: standing, streak, trusted, audits passed and failed, replies rejected, why it
-        was excluded, and its standing per expert."""
+        was excluded, the experts it was outvoted on, and its standing per expert."""
         peers = set(self._peers) | set(self._excluded)
         experts: dict[str, dict[str, Standing]] = {}
         for (uid, peer), pair in self._pairs.items():
@@ -267,6 +300,7 @@ class TrustLedger:
                 "audits_disagreed": record.disagreed,
                 "replies_rejected": record.rejected,
                 "excluded_because": self._excluded.get(peer),
+                "outvoted_on": list(record.outvoted_on),
                 "experts": {uid: standing.value for uid, standing in sorted(mine.items())},
             }
         return out
@@ -293,7 +327,7 @@ def _touch(table: OrderedDict, key, make, bound: int):
 
 def _overall(standings) -> Standing:
     found = set(standings)
-    for standing in (Standing.SUSPECT, Standing.STALE, Standing.PROVEN):
+    for standing in (Standing.OUTVOTED, Standing.SUSPECT, Standing.STALE, Standing.PROVEN):
         if standing in found:
             return standing
     return Standing.UNPROVEN
