@@ -140,10 +140,23 @@ def test_a_peer_outvoted_on_two_different_experts_is_excluded_and_one_expert_twi
     ledger.disagreed("e.0", "p")
     ledger.passed("e.0", "p")  # an audit in flight that ends later does not lift a verdict
     assert ledger.standing("e.0", "p") is Standing.OUTVOTED
-    assert ledger.pick_weight("e.1", "p") > 0 and ledger.peer_standing("p") is Standing.OUTVOTED
+    # checked and picked as a suspect on its other experts until trusted again
+    policy = ledger.policy
+    assert ledger.pick_weight("e.1", "p") == policy.suspect_weight and ledger.peer_standing("p") is Standing.OUTVOTED
+    assert ledger.audit_probability("e.1", "p") == policy.suspect_rate
     assert ledger.outvoted("e.1", "p")  # the caller excludes it now
     assert ledger.report()["p"]["outvoted_on"] == ["e.0", "e.1"] and ledger.outvoted_on("p") == ["e.0", "e.1"]
     assert TrustLedger(TrustPolicy(outvotes_to_exclude=1)).outvoted("e.0", "q")
+
+
+def test_an_outvoted_peer_that_passes_trust_after_audits_in_a_row_is_no_longer_suspected():
+    ledger = TrustLedger(TrustPolicy(trust_after=3))
+    ledger.outvoted("e.0", "p")
+    for _ in range(3):
+        assert ledger.audit_probability("e.1", "p") == ledger.policy.suspect_rate
+        ledger.passed("e.1", "p")
+    assert ledger.pick_weight("e.1", "p") == ledger.policy.proven_weight and ledger.pick_weight("e.0", "p") == 0.0
+    assert ledger.audit_probability("e.1", "p") < ledger.policy.suspect_rate
 
 
 def test_a_stale_pair_is_lifted_only_by_a_declared_sync():

@@ -116,6 +116,11 @@ class PeerRecord:
         """Whether the peer has earned the low re-check rate."""
         return self.streak >= policy.trust_after
 
+    def under_suspicion(self, policy: TrustPolicy) -> bool:
+        """Outvoted on an expert and not trusted again since (``trust_after`` audits passed in a
+        row): checked and picked as a suspect on its other experts."""
+        return bool(self.outvoted_on) and not self.trusted(policy)
+
 
 class TrustLedger:
     """Standings and streaks of the hosts one trainer calls (see the module docstring)."""
@@ -159,9 +164,12 @@ class TrustLedger:
         if peer in self._excluded:
             return 0.0
         pair = self._pairs.get((uid, peer))
-        if pair is not None and pair.standing is Standing.SUSPECT:
-            return max(policy.audit_rate, policy.suspect_rate)
         record = self._peers.get(peer)
+        suspicious = record is not None and record.under_suspicion(policy)
+        if suspicious or (pair is not None and pair.standing is Standing.SUSPECT):
+            # a peer outvoted on one expert is checked as a suspect on all the others until it is
+            # trusted again: a liar's second outvote comes soon, an honest replica's streak rebuilds
+            return max(policy.audit_rate, policy.suspect_rate)
         if pair is None or pair.standing is not Standing.PROVEN or record is None or not record.trusted(policy):
             return max(policy.audit_rate, policy.untrusted_rate)
         return max(policy.audit_rate, min(1.0, 1.0 / record.streak))
@@ -170,6 +178,10 @@ class TrustLedger:
         """A factor for choosing ``peer`` among ``uid``'s replicas: 0 once excluded or stale,
         less for unproven and suspect hosts than for proven ones."""
         standing = self.standing(uid, peer)
+        record = self._peers.get(peer)
+        suspicious = record is not None and record.under_suspicion(self.policy)
+        if standing in (Standing.UNPROVEN, Standing.PROVEN) and suspicious:
+            standing = Standing.SUSPECT  # outvoted on another expert: picked as a suspect here
         return {
             Standing.EXCLUDED: 0.0,
             Standing.OUTVOTED: 0.0,
