@@ -101,6 +101,14 @@ class Replicated:
             volunteer.stop()
 
 
+def settle_audits(world: Replicated) -> None:
+    """Wait (20 s at most) until no audit of the trainer is in flight."""
+    deadline = time.monotonic() + 20
+    while world.moe._auditor.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert world.moe._auditor.pending == 0
+
+
 def assert_trained_finite(task: SumTask, losses: list[float]) -> None:
     assert all(math.isfinite(loss) for loss in losses), losses
     assert all(bool(torch.isfinite(p).all()) for p in [*task.moe.parameters(), *task.head.parameters()])
@@ -163,7 +171,8 @@ def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
         trust = world.trust()
         assert trust[liar]["experts"] == dict.fromkeys(uids, "stale"), (trust[liar], world.moe.stats)
         assert world.moe.stats["stale"] == 4 and world.moe.stats["exclusions"] == 0
-        replies = trust[liar]["replies"]
+        settle_audits(world)  # an audit that picked it before its verdict may still be answered
+        replies = world.trust()[liar]["replies"]
         world.train_until(lambda: False, steps=10)
         assert world.trust()[liar]["replies"] == replies  # called no more
         for volunteer in world.honest:
@@ -211,10 +220,7 @@ def test_honest_replicas_are_never_excluded_and_every_audit_is_a_forward_with_it
     world = Replicated(3, trust=TrustPolicy(untrusted_rate=1.0, trust_after=1000))
     try:
         task, losses = world.train_until(lambda: False, steps=60)
-        deadline = time.monotonic() + 20
-        while world.moe._auditor.pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert world.moe._auditor.pending == 0
+        settle_audits(world)
         stats, trust = world.moe.stats, world.trust()
         assert stats["audits"] >= 30 and stats["disagreements"] == 0 and stats["exclusions"] == 0, stats
         assert stats["rejected"] == 0

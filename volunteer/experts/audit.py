@@ -332,8 +332,8 @@ class Auditor:
             return
         second = Opinion(decl.peer, age, outputs, compression=report.compression)
         outcome = await self._settle(case, first, second, OUTPUTS)
-        if not case.backward_follows or self.ledger.excluded(str(second.peer)):
-            return
+        if not case.backward_follows or self.ledger.pick_weight(case.uid, str(second.peer)) <= 0.0:
+            return  # excluded, or no longer called for this expert: its training step is not ours to drive
         with trio.move_on_after(self.backward_wait):
             await case.backward_done.wait()
         if case.grad_outputs is None:
