@@ -108,8 +108,11 @@ def main() -> None:
                 print(f"  a {kind} run failed: {r['error']}")
     fine = [r for r in honest if "error" not in r]
     wrongly = sum(r["honest_excluded"] for r in fine)
+    # outvoted on one expert: not called for it again, not a verdict on the volunteer
+    outvoted = sum(r.get("honest_outvoted_on", 0) for rows in [fine, *results.values()] for r in rows if "error" not in r)
     print(f"no liar: {len(fine)} runs, honest volunteers excluded: {wrongly} "
           f"(best accuracy median {statistics.median([r['best'] for r in fine]):.3f})" if fine else "no liar: no run finished")
+    print(f"honest replicas outvoted on an expert, over every run: {outvoted}")
     done = [r for r in subtle if "error" not in r]
     paired = [(h["best"], r["best"]) for h, r in zip(honest, subtle) if "error" not in h and "error" not in r]
     if done and paired:
