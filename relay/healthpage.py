@@ -34,6 +34,7 @@ STYLE = BASE_STYLE + """
 .legend span{display:inline-block;margin-right:14px;font-size:12px}.legend i{display:inline-block;width:12px;height:12px;border-radius:3px;margin-right:4px;vertical-align:-1px}
 h2.section{margin:18px 0 4px}
 .up{color:#2e7d32;font-weight:bold}.down{color:#c62828;font-weight:bold}.map{overflow-x:auto}
+.note{color:#666;font-size:12px;margin:4px 0}
 """
 
 
@@ -116,9 +117,11 @@ def _volunteers_part(swarm: dict) -> str:
 def _contributors_part(swarm: dict) -> str:
     rows = [[str(rank), escape(c["name"]), str(c["calls"]), str(c["samples"]), str(c["experts"])]
             for rank, c in enumerate(swarm["top_contributors"], 1)]
+    # the figures are each volunteer's own profile record: say so, nothing checks them
     return ("<section><h2>Top contributors</h2>"
             + table(["#", "name", "calls", "samples", "experts"], rows,
                     "nobody chose a public name yet (volunteer join --name NAME)", "contributors")
+            + '<p class="note">as each volunteer reports itself: no trainer has vouched for these figures</p>'
             + "</section>")
 
 

@@ -113,6 +113,7 @@ def test_the_page_shows_the_map_the_contributors_and_escapes_names():
     assert html.count('class="cell covered"') == 1 and html.count('class="cell missing"') == 2
     assert 'id="map-ffn"' in html and "1 covered, 1 under-replicated, 2 missing of 4" in html
     assert "<script" not in html  # the public page runs no script at all
+    assert "as each volunteer reports itself" in html  # the ranking is self-reported, and says so
     assert "looking at the swarm" in render_page(None)
 
 
