@@ -1,7 +1,9 @@
 """Replicated experts under churn, side by side in one run:
 
 1. catch-up: time for a joiner to download an expert of ~8 M parameters (ffn, hidden 1024:
-   parameters + Adam state, sha256-verified) from a live replica over loopback;
+   parameters + Adam state, sha256-verified) from a live replica over loopback; and a joiner's
+   whole catch-up race (``replicas/catchup.py``) from one source, taken as it is, against two
+   sources, corroborated (both states fetched and compared);
 2. sync round: bytes one replica sends in one sync round of that expert, and per minute at the
    default sync_period (30 s) with 2 replicas; the round's time, and the longest stall of the
    event loop that both replicas share while it runs (a task asking to wake every millisecond
@@ -33,6 +35,7 @@ from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
 from volunteer.net.stack import StackOptions  # noqa: E402
 from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
 from volunteer.replicas import ReplicasConfig  # noqa: E402
+from volunteer.replicas.catchup import race_for_state  # noqa: E402
 from volunteer.replicas.transfer import catch_up  # noqa: E402
 from volunteer.swarmfile import GridSpec, SwarmSpec  # noqa: E402
 
@@ -68,6 +71,7 @@ async def transfer_figures(repeats: int) -> dict:
                 times.append(time.perf_counter() - started)
             while not (await _both_declared(source)):
                 await trio.sleep(0.05)
+            race = await _race_figures(joined, [str(source.host.peer_id), str(replica.host.peer_id)], repeats)
             before = sent(source)
             stalls: list[float] = []
             started = time.perf_counter()
@@ -81,7 +85,25 @@ async def transfer_figures(repeats: int) -> dict:
             round_bytes = sent(source) - before
     times.sort()
     return {"params": params, "catch_up_s": times[len(times) // 2], "round_bytes": round_bytes,
-            "round_s": round_s, "stall_s": max(stalls, default=0.0)}
+            "round_s": round_s, "stall_s": max(stalls, default=0.0), **race}
+
+
+async def _race_figures(spec: SwarmSpec, sources: list[str], repeats: int) -> dict:
+    """Median seconds of a joiner's catch-up race from the first source alone and from both."""
+    config = ReplicasConfig()
+    figures = {}
+    async with open_volunteer(spec, options()) as joiner:
+        for name, phase in (("race_one_s", sources[:1]), ("race_two_s", sources)):
+            times = []
+            for _ in range(repeats):
+                backend = make_backend("big.0", "ffn", HIDDEN)
+                started = time.perf_counter()
+                result = await race_for_state(joiner.host, backend, [phase], swarm_id=SWARM, config=config)
+                times.append(time.perf_counter() - started)
+                if result.chosen is None or (len(phase) > 1 and result.corroborated_by is None):
+                    raise SystemExit(f"the catch-up race from {len(phase)} source(s) decided nothing: {result}")
+            figures[name] = sorted(times)[len(times) // 2]
+    return figures
 
 
 async def _note_stalls(stalls: list[float], tick: float = 0.001) -> None:
@@ -125,6 +147,8 @@ def main() -> int:
     per_minute = figures["round_bytes"] * 60 / 30.0
     print(f"expert: ffn hidden {HIDDEN}, {figures['params'] / 1e6:.1f} M parameters")
     print(f"  catch-up (state download, median of {args.repeats}): {figures['catch_up_s']:.2f} s")
+    print(f"  catch-up race: one source {figures['race_one_s']:.2f} s, two sources corroborated "
+          f"{figures['race_two_s']:.2f} s ({figures['race_two_s'] / figures['race_one_s']:.2f}x)")
     print(f"  sync round, bytes one replica sends: {figures['round_bytes'] / 2**20:.1f} MiB "
           f"({figures['round_bytes'] / (4 * figures['params']):.2f}x its float32 parameters)")
     print(f"  sync traffic per expert per minute (sync_period 30 s, 2 replicas): {per_minute / 2**20:.1f} MiB")
