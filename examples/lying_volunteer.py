@@ -3,7 +3,7 @@
     python examples/lying_volunteer.py zeros join SWARM [volunteer join options...]
 
 runs ``volunteer join`` exactly as a user would, after changing one thing in this process: every
-built-in ``ffn`` expert returns a lie instead of its output. Its state, declarations, replica
+built-in ``ffn`` expert it serves returns a lie instead of its output. Its state, declarations, replica
 syncs and timing stay honest, as a real attacker's modified install would. The lies:
 
 - ``zeros``: outputs times 0 (a host that computes nothing);
@@ -77,16 +77,32 @@ def lie_in_backward(module: nn.Module, factor: float) -> None:
     module.forward = lambda x: honest(_ScaledInputGradient.apply(x, factor))
 
 
-def lie_in_every_ffn(lie: Lie) -> None:
-    """Make every ``ffn`` expert this process builds lie (what a modified install does)."""
+def lie_in_served_ffn(lie: Lie) -> None:
+    """Make every ``ffn`` expert this process serves lie (what a modified install does). The lie
+    goes on each module as the runtime takes it to serve, so what the process computes for itself
+    stays honest, as an attacker's would: a joiner checks the states it fetches by their answers
+    (``replicas/corroborate.py``), and a liar that lied to itself there could not join at all."""
     from volunteer.experts.layers import FeedForward
+    from volunteer.experts.runtime import Runtime
 
-    honest = FeedForward.forward
+    def patch(backend) -> None:
+        if isinstance(backend.module, FeedForward):
+            lie_in_module(backend.module, lie)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return lie(honest(self, x))
+    honest_init, honest_add = Runtime.__init__, Runtime.add_backend
 
-    FeedForward.forward = forward
+    def __init__(self, backends, *args, **kwargs) -> None:
+        backends = list(backends)
+        for backend in backends:
+            patch(backend)
+        honest_init(self, backends, *args, **kwargs)
+
+    def add_backend(self, backend) -> None:
+        patch(backend)
+        honest_add(self, backend)
+
+    Runtime.__init__ = __init__
+    Runtime.add_backend = add_backend
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +112,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from volunteer.cli.main import main as volunteer
 
-    lie_in_every_ffn(Lie(argv[0]))
+    lie_in_served_ffn(Lie(argv[0]))
     return volunteer(argv[1:])
 
 
