@@ -148,14 +148,24 @@ async def test_a_loose_comparison_within_the_largest_honest_drift_passes_and_pro
     assert ledger.standing(UID, "drifted") is Standing.UNPROVEN and ledger.standing(UID, "b") is Standing.UNPROVEN
 
 
-async def test_a_host_that_claims_a_sync_and_is_outvoted_by_two_that_claim_none_is_only_suspect():
-    aligned, old_b, old_c = Replica("aligned", factor=10.0), Replica("old_b"), Replica("old_c")
-    audits, ledger, stats = auditor([aligned, old_b, old_c], ages={"old_b": None, "old_c": None})
-    await answer(audits, aligned)
+async def test_a_host_that_claims_a_sync_is_never_judged_by_hosts_that_claim_none():
+    # hosts that claim no sync may be stale honest ones: they judge nobody (a liar that claims a
+    # sync among them gets strict audits wherever an aligned replica exists)
+    claims, old_b, old_c = Replica("claims", factor=10.0), Replica("old_b"), Replica("old_c")
+    audits, ledger, stats = auditor([claims, old_b, old_c], ages={"old_b": None, "old_c": None})
+    await answer(audits, claims)
     await settle(audits)
-    # old_b and old_c cannot be compared with each other: no third opinion settles it
-    assert stats["disagreements"] == 1 and stats["stale"] == 0 and stats["exclusions"] == 0
-    assert ledger.standing(UID, "aligned") is Standing.SUSPECT
+    assert old_b.forwards == [] and old_c.forwards == [] and stats["unauditable"] == 1
+    assert stats["disagreements"] == 0 and ledger.standing(UID, "old_b") is Standing.UNPROVEN
+
+
+async def test_undecided_the_host_that_claims_no_sync_is_the_suspect():
+    quiet, b = Replica("quiet", factor=10.0), Replica("b")
+    audits, ledger, stats = auditor([quiet, b], ages={"quiet": None})
+    await answer(audits, quiet)
+    await settle(audits)
+    assert stats["disagreements"] == 1 and stats["stale"] == 0  # no third replica to outvote it
+    assert ledger.standing(UID, "quiet") is Standing.SUSPECT and ledger.standing(UID, "b") is Standing.UNPROVEN
 
 
 async def test_an_audited_training_call_is_mirrored_with_its_backward_and_the_gradients_compared():

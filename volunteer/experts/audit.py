@@ -33,8 +33,9 @@ hosts that claim one: at ``max_tolerance``, the gap honest replicas never reach 
 a sync, which a gross lie (zeros, x10: a gap of 0.9 to 1) exceeds. Such a host cannot be told
 from an honest replica whose rounds keep failing, so when two aligned replicas outvote it, it is
 not excluded but **stale** for that expert: not called for it until it declares a recent sync
-again (and is then audited strictly). Hosts of which none claims a sync (hivemind's, which never
-average) are not compared.
+again (and is then audited strictly). Hosts that claim no sync judge nobody: a loose
+comparison's second and third opinions claim one, and a host that claims a sync is compared only
+strictly. Hosts of which none claims a sync (hivemind's, which never average) are not compared.
 """
 
 from __future__ import annotations
@@ -395,8 +396,9 @@ class Auditor:
 
     async def _settle_loosely(self, case: Case, first: Opinion, second: Opinion, kind: str, gap: Gap) -> Outcome:
         """``_settle`` where one side claims no recent sync: an agreement proves nothing (the
-        tolerance is the largest honest drift); a disagreement asks a third replica, and the side
-        outvoted is stale for this expert if it claims no sync, else suspect."""
+        tolerance is the largest honest drift); a disagreement asks a third replica that claims a
+        sync, and the side outvoted is stale for this expert if it claims none, else suspect;
+        undecided, the side that claims none is suspect."""
         if gap.agree:
             return Outcome.AGREE
         uid, ledger = case.uid, self.ledger
@@ -410,8 +412,9 @@ class Auditor:
             first_third, second_third = self._gap(first, third, kind), self._gap(second, third, kind)
         outcome = judge(gap, first_third, second_third)
         if outcome not in (Outcome.FIRST_WRONG, Outcome.SECOND_WRONG):
-            ledger.disagreed(uid, str(first.peer))
-            ledger.disagreed(uid, str(second.peer))
+            for side in (first, second):  # undecided: the side that claims no sync is the suspect
+                if not aligned(self.config, side.age):
+                    ledger.disagreed(uid, str(side.peer))
             return outcome
         assert third is not None
         wrong, right = (first, second) if outcome is Outcome.FIRST_WRONG else (second, first)
@@ -466,7 +469,9 @@ class Auditor:
                 continue
             if all(tolerance(self.config, o.age, age) is not None for o in comparable_with):
                 strict.append(((decl, age), weight))
-            elif all(self._comparable(o.age, age) for o in comparable_with):
+            elif aligned(self.config, age) and all(self._comparable(o.age, age) for o in comparable_with):
+                # a loose judge claims a recent sync itself: only a host that claims none is
+                # ever judged loosely, never one that does by hosts that do not
                 loose.append(((decl, age), weight))
         found = strict or loose
         if not found:
