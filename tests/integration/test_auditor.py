@@ -159,13 +159,13 @@ async def test_a_host_that_claims_a_sync_is_never_judged_by_hosts_that_claim_non
     assert stats["disagreements"] == 0 and ledger.standing(UID, "old_b") is Standing.UNPROVEN
 
 
-async def test_undecided_the_host_that_claims_no_sync_is_the_suspect():
+async def test_undecided_a_loose_disagreement_leaves_both_suspect():
     quiet, b = Replica("quiet", factor=10.0), Replica("b")
     audits, ledger, stats = auditor([quiet, b], ages={"quiet": None})
     await answer(audits, quiet)
     await settle(audits)
-    assert stats["disagreements"] == 1 and stats["stale"] == 0  # no third replica to outvote it
-    assert ledger.standing(UID, "quiet") is Standing.SUSPECT and ledger.standing(UID, "b") is Standing.UNPROVEN
+    assert stats["disagreements"] == 1 and stats["stale"] == 0  # no third replica to outvote either
+    assert ledger.standing(UID, "quiet") is Standing.SUSPECT and ledger.standing(UID, "b") is Standing.SUSPECT
 
 
 async def test_an_audited_training_call_is_mirrored_with_its_backward_and_the_gradients_compared():

@@ -398,7 +398,7 @@ class Auditor:
         """``_settle`` where one side claims no recent sync: an agreement proves nothing (the
         tolerance is the largest honest drift); a disagreement asks a third replica that claims a
         sync, and the side outvoted is stale for this expert if it claims none, else suspect;
-        undecided, the side that claims none is suspect."""
+        undecided, both are suspect."""
         if gap.agree:
             return Outcome.AGREE
         uid, ledger = case.uid, self.ledger
@@ -412,9 +412,10 @@ class Auditor:
             first_third, second_third = self._gap(first, third, kind), self._gap(second, third, kind)
         outcome = judge(gap, first_third, second_third)
         if outcome not in (Outcome.FIRST_WRONG, Outcome.SECOND_WRONG):
-            for side in (first, second):  # undecided: the side that claims no sync is the suspect
-                if not aligned(self.config, side.age):
-                    ledger.disagreed(uid, str(side.peer))
+            # undecided: both suspect, as in a strict comparison (the side that claims a sync may
+            # be the liar, the other an honest replica whose first round has not merged yet)
+            ledger.disagreed(uid, str(first.peer))
+            ledger.disagreed(uid, str(second.peer))
             return outcome
         assert third is not None
         wrong, right = (first, second) if outcome is Outcome.FIRST_WRONG else (second, first)
