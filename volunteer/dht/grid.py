@@ -320,6 +320,13 @@ def select_alive(found: Found, now: float, config: DHTConfig | None = None) -> l
 # always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
 # (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
 EXPERT_QUORUM = 2
+# A mixture's view of a whole grid (``grid_experts``: which hosts serve each uid, refreshed in the
+# background, off the step's path) merges one holder more. Holders that lack some hosts' records
+# (a key's closest peers changed since those hosts' last heartbeat) or censor them (answer with
+# their own only) would otherwise leave the trainer a host short: in the 10-node simulation with
+# two censors (tests/unit/test_dht_query.py) quorum 2 missed the honest host in 97 of 400 lookups,
+# quorum 3 in none; in the digits runs the trainer's audits often found no third replica.
+GRID_QUORUM = 3
 # A cold beam search fetches a grid's whole first dimension at once when it has at most this many
 # keys (max_keys_per_request: one FIND_VALUE per peer asked); wider grids fetch what they need.
 GRID_PREFETCH_KEYS = 64
@@ -364,18 +371,20 @@ async def get_hosts_and_leavers(
     return select_alive(found[key], now, dht.config), select_left(found[key], now)
 
 
-async def walk_grid(dht: DHTNode, prefix: str, *, depth: int | None = None, limit: int = 4096) -> dict[str, list[Declaration]]:
+async def walk_grid(
+    dht: DHTNode, prefix: str, *, depth: int | None = None, limit: int = 4096, quorum: int = EXPERT_QUORUM
+) -> dict[str, list[Declaration]]:
     """Live experts under ``prefix`` from the grid's prefix records alone, one batched round per
     level: ``{uid: [hosts that list it, best first]}``. A host's record under ``name.i.`` names
     one of its uids per next index (``name.i.j`` itself at the last level), so every (uid, host)
     pair of a grid shows up. ``depth`` stops after that many levels (a grid's dimensions);
-    ``limit`` bounds the prefixes fetched."""
+    ``limit`` bounds the prefixes fetched; ``quorum``: holders whose answers end each key's lookup."""
     level = [prefix.rstrip(".") + "."]
     result: dict[str, list[Declaration]] = {}
     fetched = 0
     for _ in range(depth or 64):
         fetched += len(level)
-        found = await dht.get_many([expert_key(p) for p in level], quorum=EXPERT_QUORUM)
+        found = await dht.get_many([expert_key(p) for p in level], quorum=quorum)
         now = dht.clock()
         next_level: set[str] = set()
         for key in level:
@@ -399,15 +408,18 @@ async def list_experts(dht: DHTNode, prefix: str, *, limit: int = 4096) -> dict[
     return {uid: decls for uid, decls in hosts.items() if decls}
 
 
-async def grid_experts(dht: DHTNode, prefix: str, depth: int) -> dict[str, list[Declaration]]:
+async def grid_experts(
+    dht: DHTNode, prefix: str, depth: int, *, quorum: int = GRID_QUORUM
+) -> dict[str, list[Declaration]]:
     """Every live expert of a ``depth``-dimensional grid in ``depth`` rounds (mixtures of experts
-    cache this between batches)."""
-    found = await walk_grid(dht, prefix, depth=depth)
+    cache this between batches), each key merged from ``quorum`` holders' answers."""
+    found = await walk_grid(dht, prefix, depth=depth, quorum=quorum)
     return {uid: hosts for uid, hosts in found.items() if uid.count(".") == depth}
 
 
 __all__ = [
     "Declaration",
+    "GRID_QUORUM",
     "HostInfo",
     "expert_key",
     "get_experts",
