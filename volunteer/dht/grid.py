@@ -324,7 +324,7 @@ EXPERT_QUORUM = 2
 # background, off the step's path) merges one holder more. Holders that lack some hosts' records
 # (a key's closest peers changed since those hosts' last heartbeat) or censor them (answer with
 # their own only) would otherwise leave the trainer a host short: in the 10-node simulation with
-# two censors (tests/unit/test_dht_query.py) quorum 2 missed the honest host in 97 of 400 lookups,
+# two censors (tests/unit/test_dht_query.py) quorum 2 missed the honest host in 53 to 97 of 400 lookups,
 # quorum 3 in none; in the digits runs the trainer's audits often found no third replica.
 GRID_QUORUM = 3
 # A cold beam search fetches a grid's whole first dimension at once when it has at most this many
