@@ -336,6 +336,7 @@ async def test_measure_overhead(capsys):
     """Prints (no assertions) what the runtime adds to a forward of ffn hidden 256, batch 16."""
     backend = make_backend("ffn.0", "ffn", 256)
     x = torch.randn(16, 256)
+    on_device = x.to(backend.device)  # the module alone, where it runs (the runtime moves x itself)
     direct, handoff, runtime_times = [], [], []
     with trio.fail_after(60):
         async with open_runtime([backend]) as runtime:
@@ -343,7 +344,7 @@ async def test_measure_overhead(capsys):
                 with torch.no_grad():
                     for _ in range(150):
                         started = time.perf_counter()
-                        backend.module(x)
+                        backend.module(on_device)
                         direct.append(time.perf_counter() - started)
                 for _ in range(150):
                     started = time.perf_counter()
