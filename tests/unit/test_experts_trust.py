@@ -166,3 +166,16 @@ def test_a_stale_pair_is_lifted_only_by_a_declared_sync():
     assert ledger.standing("e.0", "p") is Standing.STALE and ledger.pick_weight("e.0", "p") == 0.0
     ledger.realigned("e.0", "p")
     assert ledger.standing("e.0", "p") is Standing.UNPROVEN
+
+
+def test_a_mixture_never_picks_a_host_outvoted_on_the_expert_even_as_its_last_one():
+    from types import SimpleNamespace
+
+    from volunteer.experts.moe import RemoteMixtureOfExperts
+
+    moe = RemoteMixtureOfExperts(None, in_features=4, grid_size=(1,), uid_prefix="e", audits=False)
+    host = SimpleNamespace(peer="p", load=0.0, synced_age=1.0)
+    assert moe._pick_host("e.0", [host]) is host
+    moe.trust.outvoted("e.0", "p")  # its last replica of e.0, but outvoted there: not called for it
+    assert moe._pick_host("e.0", [host]) is None
+    assert moe._pick_host("e.0", [host, SimpleNamespace(peer="q", load=0.0, synced_age=None)]).peer == "q"

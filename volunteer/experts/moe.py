@@ -337,17 +337,13 @@ class RemoteMixtureOfExperts(nn.Module):
         return self._random.choices(eligible, weights)[0]
 
     def _callable(self, uid: str, decl) -> bool:
-        """Neither excluded nor stale for ``uid`` (a stale host that declares a recent sync again
-        is taken back, unproven: its audits are strict from now on)."""
+        """The ledger still lets ``uid`` be picked from this host (neither excluded, nor outvoted
+        or stale for it). A stale host that declares a recent sync again is taken back, unproven:
+        its audits are strict from now on."""
         peer = str(decl.peer)
-        if self.trust.excluded(peer):
-            return False
-        if self.trust.standing(uid, peer) is not Standing.STALE:
-            return True
-        if aligned(self._auditor.config, self._declared_age(decl)):
+        if self.trust.standing(uid, peer) is Standing.STALE and aligned(self._auditor.config, self._declared_age(decl)):
             self.trust.realigned(uid, peer)
-            return True
-        return False
+        return self.trust.pick_weight(uid, peer) > 0.0
 
     def _declared_age(self, decl) -> float | None:
         """``decl``'s sync age, plus how old the declaration may be by now."""
