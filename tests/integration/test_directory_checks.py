@@ -79,7 +79,8 @@ class _NoConnections:
         return None
 
 
-def train(factors: list[float], steps: int, policy: TrustPolicy = EAGER):
+def train(factors: list[float], steps: int, policy: TrustPolicy = EAGER, until=None):
+    """``steps`` training steps (fewer once ``until(moe)`` holds after one)."""
     directory = ScriptedDirectory(factors)
     swarm = ScriptedSwarm(directory, policy)
     try:
@@ -95,6 +96,8 @@ def train(factors: list[float], steps: int, policy: TrustPolicy = EAGER):
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+            if until is not None and until(moe):
+                break
         swarm.loop.run(_settle, moe)
         return directory, moe, losses
     finally:
@@ -109,7 +112,8 @@ async def _settle(moe: RemoteMixtureOfExperts) -> None:
 
 @pytest.mark.slow
 def test_a_liar_behind_any_directory_is_audited_outvoted_and_excluded():
-    directory, moe, losses = train([1.0, 1.0, 10.0], steps=20)
+    # excluded once outvoted on two of the grid's experts: trained until then, its forwards bounded below
+    directory, moe, losses = train([1.0, 1.0, 10.0], steps=200, until=lambda moe: moe.stats["exclusions"] > 0)
     *honest, liar = [str(h.peer) for h in directory.hosts]
     assert moe.trust.peer_standing(liar) is Standing.EXCLUDED, moe.trust.report()
     assert not any(moe.trust.excluded(peer) for peer in honest)
