@@ -1,21 +1,28 @@
-"""The experts' compute of one WAN benchmark step, measured locally (no network).
+"""The experts' compute of one WAN benchmark step, measured locally (no network, no protocol).
 
-    python _wan_compute.py worker --experts 4 --samples 16 --hidden 1024 --repeats 8
+A step makes every volunteer compute at once: each runs its experts' forward on its samples,
+then (after the trainer's turn) their backward, and the four volunteers of the benchmark share
+this machine's cores. So the compute is measured that way: one fresh process per volunteer,
+each with one torch thread (as every volunteer of the benchmark runs), its experts (ffn, fused
+Adam as our server's) forward, then backward (the graph kept, as our server keeps it), every
+phase begun by all of them together. A phase lasts until the slowest volunteer's share is done;
+the step's compute is the forward phase plus the backward phase. Each expert's optimizer step
+follows its backward, as on our server's worker (an expert's next backward then reuses the
+gradient memory the step freed; four backwards in a row, steps after, took half as long again:
+fresh gradient buffers, page faults), so the phase counts all steps but the last, which is
+taken after the reply, while the network carries it, untimed, before the next round begins.
 
-A fresh process with one torch thread (as every volunteer of the benchmark runs) times one
-volunteer's share of a step: its experts (ffn, Adam) forward on their samples, then backward
-(the graph kept, as our server keeps it). The step's volunteers compute at once on this
-machine's cores, so the compute a step cannot avoid is that work times the volunteers, over
-the cores (``step_compute``): the physical bound, whatever the software.
+Four processes on two cores compute more slowly than one process's time times two (they share
+the memory bandwidth and the last-level cache too): measured together, the figure is what the
+cores deliver to a step, whatever the software on top. ``alone`` (one volunteer's share with
+the machine to itself) is printed beside it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,63 +30,71 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def worker(experts: int, samples: int, hidden: int, repeats: int) -> dict:
-    """Time ``repeats`` rounds of forward and backward of ``experts`` ffn experts."""
+def _volunteer_share(experts: int, samples: int, hidden: int, rounds: int, start, results) -> None:
+    """One volunteer's rounds of forward and backward, each phase begun at ``start`` (a barrier
+    of all volunteers); puts ``[(forward s, backward s), ...]`` (after a warm-up round)."""
     sys.path.insert(0, str(ROOT))
     import torch
 
     from volunteer.experts.layers import FeedForward
 
+    torch.set_num_threads(1)
     modules = [FeedForward(hidden) for _ in range(experts)]
-    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3) for m in modules]
-    forward, backward = [], []
-    for i in range(repeats + 1):  # the first round warms up allocators and is not kept
+    optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3, fused=True) for m in modules]
+    times = []
+    for i in range(rounds + 1):  # the first round warms up allocators and is not kept
         xs = [torch.randn(samples, hidden, requires_grad=True) for _ in modules]
+        start.wait()
         t0 = time.perf_counter()
         outs = [m(x) for m, x in zip(modules, xs)]
+        forward = time.perf_counter() - t0
+        start.wait()
         t1 = time.perf_counter()
-        for out in outs:
+        for out, opt in zip(outs, optimizers):
             out.backward(torch.randn_like(out))
-        t2 = time.perf_counter()
-        for opt in optimizers:  # after the reply, as the server does: load, not timed
-            opt.step()
-            opt.zero_grad()
+            backward = time.perf_counter() - t1  # until the last backward: its step is after the reply
+            opt.step()  # before the next expert's backward, as our server's worker does
+            opt.zero_grad(set_to_none=True)
         if i:
-            forward.append(t1 - t0)
-            backward.append(t2 - t1)
-    return {"forward": statistics.median(forward), "backward": statistics.median(backward)}
+            times.append((forward, backward))
+    results.put(times)
 
 
-def measure(experts: int, samples: int, hidden: int, repeats: int) -> dict:
-    """``{"forward": s, "backward": s}`` of one volunteer's share, alone, in a fresh process."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    argv = [sys.executable, __file__, "worker", "--experts", str(experts), "--samples", str(samples),
-            "--hidden", str(hidden), "--repeats", str(repeats)]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"compute worker failed ({out.returncode}): {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def phases(shares: list[list[tuple[float, float]]]) -> dict:
+    """The step's compute from each volunteer's per-round (forward, backward) seconds: per round
+    the slowest share of each phase; ``forward``, ``backward`` and ``step`` are the medians over
+    the rounds."""
+    if not shares or not shares[0] or any(len(s) != len(shares[0]) for s in shares):
+        raise ValueError("every volunteer needs the same rounds")
+    rounds = list(zip(*shares))
+    forward = [max(f for f, _ in r) for r in rounds]
+    backward = [max(b for _, b in r) for r in rounds]
+    return {"forward": statistics.median(forward), "backward": statistics.median(backward),
+            "step": statistics.median(f + b for f, b in zip(forward, backward))}
 
 
-def step_compute(alone: dict, volunteers: int, cores: int) -> float:
-    """Seconds of compute a step cannot avoid: each phase's work of all volunteers spread over
-    ``cores`` (never less than one volunteer's own)."""
-    share = max(1.0, volunteers / max(1, cores))
-    return (alone["forward"] + alone["backward"]) * share
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("worker")
-    w.add_argument("--experts", type=int, required=True)
-    w.add_argument("--samples", type=int, required=True)
-    w.add_argument("--hidden", type=int, required=True)
-    w.add_argument("--repeats", type=int, default=8)
-    args = parser.parse_args()
-    print(json.dumps(worker(args.experts, args.samples, args.hidden, args.repeats)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def measure(volunteers: int, experts: int, samples: int, hidden: int, rounds: int) -> dict:
+    """``phases`` of ``volunteers`` shares computed at once, each in a fresh process."""
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(volunteers), context.Queue()
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # what the spawned children see
+    try:
+        procs = [context.Process(target=_volunteer_share, args=(experts, samples, hidden, rounds, start, results))
+                 for _ in range(volunteers)]
+        for proc in procs:
+            proc.start()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    try:
+        shares = [results.get(timeout=600) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+    return phases(shares)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Iterable, Sequence
 
 MIN_REQUEST_PAYLOAD = 100  # bytes: smaller sends are acks, yamux window updates, pings
+PACKET_PAYLOAD = 1448  # bytes of a full TCP segment on a 1500-byte path (what a loss takes out)
 
 
 def median(values: Sequence[float]) -> float:
@@ -59,6 +61,7 @@ class Line:
     volunteer_up: float
     volunteer_down: float
     rtt: float  # seconds
+    loss: float = 0.0  # probability that a packet between trainer and volunteer is lost, each way
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +81,49 @@ def limit_seconds(line: Line, step: StepBytes, compute: float, volunteers: int) 
     out = max(step.to_volunteers * 8 / line.trainer_up, step.to_volunteers / volunteers * 8 / line.volunteer_down)
     back = max(step.to_trainer * 8 / line.trainer_down, step.to_trainer / volunteers * 8 / line.volunteer_up)
     return 2 * line.rtt + out + back + compute
+
+
+def _transfer_recovery(packets: int, rate: float, rtt: float, loss: float, rng: random.Random) -> float:
+    """Seconds a transfer of ``packets`` sent back to back at ``rate`` packets/s outlasts its
+    lossless time when each packet (and each resend) is lost with probability ``loss`` and a
+    lost one is resent one round trip after it left."""
+    end = packets / rate
+    finish, index = end, -1
+    while True:
+        index += 1 + int(math.log(1.0 - rng.random()) / math.log1p(-loss))  # the next lost packet
+        if index >= packets:
+            return finish - end
+        tries = 1
+        while rng.random() < loss:
+            tries += 1
+        finish = max(finish, (index + 1) / rate + tries * rtt)
+
+
+def loss_recovery_seconds(line: Line, step: StepBytes, volunteers: int, rounds: int = 2000, seed: int = 0) -> float:
+    """The median time per step that even an ideal reliable transport spends on ``line.loss``:
+    one that sends at the line's rate from the first byte and resends a lost packet exactly one
+    round trip after it left (no transport learns of a loss sooner without redundancy). A step
+    is two exchanges; in each, the trainer's requests share its uplink and each volunteer's
+    reply its own, and the exchange waits for its last packet. 0 on a lossless line."""
+    if volunteers < 1:
+        raise ValueError("at least one volunteer")
+    if line.loss <= 0.0:
+        return 0.0
+    if line.loss >= 1.0:
+        return math.inf
+    out_rate = min(line.trainer_up, volunteers * line.volunteer_down) / 8 / PACKET_PAYLOAD
+    back_rate = min(line.volunteer_up, line.trainer_down / volunteers) / 8 / PACKET_PAYLOAD
+    requests = math.ceil(step.to_volunteers / 2 / PACKET_PAYLOAD)
+    replies = math.ceil(step.to_trainer / 2 / volunteers / PACKET_PAYLOAD)
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(rounds):
+        extra = 0.0
+        for _exchange in range(2):
+            extra += _transfer_recovery(requests, out_rate, line.rtt, line.loss, rng)
+            extra += max(_transfer_recovery(replies, back_rate, line.rtt, line.loss, rng) for _ in range(volunteers))
+        samples.append(extra)
+    return median(samples)
 
 
 @dataclasses.dataclass

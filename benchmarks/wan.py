@@ -19,9 +19,11 @@ samples/s, bytes per step on the trainer's line (frames, both ways), round trips
 (counted on the trainer's wire, see _wan_figures), the physical limit of the step and the
 ratio; and our samples/s over hivemind's. The limit: 2 RTT + the bytes the step's tensors need
 each way (their payload in the encoding our trainer's calls used) over the slowest link they
-cross + the experts'
-compute, measured locally (one volunteer's share in a fresh process; the four volunteers share
-this machine's cores, so a step's compute is that times 4 over the cores: _wan_compute).
+cross + the experts' compute, measured locally (_wan_compute: the four volunteers' shares
+computed at once, one fresh process each, as a step makes them compute on this machine's cores;
+one share alone is printed beside it). The limit counts no loss; on a lossy profile the line
+below the profile also gives what even an ideal reliable transport spends per step resending
+lost packets (_wan_figures.loss_recovery_seconds) and our step over the limit plus that.
 Between the two, raw TCP moves our step's payload in the same two exchanges between the same
 homes (_wan_rawtcp; not on ``relayed``): ``vs tcp`` is our median step over that plus the
 compute, a floor measured on the rig rather than computed. Every process runs torch with one thread. The last line reads
@@ -44,9 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _wan_compute import measure as measure_compute, step_compute  # noqa: E402
-from _wan_figures import (HEADER, Line, StepBytes, format_row, last_line, limit_seconds, row_from_steps,  # noqa: E402
-                          tcp_floor)
+from _wan_compute import measure as measure_compute  # noqa: E402
+from _wan_figures import (HEADER, Line, StepBytes, format_row, last_line, limit_seconds,  # noqa: E402
+                          loss_recovery_seconds, row_from_steps, tcp_floor)
 from hivemind_runner import VENV as HIVEMIND_VENV  # noqa: E402
 from tests.nat import lines  # noqa: E402
 from tests.nat import rig as rigmod  # noqa: E402
@@ -104,7 +106,8 @@ def line_of(profile: str) -> tuple[Line, str]:
     base = lines.PROFILES["cable" if relayed else profile]
     one_way = 2 * base.delay_ms + (2 * lines.DATACENTER.delay_ms if relayed else 0.0)
     rates = [r * 1e6 for r in (base.up_mbit, base.down_mbit, base.up_mbit, base.down_mbit)]
-    return Line(*rates, rtt=2 * one_way / 1000), base.name
+    loss = 1 - (1 - base.loss_pct / 100) ** 2  # the trainer's line and a volunteer's (a relay's loses nothing)
+    return Line(*rates, rtt=2 * one_way / 1000, loss=loss), base.name
 
 
 # ---------------------------------------------------------------- processes in the rig
@@ -308,7 +311,8 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         ours, sends = run_ours(rig, args, relayed, workdir / "ours")
         need = StepBytes(ours["payload_out"], ours["payload_in"])
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
-        result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need)
+        result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need, loss=line.loss,
+                      recovery=loss_recovery_seconds(line, need, VOLUNTEERS))
         result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
         if relayed:
             print(f"raw tcp on {profile}: n/a (the volunteers take no direct connection; a relay is no raw TCP)",
@@ -348,12 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rigmod.cleanup_stale()
     samples = BATCH * K_BEST // (VOLUNTEERS * EXPERTS_PER_VOLUNTEER)
-    alone = measure_compute(EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
-    cores = os.cpu_count() or 1
-    compute = step_compute(alone, VOLUNTEERS, cores)
+    alone = measure_compute(1, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
+    together = measure_compute(VOLUNTEERS, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
+    compute = together["step"]
     print(f"experts' compute, measured locally: one volunteer's share ({EXPERTS_PER_VOLUNTEER} experts x {samples} "
-          f"samples) forward {alone['forward'] * 1e3:.0f} ms + backward {alone['backward'] * 1e3:.0f} ms; "
-          f"{VOLUNTEERS} volunteers on {cores} cores: {compute * 1e3:.0f} ms per step", flush=True)
+          f"samples) alone: forward {alone['forward'] * 1e3:.0f} ms + backward {alone['backward'] * 1e3:.0f} ms; "
+          f"the {VOLUNTEERS} volunteers' shares at once on {os.cpu_count()} cores: forward "
+          f"{together['forward'] * 1e3:.0f} ms + backward {together['backward'] * 1e3:.0f} ms = {compute * 1e3:.0f} ms "
+          f"per step", flush=True)
     results = []
     for profile in args.profiles:
         print(f"--- {profile}", flush=True)
@@ -363,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{profile}: rtt {res['rtt'] * 1e3:.0f} ms; our tensors need {res['need'].to_volunteers / 1e6:.2f} MB "
               f"out + {res['need'].to_trainer / 1e6:.2f} MB back per step; limit {res['limit']:.3f} s; paths "
               f"{sorted(set((res['paths'] or {}).values()))}", flush=True)
+        if res["recovery"]:
+            print(f"{profile}: {res['loss'] * 100:.1f} % of packets lost each way: an ideal reliable transport spends "
+                  f"+{res['recovery']:.3f} s per step resending them (median); ours over the limit plus that: "
+                  f"{res['ours'].step_median / (res['limit'] + res['recovery']):.2f}x", flush=True)
         print(HEADER)
         _print_rows(res)
     print()
@@ -370,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     for res in results:
         _print_rows(res)
     if args.json:
-        Path(args.json).write_text(json.dumps({"compute": {**alone, "step": compute}, "results": [
+        Path(args.json).write_text(json.dumps({"compute": {"alone": alone, "together": together}, "results": [
             {**r, **{k: vars(r[k]) if r.get(k) else None for k in ("ours", "hivemind", "rawtcp")}}
             for r in results]}, indent=1, default=str))
     print(last_line([r["ours"] for r in results], [r["hivemind"] for r in results if r.get("hivemind")]))

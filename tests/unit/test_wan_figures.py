@@ -1,8 +1,11 @@
 """The WAN benchmark's machinery without the rig: statistics, round trips counted from sends, the
-physical limit of a step, the table's last line, the lines a profile crosses, and its options."""
+physical limit of a step and what loss adds to it, a step's compute from its volunteers' shares,
+the table's last line, the lines a profile crosses, and its options."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import sys
 from pathlib import Path
@@ -14,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import _wan_compute  # noqa: E402
 import _wan_figures as figures  # noqa: E402
 import wan  # noqa: E402
+from _wan_figures import Line, StepBytes, loss_recovery_seconds  # noqa: E402
 
 
 def test_median_and_p95():
@@ -93,6 +97,9 @@ def test_profiles_cross_the_lines_they_say():
     assert base == "cable" and relayed.rtt == pytest.approx(0.12)  # two datacenter legs more
     fibre, _ = wan.line_of("fibre")
     assert (fibre.trainer_down, fibre.volunteer_up, fibre.rtt) == (300e6, 100e6, pytest.approx(0.032))
+    assert cable.loss == relayed.loss == fibre.loss == 0.0
+    far, _ = wan.line_of("far")
+    assert far.loss == pytest.approx(1 - 0.995 ** 2)  # 0.5 % on the trainer's line and on a volunteer's
 
 
 def test_options():
@@ -107,7 +114,29 @@ def test_options():
             wan.parse_args(bad)
 
 
-def test_a_step_computes_the_volunteers_share_over_the_cores():
-    alone = {"forward": 0.1, "backward": 0.2}
-    assert _wan_compute.step_compute(alone, volunteers=4, cores=2) == pytest.approx(0.6)
-    assert _wan_compute.step_compute(alone, volunteers=4, cores=16) == pytest.approx(0.3)  # never below one's own
+def test_a_steps_compute_is_each_phases_slowest_volunteer():
+    shares = [[(0.1, 0.3), (0.2, 0.2)], [(0.15, 0.1), (0.1, 0.4)]]  # two volunteers, two rounds
+    got = _wan_compute.phases(shares)
+    # round 1: forward 0.15, backward 0.3; round 2: forward 0.2, backward 0.4
+    assert got["forward"] == pytest.approx(0.175) and got["backward"] == pytest.approx(0.35)
+    assert got["step"] == pytest.approx((0.45 + 0.6) / 2)
+    for bad in ([], [[]], [[(0.1, 0.1)], [(0.1, 0.1), (0.1, 0.1)]]):
+        with pytest.raises(ValueError):
+            _wan_compute.phases(bad)
+
+
+def test_loss_recovery_is_nothing_without_loss_and_about_a_round_trip_per_transfer_with_it():
+    need = StepBytes(832_000, 832_000)
+    lossless = Line(20e6, 100e6, 20e6, 100e6, rtt=0.3)
+    assert loss_recovery_seconds(lossless, need, 4) == 0.0
+    far = dataclasses.replace(lossless, loss=0.01)
+    extra = loss_recovery_seconds(far, need, 4)
+    # 4 transfers a step (two exchanges, each way) of ~70-290 packets at 1 %: most lose one,
+    # and a loss costs at most about a round trip beyond the transfer's end
+    assert 2 * far.rtt < extra < 4 * far.rtt * 1.1
+    assert loss_recovery_seconds(far, need, 4, seed=1) == pytest.approx(extra, rel=0.2)  # a median, not noise
+    rarer = loss_recovery_seconds(dataclasses.replace(far, loss=0.001), need, 4)
+    assert rarer < extra
+    assert loss_recovery_seconds(dataclasses.replace(far, loss=1.0), need, 4) == math.inf
+    with pytest.raises(ValueError):
+        loss_recovery_seconds(far, need, 0)
