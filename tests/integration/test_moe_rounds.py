@@ -69,6 +69,22 @@ def test_samples_still_short_get_zero_outputs_and_are_counted(world):
     assert out.shape == (16, 8) and bool((out == 0).all())
 
 
+def test_a_straggler_dropped_after_k_min_is_not_called_again_in_the_same_forward(world):
+    """Every sample has its k_min answer when the slow expert is dropped; its only host is the
+    one that straggled, so the fail-over has no other replica to ask and asks nobody (it once
+    called the same host again with the same samples: a whole extra exchange on a far link)."""
+    _, swarm = world
+    moe = mixture(swarm, k_best=2, k_min=1)
+    faults = swarm.faults = FaultInjection(slow_uids={"expert.0.1": 3.0})
+    try:
+        out = moe(torch.randn(16, 8))
+    finally:
+        swarm.faults = None
+    assert faults.calls == 2 and moe.stats["calls"] == 2  # one per expert: no second call to the straggler
+    assert moe.stats["failed_over"] == 0 and moe.stats["failures"] == 0 and moe.stats["samples_short"] == 0
+    assert bool((out.abs().sum(-1) > 0).all())
+
+
 def test_a_step_where_no_expert_answers_raises(world):
     _, swarm = world
     moe = mixture(swarm, k_best=1, k_min=1)

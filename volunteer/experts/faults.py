@@ -8,7 +8,7 @@ would. The client calls ``before_call`` (if ``swarm.faults`` is set) before it s
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 import trio
 
@@ -17,14 +17,18 @@ from ..errors import ExpertUnavailableError
 
 class FaultInjection:
     """Make ``fail_rate`` of calls raise ExpertUnavailableError and delay each by ``latency`` s;
-    calls to the experts in ``fail_uids`` always fail (deterministic tests of re-routing)."""
+    calls to the experts in ``fail_uids`` always fail, and those in ``slow_uids`` wait that many
+    seconds more (deterministic tests of re-routing and of stragglers)."""
 
     def __init__(
-        self, fail_rate: float = 0.0, latency: float = 0.0, seed: int | None = None, fail_uids: Iterable[str] = ()
+        self, fail_rate: float = 0.0, latency: float = 0.0, seed: int | None = None, fail_uids: Iterable[str] = (),
+        slow_uids: Mapping[str, float] | None = None,
     ) -> None:
-        if not 0.0 <= fail_rate < 1.0 or latency < 0:
-            raise ValueError("fail_rate must be in [0, 1) and latency >= 0")
+        slow = dict(slow_uids or {})
+        if not 0.0 <= fail_rate < 1.0 or latency < 0 or any(s < 0 for s in slow.values()):
+            raise ValueError("fail_rate must be in [0, 1) and latency and slow_uids' delays >= 0")
         self.fail_uids = frozenset(fail_uids)
+        self.slow_uids = slow
         self.fail_rate = fail_rate
         self.latency = latency
         self.rng = random.Random(seed)
@@ -33,8 +37,9 @@ class FaultInjection:
 
     async def before_call(self, uid: str) -> None:
         self.calls += 1
-        if self.latency:
-            await trio.sleep(self.latency)
+        delay = self.latency + self.slow_uids.get(uid, 0.0)
+        if delay:
+            await trio.sleep(delay)
         if uid in self.fail_uids:
             self.failed += 1
             raise ExpertUnavailableError(f"injected failure of a call to {uid} (always fails)")

@@ -528,8 +528,11 @@ class RemoteMixtureOfExperts(nn.Module):
         live = self.live_experts()
         retry: dict[int, Any] = {}
         for e in sorted(failed_experts):
-            uid, _ = choices[e]
-            other = self._pick_host(uid, live.get(uid, []))
+            uid, tried = choices[e]
+            # another replica only: a straggler dropped after k_min is not a failure of its host,
+            # and calling that host again would repeat the very call the step gave up on
+            others = [d for d in live.get(uid, []) if str(d.peer) != str(tried.peer)]
+            other = self._pick_host(uid, others)
             if other is not None:
                 retry[e] = other
         if not retry:
