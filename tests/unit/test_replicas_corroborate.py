@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts.audit import distance
 from volunteer.replicas.config import ReplicasConfig
-from volunteer.replicas.corroborate import PROBE_BATCH, agreeing_pair, evidence_of, parameter_gap, probe_inputs
+from volunteer.replicas.corroborate import PROBE_BATCH, agreeing_pair, evidence_of, probe_inputs
 from volunteer.replicas.state import export_state
 
 CPU = ExpertsConfig(device="cpu")
@@ -38,7 +39,7 @@ def test_a_states_answers_are_its_modules_and_the_readers_module_is_untouched():
     with torch.no_grad():
         assert torch.allclose(got.answers[0], served.module(probes[0]), atol=1e-6)
     own = torch.cat([p.detach().reshape(-1) for _, p in sorted(served.module.state_dict().items())])
-    assert torch.equal(got.parameters, own) and parameter_gap(got.parameters, own) == 0.0
+    assert torch.equal(got.parameters, own) and distance([got.parameters], [own]) == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, reader.module.parameters()))
 
 
@@ -64,6 +65,6 @@ def test_replicas_a_few_steps_apart_agree_and_a_negated_or_fresh_state_does_not(
     assert agreeing_pair([liar, a], CONFIG) is None
     # a fresh initialisation answers much like a barely trained residual block: its parameters
     # tell it apart (independent initialisations are about 1.4 apart)
-    assert parameter_gap(other.parameters, a.parameters) > 1.0
+    assert distance([other.parameters], [a.parameters]) > 1.0
     assert agreeing_pair([other, a], CONFIG) is None
     assert agreeing_pair([a], CONFIG) is None and agreeing_pair([], CONFIG) is None

@@ -22,7 +22,6 @@ tensor work, which the catch-up race runs off the event loop.
 from __future__ import annotations
 
 import copy
-import math
 import secrets
 from dataclasses import dataclass
 from typing import Sequence
@@ -78,21 +77,13 @@ def evidence_of(
     return Evidence([t.detach().cpu() for t in answers], torch.cat(flat) if flat else torch.zeros(0))
 
 
-def parameter_gap(first: torch.Tensor, second: torch.Tensor) -> float:
-    """``|a - b| / max(|a|, |b|)`` of two flattened parameter vectors (``inf`` if their sizes differ)."""
-    if first.shape != second.shape:
-        return math.inf
-    scale = max(float(first.norm()), float(second.norm()))
-    return 0.0 if scale == 0.0 else float((first - second).norm()) / scale
-
-
 def agree(first: Evidence, second: Evidence, config: ReplicasConfig) -> bool:
     """Whether two states are the same expert as far as replicas' honest drift goes: their answers
     within ``corroboration_tolerance`` and their parameters within ``corroboration_parameter_gap``
     (a residual block answers much like its input whatever its weights, so answers alone would
     let a fresh initialisation pass; parameters alone would miss a function-changing edit)."""
     return (distance(first.answers, second.answers) <= config.corroboration_tolerance
-            and parameter_gap(first.parameters, second.parameters) <= config.corroboration_parameter_gap)
+            and distance([first.parameters], [second.parameters]) <= config.corroboration_parameter_gap)
 
 
 def agreeing_pair(evidence: Sequence[Evidence], config: ReplicasConfig) -> tuple[int, int] | None:
@@ -104,4 +95,4 @@ def agreeing_pair(evidence: Sequence[Evidence], config: ReplicasConfig) -> tuple
     return None
 
 
-__all__ = ["Evidence", "PROBE_BATCH", "agree", "agreeing_pair", "evidence_of", "parameter_gap", "probe_inputs"]
+__all__ = ["Evidence", "PROBE_BATCH", "agree", "agreeing_pair", "evidence_of", "probe_inputs"]
