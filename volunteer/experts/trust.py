@@ -208,12 +208,9 @@ class TrustLedger:
         until a later audit passes, and the peer's streak starts over."""
         if peer in self._excluded:
             return
-        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair, record = self._failed_check(uid, peer)
         if pair.standing not in (Standing.STALE, Standing.OUTVOTED):  # a disagreement is no news
             pair.standing = Standing.SUSPECT
-        pair.disagreed += 1
-        record.disagreed += 1
-        record.streak = 0
 
     def outvoted(self, uid: str, peer: str) -> bool:
         """Two other replicas of ``uid`` agreed and ``peer``'s reply differed from both: the pair
@@ -221,11 +218,8 @@ class TrustLedger:
         ``outvotes_to_exclude`` experts: the caller then excludes the peer."""
         if peer in self._excluded:
             return False
-        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair, record = self._failed_check(uid, peer)
         pair.standing = Standing.OUTVOTED
-        pair.disagreed += 1
-        record.disagreed += 1
-        record.streak = 0
         if uid not in record.outvoted_on:
             record.outvoted_on.append(uid)
         return len(record.outvoted_on) >= self.policy.outvotes_to_exclude
@@ -240,13 +234,10 @@ class TrustLedger:
         picked for ``uid`` until ``realigned``. False if it already was stale (or is excluded)."""
         if peer in self._excluded:
             return False
-        pair, record = self._pair(uid, peer), self._peer(peer)
-        if pair.standing in (Standing.STALE, Standing.OUTVOTED):
+        if self._pair(uid, peer).standing in (Standing.STALE, Standing.OUTVOTED):
             return False
+        pair, _ = self._failed_check(uid, peer)
         pair.standing = Standing.STALE
-        pair.disagreed += 1
-        record.disagreed += 1
-        record.streak = 0
         return True
 
     def realigned(self, uid: str, peer: str) -> None:
@@ -323,6 +314,15 @@ class TrustLedger:
 
     def _peer(self, peer: str) -> PeerRecord:
         return _touch(self._peers, peer, PeerRecord, self.policy.max_peers)
+
+    def _failed_check(self, uid: str, peer: str) -> tuple[PairRecord, PeerRecord]:
+        """Count a check ``peer``'s reply for ``uid`` failed (on the pair and the peer; its
+        streak starts over); returns the pair's and the peer's records."""
+        pair, record = self._pair(uid, peer), self._peer(peer)
+        pair.disagreed += 1
+        record.disagreed += 1
+        record.streak = 0
+        return pair, record
 
 
 def _touch(table: OrderedDict, key, make, bound: int):
