@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _volunteer_share(experts: int, samples: int, hidden: int, rounds: int, start, results) -> None:
     """One volunteer's rounds of forward and backward, each phase begun at ``start`` (a barrier
     of all volunteers); puts ``[(forward s, backward s), ...]`` (after a warm-up round)."""
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # before torch is imported here
     sys.path.insert(0, str(ROOT))
     import torch
 
@@ -77,19 +78,10 @@ def measure(volunteers: int, experts: int, samples: int, hidden: int, rounds: in
     """``phases`` of ``volunteers`` shares computed at once, each in a fresh process."""
     context = multiprocessing.get_context("spawn")
     start, results = context.Barrier(volunteers), context.Queue()
-    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # what the spawned children see
-    try:
-        procs = [context.Process(target=_volunteer_share, args=(experts, samples, hidden, rounds, start, results))
-                 for _ in range(volunteers)]
-        for proc in procs:
-            proc.start()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    procs = [context.Process(target=_volunteer_share, args=(experts, samples, hidden, rounds, start, results))
+             for _ in range(volunteers)]
+    for proc in procs:
+        proc.start()
     try:
         shares = [results.get(timeout=600) for _ in procs]
     finally:
