@@ -6,7 +6,7 @@ replicas synced every 5 s).
     python benchmarks/audits.py                    # all figures (about an hour on 2 busy cores)
     python benchmarks/audits.py --runs 1 --honest-runs 1 --subtle-runs 1 --overhead-runs 1   # a quick look
 
-1. zeros, x10, NaN (``--runs`` each): best test accuracy, and after how many of its replies the
+1. zeros, x10, NaN, random (``--runs`` each): best test accuracy, and after how many of its replies the
    liar was excluded (median and worst; the goal: >= 0.97, within 200);
 2. no liar (``--honest-runs``, ``--fixed-epochs`` each): honest volunteers excluded (the goal: none);
 3. the subtle liar, +3 % on a random 20 % of its forwards (``--subtle-runs``, ``--fixed-epochs``):
@@ -66,14 +66,14 @@ def liar_figures(kind: str, runs: int, epochs: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5, help="runs per crude lie (zeros, x10, NaN)")
+    parser.add_argument("--runs", type=int, default=5, help="runs per crude lie (zeros, x10, NaN, random)")
     parser.add_argument("--honest-runs", type=int, default=10)
     parser.add_argument("--subtle-runs", type=int, default=5)
     parser.add_argument("--overhead-runs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=20, help="at most this many epochs per liar run (it stops at 0.97)")
     parser.add_argument("--fixed-epochs", type=int, default=8,
                         help="epochs of every run without a liar and with the subtle one (their accuracies are compared)")
-    parser.add_argument("--lies", default="zeros,times10,nan")
+    parser.add_argument("--lies", default="zeros,times10,nan,random")
     args = parser.parse_args()
 
     results: dict[str, list[dict]] = {}

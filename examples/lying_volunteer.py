@@ -9,6 +9,8 @@ syncs and timing stay honest, as a real attacker's modified install would. The l
 - ``zeros``: outputs times 0 (a host that computes nothing);
 - ``times10``: outputs times 10;
 - ``nan``: outputs times NaN;
+- ``random``: made-up outputs, noise at the honest output's scale (a host that computes nothing
+  and hides it from a range check: only the direction of its replies gives it away);
 - ``subtle``: outputs +3 % on a random 20 % of forward passes (close to replicas' honest drift).
 
 ``Lie``, ``lie_in_module`` and ``lie_in_backward`` are importable too (tests make an in-process
@@ -24,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-LIES = ("zeros", "times10", "nan", "subtle")
+LIES = ("zeros", "times10", "nan", "random", "subtle")
 SUBTLE_SHARE = 0.2  # forward passes the subtle liar changes
 SUBTLE_FACTOR = 1.03
 
@@ -37,12 +39,16 @@ class Lie:
             raise ValueError(f"unknown lie {kind!r}; one of {', '.join(LIES)}")
         self.kind = kind
         self.rng = random.Random(seed)
+        self.noise = torch.Generator().manual_seed(self.rng.getrandbits(32))
         self.told = 0  # outputs changed
 
     def __call__(self, output: torch.Tensor) -> torch.Tensor:
         if self.kind == "subtle" and self.rng.random() >= SUBTLE_SHARE:
             return output
         self.told += 1
+        if self.kind == "random":
+            noise = torch.randn(output.shape, generator=self.noise, dtype=output.dtype)
+            return noise * (output.norm() / noise.norm().clamp_min(1e-12))
         factor = {"zeros": 0.0, "times10": 10.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR}[self.kind]
         return output * factor
 

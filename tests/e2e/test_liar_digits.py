@@ -29,7 +29,7 @@ def test_a_volunteer_whose_experts_answer_ten_times_their_output_is_excluded_and
     liar = next(line.split()[1] for line in out.splitlines() if line.startswith("liar: "))
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
     assert summary["liar_excluded"] and summary["liar_excluded_after"] <= 200, summary
-    honest = [line for line in out.splitlines() if line.startswith("HONEST volunteer") or " differ by " in line]
+    honest = [line for line in out.splitlines() if line.startswith("HONEST volunteer") or "asking a third replica" in line]
     assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, "\n".join(honest)
     assert f"excluding volunteer {liar}: its outputs of expert" in out  # the log line names it and why
     assert "reached 95% test accuracy" in out and summary["best"] >= 0.95

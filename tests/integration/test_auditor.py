@@ -4,6 +4,7 @@ backward of an audited call is mirrored, and what is counted."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -28,13 +29,28 @@ class Host:
     addrs: tuple = ()
 
 
-class Replica:
-    """A scripted host: answers ``factor`` times the truth (or raises ``error``)."""
+def turned(reply: torch.Tensor, chord: float) -> torch.Tensor:
+    """``reply`` turned away from itself, its norm kept: the unit vectors of the two are ``chord``
+    apart (what a replica that trained apart does to its replies; 1.41: an unrelated reply)."""
+    if chord == 0.0:
+        return reply
+    other = torch.randn(reply.shape, generator=torch.Generator().manual_seed(7))
+    other -= (other * reply).sum() / (reply * reply).sum() * reply
+    angle = 2 * math.asin(chord / 2)
+    return math.cos(angle) * reply + math.sin(angle) * reply.norm() / other.norm() * other
 
-    def __init__(self, name: str, factor: float = 1.0, error: Exception | None = None, grad_factor: float = 1.0) -> None:
-        self.host, self.factor, self.error, self.grad_factor = Host(name), factor, error, grad_factor
+
+class Replica:
+    """A scripted host: answers ``factor`` times the truth, ``turn``ed (or raises ``error``)."""
+
+    def __init__(self, name: str, factor: float = 1.0, error: Exception | None = None, grad_factor: float = 1.0,
+                 turn: float = 0.0) -> None:
+        self.host, self.factor, self.error, self.grad_factor, self.turn = Host(name), factor, error, grad_factor, turn
         self.forwards: list[bool] = []  # backward_follows of each forward it got
         self.backwards = 0
+
+    def reply(self, inputs: torch.Tensor) -> torch.Tensor:
+        return turned(torch.tanh(inputs) * self.factor, self.turn)
 
 
 class Call:
@@ -47,7 +63,7 @@ class Call:
         await trio.sleep(0)
         if self.replica.error is not None:
             raise self.replica.error
-        return [torch.tanh(inputs[0]) * self.replica.factor]
+        return [self.replica.reply(inputs[0])]
 
     async def backward(self, inputs, grads, kept=None, report=None):
         self.replica.backwards += 1
@@ -74,7 +90,7 @@ async def settle(audits: Auditor) -> None:
 
 
 async def answer(audits: Auditor, replica: Replica, *, follows: bool = False, outputs=None, uid: str = UID):
-    return audits.answered(Call(replica, follows, uid), X, outputs if outputs is not None else [TRUTH * replica.factor])
+    return audits.answered(Call(replica, follows, uid), X, outputs if outputs is not None else [replica.reply(X)])
 
 
 async def test_agreeing_replicas_are_both_proven():
@@ -103,6 +119,23 @@ async def test_a_disagreement_is_settled_by_a_third_replica_and_a_peer_outvoted_
     assert stats["outvoted"] == 2 and stats["exclusions"] == 1 and ledger.excluded("liar")
     assert ledger.exclusion_reason("liar").startswith("its outputs of expert e.1 differed from those of")
     assert ledger.exclusion_reason("liar").endswith("outvoted before on e.0")
+
+
+async def test_a_replica_that_drifted_off_is_not_outvoted_but_a_made_up_reply_at_the_same_scale_is():
+    # a lagging honest replica's replies turned by 0.77 on a loaded machine, on two experts in one
+    # run, at the same scale; a made-up reply (noise at the honest scale) is unrelated: 1.41
+    drifted, liar, b, c = Replica("drifted", turn=0.8), Replica("liar", turn=math.sqrt(2)), Replica("b"), Replica("c")
+    ages = 8.0  # each: a sync a few seconds ago, plus the slack for its declaration's age
+    audits, ledger, stats = auditor([drifted, b, c], ages=ages)
+    for uid in ("e.0", "e.1"):
+        await answer(audits, drifted, uid=uid)
+        await settle(audits)
+    assert stats["audits"] == 2 and stats["disagreements"] == 0 and not ledger.excluded("drifted")
+    audits, ledger, stats = auditor([liar, b, c], ages=ages)
+    for uid in ("e.0", "e.1"):
+        await answer(audits, liar, uid=uid)
+        await settle(audits)
+    assert stats["disagreements"] == 2 and ledger.excluded("liar")
 
 
 async def test_with_no_third_replica_both_stay_suspect():

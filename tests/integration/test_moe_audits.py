@@ -115,7 +115,7 @@ def assert_trained_finite(task: SumTask, losses: list[float]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["zeros", "times10", "nan"])
+@pytest.mark.parametrize("kind", ["zeros", "times10", "nan", "random"])
 def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes_on(kind):
     world = Replicated(3, Lie(kind, seed=1))
     try:

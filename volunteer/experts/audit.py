@@ -12,25 +12,33 @@ output gradients (so no audit is a forward whose backward never comes; the audit
 the step a replica would have taken for that work). The protocol carries no audit flag. Only a
 third opinion on outputs, asked after a disagreement, is a lone forward, as evaluation calls are.
 
-How answers compare: ``distance`` is the relative L2 gap of two replies. Replicas that trained
-apart since their last sync differ honestly (measured on the digits experts, ffn h64 with Adam at
-1e-3, syncs every 5 s or 30 s: median 0.2, at most 0.42, no larger a minute after a sync), so
-``tolerance`` grows from ``drift_floor`` with the declared sync ages of both (plus
-``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``. Other experts and
-learning rates drift otherwise: ``AuditConfig`` holds these numbers. A gap
-beyond the tolerance is a disagreement: both become suspect, and a third replica decides
+How answers compare: ``compare`` splits the difference of two replies the way honest drift and
+lies differ. Replicas that trained apart since their last sync point their replies in somewhat
+different directions but keep their scale; a scaled or zeroed lie changes the scale, a made-up
+reply points elsewhere. So a ``Difference`` is a **direction** gap (``|a/|a| - b/|b||``, 0 for
+parallel replies, 1.41 for unrelated ones) and a **scale** ratio (the larger norm over the smaller:
+x10 for a x10 lie, infinite for a zero reply). Measured on the digits experts (ffn h64, Adam 1e-3,
+syncs every 5 s, ``examples/train_digits.py --liar times10`` with every comparison traced):
+direction median 0.15, p95 0.35, largest 0.60 for outputs (a loaded CI machine showed 0.77 for
+a replica whose rounds lagged) and 0.49 for input gradients; scale at most x1.02 for outputs (the
+expert ends in a LayerNorm) and x1.58 for input gradients. The relative L2 gap the audits
+used before mixed the two: honest drift of 0.77 there was within 0.13 of a x10 lie's 0.9.
+``tolerance`` lets the direction gap grow from ``drift_floor`` with the declared sync ages of both
+(plus ``heartbeat_slack`` for the declaration's own age) up to ``max_tolerance``, and the scale up
+to ``max_scale``. Other experts and learning rates drift otherwise: ``AuditConfig`` holds these
+numbers. A reply beyond either is a disagreement: both become suspect, and a third replica decides
 (``judge``): the one the two others outvoted is not called for that expert again, and a peer
 outvoted on ``outvotes_to_exclude`` (2) different experts is excluded for this trainer (one outvote
-is not enough: honest replicas of a fast-training expert whose syncs fail for a while drift as far
-apart as a x3 lie, but one expert at a time; a liar lies on all it serves). With no third replica
-both stay suspect (down-weighted, audited at ``suspect_rate``) until an audit passes. A lie
-smaller than replicas' honest drift (outputs +3 %) cannot be told from it by comparison; see
-docs/ARCHITECTURE.md for what exact audits would take.
+is not enough: an honest replica whose syncs fail for a while drifts off, but on one expert at a
+time; a liar lies on all it serves). With no third replica both stay suspect (down-weighted,
+audited at ``suspect_rate``) until an audit passes. A lie smaller than replicas' honest drift
+(outputs +3 %, or x1.5) cannot be told from it by comparison; see docs/ARCHITECTURE.md for what
+exact audits would take.
 
 A sync age is a claim too, and declaring none must not buy a host freedom from audits. A host
 that claims no recent sync (none, or older than ``max_sync_age / 2``) is compared *loosely* with
-hosts that claim one: at ``max_tolerance``, the gap honest replicas never reach within a minute of
-a sync, which a gross lie (zeros, x10: a gap of 0.9 to 1) exceeds. Such a host cannot be told
+hosts that claim one: at ``max_tolerance`` and ``max_scale``, what honest replicas never reach
+within a minute of a sync, which a gross lie (zeros, x10, a made-up reply) exceeds. Such a host cannot be told
 from an honest replica whose rounds keep failing, so when two aligned replicas outvote it, it is
 not excluded but **stale** for that expert: not called for it until it declares a recent sync
 again (and is then audited strictly). Hosts that claim no sync judge nobody: a loose
@@ -67,10 +75,11 @@ COMPRESSION_ERROR = {NONE: 0.0, FLOAT16: 0.002, BLOCKWISE8_64: 0.03, BLOCKWISE8_
 class AuditConfig:
     """How replies are compared, and how many audits may be in flight."""
 
-    hardware_tolerance: float = 0.01  # relative gap of identical states on different hardware
-    drift_floor: float = 0.2  # tolerated gap of replicas right after a sync ...
+    hardware_tolerance: float = 0.01  # relative error of identical states on different hardware
+    drift_floor: float = 0.2  # tolerated direction gap of replicas right after a sync ...
     drift_per_second: float = 0.1  # ... growing with the sum of their sync ages ...
-    max_tolerance: float = 0.6  # ... up to this (a zero or x10 reply is 0.9 to 1 away)
+    max_tolerance: float = 1.0  # ... up to this (unrelated replies are 1.41 apart, opposite ones 2)
+    max_scale: float = 2.0  # tolerated ratio of two replies' norms (x3, x10 and zero lies exceed it)
     max_sync_age: float = 60.0  # replicas whose sync ages sum beyond this are not compared
     heartbeat_slack: float = 5.0  # how much older a declared sync age may be when read
     max_pending: int = 32  # audits in flight; more are skipped (and counted)
@@ -82,31 +91,82 @@ class AuditConfig:
                 raise ExpertConfigError(f"AuditConfig.{f.name} must be a non-negative number, got {value!r}")
         if self.max_pending < 1:
             raise ExpertConfigError("AuditConfig.max_pending must be >= 1")
+        if self.max_scale < 1:
+            raise ExpertConfigError("AuditConfig.max_scale must be >= 1 (a ratio of the larger norm to the smaller)")
 
 
 DEFAULT_AUDITS = AuditConfig()
 
 
 # --- pure: distances, tolerances, verdicts ------------------------------------------------------
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.detach().float().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+
+
+def _same_shapes(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:
+    return len(first) == len(second) and all(a.shape == b.shape for a, b in zip(first, second))
+
+
 def distance(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> float:
-    """``|a - b| / max(|a|, |b|)`` over all tensors (0 for two all-zero replies, ``inf`` when
-    their shapes differ or a value is not finite). Between 0 and 2."""
-    if len(first) != len(second) or any(a.shape != b.shape for a, b in zip(first, second)):
+    """``|a - b| / max(|a|, |b|)`` over all tensors (0 for two all-zero sets, ``inf`` when their
+    shapes differ or a value is not finite). Between 0 and 2. Used for parameters (catch-up
+    corroboration); replies are compared with ``compare``."""
+    if not _same_shapes(first, second):
         return math.inf
-    gap = norm_a = norm_b = 0.0
-    for a, b in zip(first, second):
-        a, b = a.detach().float(), b.detach().float()
-        gap += float(torch.linalg.vector_norm(a - b)) ** 2
-        norm_a += float(torch.linalg.vector_norm(a)) ** 2
-        norm_b += float(torch.linalg.vector_norm(b)) ** 2
-    if not all(math.isfinite(v) for v in (gap, norm_a, norm_b)):
+    a, b = _flat(first), _flat(second)
+    gap, scale = float(torch.linalg.vector_norm(a - b)), max(float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b)))
+    if not (math.isfinite(gap) and math.isfinite(scale)):
         return math.inf
-    scale = math.sqrt(max(norm_a, norm_b))
-    return 0.0 if scale == 0.0 else math.sqrt(gap) / scale
+    return 0.0 if scale == 0.0 else gap / scale
 
 
-def tolerance(config: AuditConfig, first_age: float | None, second_age: float | None, compression: str = "none") -> float | None:
-    """The gap two replicas' honest replies may show, given their sync ages (seconds since each
+@dataclass(frozen=True)
+class Difference:
+    """How two replies differ (see the module docstring): ``direction`` is ``|a/|a| - b/|b||``
+    (0 to 2; a zero reply counts as the zero vector, so it is 1 from any other), ``scale`` the
+    larger norm over the smaller (1 to ``inf``). Both ``inf`` when the shapes differ or a value
+    is not finite."""
+
+    direction: float
+    scale: float
+
+    def __str__(self) -> str:
+        return f"direction {self.direction:.3f}, scale x{self.scale:.2f}"
+
+
+INCOMPARABLE = Difference(math.inf, math.inf)
+
+
+def compare(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> Difference:
+    """The ``Difference`` of two replies, all their tensors taken as one vector."""
+    if not _same_shapes(first, second):
+        return INCOMPARABLE
+    a, b = _flat(first), _flat(second)
+    norm_a, norm_b = float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b))
+    if not (math.isfinite(norm_a) and math.isfinite(norm_b)):
+        return INCOMPARABLE
+    unit_a = a / norm_a if norm_a > 0 else a
+    unit_b = b / norm_b if norm_b > 0 else b
+    direction = float(torch.linalg.vector_norm(unit_a - unit_b))
+    low, high = sorted((norm_a, norm_b))
+    scale = 1.0 if high == 0.0 else (math.inf if low == 0.0 else high / low)
+    return Difference(direction, scale)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far two honest replies may differ: a direction gap and a scale ratio."""
+
+    direction: float
+    scale: float
+
+    def __str__(self) -> str:
+        return f"direction {self.direction:.3f}, scale x{self.scale:.2f}"
+
+
+def tolerance(config: AuditConfig, first_age: float | None, second_age: float | None,
+              compression: str = "none") -> Tolerance | None:
+    """How far two replicas' honest replies may differ, given their sync ages (seconds since each
     last averaged, as declared, slack included); None when they cannot be compared (one never
     synced, or both too long ago)."""
     if first_age is None or second_age is None:
@@ -114,8 +174,8 @@ def tolerance(config: AuditConfig, first_age: float | None, second_age: float | 
     ages = first_age + second_age
     if not math.isfinite(ages) or ages > config.max_sync_age:
         return None
-    drift = min(config.max_tolerance, config.drift_floor + config.drift_per_second * ages)
-    return _wire_error(config, compression) + drift
+    return _with_wire_error(config, min(config.max_tolerance, config.drift_floor + config.drift_per_second * ages),
+                            compression)
 
 
 def aligned(config: AuditConfig, age: float | None) -> bool:
@@ -125,29 +185,35 @@ def aligned(config: AuditConfig, age: float | None) -> bool:
 
 
 def loose_tolerance(config: AuditConfig, first_age: float | None, second_age: float | None,
-                    compression: str = "none") -> float | None:
-    """The gap allowed between a host that claims a recent sync and one that claims none: the
-    largest honest drift (see the module docstring); None unless exactly one of them claims one."""
+                    compression: str = "none") -> Tolerance | None:
+    """How far a host that claims a recent sync and one that claims none may differ: the largest
+    honest drift (see the module docstring); None unless exactly one of them claims one."""
     if aligned(config, first_age) == aligned(config, second_age):
         return None
-    return _wire_error(config, compression) + config.max_tolerance
+    return _with_wire_error(config, config.max_tolerance, compression)
 
 
-def _wire_error(config: AuditConfig, compression: str) -> float:
-    return config.hardware_tolerance + 2 * COMPRESSION_ERROR.get(compression, max(COMPRESSION_ERROR.values()))
+def _with_wire_error(config: AuditConfig, drift: float, compression: str) -> Tolerance:
+    # the pair's relative error from hardware and the wire: it turns the direction and, at most
+    # by as much, the ratio of the norms
+    error = config.hardware_tolerance + 2 * COMPRESSION_ERROR.get(compression, max(COMPRESSION_ERROR.values()))
+    return Tolerance(drift + error, config.max_scale * (1 + error))
 
 
 @dataclass(frozen=True)
 class Gap:
-    """How far two replies are apart, and how far they may be."""
+    """How two replies differ, and how far they may."""
 
-    distance: float
-    tolerance: float
+    difference: Difference
+    allowed: Tolerance
     loose: bool = False  # one side claims no recent sync (``loose_tolerance``)
 
     @property
     def agree(self) -> bool:
-        return self.distance <= self.tolerance
+        return self.difference.direction <= self.allowed.direction and self.difference.scale <= self.allowed.scale
+
+    def __str__(self) -> str:
+        return f"{self.difference} (at most {self.allowed})"
 
 
 class Outcome(Enum):
@@ -371,8 +437,7 @@ class Auditor:
         self.stats["disagreements"] += 1
         ledger.disagreed(uid, str(first.peer))
         ledger.disagreed(uid, str(second.peer))
-        log.info("audit of %s: %s of %s and %s differ by %.3f (tolerance %.3f): asking a third replica",
-                 uid, kind, first.peer, second.peer, gap.distance, gap.tolerance)
+        log.info("audit of %s: %s of %s and %s differ: %s: asking a third replica", uid, kind, first.peer, second.peer, gap)
         third = await self._third_opinion(case, first, second, kind)
         if third is None:
             log.info("audit of %s: no third replica to decide between %s and %s: both stay suspect",
@@ -385,8 +450,8 @@ class Auditor:
             off = first_third if outcome is Outcome.FIRST_WRONG else second_third
             assert off is not None
             self._outvoted(uid, wrong.peer, f"its {kind} of expert {uid} differed from those of {right.peer} and "
-                                            f"{third.peer} (relative gap {gap.distance:.3f} and {off.distance:.3f}, "
-                                            f"tolerance {gap.tolerance:.3f}), which agreed")
+                                            f"{third.peer} ({gap.difference} and {off.difference}; at most {gap.allowed}), "
+                                            "which agreed")
             ledger.passed(uid, str(right.peer))
             ledger.passed(uid, str(third.peer))
         else:
@@ -403,8 +468,8 @@ class Auditor:
             return Outcome.AGREE
         uid, ledger = case.uid, self.ledger
         self.stats["disagreements"] += 1
-        log.info("audit of %s: %s of %s and %s differ by %.3f (tolerance %.3f, %s claims no recent sync): "
-                 "asking a third replica", uid, kind, first.peer, second.peer, gap.distance, gap.tolerance,
+        log.info("audit of %s: %s of %s and %s differ: %s, %s claims no recent sync: asking a third replica",
+                 uid, kind, first.peer, second.peer, gap,
                  first.peer if not aligned(self.config, first.age) else second.peer)
         third = await self._third_opinion(case, first, second, kind)
         first_third = second_third = None
@@ -424,8 +489,8 @@ class Auditor:
         elif ledger.stale(uid, str(wrong.peer)):
             self.stats["stale"] += 1
             log.warning("not calling %s for expert %s: it claims no recent sync and its %s differ from those of "
-                        "%s and %s by more than replicas drift apart (%.3f, tolerance %.3f)",
-                        wrong.peer, uid, kind, right.peer, third.peer, gap.distance, gap.tolerance)
+                        "%s and %s by more than replicas drift apart (%s)",
+                        wrong.peer, uid, kind, right.peer, third.peer, gap)
         return outcome
 
     async def _third_opinion(self, case: Case, first: Opinion, second: Opinion, kind: str) -> Opinion | None:
@@ -497,7 +562,7 @@ class Auditor:
         mine, theirs = (first.outputs, second.outputs) if kind == OUTPUTS else (first.grads, second.grads)
         if mine is None or theirs is None:
             return None
-        return Gap(distance(mine, theirs), allowed, loose)
+        return Gap(compare(mine, theirs), allowed, loose)
 
     def _count_exclusion(self, error: ExpertError) -> None:
         """An audit's own call got its host excluded by the guard (a non-finite reply, or one
@@ -523,6 +588,6 @@ class Auditor:
 
 
 __all__ = [
-    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Gap", "Opinion", "Outcome", "aligned", "distance", "judge",
-    "loose_tolerance", "lossier", "tolerance",
+    "AuditConfig", "Auditor", "Case", "DEFAULT_AUDITS", "Difference", "Gap", "Opinion", "Outcome", "Tolerance", "aligned",
+    "compare", "distance", "judge", "loose_tolerance", "lossier", "tolerance",
 ]

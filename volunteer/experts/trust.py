@@ -8,8 +8,8 @@ Every host of an expert stands, for one trainer, in one of six ``Standing``\\ s:
 - **suspect**: a check failed and no third opinion has settled who was wrong yet (or none can);
 - **outvoted**: its reply differed from two other replicas' that agreed (``audit.py``): not
   called for this expert any more. One outvote is not yet a verdict on the peer: honest replicas
-  of a fast-training expert whose syncs fail for a while drift apart by as much as a crude lie
-  (measured: relative gaps up to 0.85 where the tolerance is 0.6), but only for that expert;
+  of a fast-training expert whose syncs fail for a while drift apart further than usual
+  (measured: direction gaps up to 0.77 on a loaded machine), but only for that expert;
 - **stale**: it claims no recent sync and two replicas that claim one outvoted its reply: honest
   but left behind, or lying behind that claim, it is not called for this expert until it declares
   a recent sync again (``audit.py``);
