@@ -182,8 +182,9 @@ async def test_a_round_whose_contributions_were_all_refused_leaves_the_sync_age_
             outcome = await sync_a.average(UID, [host_b.full_addrs()[0]])
     assert outcome.refused and outcome.refused[0][0] == str(host_b.peer_id)
     assert sync_a.last_sync[UID] == synced  # the age still counts from the last real alignment
+    assert UID in sync_a.guard._experts  # the guard remembers the round (its drift, b's deviation)
     sync_a.forget(UID)
-    assert UID not in sync_a.last_sync
+    assert UID not in sync_a.last_sync and UID not in sync_a.guard._experts
 
 
 async def test_a_peer_that_does_not_host_the_expert_is_not_waited_for():

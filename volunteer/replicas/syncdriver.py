@@ -255,8 +255,9 @@ class ReplicaSync(BaseService):
 
     def forget(self, uid: str) -> None:
         """We no longer host ``uid``: a later copy of it is aligned by its own catch-up or round,
-        never by this one's."""
+        never by this one's, and its rounds' guard learns its drift afresh."""
         self.last_sync.pop(uid, None)
+        self.guard.forget(uid)
 
     def _stand(self, uid: str, peer: str, standing: Standing) -> None:
         self.standings.pop((uid, peer), None)  # re-inserted: the oldest stays first to forget

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import sys
 
 import trio
 
@@ -46,6 +47,24 @@ def sockaddr_to_multiaddr(sockaddr) -> Multiaddr:
     if family == "ip6" and host.startswith("::ffff:") and "." in host:
         family, host = "ip4", host[7:]
     return Multiaddr(f"/{family}/{host}/tcp/{port}")
+
+
+# Linux: a flow with under 4 packets in flight that times out retransmits at linear intervals (up
+# to 6 times) instead of doubling each time. Expert calls and DHT requests are such flows: a reply
+# whose last packets are lost has nothing behind it to trigger a fast retransmit, and on a lossy
+# 300 ms path two back-to-back timeouts with doubling held a training step for 5 to 10 s.
+TCP_THIN_LINEAR_TIMEOUTS = getattr(socket, "TCP_THIN_LINEAR_TIMEOUTS", 16)
+
+
+def _tune_for_calls(sock) -> None:
+    """Socket options for request/reply traffic: no Nagle delay on small writes, linear
+    retransmission timeouts for thin flows (best effort: not every system has them)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sys.platform.startswith("linux"):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, 1)
+        except OSError:
+            pass
 
 
 def _enable_reuse(sock: trio.socket.SocketType) -> None:
@@ -164,7 +183,7 @@ class TcpTransport:
     async def _connect(family: int, sockaddr, bind: tuple[str, int] | None) -> trio.socket.SocketType:
         sock = trio.socket.socket(family, socket.SOCK_STREAM)
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _tune_for_calls(sock)
             if bind is not None:
                 _enable_reuse(sock)
                 await sock.bind(bind)
@@ -197,7 +216,7 @@ class TcpTransport:
 
         async def serve_one(stream: trio.SocketStream) -> None:
             try:
-                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _tune_for_calls(stream.socket)
                 remote = sockaddr_to_multiaddr(stream.socket.getpeername())
             except OSError:
                 await trio.aclose_forcefully(stream)

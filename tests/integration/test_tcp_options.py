@@ -1,0 +1,41 @@
+"""What every TCP connection of ours is set up for: request/reply traffic (expert calls, DHT
+requests), whose replies are short flows with nothing behind a lost tail."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+import trio
+
+from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.transport.tcp import TCP_THIN_LINEAR_TIMEOUTS, TcpTransport
+
+
+def _options(sock) -> tuple[int, int]:
+    return (sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY),
+            sock.getsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_THIN_LINEAR_TIMEOUTS is a Linux option")
+async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_intervals():
+    accepted: list = []
+    got = trio.Event()
+
+    async def keep(conn) -> None:
+        accepted.append(conn)
+        got.set()
+        await trio.sleep_forever()  # the connection lives as long as its handler
+
+    async with trio.open_nursery() as nursery:
+        [listening] = await nursery.start(TcpTransport().listen, Multiaddr("/ip4/127.0.0.1/tcp/0"), keep)
+        dialed = await TcpTransport().dial(listening)
+        with trio.fail_after(10):
+            await got.wait()
+        # without linear timeouts two back-to-back timeouts on a lossy 300 ms path doubled to
+        # seconds, and held a training step for 5 to 10 s
+        assert _options(dialed.stream.socket) == (1, 1)
+        assert _options(accepted[0].stream.socket) == (1, 1)
+        await dialed.stream.aclose()
+        nursery.cancel_scope.cancel()
