@@ -113,11 +113,16 @@ def distance(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> f
     corroboration); replies are compared with ``compare``."""
     if not _same_shapes(first, second):
         return math.inf
-    a, b = _flat(first), _flat(second)
-    gap, scale = float(torch.linalg.vector_norm(a - b)), max(float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b)))
-    if not (math.isfinite(gap) and math.isfinite(scale)):
+    gap = norm_a = norm_b = 0.0
+    for a, b in zip(first, second):  # tensor by tensor: a whole state is not copied into one
+        a, b = a.detach().float(), b.detach().float()
+        gap += float(torch.linalg.vector_norm(a - b)) ** 2
+        norm_a += float(torch.linalg.vector_norm(a)) ** 2
+        norm_b += float(torch.linalg.vector_norm(b)) ** 2
+    if not all(math.isfinite(v) for v in (gap, norm_a, norm_b)):
         return math.inf
-    return 0.0 if scale == 0.0 else gap / scale
+    scale = math.sqrt(max(norm_a, norm_b))
+    return 0.0 if scale == 0.0 else math.sqrt(gap) / scale
 
 
 @dataclass(frozen=True)
@@ -131,14 +136,19 @@ class Difference:
     scale: float
 
     def __str__(self) -> str:
-        return f"direction {self.direction:.3f}, scale x{self.scale:.2f}"
+        return _two_axes(self.direction, self.scale)
+
+
+def _two_axes(direction: float, scale: float) -> str:
+    return f"direction {direction:.3f}, scale x{scale:.2f}"
 
 
 INCOMPARABLE = Difference(math.inf, math.inf)
 
 
 def compare(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> Difference:
-    """The ``Difference`` of two replies, all their tensors taken as one vector."""
+    """The ``Difference`` of two replies, all their tensors taken as one vector (replies are a
+    call's activations or gradients: copying them is cheap)."""
     if not _same_shapes(first, second):
         return INCOMPARABLE
     a, b = _flat(first), _flat(second)
@@ -161,7 +171,7 @@ class Tolerance:
     scale: float
 
     def __str__(self) -> str:
-        return f"direction {self.direction:.3f}, scale x{self.scale:.2f}"
+        return _two_axes(self.direction, self.scale)
 
 
 def tolerance(config: AuditConfig, first_age: float | None, second_age: float | None,
