@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 from volunteer.errors import ExpertTimeoutError, ImplausibleReplyError, NonFiniteReplyError
-from volunteer.experts.audit import AuditConfig, Auditor
+from volunteer.experts.audit import Auditor
+from volunteer.experts.comparison import AuditConfig
 from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
 
 UID = "e.0"

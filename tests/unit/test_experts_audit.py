@@ -1,4 +1,4 @@
-"""The pure half of audits (volunteer/experts/audit.py): how far apart two replies are, how far
+"""The pure half of audits (volunteer/experts/comparison.py): how far apart two replies are, how far
 replicas may drift apart, and what a third opinion decides."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from volunteer.errors import ExpertConfigError
-from volunteer.experts.audit import (
+from volunteer.experts.comparison import (
     AuditConfig, Difference, Gap, Outcome, Tolerance, compare, distance, judge, loose_tolerance, tolerance,
 )
 
@@ -139,7 +139,7 @@ def test_distance_is_symmetric_and_between_zero_and_two(a, b):
 
 
 def test_replies_are_compared_within_the_error_of_the_lossier_encoding_they_travelled_in():
-    from volunteer.experts.audit import lossier
+    from volunteer.experts.comparison import lossier
 
     assert lossier("float16", "blockwise8_64") == "blockwise8_64"
     assert lossier("none", "float16") == "float16"

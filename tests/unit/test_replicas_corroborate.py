@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from volunteer.experts import ExpertsConfig, make_backend
-from volunteer.experts.audit import distance
+from volunteer.experts.comparison import distance
 from volunteer.replicas.config import ReplicasConfig
 from volunteer.replicas.corroborate import PROBE_BATCH, agreeing_pair, evidence_of, probe_inputs
 from volunteer.replicas.state import export_state

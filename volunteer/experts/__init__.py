@@ -31,7 +31,7 @@ from .schema import TensorSpec
 from .tensors import COMPRESSIONS, TensorReader, deserialize, encode, pick_compression, serialize
 
 # what a trainer checks in every reply, and how far it trusts each volunteer
-from .audit import AuditConfig
+from .comparison import AuditConfig
 from .guard import GuardConfig, ReplyGuard
 from .trust import Standing, TrustLedger, TrustPolicy
 

@@ -50,9 +50,10 @@ from ..errors import (
     describe,
 )
 from ..dht.grid import parse_uid
-from .audit import DEFAULT_AUDITS, AuditConfig, Auditor, aligned
+from .audit import Auditor
 from .callstats import AUTO, CallReport
 from .client import DUMMY, _Call, detached_cpu
+from .comparison import DEFAULT_AUDITS, AuditConfig, aligned
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
 from .guard import ReplyGuard

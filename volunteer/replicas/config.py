@@ -42,8 +42,9 @@ class ReplicasConfig:
     version_claim_margin: int = 1000
     plausible_norm_ratio: float = 100.0
     # two fetched states corroborate each other when their outputs on random probe inputs are
-    # within this relative L2 gap (the largest honest replicas show within a minute of a sync:
-    # the trainers' audits, experts/audit.py, use the same figure) and their parameters within
+    # within this relative L2 gap (honest replicas' outputs measured up to 0.6 apart within a
+    # minute of a sync, 0.77 where rounds lagged; the trainers' audits, experts/comparison.py,
+    # now compare direction and scale apart instead) and their parameters within
     # this one (replicas of one lineage drift a small share apart; independent initialisations are
     # about 1.4 apart, the expert negated 2)
     corroboration_tolerance: float = 0.6

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..experts.audit import distance
+from ..experts.comparison import distance
 from ..experts.backend import ExpertBackend
 from .config import ReplicasConfig
 from .messages import StateHeader, split_payload
