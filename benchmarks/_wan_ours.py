@@ -54,7 +54,21 @@ async def _paths(host, peers) -> dict[str, str]:
     out = {}
     for peer in peers:
         conn = host.connection_to(peer)
-        out[str(peer)] = conn.describe_path() if conn is not None else "none"
+        if conn is None:
+            out[str(peer)] = "none"
+            continue
+        out[str(peer)] = conn.describe_path() if conn.path_label == "relayed" else conn.path_label
+        loss = conn.raw.loss()
+        if loss is not None:
+            out[str(peer)] += f" lost {100 * loss.share:.2f} %{' (repaired)' if loss.repaired else ''}"
+        repairs = getattr(conn.muxer, "repair_stats", None)
+        if repairs is not None:
+            out[str(peer)] += " " + json.dumps(repairs())
+        others = [c.path_label for c in host.connections(peer) if c is not conn]
+        if others:
+            out[str(peer)] += f" (also {', '.join(others)})"
+        quic = [str(a) for a in host.peerstore.addrs(peer) if "quic-v1" in a.protocols()]
+        out[str(peer)] += f" quic addrs {quic}"
     return out
 
 

@@ -219,7 +219,7 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
             volunteers.append(procs.launch(f"vol{i}", [
                 PY, "-m", "volunteer", "join", str(swarm), "--yes", "--no-dashboard", "--no-mdns",
                 "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(args.hidden),
-                "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--identity", str(home / "id.key"),
+                "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--listen", f"/ip4/0.0.0.0/udp/{PORT}/quic-v1", "--identity", str(home / "id.key"),
                 "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
         for handle in volunteers:
             procs.wait(handle, "control socket")
@@ -306,6 +306,7 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         if not relayed:
             for i in range(VOLUNTEERS):
                 rig.forward_port(f"nat_vol{i}", PORT, f"vol{i}")
+                rig.forward_port(f"nat_vol{i}", PORT, f"vol{i}", proto="udp")
                 rig.forward_port(f"nat_vol{i}", RAW_TCP_PORT, f"vol{i}")
         (workdir / "ours").mkdir()
         ours, sends = run_ours(rig, args, relayed, workdir / "ours")

@@ -151,6 +151,12 @@ class Connection:
             return "relayed"
         return f"direct {self.transport}"
 
+    def loses_packets(self) -> bool:
+        """Whether this path loses what we send with nothing to repair it (each loss then costs
+        a round trip or more): a connection to the same peer that repairs loss is better."""
+        loss = self.raw.loss()
+        return loss is not None and loss.hurts()
+
     @property
     def is_closed(self) -> bool:
         return self.muxer.closed.is_set()

@@ -150,11 +150,15 @@ class Host:
         return list(self._connections.get(peer, ()))
 
     def connection_to(self, peer: PeerID) -> Connection | None:
-        """The best open connection to ``peer``: direct before relayed, then the oldest."""
+        """The best open connection to ``peer``: direct before relayed, then one whose loss costs
+        no round trips before one that loses packets unrepaired (see ``Connection.loses_packets``),
+        then the oldest."""
         live = [c for c in self._connections.get(peer, ()) if not c.is_closed]
         if not live:
             return None
-        return min(live, key=lambda c: (c.path is Path.RELAYED, c.opened_at))
+        if len(live) == 1:
+            return live[0]
+        return min(live, key=lambda c: (c.path is Path.RELAYED, c.loses_packets(), c.opened_at))
 
     def is_connected(self, peer: PeerID) -> bool:
         return self.connection_to(peer) is not None

@@ -136,6 +136,15 @@ QUIC_MAX_DATAGRAM = 1452  # what we send; what we read is one whole UDP datagram
 # cost is per packet, so bigger datagrams carry several times the bytes for the same CPU
 QUIC_LOOPBACK_DATAGRAM = 16 * 1024
 QUIC_CONNECTION_ID_LENGTH = 8
+LOSSY_PATH_SHARE = 0.002  # a connection that lost this share of what it sent (unrepaired) ranks after a repaired one
+LOSSY_PATH_MIN_BYTES = 256 * 1024  # ... once it sent this much (a few early retransmissions are not a path's loss rate)
+LOSSY_PATH_CHECK_INTERVAL = 1.0  # seconds between looks at the connections' loss (net/repaired_paths.py)
+LOSSY_PATH_REDIAL_AFTER = 60.0  # after a failed QUIC dial to a lossy peer, wait this long before the next
+QUIC_PACING_SLOW_START = 2.0  # pacing rate in windows per round trip while in slow start (Linux TCP's)
+QUIC_PACING_AVOIDANCE = 1.2  # ... and after it
+QUIC_LOSS_WINDOW = 500  # packets per window of the loss count that turns repairs on (two windows counted)
+QUIC_LOSS_TOLERANCE = 0.02  # with repairs on, loss below this share of recent packets is not congestion
+QUIC_REPAIR_HELLOS = 3  # hellos sent when a handshake is done (one lost alone must not cost the repairs)
 QUIC_MAX_PENDING_HANDSHAKES = 64  # inbound handshakes in flight per endpoint (spoofable sources)
 QUIC_ADDRESS_PENDING_HANDSHAKES = 16  # ... from one source address
 QUIC_MAX_CONNECTIONS_PER_ENDPOINT = 1024  # connection ids are routed per connection: this bounds the table

@@ -84,9 +84,12 @@ class StreamPool(BaseService):
         """A recently used stream to ``peer`` speaking ``protocol``, or None."""
         streams = self._idle.get((peer, protocol))
         now = trio.current_time()
+        best = self._host.connection_to(peer) if self._host is not None and streams else None
         while streams:
             stream, since = streams.pop()
-            if now - since < self.idle and not stream.connection.is_closed:
+            # a stream on a connection that is no longer the best one (a direct path replaced a
+            # relayed one, a repaired one a lossy one) is closed: the next exchange takes the best
+            if now - since < self.idle and not stream.connection.is_closed and (best is None or stream.connection is best):
                 return stream
             self._close_soon(stream)
         return None

@@ -35,6 +35,7 @@ from .config import HostConfig
 from .host import Host, open_host
 from .identify import Identify
 from .identity import KeyPair
+from .lossy_paths import LossyPathRepair
 from .multiaddr import Multiaddr
 from .nat.dcutr import HolePuncher
 from .nat.observer import AddressObserver
@@ -68,6 +69,9 @@ class StackOptions:
     # VOLUNTEER_NO_PORT_MAPPING=1 unless set here: a machine-wide switch (test suites keep their
     # daemons from talking to the real router with it).
     port_mapping: bool = field(default_factory=lambda: os.environ.get("VOLUNTEER_NO_PORT_MAPPING") != "1")
+    # Open a QUIC connection (with repair datagrams) beside a TCP connection that loses packets,
+    # and move new streams there (net/lossy_paths.py). Needs ``quic``.
+    lossy_path_repair: bool = True
 
 
 def standard_services(options: StackOptions | None = None) -> list[Service]:
@@ -76,6 +80,8 @@ def standard_services(options: StackOptions | None = None) -> list[Service]:
     services: list[Service] = [StreamPool(), Identify(identify_on_connect=options.identify_on_connect), Ping()]
     if options.quic is not None:
         services.append(QuicTransport(options.quic))
+        if options.lossy_path_repair:
+            services.append(LossyPathRepair())
     if options.perf is not None:
         services.append(PerfServer(options.perf))
     if options.relay_client:

@@ -5,12 +5,14 @@ and which side of the upgrade we play (``Direction``)."""
 from __future__ import annotations
 
 import enum
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ..multiaddr import Multiaddr
+from .pathloss import PathLoss, tcp_loss
 
 if TYPE_CHECKING:
     from ..identity import PeerID
@@ -47,6 +49,8 @@ class NativeSession(Protocol):
 
     async def aclose(self) -> None: ...
 
+    def loss(self) -> PathLoss | None: ...
+
 
 class RawConnection:
     """A connection as a transport hands it over, and where it goes.
@@ -82,6 +86,13 @@ class RawConnection:
         if self.stream is None:
             raise ValueError(f"{self} came secured and multiplexed: it has no byte stream")
         return self.stream
+
+    def loss(self) -> PathLoss | None:
+        """What the path lost of what we sent, as the transport sees it (None: it cannot tell)."""
+        if self.session is not None:
+            return self.session.loss()
+        sock = getattr(self.stream, "socket", None)  # a trio.SocketStream: TCP
+        return tcp_loss(sock) if sock is not None and sock.type == socket.SOCK_STREAM else None
 
     async def abort(self) -> None:
         """Close the connection at once (a failed upgrade, a cancelled dial)."""

@@ -1,7 +1,7 @@
 """Which connection a datagram on a shared UDP socket belongs to, and who may start one. Pure.
 
 One socket listens, dials and punches (go-libp2p's ``quicreuse``), so everything arriving on it
-is routed by its destination connection ID: a known ID goes to its connection; an unknown one
+is routed by its destination connection ID (repair datagrams too): a known ID goes to its connection; an unknown one
 may start a connection only if it is a full-sized QUIC v1 Initial and the source address (and
 everyone together) has a free handshake slot; anything else (punch packets, stray datagrams,
 garbage) is dropped and counted by reason. No sockets and no clock: ``now`` is passed in.
@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ... import limits
+from . import repair
 
 # RFC 9000 section 14.1: a client's Initial is padded to at least 1200 bytes (anti-amplification)
 MIN_INITIAL_SIZE = 1200
@@ -35,6 +36,10 @@ def route(datagram: bytes, cid_length: int = limits.QUIC_CONNECTION_ID_LENGTH) -
     if not datagram:
         return None
     first = datagram[0]
+    if first == repair.MARKER:
+        # a repair or hello (repair.py): addressed to a connection like its short-header packets
+        cid = repair.connection_id(datagram)
+        return Route(cid, False) if cid else None
     if not first & 0x80:
         # a short header (the bulk of traffic): the fixed bit, then our connection ID
         if not first & 0x40 or len(datagram) < 1 + cid_length:

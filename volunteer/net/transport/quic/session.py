@@ -18,10 +18,14 @@ from typing import TYPE_CHECKING
 import trio
 from aioquic.quic import events
 
+from ... import limits
 from ....errors import ConnectionClosed, ConnectionLost, HandshakeError, PeerIDMismatch, StreamReset, VolunteerError
 from ...identity import PeerID, PublicKey
+from ..pathloss import PathLoss
 from ...tls import ALPN, verify_certificate
+from . import repair
 from .engine import Engine, QuicLimits
+from .repair import RepairDecoder, RepairEncoder
 from .stream import QuicStream
 
 if TYPE_CHECKING:
@@ -85,6 +89,10 @@ class QuicSession:
         self._on_closed: list[Callable[["QuicSession"], None]] = []
         self._on_route: list[Callable[["QuicSession", bytes, bool], None]] = []
         self.bytes_received = 0
+        # repairs (repair.py): both set once the peer said it understands them
+        self._encoder: RepairEncoder | None = None
+        self._decoder: RepairDecoder | None = None
+        self._peer_rebuilt = 0  # how many of our datagrams the peer says it rebuilt
 
     # --- wiring ---------------------------------------------------------------------------
     def on_closed(self, callback: Callable[["QuicSession"], None]) -> None:
@@ -106,7 +114,53 @@ class QuicSession:
     def datagram_received(self, data: bytes, addr: Address, now: float) -> None:
         """A datagram for this connection arrived (the endpoint calls ``flush`` after a batch)."""
         self.bytes_received += len(data)
+        if repair.is_repair_datagram(data):
+            self._on_repair_datagram(data, addr, now)
+            return
+        if self._decoder is not None:
+            self._decoder.received(data)
         self.engine.receive_datagram(data, addr, now)
+
+    def _on_repair_datagram(self, data: bytes, addr: Address, now: float) -> None:
+        if self.closed.is_set() or addr[:2] != self.remote[:2]:
+            return  # from elsewhere than the peer's path: someone who learned the connection ID
+        # a hello may come before our handshake is done (in the batch of the peer's Finished);
+        # what it turns on costs bytes at most: rebuilt datagrams pass QUIC's authentication
+        self._repairs_heard()
+        reported = repair.parse_rebuilt(data)
+        if reported is not None:
+            if reported > self._peer_rebuilt:
+                self.engine.congestion.note_repaired(reported - self._peer_rebuilt)
+                self._peer_rebuilt = reported
+            return
+        assert self._decoder is not None
+        rebuilt = self._decoder.repair(data)
+        for datagram in rebuilt:
+            self.engine.receive_datagram(datagram, addr, now)
+        if rebuilt:
+            self._send_datagram(repair.rebuilt_report(self.engine.peer_connection_id(), self._decoder.rebuilt), addr)
+
+    def _repairs_heard(self) -> None:
+        """The peer understands repairs: rebuild what it protects, protect what we send when the
+        path loses packets (datagrams shrink by what a repair adds, so repairs fit the path too)."""
+        if self._decoder is not None:
+            return
+        self._decoder = RepairDecoder()
+        self._encoder = RepairEncoder()
+        self.engine.lower_datagram_size(self.engine.datagram_size - repair.OVERHEAD)
+
+    def _repairing(self) -> bool:
+        """Whether what we send now gets repairs: the peer understands them and the path lost
+        some of our recent packets (a clean path pays nothing)."""
+        congestion = self.engine.congestion
+        congestion.tolerate(self._encoder is not None and congestion.losing)
+        return congestion.tolerant
+
+    def _send(self, data: bytes, addr: Address, now: float, repairing: bool) -> None:
+        self._send_datagram(data, addr)
+        if repairing and self._encoder is not None and repair.protectable(data, self.engine.datagram_size):
+            for extra in self._encoder.add(data, self.engine.peer_connection_id(), now):
+                self._send_datagram(extra, addr)
 
     def flush(self, now: float | None = None) -> None:
         """Handle the engine's events, send its datagrams, and re-arm the timer."""
@@ -114,9 +168,18 @@ class QuicSession:
         engine = self.engine
         while (event := engine.next_event()) is not None:
             self._on_event(event, now)
+        repairing = self._repairing()
         for data, addr in engine.datagrams_to_send(now):
-            self._send_datagram(data, addr)
+            self._send(data, addr, now, repairing)
         timer = engine.get_timer()
+        if self._encoder is not None:
+            self._encoder.wait_for(engine.smoothed_rtt())
+            burst_over = not engine.has_unsent_data()
+            for extra in self._encoder.due(engine.peer_connection_id(), now, burst_over=burst_over):
+                self._send_datagram(extra, self.remote)
+            deadline = self._encoder.deadline
+            if deadline is not None and (timer is None or deadline < timer):
+                timer = deadline
         if timer != self._timer_at:
             self._timer_at = timer
             self._timer_changed.set()
@@ -134,8 +197,10 @@ class QuicSession:
                 continue
             now = trio.current_time()
             self._timer_at = None
-            self.engine.handle_timer(now)
-            self.flush(now)
+            engine_timer = self.engine.get_timer()
+            if engine_timer is not None and engine_timer <= now:
+                self.engine.handle_timer(now)
+            self.flush(now)  # also sends the repairs of a block that waited long enough
 
     # --- events ---------------------------------------------------------------------------
     def _on_event(self, event: events.QuicEvent, now: float) -> None:
@@ -185,6 +250,10 @@ class QuicSession:
         if _is_loopback(self.remote[0]):
             # loopback's MTU is 64 KiB: fewer, bigger datagrams (as far as the peer accepts them)
             self.engine.raise_datagram_size(self.quic_limits.loopback_datagram)
+        if self.quic_limits.repairs:
+            # a few, in case one is lost; a peer that is not us drops them as not QUIC
+            for _ in range(limits.QUIC_REPAIR_HELLOS):
+                self._send_datagram(repair.hello(self.engine.peer_connection_id()), self.remote)
         self.handshake_done.set()
 
     def _on_stream_data(self, event: events.StreamDataReceived, now: float) -> None:
@@ -351,6 +420,28 @@ class QuicSession:
     @property
     def num_streams(self) -> int:
         return len(self.streams)
+
+    def loss(self) -> PathLoss:
+        """What QUIC declared lost of what we sent; ``repaired`` once the peer speaks repairs
+        (what it loses from then on is rebuilt, not waited for)."""
+        congestion = self.engine.congestion
+        return PathLoss(sent=congestion.bytes_sent, lost=congestion.bytes_lost, repaired=self._encoder is not None)
+
+    def repair_stats(self) -> dict:
+        """What repairs did on this connection (zeros while the peer has not said it speaks them)."""
+        encoder, decoder = self._encoder, self._decoder
+        return {
+            "repairs": encoder is not None,
+            "blocks_sent": encoder.blocks if encoder else 0,
+            "repairs_sent": encoder.repairs_sent if encoder else 0,
+            "rebuilt": decoder.rebuilt if decoder else 0,
+            "rebuilt_by_peer": self._peer_rebuilt,
+            "unrepairable": decoder.unrepairable if decoder else 0,
+            "declared_lost": self.engine.congestion.lost_total,
+            "window": self.engine.congestion.congestion_window,
+            "threshold": self.engine.congestion.ssthresh,
+            "cuts": self.engine.congestion.cuts,
+        }
 
     def _check_open(self) -> None:
         if self.closed.is_set():

@@ -21,6 +21,7 @@ class QuicLimits:
     keepalive_interval: float = limits.QUIC_KEEPALIVE_INTERVAL
     max_datagram: int = limits.QUIC_MAX_DATAGRAM
     loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
+    repairs: bool = True  # offer repair datagrams to peers that speak them (repair.py)
 
 
 __all__ = ["QuicLimits"]
