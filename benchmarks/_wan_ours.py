@@ -60,15 +60,15 @@ async def _paths(host, peers) -> dict[str, str]:
         out[str(peer)] = conn.describe_path() if conn.path_label == "relayed" else conn.path_label
         loss = conn.raw.loss()
         if loss is not None:
-            out[str(peer)] += f" lost {100 * loss.share:.2f} %{' (repaired)' if loss.repaired else ''}"
+            out[str(peer)] += f", {100 * loss.share:.2f} % of our bytes lost"
         repairs = getattr(conn.muxer, "repair_stats", None)
-        if repairs is not None:
-            out[str(peer)] += " " + json.dumps(repairs())
+        if repairs is not None and repairs()["repairs"]:
+            r = repairs()
+            out[str(peer)] += (f", repairs: {r['rebuilt']} rebuilt here, {r['rebuilt_by_peer']} by the peer, "
+                               f"{r['unrepairable']} beyond repair, window {r['congestion_window'] // 1024} KiB")
         others = [c.path_label for c in host.connections(peer) if c is not conn]
         if others:
             out[str(peer)] += f" (also {', '.join(others)})"
-        quic = [str(a) for a in host.peerstore.addrs(peer) if "quic-v1" in a.protocols()]
-        out[str(peer)] += f" quic addrs {quic}"
     return out
 
 

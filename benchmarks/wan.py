@@ -7,7 +7,7 @@ One trainer and four volunteers, each in its own home behind its own NAT router 
 kind of line (tests/nat/lines.py: ``cable`` 50/10 Mbit/s 20 ms one way, ``dsl`` 16/2 35 ms,
 ``fibre`` 300/100 8 ms, ``far`` 100/20 75 ms with 0.5 % loss; ``relayed``: cable, with every
 volunteer behind a symmetric NAT and reached only through a relay in a datacenter 10 ms off the
-internet). The volunteers of the direct profiles have forwarded port 4001 on their routers.
+internet). The volunteers of the direct profiles have forwarded port 4001 (TCP and UDP) on their routers.
 Volunteer i hosts the ffn experts ``expert.i.0`` to ``expert.i.3`` (hidden 1024); the trainer
 trains a RemoteMixtureOfExperts over the 4x4 grid with k_best 4 on batches of 64, default
 settings otherwise. Then hivemind 1.1.12 does the same in the same homes over the same links:
@@ -369,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         print(f"{profile}: rtt {res['rtt'] * 1e3:.0f} ms; our tensors need {res['need'].to_volunteers / 1e6:.2f} MB "
               f"out + {res['need'].to_trainer / 1e6:.2f} MB back per step; limit {res['limit']:.3f} s; paths "
-              f"{sorted(set((res['paths'] or {}).values()))}", flush=True)
+              f"{sorted(set(p.split(',')[0] for p in (res['paths'] or {}).values()))}", flush=True)
+        for peer, path in sorted((res["paths"] or {}).items()):
+            print(f"  to {peer[-8:]}: {path}", flush=True)
         if res["recovery"]:
             print(f"{profile}: {res['loss'] * 100:.1f} % of packets lost each way: an ideal reliable transport spends "
                   f"+{res['recovery']:.3f} s per step resending them (median); ours over the limit plus that: "

@@ -151,7 +151,7 @@ class Swarm:
 
     def expert_stats(self, prefix: str | None = None) -> dict[str, list[dict]]:
         """Where this trainer's expert calls spend their time: ``{uid: [one dict per host]}``
-        with the host's peer, connection path (direct, hole-punched, relayed via …), round trip
+        with the host's peer, connection path (direct tcp, hole-punched quic, relayed via …), round trip
         (``rtt_ms``), payload bytes per call each way, and the time per call on the network vs
         on the volunteer (queued and computing); uids under ``prefix``, or all."""
         return self.loop.run(_snapshot, self.calls, prefix)

@@ -51,7 +51,7 @@ def test_a_backward_sends_only_gradients_and_the_volunteer_reports_its_time(worl
     for uid in GRID:
         [row] = experts[uid]
         assert row["calls"] == 2 and row["failures"] == 0
-        assert row["peer"] == str(volunteer.host.peer_id) and row["path"] == "direct"
+        assert row["peer"] == str(volunteer.host.peer_id) and row["path"] == "direct tcp"
         assert row["bytes_out_per_call"] == 16 * HIDDEN * 4 and row["server_ms_per_call"] > 0
     assert swarm.expert_stats("expert") == experts
 

@@ -67,7 +67,7 @@ async def test_a_clean_path_sends_no_repairs():
     async with open_stack(listen=[QUIC]) as a, open_stack(listen=[QUIC]) as b:
         a.set_handler(ECHO, echo)
         stream = await b.new_stream(a.full_addrs()[0], [ECHO])
-        payload = os.urandom(PAYLOAD)
+        payload = os.urandom(PAYLOAD // 4)  # well within the socket buffers: loopback loses nothing
         assert await roundtrip(stream, payload) == payload
         for side in (stream.connection, a.connection_to(b.peer_id)):
             stats = side.muxer.repair_stats()

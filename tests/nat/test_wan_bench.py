@@ -27,4 +27,4 @@ def test_a_smoke_run_completes_and_ends_with_a_well_formed_line(nat_ok):
     assert LAST_LINE.fullmatch(lines[-1]), lines[-1]
     assert any(line.startswith("fibre    ours") for line in lines)
     assert any(line.startswith("fibre    raw tcp") for line in lines)  # the measured floor ran too
-    assert "paths ['direct']" in result.stdout  # the volunteers' forwarded ports were used
+    assert "paths ['direct tcp']" in result.stdout  # the volunteers' forwarded ports were used (no loss: TCP)

@@ -37,11 +37,12 @@ def engines(client_id=None, server_id=None, quic_limits=LIMITS):
     return client, server
 
 
-def exchange(client: Engine, server: Engine, now: float = 0.0, rounds: int = 20) -> tuple[list, list]:
-    """Hand datagrams back and forth until both are quiet; the events each side saw."""
+def exchange(client: Engine, server: Engine, now: float = 0.0, rounds: int = 20, step: float = 0.001) -> tuple[list, list]:
+    """Hand datagrams back and forth until both are quiet, ``step`` seconds apart (about half a
+    round trip); the events each side saw."""
     seen_client, seen_server = [], []
-    for step in range(rounds):
-        now += 0.001  # pacing spreads a burst over time: let time pass between rounds
+    for _ in range(rounds):
+        now += step  # pacing spreads a burst over time: let time pass between rounds
         moved = False
         for data, _ in server.datagrams_to_send(now=now):
             client.receive_datagram(data, SERVER_ADDR, now=now)

@@ -337,7 +337,9 @@ class _Call:
         if conn is None:
             self.stats.record(self.uid, self.peer_key, report)
         else:
-            self.stats.record(self.uid, self.peer_key, report, conn.describe_path(), conn.rtt)
+            # "relayed via …", or "direct tcp", "hole-punched quic": a lossy TCP path moves to QUIC
+            path = conn.describe_path() if conn.path_label == "relayed" else f"{conn.describe_path()} {conn.transport}"
+            self.stats.record(self.uid, self.peer_key, report, path, conn.rtt)
         return result
 
 

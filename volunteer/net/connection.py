@@ -153,7 +153,8 @@ class Connection:
 
     def loses_packets(self) -> bool:
         """Whether this path loses what we send with nothing to repair it (each loss then costs
-        a round trip or more): a connection to the same peer that repairs loss is better."""
+        a round trip or more), or more than its repairs absorb: a connection to the same peer
+        that does neither is better (see ``PathLoss.hurts``)."""
         loss = self.raw.loss()
         return loss is not None and loss.hurts()
 

@@ -138,6 +138,7 @@ QUIC_LOOPBACK_DATAGRAM = 16 * 1024
 QUIC_CONNECTION_ID_LENGTH = 8
 LOSSY_PATH_SHARE = 0.002  # a connection that lost this share of what it sent (unrepaired) ranks after a repaired one
 LOSSY_PATH_MIN_BYTES = 256 * 1024  # ... once it sent this much (a few early retransmissions are not a path's loss rate)
+REPAIRED_PATH_MIN_BYTES = 1024 * 1024  # ... and a repaired one once it sent this much (the losses that turned its repairs on are in its count)
 LOSSY_PATH_CHECK_INTERVAL = 1.0  # seconds between looks at the connections' loss (net/repaired_paths.py)
 LOSSY_PATH_REDIAL_AFTER = 60.0  # after a failed QUIC dial to a lossy peer, wait this long before the next
 QUIC_PACING_SLOW_START = 2.0  # pacing rate in windows per round trip while in slow start (Linux TCP's)

@@ -19,11 +19,11 @@ import trio
 
 from ..errors import VolunteerError, describe
 from . import limits
+from .addresses import is_loopback
 from .connection import Connection
 from .identity import PeerID
 from .multiaddr import Multiaddr
 from .service import BaseService, HostAPI
-from .addresses import is_loopback
 from .transport.quic import is_quic, quic_multiaddr
 
 log = logging.getLogger(__name__)

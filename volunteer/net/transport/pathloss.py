@@ -30,9 +30,13 @@ class PathLoss:
         return self.lost / self.sent if self.sent else 0.0
 
     def hurts(self) -> bool:
-        """Whether the loss costs round trips: unrepaired, and above LOSSY_PATH_SHARE of enough bytes."""
-        return (not self.repaired and self.sent >= limits.LOSSY_PATH_MIN_BYTES
-                and self.share >= limits.LOSSY_PATH_SHARE)
+        """Whether the loss costs round trips, once enough bytes went: unrepaired loss of
+        ``LOSSY_PATH_SHARE`` or more; or, repaired, more than the repairs absorb
+        (``QUIC_LOSS_TOLERANCE``: loss that heavy is a full queue dropping runs of packets, which
+        TCP's congestion control handles at least as well)."""
+        if self.repaired:
+            return self.sent >= limits.REPAIRED_PATH_MIN_BYTES and self.share >= limits.QUIC_LOSS_TOLERANCE
+        return self.sent >= limits.LOSSY_PATH_MIN_BYTES and self.share >= limits.LOSSY_PATH_SHARE
 
 
 def tcp_loss(sock: socket.socket) -> PathLoss | None:

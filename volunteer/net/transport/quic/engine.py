@@ -52,9 +52,23 @@ class RepairAwareReno(RenoCongestionControl):
         self.bytes_lost = 0
         self.cuts = {"untolerated": 0, "beyond_tolerance": 0, "persistent": 0}  # window cuts, by why
         self._repaired = [0, 0]  # our packets the peer rebuilt, in the same two windows
+        self._burst_peak = 0  # most bytes in flight in this burst (since the flight was last empty)
+        self._last_burst_peak = 0
+
+    def on_packet_acked(self, *, now: float, packet) -> None:
+        # RFC 9002 section 7.8: a window the application does not fill must not grow. Our calls
+        # are bursts; a window grown far past them (megabytes on a long path) paces nothing and
+        # dumps each burst into the modem's queue at once, which overflows.
+        if self.congestion_window >= 2 * max(self._burst_peak, self._last_burst_peak):
+            self.bytes_in_flight -= packet.sent_bytes
+        else:
+            super().on_packet_acked(now=now, packet=packet)
+        if self.bytes_in_flight <= 0:
+            self._last_burst_peak, self._burst_peak = self._burst_peak, 0
 
     def on_packet_sent(self, *, packet) -> None:
         super().on_packet_sent(packet=packet)
+        self._burst_peak = max(self._burst_peak, self.bytes_in_flight)
         self.bytes_sent += packet.sent_bytes
         self._sent[1] += 1
         if self._sent[1] >= limits.QUIC_LOSS_WINDOW:

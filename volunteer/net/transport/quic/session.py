@@ -422,8 +422,8 @@ class QuicSession:
         return len(self.streams)
 
     def loss(self) -> PathLoss:
-        """What QUIC declared lost of what we sent; ``repaired`` once the peer speaks repairs
-        (what it loses from then on is rebuilt, not waited for)."""
+        """What QUIC declared lost of what we sent (a rebuilt packet is not declared lost);
+        ``repaired`` once the peer speaks repairs."""
         congestion = self.engine.congestion
         return PathLoss(sent=congestion.bytes_sent, lost=congestion.bytes_lost, repaired=self._encoder is not None)
 
@@ -438,9 +438,9 @@ class QuicSession:
             "rebuilt_by_peer": self._peer_rebuilt,
             "unrepairable": decoder.unrepairable if decoder else 0,
             "declared_lost": self.engine.congestion.lost_total,
-            "window": self.engine.congestion.congestion_window,
-            "threshold": self.engine.congestion.ssthresh,
-            "cuts": self.engine.congestion.cuts,
+            "congestion_window": self.engine.congestion.congestion_window,
+            "slow_start_threshold": self.engine.congestion.ssthresh,
+            "window_cuts": dict(self.engine.congestion.cuts),
         }
 
     def _check_open(self) -> None:
