@@ -8,7 +8,8 @@ unread bytes, a connection at most its window of all streams together. The two o
 aioquic internals (pinned in pyproject.toml); tests/unit/test_quic_core.py guards them.
 
 Its congestion control is New Reno that, while repairs are on (``repair.py``), does not take
-sparse random loss for congestion (``RepairAwareReno``).
+sparse random loss for congestion (``RepairAwareReno``); its pacer sends as Linux paces TCP
+(``LinuxLikePacer``); with repairs on, its loss detection waits for a block (``_detect_loss``).
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ class RepairAwareReno(RenoCongestionControl):
         self._repaired[1] += count
 
     def tolerate(self, on: bool) -> None:
-        """Repairs are on (or off again). The first time, slow start resumes: the window cuts
-        of the losses that turned them on are undone (repairs would have absorbed those losses)."""
+        """Repairs are on (or off again). The first time, slow start resumes from where the
+        losses that turned them on cut the window (repairs would have absorbed those losses)."""
         if on and not self._tolerated_before:
             self._tolerated_before = True
             self.ssthresh = None
@@ -193,8 +194,8 @@ class Engine(QuicConnection):
         """aioquic's loss detection, which declares a packet lost once three later ones are
         acknowledged or 9/8 of a round trip passed; while repairs are on, once a block and three
         more are, or 5/4 of a round trip passed: the receiver rebuilds a lost member when the
-        block's repairs arrive (at most ``repair.block_wait`` after it) and acknowledges it up to
-        its ACK delay later. Otherwise every rebuilt packet would be sent again for nothing."""
+        block's repairs arrive (at most a sixteenth of a round trip after it, see
+        ``RepairEncoder.wait_for``) and acknowledges it up to its ACK delay later. Otherwise every rebuilt packet would be sent again for nothing."""
         if not self.congestion.tolerant:
             self._detect_loss_by_count(now=now, space=space)
             return
