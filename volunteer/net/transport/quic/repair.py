@@ -106,16 +106,21 @@ def protectable(datagram: bytes, largest: int) -> bool:
     return MIN_MEMBER <= len(datagram) <= largest and not datagram[0] & 0x80
 
 
+def _head(kind: int, peer_cid: bytes) -> bytes:
+    """What every datagram of ours here starts with: marker, kind, the peer's connection ID."""
+    return bytes([MARKER, kind, len(peer_cid)]) + peer_cid
+
+
 def hello(peer_cid: bytes) -> bytes:
     """The datagram that tells a peer we understand repairs (sent when the handshake is done)."""
-    return bytes([MARKER, KIND_HELLO, len(peer_cid)]) + peer_cid
+    return _head(KIND_HELLO, peer_cid)
 
 
 def rebuilt_report(peer_cid: bytes, count: int) -> bytes:
     """Tells the sender how many of its datagrams we rebuilt so far (a lost report is made up for
     by the next: the count is cumulative). Repaired losses never reach its loss detection, so
     without this a path whose every loss is repaired would look clean and lose its repairs."""
-    return bytes([MARKER, KIND_REBUILT, len(peer_cid)]) + peer_cid + (count % 2**32).to_bytes(4, "big")
+    return _head(KIND_REBUILT, peer_cid) + (count % 2**32).to_bytes(4, "big")
 
 
 def parse_rebuilt(datagram: bytes) -> int | None:
@@ -206,7 +211,7 @@ class RepairEncoder:
         if block is None:
             return []
         self.blocks += 1
-        head = bytes([MARKER, KIND_REPAIR, len(peer_cid)]) + peer_cid + block.number.to_bytes(2, "big")
+        head = _head(KIND_REPAIR, peer_cid) + block.number.to_bytes(2, "big")
         tags = b"".join(block.tags)
         count = len(block.tags)
         out = [head + bytes([index, count]) + tags + _as_bytes(value, block.length)

@@ -174,7 +174,8 @@ class QuicSession:
         timer = engine.get_timer()
         if self._encoder is not None:
             self._encoder.wait_for(engine.smoothed_rtt())
-            burst_over = not engine.has_unsent_data()
+            # only with a block open is the streams' backlog worth a look (every flush passes here)
+            burst_over = self._encoder.deadline is not None and not engine.has_unsent_data()
             for extra in self._encoder.due(engine.peer_connection_id(), now, burst_over=burst_over):
                 self._send_datagram(extra, self.remote)
             deadline = self._encoder.deadline
