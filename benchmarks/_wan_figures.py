@@ -2,7 +2,7 @@
 from the trainer's sends, the physical limit of a step on a line, the table and its last line.
 
 Round trips are counted on the wire, the same way for every trainer: a send of the trainer
-(a TCP segment carrying at least ``MIN_REQUEST_PAYLOAD`` bytes) that follows at least half a
+(a TCP segment or UDP datagram carrying at least ``MIN_REQUEST_PAYLOAD`` bytes) that follows at least half a
 round trip of silence began a new exchange the step had to wait for. Calls sent together count
 once; a DHT lookup counts each of its sequential waves; a transfer held back by TCP's window
 (slow start after idle) counts each round it waited.
@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 
-MIN_REQUEST_PAYLOAD = 100  # bytes: smaller sends are acks, yamux window updates, pings
+MIN_REQUEST_PAYLOAD = 100  # bytes: smaller sends are acks, yamux window updates, pings, repair reports
 PACKET_PAYLOAD = 1448  # bytes of a full TCP segment on a 1500-byte path (what a loss takes out)
 
 

@@ -50,25 +50,34 @@ def _payload(swarm) -> tuple[int, int]:
     return sum(r["bytes_out"] for r in rows), sum(r["bytes_in"] for r in rows)
 
 
-async def _paths(host, peers) -> dict[str, str]:
-    out = {}
-    for peer in peers:
-        conn = host.connection_to(peer)
-        if conn is None:
-            out[str(peer)] = "none"
-            continue
-        out[str(peer)] = conn.describe_path() if conn.path_label == "relayed" else conn.path_label
+def _describe(conn) -> str:
+    """A connection's path, what it lost of our bytes (lately and in all) and what repairs did."""
+    text = conn.describe_path() if conn.path_label == "relayed" else conn.path_label
+    stats = getattr(conn.muxer, "repair_stats", lambda: None)()
+    if stats is not None:
+        text += f", {100 * stats['bytes_lost'] / max(1, stats['bytes_sent']):.2f} % of our bytes lost"
+        if stats["repairs"]:
+            text += (f" ({100 * conn.raw.loss().steady.share:.2f} % lately), repairs: {stats['rebuilt']} rebuilt here, "
+                     f"{stats['rebuilt_by_peer']} by the peer, {stats['unrepairable']} beyond repair, "
+                     f"{stats['members_sent'] / max(1, stats['blocks_sent']):.1f} per block, "
+                     f"window {stats['congestion_window'] // 1024} KiB, cuts {sum(stats['window_cuts'].values())}")
+    else:
         loss = conn.raw.loss()
         if loss is not None:
-            out[str(peer)] += f", {100 * loss.share:.2f} % of our bytes lost"
-        repairs = getattr(conn.muxer, "repair_stats", None)
-        if repairs is not None and repairs()["repairs"]:
-            r = repairs()
-            out[str(peer)] += (f", repairs: {r['rebuilt']} rebuilt here, {r['rebuilt_by_peer']} by the peer, "
-                               f"{r['unrepairable']} beyond repair, window {r['congestion_window'] // 1024} KiB")
-        others = [c.path_label for c in host.connections(peer) if c is not conn]
-        if others:
-            out[str(peer)] += f" (also {', '.join(others)})"
+            text += f", {100 * loss.share:.2f} % of our bytes lost"
+    return text
+
+
+async def _paths(host, peers) -> dict[str, str]:
+    """Each volunteer's connections, the one its calls take first."""
+    out = {}
+    for peer in peers:
+        best = host.connection_to(peer)
+        if best is None:
+            out[str(peer)] = "none"
+            continue
+        others = [c for c in host.connections(peer) if c is not best]
+        out[str(peer)] = _describe(best) + "".join(f" (also {_describe(c)})" for c in others)
     return out
 
 

@@ -1,7 +1,7 @@
 """The trainer's sends, as its line sees them (stdlib only; run in the trainer's namespace, root).
 
     python _wan_wire.py IFNAME        # prints "ready", records until stdin closes, then one JSON
-                                      # line: [[time.monotonic(), TCP payload bytes], ...]
+                                      # line: [[time.monotonic(), payload bytes], ...]
 
 A packet socket with a classic BPF filter that keeps only outgoing frames, cut to their
 headers: the trainer's GSO segments arrive whole (one record per write the kernel batched),
@@ -35,15 +35,21 @@ _FILTER = [
 ]
 
 
-def tcp_payload(frame: bytes) -> int | None:
-    """TCP payload bytes of an Ethernet/IPv4 frame (from the IP length, so a GSO frame counts
-    whole), or None for anything else."""
+UDP_HEADER = 8
+
+
+def payload(frame: bytes) -> int | None:
+    """TCP or UDP (QUIC) payload bytes of an Ethernet/IPv4 frame (from the IP length, so a GSO
+    frame counts whole), or None for anything else."""
     if len(frame) < 14 + 20 or struct.unpack_from("!H", frame, 12)[0] != ETH_P_IP:
         return None
     ihl = (frame[14] & 0x0F) * 4
-    if frame[14 + 9] != socket.IPPROTO_TCP or len(frame) < 14 + ihl + 13:
-        return None
     total = struct.unpack_from("!H", frame, 16)[0]
+    protocol = frame[14 + 9]
+    if protocol == socket.IPPROTO_UDP:
+        return max(0, total - ihl - UDP_HEADER)
+    if protocol != socket.IPPROTO_TCP or len(frame) < 14 + ihl + 13:
+        return None
     doff = (frame[14 + ihl + 12] >> 4) * 4
     return max(0, total - ihl - doff)
 
@@ -71,7 +77,7 @@ def main(ifname: str) -> int:
             except BlockingIOError:
                 break
             now = time.monotonic()
-            size = tcp_payload(frame)
+            size = payload(frame)
             if size:
                 records.append((round(now, 6), size))
     print(json.dumps(records), flush=True)

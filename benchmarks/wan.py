@@ -296,6 +296,17 @@ def _trainer_timeout(args) -> float:
 # ---------------------------------------------------------------- one profile
 
 
+def _queue_drops(rig) -> str:
+    """Packets the homes' modem queues (tbf) dropped so far, up and down: how much of a path's
+    loss was queues overflowing rather than the line's own loss."""
+    parts = []
+    for home in HOMES:
+        caps = rig.caps(f"nat_{home}")
+        up, down = (sum(q["drops"] for q in caps[d]) for d in ("up", "down"))
+        parts.append(f"{home} {up} up, {down} down")
+    return "; ".join(parts)
+
+
 def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
     """Both trainers on one profile's rig: rows and details."""
     line, base = line_of(profile)
@@ -310,6 +321,7 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
                 rig.forward_port(f"nat_vol{i}", RAW_TCP_PORT, f"vol{i}")
         (workdir / "ours").mkdir()
         ours, sends = run_ours(rig, args, relayed, workdir / "ours")
+        print(f"{profile}: modem queues dropped, while ours ran: {_queue_drops(rig)}", flush=True)
         need = StepBytes(ours["payload_out"], ours["payload_in"])
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
         result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need, loss=line.loss,

@@ -123,3 +123,27 @@ def test_a_window_the_calls_do_not_fill_does_not_grow():
     for p in packets:
         cc.on_packet_acked(now=30.0, packet=p)
     assert cc.congestion_window > start
+
+
+def test_what_a_slow_start_overshoots_stays_out_of_the_steady_count():
+    """The steady count (what judges a repaired path, pathloss.PathLoss.hurts) takes only what
+    was sent and lost in congestion avoidance; the whole count takes everything."""
+    cc = RepairAwareReno(max_datagram_size=SIZE)
+    overshoot = sent(cc, 40)
+    assert cc.in_slow_start
+    cc.on_packets_lost(now=0.6, packets=overshoot[:30])
+    assert not cc.in_slow_start
+    assert cc.bytes_lost == 30 * SIZE and cc.steady.lost == 0 and cc.steady.sent == 0
+    later = sent(cc, 10, first=40)
+    cc.on_packets_lost(now=0.9, packets=later[:1])
+    assert cc.bytes_sent == 50 * SIZE and cc.bytes_lost == 31 * SIZE
+    assert cc.steady.sent == 10 * SIZE and cc.steady.lost == SIZE
+
+
+def test_what_the_peer_rebuilt_is_counted_in_bytes():
+    cc = RepairAwareReno(max_datagram_size=SIZE)
+    sent(cc, 10)
+    assert cc.bytes_repaired == 0
+    cc.note_repaired(2)
+    cc.note_repaired(1)
+    assert cc.bytes_repaired == 3 * SIZE

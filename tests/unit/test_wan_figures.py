@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import _wan_compute  # noqa: E402
 import _wan_figures as figures  # noqa: E402
+import _wan_wire  # noqa: E402
 import wan  # noqa: E402
 from _wan_figures import Line, StepBytes, loss_recovery_seconds  # noqa: E402
 
@@ -140,3 +141,19 @@ def test_loss_recovery_is_nothing_without_loss_and_about_a_round_trip_per_transf
     assert loss_recovery_seconds(dataclasses.replace(far, loss=1.0), need, 4) == math.inf
     with pytest.raises(ValueError):
         loss_recovery_seconds(far, need, 0)
+
+
+def _frame(protocol: int, ip_total: int, tcp_header_words: int = 5) -> bytes:
+    ethernet = bytes(12) + (0x0800).to_bytes(2, "big")
+    ip = bytes([0x45, 0]) + ip_total.to_bytes(2, "big") + bytes(5) + bytes([protocol]) + bytes(10)
+    transport = bytes(12) + bytes([tcp_header_words << 4]) + bytes(7)
+    return ethernet + ip + transport
+
+
+def test_the_wire_counts_quic_datagrams_as_well_as_tcp_segments():
+    """Round trips are counted from the trainer's sends whichever transport its calls take: a
+    QUIC datagram's payload counts as a TCP segment's does (before, calls over QUIC counted 0)."""
+    assert _wan_wire.payload(_frame(6, 20 + 32 + 1400, tcp_header_words=8)) == 1400
+    assert _wan_wire.payload(_frame(17, 20 + 8 + 1300)) == 1300
+    assert _wan_wire.payload(_frame(1, 84)) is None  # ICMP
+    assert _wan_wire.payload(b"\x00" * 20) is None

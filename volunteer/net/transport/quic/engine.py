@@ -26,6 +26,7 @@ from aioquic.quic import recovery as aioquic_recovery
 from aioquic.quic.recovery import QuicPacketPacer
 
 from ... import limits
+from ..pathloss import LossWindow
 from ...tls import ALPN, Certificate
 from .repair import BLOCK_SIZE
 from .settings import QuicLimits
@@ -50,7 +51,11 @@ class RepairAwareReno(RenoCongestionControl):
         self._lost = [0, 0]
         self.lost_total = 0  # packets
         self.bytes_sent = 0
-        self.bytes_lost = 0
+        self.bytes_lost = 0  # declared lost
+        self.packets_sent = 0
+        self.repaired_total = 0  # our packets the peer rebuilt
+        # the same in congestion avoidance, lately: what the path loses, not what a slow start overshot
+        self.steady = LossWindow(limits.REPAIRED_PATH_WINDOW)
         self.cuts = {"untolerated": 0, "beyond_tolerance": 0, "persistent": 0}  # window cuts, by why
         self._repaired = [0, 0]  # our packets the peer rebuilt, in the same two windows
         self._burst_peak = 0  # most bytes in flight in this burst (since the flight was last empty)
@@ -71,6 +76,9 @@ class RepairAwareReno(RenoCongestionControl):
         super().on_packet_sent(packet=packet)
         self._burst_peak = max(self._burst_peak, self.bytes_in_flight)
         self.bytes_sent += packet.sent_bytes
+        self.packets_sent += 1
+        if not self.in_slow_start:
+            self.steady.on_sent(packet.sent_bytes)
         self._sent[1] += 1
         if self._sent[1] >= limits.QUIC_LOSS_WINDOW:
             self._sent, self._lost = [self._sent[1], 0], [self._lost[1], 0]
@@ -80,6 +88,7 @@ class RepairAwareReno(RenoCongestionControl):
         """The peer rebuilt ``count`` more of our packets: the path loses, though nothing was
         declared lost (not congestion either: the count stays out of ``loss_rate``)."""
         self._repaired[1] += count
+        self.repaired_total += count
 
     def tolerate(self, on: bool) -> None:
         """Repairs are on (or off again). The first time, slow start resumes from where the
@@ -93,6 +102,15 @@ class RepairAwareReno(RenoCongestionControl):
         if not self.tolerant:
             super().on_rtt_measurement(now=now, rtt=rtt)
 
+    @property
+    def bytes_repaired(self) -> int:
+        """About how many of the bytes we sent the peer rebuilt (it counts datagrams)."""
+        return self.repaired_total * self.bytes_sent // max(1, self.packets_sent)
+
+    @property
+    def in_slow_start(self) -> bool:
+        return self.ssthresh is None or self.congestion_window < self.ssthresh
+
     def loss_rate(self) -> float:
         return sum(self._lost) / max(1, sum(self._sent))
 
@@ -104,7 +122,10 @@ class RepairAwareReno(RenoCongestionControl):
         packets = list(packets)
         self._lost[1] += len(packets)
         self.lost_total += len(packets)
-        self.bytes_lost += sum(packet.sent_bytes for packet in packets)
+        size = sum(packet.sent_bytes for packet in packets)
+        self.bytes_lost += size
+        if not self.in_slow_start:
+            self.steady.on_lost(size)
         if self.tolerant and self.loss_rate() < limits.QUIC_LOSS_TOLERANCE:
             for packet in packets:
                 self.bytes_in_flight -= packet.sent_bytes
@@ -129,9 +150,7 @@ class LinuxLikePacer(QuicPacketPacer):
         self.congestion = congestion
 
     def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
-        cc = self.congestion
-        slow_start = cc.ssthresh is None or cc.congestion_window < cc.ssthresh
-        factor = limits.QUIC_PACING_SLOW_START if slow_start else limits.QUIC_PACING_AVOIDANCE
+        factor = limits.QUIC_PACING_SLOW_START if self.congestion.in_slow_start else limits.QUIC_PACING_AVOIDANCE
         super().update_rate(int(congestion_window * factor), smoothed_rtt)
 
 

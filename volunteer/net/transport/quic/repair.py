@@ -168,6 +168,7 @@ class RepairEncoder:
         self._next_block = 0
         self._open: _OpenBlock | None = None
         self.blocks = 0
+        self.members = 0  # datagrams protected
         self.repairs_sent = 0
 
     @property
@@ -181,6 +182,7 @@ class RepairEncoder:
             block = self._open = _OpenBlock(self._next_block, now)
             self._next_block = (self._next_block + 1) % 65536
         index = len(block.tags)
+        self.members += 1
         coded = _coded(datagram)
         value = _as_int(coded)
         block.tags.append(tag_of(datagram))
@@ -204,7 +206,7 @@ class RepairEncoder:
         fills the block, and its repairs still come before the sender gives a member up for lost
         (engine.py: 5/4 of a round trip with repairs on, ACK delay included)."""
         if round_trip is not None:
-            self.wait = min(MAX_BLOCK_WAIT, max(BLOCK_WAIT, round_trip / 16))
+            self.wait = min(MAX_BLOCK_WAIT, max(BLOCK_WAIT, round_trip / 8))
 
     def _close(self, peer_cid: bytes) -> list[bytes]:
         block, self._open = self._open, None

@@ -423,10 +423,12 @@ class QuicSession:
         return len(self.streams)
 
     def loss(self) -> PathLoss:
-        """What QUIC declared lost of what we sent (a rebuilt packet is not declared lost);
-        ``repaired`` once the peer speaks repairs."""
+        """What QUIC declared lost of what we sent (a rebuilt packet is not declared lost), in all
+        and lately in congestion avoidance, and what the peer rebuilt; ``repaired`` once the peer
+        speaks repairs."""
         congestion = self.engine.congestion
-        return PathLoss(sent=congestion.bytes_sent, lost=congestion.bytes_lost, repaired=self._encoder is not None)
+        return PathLoss(sent=congestion.bytes_sent, lost=congestion.bytes_lost, repaired=self._encoder is not None,
+                        steady=congestion.steady.recent(), rebuilt=congestion.bytes_repaired)
 
     def repair_stats(self) -> dict:
         """What repairs did on this connection (zeros while the peer has not said it speaks them)."""
@@ -439,6 +441,9 @@ class QuicSession:
             "rebuilt_by_peer": self._peer_rebuilt,
             "unrepairable": decoder.unrepairable if decoder else 0,
             "declared_lost": self.engine.congestion.lost_total,
+            "bytes_sent": self.engine.congestion.bytes_sent,
+            "bytes_lost": self.engine.congestion.bytes_lost,
+            "members_sent": encoder.members if encoder else 0,
             "congestion_window": self.engine.congestion.congestion_window,
             "slow_start_threshold": self.engine.congestion.ssthresh,
             "window_cuts": dict(self.engine.congestion.cuts),
