@@ -213,7 +213,7 @@ class Engine(QuicConnection):
         """aioquic's loss detection, which declares a packet lost once three later ones are
         acknowledged or 9/8 of a round trip passed; while repairs are on, once a block and three
         more are, or 5/4 of a round trip passed: the receiver rebuilds a lost member when the
-        block's repairs arrive (at most a sixteenth of a round trip after it, see
+        block's repairs arrive (at most an eighth of a round trip after it, see
         ``RepairEncoder.wait_for``) and acknowledges it up to its ACK delay later. Otherwise every rebuilt packet would be sent again for nothing."""
         if not self.congestion.tolerant:
             self._detect_loss_by_count(now=now, space=space)
