@@ -203,9 +203,10 @@ class RepairEncoder:
 
     def wait_for(self, round_trip: float | None) -> None:
         """Let a block wait an eighth of the path's round trip (within bounds): a paced burst
-        fills the block (paced at 600 KB/s, a sixteenth of 300 ms gathers about eight datagrams,
-        so two repairs for every eight), and its repairs still come before the sender gives a member up for lost
-        (engine.py: 5/4 of a round trip with repairs on, ACK delay included)."""
+        fills the block (paced at 600 KB/s, a sixteenth of 300 ms gathers about eight
+        datagrams, so two repairs for every eight), and its repairs still come before the
+        sender gives a member up for lost (engine.py: 5/4 of a round trip with repairs on, ACK
+        delay included)."""
         if round_trip is not None:
             self.wait = min(MAX_BLOCK_WAIT, max(BLOCK_WAIT, round_trip / 8))
 
