@@ -51,20 +51,17 @@ def _payload(swarm) -> tuple[int, int]:
 
 
 def _describe(conn) -> str:
-    """A connection's path, what it lost of our bytes (lately and in all) and what repairs did."""
-    text = conn.describe_path() if conn.path_label == "relayed" else conn.path_label
+    """A connection's path, what it lost of our bytes (in all and lately) and what repairs did."""
+    text = conn.describe_path(with_transport=True)
+    loss = conn.raw.loss()
+    if loss is not None:
+        text += f", {100 * loss.share:.2f} % of our bytes lost"
     stats = getattr(conn.muxer, "repair_stats", lambda: None)()
-    if stats is not None:
-        text += f", {100 * stats['bytes_lost'] / max(1, stats['bytes_sent']):.2f} % of our bytes lost"
-        if stats["repairs"]:
-            text += (f" ({100 * conn.raw.loss().steady.share:.2f} % lately), repairs: {stats['rebuilt']} rebuilt here, "
-                     f"{stats['rebuilt_by_peer']} by the peer, {stats['unrepairable']} beyond repair, "
-                     f"{stats['members_sent'] / max(1, stats['blocks_sent']):.1f} per block, "
-                     f"window {stats['congestion_window'] // 1024} KiB, cuts {sum(stats['window_cuts'].values())}")
-    else:
-        loss = conn.raw.loss()
-        if loss is not None:
-            text += f", {100 * loss.share:.2f} % of our bytes lost"
+    if stats is not None and stats["repairs"]:
+        text += (f" ({100 * loss.steady.share:.2f} % lately), repairs: {stats['rebuilt']} rebuilt here, "
+                 f"{stats['rebuilt_by_peer']} by the peer, {stats['unrepairable']} beyond repair, "
+                 f"{stats['members_sent'] / max(1, stats['blocks_sent']):.1f} per block, "
+                 f"window {stats['congestion_window'] // 1024} KiB, cuts {sum(stats['window_cuts'].values())}")
     return text
 
 

@@ -337,9 +337,8 @@ class _Call:
         if conn is None:
             self.stats.record(self.uid, self.peer_key, report)
         else:
-            # "relayed via …", or "direct tcp", "hole-punched quic": a lossy TCP path moves to QUIC
-            path = conn.describe_path() if conn.path_label == "relayed" else f"{conn.describe_path()} {conn.transport}"
-            self.stats.record(self.uid, self.peer_key, report, path, conn.rtt)
+            # the transport too: a lossy TCP path moves to QUIC
+            self.stats.record(self.uid, self.peer_key, report, conn.describe_path(with_transport=True), conn.rtt)
         return result
 
 

@@ -200,9 +200,13 @@ class Connection:
     async def aclose(self) -> None:
         await self.muxer.aclose()
 
-    def describe_path(self) -> str:
+    def describe_path(self, *, with_transport: bool = False) -> str:
+        """``direct``, ``hole-punched`` or ``relayed via …``; ``with_transport``: ``direct tcp``,
+        ``hole-punched quic`` (a relayed path's transport is the relay's)."""
         if self.path is Path.RELAYED and self.relay_peer is not None:
             return f"relayed via {self.relay_peer.short()}"
+        if with_transport and self.path_label != "relayed":
+            return f"{self.path.value} {self.transport}"
         return self.path.value
 
     def __repr__(self) -> str:

@@ -214,7 +214,8 @@ class Engine(QuicConnection):
         acknowledged or 9/8 of a round trip passed; while repairs are on, once a block and three
         more are, or 5/4 of a round trip passed: the receiver rebuilds a lost member when the
         block's repairs arrive (at most an eighth of a round trip after it, see
-        ``RepairEncoder.wait_for``) and acknowledges it up to its ACK delay later. Otherwise every rebuilt packet would be sent again for nothing."""
+        ``RepairEncoder.wait_for``) and acknowledges it up to its ACK delay later. Otherwise
+        every rebuilt packet would be sent again for nothing."""
         if not self.congestion.tolerant:
             self._detect_loss_by_count(now=now, space=space)
             return

@@ -441,8 +441,6 @@ class QuicSession:
             "rebuilt_by_peer": self._peer_rebuilt,
             "unrepairable": decoder.unrepairable if decoder else 0,
             "declared_lost": self.engine.congestion.lost_total,
-            "bytes_sent": self.engine.congestion.bytes_sent,
-            "bytes_lost": self.engine.congestion.bytes_lost,
             "members_sent": encoder.members if encoder else 0,
             "congestion_window": self.engine.congestion.congestion_window,
             "slow_start_threshold": self.engine.congestion.ssthresh,
