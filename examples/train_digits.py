@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from volunteer import RemoteMixtureOfExperts, Swarm, TrustPolicy  # noqa: E402
 from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
+from volunteer.net.identity import KeyPair  # noqa: E402
 
 ALTERNATE_EVERY = 10  # --audits alternate: steps with audits on, then as many with them off
 
@@ -87,13 +88,14 @@ class Model(nn.Module):
 class Testnet:
     """`volunteer testnet` in a child process; stopping it stops every volunteer it started."""
 
-    def __init__(self, n: int, grid: tuple[int, int], hidden: int) -> None:
+    def __init__(self, n: int, grid: tuple[int, int], hidden: int, trainers: list[str] = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="digits-testnet-"))
         experts = f"ffn:expert.[0:{grid[0]}].[0:{grid[1]}]"
         env = dict(os.environ, VOLUNTEER_CONFIG_DIR=str(self.dir / "config"), PYTHONUNBUFFERED="1")
+        listed = [arg for peer in trainers for arg in ("--trainer", peer)]  # the swarm file's trainers
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "volunteer", "testnet", "-n", str(n), "--experts", experts, "--hidden-dim", str(hidden),
-             "--dir", str(self.dir / "net"), "--name", "digits", "--no-dashboard"],
+             "--dir", str(self.dir / "net"), "--name", "digits", "--no-dashboard", *listed],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )
         self.swarm_file = self.dir / "net" / "swarm.toml"
@@ -234,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
                         "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
                         "at least 2 %%)")
+    parser.add_argument("--listed-trainer", action="store_true",
+                        help="the testnet's swarm file lists this trainer's key as its only trainer")
+    parser.add_argument("--trainer-cert", metavar="FILE",
+                        help="present this trainer certificate (volunteer trainer-cert) to the swarm's volunteers")
     args = parser.parse_args(argv)
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
     epochs = args.epochs or (2000 if args.churn else 30)
@@ -254,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         churn = ChurnSwarm(grid=grid, hidden=args.hidden, replicas=args.replicas, sync_period=args.sync_period,
                            max_experts=args.max_experts or grid[0] * grid[1], life=life, seed=args.seed)
         ledger = ExpertLedger()
-    testnet = None if args.swarm or churn or replicated else Testnet(args.volunteers, grid, args.hidden)
+    # --listed-trainer: the testnet's swarm file lists this trainer's key, so only it may train
+    keypair = KeyPair.generate() if args.listed_trainer else None
+    listed = [str(keypair.peer_id)] if keypair is not None else []
+    testnet = None if args.swarm or churn or replicated else Testnet(args.volunteers, grid, args.hidden, listed)
     # audits on / off -> (wall, this process's CPU) seconds per step; the CPU time of all our
     # threads (the trio one runs the audits) is what other processes' load disturbs least
     step_times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
@@ -269,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
         trust = {"trust": flat} if args.audit_rate else {}
 
         faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
-        swarm = Swarm.join(args.swarm or swarm_file, faults=faults, **trust)
+        swarm = Swarm.join(args.swarm or swarm_file, faults=faults, keypair=keypair, trainer_cert=args.trainer_cert,
+                           **trust)
+        if keypair is not None:
+            print(f"training as listed trainer {keypair.peer_id.short()} (the swarm file lists only it)", flush=True)
         with swarm:
             model = Model(swarm, args.hidden, grid, args.k_best, args.k_min, args.timeout, args.compression)
             model.moe.audits = args.audits != "off"

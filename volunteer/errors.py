@@ -238,7 +238,24 @@ class UnknownExpertError(ExpertUnavailableError):
 
 class ExpertBackwardRefusedError(ExpertUnavailableError):
     """The server refused a backward call: the caller ran no forward on that expert within the
-    server's ``backward_window`` (only a trainer that used the expert may step its optimizer)."""
+    server's ``backward_window`` (only a trainer that used the expert may step its optimizer),
+    or the caller is no trainer this volunteer applies gradients from (``TrainerRefusedError``)."""
+
+
+class TrainerRefusedError(ExpertBackwardRefusedError):
+    """The server refused this trainer: the swarm does not admit it (its swarm file lists its
+    trainers, or asks for an organiser's certificate), its gradients went past the expert's bound
+    (it is refused for a while, and what it did is undone), or it sent more than its share of an
+    expert's recent backwards while others train it too."""
+
+
+class GradientRefusedError(TrainerRefusedError):
+    """One backward's gradient was so far past the expert's learned bound that no honest trainer
+    sends it: the step is not taken (``experts/gradbound.py``). ``norm`` and ``bound`` say how far."""
+
+    def __init__(self, message: str, *, norm: float = 0.0, bound: float = 0.0) -> None:
+        super().__init__(message)
+        self.norm, self.bound = norm, bound
 
 
 class ExpertInputsForgottenError(ExpertUnavailableError):

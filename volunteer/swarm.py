@@ -49,7 +49,7 @@ class Swarm:
 
     def __init__(self, spec: SwarmSpec, *, keypair: KeyPair | None = None, listen: Sequence[str] = (),
                  dht_config: DHTConfig | None = None, faults: "FaultInjection | None" = None,
-                 trust: TrustPolicy = DEFAULT_POLICY) -> None:
+                 trust: TrustPolicy = DEFAULT_POLICY, trainer_cert: str | os.PathLike | None = None) -> None:
         from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
 
@@ -61,6 +61,8 @@ class Swarm:
         self.kind: SwarmKind = kind_of(spec)  # chosen once: how this swarm is joined and called
         self.swarm_id = spec.id
         self.keypair = keypair or KeyPair.generate()
+        # a swarm whose organiser admits trainers by certificate: ours, presented on every call
+        self.credential = _credential(trainer_cert, self.keypair) if trainer_cert is not None else None
         self.listen = list(listen)
         self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
         self.faults = faults
@@ -120,7 +122,8 @@ class Swarm:
         try:
             async with open_stack(self.keypair, self.listen) as host:
                 self._host = host
-                self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config)
+                self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config,
+                                                            credential=self.credential)
                 self._ready.set()
                 await self._closing.wait()
         except BaseException as exc:  # a system task must not crash the loop: hand it to the caller
@@ -187,6 +190,24 @@ class Swarm:
     def __repr__(self) -> str:
         peer = self._host.peer_id.short() if self._host is not None else "not joined"
         return f"<Swarm {self.spec.name!r} as {peer}>"
+
+
+def _credential(cert: str | os.PathLike, keypair: KeyPair) -> bytes:
+    """A trainer certificate (its text, or a file holding it) as presented on the wire; it must
+    name ``keypair``'s peer (the volunteers check that too: this says it at once, in one line)."""
+    from .experts.trainers import CERT_PREFIX, TrainerCertificate
+
+    text = str(cert)
+    if not text.startswith(CERT_PREFIX):
+        try:
+            text = Path(cert).read_text()
+        except OSError as exc:
+            raise VolunteerError(f"cannot read trainer certificate {cert}: {exc.strerror}") from None
+    parsed = TrainerCertificate.from_text(text)
+    if parsed.trainer != keypair.peer_id:
+        raise VolunteerError(f"trainer certificate names {parsed.trainer.short()}, this trainer is {keypair.peer_id.short()}: "
+                             "join with the key it was issued for (Swarm.join(..., keypair=...))")
+    return parsed.encode()
 
 
 async def _snapshot(calls, prefix: str | None) -> dict:

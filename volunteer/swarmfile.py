@@ -13,6 +13,9 @@ A swarm file (TOML)::
                                         # initial peers; id never goes on hivemind's wire)
     bootstrap = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
     relays = ["/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."]
+    trainers = "open"                   # who may train: "open" (default), or ["12D3KooW...", ...]
+    organiser = "CAESIK..."             # optional: certificates this key signs admit trainers
+    forwards = "everyone"               # or "trainers": forwards answered for admitted ones only
     [experts]                           # defaults for `join` (flags win)
     experts = "ffn:expert.[0:4].[0:4]"
     hidden_dim = 64
@@ -30,6 +33,7 @@ that it is removed when that testnet stops and a real swarm's file is never over
 
 from __future__ import annotations
 
+import base64
 import itertools
 import math
 import os
@@ -44,6 +48,7 @@ import tomli_w
 from .dht.config import MAX_GRID_DEPTH, MAX_GRID_INDEX, MAX_UID_LENGTH
 from .dht.grid import DELIMITER, parse_uid
 from .errors import VolunteerError
+from .net.identity import PeerID, PublicKey
 from .net.multiaddr import Multiaddr
 from .settings import (
     CONFIG_CHECKS,
@@ -196,6 +201,12 @@ class SwarmSpec:
     kind: str = "volunteer"  # "hivemind": join a hivemind 1.1 swarm (volunteer.hivemind)
     grids: list[GridSpec] = field(default_factory=list)  # [[grid]]: what the swarm's experts are
     testnet_pid: int | None = None  # set in a file written by `volunteer testnet`: its process
+    # who may train (experts.trainers.TrainerPolicy): "open", or a list of trainer peer IDs;
+    # an organiser's public key (base64 libp2p protobuf) whose certificates admit trainers;
+    # whether forwards are answered for "everyone" or only for admitted "trainers"
+    trainers: str | list = "open"
+    organiser: str | None = None
+    forwards: str = "everyone"
 
     @property
     def entry_points(self) -> list[Multiaddr]:
@@ -220,6 +231,12 @@ class SwarmSpec:
             data["experts"] = dict(self.experts)
         if self.testnet_pid is not None:
             data["testnet"] = {"pid": self.testnet_pid}
+        if self.trainers != "open":
+            data["trainers"] = list(self.trainers)
+        if self.organiser is not None:
+            data["organiser"] = self.organiser
+        if self.forwards != "everyone":
+            data["forwards"] = self.forwards
         if self.grids:  # [[grid]] tables, as parse_grid reads them back
             data["grid"] = [{"prefix": g.prefix, "size": list(g.size), "expert": g.expert_class, "hidden_dim": g.hidden_dim,
                              "replicas": g.replicas, "sync_period": g.sync_period} for g in self.grids]
@@ -237,7 +254,40 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
     "grid": list,  # [[grid]]: the expert grids the swarm declares (volunteer.replicas.grid checks each)
     "kind": str,  # which protocols the swarm speaks (e.g. "hivemind")
     "testnet": {"pid": int},  # written by `volunteer testnet` only
+    "trainers": (str, list),  # who may train: "open" or a list of trainer peer IDs
+    "organiser": str,  # the organiser's public key: its `volunteer trainer-cert` certificates admit trainers
+    "forwards": str,  # "everyone" (default) or "trainers": who gets forwards answered
 }
+
+
+def _trainer_settings(data: dict, path: Path) -> tuple[str | list, str | None, str]:
+    """The swarm file's trainers, organiser and forwards, checked (one line on anything off)."""
+    trainers = data.get("trainers", "open")
+    if isinstance(trainers, str) and trainers != "open":
+        raise SwarmFileError(f'swarm file {path}: trainers must be "open" or a list of trainer peer IDs, got {trainers!r}')
+    if isinstance(trainers, list):
+        for text in trainers:
+            if not isinstance(text, str):
+                raise SwarmFileError(f"swarm file {path}: trainers must be a list of peer ID strings")
+            try:
+                PeerID.from_string(text)
+            except VolunteerError as exc:
+                raise SwarmFileError(f"swarm file {path}: trainers: {text[:60]!r} is not a peer ID ({exc})") from None
+    organiser = data.get("organiser")
+    if organiser is not None:
+        try:
+            PublicKey.from_protobuf(base64.b64decode(organiser.encode(), validate=True))
+        except (ValueError, VolunteerError):
+            raise SwarmFileError(
+                f"swarm file {path}: organiser must be the organiser's public key as `volunteer trainer-cert --init` prints it"
+            ) from None
+    forwards = data.get("forwards", "everyone")
+    if forwards not in ("everyone", "trainers"):
+        raise SwarmFileError(f'swarm file {path}: forwards must be "everyone" or "trainers", got {forwards!r}')
+    if data.get("kind") == "hivemind" and (trainers != "open" or organiser is not None or forwards != "everyone"):
+        raise SwarmFileError(f"swarm file {path}: a hivemind swarm is open (its trainers present no certificate): "
+                             "drop trainers, organiser and forwards")
+    return trainers, organiser, forwards
 
 
 def _read_toml(path: Path, what: str) -> dict:
@@ -293,7 +343,9 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
         raise SwarmFileError(f"swarm file {path}: kind must be one of {', '.join(SWARM_KINDS)}, got {kind!r}")
     grids = _parse_grids(data.get("grid", []), path)
     testnet_pid = data.get("testnet", {}).get("pid")
-    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids, testnet_pid)
+    trainers, organiser, forwards = _trainer_settings(data, path)
+    return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids, testnet_pid,
+                     trainers, organiser, forwards)
 
 
 def _parse_grids(tables: object, path: Path) -> list[GridSpec]:

@@ -153,12 +153,26 @@ def _count(value: object) -> int:
     return int(number) if number is not None and number > 0 else 0
 
 
-def _experts(experts: list[dict], rows: int) -> Table:
+def _trainers(trainers: dict) -> str:
+    """' · trainers: 2 (1 refused, 3 clipped, 1 rolled back)': who trains our experts, in the table's title."""
+    rows = as_dict(trainers.get("trainers"))
+    if not rows:
+        return ""
+    refused = sum(1 for t in rows.values() if (finite(as_dict(t).get("refused_for")) or 0) > 0)
+    clipped = sum(int(finite(as_dict(t).get("clipped")) or 0) for t in rows.values())
+    rolled = int(finite(trainers.get("rollbacks")) or 0)
+    parts = [f"{refused} refused" if refused else "", f"{clipped} clipped" if clipped else "",
+             f"{rolled} rolled back" if rolled else ""]
+    detail = ", ".join(p for p in parts if p)
+    return f" · trainers: {len(rows)}" + (f" ({detail})" if detail else "")
+
+
+def _experts(experts: list[dict], rows: int, trainers: dict | None = None) -> Table:
     versions = any("version" in e for e in experts)
     synced = any("last_sync_age_s" in e for e in experts)
     header = ("uid", "req/s", "batch", "p50", "p95", "err") + (("ver",) if versions else ()) + (("synced",) if synced else ()) + ("last error",)
     shown = experts[:max(1, rows)]
-    title = "Experts"
+    title = "Experts" + _trainers(trainers or {})
     if len(shown) < len(experts):  # said in the title: every row the terminal has shows an expert
         total = int(sum(finite(e.get("requests")) or 0 for e in experts))
         title += f" · +{len(experts) - len(shown)} more · {total} requests in all"
@@ -312,7 +326,7 @@ def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 
         # lines are the longest: a column would cut them)
         log_wanted = min(max(1, len(entries)), LOG_ROWS_WIDE)
         expert_rows, conn_rows = allocate(height - 2 * LIST_OVERHEAD - PLAIN_OVERHEAD - log_wanted, [len(experts), len(conns)])
-        right = Group(_connections(conns, conn_rows), _experts(experts, expert_rows))
+        right = Group(_connections(conns, conn_rows), _experts(experts, expert_rows, as_dict(s.get("trainers"))))
         top_lines = max(fixed_lines, sum(_lines(t) for t in right.renderables))
         (log_rows,) = allocate(height - top_lines - PLAIN_OVERHEAD, [len(entries)])
         grid = Table.grid(expand=True, padding=(0, 2))
@@ -323,7 +337,7 @@ def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 
     available = height - fixed_lines - 2 * LIST_OVERHEAD - PLAIN_OVERHEAD
     expert_rows, conn_rows, log_rows = allocate(available, [len(experts), len(conns), len(entries)])
     identity, reachability, dht, compute, given = fixed
-    return Group(identity, reachability, _connections(conns, conn_rows), dht, _experts(experts, expert_rows),
+    return Group(identity, reachability, _connections(conns, conn_rows), dht, _experts(experts, expert_rows, as_dict(s.get("trainers"))),
                  compute, given, _log(entries, log_rows))
 
 

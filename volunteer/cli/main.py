@@ -32,6 +32,7 @@ examples:
   volunteer perf --download 64MiB /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...   measure a link
   volunteer relay --listen /ip4/0.0.0.0/tcp/4001 --metrics 127.0.0.1:9100      run a public relay
   volunteer doctor /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...                   check connectivity
+  volunteer trainer-cert 12D3KooW... --swarm demo > trainer.cert              admit a trainer (organisers)
 """
 
 # Which module registers each command, in the order ``--help`` lists them. Only that module is
@@ -41,7 +42,7 @@ examples:
 COMMAND_MODULE = {
     "join": "joincmd", "status": "joincmd", "fold": "joincmd", "pause": "joincmd", "resume": "joincmd",
     "finish": "joincmd", "stop": "joincmd", "history": "historycmd", "experts": "expertscmd", "testnet": "testnet", "id": "netcmds", "ping": "netcmds", "perf": "perfcmd",
-    "relay": "relaycmd", "doctor": "doctor",
+    "relay": "relaycmd", "doctor": "doctor", "trainer-cert": "trainercmd",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMAND_MODULE.values()))  # each once, in that order
 

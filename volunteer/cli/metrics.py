@@ -96,6 +96,19 @@ class DaemonCollector(Collector):
             version.add_metric([uid], stats.updates)
         yield from families.values()
         yield version
+        report = runtime.trainer_report()
+        backwards = CounterMetricFamily("volunteer_trainer_backwards", "Backwards by trainer and outcome "
+                                        "(applied, clipped to the expert's bound, refused).", labels=["trainer", "outcome"])
+        refused = GaugeMetricFamily("volunteer_trainer_refused", "1 while a trainer is refused for its gradients.",
+                                    labels=["trainer"])
+        for trainer, counts in sorted(report["trainers"].items()):
+            for outcome in ("applied", "clipped", "refused"):
+                backwards.add_metric([trainer, outcome], counts[outcome])
+            refused.add_metric([trainer], 1 if counts["refused_for"] > 0 else 0)
+        yield backwards
+        yield refused
+        yield CounterMetricFamily("volunteer_expert_rollbacks", "Experts rolled back after a trainer was refused for cause.",
+                                  value=report["rollbacks"])
 
 
 def punch_metrics(punching: dict | None) -> Iterable[Metric]:

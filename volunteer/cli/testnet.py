@@ -120,9 +120,11 @@ async def open_testnet(
     workdir: Path | None = None,
     extra_join_args: list[str] | None = None,
     web: str | None = None,
+    trainers: list[str] | None = None,
 ):
     """Start a relay and ``n`` volunteers; stop them all when the block ends. ``web``
-    (``HOST:PORT``): the relay serves the swarm's public health page there."""
+    (``HOST:PORT``): the relay serves the swarm's public health page there. ``trainers``: the
+    peer IDs the swarm file lists as its trainers (None: open to anyone)."""
     if n < 1 or n > 64:
         raise VolunteerError("testnet: -n must be between 1 and 64")
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
@@ -148,7 +150,8 @@ async def open_testnet(
             processes.append(relay)
             relay_addr = await _read_relay_addr(relay, workdir / "relay.log")
             nursery.start_soon(_drain, relay.stdout, workdir / "relay.log")
-            spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)], testnet_pid=os.getpid())
+            spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)], testnet_pid=os.getpid(),
+                             trainers=list(trainers) if trainers else "open")
             if expert_class:
                 spec.experts = {"hidden_dim": hidden_dim}
             if grid is not None:
@@ -260,9 +263,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "and removed when the testnet stops")
     p.add_argument("--dir", type=Path, metavar="DIR", help="where keys, logs and sockets go (default: a temporary directory)")
     p.add_argument("--no-dashboard", action="store_true")
+    p.add_argument("--trainer", action="append", type=_peer_id, metavar="PEER-ID",
+                   help="list this peer as one of the swarm's trainers (repeatable; default: anyone may train)")
     p.add_argument("--web", type=_host_port, metavar="HOST:PORT",
                    help="the relay serves the swarm's public health page at http://HOST:PORT/")
     p.set_defaults(run=run_testnet)
+
+
+def _peer_id(text: str) -> str:
+    """``--trainer`` checked as a peer ID (argparse prints the error in one line)."""
+    from ..net.identity import PeerID
+
+    try:
+        return str(PeerID.from_string(text))
+    except VolunteerError as exc:
+        raise argparse.ArgumentTypeError(f"not a peer ID: {exc}") from None
 
 
 def _host_port(text: str) -> str:
@@ -323,7 +338,7 @@ def remove_named_swarm_file(path: Path) -> None:
 async def _testnet(args: argparse.Namespace, named: Path) -> int:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_testnet(args.n, args.experts, hidden_dim=args.hidden_dim, swarm_id=args.name, workdir=args.dir,
-                                web=args.web) as net:
+                                web=args.web, trainers=args.trainer) as net:
             write_named_swarm_file(named, net.swarm_file.read_text(), args.name)
             try:
                 print(f"testnet {args.name!r}: relay {net.relay_addr}", flush=True)

@@ -17,6 +17,8 @@ one, so a volunteer who restarts goes on from its last checkpoint; a corrupt one
 
 from __future__ import annotations
 
+import copy
+import math
 import os
 import re
 import time
@@ -28,9 +30,10 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ..errors import ExpertConfigError, ExpertInputError
+from ..errors import ExpertConfigError, ExpertInputError, GradientRefusedError
 from .checkpoints import load_latest, write_checkpoint
 from .config import DEFAULT_CONFIG, ExpertsConfig
+from .gradbound import Check, NormBound, Verdict
 from .layers import get_expert_class
 from .schema import TensorSpec, check_tensors
 
@@ -118,6 +121,16 @@ class ExpertBackend:
         self._saved_at = 0  # self.updates when the last checkpoint was written or loaded
         self._step_owed = False  # a deferred optimizer step, already counted in self.updates
         self.last_checkpoint_time: float | None = None  # wall clock of the last save, for the TUI
+        # what one backward may move the expert (gradbound.py), and the state to go back to when
+        # a trainer is refused for cause (kept from before its first clipped gradient, or from
+        # before the first gradient while the bound still warms up)
+        self.grad_bound = NormBound(
+            factor=config.grad_bound_factor, gross=config.grad_bound_gross,
+            window=config.grad_bound_window, warmup=config.grad_bound_warmup,
+        )
+        self.last_check: Check | None = None  # the bound's verdict on the last backward
+        self._kept_state: dict | None = None
+        self.suspect = False  # a clipped gradient was taken since the kept state: not a reference
 
     def _infer_outputs(self) -> list[TensorSpec]:
         if any(None in spec.shape for spec in self.inputs):
@@ -201,6 +214,8 @@ class ExpertBackend:
         *,
         validate: bool = True,
         defer_step: bool = False,
+        sender: object = None,
+        split_on_clip: bool = False,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs (zeros for non-float inputs), on the CPU; then one optimizer
         step (owed, and applied by ``settle()``, with ``defer_step``). Nothing is changed if it
@@ -215,10 +230,11 @@ class ExpertBackend:
         with torch.enable_grad():
             outputs = _as_list(self.module(*leaves))
             self._check_outputs(outputs, batch)
-        return self._backward(leaves, outputs, grad_outputs, defer_step)
+        return self._backward(leaves, outputs, grad_outputs, defer_step, sender, split_on_clip)
 
     def backward_from_graph(
-        self, graph: ForwardGraph, grad_outputs: Sequence[torch.Tensor], *, defer_step: bool = False
+        self, graph: ForwardGraph, grad_outputs: Sequence[torch.Tensor], *, defer_step: bool = False,
+        sender: object = None,
     ) -> list[torch.Tensor]:
         """``backward`` of ``graph.inputs`` through the kept graph instead of a recomputed forward.
         The caller checks ``graph.state == state_fingerprint()`` first (ExpertConfigError if not:
@@ -228,9 +244,102 @@ class ExpertBackend:
             raise ExpertConfigError(f"expert {self.uid!r}: the kept forward is stale")
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step)
+        return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step, sender)
 
-    def _backward(self, leaves, outputs, grad_outputs, defer_step: bool) -> list[torch.Tensor]:
+    def _bound_gradients(self, sender: object, split_on_clip: bool) -> None:
+        """Hold the parameter gradient to the learned bound before any step sees it: clip it, or
+        raise GradientRefusedError (gross; or any clip with ``split_on_clip``, for a batch of
+        several trainers whose culprit must be found) with nothing changed. Keeps the state to
+        go back to before a clipped gradient or a warm-up one is taken."""
+        if self.optimizer is None:
+            return
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norm = float(nn.utils.get_total_norm(grads))
+        if self.grad_bound.warming_up:
+            self.grad_bound.seed(self._moment_norm())  # a state with a history knows its scale
+            if self.grad_bound.warming_up:
+                self.keep_state()  # still none: what a late-found outlier is undone to
+        check = self.grad_bound.check(norm)
+        self.last_check = check
+        refuse = check.verdict is Verdict.GROSS or (check.verdict is Verdict.CLIPPED and split_on_clip)
+        if refuse:
+            self.optimizer.zero_grad(set_to_none=True)
+            shown = f"{norm:.3g}" if math.isfinite(norm) else "not finite"
+            raise GradientRefusedError(
+                f"gradient norm {shown} is past expert {self.uid!r}'s bound {check.bound:.3g}"
+                + (" (a batch of several trainers: each is tried alone)" if check.verdict is Verdict.CLIPPED else ""),
+                norm=norm, bound=check.bound,
+            )
+        if check.verdict is Verdict.CLIPPED:
+            self.keep_state()
+            torch._foreach_mul_(grads, check.scale)
+            self.suspect = True
+        self.grad_bound.taken(check, sender)
+
+    def _moment_norm(self) -> float | None:
+        """The root-mean-square gradient norm Adam's second moments remember (bias-corrected),
+        or None without them (a fresh optimizer, or another kind)."""
+        total, seen = 0.0, False
+        for group in self.optimizer.param_groups if self.optimizer is not None else ():
+            beta2 = group.get("betas", (0.9, 0.999))[1]
+            for param in group["params"]:
+                state = self.optimizer.state.get(param, {})
+                if "exp_avg_sq" not in state or "step" not in state:
+                    continue
+                step = float(state["step"])
+                if step < 1:
+                    continue
+                total += float(state["exp_avg_sq"].sum()) / (1 - beta2**step)
+                seen = True
+        return math.sqrt(total) if seen and total > 0 else None
+
+    def reset_moments(self) -> None:
+        """Forget the optimizer's moment estimates (a gradient found gross after the fact was in
+        them); the parameters stay."""
+        if self.optimizer is not None:
+            self.optimizer.state.clear()
+
+    # --- the state to go back to (a trainer refused for cause) --------------------------------
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether a state to go back to is kept."""
+        return self._kept_state is not None
+
+    def keep_state(self) -> None:
+        """Keep the current parameters and optimizer state (settled: an owed step is the one being
+        judged, so it is not applied first), unless a state is kept already."""
+        if self._kept_state is None:
+            self._kept_state = {
+                "module": copy.deepcopy(self.module.state_dict()),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
+            }
+
+    def release_state(self) -> None:
+        """Drop the kept state (nothing to undo any more)."""
+        self._kept_state = None
+        self.suspect = False
+
+    def roll_back(self) -> bool:
+        """Go back to the kept state, dropping an owed step; the update count stays (versions
+        never go back). False if no state was kept."""
+        kept, self._kept_state = self._kept_state, None
+        self.suspect = False
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        self._step_owed = False
+        if kept is None:
+            return False
+        self.module.load_state_dict(kept["module"])
+        if self.optimizer is not None and kept["optimizer"] is not None:
+            self.optimizer.load_state_dict(kept["optimizer"])
+        return True
+
+    def _backward(
+        self, leaves, outputs, grad_outputs, defer_step: bool, sender: object = None, split_on_clip: bool = False
+    ) -> list[torch.Tensor]:
         pairs = []
         for index, (out, grad) in enumerate(zip(outputs, grad_outputs)):
             if grad.shape != out.shape:
@@ -241,6 +350,7 @@ class ExpertBackend:
             with torch.enable_grad():
                 torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
+        self._bound_gradients(sender, split_on_clip)
         if defer_step:
             self.updates += 1  # counted now: whoever reads it sees what a settled backend will say
             self._step_owed = True
@@ -318,6 +428,7 @@ class ExpertBackend:
         if type(updates) is not int or updates < 0:
             raise ExpertConfigError(f"checkpoint has a bad update count {updates!r}")
         self.updates = self._saved_at = updates
+        self.release_state()  # a state loaded whole replaces what a rollback would go back to
 
     def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
         """Write a checkpoint (atomic, checksummed, previous generation kept); returns its path."""

@@ -81,19 +81,23 @@ async def call_expert(
     backward_follows: bool = False,
     kept: int | None = None,
     report: CallReport | None = None,
+    credential: bytes | None = None,
 ):
     """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors.
     ``backward_follows`` (forward): we will call backward with these inputs, so the server may
     keep the forward's graph (and the inputs) for it. ``kept`` (backward): the key under which
     the forward's reply said the inputs are kept (``CallReport.kept``): only the gradients go,
     unless the volunteer has forgotten them (then the inputs too). ``report``: filled in with
-    what the call cost (times, payload bytes, the volunteer's time)."""
+    what the call cost (times, payload bytes, the volunteer's time). ``credential``: our trainer
+    certificate (``trainers.TrainerCertificate.encode``), for swarms whose organiser admits
+    trainers by certificate."""
     peer_id = _peer_id_in(peer) if isinstance(peer, Multiaddr) else peer
     peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
     report = report if report is not None else CallReport()
     report.op, report.compression, report.started = op, compression, trio.current_time()
-    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward")
+    request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward",
+                      credential=credential)
     sending = list(tensors)
     if op == "backward" and kept is not None and n_inputs:
         request, sending = replace(request, kept=kept, n_inputs=0), sending[n_inputs:]
@@ -210,12 +214,14 @@ class DHTDirectory:
     named by address only (``RemoteExpert``), and ``find_grid`` raises."""
 
     def __init__(
-        self, host: HostAPI, dht: DHTNode | None, swarm_id: str, config: ExpertsConfig = DEFAULT_CONFIG
+        self, host: HostAPI, dht: DHTNode | None, swarm_id: str, config: ExpertsConfig = DEFAULT_CONFIG,
+        *, credential: bytes | None = None,
     ) -> None:
         self.host = host
         self.dht = dht
         self.swarm_id = swarm_id
         self.config = config
+        self.credential = credential  # our trainer certificate, presented on every call
 
     async def find_grid(self, uid_prefix: str, grid_size: Sequence[int]) -> dict[str, list[ExpertHost]]:
         if self.dht is None:
@@ -241,7 +247,7 @@ class DHTDirectory:
         return await call_expert(
             self.host, peer, uid, op, tensors, swarm_id=self.swarm_id, n_inputs=n_inputs, compression=compression,
             timeout=timeout, faults=faults, config=self.config, backward_follows=backward_follows, kept=kept,
-            report=report,
+            report=report, credential=self.credential,
         )
 
 

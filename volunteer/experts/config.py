@@ -52,6 +52,22 @@ class ExpertsConfig:
     learning_rate: float = 1e-3  # of the default Adam optimizer
     max_grad_norm: float | None = None  # clip parameter gradients before each step, if set
     nan_check: bool = True  # refuse inputs and gradients holding NaN or inf
+    # A trainer is a principal too (gradbound.py, trainers.py): each backward's parameter gradient
+    # is clipped to grad_bound_factor times the median of the last grad_bound_window norms the
+    # expert took (none for its first grad_bound_warmup), and a gradient past grad_bound_gross
+    # times that bound is refused with its trainer. 10x covers honest spikes and trainers whose
+    # batch sizes differ; a x1e6 gradient is 1e5 times past it.
+    grad_bound_factor: float = 10.0
+    grad_bound_gross: float = 100.0
+    grad_bound_window: int = 64
+    grad_bound_warmup: int = 8
+    # A trainer with trainer_max_strikes clipped gradients within trainer_strike_window seconds
+    # (or one gross one) is refused backwards for trainer_refusal seconds (doubling at each
+    # repeat), and the experts it struck go back to their state before its first strike.
+    trainer_max_strikes: int = 3
+    trainer_strike_window: float = 120.0
+    trainer_refusal: float = 600.0
+    trainer_share_window: int = 64  # an expert's recent backwards, for each trainer's share of them
     checkpoint_every: int = 1000  # optimizer updates between checkpoints (0: only on shutdown)
 
     # --- tensor wire format ----------------------------------------------------------------
@@ -104,6 +120,12 @@ class ExpertsConfig:
             raise ExpertConfigError("ExpertsConfig needs 1 <= min_batch_size <= max_batch_size")
         if self.max_queue < 1 or self.chunk_size < 1 or self.max_tensors < 1 or self.max_ndim < 1:
             raise ExpertConfigError("ExpertsConfig: max_queue, chunk_size, max_tensors, max_ndim must be >= 1")
+        if self.grad_bound_factor <= 1 or self.grad_bound_gross <= 1:
+            raise ExpertConfigError("ExpertsConfig: grad_bound_factor and grad_bound_gross must be > 1")
+        if min(self.grad_bound_window, self.grad_bound_warmup, self.trainer_max_strikes, self.trainer_share_window) < 1:
+            raise ExpertConfigError(
+                "ExpertsConfig: grad_bound_window, grad_bound_warmup, trainer_max_strikes, trainer_share_window must be >= 1"
+            )
         if self.latency_window < 1:
             raise ExpertConfigError("ExpertsConfig.latency_window must be >= 1")
         if not self.max_payload_bytes <= self.max_request_bytes_per_peer <= self.max_request_bytes_total:

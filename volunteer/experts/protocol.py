@@ -8,10 +8,13 @@ Request: a uvarint-length-prefixed msgpack header, then the tensors' payload byt
      "ni": number of inputs among the tensors,         # backward only
      "g": true,                                        # forward only, optional: a backward of
                                                        # these inputs will follow (keep the graph)
-     "k": key}                                         # backward only, optional: the inputs are
+     "k": key,                                         # backward only, optional: the inputs are
                                                        # the ones the forward's reply said it kept
                                                        # under this key ("ni" is then 0: only
                                                        # the gradients travel)
+     "cr": bytes}                                      # optional: the caller's trainer
+                                                       # certificate (trainers.TrainerCertificate),
+                                                       # for swarms whose organiser admits trainers
 
 Reply: the same framing::
 
@@ -46,6 +49,7 @@ MAX_HEADER = 64 * 1024
 MAX_UID = 256  # characters of an expert uid in a request
 MAX_KEY = 2**63 - 1  # kept-inputs keys are non-negative int64s
 OPS = ("info", "forward", "backward")
+MAX_CREDENTIAL = 1024  # bytes of a trainer certificate in a header (trainers.MAX_CERT_BYTES)
 
 
 def protocol_id(swarm_id: str) -> str:
@@ -111,6 +115,7 @@ class Request:
     n_inputs: int = 0
     keep_graph: bool = False  # forward: the caller will send the backward of these inputs
     kept: int | None = None  # backward: the inputs are those the server kept under this key
+    credential: bytes | None = None  # forward/backward: the caller's trainer certificate
 
     @property
     def payload_bytes(self) -> int:
@@ -128,6 +133,8 @@ class Request:
             message["g"] = True
         if self.op == "backward" and self.kept is not None:
             message["k"] = self.kept
+        if self.op != "info" and self.credential:
+            message["cr"] = self.credential
         return message
 
     def encode(self) -> bytes:
@@ -160,7 +167,10 @@ class Request:
                     raise ExpertProtocolError("backward with kept inputs: 'ni' must be 0 and gradients must follow")
             elif not 0 < inputs < count:
                 raise ExpertProtocolError(f"backward: {inputs} inputs among {count} tensors leaves no gradients")
-        return cls(op, uid, compression, tensors, inputs, op == "forward" and message.get("g") is True, kept)
+        credential = message.get("cr")
+        if credential is not None and (not isinstance(credential, bytes) or len(credential) > MAX_CREDENTIAL):
+            raise ExpertProtocolError(f"trainer certificate must be at most {MAX_CREDENTIAL} bytes")
+        return cls(op, uid, compression, tensors, inputs, op == "forward" and message.get("g") is True, kept, credential)
 
     @classmethod
     def decode(cls, body: bytes) -> "Request":

@@ -33,7 +33,7 @@ class Request:
 
     __slots__ = (
         "uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "waiter", "work",
-        "result", "error", "gone", "keep_graph", "settle_later",
+        "result", "error", "gone", "keep_graph", "settle_later", "trainer", "check",
     )
 
     def __init__(
@@ -48,6 +48,7 @@ class Request:
         work: Callable[[], Any] | None = None,
         keep_graph: bool = False,
         settle_later: bool = False,
+        trainer: Any = None,
     ) -> None:
         self.uid, self.kind = uid, kind
         self.inputs = list(inputs)
@@ -63,6 +64,8 @@ class Request:
         self.gone = False  # the caller stopped waiting (cancelled)
         self.keep_graph = keep_graph  # a forward whose backward the caller announced
         self.settle_later = settle_later  # a backward whose caller calls Runtime.apply_owed_steps
+        self.trainer = trainer  # who sent it (a peer ID; None: this process), for trainers.TrainerBook
+        self.check: Any = None  # a computed backward: the gradient bound's verdict (gradbound.Check)
 
     def __repr__(self) -> str:
         return f"<Request {self.kind.value} {self.uid!r} batch={self.batch}>"

@@ -54,6 +54,7 @@ from ..errors import (
 from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
+from .judge import TrainerJudge
 from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request, concat, hand_out, wake
 from .scheduler import QUEUED, Busy, Inline, Job, Scheduler
 from .schema import check_finite
@@ -73,6 +74,7 @@ class Runtime:
                 raise ExpertConfigError(f"two backends share the uid {backend.uid!r}")
             self.backends[backend.uid] = backend
         self._core = Scheduler(self.backends, config)
+        self.judge = TrainerJudge(self.backends, config)  # trainers' strikes, refusals, rollbacks
         self._ledger = Ledger(config.latency_window)
         for uid in self.backends:
             self._ledger.add(uid)
@@ -104,16 +106,42 @@ class Runtime:
         grad_outputs: Sequence[torch.Tensor],
         *,
         settle_later: bool = False,
+        trainer: object = None,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs for one request; the expert takes an optimizer step per batch.
         ``settle_later``: the caller calls ``apply_owed_steps()`` once it has sent the result (a
         step owed by a backward computed on the event loop then waits for it, or for the next
-        request, whichever comes first)."""
+        request, whichever comes first). ``trainer``: who sent it (a peer ID), whose gradients
+        the expert's bound judges (``judge.py``); TrainerRefusedError if it is refused now."""
         batch = self._backend(uid).check_backward(inputs, grad_outputs, nan_check=False)
+        self.check_trainer(uid, trainer)
         request = Request(
-            uid, Kind.BACKWARD, inputs, grad_outputs, batch=batch, waiter=trio.Event(), settle_later=settle_later
+            uid, Kind.BACKWARD, inputs, grad_outputs, batch=batch, waiter=trio.Event(), settle_later=settle_later,
+            trainer=trainer,
         )
         return await self._submit(request)
+
+    def check_trainer(self, uid: str, trainer: object) -> None:
+        """Raise TrainerRefusedError if ``trainer``'s backwards on ``uid`` are refused now (refused
+        for cause, or past its share while others train the expert); counted per trainer."""
+        with self._cond:
+            refusal = self.judge.refusal(uid, trainer, time.perf_counter())
+        if refusal is not None:
+            raise refusal
+
+    def trainer_report(self) -> dict:
+        """Per-trainer counts (applied, clipped, refused, seconds of refusal left) and rollbacks."""
+        with self._cond:
+            return self.judge.snapshot(time.perf_counter())
+
+    def suspect(self, uid: str) -> bool:
+        """Whether ``uid`` took a clipped gradient that may yet be undone: not a reference for
+        other replicas (sync, catch-up) until its trainer is cleared or refused."""
+        backend = self.backends.get(uid)
+        if backend is None or not backend.suspect:
+            return False
+        with self._cond:  # once the strikes behind it expire, its next backward lets the kept state go
+            return self.judge.book.open_strikes(uid, time.perf_counter())
 
     def apply_owed_steps(self) -> None:
         """A backward's result is sent: apply the optimizer steps owed now. A cheap step (the
@@ -199,6 +227,7 @@ class Runtime:
                 raise UnknownExpertError(f"no expert {uid!r} here")
             stranded = self._core.remove(uid)
             self._ledger.remove(uid)
+            self.judge.forget(uid)
             self.activations.drop(uid)
         for request in stranded:
             request.error = ExpertUnavailableError(f"this volunteer no longer hosts {uid!r}")
@@ -359,8 +388,10 @@ class Runtime:
         elif live:
             runs = self._compute_alone(live[0], backend)
         done = time.perf_counter()
-        samples = sum(r.batch for r in live if r.error is None)
         with self._cond:
+            if batch[0].kind is Kind.BACKWARD:
+                self.judge.judge(backend.uid, live, done)
+            samples = sum(r.batch for r in live if r.error is None)
             self._ledger.computed(
                 batch[0].uid, batch, runs=runs, samples=samples, seconds=done - started, done=done, wall=time.time()
             )
@@ -392,7 +423,16 @@ class Runtime:
         if batch[0].kind is Kind.FORWARD:
             outputs = backend.forward(inputs, validate=False)
         else:
-            outputs = backend.backward(inputs, concat([r.grads for r in batch]), validate=False, defer_step=True)
+            # one author: its gradient is judged whole; several: a clip splits the batch, so
+            # that each trainer's gradient is judged alone (the culprit's, not everyone's)
+            trainers = {r.trainer for r in batch}
+            sender = batch[0].trainer if len(trainers) == 1 else None
+            outputs = backend.backward(
+                inputs, concat([r.grads for r in batch]), validate=False, defer_step=True, sender=sender,
+                split_on_clip=len(trainers) > 1,
+            )
+            for request in batch:
+                request.check = backend.last_check
         hand_out(batch, outputs)
 
     def _compute_with_graph(self, backend: ExpertBackend, request: Request) -> bool:
@@ -412,7 +452,8 @@ class Runtime:
             graph = self.activations.take(request.uid, request.inputs, state, now=time.perf_counter())
         if graph is None:
             return False
-        request.result = backend.backward_from_graph(graph, request.grads, defer_step=True)
+        request.result = backend.backward_from_graph(graph, request.grads, defer_step=True, sender=request.trainer)
+        request.check = backend.last_check
         return True
 
     def _deliver(self, requests: list[Request]) -> None:

@@ -15,12 +15,14 @@ within ``backward_window``. Refusals are counted by reason in ``refusals``.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 import trio
 
 from ..errors import (
+    TrainerRefusedError,
     ExpertBackwardRefusedError,
     ExpertBusyError,
     ExpertInputsForgottenError,
@@ -41,6 +43,7 @@ from .failures import to_failure
 from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
 from .runtime import Runtime
+from .trainers import NOT_ADMITTED, OPEN, TRAINER_REFUSED, TrainerAdmission, TrainerPolicy
 from .tensors import TensorReader, serialize, writes
 
 log = logging.getLogger(__name__)
@@ -90,6 +93,8 @@ class ExpertServer(BaseService):
         upload_limit: float | None = None,
         on_served: ServedHook | None = None,
         on_outcome: OutcomeHook | None = None,
+        trainers: TrainerPolicy = OPEN,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.host = host
         self.runtime = runtime
@@ -107,6 +112,10 @@ class ExpertServer(BaseService):
         self.refusals: Counter[str] = Counter()  # refused calls by reason (admission.py)
         self.on_served = on_served
         self.on_outcome = on_outcome
+        # who may train (the swarm file's trainers): certificates expire by the wall clock
+        self.admission = TrainerAdmission(trainers, swarm_id)
+        self.wall_clock = wall_clock
+        self._told: set = set()  # (peer, reason) refusals logged once
 
     @property
     def upload_limit(self) -> float | None:
@@ -133,6 +142,8 @@ class ExpertServer(BaseService):
             "bytes_out": self.bytes_out,
             "errors": self.errors,
             "refusals": dict(self.refusals),
+            "trainers": self.admission.policy.describe(),
+            **self.runtime.trainer_report(),  # per trainer: applied, clipped, refused; rollbacks
             "upload_limit_bps": self.upload_limit,
             "upload": self.upload.snapshot(),  # the volunteer's whole upload, replicas' included
         }
@@ -194,7 +205,9 @@ class ExpertServer(BaseService):
                             raise ExpertInputsForgottenError(f"inputs {request.kept} of {uid!r} are no longer kept")
                         inputs, n_inputs = [*kept_inputs, *inputs], len(kept_inputs)
                     owes_step = True
-                    outputs = await self.runtime.backward(uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True)
+                    outputs = await self.runtime.backward(
+                        uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer
+                    )
                 server_s = trio.current_time() - started
                 reply, chunks = serialize(outputs, request.compression, config=self.config)
             except trio.TooSlowError:
@@ -237,6 +250,7 @@ class ExpertServer(BaseService):
     def _admit(self, peer, request: Request, nbytes: int, *, now: float) -> None:
         """Authorize a forward/backward and reserve its announced bytes, or raise the typed
         refusal (counted by reason). Nothing is reserved when it raises."""
+        self._admit_trainer(peer, request)
         if request.op == "backward" and not self.forwards.may_backward(peer, request.uid, now=now):
             self.refusals[BACKWARD_WITHOUT_FORWARD] += 1
             raise ExpertBackwardRefusedError(
@@ -249,6 +263,29 @@ class ExpertServer(BaseService):
                 f"request bytes in flight are at their limit ({refused}: {self.budget.held_by(peer)} held for you, "
                 f"{self.budget.total} in all)"
             )
+
+    def _admit_trainer(self, peer, request: Request) -> None:
+        """Refuse a backward (a forward too, if the swarm says so) from a peer the swarm does not
+        admit as a trainer, or one refused for its gradients, before a payload byte is read."""
+        wall = self.wall_clock()
+        if request.op == "backward":
+            why = self.admission.refusal(peer, request.credential, wall=wall)
+        else:
+            why = self.admission.may_forward(peer, request.credential, wall=wall)
+        if why is not None:
+            self._refuse(peer, NOT_ADMITTED, f"not an admitted trainer of this swarm: {why}")
+        if request.op == "backward":
+            try:
+                self.runtime.check_trainer(request.uid, peer)
+            except TrainerRefusedError as exc:
+                self._refuse(peer, TRAINER_REFUSED, str(exc))
+
+    def _refuse(self, peer, reason: str, message: str) -> None:
+        self.refusals[reason] += 1
+        if (peer, reason) not in self._told and len(self._told) < 4096:
+            self._told.add((peer, reason))  # one line per trainer and reason; the rest are counted
+            log.warning("refused %s: %s", peer.short(), message)
+        raise TrainerRefusedError(message)
 
     async def _drain(self, reader: BufferedStream, pending: int) -> None:
         # the caller may still be sending its payload: read (and drop) a bounded amount so it

@@ -230,7 +230,7 @@ class HivemindExperts(BaseService):
                 self.forwards.forwarded(peer, uid, now=trio.current_time())
                 return _to_numpy(outputs), schema.output_compressions()
             n_inputs = len(schema.inputs)
-            grads = await self.runtime.backward(uid, tensors[:n_inputs], tensors[n_inputs:])
+            grads = await self.runtime.backward(uid, tensors[:n_inputs], tensors[n_inputs:], trainer=peer)
             return _to_numpy(grads), schema.input_compressions()
         except Exception as exc:
             self.errors += 1

@@ -136,7 +136,9 @@ class SwarmKind(Protocol):
         """The services a volunteer of this kind runs, in start order."""
         ...
 
-    async def join_trainer(self, host: HostAPI, spec: SwarmSpec, *, dht_config: "DHTConfig | None" = None) -> TrainerParts:
+    async def join_trainer(
+        self, host: HostAPI, spec: SwarmSpec, *, dht_config: "DHTConfig | None" = None, credential: bytes | None = None
+    ) -> TrainerParts:
         """Join ``spec`` as a trainer on ``host`` (services added to it); VolunteerError when
         no entry point answers."""
         ...

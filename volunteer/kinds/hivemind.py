@@ -71,7 +71,9 @@ class HivemindKind:
         return NodeParts(services, dht_status=member.snapshot, server=experts)
 
     # --- a trainer --------------------------------------------------------------------------------
-    async def join_trainer(self, host: HostAPI, spec: SwarmSpec, *, dht_config: "DHTConfig | None" = None) -> TrainerParts:
+    async def join_trainer(
+        self, host: HostAPI, spec: SwarmSpec, *, dht_config: "DHTConfig | None" = None, credential: bytes | None = None
+    ) -> TrainerParts:
         from ..hivemind.trainer import HivemindDirectory, join_as_trainer
 
         dht = await join_as_trainer(host, spec.bootstrap, swarm_name=spec.name)

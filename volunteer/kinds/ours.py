@@ -78,6 +78,7 @@ class VolunteerKind:
     def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
         from ..experts import DEFAULT_CONFIG
         from ..experts.server import ExpertServer
+        from ..experts.trainers import TrainerPolicy
         from ..replicas.providers import versions_of
 
         host, spec, options = node.host, node.spec, node.options
@@ -85,7 +86,8 @@ class VolunteerKind:
         upload = UploadMeter(options.max_upload)
         server = ExpertServer(host, runtime, spec.id, node.experts_config or DEFAULT_CONFIG,
                               upload=upload, on_served=options.on_served,
-                              on_outcome=options.on_outcome)
+                              on_outcome=options.on_outcome,
+                              trainers=TrainerPolicy.from_settings(spec.trainers, spec.organiser, spec.forwards))
         services.append(server)
 
         def loads() -> dict[str, float]:  # queue length per expert: trainers spread out by it
@@ -140,14 +142,16 @@ class VolunteerKind:
                          replicas=replicas, dht=dht)
 
     # --- a trainer --------------------------------------------------------------------------------
-    async def join_trainer(self, host: HostAPI, spec: SwarmSpec, *, dht_config: DHTConfig | None = None) -> TrainerParts:
+    async def join_trainer(
+        self, host: HostAPI, spec: SwarmSpec, *, dht_config: DHTConfig | None = None, credential: bytes | None = None
+    ) -> TrainerParts:
         from ..experts.client import DHTDirectory
 
         dht = DHTNode(host, dht_config or DHTConfig(swarm_id=spec.id), client_mode=True, bootstrap=spec.entry_points)
         await host.add_service(dht)
         if spec.entry_points and len(dht.state.table) == 0:
             raise VolunteerError(f"cannot reach swarm {spec.name!r}: no bootstrap peer or relay answered")
-        return TrainerParts(DHTDirectory(host, dht, spec.id), dht)
+        return TrainerParts(DHTDirectory(host, dht, spec.id, credential=credential), dht)
 
     # --- the CLI ----------------------------------------------------------------------------------
     async def list_experts(self, spec: SwarmSpec, prefixes: Sequence[str]) -> ExpertListing:

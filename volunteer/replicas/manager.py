@@ -523,6 +523,11 @@ class ReplicaManager(BaseService):
 
     async def _one_round(self, uid: str, peers: list[PeerID]) -> None:
         first = uid not in self.sync.last_sync
+        if self.store.suspect(uid):
+            # it took gradients past its bound lately: until its trainer is cleared or refused
+            # (and the expert rolled back), it is no reference for the others; it sits out
+            log.info("sync of %s skipped: it took gradients past its bound lately", uid)
+            return
         try:
             outcome = await self.sync.average(uid, peers)
         except VolunteerError as exc:  # e.g. the expert was dropped or handed over meanwhile

@@ -50,6 +50,8 @@ class HostingRuntime(Protocol):
 
     def remove_backend(self, uid: str) -> ExpertBackend: ...
 
+    def suspect(self, uid: str) -> bool: ...
+
 
 class BackendStore:
     """The state of a volunteer's experts as the replica protocols see it.
@@ -91,9 +93,19 @@ class BackendStore:
         """Experts this volunteer could still take (None: no bound)."""
         return None if self.capacity is None else max(0, self.capacity - len(self.backends))
 
+    def suspect(self, uid: str) -> bool:
+        """Whether ``uid`` took a clipped gradient a refused trainer may yet have undone
+        (``ExpertBackend.suspect``): it is no reference for others, in catch-up or sync."""
+        if self.runtime is not None:
+            return self.runtime.suspect(uid)  # it knows when the strikes behind it expire
+        backend = self.backends.get(uid)
+        return backend is not None and backend.suspect
+
     async def export(self, request: FetchRequest) -> ExportedState:
         """The state asked for, after checking it is the expert the requester expects."""
         backend = self._backend(request.uid)
+        if self.suspect(request.uid):  # damage a trainer did must not spread to a joiner: another replica serves it
+            raise StateRefusedError(f"{request.uid!r} here took gradients past its bound lately: ask another replica", "busy")
         expected = (request.expert_class, request.hidden_dim, set(request.tensors))
         mine = (backend.expert_class, backend.hidden_dim, set(module_layout(backend)))
         if expected != mine:
