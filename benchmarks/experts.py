@@ -142,6 +142,35 @@ def guard_us(hidden: int, batch: int, repeats: int = 2000) -> float:
     return statistics.median(times) * 1e6
 
 
+def gradient_bound_cost(hidden: int, batch: int, repeats: int) -> tuple[float, float]:
+    """Median ms of one backward with its optimizer step on a volunteer's backend (no network), and
+    median ms of the gradient bound's work inside it (``experts/gradbound.py``: the parameter
+    gradient's norm and its verdict, what every backward now pays), alternating step by step."""
+    from torch import nn
+
+    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.experts.gradbound import NormBound
+
+    backend = make_backend(f"ffn{hidden}.0", "ffn", hidden, config=ExpertsConfig(device="cpu"))
+    x, g = torch.randn(batch, hidden), torch.randn(batch, hidden) * 1e-3
+    bound = NormBound()
+    steps, checks = [], []
+    for index in range(repeats + 5):
+        started = time.perf_counter()
+        backend.backward([x], [g])
+        step = time.perf_counter() - started
+        backend.backward([x], [g], defer_step=True)  # grads left in place for the bound to read
+        started = time.perf_counter()
+        norm = float(nn.utils.get_total_norm([p.grad for p in backend.module.parameters() if p.grad is not None]))
+        bound.taken(bound.check(norm))
+        check = time.perf_counter() - started
+        backend.settle()
+        if index >= 5:  # warm-up: first kernels, the bound's own warm-up
+            steps.append(step)
+            checks.append(check)
+    return statistics.median(steps) * 1000, statistics.median(checks) * 1000
+
+
 def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hidden: int = 1024, batch: int = 64) -> float:
     expert = RemoteExpert(f"ffn{hidden}.0", addr, client, forward_timeout=60, backward_timeout=60)
     return trainers_throughput(expert, seconds, trainers, hidden, batch)
@@ -194,6 +223,12 @@ def main() -> None:
         alone = guard_us(hidden, batch)
         print(f"{f'h{hidden} b{batch} fwd+bwd ms':<34}{on:>10.2f}{off:>10.2f}{on / off - 1:>+8.1%}{f'{alone:.0f} us':>14}")
     print("(checks alone: what they take of one forward+backward in this process, without the network)")
+    print(f"\nThe gradient bound, volunteer side (backward + optimizer step, median of {args.repeats})")
+    print(f"{'figure':<34}{'step ms':>10}{'bound ms':>10}{'cost':>8}")
+    for hidden, batch in CONFIGS:
+        step_ms, bound_ms = gradient_bound_cost(hidden, batch, args.repeats)
+        print(f"{f'h{hidden} b{batch} backward':<34}{step_ms:>10.2f}{bound_ms:>10.3f}{bound_ms / step_ms:>+8.1%}")
+    print("(bound: the parameter gradient's norm and its verdict, paid by every backward; goal under 5 %)")
 
 
 if __name__ == "__main__":

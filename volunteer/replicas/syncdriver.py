@@ -191,6 +191,8 @@ class ReplicaSync(BaseService):
         DHT); returns what happened. Ends within ``timeout`` (``sync_timeout``) whatever the peers do."""
         if uid in self._rounds:
             raise SyncError(f"a sync round of {uid!r} is already running")
+        if self.store.suspect(uid):  # no reference for the others until its trainer is cleared or refused
+            raise SyncError(f"{uid!r} took gradients past its bound lately: it sits out this round")
         me = str(self.host.peer_id)
         targets: dict[str, PeerID | Multiaddr | str] = {}
         for target in peers:
