@@ -176,3 +176,12 @@ def test_random_bytes_never_crash_the_certificate_decoder(data):
         TrainerCertificate.decode(data)
     except TrainerCertificateError:
         pass
+
+
+def test_fresh_identities_do_not_flush_a_refusal_from_the_book():
+    book = TrainerBook(capacity=4)
+    book.cause("attacker", now=0)
+    for index in range(100):
+        book.applied("e", f"sybil-{index}", clipped=False)
+    assert book.refused_until("attacker", now=1) is not None
+    assert len(book.snapshot(now=1)) == 4

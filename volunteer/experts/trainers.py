@@ -268,8 +268,14 @@ class TrainerBook:
         record = self._trainers.get(trainer)
         if record is None:
             record = self._trainers[trainer] = TrainerRecord()
-            while len(self._trainers) > self.capacity:
-                self._trainers.popitem(last=False)
+            if len(self._trainers) > self.capacity:
+                # the least recent goes, unless ever refused: fresh identities must not flush a refusal
+                for key, old in self._trainers.items():
+                    if old.causes == 0:
+                        del self._trainers[key]
+                        break
+                else:
+                    self._trainers.popitem(last=False)
         else:
             self._trainers.move_to_end(trainer)
         return record
