@@ -5,6 +5,7 @@ log (and one error on the trainer's side)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from volunteer.errors import ExpertBackwardRefusedError
 from volunteer.experts.client import call_expert
 from volunteer.net.identity import KeyPair
 
+from .conftest import run_cli
 from .test_testnet import start_testnet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +60,9 @@ def test_an_unlisted_trainer_is_refused_in_one_line_and_changes_nothing(tmp_path
         log = (tmp_path / "net" / "v0.log").read_text()
         lines = [line for line in log.splitlines() if "not an admitted trainer" in line]
         assert len(lines) == 1, log[-2000:]  # one line for the three refusals; the rest are counted
+        status = json.loads(run_cli("status", "--json", "--control", str(tmp_path / "net" / "v0.sock"), env=cli_env).stdout)
+        assert status["refusals"]["experts"]["trainer_not_admitted"] == 3
+        assert "1 listed trainer" in status["trainers"]["policy"]
     finally:
         proc.terminate()
         proc.communicate(timeout=60)  # reads and closes its output

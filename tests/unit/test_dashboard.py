@@ -418,3 +418,14 @@ def test_a_wide_terminal_shows_long_log_lines_whole():
     text = render_text(dict(FULL, log=[dict(FULL["log"][0], message=message)]), width=160, height=40)
     check_fits(text, 160, 40)
     assert message in text
+
+
+def test_the_experts_title_says_who_trains_and_who_was_refused():
+    snapshot = dict(FULL, trainers={"policy": "open: anyone may train", "rollbacks": 1, "trainers": {
+        "12D3KooWTrainerTrainerTrainerTrainerTrainerAA": {"applied": 40, "clipped": 0, "refused": 0, "refused_for": 0.0},
+        "12D3KooWOtherOtherOtherOtherOtherOtherOtherBB": {"applied": 2, "clipped": 3, "refused": 97, "refused_for": 540.0},
+    }})
+    text = render_text(snapshot, width=160, height=40)
+    assert "trainers: 2 (1 refused, 3 clipped, 1 rolled back)" in text, text
+    check_fits(text, 160, 40)
+    check_fits(render_text(dict(snapshot, trainers={"trainers": "junk"}), width=80, height=24), 80, 24)

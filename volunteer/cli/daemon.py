@@ -319,7 +319,7 @@ class Daemon:
             snap["upload"] = self._upload(now)
             snap["refusals"] = views.refusals_view(node)
             if node.server is not None and node.runtime is not None:  # who trains our experts, and how it went
-                snap["trainers"] = {"policy": node.server.snapshot().get("trainers"), **node.runtime.trainer_report()}
+                snap["trainers"] = {"policy": node.server.snapshot().get("trainer_policy"), **node.runtime.trainer_report()}
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()

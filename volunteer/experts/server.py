@@ -142,7 +142,7 @@ class ExpertServer(BaseService):
             "bytes_out": self.bytes_out,
             "errors": self.errors,
             "refusals": dict(self.refusals),
-            "trainers": self.admission.policy.describe(),
+            "trainer_policy": self.admission.policy.describe(),
             **self.runtime.trainer_report(),  # per trainer: applied, clipped, refused; rollbacks
             "upload_limit_bps": self.upload_limit,
             "upload": self.upload.snapshot(),  # the volunteer's whole upload, replicas' included
