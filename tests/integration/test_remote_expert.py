@@ -230,3 +230,19 @@ def test_background_loop_runs_coroutines_for_ordinary_threads():
     with pytest.raises(VolunteerError, match="not running"):
         loop.run(add, 1, 1)
     loop.stop()  # idempotent
+
+
+def test_auto_sends_exact_tensors_to_this_machine_however_slow_it_looks(world):
+    """A loaded machine once pushed a loopback round trip past 1 ms and auto went float16; the
+    path (this process, loopback, a LAN) decides before any measurement."""
+    _, server, client = world
+    remote = RemoteExpert("ffn.1", server.addr, client)
+    x = torch.randn(3, 8)
+    remote(x)  # connected, measured once
+    # what a loaded machine reports: slow round trips, a link whose bytes cost more than a round trip
+    client.calls.rtt = lambda peer: 0.05
+    client.calls.bytes_cost = lambda peer: 3.0
+    client.calls.wire_seconds = lambda peer: 1.0
+    with torch.no_grad():
+        y = remote(x)
+    assert torch.equal(y, server.runtime.backends["ffn.1"].forward([x])[0])

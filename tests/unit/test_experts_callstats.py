@@ -135,3 +135,16 @@ def test_auto_sends_tensors_as_they_are_on_a_fast_link():
     stats.record("e.0", "p", report(compression=FLOAT16, bytes_out=100, bytes_in=100), rtt=0.0003)
     assert stats.rtt("p") == 0.0003
     assert choose_compression(AUTO, stats.bytes_cost("p"), stats.wire_seconds("p"), stats.rtt("p")) == NONE
+
+
+def test_auto_never_goes_lossy_to_this_machine_or_its_lan():
+    from volunteer.experts.callstats import is_local_address
+
+    for ip in ("127.0.0.1", "127.0.0.3", "10.1.2.3", "172.20.0.5", "192.168.1.20", "169.254.3.4", "::1", "fd00::5",
+               "fe80::1%eth0"):
+        assert is_local_address(ip), ip
+        # a loaded machine's measurements would say float16 or 8-bit; the path says none
+        assert choose_compression(AUTO, 2.5, 0.1, 0.05, local=True) == NONE
+    for ip in ("203.0.113.7", "198.51.100.2", "192.0.2.9", "100.64.0.1", "8.8.8.8", "2001:db8::1", "junk"):
+        assert not is_local_address(ip), ip
+    assert choose_compression("float16", None, local=True) == "float16"  # a setting is a setting

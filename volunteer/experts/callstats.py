@@ -12,6 +12,7 @@ the smallest gap between our last request byte and the reply's first, less the v
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
@@ -185,8 +186,28 @@ class CallStats:
             self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
 
 
+# Addresses that are this machine or its LAN: a call there never goes lossy, whatever a loaded
+# machine's round trips say (loopback, RFC 1918, link-local, IPv6 unique-local). Not 100.64/10 (a
+# carrier's NAT is the internet) nor the documentation ranges Python calls private (our WAN rig's
+# emulated homes live there).
+LOCAL_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "127.0.0.0/8", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16",
+    "::1/128", "fc00::/7", "fe80::/10",
+))
+
+
+def is_local_address(ip: str) -> bool:
+    """Whether ``ip`` (an IPv4 or IPv6 literal) is this machine or its LAN (``LOCAL_NETWORKS``)."""
+    try:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return False
+    return any(address in network for network in LOCAL_NETWORKS if network.version == address.version)
+
+
 def choose_compression(
-    setting: str, bytes_cost: float | None, wire_seconds: float | None = None, rtt: float | None = None
+    setting: str, bytes_cost: float | None, wire_seconds: float | None = None, rtt: float | None = None,
+    *, local: bool = False,
 ) -> str:
     """The wire encoding of one call: ``setting`` itself unless it is ``auto``; then none on a
     fast link (``rtt`` under ``FAST_LINK_RTT_S``, or float16 saving under ``MIN_HALF_SAVING_S``
@@ -194,9 +215,12 @@ def choose_compression(
     faithfully in another encoding), or 8-bit blockwise where the link makes a call's float16
     bytes cost more than its round trip (``CallStats.bytes_cost`` above 1: a home uplink shared
     by a step's calls) and halving them saves at least ``MIN_WIRE_SAVING_S`` (``wire_seconds``:
-    ``CallStats.wire_seconds``, the payload's time on the wire in float16)."""
+    ``CallStats.wire_seconds``, the payload's time on the wire in float16). ``local``: the call
+    goes directly to this machine or its LAN (``is_local_address``): none, always."""
     if setting != AUTO:
         return setting
+    if local:
+        return NONE
     if rtt is not None and rtt < FAST_LINK_RTT_S:
         return NONE
     if wire_seconds is not None and math.isfinite(wire_seconds) and wire_seconds < MIN_HALF_SAVING_S:
@@ -208,4 +232,4 @@ def choose_compression(
     return BLOCKWISE8_64
 
 
-__all__ = ["AUTO", "FAST_LINK_RTT_S", "MIN_HALF_SAVING_S", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
+__all__ = ["AUTO", "FAST_LINK_RTT_S", "LOCAL_NETWORKS", "is_local_address", "MIN_HALF_SAVING_S", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]

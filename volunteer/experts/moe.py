@@ -41,6 +41,7 @@ import trio
 from torch import nn
 
 from ..errors import (
+    ExpertBackwardRefusedError,
     ExpertError,
     ExpertPeerUnreachableError,
     ExpertReplyRejected,
@@ -139,6 +140,11 @@ class _Plan:
             try:
                 out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept, report))[0]
             except ExpertError as exc:
+                if isinstance(exc, ExpertBackwardRefusedError) and str(self.calls[i].peer) not in self.moe._refused_by:
+                    # a volunteer that does not take our gradients (not admitted, or refused for
+                    # them): one line per volunteer, the rest at info like any dropped gradient
+                    self.moe._refused_by.add(str(self.calls[i].peer))
+                    log.warning("volunteer %s refuses our backwards: %s", str(self.calls[i].peer)[-8:], describe(exc))
                 log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
                 self.moe._failed(self.calls[i], exc)
                 if isinstance(exc, ExpertReplyRejected):
@@ -233,6 +239,7 @@ class RemoteMixtureOfExperts(nn.Module):
         self._refreshing = threading.Lock()  # held while a background lookup runs
         self._avoid: dict[tuple[str, str], float] = {}  # (uid, peer) -> avoid until (monotonic)
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
+        self._refused_by: set[str] = set()  # volunteers that refused our backwards (told once each)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
