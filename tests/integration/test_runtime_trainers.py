@@ -174,3 +174,38 @@ async def test_sync_does_not_carry_a_hostile_trainers_damage_to_the_other_replic
                     assert isinstance(outcomes_a[0], SyncError)  # it sat out
                 gap = compare(reference, second.forward([probe])).direction
                 assert gap <= 0.05, gap  # the pair's own drift at most: the attack did not travel
+
+
+async def test_one_trainers_calls_batched_under_load_are_not_one_huge_gradient():
+    """Sixteen identical backwards of one trainer arrive while the worker is busy and run as one
+    batch: their gradients add up to sixteen times one, which is no reason to strike anyone
+    (the throughput benchmark's sixteen trainer threads share one identity)."""
+    config = ExpertsConfig(device="cpu", inline_compute_limit=0.0)
+    backend = expert(config)
+    gate = trio.Event()
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            x, g = batch(3)
+            for _ in range(12):
+                await runtime.backward(UID, [x], [g], trainer="busy")
+            token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(runtime.run_sync, lambda: trio.from_thread.run(gate.wait, trio_token=token))
+                await trio.testing.wait_all_tasks_blocked()
+                for _ in range(16):
+                    nursery.start_soon(runtime.backward, UID, [x], [g])
+                    await trio.testing.wait_all_tasks_blocked()
+                gate.set()
+            # the batch above had no trainer; now with one: the same, named
+            async with trio.open_nursery() as nursery:
+                gate = trio.Event()
+                nursery.start_soon(runtime.run_sync, lambda: trio.from_thread.run(gate.wait, trio_token=token))
+                await trio.testing.wait_all_tasks_blocked()
+                for _ in range(16):
+                    nursery.start_soon(lambda: runtime.backward(UID, [x], [g], trainer="busy"))
+                    await trio.testing.wait_all_tasks_blocked()
+                gate.set()
+            report = runtime.trainer_report()["trainers"]["busy"]
+            assert report["clipped"] == 0 and report["causes"] == 0 and report["applied"] == 28
+            stats = runtime.stats()[UID]
+            assert stats.backward == 44 and stats.batches < 40  # they did run batched

@@ -216,6 +216,7 @@ class ExpertBackend:
         defer_step: bool = False,
         sender: object = None,
         split_on_clip: bool = False,
+        parts: int = 1,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs (zeros for non-float inputs), on the CPU; then one optimizer
         step (owed, and applied by ``settle()``, with ``defer_step``). Nothing is changed if it
@@ -230,7 +231,7 @@ class ExpertBackend:
         with torch.enable_grad():
             outputs = _as_list(self.module(*leaves))
             self._check_outputs(outputs, batch)
-        return self._backward(leaves, outputs, grad_outputs, defer_step, sender, split_on_clip)
+        return self._backward(leaves, outputs, grad_outputs, defer_step, sender, split_on_clip, parts)
 
     def backward_from_graph(
         self, graph: ForwardGraph, grad_outputs: Sequence[torch.Tensor], *, defer_step: bool = False,
@@ -246,17 +247,19 @@ class ExpertBackend:
             self.optimizer.zero_grad(set_to_none=True)
         return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step, sender)
 
-    def _bound_gradients(self, sender: object, split_on_clip: bool) -> None:
+    def _bound_gradients(self, sender: object, split_on_clip: bool, parts: int = 1) -> None:
         """Hold the parameter gradient to the learned bound before any step sees it: clip it, or
         raise GradientRefusedError (gross; or any clip with ``split_on_clip``, for a batch of
         several trainers whose culprit must be found) with nothing changed. Keeps the state to
-        go back to before a clipped gradient or a warm-up one is taken."""
+        go back to before a clipped gradient or a warm-up one is taken. ``parts``: the requests
+        the batch joined; their gradients add up, so the bound, per request, is judged on the
+        norm per request (a trainer's calls batched under load are not one huge gradient)."""
         if self.optimizer is None:
             return
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if not grads:
             return
-        norm = float(nn.utils.get_total_norm(grads))
+        norm = float(nn.utils.get_total_norm(grads)) / max(1, parts)
         if self.grad_bound.warming_up:
             self.grad_bound.seed(self._moment_norm())  # a state with a history knows its scale
             if self.grad_bound.warming_up:
@@ -338,7 +341,8 @@ class ExpertBackend:
         return True
 
     def _backward(
-        self, leaves, outputs, grad_outputs, defer_step: bool, sender: object = None, split_on_clip: bool = False
+        self, leaves, outputs, grad_outputs, defer_step: bool, sender: object = None, split_on_clip: bool = False,
+        parts: int = 1,
     ) -> list[torch.Tensor]:
         pairs = []
         for index, (out, grad) in enumerate(zip(outputs, grad_outputs)):
@@ -350,7 +354,7 @@ class ExpertBackend:
             with torch.enable_grad():
                 torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
-        self._bound_gradients(sender, split_on_clip)
+        self._bound_gradients(sender, split_on_clip, parts)
         if defer_step:
             self.updates += 1  # counted now: whoever reads it sees what a settled backend will say
             self._step_owed = True

@@ -429,7 +429,7 @@ class Runtime:
             sender = batch[0].trainer if len(trainers) == 1 else None
             outputs = backend.backward(
                 inputs, concat([r.grads for r in batch]), validate=False, defer_step=True, sender=sender,
-                split_on_clip=len(trainers) > 1,
+                split_on_clip=len(trainers) > 1, parts=len(batch),
             )
             for request in batch:
                 request.check = backend.last_check
