@@ -146,9 +146,8 @@ def gradient_bound_cost(hidden: int, batch: int, repeats: int) -> tuple[float, f
     """Median ms of one backward with its optimizer step on a volunteer's backend (no network), and
     median ms of the gradient bound's work inside it (``experts/gradbound.py``: the parameter
     gradient's norm and its verdict, what every backward now pays), alternating step by step."""
-    from torch import nn
-
     from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.experts.backend import gradient_norm
     from volunteer.experts.gradbound import NormBound
 
     backend = make_backend(f"ffn{hidden}.0", "ffn", hidden, config=ExpertsConfig(device="cpu"))
@@ -161,7 +160,7 @@ def gradient_bound_cost(hidden: int, batch: int, repeats: int) -> tuple[float, f
         step = time.perf_counter() - started
         backend.backward([x], [g], defer_step=True)  # grads left in place for the bound to read
         started = time.perf_counter()
-        norm = float(nn.utils.get_total_norm([p.grad for p in backend.module.parameters() if p.grad is not None]))
+        norm = gradient_norm([p.grad for p in backend.module.parameters() if p.grad is not None])
         bound.taken(bound.check(norm))
         check = time.perf_counter() - started
         backend.settle()
