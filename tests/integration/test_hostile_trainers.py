@@ -7,6 +7,8 @@ line and counted. With ``trainers`` listed, an unlisted peer's backward changes 
 from __future__ import annotations
 
 import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -91,6 +93,30 @@ async def attack(attacker, target, uid: str, task: Task, times: int) -> int:
     return refused
 
 
+@dataclass
+class World:
+    """Twin experts served on 127.0.0.1; an honest trainer on .2 and an attacker on .3."""
+
+    runtime: object
+    server: ExpertServer
+    target: object
+    honest: object
+    attacker: object
+
+
+@asynccontextmanager
+async def serving(config: ExpertsConfig):
+    async with trio.open_nursery() as nursery:
+        server_host = await nursery.start(_host, "127.0.0.1")
+        honest = await nursery.start(_host, "127.0.0.2")
+        attacker = await nursery.start(_host, "127.0.0.3")
+        async with open_runtime(twins(config), config) as runtime:
+            server = ExpertServer(server_host, runtime, SWARM, config)
+            await server_host.add_service(server)
+            yield World(runtime, server, server_host.full_addrs()[0], honest, attacker)
+        nursery.cancel_scope.cancel()
+
+
 def learned(losses: list[float]) -> float:
     """The share of the loss a run took away (first forward's loss against the last)."""
     return 1 - losses[-1] / losses[0]
@@ -98,65 +124,49 @@ def learned(losses: list[float]) -> float:
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "fresh"])
 async def test_one_huge_backward_neither_freezes_nor_turns_the_expert(warm, caplog):
-    config = ExpertsConfig(device="cpu")
     task = Task()
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            server_host = await nursery.start(_host, "127.0.0.1")
-            honest = await nursery.start(_host, "127.0.0.2")
-            attacker = await nursery.start(_host, "127.0.0.3")
-            async with open_runtime(twins(config), config) as runtime:
-                server = ExpertServer(server_host, runtime, SWARM, config)
-                await server_host.add_service(server)
-                target = server_host.full_addrs()[0]
-                if warm:  # both twins trained alike first, so the bound has learned their scale
-                    for uid in ("expert.0", "expert.1"):
-                        await train(honest, target, uid, task, 10)
-                before = await probe(honest, target, "expert.0", task)
-                with caplog.at_level(logging.WARNING):
-                    refused = await attack(attacker, target, "expert.0", task, 1)
-                if warm:
-                    assert refused == 1  # gross: refused at once, nothing applied
-                attacked = await train(honest, target, "expert.0", task, 40, offset=3)
-                twin = await train(honest, target, "expert.1", task, 40, offset=3)
-                assert learned(attacked) >= 0.9 * learned(twin), (attacked[::8], twin[::8])
-                # within what honest training over the same calls moves the twin
-                honest_gap = compare(before, await probe(honest, target, "expert.1", task)).direction
-                attacked_gap = compare(before, await probe(honest, target, "expert.0", task)).direction
-                assert attacked_gap <= max(0.2, honest_gap * 1.1), (attacked_gap, honest_gap)
-                report = runtime.trainer_report()
-                assert report["trainers"][str(attacker.peer_id)]["causes"] == 1
-                assert report["trainers"][str(honest.peer_id)]["causes"] == 0
-                assert sum("refused" in r.getMessage() and attacker.peer_id.short() in r.getMessage()
-                           for r in caplog.records) == 1  # one line on the server's side
-                nursery.cancel_scope.cancel()
+        async with serving(ExpertsConfig(device="cpu")) as world:
+            honest, attacker, target = world.honest, world.attacker, world.target
+            if warm:  # both twins trained alike first, so the bound has learned their scale
+                for uid in ("expert.0", "expert.1"):
+                    await train(honest, target, uid, task, 10)
+            before = await probe(honest, target, "expert.0", task)
+            with caplog.at_level(logging.WARNING):
+                refused = await attack(attacker, target, "expert.0", task, 1)
+            if warm:
+                assert refused == 1  # gross: refused at once, nothing applied
+            attacked = await train(honest, target, "expert.0", task, 40, offset=3)
+            twin = await train(honest, target, "expert.1", task, 40, offset=3)
+            assert learned(attacked) >= 0.9 * learned(twin), (attacked[::8], twin[::8])
+            # within what honest training over the same calls moves the twin
+            honest_gap = compare(before, await probe(honest, target, "expert.1", task)).direction
+            attacked_gap = compare(before, await probe(honest, target, "expert.0", task)).direction
+            assert attacked_gap <= max(0.2, honest_gap * 1.1), (attacked_gap, honest_gap)
+            report = world.runtime.trainer_report()
+            assert report["trainers"][str(attacker.peer_id)]["causes"] == 1
+            assert report["trainers"][str(honest.peer_id)]["causes"] == 0
+            assert sum("refused" in r.getMessage() and attacker.peer_id.short() in r.getMessage()
+                       for r in caplog.records) == 1  # one line on the server's side
 
 
 async def test_a_hundred_steady_huge_backwards_leave_the_expert_where_honest_training_would():
-    config = ExpertsConfig(device="cpu")
     task = Task()
     with trio.fail_after(180):
-        async with trio.open_nursery() as nursery:
-            server_host = await nursery.start(_host, "127.0.0.1")
-            honest = await nursery.start(_host, "127.0.0.2")
-            attacker = await nursery.start(_host, "127.0.0.3")
-            async with open_runtime(twins(config), config) as runtime:
-                server = ExpertServer(server_host, runtime, SWARM, config)
-                await server_host.add_service(server)
-                target = server_host.full_addrs()[0]
-                for uid in ("expert.0", "expert.1"):
-                    await train(honest, target, uid, task, 10)
-                before = await probe(honest, target, "expert.0", task)
-                refused = await attack(attacker, target, "expert.0", task, 100)
-                assert refused == 100
-                after_attack = await probe(honest, target, "expert.0", task)
-                assert compare(before, after_attack).direction <= 0.2
-                # the honest trainer is still served, and the expert learns as its twin does
-                attacked = await train(honest, target, "expert.0", task, 40, offset=1)
-                twin = await train(honest, target, "expert.1", task, 40, offset=1)
-                assert learned(attacked) >= 0.9 * learned(twin)
-                assert server.refusals[TRAINER_REFUSED] >= 99  # refused before its payload was read
-                nursery.cancel_scope.cancel()
+        async with serving(ExpertsConfig(device="cpu")) as world:
+            honest, target = world.honest, world.target
+            for uid in ("expert.0", "expert.1"):
+                await train(honest, target, uid, task, 10)
+            before = await probe(honest, target, "expert.0", task)
+            refused = await attack(world.attacker, target, "expert.0", task, 100)
+            assert refused == 100
+            after_attack = await probe(honest, target, "expert.0", task)
+            assert compare(before, after_attack).direction <= 0.2
+            # the honest trainer is still served, and the expert learns as its twin does
+            attacked = await train(honest, target, "expert.0", task, 40, offset=1)
+            twin = await train(honest, target, "expert.1", task, 40, offset=1)
+            assert learned(attacked) >= 0.9 * learned(twin)
+            assert world.server.refusals[TRAINER_REFUSED] >= 99  # refused before its payload was read
 
 
 async def test_listed_trainers_train_and_an_unlisted_backward_changes_nothing():
