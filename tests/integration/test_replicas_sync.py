@@ -83,11 +83,15 @@ async def test_the_runtime_aggregates_a_round_after_the_step_its_expert_owes():
         return mean(own, contributions)
 
     async with open_runtime([a], config) as runtime:
-        for _ in range(2):  # the first pair teaches the costs on the worker; the second runs inline
+        for first in (True, False):  # the first pair teaches the costs on the worker; the second runs inline
             await runtime.forward(UID, [x], keep_graph=True)
             await runtime.backward(UID, [x], [g], settle_later=True)  # and nobody applies its step
             reference.forward([x])
             reference.backward([x], [g])
+            if first:
+                # the worker applies the first step at once; wait for it, so that the second pair
+                # finds the runtime idle however loaded the machine is (else it queues behind it)
+                await runtime.settled()
         assert a.step_owed
         threaded = ReplicasConfig(offload_bytes=1)  # hash, encode and decode in a thread, as for a big expert
         async with (
