@@ -251,11 +251,12 @@ class TrainerRefusedError(ExpertBackwardRefusedError):
 
 class GradientRefusedError(TrainerRefusedError):
     """One backward's gradient was so far past the expert's learned bound that no honest trainer
-    sends it: the step is not taken (``experts/gradbound.py``). ``norm`` and ``bound`` say how far."""
+    sends it (``gross``), or past it from a trainer too new to be given a clip: the step is not
+    taken (``experts/gradbound.py``). ``norm`` and ``bound`` say how far."""
 
-    def __init__(self, message: str, *, norm: float = 0.0, bound: float = 0.0) -> None:
+    def __init__(self, message: str, *, norm: float = 0.0, bound: float = 0.0, gross: bool = True) -> None:
         super().__init__(message)
-        self.norm, self.bound = norm, bound
+        self.norm, self.bound, self.gross = norm, bound, gross
 
 
 class ExpertInputsForgottenError(ExpertUnavailableError):

@@ -56,12 +56,32 @@ def same_state(backend, state: dict) -> bool:
     return all(torch.equal(value, state[key]) for key, value in backend.module.state_dict().items())
 
 
+async def test_a_new_identitys_gradients_past_the_bound_are_never_applied():
+    """Fresh identities cost nothing: a clip is for trainers this volunteer knows."""
+    config = ExpertsConfig(device="cpu")
+    backend = expert(config)
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            await honest_steps(runtime, 20)
+            before = state_of(backend)
+            x, g = batch(99)
+            for _ in range(2):
+                with pytest.raises(TrainerRefusedError, match="not applied"):
+                    await runtime.backward(UID, [x], [g * 50], trainer="sybil")
+            with pytest.raises(TrainerRefusedError):
+                await runtime.backward(UID, [x], [g * 50], trainer="sybil")
+            await runtime.settled()
+            assert same_state(backend, before) and not runtime.suspect(UID)
+            assert runtime.trainer_report()["trainers"]["sybil"]["causes"] == 1
+
+
 async def test_three_clipped_gradients_refuse_the_trainer_and_undo_it_exactly():
     config = ExpertsConfig(device="cpu")
     backend = expert(config)
     with trio.fail_after(60):
         async with open_runtime([backend], config) as runtime:
             await honest_steps(runtime, 12)
+            await honest_steps(runtime, 16, trainer="pusher", offset=100)  # a trainer it knows, turning
             before = state_of(backend)
             x, g = batch(99)
             for strike in range(2):  # x50: clipped to the bound (not gross), a strike each
@@ -89,6 +109,7 @@ async def test_in_a_batch_of_two_trainers_only_the_culprit_is_struck():
     with trio.fail_after(60):
         async with open_runtime([backend], config) as runtime:
             await honest_steps(runtime, 12)
+            await honest_steps(runtime, 16, trainer="pusher", offset=100)
             token = trio.lowlevel.current_trio_token()
             results = {}
 
@@ -121,6 +142,7 @@ async def test_a_gross_gradient_changes_nothing_and_a_suspect_replica_serves_no_
             await runtime.settled()
             assert same_state(backend, before) and backend.updates == updates
             store = BackendStore(runtime.backends, runtime=runtime)
+            await honest_steps(runtime, 16, trainer="pusher", offset=100)
             await runtime.backward(UID, [x], [g * 50], trainer="pusher")  # one clipped: a strike
             await runtime.settled()
             assert store.suspect(UID)
@@ -143,6 +165,8 @@ async def test_sync_does_not_carry_a_hostile_trainers_damage_to_the_other_replic
         async with open_runtime([first], config) as runtime_a, open_runtime([second], config) as runtime_b:
             for runtime in (runtime_a, runtime_b):
                 await honest_steps(runtime, 12)
+            await honest_steps(runtime_a, 16, trainer="attacker", offset=100)  # known to the first, then it turns
+            await honest_steps(runtime_b, 16, offset=100)  # the second trained alike
             reference = second.forward([probe])
             sync_a = ReplicaSync("sy", BackendStore(runtime_a.backends, runtime=runtime_a), replicas, aggregate=mean)
             sync_b = ReplicaSync("sy", BackendStore(runtime_b.backends, runtime=runtime_b), replicas, aggregate=mean)

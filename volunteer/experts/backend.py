@@ -222,7 +222,7 @@ class ExpertBackend:
         validate: bool = True,
         defer_step: bool = False,
         sender: object = None,
-        split_on_clip: bool = False,
+        refuse_clipped: bool = False,
         parts: int = 1,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs (zeros for non-float inputs), on the CPU; then one optimizer
@@ -238,11 +238,11 @@ class ExpertBackend:
         with torch.enable_grad():
             outputs = _as_list(self.module(*leaves))
             self._check_outputs(outputs, batch)
-        return self._backward(leaves, outputs, grad_outputs, defer_step, sender, split_on_clip, parts)
+        return self._backward(leaves, outputs, grad_outputs, defer_step, sender, refuse_clipped, parts)
 
     def backward_from_graph(
         self, graph: ForwardGraph, grad_outputs: Sequence[torch.Tensor], *, defer_step: bool = False,
-        sender: object = None,
+        sender: object = None, refuse_clipped: bool = False,
     ) -> list[torch.Tensor]:
         """``backward`` of ``graph.inputs`` through the kept graph instead of a recomputed forward.
         The caller checks ``graph.state == state_fingerprint()`` first (ExpertConfigError if not:
@@ -252,12 +252,13 @@ class ExpertBackend:
             raise ExpertConfigError(f"expert {self.uid!r}: the kept forward is stale")
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-        return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step, sender)
+        return self._backward(graph.leaves, graph.outputs, grad_outputs, defer_step, sender, refuse_clipped)
 
-    def _bound_gradients(self, sender: object, split_on_clip: bool, parts: int = 1) -> None:
+    def _bound_gradients(self, sender: object, refuse_clipped: bool, parts: int = 1) -> None:
         """Hold the parameter gradient to the learned bound before any step sees it: clip it, or
-        raise GradientRefusedError (gross; or any clip with ``split_on_clip``, for a batch of
-        several trainers whose culprit must be found) with nothing changed. Keeps the state to
+        raise GradientRefusedError (gross; or any clip with ``refuse_clipped``: a batch of
+        several trainers whose culprit must be found, or a trainer too new to this volunteer to be
+        given the benefit of a clip) with nothing changed. Keeps the state to
         go back to before a clipped gradient or a warm-up one is taken. ``parts``: the requests
         the batch joined; their gradients add up, so the bound, per request, is judged on the
         norm per request (a trainer's calls batched under load are not one huge gradient)."""
@@ -273,14 +274,14 @@ class ExpertBackend:
                 self.keep_state()  # still none: what a late-found outlier is undone to
         check = self.grad_bound.check(norm)
         self.last_check = check
-        refuse = check.verdict is Verdict.GROSS or (check.verdict is Verdict.CLIPPED and split_on_clip)
+        refuse = check.verdict is Verdict.GROSS or (check.verdict is Verdict.CLIPPED and refuse_clipped)
         if refuse:
             self.optimizer.zero_grad(set_to_none=True)
             shown = f"{norm:.3g}" if math.isfinite(norm) else "not finite"
             raise GradientRefusedError(
                 f"gradient norm {shown} is past expert {self.uid!r}'s bound {check.bound:.3g}"
-                + (" (a batch of several trainers: each is tried alone)" if check.verdict is Verdict.CLIPPED else ""),
-                norm=norm, bound=check.bound,
+                + ("" if check.verdict is Verdict.GROSS else " (not applied: a clip is for known trainers alone)"),
+                norm=norm, bound=check.bound, gross=check.verdict is Verdict.GROSS,
             )
         if check.verdict is Verdict.CLIPPED:
             self.keep_state()
@@ -348,7 +349,7 @@ class ExpertBackend:
         return True
 
     def _backward(
-        self, leaves, outputs, grad_outputs, defer_step: bool, sender: object = None, split_on_clip: bool = False,
+        self, leaves, outputs, grad_outputs, defer_step: bool, sender: object = None, refuse_clipped: bool = False,
         parts: int = 1,
     ) -> list[torch.Tensor]:
         pairs = []
@@ -361,7 +362,7 @@ class ExpertBackend:
             with torch.enable_grad():
                 torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         grads = [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for leaf in leaves]
-        self._bound_gradients(sender, split_on_clip, parts)
+        self._bound_gradients(sender, refuse_clipped, parts)
         if defer_step:
             self.updates += 1  # counted now: whoever reads it sees what a settled backend will say
             self._step_owed = True

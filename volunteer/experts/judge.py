@@ -6,7 +6,9 @@ computed backward batch here under the runtime's lock, with the clock read by th
 trainers' standing (``trainers.TrainerBook``) and the experts' state:
 
 - a clipped gradient is a strike for its trainer (a batch of several trainers that clipped was
-  split by the runtime first, so each strike has one author);
+  split by the runtime first, so each strike has one author); from a trainer with fewer than
+  ``NEWCOMER_BACKWARDS`` backwards applied here it is not even applied (a strike all the same):
+  fresh identities cost nothing, and each would bring its own allowance of clipped steps;
 - a gross gradient, or ``max_strikes`` strikes within the window, refuses the trainer for cause:
   every expert it struck goes back to its state before the trainer's first clipped gradient
   (``ExpertBackend.roll_back``), and the call that tipped it fails with ``TrainerRefusedError``;
@@ -25,9 +27,10 @@ from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .gradbound import Verdict
 from .requests import Request
-from .trainers import TRAINER_REFUSED, TRAINER_SHARE, TrainerBook
+from .trainers import TRAINER_CLIPPED, TRAINER_REFUSED, TRAINER_SHARE, TrainerBook
 
 log = logging.getLogger(__name__)
+NEWCOMER_BACKWARDS = 16  # backwards applied here before a trainer's gradient past the bound is clipped, not refused
 
 
 def _name(trainer: Hashable) -> str:
@@ -45,6 +48,12 @@ class TrainerJudge:
             refusal_period=config.trainer_refusal, share_window=config.trainer_share_window,
         )
         self.rollbacks = 0  # experts rolled back, in all
+
+    def newcomer(self, trainer: Hashable) -> bool:
+        """Whether ``trainer`` has had fewer than ``NEWCOMER_BACKWARDS`` backwards applied here: a
+        clip is the benefit of the doubt, for trainers this volunteer knows; a fresh identity's
+        gradient past the bound is not applied at all (so rotating identities buys no clipped steps)."""
+        return trainer is not None and self.book.applied_count(trainer) < NEWCOMER_BACKWARDS
 
     def refusal(self, uid: str, trainer: Hashable, now: float) -> TrainerRefusedError | None:
         """Why a backward of ``trainer`` on ``uid`` is refused before it runs (counted), or None."""
@@ -70,8 +79,14 @@ class TrainerJudge:
             if request.gone or request.trainer is None:
                 continue
             if isinstance(request.error, GradientRefusedError):
-                self._refuse_for_cause(request.trainer, uid, now, f"a gradient {request.error.norm:.3g} past the bound "
-                                       f"{request.error.bound:.3g} of {uid}")
+                if request.error.gross:
+                    self._refuse_for_cause(request.trainer, uid, now, f"a gradient {request.error.norm:.3g} past "
+                                           f"the bound {request.error.bound:.3g} of {uid}")
+                else:  # a newcomer's clipped gradient: not applied, and a strike all the same
+                    self.book.refuse(request.trainer, TRAINER_CLIPPED)
+                    if self.book.strike(uid, request.trainer, now):
+                        self._roll_back(request.trainer, uid, now, f"{self.book.max_strikes} gradients past the "
+                                        f"bounds of {uid} within {self.book.strike_window:g} s")
                 continue
             if request.error is not None or request.check is None:
                 continue

@@ -429,7 +429,7 @@ class Runtime:
             sender = batch[0].trainer if len(trainers) == 1 else None
             outputs = backend.backward(
                 inputs, concat([r.grads for r in batch]), validate=False, defer_step=True, sender=sender,
-                split_on_clip=len(trainers) > 1, parts=len(batch),
+                refuse_clipped=len(trainers) > 1 or self._newcomer(sender), parts=len(batch),
             )
             for request in batch:
                 request.check = backend.last_check
@@ -452,9 +452,17 @@ class Runtime:
             graph = self.activations.take(request.uid, request.inputs, state, now=time.perf_counter())
         if graph is None:
             return False
-        request.result = backend.backward_from_graph(graph, request.grads, defer_step=True, sender=request.trainer)
+        request.result = backend.backward_from_graph(
+            graph, request.grads, defer_step=True, sender=request.trainer, refuse_clipped=self._newcomer(request.trainer)
+        )
         request.check = backend.last_check
         return True
+
+    def _newcomer(self, trainer: object) -> bool:
+        """Whether ``trainer`` is too new here for a clipped gradient of its to be applied (fresh
+        identities cost nothing: each would bring its own strikes)."""
+        with self._cond:
+            return self.judge.newcomer(trainer)
 
     def _deliver(self, requests: list[Request]) -> None:
         if not requests:

@@ -36,6 +36,7 @@ MAX_CERT_DAYS = 3650
 NOT_ADMITTED = "trainer_not_admitted"
 TRAINER_REFUSED = "trainer_refused"
 TRAINER_SHARE = "trainer_share"
+TRAINER_CLIPPED = "trainer_clipped_newcomer"
 
 
 class TrainerCertificateError(VolunteerError, ValueError):
@@ -287,6 +288,11 @@ class TrainerBook:
             return None
         return record.refused_until
 
+    def applied_count(self, trainer: Hashable) -> int:
+        """Backwards of ``trainer`` applied here so far (0 for one never seen)."""
+        record = self._trainers.get(trainer)
+        return 0 if record is None else record.applied
+
     def share_exceeded(self, uid: str, trainer: Hashable, now: float) -> bool:
         """Whether ``trainer`` sent more than its share of ``uid``'s recent backwards while others
         train it too (alone, a trainer has no one to outweigh). Only trainers in good standing
@@ -374,6 +380,7 @@ __all__ = [
     "FORWARDS",
     "NOT_ADMITTED",
     "OPEN",
+    "TRAINER_CLIPPED",
     "TRAINER_REFUSED",
     "TRAINER_SHARE",
     "TrainerAdmission",
