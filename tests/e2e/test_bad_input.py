@@ -116,3 +116,21 @@ def test_a_stale_testnet_swarm_file_is_one_line(tmp_path, cli_env):
     path.write_text(f'name = "old"\nrelays = ["/ip4/127.0.0.1/tcp/1/p2p/{KeyPair.generate().peer_id}"]\n[testnet]\npid = {pid}\n')
     line = one_line_error(run_cli("join", str(path), env=cli_env))
     assert f"belongs to a testnet that is no longer running (pid {pid})" in line and "volunteer testnet --name old" in line
+
+
+def test_testnet_dir_naming_a_file_is_one_line(tmp_path, cli_env):
+    occupied = tmp_path / "afile"
+    occupied.write_text("not a directory")
+    line = one_line_error(run_cli("testnet", "-n", "1", "--dir", str(occupied), "--no-dashboard", env=cli_env))
+    assert f"cannot use {occupied} as the testnet's directory" in line
+
+
+def test_trainer_cert_mistakes_are_one_line(tmp_path, cli_env):
+    for args, fragment in (
+        (["trainer-cert", "12D3", "--swarm", "demo"], "peer ID"),
+        (["trainer-cert", str(KeyPair.generate().peer_id)], "--swarm"),
+        (["trainer-cert", str(KeyPair.generate().peer_id), "--swarm", "demo", "--key", str(tmp_path / "none.key")],
+         "trainer-cert --init"),
+        (["trainer-cert", str(KeyPair.generate().peer_id), "--swarm", "demo", "--days", "0"], "--days"),
+    ):
+        assert fragment in one_line_error(run_cli(*args, env=cli_env)), args

@@ -130,7 +130,10 @@ async def open_testnet(
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
     own_dir = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="volunteer-testnet-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file by that name, a read-only parent: one line, not a traceback
+        raise VolunteerError(f"cannot use {workdir} as the testnet's directory: {exc.strerror}") from None
     env = dict(os.environ, PYTHONUNBUFFERED="1", VOLUNTEER_EXIT_WITH_PARENT=str(os.getpid()))
     processes = []
     # the experts as the swarm's [[grid]]: its volunteers then run the replica protocols, a donor

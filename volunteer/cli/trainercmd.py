@@ -56,10 +56,10 @@ def run_trainer_cert(args: argparse.Namespace) -> int:
         raise VolunteerError("give the trainer's peer ID and --swarm ID (or --init to make the organiser key)")
     if not 0 < args.days <= MAX_CERT_DAYS:
         raise VolunteerError(f"--days must be above 0 and at most {MAX_CERT_DAYS}")
+    trainer, swarm_id = PeerID.from_string(args.trainer), check_swarm_id(args.swarm)  # what was typed first
     if not path.exists():
         raise VolunteerError(f"no organiser key at {path}: run `volunteer trainer-cert --init` first (or give --key)")
     keypair = load_keypair(path)
-    trainer = PeerID.from_string(args.trainer)
-    cert = TrainerCertificate.issue(keypair, check_swarm_id(args.swarm), trainer, time.time() + args.days * 86400)
+    cert = TrainerCertificate.issue(keypair, swarm_id, trainer, time.time() + args.days * 86400)
     print(cert.to_text())
     return 0
