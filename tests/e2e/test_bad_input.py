@@ -134,3 +134,11 @@ def test_trainer_cert_mistakes_are_one_line(tmp_path, cli_env):
         (["trainer-cert", str(KeyPair.generate().peer_id), "--swarm", "demo", "--days", "0"], "--days"),
     ):
         assert fragment in one_line_error(run_cli(*args, env=cli_env)), args
+
+
+def test_a_web_token_that_cannot_be_read_or_written_is_one_line_before_joining(tmp_path, cli_env):
+    config = tmp_path / "config" / "volunteer"
+    (config / "web-token").mkdir(parents=True)  # a directory where the token file goes
+    line = one_line_error(run_cli("join", unreachable_swarm(tmp_path), "--web", "127.0.0.1:0", "--no-dashboard",
+                                  env=cli_env))
+    assert "--web needs its token file" in line and "web-token" in line

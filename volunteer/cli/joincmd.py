@@ -304,7 +304,11 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
+    token = None
     if web is not None:
+        from .webserve import web_token
+
+        token = web_token()  # a token file that cannot be read or written: one line, before joining
         web_sock = open_web_socket(*web, flag="--web")
     async with trio.open_nursery() as nursery:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -331,7 +335,7 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
             if web_sock is not None:
                 from .webserve import is_loopback, serve_page
 
-                print(f"  web page on {await serve_page(nursery, daemon, web_sock)} (the link holds this machine's token)",
+                print(f"  web page on {await serve_page(nursery, daemon, web_sock, token)} (the link holds this machine's token)",
                       flush=True)
                 if not is_loopback(web_sock.getsockname()[0]):
                     print("  note: the web page listens beyond this machine; only the token keeps others out", flush=True)

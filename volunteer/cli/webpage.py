@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from html import escape
 from pathlib import Path
 
+from ..errors import VolunteerError
 from ..sizes import format_size
 from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
 from ..web.html import BASE_STYLE, PAGE_HEADERS, table
@@ -34,20 +35,25 @@ STATE_COLORS = {"folding": "#2e7d32", "paused": "#ef6c00", "waiting": "#1565c0",
 
 
 def load_or_create_token(path: Path) -> str:
-    """The per-install web token kept in ``path`` (0600), created on first use."""
+    """The per-install web token kept in ``path`` (0600), created on first use; VolunteerError in
+    one line when it can be neither read nor written (a directory there, a read-only config)."""
     try:
-        token = path.read_text().strip()
-        if len(token) >= 16 and (os.name != "posix" or not stat.S_IMODE(path.stat().st_mode) & 0o077):
-            return token
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
-    return token
+        try:
+            token = path.read_text().strip()
+            if len(token) >= 16 and (os.name != "posix" or not stat.S_IMODE(path.stat().st_mode) & 0o077):
+                return token
+        except FileNotFoundError:
+            pass
+        path.parent.mkdir(parents=True, exist_ok=True)
+        token = secrets.token_urlsafe(24)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        os.chmod(path, 0o600)
+        return token
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise VolunteerError(f"--web needs its token file {path}: {why} (move it aside, or make its directory writable)") from None
 
 
 def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] = ()) -> GuardPolicy:

@@ -35,13 +35,12 @@ async def serve_metrics(nursery: trio.Nursery, daemon, sock: socket.socket) -> s
     return url_of(sock)
 
 
-async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket) -> str:
-    """Serve the donor's page on ``sock``; the link that logs a browser in (it holds the token)."""
-    from ..paths import config_dir
+async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket, token: str) -> str:
+    """Serve the donor's page on ``sock`` behind ``token`` (``web_token()``); the link that logs a
+    browser in (it holds the token)."""
     from .metrics import daemon_registry
-    from .webpage import load_or_create_token, page_app, page_policy
+    from .webpage import page_app, page_policy
 
-    token = load_or_create_token(config_dir() / "web-token")
     host, port = listener_address(sock)
     policy = page_policy(host, port, token)
     app = page_app(daemon.snapshot, lambda: daemon.history, daemon.steward.ask, policy, registry=daemon_registry(daemon))
@@ -51,4 +50,13 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket) -> str:
     return login
 
 
-__all__ = ["is_loopback", "serve_metrics", "serve_page"]
+def web_token() -> str:
+    """This install's web token (created on first use); VolunteerError in one line if it cannot be:
+    called before joining, so a bad token file stops `join --web` at once."""
+    from ..paths import config_dir
+    from .webpage import load_or_create_token
+
+    return load_or_create_token(config_dir() / "web-token")
+
+
+__all__ = ["is_loopback", "serve_metrics", "serve_page", "web_token"]
