@@ -58,6 +58,12 @@ def identity_path() -> Path:
     return _override("VOLUNTEER_IDENTITY") or config_dir() / "identity.key"
 
 
+def relay_identity_path() -> Path:
+    """``$VOLUNTEER_RELAY_IDENTITY``, else the config dir's ``relay.key``: a relay's own key, never
+    the donor's (two nodes with one peer ID confuse everyone, themselves first)."""
+    return _override("VOLUNTEER_RELAY_IDENTITY") or config_dir() / "relay.key"
+
+
 def swarms_dir() -> Path:
     """Named swarm files: ``volunteer join NAME`` reads ``<config dir>/swarms/NAME.toml``."""
     return config_dir() / "swarms"
@@ -68,4 +74,4 @@ def config_file() -> Path:
     return config_dir() / "config.toml"
 
 
-__all__ = ["config_dir", "config_file", "identity_path", "runtime_dir", "state_dir", "swarms_dir"]
+__all__ = ["config_dir", "config_file", "identity_path", "relay_identity_path", "runtime_dir", "state_dir", "swarms_dir"]

@@ -77,7 +77,7 @@ def test_relay_metrics_on_a_busy_port_is_one_line(tmp_path):
     port = holder.getsockname()[1]
     try:
         result = run_cli("relay", "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", f"127.0.0.1:{port}",
-                         env={"VOLUNTEER_IDENTITY": str(tmp_path / "relay.key")})
+                         env={"VOLUNTEER_RELAY_IDENTITY": str(tmp_path / "relay.key")})
     finally:
         holder.close()
     assert result.returncode == 1 and result.stdout == ""

@@ -14,7 +14,7 @@ from volunteer.net.nat.relay_client import reserve
 
 
 def start_relay(tmp_path, *extra):
-    env = {**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "relay.key")}
+    env = {**os.environ, "VOLUNTEER_RELAY_IDENTITY": str(tmp_path / "relay.key")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "volunteer", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", "127.0.0.1:0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -72,7 +72,7 @@ def test_relay_port_in_use_is_one_line(tmp_path):
     try:
         result = subprocess.run(
             [sys.executable, "-m", "volunteer", "relay", "--no-dashboard", "--listen", f"/ip4/127.0.0.1/tcp/{port}"],
-            capture_output=True, text=True, timeout=30, env={**os.environ, "VOLUNTEER_IDENTITY": str(tmp_path / "k")},
+            capture_output=True, text=True, timeout=30, env={**os.environ, "VOLUNTEER_RELAY_IDENTITY": str(tmp_path / "k")},
         )
     finally:
         sock.close()
@@ -157,3 +157,23 @@ def test_relay_takes_resource_limits_from_config(tmp_path):
             return node.host.resources.limits
 
     assert trio.run(main) is limits
+
+
+def test_a_relay_and_a_donor_on_one_machine_have_their_own_keys(tmp_path, cli_env):
+    """`volunteer relay` once took the donor's key: one peer ID for two nodes, and a donor
+    'reserved on a relay' that was itself."""
+    from .conftest import run_cli
+
+    env = {**os.environ, **cli_env}
+    env.pop("VOLUNTEER_RELAY_IDENTITY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "volunteer", "relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        first = proc.stdout.readline().split()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert first[0] == "relay", first
+    donor = run_cli("id", env=cli_env).stdout.split()[-1]
+    assert first[1] != donor and donor.startswith("12D3KooW")
+    assert (tmp_path / "config" / "volunteer" / "relay.key").exists()

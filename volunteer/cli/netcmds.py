@@ -16,14 +16,15 @@ from ..net.multiaddr import Multiaddr
 from ..net.ping import Pinger, PING
 
 
-def add_identity_flag(parser: argparse.ArgumentParser) -> None:
-    """Every command that runs a node takes the same ``--identity PATH``."""
+def add_identity_flag(parser: argparse.ArgumentParser, *, default: str = "$VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key") -> None:
+    """Every command that runs a node takes the same ``--identity PATH``; ``default`` says, in the
+    help, which key it uses without one."""
     parser.add_argument(
         "--identity",
         metavar="PATH",
         type=Path,
         default=None,
-        help="identity key file (created on first use; default: $VOLUNTEER_IDENTITY or ~/.config/volunteer/identity.key)",
+        help=f"identity key file (created on first use; default: {default})",
     )
 
 
@@ -76,8 +77,9 @@ def listen_addrs(args: argparse.Namespace, target: Multiaddr | None = None) -> l
     return list(EPHEMERAL_LISTEN)
 
 
-def load_identity(args: argparse.Namespace) -> KeyPair:
-    keypair, _created = load_or_create_keypair(args.identity or default_identity_path())
+def load_identity(args: argparse.Namespace, default: Path | None = None) -> KeyPair:
+    """The key ``--identity`` names, else ``default``, else this machine's volunteer identity."""
+    keypair, _created = load_or_create_keypair(args.identity or default or default_identity_path())
     return keypair
 
 

@@ -11,6 +11,7 @@ import trio
 
 from ..errors import VolunteerError
 from ..net.multiaddr import Multiaddr
+from ..paths import relay_identity_path
 from ..sizes import size_arg
 from ..swarmfile import load_limits
 from ..web.serve import host_port_arg
@@ -53,7 +54,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
                    help="other relays or peers of the swarm's DHT (repeatable)")
     p.add_argument("--no-dashboard", action="store_true", help="plain log lines instead of the live status view")
-    add_identity_flag(p)
+    # a relay of its own key: sharing the donor's would make one peer ID of two nodes (a donor on
+    # the same machine "reserved on a relay" that is itself)
+    add_identity_flag(p, default="$VOLUNTEER_RELAY_IDENTITY or ~/.config/volunteer/relay.key")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="config.toml whose [limits] override the resource manager's bounds (default: the user's)")
     limits = p.add_argument_group("limits")
@@ -83,7 +86,7 @@ def run_relay(args: argparse.Namespace) -> int:
     )
     listen = [Multiaddr(a) for a in (args.listen or ["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"])]
     announce = [Multiaddr(a) for a in args.announce]
-    keypair = load_identity(args)
+    keypair = load_identity(args, default=relay_identity_path())
     dashboard = not args.no_dashboard and sys.stdout.isatty()
     watched = [watched_swarm(text) for text in (args.swarm or ["default"])]
     swarms = list(dict.fromkeys(w.swarm_id for w in watched))
