@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,8 @@ class Testnet:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        # the testnet's keys, logs and checkpoints were for this run only: no private key is left behind
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ReplicatedSwarm:

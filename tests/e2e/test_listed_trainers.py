@@ -30,6 +30,10 @@ def test_the_listed_trainer_trains_digits_to_95_percent():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "training as listed trainer" in result.stdout
     assert "reached 95% test accuracy" in result.stdout
+    # the testnet's directory (its volunteers' private keys) goes with it
+    swarm_file = Path(next(w for w in result.stdout.split() if w.endswith("digits.toml")))
+    testnet_dir = swarm_file.parents[2]
+    assert testnet_dir.name.startswith("digits-testnet-") and not testnet_dir.exists()
 
 
 def test_an_unlisted_trainer_is_refused_in_one_line_and_changes_nothing(tmp_path, cli_env):
