@@ -33,8 +33,9 @@ class Volunteer:
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
                  backends=None, kind: str = "volunteer", grid=None, replicas_config=None,
-                 dht_config: DHTConfig = DHT_CONFIG) -> None:
+                 dht_config: DHTConfig = DHT_CONFIG, trainers: str | list = "open") -> None:
         self.kind = kind
+        self.trainers = trainers  # the swarm file's trainers: "open" or the listed peer IDs
         self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
             listen=["/ip4/127.0.0.1/tcp/0"], stack=QUIET, dht_config=dht_config, nat=False, mdns=False,
@@ -54,7 +55,7 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
-        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids)
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids, trainers=self.trainers)
         try:
             with trio.CancelScope() as scope:
                 async with open_volunteer(spec, self.options) as node:
