@@ -27,6 +27,7 @@ import trio
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
+from ..addresses import PUBLIC, for_peer, is_private, scope_of
 from ..connection import Connection
 from ..events import DirectConnectionUp, ObservedAddrChanged, PortMappingChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
@@ -131,16 +132,22 @@ class HolePuncher(BaseService):
                 chosen.append(conn)
         return chosen
 
-    def our_addrs(self) -> list[Multiaddr]:
+    def our_addrs(self, peer_addrs: Sequence[Multiaddr] = (), via: Multiaddr | None = None) -> list[Multiaddr]:
         """What we tell the other side to dial, at most DCUTR_MAX_PUNCH_ADDRS per transport:
-        router mappings an AutoNAT server reached (the peer's dial simply gets in), our global
-        IPv6 addresses (no NAT: they are their own external address; a stateful firewall is
-        punched as a NAT is), then the observed external addresses of our TCP and QUIC ports."""
+        our LAN addresses first when the peer shares our public address (``same_lan``: a router
+        without hairpinning refuses our public address from inside, and Tailscale and iroh offer
+        LAN endpoints first too), router mappings an AutoNAT server reached (the peer's dial
+        simply gets in), our global IPv6 addresses (no NAT: they are their own external address;
+        a stateful firewall is punched as a NAT is), then the observed external addresses of our
+        TCP and QUIC ports. Only those usable across ``via`` (the relayed connection's address:
+        never our loopback to a peer off our machine, never link-local)."""
         mapper = self.host.service(PortMapper)
         mapped = mapper.advertised_addrs() if mapper is not None else []
-        ipv6 = [a for a in self.host.addrs if not a.is_relayed() and is_global_v6(a.value_at(0))]
+        direct = [a for a in self.host.addrs if not a.is_relayed()]
+        ipv6 = [a for a in direct if is_global_v6(a.value_at(0))]
         observed = self.observer.external_addrs(trio.current_time()) if self.observer else []
-        return punch_candidates([*mapped, *ipv6, *observed])
+        lan = [a for a in direct if is_private(a)] if same_lan(observed, peer_addrs) else []
+        return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed], via))
 
     def snapshot(self) -> dict:
         """Punch attempts by transport and result, and how punches ended (for status and metrics)."""
@@ -200,11 +207,15 @@ class HolePuncher(BaseService):
                     stream = BufferedStream(await relayed.new_stream([DCUTR]))
                     try:
                         await self._await_observed_addrs()
+                        # what we know of the peer's addresses: identify's, then its CONNECT's
+                        via = relayed.remote_addr
+                        known: Sequence[Multiaddr] = self.host.peerstore.addrs(peer)
                         while plan.attempts_left:
                             plan.connect_sent(trio.current_time())
-                            await stream.send_all(messages.encode(CONNECT, self.our_addrs()))
+                            await stream.send_all(messages.encode(CONNECT, self.our_addrs(known, via)))
                             reply = await read(stream, CONNECT)
-                            step = plan.connect_received(reply.addrs, trio.current_time())
+                            known = for_peer(reply.addrs, via)
+                            step = plan.connect_received(known, trio.current_time())
                             with self._expecting(peer, step.addrs, step.role):
                                 await stream.send_all(messages.encode(SYNC))
                                 if not step.addrs:
@@ -232,6 +243,7 @@ class HolePuncher(BaseService):
         buffered = BufferedStream(stream)
         peer = stream.remote_peer
         plan = PunchPlan(str(peer), started_at=trio.current_time(), initiator=False, max_attempts=self.max_attempts)
+        via = stream.connection.remote_addr
         await self._await_observed_addrs()
         try:
             while plan.attempts_left:
@@ -239,9 +251,10 @@ class HolePuncher(BaseService):
                     # the next CONNECT comes within one attempt's bounded punch, far inside this
                     with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
                         request = await read(buffered, CONNECT)
-                        attempt = plan.peer_connect(request.addrs, trio.current_time())
-                        with self._expecting(peer, request.addrs, plan.our_role(attempt)):
-                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
+                        theirs = for_peer(request.addrs, via)  # never a dial to another machine's loopback
+                        attempt = plan.peer_connect(theirs, trio.current_time())
+                        with self._expecting(peer, theirs, plan.our_role(attempt)):
+                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs(theirs, via)))
                             await read(buffered, SYNC)
                             step = plan.sync_received(trio.current_time())
                             direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
@@ -403,8 +416,15 @@ class HolePuncher(BaseService):
             won(conn, True)
 
 
+def same_lan(ours: Sequence[Multiaddr], theirs: Sequence[Multiaddr]) -> bool:
+    """Whether the peer's addresses name one of our observed public IPs: then it is behind our
+    own router, and our LAN addresses are the ones it can dial."""
+    ips = {a.value_at(0) for a in ours if scope_of(a) == PUBLIC}
+    return any(scope_of(a) == PUBLIC and a.value_at(0) in ips for a in theirs)
+
+
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:
     return conn is not None and conn.path is not Path.RELAYED
 
 
-__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read"]
+__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read", "same_lan"]
