@@ -68,7 +68,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
     Given ``bootstrap`` peers, it joins through them before it reports started (unless
     ``wait_bootstrap=False``), so the services started after it find a routing table.
     ``follow_reachability``: client mode follows the Host's ``ReachabilityChanged`` events (a
-    private volunteer is not put in others' tables), as a volunteer's node does."""
+    private volunteer is not put in others' tables), as a volunteer's node does; ``reachability``
+    gives the verdict reached before we started following (the NAT manager starts first)."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         bootstrap: Sequence[Multiaddr | str] = (),
         wait_bootstrap: bool = True,
         follow_reachability: bool = False,
+        reachability: Callable[[], Reachability] | None = None,
     ) -> None:
         self.host = host
         self.config = config
@@ -88,6 +90,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         self.bootstrap_addrs = [Multiaddr(a) for a in bootstrap]
         self.wait_bootstrap = wait_bootstrap
         self.follow_reachability = follow_reachability
+        self._current_reachability = reachability  # the verdict so far, read once we follow changes
         self.protocol = config.protocol_id
         # requests, failures, bytes in and out; inbound refusals are the core's (``state.rejected``)
         self.stats: dict[str, int] = defaultdict(int)
@@ -401,6 +404,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
 
     async def _follow_reachability(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.host.events.subscribe(ReachabilityChanged) as changes:
+            if self._current_reachability is not None:
+                self._apply_reachability(self._current_reachability())  # a verdict that fell before
             task_status.started()
             async for change in changes:
                 if isinstance(change, ReachabilityChanged) and isinstance(change.reachability, Reachability):
