@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import time
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,20 @@ def _interface_ips() -> list[str] | None:
             if text not in found:
                 found.append(text)
     return found
+
+
+_CACHE_AGE = 5.0  # seconds a listing of our interface addresses is reused by dials
+_cached: tuple[float, tuple[str, ...]] | None = None
+
+
+def own_ips() -> tuple[str, ...]:
+    """This machine's interface addresses (as ``_interface_ips``; empty when they cannot be
+    listed), listed again at most every few seconds: every dial asks (``dialing.routable``)."""
+    global _cached
+    now = time.monotonic()
+    if _cached is None or now - _cached[0] > _CACHE_AGE:
+        _cached = (now, tuple(_interface_ips() or ()))
+    return _cached[1]
 
 
 def global_ipv6_addrs() -> list[str]:
@@ -108,5 +123,5 @@ def default_listen_addrs() -> list[str]:
     return addrs
 
 
-__all__ = ["default_listen_addrs", "global_ipv6_addrs", "has_global_ipv6", "interface_ipv4_addrs", "is_global_v6",
+__all__ = ["default_listen_addrs", "own_ips", "global_ipv6_addrs", "has_global_ipv6", "interface_ipv4_addrs", "is_global_v6",
            "lan_ipv6_addrs"]
