@@ -27,7 +27,7 @@ import trio
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
-from ..addresses import PUBLIC, for_peer, is_private, scope_of
+from ..addresses import for_peer, scope_of, usable_across
 from ..connection import Connection
 from ..events import DirectConnectionUp, ObservedAddrChanged, PortMappingChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
@@ -146,7 +146,8 @@ class HolePuncher(BaseService):
         direct = [a for a in self.host.addrs if not a.is_relayed()]
         ipv6 = [a for a in direct if is_global_v6(a.value_at(0))]
         observed = self.observer.external_addrs(trio.current_time()) if self.observer else []
-        lan = [a for a in direct if is_private(a)] if same_lan(observed, peer_addrs) else []
+        # our own interfaces' addresses (behind the router: its LAN's, whatever their range)
+        lan = [a for a in direct if a not in observed] if same_lan(observed, peer_addrs) else []
         return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed], via))
 
     def snapshot(self) -> dict:
@@ -417,10 +418,11 @@ class HolePuncher(BaseService):
 
 
 def same_lan(ours: Sequence[Multiaddr], theirs: Sequence[Multiaddr]) -> bool:
-    """Whether the peer's addresses name one of our observed public IPs: then it is behind our
-    own router, and our LAN addresses are the ones it can dial."""
-    ips = {a.value_at(0) for a in ours if scope_of(a) == PUBLIC}
-    return any(scope_of(a) == PUBLIC and a.value_at(0) in ips for a in theirs)
+    """Whether the peer's addresses name one of our observed external IPs: then it is behind
+    our own router, and our LAN addresses are the ones it can dial. (Relayed addresses name
+    their relay's IP, which is nobody's external one.)"""
+    ips = {a.value_at(0) for a in ours if usable_across(a, None) and not a.is_relayed()}
+    return any(not a.is_relayed() and scope_of(a) is not None and a.value_at(0) in ips for a in theirs)
 
 
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:
