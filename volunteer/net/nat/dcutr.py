@@ -271,22 +271,42 @@ class HolePuncher(BaseService):
 
     async def _await_observed_addrs(self) -> None:
         """Identify with the relay may still be in flight: give our observed addresses a moment
-        (DCUTR_OBSERVATION_WAIT), woken by the observer's ObservedAddrChanged, until every
-        transport we listen on has one (a QUIC observation comes from a connection of its own),
-        and a router mapping being dialled back by AutoNAT has its answer (PortMappingChanged)."""
+        (DCUTR_OBSERVATION_WAIT), woken by the observer's news and PortMappingChanged, until
+        every transport we listen on has one (a QUIC observation comes from a connection of its
+        own), and a router mapping being dialled back by AutoNAT has its answer. Only for what
+        can still come (``observation_pending``): no wait at all when nothing can arrive."""
+        assert self.observer is not None
+        with self.host.events.subscribe(PortMappingChanged) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
+            while self.observation_pending():
+                async with trio.open_nursery() as nursery:
+
+                    async def mapping_news() -> None:
+                        await changes.receive()
+                        nursery.cancel_scope.cancel()
+
+                    async def observer_news() -> None:
+                        assert self.observer is not None
+                        await self.observer.wait_moved()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(mapping_news)
+                    nursery.start_soon(observer_news)
+
+    def observation_pending(self) -> bool:
+        """Whether waiting can improve what we offer: a router mapping awaits an AutoNAT
+        server's dial-back that can happen now, or a transport we listen on has no observed
+        address yet and one can still arrive (``AddressObserver.awaiting``: an observation dial
+        or an identify in flight). A transport nothing can be observed for (UDP dropped: no QUIC
+        connection ever comes up) is no reason to wait."""
         assert self.observer is not None
         mapper = self.host.service(PortMapper)
-
-        def missing() -> bool:
-            assert self.observer is not None
-            if mapper is not None and mapper.confirming:
-                return True
-            return not self.our_addrs() or bool(self.observer.observed.missing(trio.current_time(), self.host.listen_addrs))
-
-        kinds = (ObservedAddrChanged, PortMappingChanged)
-        with self.host.events.subscribe(*kinds) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
-            while missing():
-                await changes.receive()
+        if mapper is not None and mapper.confirming:
+            return True
+        now = trio.current_time()
+        missing = self.observer.observed.missing(now, self.host.listen_addrs)
+        if not self.our_addrs():
+            missing |= {"tcp", "quic"}
+        return any(self.observer.awaiting(transport) for transport in missing)
 
     @contextmanager
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:

@@ -35,6 +35,8 @@ class AddressObserver(BaseService):
         self.observed = ObservedAddrs()
         self._published: tuple[Multiaddr, ...] = ()
         self._probed: dict[tuple[PeerID, str], float] = {}  # (peer, transport) -> when we last dialled it
+        self._probing: dict[str, int] = {}  # transport -> observation dials in flight
+        self._moved = trio.Event()  # set (and replaced) whenever an observation may have come or gone
         self._nursery: trio.Nursery | None = None
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -48,7 +50,31 @@ class AddressObserver(BaseService):
                 async for event in events:
                     assert isinstance(event, PeerIdentified)
                     self.note(event, now=trio.current_time())
+                    self._touch()
                 nursery.cancel_scope.cancel()
+
+    def _touch(self) -> None:
+        self._moved.set()
+        self._moved = trio.Event()
+
+    async def wait_moved(self) -> None:
+        """Until a peer identified itself or an observation dial ended (``awaiting`` may change)."""
+        await self._moved.wait()
+
+    def awaiting(self, transport: str) -> bool:
+        """Whether an observation of our address over ``transport`` can still arrive: an
+        observation dial is in flight, or a direct connection over it has not been identified
+        yet. When neither (an office that drops UDP: no QUIC connection ever comes up), waiting
+        for one is waiting for nothing."""
+        if self._probing.get(transport):
+            return True
+        for conn in self.host.connections():
+            if conn.is_closed or conn.remote_addr.is_relayed() or conn.transport != transport:
+                continue
+            info = self.host.peerstore.get(conn.remote_peer)
+            if info is None or not info.protocols:
+                return True
+        return False
 
     def note(self, event: PeerIdentified, *, now: float) -> None:
         """Record the observation ``event`` carries, if any, and publish a change of our addresses."""
@@ -79,10 +105,16 @@ class AddressObserver(BaseService):
     async def _probe(self, peer: PeerID, target: Multiaddr) -> None:
         """Dial ``peer`` at ``target`` from our listen socket; identify on the new connection
         reports our address there (and the connection keeps that NAT mapping alive)."""
+        found = endpoint_of(target)
+        transport = found[0] if found is not None else ""
+        self._probing[transport] = self._probing.get(transport, 0) + 1
         try:
             await self.host.dial_addr(target, peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             log.debug("observation dial to %s at %s failed: %s", peer.short(), target, describe(exc))
+        finally:
+            self._probing[transport] -= 1
+            self._touch()
 
     def external_addrs(self, now: float) -> list[Multiaddr]:
         """Observed external addresses of our listen ports: what a hole punch asks the peer to dial."""
