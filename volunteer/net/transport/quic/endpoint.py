@@ -49,7 +49,7 @@ ConfigFactory = Callable[[bool], "QuicConfiguration"]  # is_client -> a fresh co
 # Linux's IP_RECVERR / IPV6_RECVERR (not in Python's socket module): ICMP errors (port, host or
 # network unreachable) for an unconnected UDP socket are queued with the address they concern,
 # instead of being dropped; MSG_ERRQUEUE reads them.
-RECVERR = {socket.AF_INET: (socket.IPPROTO_IP, 11), socket.AF_INET6: (socket.IPPROTO_IPV6, 25)}
+RECVERR: dict[int, tuple[int, int]] = {socket.AF_INET: (socket.IPPROTO_IP, 11), socket.AF_INET6: (socket.IPPROTO_IPV6, 25)}
 MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
 # sendto errors that mean this destination cannot be reached from this socket at all (no route,
 # another family, a source it cannot use): a dial's handshake ends at once, as TCP's connect does
