@@ -39,7 +39,7 @@ from ..transport.base import Direction, Path, RawConnection
 from ..transport.quic import QuicTransport
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punch_candidates, punch_transport, punchable
-from .birthday import EASY, birthday_step
+from .birthday import EASY, BirthdayStep, birthday_step
 from .observed import endpoint_of
 from .observer import AddressObserver
 from .portmap import PortMapper
@@ -419,22 +419,29 @@ class HolePuncher(BaseService):
         await trio.sleep_until(start_at)
         self.birthday_probes[plan.role] = self.birthday_probes.get(plan.role, 0) + 1
         with trio.move_on_after(plan.budget):
-            if plan.role == EASY:
-                self._probing.add(plan.target_ip)
-                try:
-                    await spray_probes(quic, plan)
-                    await trio.sleep_forever()  # the hard side dials us: watch() sees it arrive
-                finally:
-                    self._probing.discard(plan.target_ip)
-            sock = await open_hard_sockets(plan)
-            if sock is None:
-                return
+            # UNSURE (one observer saw a changed port): the hard side's part and the easy side's
+            # at once; whichever meets the peer's wins (won() ends the whole punch)
+            async with trio.open_nursery() as nursery:
+                for part in plan.parts():
+                    nursery.start_soon(self._birthday_part, peer, part, quic, won)
+
+    async def _birthday_part(self, peer: PeerID, plan: BirthdayStep, quic: QuicTransport, won) -> None:
+        if plan.role == EASY:
+            self._probing.add(plan.target_ip)
             try:
-                conn = await self.host.dial_addr(plan.target, peer, path=Path.HOLE_PUNCHED, udp_socket=sock)
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("birthday probe: QUIC dial through %s failed: %s", plan.target, describe(exc))
-                return
-            won(conn, True)
+                await spray_probes(quic, plan)
+                await trio.sleep_forever()  # the hard side dials us: watch() sees it arrive
+            finally:
+                self._probing.discard(plan.target_ip)
+        sock = await open_hard_sockets(plan)
+        if sock is None:
+            return
+        try:
+            conn = await self.host.dial_addr(plan.target, peer, path=Path.HOLE_PUNCHED, udp_socket=sock)
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("birthday probe: QUIC dial through %s failed: %s", plan.target, describe(exc))
+            return
+        won(conn, True)
 
 
 def same_lan(ours: Sequence[Multiaddr], theirs: Sequence[Multiaddr]) -> bool:
