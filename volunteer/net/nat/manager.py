@@ -18,7 +18,9 @@ import trio
 
 from ...errors import VolunteerError, describe
 from .. import limits
-from ..events import ConnectionEvent, DirectConnectionUp, PeerConnected, PeerDisconnected, ReachabilityChanged
+from ..events import (
+    ConnectionEvent, DirectConnectionUp, PeerConnected, PeerDisconnected, ReachabilityChanged, RelayReservationsChanged,
+)
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
 from ..transport.base import Path
@@ -62,6 +64,9 @@ class NatManager(BaseService):
         # are infrastructure, always reached directly, and left out
         infrastructure = {p for p in (a.peer_id for a in [*self.servers, *self.relays]) if p is not None}
         self.direct_share = DirectShare(infrastructure)
+        # when we first became reachable (a relay reservation held, or a public verdict), in
+        # trio time: the moment others could first reach us, whoever looks later
+        self.reachable_at: float | None = None
 
     @property
     def reachability(self) -> Reachability:
@@ -120,10 +125,12 @@ class NatManager(BaseService):
 
     async def _follow_paths(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # one event per connection change: a queue as long as the connection limit loses none
-        kinds = (PeerConnected, PeerDisconnected, DirectConnectionUp)
+        kinds = (PeerConnected, PeerDisconnected, DirectConnectionUp, RelayReservationsChanged, ReachabilityChanged)
         with self.host.events.subscribe(*kinds, max_queued=limits.MAX_CONNECTIONS) as events:
             task_status.started()
             async for event in events:
+                if self.reachable_at is None and self._reachable_now():
+                    self.reachable_at = trio.current_time()
                 if not isinstance(event, ConnectionEvent):
                     continue
                 conn = event.connection
@@ -133,6 +140,11 @@ class NatManager(BaseService):
                                              last=not self.host.is_connected(event.peer))
                 else:
                     self.direct_share.connected(event.peer, direct)
+
+    def _reachable_now(self) -> bool:
+        if self.reachability is Reachability.PUBLIC:
+            return True
+        return self.reservations is not None and any(r.reservation is not None for r in self.reservations.relays)
 
     def direct_view(self) -> dict:
         """The shares of peer sessions and bytes that went direct (``share.DirectShare``)."""
