@@ -57,7 +57,7 @@ def legacy_iptables() -> str:
     return shutil.which("iptables-legacy") or "iptables"
 
 
-def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop") -> str:
+def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop", udp: str = "pass") -> str:
     """nftables rules of a plain home/carrier router (no port mapping): NAT out of WAN, drop unsolicited from WAN.
 
     Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
@@ -67,6 +67,8 @@ def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: st
     """
     flags = " random,fully-random" if nat == "symmetric" else ""
     reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
+    # an office firewall: nothing over UDP leaves (QUIC never connects; DNS would be the LAN's own)
+    no_udp = f'iifname "{lan}" meta l4proto udp counter drop\n    ' if udp == "drop" else ""
     return f"""
 table ip {table} {{
   chain postrouting {{
@@ -77,7 +79,7 @@ table ip {table} {{
     type filter hook forward priority filter; policy accept;
     ct state invalid counter drop
     ct state established,related accept
-    iifname "{lan}" oifname "{wan}" accept
+    {no_udp}iifname "{lan}" oifname "{wan}" accept
     counter drop
   }}
   chain input {{

@@ -383,8 +383,11 @@ class Rig:
                     _cmd(["ip", "netns", "exec", ns, *rule])
             else:
                 rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
-                         else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp))
+                         else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp, r.udp))
                 _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
+            if r.udp_timeout is not None:  # conntrack's timeouts are the namespace's own
+                for key in ("nf_conntrack_udp_timeout", "nf_conntrack_udp_timeout_stream"):
+                    _cmd(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.netfilter.{key}={r.udp_timeout}"])
             if r.ipv6 is not None:
                 self._ipv6_router(r, ns, wif, seg.bridge)
             self._addrs[r.name] = [str(wan), str(gw)]
