@@ -60,6 +60,9 @@ def legacy_iptables() -> str:
 def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop", udp: str = "pass") -> str:
     """nftables rules of a plain home/carrier router (no port mapping): NAT out of WAN, drop unsolicited from WAN.
 
+    Machines on one LAN reach each other (bridged frames may pass the forward hook where
+    br_netfilter is loaded); the LAN reaching the router's own WAN address (hairpinning) is
+    refused, as by many home routers.
     Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
     traffic to the router's own WAN address, so the router never answers for itself. With
     ``unsolicited_tcp="reset"`` a new TCP connection to the WAN address (a SYN that matches no
@@ -79,6 +82,7 @@ table ip {table} {{
     type filter hook forward priority filter; policy accept;
     ct state invalid counter drop
     ct state established,related accept
+    iifname "{lan}" oifname "{lan}" accept
     {no_udp}iifname "{lan}" oifname "{wan}" accept
     counter drop
   }}
@@ -117,6 +121,7 @@ table inet {table} {{
     ct state invalid counter drop
     ct state established,related accept
     iifname "{wan}" jump miniupnpd
+    iifname "{lan}" oifname "{lan}" accept
     iifname "{lan}" oifname "{wan}" accept
     counter drop
   }}
@@ -148,6 +153,7 @@ def upnp_iptables_rules(nat: str, wan: str, lan: str, lan_net: str, unsolicited_
         [ipt, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"],
         [ipt, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
         [ipt, "-A", "FORWARD", "-i", wan, "!", "-o", wan, "-j", "MINIUPNPD"],
+        [ipt, "-A", "FORWARD", "-i", lan, "-o", lan, "-j", "ACCEPT"],
         [ipt, "-A", "FORWARD", "-i", lan, "-o", wan, "-j", "ACCEPT"],
         [ipt, "-A", "FORWARD", "-j", "DROP"],
         [ipt, "-A", "INPUT", "-i", wan, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
