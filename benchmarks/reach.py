@@ -224,7 +224,7 @@ def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float)
     result = rig.run(dialer, argv, timeout=wait + 90)
     if result.returncode != 0:
         return {"ok": False, "direct": False, "transport": "-", "attempts": 0, "seconds": None,
-                "error": (result.stderr or result.stdout).strip().splitlines()[-1:]}
+                "error": (result.stderr or result.stdout).strip().splitlines()[-40:]}
     report = json.loads(result.stdout.strip().splitlines()[-1])
     direct = not report["path"].startswith("relayed")
     outcomes = report.get("outcomes", [])
