@@ -80,3 +80,20 @@ def test_bar_chart_draws_stacked_bars_with_tooltips_and_escapes():
 
 def test_nice_ceiling():
     assert [nice_ceiling(v) for v in (0, 0.7, 1, 3, 7, 11, 240, float("inf"))] == [1, 1, 1, 5, 10, 20, 250, 1]
+
+
+def test_a_page_bound_to_every_interface_opens_from_the_lan_at_this_machines_addresses(monkeypatch):
+    """`join --web 0.0.0.0:PORT` said only the token keeps others out, yet the LAN address got
+    '403 unknown Host header': a headless box could not be watched from the LAN."""
+    from volunteer.cli import webserve
+    from volunteer.cli.webpage import page_policy
+    from volunteer.net import interfaces
+
+    monkeypatch.setattr(interfaces, "own_ips", lambda: ("127.0.0.1", "192.0.2.7", "fd00::7"))
+    token = "s3cret-token-123456"
+    wide = page_policy("0.0.0.0", 7396, token, webserve.lan_names("0.0.0.0"))
+    for host in ("192.0.2.7:7396", "[fd00::7]:7396", "127.0.0.1:7396"):
+        assert wide.check("GET", "/", "", {"host": host, "cookie": f"volunteer_token={token}"}) is None, host
+    refused = wide.check("GET", "/", "", {"host": "box.local:7396", "cookie": f"volunteer_token={token}"})
+    assert refused is not None and refused.status == 403  # names still refused: DNS rebinding
+    assert webserve.lan_names("127.0.0.1") == ()  # a loopback page stays a loopback page

@@ -333,12 +333,16 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
 
                 print(f"  metrics on {await serve_metrics(nursery, daemon, metrics_sock)}/metrics", flush=True)
             if web_sock is not None:
-                from .webserve import is_loopback, serve_page
+                from .webserve import is_loopback, lan_names, serve_page
 
                 print(f"  web page on {await serve_page(nursery, daemon, web_sock, token)} (the link holds this machine's token)",
                       flush=True)
-                if not is_loopback(web_sock.getsockname()[0]):
-                    print("  note: the web page listens beyond this machine; only the token keeps others out", flush=True)
+                bound = web_sock.getsockname()[0]
+                if not is_loopback(bound):
+                    lan = [name for name in lan_names(bound) if not name.startswith(("127.", "[::1]"))]
+                    where = f" (from the LAN: {', '.join(f'http://{n}:{web_sock.getsockname()[1]}/' for n in lan[:3])})" if lan else ""
+                    print(f"  note: the web page listens beyond this machine{where}; only the token keeps others out",
+                          flush=True)
             if not daemon.conduct.serving:
                 print(f"  {daemon.conduct.text}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start

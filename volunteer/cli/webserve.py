@@ -42,12 +42,23 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket, token: 
     from .webpage import page_app, page_policy
 
     host, port = listener_address(sock)
-    policy = page_policy(host, port, token)
+    policy = page_policy(host, port, token, lan_names(host))
     app = page_app(daemon.snapshot, lambda: daemon.history, daemon.steward.ask, policy, registry=daemon_registry(daemon))
     await nursery.start(serve_app, app, sock)
     login = f"{url_of(sock)}/?token={token}"
     daemon.web_url, daemon.web_login = f"{url_of(sock)}/", login
     return login
+
+
+def lan_names(host: str) -> tuple[str, ...]:
+    """The Host values a page bound to ``host`` answers besides its own: for a wildcard bind
+    (0.0.0.0, ::), this machine's interface addresses, so a headless box's page opens from the LAN
+    at its address (a name such as ``box.local`` is still refused: DNS rebinding)."""
+    if host not in ("0.0.0.0", "::"):
+        return ()
+    from ..net.interfaces import own_ips
+
+    return tuple(f"[{ip}]" if ":" in ip else ip for ip in own_ips())
 
 
 def web_token() -> str:
@@ -59,4 +70,4 @@ def web_token() -> str:
     return load_or_create_token(config_dir() / "web-token")
 
 
-__all__ = ["is_loopback", "serve_metrics", "serve_page", "web_token"]
+__all__ = ["is_loopback", "lan_names", "serve_metrics", "serve_page", "web_token"]
