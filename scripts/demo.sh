@@ -4,5 +4,5 @@
 # to >= 95% test accuracy, then shows a volunteer's dashboard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --demo  # the venv only: the tests' browser and peers are not the demo's
 exec .venv/bin/python examples/train_digits.py --show-status "$@"

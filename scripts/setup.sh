@@ -4,6 +4,10 @@
 # Registries sometimes drop for minutes: every install is retried with a pause.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --demo: only what the demo swarm runs (the venv with the examples' packages): no browser, no NAT
+# rig packages, no real libp2p peers (those are for the tests: chromium alone is some 300 MB)
+DEMO=0
+[ "${1:-}" = "--demo" ] && DEMO=1
 
 retry() {
     local attempt=1
@@ -18,7 +22,7 @@ retry() {
 # iproute2 + nftables/iptables for tests/nat (network namespaces), miniupnpd for its port-mapping
 # home router; tmux for the TUI tests; chromium + chromium-driver for the web page's browser tests
 # (headless, driven by selenium).
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+if [ "$DEMO" = 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     missing=""
     for cmd in ip:iproute2 nft:nftables iptables:iptables miniupnpd:miniupnpd-nftables tmux:tmux chromium:chromium chromedriver:chromium-driver; do
         command -v "${cmd%%:*}" >/dev/null || missing="$missing ${cmd##*:}"
@@ -37,7 +41,7 @@ retry .venv/bin/pip install -q --upgrade pip
 retry .venv/bin/pip install -q -e ".[test,examples]"
 
 # Real libp2p peers (py-libp2p 0.8.1 in its own venv, go-libp2p's p2pd from hivemind's wheel).
-if [ -f .ci/install_peers.sh ]; then
+if [ "$DEMO" = 0 ] && [ -f .ci/install_peers.sh ]; then
     retry bash .ci/install_peers.sh
 fi
 echo "setup done: .venv/bin/volunteer is ready"
