@@ -247,3 +247,17 @@ async def test_a_killed_hosts_declarations_do_not_count_as_a_replica_in_a_survey
 
 async def _no_tombstones() -> int:
     return 0
+
+
+async def test_a_volunteer_of_named_experts_sees_the_coverage_its_peers_brought_later():
+    """The demo's last screen said 12 of 16 experts had no host right after training through all
+    16: a volunteer that places nothing kept the survey of its start, before its peers were up."""
+    often = ReplicasConfig(sync_timeout=600.0, recheck_period=0.2, handoff_timeout=60.0)
+    with trio.fail_after(60):
+        async with open_volunteer(spec(), options(uids=["rep.0"], expert_class="ffn", hidden_dim=HIDDEN,
+                                                  replicas_config=often)) as first:
+            assert "rep.1" in first.replicas.coverage()["grids"][0]["unhosted"]  # surveyed alone, at its start
+            entry = first.host.full_addrs()[0]
+            async with open_volunteer(spec(entry), options(uids=["rep.1"], expert_class="ffn", hidden_dim=HIDDEN)):
+                while first.replicas.coverage()["grids"][0]["unhosted"]:
+                    await trio.sleep(0.05)
