@@ -19,7 +19,9 @@ from volunteer.experts import ExpertsConfig, make_backend, open_runtime
 from volunteer.experts.client import call_expert
 from volunteer.experts.comparison import compare
 from volunteer.experts.server import ExpertServer
-from volunteer.experts.trainers import NOT_ADMITTED, TRAINER_REFUSED, TrainerCertificate, TrainerPolicy
+from volunteer.experts.trainers import (
+    NOT_ADMITTED, TRAINER_REFUSED, TrainerAdmission, TrainerCertificate, TrainerPolicy,
+)
 from volunteer.net.identity import KeyPair
 from volunteer.net.stack import StackOptions, open_stack
 
@@ -195,6 +197,12 @@ async def test_listed_trainers_train_and_an_unlisted_backward_changes_nothing():
                     for key, value in runtime.backends["expert.0"].module.state_dict().items():
                         assert torch.equal(value, state[key])
                     assert server.refusals[NOT_ADMITTED] == 1
+                    # forwards for trainers only: the stranger is not even answered, the listed trainer is
+                    server.admission = TrainerAdmission(TrainerPolicy.from_settings(
+                        [str(listed_key.peer_id)], forwards="trainers"), SWARM)
+                    with pytest.raises(ExpertBackwardRefusedError, match="not an admitted trainer"):
+                        await probe(attacker, target, "expert.0", task)
+                    await probe(listed, target, "expert.0", task)
                     nursery.cancel_scope.cancel()
 
 
