@@ -145,6 +145,8 @@ class VolunteerNode:
             self.runtime.pause()
         if self.declarer is not None:
             await self.declarer.pause()
+        if self.replicas is not None:
+            self.replicas.pause()  # quiet: no sync rounds, surveys or re-checks while paused
         if not quiet:
             log.warning("paused: experts withdrawn from the DHT, new requests refused")
 
@@ -155,6 +157,8 @@ class VolunteerNode:
             self.runtime.resume()
         if self.declarer is not None:
             self.declarer.resume()
+        if self.replicas is not None:
+            self.replicas.resume()
         log.warning("resumed: experts declared again")
 
     async def _leave_gracefully(self) -> None:

@@ -261,3 +261,24 @@ async def test_a_volunteer_of_named_experts_sees_the_coverage_its_peers_brought_
             async with open_volunteer(spec(entry), options(uids=["rep.1"], expert_class="ffn", hidden_dim=HIDDEN)):
                 while first.replicas.coverage()["grids"][0]["unhosted"]:
                     await trio.sleep(0.05)
+
+
+async def test_a_paused_volunteer_runs_no_sync_rounds():
+    """Outside its network hours a volunteer said 'paused' and still synced every round."""
+    fast = GridSpec("fast", (1,), "ffn", HIDDEN, replicas=2, sync_period=0.2)
+    quick = ReplicasConfig(sync_timeout=1.0, recheck_period=3600.0, handoff_timeout=60.0)
+    named = dict(uids=["fast.0"], expert_class="ffn", hidden_dim=HIDDEN, replicas_config=quick)
+    with trio.fail_after(60):
+        async with open_volunteer(spec(grids=(fast,)), options(**named)) as first:
+            entry = first.host.full_addrs()[0]
+            async with open_volunteer(spec(entry, grids=(fast,)), options(**named)):
+                while first.replicas.sync.rounds < 2:  # the pair syncs
+                    await trio.sleep(0.05)
+                await first.pause(quiet=True)
+                await trio.sleep(1.2)  # a round under way ends within its timeout (1 s)
+                paused_at = first.replicas.sync.rounds
+                await trio.sleep(1.0)  # five periods
+                assert first.replicas.sync.rounds == paused_at
+                first.resume()
+                while first.replicas.sync.rounds == paused_at:
+                    await trio.sleep(0.05)

@@ -121,6 +121,7 @@ class ReplicaManager(BaseService):
         )
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
+        self.paused = False  # no sync, survey or re-check while set (``pause``)
         self.moves = 0  # experts added or dropped by re-checks
         self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
         self.sync_failures = 0
@@ -488,24 +489,36 @@ class ReplicaManager(BaseService):
             return self.build(uid, grid.expert_class, grid.hidden_dim)
         return self.build(uid, self.start.expert_class or "", self.start.hidden_dim)
 
+    # --- a paused volunteer is quiet (outside its network hours, or the donor's pause) -----------
+    def pause(self) -> None:
+        """Run no sync round, survey or re-check until ``resume()``: a paused volunteer uses no
+        network for its replicas (one that paused outside its network hours still synced every
+        round, and overshot a daily transfer cap)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Sync, survey and re-check again (the next period's round; a missed one is not made up)."""
+        self.paused = False
+
     async def _recheck_loop(self) -> None:
         while True:
             await trio.sleep(self.config.recheck_period)
+            if self.paused:
+                continue
             try:
                 await self.recheck()
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.warning("placement re-check failed: %s", describe(exc))
 
     async def _survey_loop(self) -> None:
-        """A volunteer that hosts named experts places nothing, but its coverage view (status, the
-        dashboard) must not stay the one it surveyed at start, when its peers were still coming
-        up (the demo's last screen said 12 of 16 experts had no host after training through all
-        16): surveyed again soon after the start, then every ``recheck_period``."""
+        """Named experts place nothing, but the coverage view must not stay the start's, taken
+        before the peers were up: surveyed again soon after the start, then every re-check period."""
         await trio.sleep(min(EARLY_SURVEY, self.config.recheck_period))
         while True:
             with trio.move_on_after(SURVEY_TIMEOUT):
                 try:
-                    await self.survey()
+                    if not self.paused:
+                        await self.survey()
                 except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                     log.info("coverage survey failed: %s", describe(exc))
             await trio.sleep(self.config.recheck_period)
@@ -520,7 +533,7 @@ class ReplicaManager(BaseService):
         """One sync round of every hosted expert of ``grid`` with its other live replicas (from a
         fresh DHT lookup), all in parallel, each bounded by ``sync_timeout``; rounds run."""
         mine = [uid for uid in self.store.backends if grid.contains(uid)]
-        if not mine:
+        if not mine or self.paused:
             return 0
         try:
             with trio.fail_after(self.config.sync_timeout):
