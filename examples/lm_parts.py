@@ -65,7 +65,7 @@ SIZES = {
     "tiny": Size(width=32, layers=2, grid=(4,), k=2, context=32, batch=8, steps=40, eval_every=10, lr=3e-3,
                  train_bytes=1 << 20, val_windows=32),
     # the default: a few minutes on two CPU cores, through a local testnet
-    "small": Size(width=128, layers=2, grid=(4,), k=2, context=128, batch=8, steps=1000, eval_every=100, lr=2e-3,
+    "small": Size(width=128, layers=2, grid=(4,), k=2, context=128, batch=8, steps=1200, eval_every=100, lr=3e-3,
                   train_bytes=8 << 20, val_windows=64),
     "medium": Size(width=256, layers=4, grid=(8,), k=2, context=256, batch=16, steps=2000, eval_every=200, lr=1e-3,
                    train_bytes=16 << 20, val_windows=128),

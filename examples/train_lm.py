@@ -9,7 +9,7 @@ its feed-forward experts on volunteers, and compare it with the same model train
     python examples/train_lm.py --size medium --device cuda                        # larger, on a GPU
     python examples/train_lm.py --swarm my.toml          # a running swarm hosting the experts
 
-The model: byte embeddings and positions, ``--size``'s blocks (small: 2 of width 64), each causal
+The model: byte embeddings and positions, ``--size``'s blocks (small: 2 of width 128), each causal
 self-attention on the trainer and then a mixture of experts as the feed-forward block (a
 ``RemoteMixtureOfExperts`` of ``ffn`` experts ``lm<layer>.<i>``; the gates stay on the trainer),
 a norm and the byte head. Each token goes to its ``k`` best experts (small: 2 of 4 per layer),
@@ -20,7 +20,7 @@ with the experts as local modules that step the same way (examples/lm_parts.py),
 seed and on the same batches.
 
 The corpus: the ``.py`` files under ``sysconfig``'s stdlib path, sorted; every tenth file is held
-out for validation; the first ``train_bytes`` of the others (small: 4 MiB) are the training set.
+out for validation; the first ``train_bytes`` of the others (small: 8 MiB) are the training set.
 Validation bits per byte (cross-entropy over fixed windows of the held-out files) is printed
 every ``eval_every`` steps, a generated sample at the end, then where the time went: the
 trainer's share of the step spent in the mixtures' calls (waiting on the network and the
@@ -69,11 +69,13 @@ class Testnet:
     """`volunteer testnet` in a child process hosting every layer's experts; stopping it stops
     every volunteer it started."""
 
-    def __init__(self, n: int, size: Size) -> None:
+    def __init__(self, n: int, size: Size, threads: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="lm-testnet-"))
         experts = f"{EXPERT_CLASS}:" + ",".join(prefix(layer) + "".join(f".[0:{g}]" for g in size.grid)
                                                 for layer in range(size.layers))
         env = dict(os.environ, VOLUNTEER_CONFIG_DIR=str(self.dir / "config"), PYTHONUNBUFFERED="1")
+        if threads:  # each volunteer's torch threads: a few volunteers on a few cores, none spinning
+            env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "volunteer", "testnet", "-n", str(n), "--experts", experts,
              "--hidden-dim", str(size.width), "--dir", str(self.dir / "net"), "--name", "lm", "--no-dashboard"],
@@ -231,7 +233,7 @@ def report_time(timing: dict, model: ByteLM, volunteers: list[float] | None, loc
                 server += h["server_ms_per_call"] * h["calls"] / 1e3
                 bytes_moved += h["bytes_out"] + h["bytes_in"]
     if calls:
-        print(f"calls: {calls:.0f} answered, {network / calls * 1e3:.1f} ms on the network and {server / calls * 1e3:.1f} ms "
+        print(f"calls: {calls:.0f} answered (forwards and backwards), {network / calls * 1e3:.1f} ms on the network and {server / calls * 1e3:.1f} ms "
               f"on the volunteer per call on average (calls run in parallel), {bytes_moved / 2**20:.0f} MiB of tensors",
               flush=True)
     counts = [m.stats for m in model.mixtures]
@@ -254,7 +256,7 @@ def run(size: Size, corpus: Corpus, args, mode: str):
     if not args.swarm:
         print(f"starting a testnet: a relay and {args.volunteers} volunteers hosting {size.layers} x {size.experts} "
               f"{EXPERT_CLASS} experts of width {size.width}", flush=True)
-        testnet = Testnet(args.volunteers, size)
+        testnet = Testnet(args.volunteers, size, args.threads)
     try:
         with Swarm.join(args.swarm or testnet.swarm_file) as swarm:
             before = testnet.compute_seconds() if testnet else None
@@ -282,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="small", choices=list(SIZES), help="model and run size (default small)")
     parser.add_argument("--steps", type=int, help="training steps (default: the size's)")
     parser.add_argument("--eval-every", type=int, help="validate every this many steps (default: the size's)")
+    parser.add_argument("--lr", type=float, help="the trainer's learning rate (default: the size's; the experts' "
+                        "is the volunteers' own, 1e-3)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="the experts as local modules (no swarm)")
     mode.add_argument("--compare", action="store_true", help="train locally, then through the swarm, and compare")
@@ -292,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="the trainer's device (default: cuda when present)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1 if not torch.cuda.is_available() else 0,
+                        help="torch threads of the trainer and of each testnet volunteer (default 1 on a CPU: they "
+                        "share its cores, and torch's threads spin while others hold them; 0: torch's choice)")
     parser.add_argument("--sample-bytes", type=int, default=200, help="bytes to generate at the end (0: none)")
     parser.add_argument("--save-curve", metavar="FILE", help="write this run's curve as JSON (--compare: FILE's "
                         "stem with -local and -swarm)")
@@ -300,10 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PNG", help="draw the validation curves (this run's and --curve's)")
     args = parser.parse_args(argv)
     size = SIZES[args.size]
-    overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every)) if v}
+    overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every), ("lr", args.lr)) if v}
     if overrides:
         size = Size(**{**size.__dict__, **overrides})
-    torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     corpus_started = time.perf_counter()
     corpus = Corpus.load(size.train_bytes, VAL_BYTES)

@@ -1,0 +1,39 @@
+"""examples/train_lm.py as a user runs it, reduced (``--size tiny``: 40 steps): ``--compare``
+trains locally, then through a testnet (a relay and 4 volunteer processes), prints both curves,
+a generated sample and where the time went, and ends within the band of the local run (the
+integration test's band: 3 % in validation bits per byte; tests/integration/test_train_lm.py
+says why it holds)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_LIMIT = 300  # seconds for the whole example
+BAND = 0.03
+
+
+def test_compare_tiny_stays_within_the_band_and_says_where_the_time_went(tmp_path):
+    curve = tmp_path / "tiny.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--size", "tiny", "--compare", "--sample-bytes", "40",
+         "--save-curve", str(curve)],
+        capture_output=True, text=True, timeout=RUN_LIMIT, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    finals = dict(re.findall(r"^final: (local|swarm) \S* ?step 40 validation bpb ([0-9.]+)$", out, re.M))
+    assert set(finals) == {"local", "swarm"}, out[-2000:]
+    local, swarm = float(finals["local"]), float(finals["swarm"])
+    assert abs(swarm / local - 1) < BAND, (swarm, local)
+    assert "sample:\ndef " in out
+    assert re.search(r"waiting on the experts' calls", out)
+    assert re.search(r"volunteers' compute utilisation .*: (\d+%, ){3}\d+%$", out, re.M), out[-2000:]
+    assert "0 failed, 0 tokens short of k_min" in out
+    saved = {m: json.loads((tmp_path / f"tiny-{m}.json").read_text()) for m in ("local", "swarm")}
+    assert saved["local"]["steps"] == saved["swarm"]["steps"] == [10, 20, 30, 40]
+    assert saved["swarm"]["settings"]["compression"] == "auto"
