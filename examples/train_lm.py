@@ -5,7 +5,7 @@ its feed-forward experts on volunteers, and compare it with the same model train
     python examples/train_lm.py --local                  # the same model, seed and data, experts local
     python examples/train_lm.py --compare --plot lm.png  # both, one after the other, and their curves
     python examples/train_lm.py --compression blockwise8_64 --save-curve b8.json   # 8-bit tensors on every link
-    python examples/train_lm.py --plot all.png --curve local.json --curve b8.json  # earlier runs' curves too
+    python examples/train_lm.py --replot --plot all.png --curve local.json --curve b8.json  # saved curves only
     python examples/train_lm.py --size medium --device cuda                        # larger, on a GPU
     python examples/train_lm.py --swarm my.toml          # a running swarm hosting the experts
 
@@ -305,7 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--curve", action="append", default=[], metavar="FILE", help="--plot: an earlier run's "
                         "saved curve too (repeatable)")
     parser.add_argument("--plot", metavar="PNG", help="draw the validation curves (this run's and --curve's)")
+    parser.add_argument("--replot", action="store_true", help="train nothing: --plot only the --curve files")
     args = parser.parse_args(argv)
+    if args.replot:
+        if not (args.plot and args.curve):
+            parser.error("--replot needs --plot PNG and at least one --curve FILE")
+        curves = [Curve.load(p) for p in args.curve]
+        plot(curves, args.plot, f"byte-level MoE LM on the stdlib ({curves[0].settings.get('size', '?')} size)")
+        print(f"plot: {args.plot}", flush=True)
+        return 0
     size = SIZES[args.size]
     overrides = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every), ("lr", args.lr)) if v}
     if overrides:
