@@ -233,9 +233,9 @@ def report_time(timing: dict, model: ByteLM, volunteers: list[float] | None, loc
                 server += h["server_ms_per_call"] * h["calls"] / 1e3
                 bytes_moved += h["bytes_out"] + h["bytes_in"]
     if calls:
-        print(f"calls: {calls:.0f} answered (forwards and backwards), {network / calls * 1e3:.1f} ms on the network and {server / calls * 1e3:.1f} ms "
-              f"on the volunteer per call on average (calls run in parallel), {bytes_moved / 2**20:.0f} MiB of tensors",
-              flush=True)
+        print(f"calls: {calls:.0f} answered (forwards and backwards), {network / calls * 1e3:.1f} ms on the network and "
+              f"{server / calls * 1e3:.1f} ms on the volunteer per call on average ({network / (network + server):.0%} "
+              f"network; calls run in parallel), {bytes_moved / 2**20:.0f} MiB of tensors", flush=True)
     counts = [m.stats for m in model.mixtures]
     print(f"mixtures: {sum(c['calls'] for c in counts)} expert calls, {sum(c['failures'] for c in counts)} failed, "
           f"{sum(c['samples_short'] for c in counts)} tokens short of k_min (zero output)", flush=True)
