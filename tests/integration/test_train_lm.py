@@ -6,8 +6,11 @@ The band: at every validation step the swarm's bits per byte is within 3 % of th
 every step's training loss within 5 %. Loopback tensors travel losslessly (``auto`` sends them as
 they are), every chosen expert answers (k_min = k), and the experts step on the volunteers as the
 local ones step in the trainer: what differs is the experts' initial weights (each volunteer draws
-its own) and the order of floating-point sums, which moved the figures by under 0.5 % in every run
-we made."""
+its own) and the order of floating-point sums. Local runs from 30 different expert
+initialisations stayed within 0.8 % of one another on both figures, a quarter of the band or less.
+A small model learns little in 40 steps, so the band alone would not notice experts that never
+learn (frozen, they moved the figures by 2.5 % at most): the test counts the volunteers' updates
+and asserts that no call failed and no token went short of its experts."""
 
 from __future__ import annotations
 
