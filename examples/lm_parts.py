@@ -136,21 +136,49 @@ class Corpus:
         return data[:, :-1], data[:, 1:]
 
 
+def expert_uids(prefix: str, grid: Sequence[int]) -> list[str]:
+    """``prefix.i.j…`` of every expert of the grid, in the grid's order."""
+    return [prefix + "".join(f".{c}" for c in coords) for coords in itertools.product(*(range(g) for g in grid))]
+
+
+def initial_experts(expert_class: str, width: int, uids: Sequence[str], seed: int) -> dict[str, nn.Module]:
+    """Every expert's first weights, each drawn from its own generator (``seed`` and its index),
+    apart from the global one: the local run's experts, and the testnet volunteers' first
+    checkpoints (``write_checkpoints``), so both runs start from the same experts."""
+    built = {}
+    with torch.random.fork_rng(devices=[]):
+        for i, uid in enumerate(uids):
+            torch.manual_seed(seed * 1_000_003 + i)
+            built[uid] = get_expert_class(expert_class).build(width)
+    return built
+
+
+def write_checkpoints(experts: dict[str, nn.Module], expert_class: str, width: int, directory: Path) -> None:
+    """Write each expert as the checkpoint a volunteer hosting it resumes from (``make_backend``
+    loads ``<checkpoint dir>/<uid>.pt`` when it exists): fresh optimizer, no updates yet."""
+    from volunteer.experts.backend import make_backend
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for uid, module in experts.items():
+        backend = make_backend(uid, expert_class, width, checkpoint_dir=directory)
+        backend.module.load_state_dict(module.state_dict())
+        backend.save_checkpoint()
+
+
 # --- the model --------------------------------------------------------------------------------
 class LocalMixture(nn.Module):
-    """``RemoteMixtureOfExperts``' arithmetic on local expert modules (``--local``). ``experts_seed``
-    draws the experts' weights apart from the global generator, so the trainer's own parameters
-    are the same in both modes."""
+    """``RemoteMixtureOfExperts``' arithmetic on local expert modules (``--local``), ``experts`` in
+    the grid's order (``initial_experts``)."""
 
-    def __init__(self, width: int, grid: Sequence[int], k: int, expert_class: str, experts_seed: int) -> None:
+    def __init__(self, width: int, grid: Sequence[int], k: int, experts: Sequence[nn.Module]) -> None:
         super().__init__()
         self.grid_size = tuple(grid)
         self.k = k
         self.gate = nn.Linear(width, sum(self.grid_size))  # where RemoteMixtureOfExperts makes its gate
         self.register_buffer("coords", torch.tensor(list(itertools.product(*(range(g) for g in grid)))), persistent=False)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(experts_seed)
-            self.experts = nn.ModuleList(get_expert_class(expert_class).build(width) for _ in range(len(self.coords)))
+        if len(experts) != len(self.coords):
+            raise ValueError(f"{len(experts)} experts for a grid of {len(self.coords)}")
+        self.experts = nn.ModuleList(experts)
         self.optimizers = [default_optimizer(e.parameters(), EXPERT_LR) for e in self.experts]
         self.called: set[int] = set()  # experts that got samples since the last step_experts()
 

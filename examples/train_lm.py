@@ -52,14 +52,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from lm_parts import SIZES, VOCAB, ByteLM, Corpus, Curve, LocalMixture, Size, bits_per_byte, plot, sample  # noqa: E402
+from lm_parts import (SIZES, VOCAB, ByteLM, Corpus, Curve, LocalMixture, Size, bits_per_byte,  # noqa: E402
+                      expert_uids, initial_experts, plot, sample, write_checkpoints)
 
 from volunteer.experts.config import DEFAULT_CONFIG  # noqa: E402
 from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
 
 EXPERT_CLASS = "ffn"
 CALL_TIMEOUT = 60.0  # per expert call: generous, since k_min = k waits for every chosen expert
-EXPERTS_SEED_OFFSET = 1000  # --local: the experts' weights come from seed + this, apart from the trainer's
+EXPERTS_SEED_OFFSET = 1000  # the experts' first weights come from seed + this, apart from the trainer's
 PROMPT = b"def "
 MAX_CALL_TOKENS = DEFAULT_CONFIG.max_batch_size  # a volunteer's largest request (1024 samples) by default
 VAL_BYTES = 256 << 10  # of the held-out files: the validation windows spread over a dozen or so
@@ -69,10 +70,17 @@ class Testnet:
     """`volunteer testnet` in a child process hosting every layer's experts; stopping it stops
     every volunteer it started."""
 
-    def __init__(self, n: int, size: Size, threads: int | None = None) -> None:
+    def __init__(self, n: int, size: Size, threads: int | None = None, experts_seed: int | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="lm-testnet-"))
         experts = f"{EXPERT_CLASS}:" + ",".join(prefix(layer) + "".join(f".[0:{g}]" for g in size.grid)
                                                 for layer in range(size.layers))
+        if experts_seed is not None:
+            # every volunteer resumes from a checkpoint of --local's first weights: the testnet's
+            # checkpoint directories are <dir>/checkpoints-v<i>; each gets every expert's, so it
+            # needs no knowledge of how the testnet deals the experts out
+            first = initial_experts(EXPERT_CLASS, size.width, all_uids(size), experts_seed)
+            for i in range(n):
+                write_checkpoints(first, EXPERT_CLASS, size.width, self.dir / "net" / f"checkpoints-v{i}")
         env = dict(os.environ, VOLUNTEER_CONFIG_DIR=str(self.dir / "config"), PYTHONUNBUFFERED="1")
         if threads:  # each volunteer's torch threads: a few volunteers on a few cores, none spinning
             env["OMP_NUM_THREADS"] = str(threads)
@@ -120,6 +128,15 @@ def prefix(layer: int) -> str:
     return f"lm{layer}"
 
 
+def all_uids(size: Size) -> list[str]:
+    return [uid for layer in range(size.layers) for uid in expert_uids(prefix(layer), size.grid)]
+
+
+def experts_seed(args) -> int:
+    """The experts' first weights' seed: apart from the trainer's, derived from --seed."""
+    return args.seed + EXPERTS_SEED_OFFSET
+
+
 class MixtureClock:
     """Wall seconds the trainer spends inside its mixtures, forward and backward (module hooks):
     in a swarm run, waiting on the experts' calls (network and volunteers)."""
@@ -146,10 +163,11 @@ def build(size: Size, swarm, args) -> ByteLM:
     """The model, its mixtures remote (``swarm``) or local (``swarm`` None), from ``args.seed``."""
     torch.manual_seed(args.seed)
     grids = list(getattr(swarm.spec, "grids", None) or []) if swarm is not None else []
+    first = initial_experts(EXPERT_CLASS, size.width, all_uids(size), experts_seed(args)) if swarm is None else {}
 
     def mixture(layer: int):
         if swarm is None:
-            return LocalMixture(size.width, size.grid, size.k, EXPERT_CLASS, args.seed + EXPERTS_SEED_OFFSET + layer)
+            return LocalMixture(size.width, size.grid, size.k, [first[u] for u in expert_uids(prefix(layer), size.grid)])
         from volunteer import RemoteMixtureOfExperts
 
         declared = grids[layer] if len(grids) >= size.layers else None
@@ -256,7 +274,7 @@ def run(size: Size, corpus: Corpus, args, mode: str):
     if not args.swarm:
         print(f"starting a testnet: a relay and {args.volunteers} volunteers hosting {size.layers} x {size.experts} "
               f"{EXPERT_CLASS} experts of width {size.width}", flush=True)
-        testnet = Testnet(args.volunteers, size, args.threads)
+        testnet = Testnet(args.volunteers, size, args.threads, experts_seed(args))
     try:
         with Swarm.join(args.swarm or testnet.swarm_file) as swarm:
             before = testnet.compute_seconds() if testnet else None
@@ -307,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PNG", help="draw the validation curves (this run's and --curve's)")
     parser.add_argument("--replot", action="store_true", help="train nothing: --plot only the --curve files")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the testnet (and its volunteers) stop with us
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.replot:
         if not (args.plot and args.curve):
             parser.error("--replot needs --plot PNG and at least one --curve FILE")
