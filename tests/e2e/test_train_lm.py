@@ -1,8 +1,9 @@
 """examples/train_lm.py as a user runs it, reduced (``--size tiny``: 40 steps): ``--compare``
 trains locally, then through a testnet (a relay and 4 volunteer processes), prints both curves,
-a generated sample and where the time went, and ends within the band of the local run (the
-integration test's band: 3 % in validation bits per byte; tests/integration/test_train_lm.py
-says why it holds)."""
+a generated sample and where the time went, and ends within 1 % of the local run in validation
+bits per byte (the volunteers start from the local run's experts and ``auto`` sends tensors as
+they are, or as float16 where the loaded machine's loopback looks slow: tests/integration/
+test_train_lm.py measures what those cost)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_LIMIT = 300  # seconds for the whole example
-BAND = 0.03
+BAND = 0.01
 
 
 def test_compare_tiny_stays_within_the_band_and_says_where_the_time_went(tmp_path):
