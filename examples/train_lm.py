@@ -38,10 +38,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,7 +98,10 @@ class Testnet:
             lines.append(line)
             if "volunteers ready" in line:
                 print("  " + line.rstrip(), flush=True)
+                # what it prints later is read and dropped: a full pipe would stall it
+                threading.Thread(target=self.proc.stdout.read, daemon=True).start()
                 return
+        self.stop()
         raise SystemExit("testnet did not start:\n" + "".join(lines))
 
     def compute_seconds(self) -> list[float | None]:
@@ -122,6 +127,7 @@ class Testnet:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)  # keys, logs and the experts' checkpoints
 
 
 def prefix(layer: int) -> str:
