@@ -8,8 +8,9 @@ each grid dimension, an expert's score the sum of its coordinates'), the same to
 over the chosen experts, the same expert class, and each expert with its own Adam at the
 volunteers' learning rate, stepping only after a step that called it, as a volunteer's steps on
 each backward it gets. The trainer's parameters (embeddings, attention, gates, head) are created
-in the same order from the same seed in both modes, so the two runs differ only in the experts'
-initial weights (a volunteer draws its own) and in what the wire does to the tensors.
+in the same order from the same seed in both modes, and the experts' first weights come from
+their own seed (``initial_experts``; the example's testnet volunteers resume from them as
+checkpoints), so the two runs differ only in what the wire does to the tensors.
 """
 
 from __future__ import annotations
