@@ -1,8 +1,7 @@
 """examples/train_lm.py as a user runs it, reduced (``--size tiny``: 40 steps): ``--compare``
 trains locally, then through a testnet (a relay and 2 volunteer processes: fewer to start on a
-loaded machine), prints both curves,
-a generated sample and where the time went, and ends within 1 % of the local run in validation
-bits per byte (the volunteers start from the local run's experts and ``auto`` sends tensors as
+loaded machine), prints both curves, a generated sample and where the time went, and ends within
+1 % of the local run in validation bits per byte (the volunteers start from the local run's experts and ``auto`` sends tensors as
 they are, or as float16 where the loaded machine's loopback looks slow: tests/integration/
 test_train_lm.py measures what those cost)."""
 
