@@ -6,8 +6,11 @@ Joins the swarm with default settings, waits until the grid's experts are declar
 volunteers, then trains a RemoteMixtureOfExperts (grid 4x4, k_best 4, defaults otherwise).
 Warm-up steps run until every volunteer's connection has the path the profile means (direct,
 or relayed) and at least W steps ran; then N measured steps. Prints one JSON line: the steps
-(see _wan_train.train), the connection path per volunteer, the mixture's stats, and the tensor
-payload bytes per measured step each way (what the physical limit counts).
+(see _wan_train.train), the connection path per volunteer, the mixture's stats, the tensor
+payload bytes per measured step each way (what the physical limit counts), and with
+``--controls`` (the volunteers' control sockets, reachable from every namespace: they are files)
+``utilisation``: each volunteer's compute seconds (its runtime's) over the measured steps' wall
+time.
 """
 
 from __future__ import annotations
@@ -78,6 +81,21 @@ async def _paths(host, peers) -> dict[str, str]:
     return out
 
 
+def _compute_seconds(controls: list[str]) -> list[float | None]:
+    """Each volunteer's compute seconds this session (its ``status``), None where unreachable."""
+    import trio
+
+    from volunteer.cli.control import request
+
+    out: list[float | None] = []
+    for control in controls:
+        try:
+            out.append(float(trio.run(request, Path(control), "status")["status"]["contributions"]["session"]["compute_s"]))
+        except Exception:
+            out.append(None)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("swarm_file")
@@ -86,6 +104,7 @@ def main() -> int:
     parser.add_argument("--volunteers", type=int, default=4)
     parser.add_argument("--relayed", action="store_true", help="volunteers are reached through a relay only")
     parser.add_argument("--hidden", type=int, default=1024, help="the experts' width")
+    parser.add_argument("--controls", nargs="*", default=[], help="the volunteers' control sockets")
     args = parser.parse_args()
     torch.manual_seed(0)
     ifname = default_ifname()
@@ -115,12 +134,16 @@ def main() -> int:
                 print(json.dumps({"error": f"paths did not settle after {warm} warm-up steps: {paths}"}))
                 return 1
         before = _payload(swarm)
+        compute_before, wall_before = _compute_seconds(args.controls), time.monotonic()
         steps = train(moe, hidden=args.hidden, batch=BATCH, steps=args.steps, ifname=ifname)
+        compute_after, wall = _compute_seconds(args.controls), time.monotonic() - wall_before
         after = _payload(swarm)
         paths = swarm.loop.run(_paths, swarm.host, peers)
+        utilisation = [None if a is None or b is None else (a - b) / wall for a, b in zip(compute_after, compute_before)]
         print(json.dumps({"steps": steps, "paths": paths, "warmup": warm, "stats": moe.stats,
                           "payload_out": (after[0] - before[0]) / args.steps,
-                          "payload_in": (after[1] - before[1]) / args.steps}, default=str))
+                          "payload_in": (after[1] - before[1]) / args.steps,
+                          "utilisation": utilisation}, default=str))
     return 0
 
 

@@ -26,7 +26,10 @@ below the profile also gives what even an ideal reliable transport spends per st
 lost packets (_wan_figures.loss_recovery_seconds) and our step over the limit plus that.
 Between the two, raw TCP moves our step's payload in the same two exchanges between the same
 homes (_wan_rawtcp; not on ``relayed``): ``vs tcp`` is our median step over that plus the
-compute, a floor measured on the rig rather than computed. Every process runs torch with one thread. The last line reads
+compute, a floor measured on the rig rather than computed. Below each profile, where the time
+goes: the share of our calls' time spent on the network (the rest on the volunteers) and each
+volunteer's compute utilisation (its runtime's compute seconds over the measured steps' wall
+time, read from its control socket). Every process runs torch with one thread. The last line reads
 ``wan: limit ratio worst X.XX, vs hivemind worst Y.YY×``.
 """
 
@@ -224,7 +227,8 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
         for handle in volunteers:
             procs.wait(handle, "control socket")
         argv = [PY, str(ROOT / "benchmarks" / "_wan_ours.py"), str(swarm), "--steps", str(args.steps),
-                "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS), "--hidden", str(args.hidden)]
+                "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS), "--hidden", str(args.hidden),
+                "--controls", *(str(workdir / f"vol{i}" / "ctl.sock") for i in range(VOLUNTEERS))]
         argv += ["--relayed"] if relayed else []
         return _trainer(rig, argv, timeout=_trainer_timeout(args))
     finally:
@@ -325,7 +329,7 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         need = StepBytes(ours["payload_out"], ours["payload_in"])
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
         result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need, loss=line.loss,
-                      recovery=loss_recovery_seconds(line, need, VOLUNTEERS))
+                      recovery=loss_recovery_seconds(line, need, VOLUNTEERS), utilisation=ours.get("utilisation"))
         result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
         if relayed:
             print(f"raw tcp on {profile}: n/a (the volunteers take no direct connection; a relay is no raw TCP)",
@@ -348,6 +352,20 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
                 result["hivemind"] = row_from_steps(profile, "hivemind", theirs[0]["steps"], BATCH, limit,
                                                     theirs[1], line.rtt)
     return result
+
+
+def where_the_time_goes(utilisation: list | None, stats: dict | None) -> str:
+    """Where a step's time goes: the share of the expert calls' time spent on the network (the
+    rest on the volunteers; the trainer's model is the mixture alone, so its step is these calls),
+    and each volunteer's compute utilisation (its runtime's compute time over the wall time)."""
+    network = server = 0.0
+    for hosts in ((stats or {}).get("experts") or {}).values():
+        for h in hosts:
+            network += h["network_ms_per_call"] * h["calls"]
+            server += h["server_ms_per_call"] * h["calls"]
+    waiting = f"{network / (network + server):.0%}" if network + server > 0 else "n/a"
+    shown = ", ".join("?" if u is None else f"{u:.0%}" for u in utilisation or []) or "n/a"
+    return f"the trainer's calls spent {waiting} of their time on the network; volunteers' compute utilisation {shown}"
 
 
 def _print_rows(res: dict) -> None:
@@ -384,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sorted(set(p.split(',')[0] for p in (res['paths'] or {}).values()))}", flush=True)
         for peer, path in sorted((res["paths"] or {}).items()):
             print(f"  to {peer[-8:]}: {path}", flush=True)
+        print(f"{profile}: {where_the_time_goes(res.get('utilisation'), res.get('stats'))}", flush=True)
         if res["recovery"]:
             print(f"{profile}: {res['loss'] * 100:.1f} % of packets lost each way: an ideal reliable transport spends "
                   f"+{res['recovery']:.3f} s per step resending them (median); ours over the limit plus that: "

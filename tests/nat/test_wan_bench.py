@@ -28,3 +28,6 @@ def test_a_smoke_run_completes_and_ends_with_a_well_formed_line(nat_ok):
     assert any(line.startswith("fibre    ours") for line in lines)
     assert any(line.startswith("fibre    raw tcp") for line in lines)  # the measured floor ran too
     assert "paths ['direct tcp']" in result.stdout  # the volunteers' forwarded ports were used (no loss: TCP)
+    # where the time goes: the calls' network share, and every volunteer's compute utilisation read
+    assert re.search(r"^fibre: the trainer's calls spent \d+% of their time on the network; volunteers' compute "
+                     r"utilisation (\d+%, ){3}\d+%$", result.stdout, re.M), result.stdout[-3000:]
