@@ -277,7 +277,7 @@ class Auditor:
             self.recomputer.check, receipt, peer, names, tensors, inputs, replied, grad_outputs, input_compression)
         if finding.verdict is Verdict.PASSED:
             self._missing.pop(name, None)
-            self.ledger.passed(uid, name)
+            self.ledger.passed(uid, name, exact=True)
             return finding.verdict
         if finding.verdict is Verdict.FALSE_RECEIPT:
             self.stats["false_receipts"] += 1

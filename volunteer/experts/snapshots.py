@@ -180,6 +180,8 @@ def module_of(expert_class: str, hidden_dim: int | None, names: Sequence[str], t
     module = cache.get(key) if cache is not None else None
     if module is None:
         module = get_expert_class(expert_class).build(hidden_dim)
+        for parameter in module.parameters():  # a recompute needs input gradients, never the parameters'
+            parameter.requires_grad_(False)
         if cache is not None:
             cache[key] = module
     state: Mapping[str, torch.Tensor] = dict(zip(names, tensors))

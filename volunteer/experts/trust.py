@@ -107,6 +107,7 @@ class PeerRecord:
     replies: int = 0  # replies the guard checked
     excluded_after: int | None = None  # replies checked when it was excluded
     passed: int = 0
+    exact: int = 0  # of those, exact audits (a recompute from the state it signed)
     disagreed: int = 0
     rejected: int = 0
     rejected_in_a_row: int = 0  # guard rejections since its last accepted reply
@@ -192,8 +193,9 @@ class TrustLedger:
         }[standing]
 
     # --- what was observed -------------------------------------------------------------------
-    def passed(self, uid: str, peer: str) -> None:
-        """A reply of ``peer`` for ``uid`` passed an audit: a valid result, the pair is proven."""
+    def passed(self, uid: str, peer: str, *, exact: bool = False) -> None:
+        """A reply of ``peer`` for ``uid`` passed an audit (``exact``: a recompute from the state
+        it signed, ``audit.py``): a valid result, the pair is proven."""
         if peer in self._excluded:
             return
         pair, record = self._pair(uid, peer), self._peer(peer)
@@ -201,7 +203,13 @@ class TrustLedger:
             pair.standing = Standing.PROVEN
         pair.passed += 1
         record.passed += 1
+        record.exact += exact
         record.streak += 1
+
+    def exact_passed(self, peer: str) -> int:
+        """Exact audits ``peer`` passed: the proven work a judge or a contributor is weighed by."""
+        record = self._peers.get(peer)
+        return 0 if record is None or peer in self._excluded else record.exact
 
     def disagreed(self, uid: str, peer: str) -> None:
         """A reply of ``peer`` for ``uid`` disagreed with another replica's: the pair is suspect
@@ -300,6 +308,7 @@ class TrustLedger:
                 "streak": record.streak,
                 "trusted": record.trusted(self.policy),
                 "audits_passed": record.passed,
+                "exact_audits_passed": record.exact,
                 "audits_disagreed": record.disagreed,
                 "replies_rejected": record.rejected,
                 "excluded_because": self._excluded.get(peer),
