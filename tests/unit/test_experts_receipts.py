@@ -207,3 +207,34 @@ def test_a_lossy_reply_is_recomputed_in_its_own_encoding(compression):
     lied = as_received([b.forward(sent)[0] * 1.02], compression)
     receipt = receipt_for(keys, store, b, [x], [b.forward(sent)[0] * 1.02], compression=compression)
     assert check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], lied).verdict is Verdict.CONTRADICTED
+
+
+def test_an_evicted_snapshots_memory_is_reused_only_when_nothing_else_holds_it():
+    b = backend()
+    size = sum(t.nelement() * t.element_size() for t in b.module.state_dict().values())
+    store = SnapshotStore(SnapshotPolicy(max_bytes=2 * size))
+    stamps = []
+    held = None
+    for step in range(6):
+        stamps.append(store.note(b))
+        if step == 1:
+            held = store.get(stamps[-1].digest)  # being served: its memory is not to be written over
+            held_values = [t.clone() for t in held.tensors]
+        b.backward([torch.randn(2, HIDDEN)], [torch.randn(2, HIDDEN)])
+    assert all(torch.equal(a, c) for a, c in zip(held.tensors, held_values)) and held.matches()
+    for stamp in stamps[-2:]:  # the kept ones, some written into reused memory, match their digests
+        kept = store.get(stamp.digest)
+        assert kept is not None and kept.matches()
+    assert store.report()["snapshots"] == 2 and store.reused >= 2
+
+
+def test_a_large_state_digests_the_same_on_two_threads():
+    from volunteer.experts.snapshots import PARALLEL_DIGEST, state_digest
+    import hashlib
+
+    named = [("a", torch.randn(PARALLEL_DIGEST // 4)), ("b", torch.randn(1000)), ("c", torch.randn(PARALLEL_DIGEST // 4))]
+    expected = hashlib.sha256()
+    for name, tensor in named:
+        expected.update(name.encode() + b"\0")
+        expected.update(tensor_digest([tensor]))
+    assert state_digest(list(reversed(named))) == expected.digest()

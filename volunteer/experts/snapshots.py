@@ -8,7 +8,9 @@ of its fingerprint (``ExpertBackend.state_fingerprint``).
 
 What is kept, ``SnapshotPolicy``: every snapshot younger than ``keep_s`` seconds, within
 ``max_bytes`` in all and ``max_count`` snapshots (oldest forgotten first), and always the newest of
-each expert. An auditor fetches a snapshot right after the reply it audits (the forward's at
+each expert; plus, per expert, the memory of its last evicted snapshot, which the next one is
+copied into (a copy into touched memory costs a fraction of a fresh allocation; only when nothing
+is serving it). Large states are digested on two threads (hashlib releases the GIL). An auditor fetches a snapshot right after the reply it audits (the forward's at
 once, the backward's when the trainer's backward returns), well within the window; a snapshot
 asked for that is gone counts against its host (``audit.py``), so the budget a host states is a
 promise: the memory it takes is the module's size times the versions it answered from in the
@@ -18,9 +20,11 @@ window (one per optimizer step while it trains; ``benchmarks/audits.py`` measure
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Callable, Mapping, Sequence
 
@@ -50,12 +54,25 @@ class SnapshotPolicy:
 DEFAULT_SNAPSHOTS = SnapshotPolicy()
 
 
+PARALLEL_DIGEST = 256 * 1024  # bytes from which a state's tensors are digested on two threads
+_digesters: ThreadPoolExecutor | None = None  # hashlib releases the GIL: large tensors hash in parallel
+
+
 def state_digest(named: Sequence[tuple[str, torch.Tensor]]) -> bytes:
-    """The digest of a module state: its tensors' names, dtypes, shapes and values, by name."""
+    """The digest of a module state: its tensors' names, dtypes, shapes and values, by name (the
+    digest of each tensor's digest, so large states hash on two threads)."""
+    global _digesters
+    ordered = sorted(named, key=lambda item: item[0])
+    if sum(t.nelement() * t.element_size() for _, t in ordered) >= PARALLEL_DIGEST:
+        if _digesters is None:
+            _digesters = ThreadPoolExecutor(2, thread_name_prefix="volunteer-digest")
+        parts = list(_digesters.map(lambda item: tensor_digest([item[1]]), ordered))
+    else:
+        parts = [tensor_digest([t]) for _, t in ordered]
     digest = hashlib.sha256()
-    for name, tensor in sorted(named, key=lambda item: item[0]):
+    for (name, _), part in zip(ordered, parts):
         digest.update(name.encode() + b"\0")
-        digest.update(tensor_digest([tensor]))
+        digest.update(part)
     return digest.digest()
 
 
@@ -101,10 +118,12 @@ class SnapshotStore:
         self._lock = threading.Lock()
         self._kept: OrderedDict[bytes, Snapshot] = OrderedDict()  # digest -> snapshot, oldest first
         self._latest: dict[str, tuple[tuple, Stamp]] = {}  # uid -> (fingerprint, stamp)
+        self._spare: dict[str, list[torch.Tensor]] = {}  # uid -> the tensors of its last evicted snapshot, reused
         self.bytes = 0
         self.taken = 0  # snapshots taken
         self.served = 0
         self.missed = 0  # asked for and not (or no longer) kept
+        self.reused = 0  # snapshots written into an evicted one's memory
 
     def note(self, backend) -> Stamp:
         """The stamp of ``backend``'s current state, snapshotting it if it changed since the last
@@ -113,7 +132,10 @@ class SnapshotStore:
         found = self._latest.get(backend.uid)
         if found is not None and found[0] == fingerprint:
             return found[1]
-        named = [(name, t.detach().to("cpu", copy=True).contiguous()) for name, t in backend.module.state_dict().items()]
+        with self._lock:
+            spare = self._spare.pop(backend.uid, None)
+        named = _copied(backend.module.state_dict(), spare)
+        self.reused += spare is not None
         digest = state_digest(named)
         stamp = Stamp(backend.uid, backend.updates, digest, backend.expert_class, backend.hidden_dim,
                       backend.device.type, torch.get_num_threads())
@@ -153,7 +175,7 @@ class SnapshotStore:
         """Kept snapshots and bytes, the budget, and counts (``volunteer status``)."""
         with self._lock:
             return {"snapshots": len(self._kept), "bytes": self.bytes, "budget_bytes": self.policy.max_bytes,
-                    "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed}
+                    "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed, "reused": self.reused}
 
     def _evict(self) -> None:
         # under the lock: too old, too many or too big, oldest first; the newest of an expert stays
@@ -168,6 +190,33 @@ class SnapshotStore:
                 continue
             del self._kept[digest]
             self.bytes -= snapshot.nbytes
+            if snapshot.uid not in self._spare and _unshared(snapshot):
+                self._spare[snapshot.uid] = snapshot.tensors
+
+
+def _unshared(snapshot: Snapshot) -> bool:
+    """Whether nothing but the store holds ``snapshot`` or a view of its tensors (a snapshot
+    being served is held by the server, its payload by views): only then may its memory be
+    written over. (CPython's reference counts: the caller's name and the argument; a tensor's
+    list entry and the argument.)"""
+    return sys.getrefcount(snapshot) <= 3 and sys.getrefcount(snapshot.tensors) <= 2 and all(
+        sys.getrefcount(t) <= 3 for t in snapshot.tensors)
+
+
+def _copied(state: Mapping[str, torch.Tensor], spare: list[torch.Tensor] | None) -> list[tuple[str, torch.Tensor]]:
+    """CPU copies of ``state``'s tensors, written into ``spare`` (an evicted snapshot's tensors)
+    where they fit: a copy into memory already touched costs a fraction of a fresh allocation's."""
+    out = []
+    spare = list(spare) if spare is not None and len(spare) == len(state) else None
+    for index, (name, tensor) in enumerate(state.items()):
+        tensor = tensor.detach()
+        target = spare[index] if spare is not None else None
+        if target is not None and target.shape == tensor.shape and target.dtype == tensor.dtype:
+            target.copy_(tensor)
+        else:
+            target = tensor.to("cpu", copy=True).contiguous()
+        out.append((name, target))
+    return out
 
 
 def module_of(expert_class: str, hidden_dim: int | None, names: Sequence[str], tensors: Sequence[torch.Tensor],
