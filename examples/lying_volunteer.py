@@ -8,6 +8,7 @@ syncs and timing stay honest, as a real attacker's modified install would. The l
 
 - ``zeros``: outputs times 0 (a host that computes nothing);
 - ``times10``: outputs times 10;
+- ``negate``: outputs times -1 (a plausible scale: only the direction gives it away);
 - ``nan``: outputs times NaN;
 - ``random``: made-up outputs, noise at the honest output's scale (a host that computes nothing
   and hides it from a range check: only the direction of its replies gives it away);
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-LIES = ("zeros", "times10", "nan", "random", "subtle")
+LIES = ("zeros", "times10", "negate", "nan", "random", "subtle")
 SUBTLE_SHARE = 0.2  # forward passes the subtle liar changes
 SUBTLE_FACTOR = 1.03
 
@@ -49,7 +50,7 @@ class Lie:
         if self.kind == "random":
             noise = torch.randn(output.shape, generator=self.noise, dtype=output.dtype)
             return noise * (output.norm() / noise.norm().clamp_min(1e-12))
-        factor = {"zeros": 0.0, "times10": 10.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR}[self.kind]
+        factor = {"zeros": 0.0, "times10": 10.0, "negate": -1.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR}[self.kind]
         return output * factor
 
 
