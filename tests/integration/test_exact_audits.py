@@ -189,6 +189,11 @@ def test_honest_replicas_audited_on_every_call_all_pass_exactly():
         assert stats["exact_audits"] >= 40 and stats["proofs"] == 0 and stats["exclusions"] == 0, stats
         assert stats["snapshots_missing"] == 0 and stats["false_receipts"] == 0, stats
         assert all(trust[v.peer]["standing"] == "proven" for v in world.honest), (stats, trust)
+        assert all(trust[v.peer]["exact_audits_passed"] > 0 for v in world.honest), trust
         assert losses[-1] < losses[0]
+        # each host states what it keeps for audits, and served what was asked of it
+        kept = [v.server.snapshot()["snapshots"] for v in world.honest]
+        assert all(k["budget_bytes"] > 0 and k["bytes"] <= k["budget_bytes"] and k["missed"] == 0 for k in kept), kept
+        assert sum(k["served"] for k in kept) > 0, kept
     finally:
         world.close()

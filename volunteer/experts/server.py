@@ -145,6 +145,8 @@ class ExpertServer(BaseService):
             "refusals": dict(self.refusals),
             "trainer_policy": self.admission.policy.describe(),
             **self.runtime.trainer_report(),  # per trainer: applied, clipped, refused; rollbacks
+            # the states replies were answered from, kept for exact audits, and the budget stated for them
+            "snapshots": self.runtime.snapshots.report(),
             "upload_limit_bps": self.upload_limit,
             "upload": self.upload.snapshot(),  # the volunteer's whole upload, replicas' included
         }
