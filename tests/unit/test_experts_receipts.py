@@ -238,3 +238,24 @@ def test_a_large_state_digests_the_same_on_two_threads():
         expected.update(name.encode() + b"\0")
         expected.update(tensor_digest([tensor]))
     assert state_digest(list(reversed(named))) == expected.digest()
+
+
+def test_a_lossy_reply_one_rounding_step_off_in_a_value_passes_and_a_lie_does_not():
+    from volunteer.experts.recompute import rounding_only
+
+    keys, store, b = KeyPair.generate(), SnapshotStore(), backend()
+    x = torch.randn(1, HIDDEN)  # a small reply: one tipped value weighs most
+    sent = as_received([x], "blockwise8_64")
+    honest = as_received(b.forward(sent), "blockwise8_64")
+    tipped = honest[0].clone()
+    step = float(tipped.abs().max()) / 127
+    tipped[0, 3] += step  # hardware noise tipped one value over a rounding boundary
+    receipt = receipt_for(keys, store, b, [x], [tipped], compression="blockwise8_64")
+    snapshot = store.get(receipt.state)
+    finding = Recomputer().check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], [tipped])
+    assert finding.error > 1e-3 and finding.verdict is Verdict.PASSED, finding
+    assert not rounding_only(honest, [honest[0] * 1.02])
+    spread = honest[0].clone()
+    spread[0, :4] += step  # four values a step off in a reply of 32: not noise
+    assert not rounding_only(honest, [spread])
+    assert not rounding_only(honest, [honest[0] + torch.where(torch.arange(HIDDEN) == 5, 3 * step, 0.0)])
