@@ -15,7 +15,7 @@
 than 2 alive, at least --churn-processes (6) over the run. It prints how many experts lost their
 state (must be 0 with replicas 2) and how many updates were lost.
 
---liar zeros|times10|negate|nan|random|subtle: the swarm file declares the grid with --honest (3) + --liars (1) replicas
+--liar zeros|times10|negate|nan|random|subtle|scaled|turned|gradients: the swarm file declares the grid with --honest (3) + --liars (1) replicas
 synced every --sync-period seconds; --honest volunteers and one liar (examples/lying_volunteer.py,
 a `volunteer join` whose ffn experts lie) each host the whole grid. The trainer's guard and audits
 should exclude the liar; it prints when (after how many of the liar's replies) and why, and
@@ -238,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn-life", default="15:40", help="--churn: each volunteer lives MIN:MAX seconds")
     parser.add_argument("--churn-processes", type=int, default=6, help="--churn: volunteer processes over the run, at least")
     parser.add_argument("--max-experts", type=int, help="--churn: experts per volunteer (default: the whole grid)")
-    parser.add_argument("--liar", choices=("zeros", "times10", "negate", "nan", "random", "subtle"),
+    parser.add_argument("--liar", choices=("zeros", "times10", "negate", "nan", "random", "subtle", "scaled", "turned",
+                                           "gradients"),
                         help="one volunteer (--liars of them) among honest replicas of every expert lies this way")
     parser.add_argument("--liars", type=int, default=1, help="--liar: volunteers that lie, each a replica of every expert")
     parser.add_argument("--honest", type=int, help="honest replicas of every expert (default 3 with --liar)")

@@ -51,3 +51,18 @@ def test_two_liars_of_three_replicas_are_excluded_by_proof_and_the_honest_one_tr
         assert f"excluding volunteer {liar}: its outputs of expert" in out
     assert "contradicted by recompute" in out
     assert "reached 95% test accuracy" in out and summary["best"] >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lie, kind", [("scaled", "outputs"), ("turned", "outputs"), ("gradients", "input gradients")])
+def test_a_lie_inside_honest_drift_is_excluded_within_500_replies_on_a_real_join(lie, kind):
+    # x1.02, 30 degrees at the honest norm, or input gradients x1.02: within replicas' honest
+    # drift, so comparison passed them all; a recompute from the state the liar signed does not
+    code, out = run_example("--liar", lie, "--honest", "2", "--target", "0.95", "--epochs", "15")
+    assert code == 0, out[-4000:]
+    liar = next(line.split()[1] for line in out.splitlines() if line.startswith("liar: "))
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
+    assert summary["liar_excluded"] and summary["liar_excluded_after"] <= 500, summary
+    assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, out[-4000:]
+    assert f"excluding volunteer {liar}: its {kind} of expert" in out and "contradicted by recompute" in out
+    assert "reached 95% test accuracy" in out and summary["best"] >= 0.95
