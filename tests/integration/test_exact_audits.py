@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from volunteer import RemoteMixtureOfExperts, Swarm
+from volunteer.experts.receipts import Receipt
 from volunteer.experts.trust import TrustPolicy
 
 from .test_moe_audits import DHT, HIDDEN, REPLICAS, grid
@@ -117,9 +118,12 @@ def check_excluded_by_proof(world: World, *, kind: str = "outputs") -> dict:
         assert record["standing"] == "excluded", (record, world.moe.stats)
         assert record["excluded_after_replies"] <= BUDGET, record
         assert f"its {kind} of expert" in record["excluded_because"], record
-        assert "contradicted by recompute" in record["excluded_because"], record
+        assert "contradicted by recompute" in record["excluded_because"] and record["excluded_on_proof"], record
     for volunteer in world.honest:
         assert trust.get(volunteer.peer, {}).get("standing") != "excluded", trust[volunteer.peer]
+    proofs = world.moe._auditor.proofs  # the evidence: the liar's signed receipt, our inputs, the recompute
+    assert {p["peer"] for p in proofs} == {liar.peer for liar in world.liars}
+    assert all(Receipt.decode(p["receipt"]).verify(p["peer"]) and p["recomputed"] for p in proofs)
     assert world.moe.stats["proofs"] >= len(world.liars), world.moe.stats
     return trust
 

@@ -312,7 +312,7 @@ class Auditor:
                             "grad_outputs": [t.detach().clone() for t in grad_outputs] if grad_outputs else None,
                             "recomputed": list(finding.recomputed)})
         del self.proofs[:-16]
-        if self.ledger.exclude(str(peer), reason):
+        if self.ledger.exclude(str(peer), reason, proof=True):
             self.stats["exclusions"] += 1
             log.warning("excluding volunteer %s: %s", peer, reason)
 

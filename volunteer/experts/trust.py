@@ -106,6 +106,7 @@ class PeerRecord:
     streak: int = 0  # valid results in a row
     replies: int = 0  # replies the guard checked
     excluded_after: int | None = None  # replies checked when it was excluded
+    proof: bool = False  # excluded on a proof (a recompute contradicted a reply it signed)
     passed: int = 0
     exact: int = 0  # of those, exact audits (a recompute from the state it signed)
     disagreed: int = 0
@@ -278,12 +279,14 @@ class TrustLedger:
         record.streak = 0
         return record.rejected_in_a_row >= self.policy.guard_strikes
 
-    def exclude(self, peer: str, reason: str) -> bool:
-        """Exclude ``peer`` for ``reason``; False if it already was (the first reason stays)."""
+    def exclude(self, peer: str, reason: str, *, proof: bool = False) -> bool:
+        """Exclude ``peer`` for ``reason`` (``proof``: a recompute contradicted a reply it
+        signed, ``audit.py``); False if it already was (the first reason stays)."""
         if peer in self._excluded:
             return False
         self._excluded[peer] = reason
         self._peer(peer).excluded_after = self._peer(peer).replies
+        self._peer(peer).proof = proof
         while len(self._excluded) > self.policy.max_peers:
             self._excluded.popitem(last=False)
         return True
@@ -312,6 +315,7 @@ class TrustLedger:
                 "audits_disagreed": record.disagreed,
                 "replies_rejected": record.rejected,
                 "excluded_because": self._excluded.get(peer),
+                "excluded_on_proof": record.proof,
                 "outvoted_on": list(record.outvoted_on),
                 "experts": {uid: standing.value for uid, standing in sorted(mine.items())},
             }
