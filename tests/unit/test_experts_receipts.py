@@ -259,3 +259,18 @@ def test_a_lossy_reply_one_rounding_step_off_in_a_value_passes_and_a_lie_does_no
     spread[0, :4] += step  # four values a step off in a reply of 32: not noise
     assert not rounding_only(honest, [spread])
     assert not rounding_only(honest, [honest[0] + torch.where(torch.arange(HIDDEN) == 5, 3 * step, 0.0)])
+
+
+def test_a_receipt_naming_a_state_that_cannot_compute_the_call_is_false():
+    keys, store = KeyPair.generate(), SnapshotStore()
+    small = make_backend("ffn.0", "ffn", 16)  # the liar signs and serves a state of another width
+    x = torch.randn(4, HIDDEN)
+    outputs = [torch.randn(4, HIDDEN)]
+    stamp = store.note(small)
+    header, chunks = serialize(outputs)
+    receipt = Receipt(keys.peer_id.to_bytes(), "ffn.0", FORWARD, "ffn", 16, stamp.version, stamp.digest,
+                      tensor_digest([x]), payload_digest(header, list(chunks)), 4, "torch.float32", "cpu", 1,
+                      "none").sign(keys)
+    snapshot = store.get(stamp.digest)
+    finding = Recomputer().check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs)
+    assert finding.verdict is Verdict.FALSE_RECEIPT, finding

@@ -141,7 +141,10 @@ class Recomputer:
             except Exception as exc:  # noqa: BLE001 - a state that fits no module of its class is a false one
                 return Finding(Verdict.FALSE_RECEIPT, None, f"its state does not fit a {receipt.expert_class!r} "
                                                             f"expert: {exc}")
-            ours = self._run(module, sent_inputs, sent_grads)
+            try:
+                ours = self._run(module, sent_inputs, sent_grads)
+            except Exception as exc:  # noqa: BLE001 - a state that cannot compute our call did not compute the reply
+                return Finding(Verdict.FALSE_RECEIPT, None, f"the state it signed cannot compute this call: {exc}")
         ours = as_received(ours, receipt.compression, self.config)
         error = distance(ours, list(replied))
         what = "input gradients" if backward else "outputs"
