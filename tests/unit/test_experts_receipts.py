@@ -274,3 +274,14 @@ def test_a_receipt_naming_a_state_that_cannot_compute_the_call_is_false():
     snapshot = store.get(stamp.digest)
     finding = Recomputer().check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs)
     assert finding.verdict is Verdict.FALSE_RECEIPT, finding
+
+
+def test_a_host_named_by_its_multiaddr_is_its_peer_id():
+    from volunteer.net.multiaddr import Multiaddr
+
+    keys, store, b = KeyPair.generate(), SnapshotStore(), backend()
+    x = torch.randn(2, HIDDEN)
+    receipt = receipt_for(keys, store, b, [x], b.forward([x]))
+    addr = Multiaddr(f"/ip4/127.0.0.1/tcp/4001/p2p/{keys.peer_id}")
+    assert receipt.verify(addr) and receipt.verify(str(keys.peer_id))
+    check_reply(receipt, uid="ffn.0", op="forward", outputs=receipt.outputs, peer=addr)

@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ExpertProtocolError
 from ..net.identity import KeyPair, PeerID
+from ..net.multiaddr import Multiaddr
 
 DIGEST = 32  # bytes of every digest (sha256)
 SIGNED = b"volunteer/receipt/1\n"  # domain of the signature: no other signed message reads as a receipt
@@ -112,7 +113,7 @@ class Receipt:
             signer = self.signer
         except Exception:  # noqa: BLE001 - a malformed PeerID is a bad receipt, whatever the parser raised
             return False
-        if peer is not None and str(signer) != str(peer):
+        if peer is not None and _peer_bytes(peer) != self.peer:
             return False
         key = signer.extract_public_key()
         return key is not None and key.verify(self.signed_part(), self.signature)
@@ -180,6 +181,9 @@ def check_reply(receipt: Receipt | None, *, uid: str, op: str, outputs: bytes, p
 
 
 def _peer_bytes(peer: object) -> bytes | None:
+    """The PeerID bytes a host is named by (a PeerID, its string, or a multiaddr ending in it)."""
+    if isinstance(peer, Multiaddr):
+        peer = peer.peer_id
     if isinstance(peer, PeerID):
         return peer.to_bytes()
     try:
