@@ -100,6 +100,8 @@ class Case:
         self.grad_receipt: Receipt | None = None  # the backward reply's
 
 
+SNAPSHOTS_CACHED = 4  # fetched snapshots an auditor keeps (a forward and its backward often share one)
+
 # fetches the snapshot a receipt names from its host: (peer, uid, state digest) -> (names, tensors)
 FetchSnapshot = Callable[[Any, str, bytes], Any]
 
@@ -270,7 +272,7 @@ class Auditor:
                 self._snapshot_missing(uid, peer, receipt, describe(exc))
                 return None
             self._snapshots[receipt.state] = snapshot
-            while len(self._snapshots) > 8:
+            while len(self._snapshots) > SNAPSHOTS_CACHED:
                 del self._snapshots[next(iter(self._snapshots))]
         names, tensors = snapshot
         finding: Finding = await trio.to_thread.run_sync(

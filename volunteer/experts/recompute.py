@@ -128,7 +128,7 @@ class Recomputer:
         with self._lock:
             # the same fetched snapshot audited again (one per state version): digest and load once
             self._checked[receipt.state] = tensors
-            while len(self._checked) > 8:
+            while len(self._checked) > 4:
                 del self._checked[next(iter(self._checked))]
             key = (receipt.expert_class, receipt.hidden_dim)
             try:
