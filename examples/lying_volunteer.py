@@ -8,10 +8,15 @@ syncs and timing stay honest, as a real attacker's modified install would. The l
 
 - ``zeros``: outputs times 0 (a host that computes nothing);
 - ``times10``: outputs times 10;
+- ``negate``: outputs times -1 (a plausible scale: only the direction gives it away);
 - ``nan``: outputs times NaN;
 - ``random``: made-up outputs, noise at the honest output's scale (a host that computes nothing
   and hides it from a range check: only the direction of its replies gives it away);
-- ``subtle``: outputs +3 % on a random 20 % of forward passes (close to replicas' honest drift).
+- ``subtle``: outputs +3 % on a random 20 % of forward passes (close to replicas' honest drift);
+- ``scaled``: outputs x1.02 on every forward (far inside replicas' honest drift: only an exact
+  audit sees it);
+- ``turned``: outputs turned 30 degrees at the honest norm on every forward (likewise);
+- ``gradients``: honest outputs, input gradients x1.02 (only an exact audit of backwards sees it).
 
 ``Lie``, ``lie_in_module`` and ``lie_in_backward`` are importable too (tests make an in-process
 volunteer lie with them).
@@ -19,6 +24,7 @@ volunteer lie with them).
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from pathlib import Path
@@ -26,7 +32,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-LIES = ("zeros", "times10", "nan", "random", "subtle")
+LIES = ("zeros", "times10", "negate", "nan", "random", "subtle", "scaled", "turned", "gradients")
+SCALED = 1.02  # the scaled lie's factor (outputs, or input gradients for the gradients lie)
+TURN_DEGREES = 30.0  # the turned lie's angle
 SUBTLE_SHARE = 0.2  # forward passes the subtle liar changes
 SUBTLE_FACTOR = 1.03
 
@@ -43,13 +51,19 @@ class Lie:
         self.told = 0  # outputs changed
 
     def __call__(self, output: torch.Tensor) -> torch.Tensor:
-        if self.kind == "subtle" and self.rng.random() >= SUBTLE_SHARE:
-            return output
+        if self.kind == "gradients" or self.kind == "subtle" and self.rng.random() >= SUBTLE_SHARE:
+            return output  # the gradients lie is told in backward (lie_in_backward)
         self.told += 1
+        if self.kind == "turned":
+            other = torch.randn(output.shape, generator=self.noise, dtype=output.dtype)
+            other = other - (other * output).sum() / (output * output).sum().clamp_min(1e-12) * output
+            angle = math.radians(TURN_DEGREES)
+            return math.cos(angle) * output + math.sin(angle) * output.norm() / other.norm().clamp_min(1e-12) * other
         if self.kind == "random":
             noise = torch.randn(output.shape, generator=self.noise, dtype=output.dtype)
             return noise * (output.norm() / noise.norm().clamp_min(1e-12))
-        factor = {"zeros": 0.0, "times10": 10.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR}[self.kind]
+        factor = {"zeros": 0.0, "times10": 10.0, "negate": -1.0, "nan": float("nan"), "subtle": SUBTLE_FACTOR,
+                  "scaled": SCALED}[self.kind]
         return output * factor
 
 
@@ -93,7 +107,10 @@ def lie_in_served_ffn(lie: Lie) -> None:
 
     def patch(backend) -> None:
         if isinstance(backend.module, FeedForward):
-            lie_in_module(backend.module, lie)
+            if lie.kind == "gradients":
+                lie_in_backward(backend.module, SCALED)
+            else:
+                lie_in_module(backend.module, lie)
 
     honest_init, honest_add = Runtime.__init__, Runtime.add_backend
 

@@ -15,7 +15,7 @@
 than 2 alive, at least --churn-processes (6) over the run. It prints how many experts lost their
 state (must be 0 with replicas 2) and how many updates were lost.
 
---liar zeros|times10|nan|random|subtle: the swarm file declares the grid with --honest (3) + 1 replicas
+--liar zeros|times10|negate|nan|random|subtle|scaled|turned|gradients: the swarm file declares the grid with --honest (3) + --liars (1) replicas
 synced every --sync-period seconds; --honest volunteers and one liar (examples/lying_volunteer.py,
 a `volunteer join` whose ffn experts lie) each host the whole grid. The trainer's guard and audits
 should exclude the liar; it prints when (after how many of the liar's replies) and why, and
@@ -133,27 +133,31 @@ class Testnet:
 
 class ReplicatedSwarm:
     """``honest`` volunteer processes each hosting every expert of the grid (replicas synced every
-    ``sync_period`` s) and, with ``lie``, one more whose experts lie (examples/lying_volunteer.py)."""
+    ``sync_period`` s) and, with ``lie``, ``liars`` more whose experts lie (examples/lying_volunteer.py)."""
 
-    def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int) -> None:
+    def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int,
+                 liars: int = 1) -> None:
         from churn_swarm import ChurnSwarm
 
         experts = grid[0] * grid[1]
         self.lie = lie
-        self.swarm = ChurnSwarm(grid=grid, hidden=hidden, replicas=honest + (1 if lie else 0), sync_period=sync_period,
+        self.liars = liars if lie else 0
+        self.swarm = ChurnSwarm(grid=grid, hidden=hidden, replicas=honest + self.liars, sync_period=sync_period,
                                 max_experts=experts, life=(1e9, 1e9), seed=seed)
         self.honest = honest
         self.honest_peers: list[str] = []
         self.liar_peer: str | None = None
+        self.liar_peers: list[str] = []
 
     def start(self):
         """Start the volunteers (the liar last: it catches up from an honest replica, as a real
         newcomer would); returns the swarm file."""
         for _ in range(self.honest):
             self.honest_peers.append(self.swarm.peer_id(self.swarm.start_volunteer()))
-        if self.lie:
-            self.liar_peer = self.swarm.peer_id(self.swarm.start_volunteer(lie=self.lie))
-            print(f"liar: {self.liar_peer} ({self.lie})", flush=True)
+        for _ in range(self.liars):
+            self.liar_peers.append(self.swarm.peer_id(self.swarm.start_volunteer(lie=self.lie)))
+            print(f"liar: {self.liar_peers[-1]} ({self.lie})", flush=True)
+        self.liar_peer = self.liar_peers[0] if self.liar_peers else None
         return self.swarm.swarm_file
 
     def report(self, trust: dict, best: float, step_times: dict[bool, list[tuple[float, float]]], mixture: dict) -> None:
@@ -165,20 +169,26 @@ class ReplicatedSwarm:
         honest_excluded = [p for p in self.honest_peers if trust.get(p, {}).get("standing") == "excluded"]
         for peer in honest_excluded:
             print(f"HONEST volunteer {peer} excluded: {trust[peer]['excluded_because']}", flush=True)
-        liar = trust.get(self.liar_peer or "", {})
-        if self.liar_peer:
-            if liar.get("standing") == "excluded":
-                print(f"liar excluded after {liar['excluded_after_replies']} of its replies: {liar['excluded_because']}",
+        for peer in self.liar_peers:
+            record = trust.get(peer, {})
+            if record.get("standing") == "excluded":
+                print(f"liar excluded after {record['excluded_after_replies']} of its replies: {record['excluded_because']}",
                       flush=True)
             else:
-                print(f"liar NOT excluded ({liar.get('standing', 'never called')}, {liar.get('replies', 0)} replies, "
-                      f"{liar.get('audits_disagreed', 0)} audits disagreed)", flush=True)
+                print(f"liar NOT excluded ({record.get('standing', 'never called')}, {record.get('replies', 0)} replies, "
+                      f"{record.get('audits_disagreed', 0)} audits disagreed)", flush=True)
+        liars = [trust.get(peer, {}) for peer in self.liar_peers]
+        # the liar that lasted longest speaks for them all
+        liar = max(liars, key=lambda r: (r.get("standing") != "excluded", r.get("excluded_after_replies") or 0),
+                   default={})
         medians = {on: statistics.median(wall for wall, _ in t) if t else None for on, t in step_times.items()}
         cpu = {on: statistics.median(cpu for _, cpu in t) if t else None for on, t in step_times.items()}
         summary = {
             "lie": self.lie, "best": best, "liar_excluded": liar.get("standing") == "excluded",
             "liar_excluded_after": liar.get("excluded_after_replies"), "liar_replies": liar.get("replies", 0),
             "liar_audits_disagreed": liar.get("audits_disagreed", 0),
+            "liars": len(self.liar_peers), "liars_excluded": sum(r.get("standing") == "excluded" for r in liars),
+            "liars_replies": sum(r.get("replies", 0) for r in liars),
             "honest_excluded": len(honest_excluded),
             # an honest replica of one expert whose syncs lagged, outvoted on it: not called for it
             "honest_outvoted_on": sum(len(trust.get(p, {}).get("outvoted_on", [])) for p in self.honest_peers),
@@ -231,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn-life", default="15:40", help="--churn: each volunteer lives MIN:MAX seconds")
     parser.add_argument("--churn-processes", type=int, default=6, help="--churn: volunteer processes over the run, at least")
     parser.add_argument("--max-experts", type=int, help="--churn: experts per volunteer (default: the whole grid)")
-    parser.add_argument("--liar", choices=("zeros", "times10", "nan", "random", "subtle"),
-                        help="one volunteer among honest replicas of every expert lies this way")
+    parser.add_argument("--liar", choices=("zeros", "times10", "negate", "nan", "random", "subtle", "scaled", "turned",
+                                           "gradients"),
+                        help="one volunteer (--liars of them) among honest replicas of every expert lies this way")
+    parser.add_argument("--liars", type=int, default=1, help="--liar: volunteers that lie, each a replica of every expert")
     parser.add_argument("--honest", type=int, help="honest replicas of every expert (default 3 with --liar)")
     parser.add_argument("--audits", choices=("on", "off", "alternate"), default="on",
                         help="audit calls (alternate: on and off every 10 steps, to compare step times)")
@@ -255,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         # whom they excluded
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("volunteer.experts.audit").setLevel(logging.INFO)
-        replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed)
+        replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed,
+                                     liars=args.liars)
     elif args.churn:
         from churn_swarm import ChurnSwarm, ExpertLedger
 

@@ -2,7 +2,8 @@
 processes and one whose ffn experts answer ten times their output (examples/lying_volunteer.py),
 each hosting the whole grid, replicas synced every 5 s. The trainer's audits exclude the liar
 within 200 of its replies, naming it and why, no honest volunteer is excluded, and training
-reaches 95 %. The example runs in its own process group: whatever happens, every process it
+reaches 95 %; and two liars of three replicas (negated outputs) are excluded on recompute's
+proof while the one honest replica trains to 95 % (a vote would have excluded it). The example runs in its own process group: whatever happens, every process it
 started is killed when the test ends."""
 
 from __future__ import annotations
@@ -32,4 +33,36 @@ def test_a_volunteer_whose_experts_answer_ten_times_their_output_is_excluded_and
     honest = [line for line in out.splitlines() if line.startswith("HONEST volunteer") or "asking a third replica" in line]
     assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, "\n".join(honest)
     assert f"excluding volunteer {liar}: its outputs of expert" in out  # the log line names it and why
+    assert "reached 95% test accuracy" in out and summary["best"] >= 0.95
+
+
+@pytest.mark.slow
+def test_two_liars_of_three_replicas_are_excluded_by_proof_and_the_honest_one_trains_to_95():
+    # two `volunteer join`s of every expert negate their outputs, one is honest: a vote would
+    # exclude the honest host; a recompute excludes the two liars and nobody else
+    code, out = run_example("--liar", "negate", "--liars", "2", "--honest", "1", "--target", "0.95", "--epochs", "15")
+    assert code == 0, out[-4000:]
+    liars = [line.split()[1] for line in out.splitlines() if line.startswith("liar: ")]
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
+    assert len(liars) == 2 and summary["liars_excluded"] == 2, summary
+    assert summary["liar_excluded_after"] <= 200, summary
+    assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, out[-4000:]
+    for liar in liars:
+        assert f"excluding volunteer {liar}: its outputs of expert" in out
+    assert "contradicted by recompute" in out
+    assert "reached 95% test accuracy" in out and summary["best"] >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lie, kind", [("scaled", "outputs"), ("turned", "outputs"), ("gradients", "input gradients")])
+def test_a_lie_inside_honest_drift_is_excluded_within_500_replies_on_a_real_join(lie, kind):
+    # x1.02, 30 degrees at the honest norm, or input gradients x1.02: within replicas' honest
+    # drift, so comparison passed them all; a recompute from the state the liar signed does not
+    code, out = run_example("--liar", lie, "--honest", "2", "--target", "0.95", "--epochs", "15")
+    assert code == 0, out[-4000:]
+    liar = next(line.split()[1] for line in out.splitlines() if line.startswith("liar: "))
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
+    assert summary["liar_excluded"] and summary["liar_excluded_after"] <= 500, summary
+    assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, out[-4000:]
+    assert f"excluding volunteer {liar}: its {kind} of expert" in out and "contradicted by recompute" in out
     assert "reached 95% test accuracy" in out and summary["best"] >= 0.95

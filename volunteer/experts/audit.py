@@ -1,4 +1,21 @@
-"""Audits: a trainer sends some of its calls to a second replica too and compares the answers.
+"""Audits: a trainer recomputes some replies exactly, or (for hosts without receipts) sends some
+of its calls to a second replica too and compares the answers.
+
+**Exact audits** (every reply of our own swarm kind carries a signed receipt, ``receipts.py``):
+an audited reply's host is asked for the snapshot of the state its receipt names
+(``snapshots.py``), and the trainer recomputes the call from it (``recompute.py``): its forward
+outputs, and once the trainer's backward returned, the input gradients of that backward (from the
+state the backward's own receipt names). A reply the recompute contradicts is a proof: its host is
+excluded at once, whatever any other replica answered; a false receipt (not the host's signature,
+a served state that is not the one it names, other inputs than ours) excludes it as well. A
+snapshot the host does not serve (gone, refused, timed out) fails that audit: the pair is suspect,
+and ``missing_to_exclude`` of them since the peer last passed one exclude it. Nothing here counts
+votes: one honest replica, or none, suffices. Which replies: at the ledger's adaptive rates
+(below), and every reply the guard rejected as implausible (the guard alone never excludes a
+receipted host: recompute settles it). The host sees a snapshot fetch only after its signed
+reply is gone, so knowing which replies are audited does not let it answer those honestly.
+
+What follows is the comparison audit, for hosts whose replies carry no receipt (hivemind's).
 
 Which calls: each answered call of a host is audited with the probability its standing gives
 (``trust.TrustLedger.audit_probability``: high for a host not yet trusted, then 1/streak, never
@@ -47,6 +64,8 @@ from .comparison import (
     DEFAULT_AUDITS, AuditConfig, Gap, Outcome, aligned, compare, judge, loose_tolerance, lossier, tolerance,
 )
 from .guard import GRADIENTS, OUTPUTS
+from .receipts import Receipt
+from .recompute import Finding, Recomputer, Verdict
 from .trust import TrustLedger
 
 log = logging.getLogger(__name__)
@@ -72,10 +91,19 @@ class Case:
     """One audited call: the inputs, the first answer, and (once the trainer's backward ran) the
     output gradients it sent and the input gradients it got back."""
 
-    def __init__(self, uid: str, inputs: torch.Tensor, first: Opinion, backward_follows: bool) -> None:
+    def __init__(self, uid: str, inputs: torch.Tensor, first: Opinion, backward_follows: bool,
+                 receipt: Receipt | None = None) -> None:
         self.uid, self.inputs, self.first, self.backward_follows = uid, inputs, first, backward_follows
         self.grad_outputs: torch.Tensor | None = None
         self.backward_done = trio.Event()
+        self.receipt = receipt  # the forward reply's receipt (an exact audit)
+        self.grad_receipt: Receipt | None = None  # the backward reply's
+
+
+SNAPSHOTS_CACHED = 4  # fetched snapshots an auditor keeps (a forward and its backward often share one)
+
+# fetches the snapshot a receipt names from its host: (peer, uid, state digest) -> (names, tensors)
+FetchSnapshot = Callable[[Any, str, bytes], Any]
 
 
 class Declared(Protocol):
@@ -117,6 +145,9 @@ class Auditor:
         compression: str = "none",
         backward_wait: float = 60.0,
         rng: random.Random | None = None,
+        fetch_snapshot: FetchSnapshot | None = None,
+        recomputer: Recomputer | None = None,
+        missing_to_exclude: int = 3,
     ) -> None:
         self.ledger, self.replicas, self.make_call, self.stats = ledger, replicas, make_call, stats
         self.config, self.compression, self.backward_wait = config, compression, backward_wait
@@ -124,7 +155,14 @@ class Auditor:
         self.enabled = True
         self.pending = 0
         self._rejected: dict[str, tuple[torch.Tensor, Opinion]] = {}  # this forward's rejected replies, by uid
-        for key in ("audits", "disagreements", "outvoted", "exclusions", "stale", "unauditable", "audits_skipped"):
+        self.fetch_snapshot = fetch_snapshot
+        self.recomputer = recomputer or Recomputer()
+        self.missing_to_exclude = missing_to_exclude
+        self._missing: dict[str, int] = {}  # peer -> snapshots it did not serve since it last passed
+        self._snapshots: dict[bytes, tuple] = {}  # a few fetched snapshots by digest (most recent last)
+        self.proofs: list[dict] = []  # the last proofs found (receipt, inputs, recomputed), newest last
+        for key in ("audits", "disagreements", "outvoted", "exclusions", "stale", "unauditable", "audits_skipped",
+                    "exact_audits", "proofs", "snapshots_missing", "false_receipts"):
             stats.setdefault(key, 0)
 
     # --- called by the mixture, on the event loop ------------------------------------------------
@@ -132,20 +170,34 @@ class Auditor:
         """A new forward: rejected replies of the last one can no longer meet their fail-over."""
         self._rejected.clear()
 
-    def rejected(self, call, inputs: torch.Tensor, error: ExpertReplyRejected) -> None:
-        """The guard rejected ``call``'s finite reply: keep it for the fail-over's answer."""
+    def rejected(self, call, inputs: torch.Tensor, error: ExpertReplyRejected, receipt: Receipt | None = None) -> None:
+        """The guard rejected ``call``'s finite reply: recompute it if it has a receipt, else keep
+        it for the fail-over's answer."""
         if error.excluded:
             self.stats["exclusions"] += 1
-        if error.outputs is not None and not error.excluded and self.enabled:
-            self._rejected[call.uid] = (inputs, Opinion(call.peer, self._age(call.uid, call.peer), error.outputs))
+        if error.outputs is None or error.excluded or not self.enabled:
+            return
+        first = Opinion(call.peer, self._age(call.uid, call.peer), error.outputs)
+        if receipt is not None and self.fetch_snapshot is not None:
+            self._start(self._exact, Case(call.uid, inputs, first, False, receipt))
+            return
+        self._rejected[call.uid] = (inputs, first)
 
-    def answered(self, call, inputs: torch.Tensor, outputs: list[torch.Tensor], compression: str | None = None) -> Case | None:
+    def answered(self, call, inputs: torch.Tensor, outputs: list[torch.Tensor], compression: str | None = None,
+                 receipt: Receipt | None = None) -> Case | None:
         """``call`` answered ``outputs`` (past the guard; ``compression``: the encoding they
-        travelled in): compare them with a reply the guard rejected for the same inputs, or audit
-        them by chance. Returns the case, if any, for ``backward_sent``."""
+        travelled in; ``receipt``: the reply's): audit it exactly by chance if it has a receipt;
+        else compare it with a reply the guard rejected for the same inputs, or audit it by
+        chance. Returns the case, if any, for ``backward_sent``."""
         if not self.enabled:
             return None
         first = Opinion(call.peer, self._age(call.uid, call.peer), outputs, compression=compression)
+        if receipt is not None and self.fetch_snapshot is not None:
+            self._rejected.pop(call.uid, None)  # a receipted fail-over: its rejected twin is recomputed already
+            if self.rng.random() >= self.ledger.audit_probability(call.uid, str(call.peer)):
+                return None
+            case = Case(call.uid, inputs, first, call.backward_follows, receipt)
+            return case if self._start(self._exact, case) else None
         earlier = self._rejected.pop(call.uid, None)
         if earlier is not None and earlier[0].shape == inputs.shape and torch.equal(earlier[0], inputs):
             case = Case(call.uid, inputs, earlier[1], backward_follows=False)
@@ -157,13 +209,14 @@ class Auditor:
         return case if self._start(self._audit, case) else None
 
     def backward_sent(self, case: Case | None, grad_outputs: torch.Tensor | None, grad_inputs: torch.Tensor | None,
-                      compression: str | None = None) -> None:
+                      compression: str | None = None, receipt: Receipt | None = None) -> None:
         """The trainer's backward of an audited call went out (``grad_outputs`` None: it had
         none); ``grad_inputs``: what the audited host answered (None if it failed), in
-        ``compression``."""
+        ``compression``, with ``receipt``."""
         if case is None:
             return
         case.grad_outputs = grad_outputs
+        case.grad_receipt = receipt
         if grad_inputs is not None:
             case.first.grads = [grad_inputs]
             case.first.travelled(compression)
@@ -185,6 +238,85 @@ class Auditor:
             log.exception("an audit of %s failed", args[0].uid)
         finally:
             self.pending -= 1
+
+    async def _exact(self, case: Case) -> None:
+        """Recompute an audited reply from the state its receipt names; then, once the trainer's
+        backward of it returned, that backward's input gradients (see the module docstring)."""
+        assert case.receipt is not None
+        first = case.first
+        verdict = await self._recompute(case.uid, first.peer, case.receipt, [case.inputs], first.outputs, OUTPUTS)
+        if verdict is not Verdict.PASSED or not case.backward_follows:
+            return
+        with trio.move_on_after(self.backward_wait):
+            await case.backward_done.wait()
+        if case.grad_outputs is None or case.grad_receipt is None or first.grads is None:
+            return  # no backward ran, or it failed: nothing to check
+        await self._recompute(case.uid, first.peer, case.grad_receipt, [case.inputs], first.grads, GRADIENTS,
+                              grad_outputs=[case.grad_outputs], input_compression=case.receipt.compression)
+
+    async def _recompute(self, uid: str, peer, receipt: Receipt, inputs, replied, kind: str, *,
+                         grad_outputs=None, input_compression: str | None = None) -> Verdict | None:
+        """One exact audit: fetch the snapshot, recompute, act on the finding. None: the snapshot
+        did not come (counted against the host)."""
+        assert self.fetch_snapshot is not None
+        name = str(peer)
+        if self.ledger.excluded(name):
+            return None
+        self.stats["audits"] += 1
+        self.stats["exact_audits"] += 1
+        snapshot = self._snapshots.get(receipt.state)
+        if snapshot is None:
+            try:
+                snapshot = await self.fetch_snapshot(peer, uid, receipt.state)
+            except ExpertError as exc:
+                self._snapshot_missing(uid, peer, receipt, describe(exc))
+                return None
+            self._snapshots[receipt.state] = snapshot
+            while len(self._snapshots) > SNAPSHOTS_CACHED:
+                del self._snapshots[next(iter(self._snapshots))]
+        names, tensors = snapshot
+        finding: Finding = await trio.to_thread.run_sync(
+            self.recomputer.check, receipt, peer, names, tensors, inputs, replied, grad_outputs, input_compression)
+        if finding.verdict is Verdict.PASSED:
+            self._missing.pop(name, None)
+            self.ledger.passed(uid, name, exact=True)
+            return finding.verdict
+        if finding.verdict is Verdict.FALSE_RECEIPT:
+            self.stats["false_receipts"] += 1
+            reason = f"its {kind} of expert {uid} came with a false receipt: {finding.detail}"
+        else:
+            reason = f"its {kind} of expert {uid} were contradicted by recompute: {finding.detail}"
+        self._snapshots.pop(receipt.state, None)
+        self._prove(uid, peer, receipt, reason, finding, inputs, grad_outputs)
+        return finding.verdict
+
+    def _snapshot_missing(self, uid: str, peer, receipt: Receipt, why: str) -> None:
+        """The host did not serve the state a receipt of its named: a failed audit for that reply;
+        ``missing_to_exclude`` since it last passed one exclude it."""
+        name = str(peer)
+        self.stats["snapshots_missing"] += 1
+        self.ledger.disagreed(uid, name)
+        count = self._missing[name] = self._missing.get(name, 0) + 1
+        while len(self._missing) > 4096:
+            del self._missing[next(iter(self._missing))]
+        log.info("audit of %s: %s did not serve the state its receipt names (version %d): %s (%d in a row)",
+                 uid, peer, receipt.version, why, count)
+        if count >= self.missing_to_exclude and self.ledger.exclude(
+                name, f"it did not serve the states {count} of its receipts for expert {uid} named (last: {why})"):
+            self.stats["exclusions"] += 1
+            log.warning("excluding volunteer %s: it did not serve the states %d of its receipts named", peer, count)
+
+    def _prove(self, uid: str, peer, receipt: Receipt, reason: str, finding: Finding, inputs, grad_outputs) -> None:
+        """A proof against ``peer``: excluded on it, whoever else agreed with its reply."""
+        self.stats["proofs"] += 1
+        self.proofs.append({"peer": str(peer), "uid": uid, "reason": reason, "receipt": receipt.encode(),
+                            "inputs": [t.detach().clone() for t in inputs],
+                            "grad_outputs": [t.detach().clone() for t in grad_outputs] if grad_outputs else None,
+                            "recomputed": list(finding.recomputed)})
+        del self.proofs[:-16]
+        if self.ledger.exclude(str(peer), reason, proof=True):
+            self.stats["exclusions"] += 1
+            log.warning("excluding volunteer %s: %s", peer, reason)
 
     async def _audit(self, case: Case) -> None:
         first = case.first

@@ -52,6 +52,7 @@ class CallReport:
     server_s: float | None = None  # the volunteer's time on the call, from its reply
     kept: int | None = None  # forward: the volunteer's key for the inputs it kept for the backward
     resent_inputs: bool = False  # backward: the volunteer had forgotten them, so they went again
+    receipt: object = None  # forward/backward: the reply's receipts.Receipt (checked against what arrived)
 
     @property
     def total(self) -> float | None:

@@ -46,6 +46,7 @@ from .failures import raise_remote
 from .guard import ReplyGuard
 from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
+from .receipts import PayloadDigest, Receipt, check_reply
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
 PEER_IDS_REMEMBERED = 1024  # multiaddrs whose parsed PeerID call_expert keeps
@@ -82,8 +83,13 @@ async def call_expert(
     kept: int | None = None,
     report: CallReport | None = None,
     credential: bytes | None = None,
+    digest: bytes | None = None,
 ):
-    """One ``info`` / ``forward`` / ``backward`` call; returns the info dict or the output tensors.
+    """One ``info`` / ``forward`` / ``backward`` / ``snapshot`` call; returns the info dict, the
+    output tensors, or (snapshot, by the state ``digest`` a receipt named) the reply's ``sn`` map
+    and the state's tensors. A forward's or backward's reply must carry a receipt that names this
+    call and what arrived (``receipts.check_reply``), kept in ``report.receipt``; else the call
+    fails (ExpertProtocolError).
     ``backward_follows`` (forward): we will call backward with these inputs, so the server may
     keep the forward's graph (and the inputs) for it. ``kept`` (backward): the key under which
     the forward's reply said the inputs are kept (``CallReport.kept``): only the gradients go,
@@ -97,7 +103,7 @@ async def call_expert(
     report = report if report is not None else CallReport()
     report.op, report.compression, report.started = op, compression, trio.current_time()
     request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward",
-                      credential=credential)
+                      credential=credential, digest=digest)
     sending = list(tensors)
     if op == "backward" and kept is not None and n_inputs:
         request, sending = replace(request, kept=kept, n_inputs=0), sending[n_inputs:]
@@ -118,7 +124,7 @@ async def call_expert(
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
                 async with lease:
-                    return await _exchange(lease, request, sending, peer_name, config, report)
+                    return await _exchange(lease, request, sending, peer_name, config, report, peer_id)
             except _StaleStream as exc:
                 if lease.reused and not stale_retried:
                     stale_retried = True
@@ -140,11 +146,11 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport):
+async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id=None):
     reader = lease.stream
     op, uid = request.op, request.uid
     chunks = iter(())
-    if op != "info":
+    if op in ("forward", "backward"):
         header, chunks = serialize(list(tensors), request.compression, config=config)
         request = replace(request, tensors=header)
         report.bytes_out += header["n"]
@@ -197,14 +203,30 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
     if op == "info":
         report.done = trio.current_time()
         return reply.info
+    receipted = op in ("forward", "backward")
+    receipt = None
+    if receipted:
+        try:
+            receipt = Receipt.from_wire(reply.receipt) if reply.receipt is not None else None
+        except ExpertProtocolError as exc:
+            lease.discard()
+            raise ExpertProtocolError(f"{peer_name} sent a bad receipt for {uid!r}: {exc}") from None
     outputs = TensorReader(reply.tensors, config=config)
+    hashed = PayloadDigest(reply.tensors) if receipt is not None else None
     while not outputs.done:
         chunk = await reader.receive_some(min(outputs.remaining, RECEIVE_CHUNK))
         if not chunk:
             raise ExpertUnavailableError(f"{peer_name} closed the call to {uid!r} mid-reply")
         outputs.feed(chunk)
+        if hashed is not None:
+            hashed.update(chunk)
     report.bytes_in += outputs.expected
     report.done = trio.current_time()
+    if receipted:
+        report.receipt = check_reply(receipt, uid=uid, op=op, outputs=hashed.digest() if hashed else b"",
+                                     peer=peer_id if peer_id is not None else peer_name)
+    if op == "snapshot":
+        return reply.snapshot, outputs.finish()
     return outputs.finish()
 
 
@@ -243,12 +265,24 @@ class DHTDirectory:
         backward_follows: bool = False,
         kept: int | None = None,
         report: CallReport | None = None,
+        digest: bytes | None = None,
     ) -> list[torch.Tensor] | dict:
         return await call_expert(
             self.host, peer, uid, op, tensors, swarm_id=self.swarm_id, n_inputs=n_inputs, compression=compression,
             timeout=timeout, faults=faults, config=self.config, backward_follows=backward_follows, kept=kept,
-            report=report, credential=self.credential,
+            report=report, credential=self.credential, digest=digest,
         )
+
+
+async def fetch_snapshot(directory: DHTDirectory, peer: PeerID | Multiaddr, uid: str, digest: bytes,
+                         timeout: float = DEFAULT_FORWARD_TIMEOUT) -> tuple[list[str], list[torch.Tensor]]:
+    """The snapshot of ``uid`` with state ``digest`` (a receipt named it) from the host that
+    signed it: (tensor names, tensors). ExpertError when it is not served (``forgotten``: gone)."""
+    meta, tensors = await directory.call_expert(peer, uid, "snapshot", timeout=timeout, digest=digest)
+    names = list(meta["n"])
+    if len(names) != len(tensors):
+        raise ExpertProtocolError(f"{peer} named {len(names)} tensors of a snapshot of {uid!r} and sent {len(tensors)}")
+    return names, tensors
 
 
 class _Call:
@@ -294,7 +328,7 @@ class _Call:
         def check(outputs: list[torch.Tensor]) -> None:
             if self.guard is not None:
                 _refuse_excluded(self)  # caught while this call was in flight: its reply is not taken
-                self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs)
+                self.guard.check_outputs(self.uid, self.peer_key, outputs, inputs, receipted=report.receipt is not None)
 
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "forward", inputs, compression=self._encoding(), timeout=self.forward_timeout,
@@ -314,7 +348,8 @@ class _Call:
         def check(grad_inputs: list[torch.Tensor]) -> None:
             if self.guard is not None:
                 _refuse_excluded(self)
-                self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads)
+                self.guard.check_gradients(self.uid, self.peer_key, grad_inputs, grads,
+                                           receipted=report.receipt is not None)
 
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self._encoding(),
@@ -489,4 +524,4 @@ class RemoteExpert(nn.Module):
         return f"uid={self.uid!r}, peer={self.peer}"
 
 
-__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert", "peer_key"]
+__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert", "fetch_snapshot", "peer_key"]

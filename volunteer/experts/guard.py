@@ -13,8 +13,10 @@ seen. Robust statistics: a minority of liars among a uid's answers cannot move t
 ``ReplyGuard`` applies it and tells the ``TrustLedger``: a non-finite reply excludes its host at
 once; an implausible one counts against the (uid, peer) and fails the call (the mixture then
 fails over to another replica and compares the two answers, ``audit.py``); ``guard_strikes``
-implausible replies of a peer in a row exclude it. Cost: one reduction per reply tensor on the
-trainer's event-loop thread.
+implausible replies of a peer in a row exclude it, unless its replies carry receipts
+(``receipts.py``): the range is learned from replies, a majority of which may be lies, so for a
+receipted reply it only fails the call, and the auditor recomputes that reply (``audit.py``).
+Cost: one reduction per reply tensor on the trainer's event-loop thread.
 """
 
 from __future__ import annotations
@@ -137,13 +139,16 @@ class ReplyGuard:
         self.config = config
         self.ranges = RangeTracker(config)
 
-    def check_outputs(self, uid: str, peer: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = ()) -> None:
+    def check_outputs(self, uid: str, peer: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor] = (),
+                      *, receipted: bool = False) -> None:
         """Raise ``NonFiniteReplyError`` / ``ImplausibleReplyError`` if a forward's reply fails.
-        ``inputs``: what was sent (an all-zero input may honestly give an all-zero output)."""
-        self._check(uid, peer, OUTPUTS, log_rms(outputs), outputs, inputs)
+        ``inputs``: what was sent (an all-zero input may honestly give an all-zero output);
+        ``receipted``: the reply carries a receipt (implausible replies then never exclude)."""
+        self._check(uid, peer, OUTPUTS, log_rms(outputs), outputs, inputs, receipted)
 
     def check_gradients(
-        self, uid: str, peer: str, grad_inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor]
+        self, uid: str, peer: str, grad_inputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch.Tensor],
+        *, receipted: bool = False,
     ) -> None:
         """Raise if a backward's reply (``grad_inputs`` for the ``grad_outputs`` we sent) fails."""
         scale = log_rms(grad_inputs)
@@ -152,11 +157,11 @@ class ReplyGuard:
             scale -= sent  # the expert's gain
         elif scale is not None:
             scale = math.nan  # nothing to relate it to: finiteness is all we can check
-        self._check(uid, peer, GRADIENTS, scale, grad_inputs, grad_outputs)
+        self._check(uid, peer, GRADIENTS, scale, grad_inputs, grad_outputs, receipted)
 
     def _check(
         self, uid: str, peer: str, kind: str, scale: float | None, tensors: Sequence[torch.Tensor],
-        sent: Sequence[torch.Tensor],
+        sent: Sequence[torch.Tensor], receipted: bool = False,
     ) -> None:
         ledger = self.ledger
         ledger.replied(peer)
@@ -177,7 +182,7 @@ class ReplyGuard:
             detail = (f"the RMS of its {kind} of expert {uid} is {_exp(scale):.3g}, outside the plausible "
                       f"{_exp(low):.3g}..{_exp(high):.3g} its replicas set")
             excluded = False
-            if ledger.rejected(uid, peer):
+            if ledger.rejected(uid, peer) and not receipted:
                 reason = f"{ledger.policy.guard_strikes} replies in a row out of range ({detail})"
                 excluded = ledger.exclude(peer, reason)
                 if excluded:

@@ -53,7 +53,7 @@ from ..errors import (
 from ..dht.grid import parse_uid
 from .audit import Auditor
 from .callstats import AUTO, CallReport
-from .client import DUMMY, _Call, detached_cpu
+from .client import DUMMY, _Call, detached_cpu, fetch_snapshot
 from .comparison import DEFAULT_AUDITS, AuditConfig, aligned
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
@@ -107,7 +107,7 @@ class _Plan:
                     outputs = results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
                     self.moe._answered(self.calls[i], time.monotonic() - started)
                     self.audits[i] = self.moe._auditor.answered(
-                        self.calls[i], inputs[i], outputs, self.reports[i].compression)
+                        self.calls[i], inputs[i], outputs, self.reports[i].compression, self.reports[i].receipt)
                     for b in self.samples[i].tolist():
                         answers[b] += 1
                     if all(a >= n for a, n in zip(answers, self.need)):
@@ -116,7 +116,7 @@ class _Plan:
                     self.errors.append(exc)
                     self.moe._failed(self.calls[i], exc)
                     if isinstance(exc, ExpertReplyRejected):
-                        self.moe._rejected(self.calls[i], inputs[i], exc)
+                        self.moe._rejected(self.calls[i], inputs[i], exc, self.reports[i].receipt)
                 finally:
                     finished += 1
                     if finished == len(self.calls):
@@ -150,7 +150,8 @@ class _Plan:
                 if isinstance(exc, ExpertReplyRejected):
                     self.moe._rejected(self.calls[i], None, exc)
             finally:
-                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression)
+                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression,
+                                                report.receipt)
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
@@ -251,6 +252,7 @@ class RemoteMixtureOfExperts(nn.Module):
         self._auditor = Auditor(
             self.trust, self._replicas_for_audit, self._audit_call, self._counts, config=audit_config,
             compression=compression, backward_wait=forward_timeout + backward_timeout, rng=self._random,
+            fetch_snapshot=self._fetch_snapshot,
         )
         self._auditor.enabled = audits
 
@@ -381,15 +383,19 @@ class RemoteMixtureOfExperts(nn.Module):
             self._avoid.pop(key, None)
 
     # --- checks (guard.py, audit.py) -----------------------------------------------------------
-    def _rejected(self, call: _Call, inputs: torch.Tensor | None, error: ExpertReplyRejected) -> None:
-        """The guard rejected ``call``'s reply: counted; a forward's finite reply is kept for
-        the auditor to compare with what the fail-over gets for the same inputs."""
+    def _rejected(self, call: _Call, inputs: torch.Tensor | None, error: ExpertReplyRejected, receipt=None) -> None:
+        """The guard rejected ``call``'s reply: counted; a forward's finite reply is recomputed
+        (with a receipt) or kept for the auditor to compare with what the fail-over gets."""
         self._counts["rejected"] += 1
         if inputs is None:  # a backward's: the gradient is dropped, nothing to compare
             if error.excluded:
                 self._counts["exclusions"] += 1
             return
-        self._auditor.rejected(call, inputs, error)
+        self._auditor.rejected(call, inputs, error, receipt)
+
+    async def _fetch_snapshot(self, peer, uid: str, digest: bytes):
+        """The snapshot a receipt of ``peer`` named, for an exact audit (``audit.py``)."""
+        return await fetch_snapshot(self.swarm.directory, peer, uid, digest, self.forward_timeout)
 
     def _replicas_for_audit(self, uid: str) -> list[tuple[Any, float | None]]:
         """(declaration, sync age) of the hosts of ``uid`` an audit may call now: neither

@@ -2,7 +2,7 @@
 
 Request: a uvarint-length-prefixed msgpack header, then the tensors' payload bytes::
 
-    {"op": "info" | "forward" | "backward", "uid": "expert.3.5",
+    {"op": "info" | "forward" | "backward" | "snapshot", "uid": "expert.3.5",
      "c": compression wanted for the reply,            # see tensors.COMPRESSIONS
      "t": tensors header (tensors.serialize),          # forward: inputs; backward: inputs + grads
      "ni": number of inputs among the tensors,         # backward only
@@ -15,13 +15,20 @@ Request: a uvarint-length-prefixed msgpack header, then the tensors' payload byt
      "cr": bytes}                                      # optional: the caller's trainer
                                                        # certificate (trainers.TrainerCertificate),
                                                        # for swarms whose organiser admits trainers
+     "d": bytes}                                       # snapshot only: the state digest a receipt
+                                                       # named (snapshots.py)
 
 Reply: the same framing::
 
     {"ok": true, "t": tensors header,                  # forward / backward, then the payload
      "st": seconds the call spent on the volunteer,    # optional: queued and computing
-     "k": key}                                         # forward with "g", optional: the inputs
+     "k": key,                                         # forward with "g", optional: the inputs
                                                        # are kept for the backward under this key
+     "r": receipt}                                     # forward / backward: the signed receipt
+                                                       # (receipts.Receipt.to_wire); a trainer
+                                                       # takes no reply without a valid one
+    {"ok": true, "t": tensors header,                  # snapshot: the module tensors, then their
+     "sn": {"u": uid, "v": version, "n": [names]}}     # payload
     {"ok": true, "info": {...}}                        # info
     {"ok": false, "e": failure dict}                   # failures.to_failure
 
@@ -48,7 +55,8 @@ from .tensors import COMPRESSIONS
 MAX_HEADER = 64 * 1024
 MAX_UID = 256  # characters of an expert uid in a request
 MAX_KEY = 2**63 - 1  # kept-inputs keys are non-negative int64s
-OPS = ("info", "forward", "backward")
+OPS = ("info", "forward", "backward", "snapshot")
+MAX_SNAPSHOT_NAMES = 1024  # tensors named in a snapshot reply
 MAX_CREDENTIAL = 1024  # bytes of a trainer certificate in a header (trainers.MAX_CERT_BYTES)
 
 
@@ -116,6 +124,7 @@ class Request:
     keep_graph: bool = False  # forward: the caller will send the backward of these inputs
     kept: int | None = None  # backward: the inputs are those the server kept under this key
     credential: bytes | None = None  # forward/backward: the caller's trainer certificate
+    digest: bytes | None = None  # snapshot: the state digest a receipt named
 
     @property
     def payload_bytes(self) -> int:
@@ -125,6 +134,9 @@ class Request:
     def to_message(self) -> dict:
         """The msgpack map (the one place its keys are spelled, with ``from_message``)."""
         message: dict = {"op": self.op, "uid": self.uid, "c": self.compression}
+        if self.op == "snapshot":
+            message["d"] = self.digest
+            return message
         if self.op != "info":
             message["t"] = self.tensors
         if self.op == "backward":
@@ -155,6 +167,11 @@ class Request:
             raise ExpertProtocolError(f"unknown compression {str(compression)[:32]!r}; known: {', '.join(COMPRESSIONS)}")
         if op == "info":
             return cls(op, uid, compression)
+        if op == "snapshot":
+            digest = message.get("d")
+            if not isinstance(digest, bytes) or len(digest) != 32:
+                raise ExpertProtocolError("snapshot: 'd' must be a 32-byte state digest")
+            return cls(op, uid, compression, digest=digest)
         tensors = _field(message, "t", dict, "tensors header")
         count = len(tensors["t"]) if isinstance(tensors.get("t"), (list, tuple)) else 0
         inputs = count
@@ -197,11 +214,19 @@ class Reply:
     failure: dict | None = None
     server_s: float | None = None
     kept: int | None = None
+    receipt: list | None = None  # forward/backward: receipts.Receipt.to_wire (parsed by its reader)
+    snapshot: dict | None = None  # snapshot: {"u": uid, "v": version, "n": names}
 
     @classmethod
-    def result(cls, tensors: dict, *, server_s: float | None = None, kept: int | None = None) -> "Reply":
+    def result(cls, tensors: dict, *, server_s: float | None = None, kept: int | None = None,
+               receipt: list | None = None) -> "Reply":
         """A forward/backward result; its payload follows the header."""
-        return cls(True, tensors=tensors, server_s=server_s, kept=kept)
+        return cls(True, tensors=tensors, server_s=server_s, kept=kept, receipt=receipt)
+
+    @classmethod
+    def of_snapshot(cls, tensors: dict, snapshot: dict) -> "Reply":
+        """A snapshot's tensors (their payload follows) and what names them."""
+        return cls(True, tensors=tensors, snapshot=snapshot)
 
     @classmethod
     def of_info(cls, info: dict) -> "Reply":
@@ -224,6 +249,10 @@ class Reply:
             message["st"] = round(self.server_s, 6)
         if self.kept is not None:
             message["k"] = self.kept
+        if self.receipt is not None:
+            message["r"] = self.receipt
+        if self.snapshot is not None:
+            message["sn"] = self.snapshot
         return pack(message)
 
     @classmethod
@@ -246,7 +275,19 @@ class Reply:
         if server_s is not None and (type(server_s) not in (int, float) or not 0 <= server_s < 1e9):
             raise ExpertProtocolError("reply field 'st' must be a non-negative number of seconds")
         kept = _key(message["k"]) if op == "forward" and "k" in message else None
-        return cls(True, tensors=message.get("t"), server_s=None if server_s is None else float(server_s), kept=kept)
+        receipt = message.get("r") if op in ("forward", "backward") else None
+        if receipt is not None and not isinstance(receipt, list):
+            raise ExpertProtocolError("reply field 'r' (receipt) must be a list")
+        snapshot = None
+        if op == "snapshot":
+            snapshot = message.get("sn")
+            names = snapshot.get("n") if isinstance(snapshot, dict) else None
+            if (not isinstance(names, list) or len(names) > MAX_SNAPSHOT_NAMES
+                    or not all(isinstance(n, str) and len(n) <= MAX_UID for n in names)
+                    or type(snapshot.get("v")) is not int):
+                raise ExpertProtocolError("malformed snapshot reply")
+        return cls(True, tensors=message.get("t"), server_s=None if server_s is None else float(server_s), kept=kept,
+                   receipt=receipt, snapshot=snapshot)
 
 
 def check_request(message: dict) -> tuple[str, str, str, dict | None, int]:

@@ -33,7 +33,7 @@ class Request:
 
     __slots__ = (
         "uid", "kind", "inputs", "grads", "batch", "key", "nbytes", "submitted", "waiter", "work",
-        "result", "error", "gone", "keep_graph", "settle_later", "trainer", "check",
+        "result", "error", "gone", "keep_graph", "settle_later", "trainer", "check", "stamp",
     )
 
     def __init__(
@@ -66,6 +66,7 @@ class Request:
         self.settle_later = settle_later  # a backward whose caller calls Runtime.apply_owed_steps
         self.trainer = trainer  # who sent it (a peer ID; None: this process), for trainers.TrainerBook
         self.check: Any = None  # a computed backward: the gradient bound's verdict (gradbound.Check)
+        self.stamp: Any = None  # computed: (snapshots.Stamp of the state, rows computed together)
 
     def __repr__(self) -> str:
         return f"<Request {self.kind.value} {self.uid!r} batch={self.batch}>"

@@ -57,6 +57,7 @@ from .config import DEFAULT_CONFIG, ExpertsConfig
 from .judge import TrainerJudge
 from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request, concat, hand_out, wake
 from .scheduler import QUEUED, Busy, Inline, Job, Scheduler
+from .snapshots import SnapshotStore
 from .schema import check_finite
 from .stats import ExpertStats, Ledger
 
@@ -75,6 +76,7 @@ class Runtime:
             self.backends[backend.uid] = backend
         self._core = Scheduler(self.backends, config)
         self.judge = TrainerJudge(self.backends, config)  # trainers' strikes, refusals, rollbacks
+        self.snapshots = SnapshotStore()  # the states replies were computed from, for exact audits
         self._ledger = Ledger(config.latency_window)
         for uid in self.backends:
             self._ledger.add(uid)
@@ -89,15 +91,19 @@ class Runtime:
     # --- public API (trio thread) -------------------------------------------------------------
 
     async def forward(
-        self, uid: str, inputs: Sequence[torch.Tensor], *, keep_graph: bool = False
+        self, uid: str, inputs: Sequence[torch.Tensor], *, keep_graph: bool = False, stamps: list | None = None,
     ) -> list[torch.Tensor]:
         """The expert's outputs for one request (batched with others). Raises ExpertInputError,
         ExpertBusyError, ExpertPausedError, UnknownExpertError, or what the expert raised.
         ``keep_graph``: the caller will send the backward of these inputs; if computed alone,
-        the forward's graph is kept for it (``activations.py``)."""
+        the forward's graph is kept for it (``activations.py``). ``stamps``: gets the (stamp of
+        the state, rows computed together) appended, for the reply's receipt (``snapshots.py``)."""
         batch = self._backend(uid).check_inputs(inputs, nan_check=False)
         request = Request(uid, Kind.FORWARD, inputs, batch=batch, waiter=trio.Event(), keep_graph=keep_graph)
-        return await self._submit(request)
+        result = await self._submit(request)
+        if stamps is not None:
+            stamps.append(request.stamp)
+        return result
 
     async def backward(
         self,
@@ -107,6 +113,7 @@ class Runtime:
         *,
         settle_later: bool = False,
         trainer: object = None,
+        stamps: list | None = None,
     ) -> list[torch.Tensor]:
         """Gradients of the inputs for one request; the expert takes an optimizer step per batch.
         ``settle_later``: the caller calls ``apply_owed_steps()`` once it has sent the result (a
@@ -119,7 +126,10 @@ class Runtime:
             uid, Kind.BACKWARD, inputs, grad_outputs, batch=batch, waiter=trio.Event(), settle_later=settle_later,
             trainer=trainer,
         )
-        return await self._submit(request)
+        result = await self._submit(request)
+        if stamps is not None:
+            stamps.append(request.stamp)  # the state before the step this backward owes
+        return result
 
     def check_trainer(self, uid: str, trainer: object) -> None:
         """Raise TrainerRefusedError if ``trainer``'s backwards on ``uid`` are refused now (refused
@@ -417,6 +427,9 @@ class Runtime:
 
     def _compute(self, batch: list[Request], backend: ExpertBackend) -> None:
         backend.settle()
+        stamp = (self.snapshots.note(backend), sum(r.batch for r in batch))
+        for request in batch:
+            request.stamp = stamp
         if len(batch) == 1 and self.activations.enabled and self._compute_with_graph(backend, batch[0]):
             return
         inputs = concat([r.inputs for r in batch])

@@ -42,6 +42,7 @@ from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
 from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
+from .receipts import BACKWARD, FORWARD, Receipt, payload_digest, tensor_digest
 from .runtime import Runtime
 from .trainers import NOT_ADMITTED, OPEN, TRAINER_REFUSED, TrainerAdmission, TrainerPolicy
 from .tensors import TensorReader, serialize, writes
@@ -144,6 +145,8 @@ class ExpertServer(BaseService):
             "refusals": dict(self.refusals),
             "trainer_policy": self.admission.policy.describe(),
             **self.runtime.trainer_report(),  # per trainer: applied, clipped, refused; rollbacks
+            # the states replies were answered from, kept for exact audits, and the budget stated for them
+            "snapshots": self.runtime.snapshots.report(),
             "upload_limit_bps": self.upload_limit,
             "upload": self.upload.snapshot(),  # the volunteer's whole upload, replicas' included
         }
@@ -177,6 +180,9 @@ class ExpertServer(BaseService):
                     if request.op == "info":
                         await reader.send_all(Reply.of_info(self.runtime.info(uid)).encode())
                         return True
+                    if request.op == "snapshot":
+                        await self._send_snapshot(reader, uid, request.digest)
+                        return True
                     tensors = TensorReader(request.tensors, config=self.config)  # validates sizes
                     self._admit(peer, request, tensors.expected, now=trio.current_time())
                     reserved = tensors.expected
@@ -192,9 +198,10 @@ class ExpertServer(BaseService):
                     inputs = tensors.finish()
                 n_inputs = request.n_inputs
                 kept = None
+                stamps: list = []  # the state that computed the reply, for its receipt
                 started = trio.current_time()
                 if request.op == "forward":
-                    outputs = await self.runtime.forward(uid, inputs, keep_graph=request.keep_graph)
+                    outputs = await self.runtime.forward(uid, inputs, keep_graph=request.keep_graph, stamps=stamps)
                     self.forwards.forwarded(peer, uid, now=trio.current_time())
                     if request.keep_graph:
                         kept = self.kept_inputs.put(str(peer), uid, inputs, now=trio.current_time())
@@ -206,16 +213,18 @@ class ExpertServer(BaseService):
                         inputs, n_inputs = [*kept_inputs, *inputs], len(kept_inputs)
                     owes_step = True
                     outputs = await self.runtime.backward(
-                        uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer
+                        uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer, stamps=stamps,
                     )
                 server_s = trio.current_time() - started
-                reply, chunks = serialize(outputs, request.compression, config=self.config)
+                reply, lazy = serialize(outputs, request.compression, config=self.config)
+                chunks = list(lazy)
+                receipt = self._receipt(request, inputs, reply, chunks, stamps)
             except trio.TooSlowError:
                 raise ExpertProtocolError(f"request not received within {READ_TIMEOUT:.0f} s") from None
             finally:
                 if reserved:
                     self.budget.release(peer, reserved)
-            head = Reply.result(reply, server_s=server_s, kept=kept).encode()
+            head = Reply.result(reply, server_s=server_s, kept=kept, receipt=receipt).encode()
             buffers = list(writes(head, chunks))
             for buffer in buffers:
                 # payload bytes in this write (the header is not limited or counted)
@@ -246,6 +255,36 @@ class ExpertServer(BaseService):
             if owes_step:
                 # not earlier: taken during the send, the step would slow the reply down
                 self.runtime.apply_owed_steps()
+
+    def _receipt(self, request: Request, inputs, header: dict, chunks, stamps: list) -> list | None:
+        """The signed receipt of a forward/backward reply (``receipts.py``): one hash of the
+        inputs, one of the reply's bytes, one signature; the state's digest was taken once per
+        version (``snapshots.py``). None when the runtime said nothing of the state."""
+        found = stamps[0] if stamps else None
+        if found is None:
+            return None
+        stamp, rows = found
+        receipt = Receipt(
+            self.host.peer_id.to_bytes(), request.uid, FORWARD if request.op == "forward" else BACKWARD,
+            stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.digest, tensor_digest(inputs),
+            payload_digest(header, chunks), rows, str(inputs[0].dtype) if inputs else "", stamp.device,
+            stamp.threads, request.compression,
+        )
+        return receipt.sign(self.host.keypair).to_wire()
+
+    async def _send_snapshot(self, reader: BufferedStream, uid: str, digest: bytes | None) -> None:
+        """Serve a kept state by the digest a receipt named; ``forgotten`` if it is not kept."""
+        snapshot = self.runtime.snapshots.get(digest) if digest is not None else None
+        if snapshot is None or snapshot.uid != uid:
+            raise ExpertInputsForgottenError(f"no snapshot of {uid!r} with that digest is kept here")
+        header, chunks = serialize(snapshot.tensors, "none", config=self.config)
+        head = Reply.of_snapshot(header, {"u": uid, "v": snapshot.version, "n": snapshot.names}).encode()
+        buffers = list(writes(head, chunks))
+        for buffer in buffers:
+            payload = 0 if buffer is head else len(buffer) - (len(head) if len(buffers) == 1 else 0)
+            await self.upload.take(payload, REPLIES)
+            await reader.send_all(buffer)
+            self.bytes_out += payload
 
     def _admit(self, peer, request: Request, nbytes: int, *, now: float) -> None:
         """Authorize a forward/backward and reserve its announced bytes, or raise the typed

@@ -106,7 +106,9 @@ class PeerRecord:
     streak: int = 0  # valid results in a row
     replies: int = 0  # replies the guard checked
     excluded_after: int | None = None  # replies checked when it was excluded
+    proof: bool = False  # excluded on a proof (a recompute contradicted a reply it signed)
     passed: int = 0
+    exact: int = 0  # of those, exact audits (a recompute from the state it signed)
     disagreed: int = 0
     rejected: int = 0
     rejected_in_a_row: int = 0  # guard rejections since its last accepted reply
@@ -192,8 +194,9 @@ class TrustLedger:
         }[standing]
 
     # --- what was observed -------------------------------------------------------------------
-    def passed(self, uid: str, peer: str) -> None:
-        """A reply of ``peer`` for ``uid`` passed an audit: a valid result, the pair is proven."""
+    def passed(self, uid: str, peer: str, *, exact: bool = False) -> None:
+        """A reply of ``peer`` for ``uid`` passed an audit (``exact``: a recompute from the state
+        it signed, ``audit.py``): a valid result, the pair is proven."""
         if peer in self._excluded:
             return
         pair, record = self._pair(uid, peer), self._peer(peer)
@@ -201,7 +204,13 @@ class TrustLedger:
             pair.standing = Standing.PROVEN
         pair.passed += 1
         record.passed += 1
+        record.exact += exact
         record.streak += 1
+
+    def exact_passed(self, peer: str) -> int:
+        """Exact audits ``peer`` passed: the proven work a judge or a contributor is weighed by."""
+        record = self._peers.get(peer)
+        return 0 if record is None or peer in self._excluded else record.exact
 
     def disagreed(self, uid: str, peer: str) -> None:
         """A reply of ``peer`` for ``uid`` disagreed with another replica's: the pair is suspect
@@ -270,12 +279,14 @@ class TrustLedger:
         record.streak = 0
         return record.rejected_in_a_row >= self.policy.guard_strikes
 
-    def exclude(self, peer: str, reason: str) -> bool:
-        """Exclude ``peer`` for ``reason``; False if it already was (the first reason stays)."""
+    def exclude(self, peer: str, reason: str, *, proof: bool = False) -> bool:
+        """Exclude ``peer`` for ``reason`` (``proof``: a recompute contradicted a reply it
+        signed, ``audit.py``); False if it already was (the first reason stays)."""
         if peer in self._excluded:
             return False
         self._excluded[peer] = reason
         self._peer(peer).excluded_after = self._peer(peer).replies
+        self._peer(peer).proof = proof
         while len(self._excluded) > self.policy.max_peers:
             self._excluded.popitem(last=False)
         return True
@@ -300,9 +311,11 @@ class TrustLedger:
                 "streak": record.streak,
                 "trusted": record.trusted(self.policy),
                 "audits_passed": record.passed,
+                "exact_audits_passed": record.exact,
                 "audits_disagreed": record.disagreed,
                 "replies_rejected": record.rejected,
                 "excluded_because": self._excluded.get(peer),
+                "excluded_on_proof": record.proof,
                 "outvoted_on": list(record.outvoted_on),
                 "experts": {uid: standing.value for uid, standing in sorted(mine.items())},
             }

@@ -1,0 +1,143 @@
+"""What exact audits cost: receipt bytes per call, the host's snapshot per state version, the
+auditor's recompute, and the audit's share of a trainer's step.
+
+    .venv/bin/python benchmarks/exact_audits.py [--repeats 50] [--torch-threads 1]
+
+(``benchmarks/audits.py`` runs the digits example with liars and measures what audits cost a
+whole training step, audits switched on and off in the same run; this one takes the pieces apart.)
+
+For ffn experts (hidden 64 / batch 32: the digits run's; 256 / 16; 1024 / 64), in this process:
+- receipt bytes on the wire per reply (the signed receipt in the reply header);
+- the per-call work receipts add: on the host, a digest of the inputs and of the reply and one
+  Ed25519 signature; on the trainer, a digest of what arrived (signatures are verified only where
+  a receipt is evidence, in an audit);
+- per state version (once per optimizer step while an expert trains, never per call): the copy
+  and digest of its module tensors, and the memory one snapshot holds;
+- per audit: verifying the receipt, checking the snapshot's digest and recomputing the forward
+  (and the backward of its input gradients);
+- the audit's share of a trainer's step at the trusted rate (2 %) and the untrusted one (20 %):
+  (recompute + the snapshot's transfer) x rate / (one remote forward+backward). On loopback the
+  transfer is a memory copy of the snapshot (a lower bound) and the call ``--remote-overhead-ms``
+  over the local compute; on the WAN rig's cable profile (20 ms one way, 10 Mbit/s up) the host
+  uploads the snapshot in one round trip and the call takes two round trips and its tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from volunteer.experts.backend import make_backend  # noqa: E402
+from volunteer.experts.receipts import FORWARD, BACKWARD, Receipt, payload_digest, tensor_digest  # noqa: E402
+from volunteer.experts.recompute import Recomputer  # noqa: E402
+from volunteer.experts.snapshots import SnapshotStore  # noqa: E402
+from volunteer.experts.tensors import serialize  # noqa: E402
+from volunteer.net.identity import KeyPair  # noqa: E402
+
+CONFIGS = ((64, 32), (256, 16), (1024, 64))
+
+
+def median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def measure(hidden: int, batch: int, repeats: int) -> dict:
+    keys = KeyPair.generate()
+    backend = make_backend(f"ffn.{hidden}", "ffn", hidden)
+    x, g = torch.randn(batch, hidden), torch.randn(batch, hidden)
+    store = SnapshotStore()
+    stamp = store.note(backend)
+    outputs = backend.forward([x])
+    header, chunks = serialize(outputs, "none")
+    chunks = list(chunks)
+
+    def receipt(op=FORWARD, inputs=(x,), reply=None) -> Receipt:
+        reply_header, reply_chunks = (header, chunks) if reply is None else (lambda h, c: (h, list(c)))(*serialize(reply))
+        return Receipt(keys.peer_id.to_bytes(), backend.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version,
+                       stamp.digest, tensor_digest(list(inputs)), payload_digest(reply_header, reply_chunks), batch,
+                       "torch.float32", stamp.device, stamp.threads, "none").sign(keys)
+
+    signed = receipt()
+    host_ms = median_ms(receipt, repeats)
+    trainer_ms = median_ms(lambda: payload_digest(header, chunks), repeats)
+
+    def new_version() -> None:
+        with torch.no_grad():
+            for p in backend.module.parameters():
+                p.add_(1e-6)  # a step: the fingerprint changes, the next note snapshots
+        store.note(backend)
+
+    version_ms = median_ms(new_version, max(5, repeats // 5))
+    stamp = store.note(backend)
+    snapshot = store.get(stamp.digest)
+    outputs = backend.forward([x])
+    header, chunks = serialize(outputs, "none")
+    chunks = list(chunks)
+    signed = receipt()
+    recomputer = Recomputer()
+    forward_ms = median_ms(lambda: recomputer.check(signed, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs),
+                           repeats)
+    leaves = x.clone().requires_grad_(True)
+    out = backend.module(leaves)
+    out.backward(g)
+    grad_inputs = [leaves.grad.detach()]
+    back = receipt(BACKWARD, (x, g), grad_inputs)
+    backward_ms = median_ms(lambda: recomputer.check(back, keys.peer_id, snapshot.names, snapshot.tensors, [x],
+                                                     grad_inputs, grad_outputs=[g]), repeats)
+    local_ms = median_ms(lambda: backend.backward([x], [g]), repeats)  # the host's work of one fwd+bwd call
+    copy = torch.empty(snapshot.nbytes // 4)
+    source = torch.randn(snapshot.nbytes // 4)
+    loopback_ms = median_ms(lambda: copy.copy_(source), repeats)
+    # cable: 20 ms one way, 10 Mbit/s up on both ends (the host uploads the snapshot, the trainer
+    # its inputs and gradients); a call is two round trips (forward, backward) and four tensors
+    rtt, up = 40.0, 10e6
+    cable_ms = rtt + snapshot.nbytes * 8 / up * 1e3
+    cable_call_ms = local_ms + 2 * rtt + 4 * x.nelement() * 4 * 8 / up * 1e3
+    return {
+        "receipt_bytes": len(signed.encode()), "host_us": host_ms * 1e3, "trainer_us": trainer_ms * 1e3,
+        "snapshot_bytes": snapshot.nbytes, "version_ms": version_ms, "recompute_fwd_ms": forward_ms,
+        "recompute_bwd_ms": backward_ms, "call_ms": local_ms, "loopback_ms": loopback_ms, "cable_ms": cable_ms,
+        "cable_call_ms": cable_call_ms,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--remote-overhead-ms", type=float, default=5.5,
+                        help="what a remote fwd+bwd adds to the local one (benchmarks/experts.py, h256 b16)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.torch_threads)
+    print(f"Exact audits (ffn experts, CPU, {args.torch_threads} torch thread(s), median of {args.repeats})")
+    head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'per version ms':>15}"
+            f"{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
+    print(head)
+    for hidden, batch in CONFIGS:
+        f = measure(hidden, batch, args.repeats)
+        recompute = f["recompute_fwd_ms"] + f["recompute_bwd_ms"]
+        loopback_call = f["call_ms"] + args.remote_overhead_ms  # one remote forward+backward of this expert
+        shares = [rate * (recompute + transfer) / call for rate in (0.02, 0.2)
+                  for transfer, call in ((f["loopback_ms"], loopback_call), (f["cable_ms"], f["cable_call_ms"]))]
+        print(f"{f'h{hidden} b{batch}':<12}{f['receipt_bytes']:>10}{f['host_us']:>9.0f}{f['trainer_us']:>11.0f}"
+              f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['version_ms']:>15.2f}{recompute:>13.2f}"
+              f"{shares[0]:>12.1%}{shares[1]:>8.1%}{shares[2]:>13.1%}{shares[3]:>8.1%}")
+    print("(share: an audit's recompute and snapshot transfer, at that audit rate, over one remote fwd+bwd of the expert;"
+          " an audit fetches a snapshot once per state version it checks)")
+
+
+if __name__ == "__main__":
+    main()

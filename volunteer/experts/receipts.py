@@ -1,0 +1,198 @@
+"""Signed reply receipts: what a host commits to when it answers a forward or a backward.
+
+Every forward and backward reply of our expert server carries a ``Receipt`` in its header (field
+``"r"``), signed with the host's identity key: the expert's uid and class, the call (``f`` or
+``b``), the state that computed it (``version``, and ``state``: the digest of its module tensors,
+``snapshots.state_digest``), digests of the inputs the host computed from (``inputs``: the decoded
+tensors, inputs then output gradients for a backward) and of the reply as it went on the wire
+(``outputs``: the tensors header and payload bytes), and what an exact recompute needs: the rows
+computed together (``batch``), the inputs' dtype, the device kind, the torch threads, the reply's
+encoding.
+
+The trainer checks per call only what is cheap and local (``Receipt.from_wire`` parses it, and
+``check_reply`` compares the uid, the call and the reply's digest with what arrived: one hash of
+the bytes it read); a reply without one that passes is a failed call. The signature is checked
+where a receipt becomes evidence (an exact audit, a published proof: ``Receipt.verify``), because
+over an authenticated stream the bytes can only come from the host, and a signature is what lets
+another peer believe it too. Pure: no trio, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+import msgpack
+import torch
+
+from ..errors import ExpertProtocolError
+from ..net.identity import KeyPair, PeerID
+from ..net.multiaddr import Multiaddr
+
+DIGEST = 32  # bytes of every digest (sha256)
+SIGNED = b"volunteer/receipt/1\n"  # domain of the signature: no other signed message reads as a receipt
+MAX_RECEIPT = 2048  # bytes of a receipt on the wire (msgpack), signature included
+FORWARD, BACKWARD = "f", "b"
+_MAX_TEXT = 256
+
+
+def tensor_digest(tensors: Sequence[torch.Tensor]) -> bytes:
+    """A digest of tensors' dtypes, shapes and values (exact bytes; CPU tensors)."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        tensor = tensor.detach()
+        digest.update(f"{str(tensor.dtype)}{tuple(tensor.shape)};".encode())
+        if tensor.numel():
+            flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+            digest.update(memoryview(flat.numpy()))
+    return digest.digest()
+
+
+class PayloadDigest:
+    """The digest of a reply as it travels: its tensors header, then its payload bytes in any
+    chunking (the server hashes what it sends, the trainer what it reads)."""
+
+    def __init__(self, header: dict) -> None:
+        self._hash = hashlib.sha256(msgpack.packb(header, use_bin_type=True))
+
+    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+        self._hash.update(chunk)
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
+
+
+def payload_digest(header: dict, chunks: Iterable[bytes | bytearray | memoryview]) -> bytes:
+    """``PayloadDigest`` of a whole reply."""
+    found = PayloadDigest(header)
+    for chunk in chunks:
+        found.update(chunk)
+    return found.digest()
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One reply's signed commitment (see the module docstring)."""
+
+    peer: bytes  # the signer's PeerID bytes (its public key is inlined in it)
+    uid: str
+    op: str  # FORWARD or BACKWARD
+    expert_class: str
+    hidden_dim: int | None
+    version: int
+    state: bytes  # snapshots.state_digest of the module that computed the reply
+    inputs: bytes  # tensor_digest of the inputs (a backward: inputs, then output gradients)
+    outputs: bytes  # payload_digest of the reply
+    batch: int  # rows computed together (this call's and others' batched with it)
+    dtype: str
+    device: str
+    threads: int
+    compression: str  # the reply's encoding
+    signature: bytes = b""
+
+    def signed_part(self) -> bytes:
+        """The bytes the signature covers."""
+        return SIGNED + msgpack.packb(self._fields(), use_bin_type=True)
+
+    def _fields(self) -> list:
+        return [self.peer, self.uid, self.op, self.expert_class, self.hidden_dim, self.version, self.state,
+                self.inputs, self.outputs, self.batch, self.dtype, self.device, self.threads, self.compression]
+
+    def sign(self, keypair: KeyPair) -> "Receipt":
+        """This receipt signed with ``keypair`` (whose PeerID it must name)."""
+        return replace(self, signature=keypair.sign(self.signed_part()))
+
+    @property
+    def signer(self) -> PeerID:
+        return PeerID.from_bytes(self.peer)
+
+    def verify(self, peer: object | None = None) -> bool:
+        """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
+        try:
+            signer = self.signer
+        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad receipt, whatever the parser raised
+            return False
+        if peer is not None and _peer_bytes(peer) != self.peer:
+            return False
+        key = signer.extract_public_key()
+        return key is not None and key.verify(self.signed_part(), self.signature)
+
+    def to_wire(self) -> list:
+        """The msgpack array in a reply header."""
+        return [*self._fields(), self.signature]
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.to_wire(), use_bin_type=True)
+
+    @classmethod
+    def from_wire(cls, item: object) -> "Receipt":
+        """Parse an untrusted receipt; ExpertProtocolError on anything malformed."""
+        if not isinstance(item, (list, tuple)) or len(item) != 15:
+            raise ExpertProtocolError("reply receipt must be a list of 15 fields")
+        (peer, uid, op, expert_class, hidden_dim, version, state, inputs, outputs, batch, dtype, device, threads,
+         compression, signature) = item
+        for value, what in ((peer, "peer"), (signature, "signature")):
+            if not isinstance(value, bytes) or not 0 < len(value) <= 128:
+                raise ExpertProtocolError(f"reply receipt's {what} is malformed")
+        for value, what in ((state, "state digest"), (inputs, "inputs digest"), (outputs, "outputs digest")):
+            if not isinstance(value, bytes) or len(value) != DIGEST:
+                raise ExpertProtocolError(f"reply receipt's {what} is malformed")
+        for value, what in ((uid, "uid"), (expert_class, "class"), (dtype, "dtype"), (device, "device"),
+                            (compression, "compression")):
+            if not isinstance(value, str) or len(value) > _MAX_TEXT:
+                raise ExpertProtocolError(f"reply receipt's {what} is malformed")
+        if op not in (FORWARD, BACKWARD):
+            raise ExpertProtocolError("reply receipt's call is neither forward nor backward")
+        for value, what in ((version, "version"), (batch, "batch"), (threads, "threads")):
+            if type(value) is not int or not 0 <= value < 2**63:
+                raise ExpertProtocolError(f"reply receipt's {what} is malformed")
+        if hidden_dim is not None and (type(hidden_dim) is not int or not 0 < hidden_dim < 2**31):
+            raise ExpertProtocolError("reply receipt's hidden_dim is malformed")
+        return cls(peer, uid, op, expert_class, hidden_dim, version, state, inputs, outputs, batch, dtype, device,
+                   threads, compression, signature)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Receipt":
+        if len(data) > MAX_RECEIPT:
+            raise ExpertProtocolError(f"receipt of {len(data)} bytes exceeds {MAX_RECEIPT}")
+        try:
+            item = msgpack.unpackb(data, raw=False, max_ext_len=0)
+        except Exception:  # msgpack raises several unrelated types for bad bytes
+            raise ExpertProtocolError("receipt is not valid msgpack") from None
+        return cls.from_wire(item)
+
+
+def check_reply(receipt: Receipt | None, *, uid: str, op: str, outputs: bytes, peer: object) -> Receipt:
+    """The per-call check of a reply's receipt (no signature: see the module docstring): it is
+    there, names this call and this host, and its outputs digest is that of what arrived.
+    ExpertProtocolError otherwise: the call failed."""
+    if receipt is None:
+        raise ExpertProtocolError(f"{peer} sent a reply to {uid!r} without a receipt")
+    wanted = FORWARD if op == "forward" else BACKWARD
+    if receipt.uid != uid or receipt.op != wanted:
+        raise ExpertProtocolError(f"{peer}'s receipt names {receipt.uid!r}/{receipt.op}, not this call to {uid!r}")
+    expected = _peer_bytes(peer) if peer is not None else None
+    if expected is not None and receipt.peer != expected:
+        raise ExpertProtocolError(f"{peer}'s receipt is signed for another host")
+    if receipt.outputs != outputs:
+        raise ExpertProtocolError(f"{peer}'s receipt does not match the reply it sent for {uid!r}")
+    return receipt
+
+
+def _peer_bytes(peer: object) -> bytes | None:
+    """The PeerID bytes a host is named by (a PeerID, its string, or a multiaddr ending in it)."""
+    if isinstance(peer, Multiaddr):
+        peer = peer.peer_id
+    if isinstance(peer, PeerID):
+        return peer.to_bytes()
+    try:
+        return PeerID.from_string(str(peer)).to_bytes()
+    except Exception:  # noqa: BLE001 - a name that is no PeerID (a test's) names nobody
+        return None
+
+
+__all__ = [
+    "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "check_reply", "payload_digest",
+    "tensor_digest",
+]

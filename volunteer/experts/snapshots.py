@@ -1,0 +1,242 @@
+"""Snapshots: the states a host answered from, kept a while so that an auditor can recompute.
+
+The runtime notes, on its worker thread, the state each batch is computed from (``note``): once
+per state version, not per call, the module's tensors (parameters and buffers, no optimizer
+state: recomputing a reply needs none) are copied and digested (``state_digest``); a receipt
+names that digest. A backend whose state did not change since its last note costs a comparison
+of its fingerprint (``ExpertBackend.state_fingerprint``).
+
+What is kept, ``SnapshotPolicy``: every snapshot younger than ``keep_s`` seconds, within
+``max_bytes`` in all and ``max_count`` snapshots (oldest forgotten first), and always the newest of
+each expert; plus, per expert, the memory of its last evicted snapshot, which the next one is
+copied into (a copy into touched memory costs a fraction of a fresh allocation; only when nothing
+is serving it). Large states are digested on two threads (hashlib releases the GIL). An auditor fetches a snapshot right after the reply it audits (the forward's at
+once, the backward's when the trainer's backward returns), well within the window; a snapshot
+asked for that is gone counts against its host (``audit.py``), so the budget a host states is a
+promise: the memory it takes is the module's size times the versions it answered from in the
+window (one per optimizer step while it trains; ``benchmarks/audits.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+from ..errors import ExpertConfigError
+from .receipts import tensor_digest
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """How long and how much a host keeps of the states it answered from."""
+
+    keep_s: float = 120.0  # kept at least this long, within the bounds below
+    max_bytes: int = 256 * MiB  # module tensors kept in all (the budget a host states)
+    max_count: int = 4096  # snapshots kept in all
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ExpertConfigError(f"SnapshotPolicy.{f.name} must be a positive number, got {value!r}")
+
+
+DEFAULT_SNAPSHOTS = SnapshotPolicy()
+
+
+PARALLEL_DIGEST = 256 * 1024  # bytes from which a state's tensors are digested on two threads
+_digesters: ThreadPoolExecutor | None = None  # hashlib releases the GIL: large tensors hash in parallel
+
+
+def state_digest(named: Sequence[tuple[str, torch.Tensor]]) -> bytes:
+    """The digest of a module state: its tensors' names, dtypes, shapes and values, by name (the
+    digest of each tensor's digest, so large states hash on two threads)."""
+    global _digesters
+    ordered = sorted(named, key=lambda item: item[0])
+    if sum(t.nelement() * t.element_size() for _, t in ordered) >= PARALLEL_DIGEST:
+        if _digesters is None:
+            _digesters = ThreadPoolExecutor(2, thread_name_prefix="volunteer-digest")
+        parts = list(_digesters.map(lambda item: tensor_digest([item[1]]), ordered))
+    else:
+        parts = [tensor_digest([t]) for _, t in ordered]
+    digest = hashlib.sha256()
+    for (name, _), part in zip(ordered, parts):
+        digest.update(name.encode() + b"\0")
+        digest.update(part)
+    return digest.digest()
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """The state a batch was computed from, and the settings a recompute needs."""
+
+    uid: str
+    version: int
+    digest: bytes
+    expert_class: str
+    hidden_dim: int | None
+    device: str
+    threads: int
+
+
+@dataclass
+class Snapshot:
+    """One kept state: its module tensors by name (CPU copies), as served to an auditor."""
+
+    uid: str
+    version: int
+    digest: bytes
+    expert_class: str
+    hidden_dim: int | None
+    names: list[str]
+    tensors: list[torch.Tensor]
+    nbytes: int
+    taken: float  # the store's clock
+
+    def matches(self) -> bool:
+        """Whether these tensors digest to ``digest`` (an auditor checks what it fetched)."""
+        return state_digest(list(zip(self.names, self.tensors))) == self.digest
+
+
+class SnapshotStore:
+    """The snapshots of one runtime's experts (see the module docstring). ``note`` runs on the
+    runtime's worker thread, the rest on the event loop: a lock guards the tables."""
+
+    def __init__(self, policy: SnapshotPolicy = DEFAULT_SNAPSHOTS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[bytes, Snapshot] = OrderedDict()  # digest -> snapshot, oldest first
+        self._latest: dict[str, tuple[tuple, Stamp]] = {}  # uid -> (fingerprint, stamp)
+        self._spare: dict[str, list[torch.Tensor]] = {}  # uid -> the tensors of its last evicted snapshot, reused
+        self.bytes = 0
+        self.taken = 0  # snapshots taken
+        self.served = 0
+        self.missed = 0  # asked for and not (or no longer) kept
+        self.reused = 0  # snapshots written into an evicted one's memory
+
+    def note(self, backend) -> Stamp:
+        """The stamp of ``backend``'s current state, snapshotting it if it changed since the last
+        note (call it where the backend is not training: the runtime's worker, after ``settle``)."""
+        fingerprint = backend.state_fingerprint()
+        found = self._latest.get(backend.uid)
+        if found is not None and found[0] == fingerprint:
+            return found[1]
+        with self._lock:
+            spare = self._spare.pop(backend.uid, None)
+        named = _copied(backend.module.state_dict(), spare)
+        self.reused += spare is not None
+        digest = state_digest(named)
+        stamp = Stamp(backend.uid, backend.updates, digest, backend.expert_class, backend.hidden_dim,
+                      backend.device.type, torch.get_num_threads())
+        nbytes = sum(t.nelement() * t.element_size() for _, t in named)
+        snapshot = Snapshot(backend.uid, backend.updates, digest, backend.expert_class, backend.hidden_dim,
+                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock())
+        with self._lock:
+            self._latest[backend.uid] = (fingerprint, stamp)
+            if digest not in self._kept:
+                self._kept[digest] = snapshot
+                self.bytes += nbytes
+                self.taken += 1
+            else:
+                self._kept.move_to_end(digest)
+            self._evict()
+        return stamp
+
+    def get(self, digest: bytes) -> Snapshot | None:
+        """The kept snapshot with ``digest`` (None: never taken, or forgotten)."""
+        with self._lock:
+            self._evict()
+            found = self._kept.get(digest)
+            if found is None:
+                self.missed += 1
+            else:
+                self.served += 1
+            return found
+
+    def forget(self, uid: str) -> None:
+        """Drop ``uid``'s snapshots (the expert left this host)."""
+        with self._lock:
+            for digest in [d for d, s in self._kept.items() if s.uid == uid]:
+                self.bytes -= self._kept.pop(digest).nbytes
+            self._latest.pop(uid, None)
+
+    def report(self) -> dict:
+        """Kept snapshots and bytes, the budget, and counts (``volunteer status``)."""
+        with self._lock:
+            return {"snapshots": len(self._kept), "bytes": self.bytes, "budget_bytes": self.policy.max_bytes,
+                    "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed, "reused": self.reused}
+
+    def _evict(self) -> None:
+        # under the lock: too old, too many or too big, oldest first; the newest of an expert stays
+        policy, now = self.policy, self.clock()
+        newest = {stamp.digest for _, stamp in self._latest.values()}
+        for digest in list(self._kept):
+            snapshot = self._kept[digest]
+            over = self.bytes > policy.max_bytes or len(self._kept) > policy.max_count
+            if not over and now - snapshot.taken <= policy.keep_s:
+                break
+            if digest in newest:
+                continue
+            del self._kept[digest]
+            self.bytes -= snapshot.nbytes
+            if snapshot.uid not in self._spare and _unshared(snapshot):
+                self._spare[snapshot.uid] = snapshot.tensors
+
+
+def _unshared(snapshot: Snapshot) -> bool:
+    """Whether nothing but the store holds ``snapshot`` or a view of its tensors (a snapshot
+    being served is held by the server, its payload by views): only then may its memory be
+    written over. (CPython's reference counts: the caller's name and the argument; a tensor's
+    list entry and the argument.)"""
+    return sys.getrefcount(snapshot) <= 3 and sys.getrefcount(snapshot.tensors) <= 2 and all(
+        sys.getrefcount(t) <= 3 for t in snapshot.tensors)
+
+
+def _copied(state: Mapping[str, torch.Tensor], spare: list[torch.Tensor] | None) -> list[tuple[str, torch.Tensor]]:
+    """CPU copies of ``state``'s tensors, written into ``spare`` (an evicted snapshot's tensors)
+    where they fit: a copy into memory already touched costs a fraction of a fresh allocation's."""
+    out = []
+    spare = list(spare) if spare is not None and len(spare) == len(state) else None
+    for index, (name, tensor) in enumerate(state.items()):
+        tensor = tensor.detach()
+        target = spare[index] if spare is not None else None
+        if target is not None and target.shape == tensor.shape and target.dtype == tensor.dtype:
+            target.copy_(tensor)
+        else:
+            target = tensor.to("cpu", copy=True).contiguous()
+        out.append((name, target))
+    return out
+
+
+def module_of(expert_class: str, hidden_dim: int | None, names: Sequence[str], tensors: Sequence[torch.Tensor],
+              cache: dict | None = None) -> torch.nn.Module:
+    """A module of a registered class holding a snapshot's tensors (for a recompute). ``cache``:
+    modules by (class, hidden_dim), reused (loading a state overwrites every tensor)."""
+    from .layers import get_expert_class
+
+    key = (expert_class, hidden_dim)
+    module = cache.get(key) if cache is not None else None
+    if module is None:
+        module = get_expert_class(expert_class).build(hidden_dim)
+        for parameter in module.parameters():  # a recompute needs input gradients, never the parameters'
+            parameter.requires_grad_(False)
+        if cache is not None:
+            cache[key] = module
+    state: Mapping[str, torch.Tensor] = dict(zip(names, tensors))
+    module.load_state_dict(state, strict=True)
+    module.train()  # as a server's module computes (the built-in experts hold no dropout)
+    return module
+
+
+__all__ = ["DEFAULT_SNAPSHOTS", "Snapshot", "SnapshotPolicy", "SnapshotStore", "Stamp", "module_of", "state_digest"]
