@@ -39,7 +39,8 @@ class ChurnSwarm:
     """The anchor, the churning volunteers, and the swarm file that describes them."""
 
     def __init__(self, *, grid: tuple[int, ...], hidden: int, replicas: int, max_experts: int, sync_period: float,
-                 life: tuple[float, float] = (15.0, 40.0), min_alive: int = 2, seed: int = 0, verbose: bool = True) -> None:
+                 life: tuple[float, float] = (15.0, 40.0), min_alive: int = 2, seed: int = 0, verbose: bool = True,
+                 receipts: bool = False) -> None:
         from volunteer.net.identity import load_or_create_keypair
 
         self.dir = Path(tempfile.mkdtemp(prefix="churn-swarm-"))
@@ -56,13 +57,14 @@ class ChurnSwarm:
         size = ", ".join(map(str, grid))
         grid_table = (f'[[grid]]\nprefix = "expert"\nsize = [{size}]\nexpert = "ffn"\nhidden_dim = {hidden}\n'
                       f"replicas = {replicas}\nsync_period = {sync_period}\n")
+        wanted = "receipts = true\n" if receipts else ""  # exact audits: receipts on every reply
         self.swarm_file.write_text(
-            f'name = "churn"\nbootstrap = ["/ip4/127.0.0.1/tcp/{port}/p2p/{keypair.peer_id}"]\n' + grid_table
+            f'name = "churn"\nbootstrap = ["/ip4/127.0.0.1/tcp/{port}/p2p/{keypair.peer_id}"]\n' + wanted + grid_table
         )
         anchor_file = self.dir / "anchor.toml"  # the first node of the swarm bootstraps from nobody
         if verbose:
             print(f"  churn: swarm directory {self.dir} (volunteer logs: vN.log)", flush=True)
-        anchor_file.write_text('name = "churn"\n' + grid_table)
+        anchor_file.write_text('name = "churn"\n' + wanted + grid_table)
         self.started = 0  # volunteers that joined
         self._named = 0
         self.graceful = 0

@@ -136,14 +136,14 @@ class ReplicatedSwarm:
     ``sync_period`` s) and, with ``lie``, ``liars`` more whose experts lie (examples/lying_volunteer.py)."""
 
     def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int,
-                 liars: int = 1) -> None:
+                 liars: int = 1, receipts: bool = False) -> None:
         from churn_swarm import ChurnSwarm
 
         experts = grid[0] * grid[1]
         self.lie = lie
         self.liars = liars if lie else 0
         self.swarm = ChurnSwarm(grid=grid, hidden=hidden, replicas=honest + self.liars, sync_period=sync_period,
-                                max_experts=experts, life=(1e9, 1e9), seed=seed)
+                                max_experts=experts, life=(1e9, 1e9), seed=seed, receipts=receipts)
         self.honest = honest
         self.honest_peers: list[str] = []
         self.liar_peer: str | None = None
@@ -251,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
                         "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
                         "at least 2 %%)")
+    parser.add_argument("--receipts", action="store_true",
+                        help="--honest/--liar: the swarm asks for exact audits (receipts on every reply, disputes "
+                             "settled by recompute)")
     parser.add_argument("--listed-trainer", action="store_true",
                         help="the testnet's swarm file lists this trainer's key as its only trainer")
     parser.add_argument("--trainer-cert", metavar="FILE",
@@ -268,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("volunteer.experts.audit").setLevel(logging.INFO)
         replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed,
-                                     liars=args.liars)
+                                     liars=args.liars, receipts=args.receipts)
     elif args.churn:
         from churn_swarm import ChurnSwarm, ExpertLedger
 

@@ -247,6 +247,8 @@ async def _open_experts(
     config = opts.experts_config or ExpertsConfig(
         device=device, max_batch_size=opts.max_batch, share_tracebacks=opts.share_tracebacks, **expert_limits
     )
+    if spec.receipts and not config.receipts:  # the swarm asks for exact audits: receipts on every reply
+        config = replace(config, receipts=True)
     if opts.place and not spec.grids:
         raise JoinError(f"swarm {spec.name!r} declares no [[grid]]: pass --experts CLASS:PATTERN")
     if opts.backends is None and opts.expert_class is None and not spec.grids:  # grids name their class

@@ -16,6 +16,7 @@ A swarm file (TOML)::
     trainers = "open"                   # who may train: "open" (default), or ["12D3KooW...", ...]
     organiser = "CAESIK..."             # optional: certificates this key signs admit trainers
     forwards = "everyone"               # or "trainers": forwards answered for admitted ones only
+    receipts = false                    # true: exact audits (signed receipts, snapshots, recompute)
     [experts]                           # defaults for `join` (flags win)
     experts = "ffn:expert.[0:4].[0:4]"
     hidden_dim = 64
@@ -207,6 +208,8 @@ class SwarmSpec:
     trainers: str | list = "open"
     organiser: str | None = None
     forwards: str = "everyone"
+    # exact audits: volunteers sign receipts and keep snapshots, trainers require receipts
+    receipts: bool = False
 
     @property
     def entry_points(self) -> list[Multiaddr]:
@@ -237,6 +240,8 @@ class SwarmSpec:
             data["organiser"] = self.organiser
         if self.forwards != "everyone":
             data["forwards"] = self.forwards
+        if self.receipts:
+            data["receipts"] = True
         if self.grids:  # [[grid]] tables, as parse_grid reads them back
             data["grid"] = [{"prefix": g.prefix, "size": list(g.size), "expert": g.expert_class, "hidden_dim": g.hidden_dim,
                              "replicas": g.replicas, "sync_period": g.sync_period} for g in self.grids]
@@ -257,6 +262,7 @@ SWARM_KEYS: dict = {  # a swarm file's top-level keys; a dict value is a table c
     "trainers": (str, list),  # who may train: "open" or a list of trainer peer IDs
     "organiser": str,  # the organiser's public key: its `volunteer trainer-cert` certificates admit trainers
     "forwards": str,  # "everyone" (default) or "trainers": who gets forwards answered
+    "receipts": bool,  # exact audits: every reply receipted, disputes settled by recompute
 }
 
 
@@ -345,7 +351,7 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
     testnet_pid = data.get("testnet", {}).get("pid")
     trainers, organiser, forwards = _trainer_settings(data, path)
     return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids, testnet_pid,
-                     trainers, organiser, forwards)
+                     trainers, organiser, forwards, bool(data.get("receipts", False)))
 
 
 def _parse_grids(tables: object, path: Path) -> list[GridSpec]:

@@ -40,7 +40,8 @@ def test_a_volunteer_whose_experts_answer_ten_times_their_output_is_excluded_and
 def test_two_liars_of_three_replicas_are_excluded_by_proof_and_the_honest_one_trains_to_95():
     # two `volunteer join`s of every expert negate their outputs, one is honest: a vote would
     # exclude the honest host; a recompute excludes the two liars and nobody else
-    code, out = run_example("--liar", "negate", "--liars", "2", "--honest", "1", "--target", "0.95", "--epochs", "15")
+    code, out = run_example("--liar", "negate", "--liars", "2", "--honest", "1", "--target", "0.95", "--epochs", "15",
+                            "--receipts")
     assert code == 0, out[-4000:]
     liars = [line.split()[1] for line in out.splitlines() if line.startswith("liar: ")]
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
@@ -58,7 +59,7 @@ def test_two_liars_of_three_replicas_are_excluded_by_proof_and_the_honest_one_tr
 def test_a_lie_inside_honest_drift_is_excluded_within_500_replies_on_a_real_join(lie, kind):
     # x1.02, 30 degrees at the honest norm, or input gradients x1.02: within replicas' honest
     # drift, so comparison passed them all; a recompute from the state the liar signed does not
-    code, out = run_example("--liar", lie, "--honest", "2", "--target", "0.95", "--epochs", "15")
+    code, out = run_example("--liar", lie, "--honest", "2", "--target", "0.95", "--epochs", "15", "--receipts")
     assert code == 0, out[-4000:]
     liar = next(line.split()[1] for line in out.splitlines() if line.startswith("liar: "))
     summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))

@@ -58,10 +58,10 @@ class World:
             for _ in range(honest):
                 bootstrap = [self.honest[0].addr] if self.honest else []
                 self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap,
-                                             replicas_config=REPLICAS, dht_config=DHT))
+                                             replicas_config=REPLICAS, dht_config=DHT, receipts=True))
             for patch in liars:
                 liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr],
-                                 replicas_config=REPLICAS, dht_config=DHT)
+                                 replicas_config=REPLICAS, dht_config=DHT, receipts=True)
                 self.liars.append(liar)
                 liar.corrupt(patch)
             options = {"trust": trust} if trust is not None else {}

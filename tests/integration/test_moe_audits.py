@@ -44,7 +44,7 @@ class Replicated:
     and a trainer's swarm; ``close`` stops them all."""
 
     def __init__(self, honest: int, lie=None, *, corrupt=None, trust: TrustPolicy | None = None,
-                 liar_claims_no_sync: bool = False) -> None:
+                 liar_claims_no_sync: bool = False, receipts: bool = False) -> None:
         liars = 1 if lie is not None or corrupt is not None else 0
         spec = grid(honest + liars)
         self.honest: list[Volunteer] = []
@@ -54,10 +54,10 @@ class Replicated:
             for _ in range(honest):
                 bootstrap = [self.honest[0].addr] if self.honest else []
                 self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap, replicas_config=REPLICAS,
-                                             dht_config=DHT))
+                                             dht_config=DHT, receipts=receipts))
             if liars:
                 self.liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr], replicas_config=REPLICAS,
-                                       dht_config=DHT)
+                                       dht_config=DHT, receipts=receipts)
                 # caught up from an honest replica first: its state is honest, only its replies lie
                 self.liar.lie(lie) if lie is not None else self.liar.corrupt(corrupt)
                 if liar_claims_no_sync:
@@ -140,7 +140,7 @@ def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes
 def test_a_liar_the_guard_cannot_see_is_excluded_on_one_proof_by_recompute():
     # outputs x3: within the guard's plausible range (a factor of 4); an exact audit recomputes
     # the reply from the state its receipt names and excludes it on that proof (no vote)
-    world = Replicated(2, lambda output: output * 3.0)
+    world = Replicated(2, lambda output: output * 3.0, receipts=True)
     try:
         liar = world.liar.peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -157,7 +157,7 @@ def test_a_liar_the_guard_cannot_see_is_excluded_on_one_proof_by_recompute():
 @pytest.mark.slow
 def test_a_liar_that_declares_no_sync_age_buys_nothing_from_exact_audits():
     # a sync age changed how loosely replies were compared; a recompute does not read it
-    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True)
+    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True, receipts=True)
     try:
         liar = world.liar.peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -197,7 +197,7 @@ def test_a_liar_in_backward_only_is_outvoted_on_its_input_gradients():
 @pytest.mark.slow
 def test_with_one_honest_replica_recompute_excludes_the_liar_and_clears_the_honest_host():
     # a vote between two replicas decides nothing; a recompute needs no second opinion
-    world = Replicated(1, lambda output: output * 3.0)
+    world = Replicated(1, lambda output: output * 3.0, receipts=True)
     try:
         liar, honest = world.liar.peer, world.honest[0].peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -213,7 +213,7 @@ def test_with_one_honest_replica_recompute_excludes_the_liar_and_clears_the_hone
 def test_honest_replicas_are_never_excluded_and_audits_add_no_calls():
     # audit every call of a host not yet trusted: many audits, each one a recompute of a reply the
     # host signed (a snapshot fetch, no extra forward or backward)
-    world = Replicated(3, trust=TrustPolicy(untrusted_rate=1.0, trust_after=1000))
+    world = Replicated(3, trust=TrustPolicy(untrusted_rate=1.0, trust_after=1000), receipts=True)
     try:
         task, losses = world.train_until(lambda: False, steps=60)
         settle_audits(world)
@@ -225,6 +225,87 @@ def test_honest_replicas_are_never_excluded_and_audits_add_no_calls():
         for volunteer in world.honest:  # never a forward whose backward does not come
             for uid, counters in volunteer.runtime.stats().items():
                 assert counters.forward == counters.backward, (uid, counters)
+        assert losses[-1] < losses[0]
+        assert_trained_finite(task, losses)
+    finally:
+        world.close()
+
+
+# --- without receipts (the default): audits compare replicas, as hivemind's hosts are audited ---
+
+@pytest.mark.slow
+def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
+    # outputs x3: within the guard's plausible range (a factor of 4), a relative gap of 0.67 to the
+    # honest replies, beyond the audits' tolerance
+    world = Replicated(2, lambda output: output * 3.0)
+    try:
+        liar = world.liar.peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
+        trust = world.trust()
+        assert trust[liar]["standing"] == "excluded", trust[liar]
+        assert "differed from those of" in trust[liar]["excluded_because"]
+        assert world.moe.stats["rejected"] == 0 and world.moe.stats["disagreements"] >= 1
+        assert all(trust.get(v.peer, {}).get("standing") != "excluded" for v in world.honest)
+        assert any(trust.get(v.peer, {}).get("standing") == "proven" for v in world.honest)
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
+    # declaring no sync age would make it incomparable under strict tolerances: it is compared
+    # loosely with the replicas that declare one, and outvoted, it is stale for that expert
+    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True)
+    try:
+        liar = world.liar.peer
+        uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+        deadline = time.monotonic() + 20  # the trainer reads its new claim (no record of an older one)
+        while any(d.synced_age is not None for hosts in world.moe.live_experts(refresh=True).values()
+                  for d in hosts if str(d.peer) == liar):
+            assert time.monotonic() < deadline, "the liar's declarations still carry a sync age"
+            time.sleep(0.2)
+        world.train_until(lambda: all(world.moe.trust.standing(uid, liar) is Standing.STALE for uid in uids), steps=600)
+        trust = world.trust()
+        assert trust[liar]["experts"] == dict.fromkeys(uids, "stale"), (trust[liar], world.moe.stats)
+        assert world.moe.stats["stale"] == 4 and world.moe.stats["exclusions"] == 0
+        settle_audits(world)  # an audit that picked it before its verdict may still be answered
+        replies = world.trust()[liar]["replies"]
+        world.train_until(lambda: False, steps=10)
+        assert world.trust()[liar]["replies"] == replies  # called no more
+        for volunteer in world.honest:
+            assert world.trust()[volunteer.peer]["standing"] not in ("excluded", "stale"), world.trust()
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_with_one_honest_replica_a_disagreement_leaves_both_suspect_and_excludes_nobody():
+    world = Replicated(1, lambda output: output * 3.0)
+    try:
+        liar, honest = world.liar.peer, world.honest[0].peer
+        world.train_until(lambda: world.moe.stats["disagreements"] >= 1, steps=300)
+        trust = world.trust()
+        assert world.moe.stats["disagreements"] >= 1 and world.moe.stats["exclusions"] == 0
+        assert trust[liar]["standing"] == "suspect" and trust[honest]["standing"] == "suspect"
+    finally:
+        world.close()
+
+
+@pytest.mark.slow
+def test_honest_replicas_are_never_excluded_and_every_audit_is_a_forward_with_its_backward():
+    # audit every call of a host not yet trusted: many audits, each one an ordinary call
+    world = Replicated(3, trust=TrustPolicy(untrusted_rate=1.0, trust_after=1000))
+    try:
+        task, losses = world.train_until(lambda: False, steps=60)
+        settle_audits(world)
+        stats, trust = world.moe.stats, world.trust()
+        assert stats["audits"] >= 30 and stats["disagreements"] == 0 and stats["exclusions"] == 0, stats
+        assert stats["rejected"] == 0
+        assert all(trust[v.peer]["standing"] == "proven" for v in world.honest), (stats, trust)
+        for volunteer in world.honest:  # never a forward whose backward does not come
+            for uid, counters in volunteer.runtime.stats().items():
+                assert counters.forward == counters.backward, (uid, counters)
+        assert sum(c.forward for v in world.honest for c in v.runtime.stats().values()) > stats["calls"]
         assert losses[-1] < losses[0]
         assert_trained_finite(task, losses)
     finally:

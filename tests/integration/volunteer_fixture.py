@@ -33,8 +33,9 @@ class Volunteer:
 
     def __init__(self, uids, *, hidden: int = 8, expert_class: str = "ffn", bootstrap=(), config: ExpertsConfig | None = None,
                  backends=None, kind: str = "volunteer", grid=None, replicas_config=None,
-                 dht_config: DHTConfig = DHT_CONFIG, trainers: str | list = "open") -> None:
+                 dht_config: DHTConfig = DHT_CONFIG, trainers: str | list = "open", receipts: bool = False) -> None:
         self.kind = kind
+        self.receipts = receipts  # the swarm file's receipts: exact audits
         self.trainers = trainers  # the swarm file's trainers: "open" or the listed peer IDs
         self.grids = [grid] if grid is not None else []  # a swarm file's [[grid]]: placed, caught up, synced
         self.options = VolunteerOptions(
@@ -55,7 +56,8 @@ class Volunteer:
         await self._ready.wait()
 
     async def _main(self) -> None:
-        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids, trainers=self.trainers)
+        spec = SwarmSpec(SWARM, SWARM, self.bootstrap, [], kind=self.kind, grids=self.grids, trainers=self.trainers,
+                         receipts=self.receipts)
         try:
             with trio.CancelScope() as scope:
                 async with open_volunteer(spec, self.options) as node:
@@ -82,7 +84,7 @@ class Volunteer:
         return self.host.full_addrs()[0]
 
     def spec(self) -> SwarmSpec:
-        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind, grids=self.grids)
+        return SwarmSpec(SWARM, SWARM, [self.addr], [], kind=self.kind, grids=self.grids, receipts=self.receipts)
 
     @property
     def peer(self) -> str:

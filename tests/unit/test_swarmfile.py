@@ -135,7 +135,7 @@ def test_swarm_and_config_files_are_validated_alike(tmp_path):
     spec = load_swarm_file(path)  # grid and kind are known keys (parse_grids checks a grid's contents)
     assert spec.testnet_pid == 1 and {"grid", "kind"} <= set(SWARM_KEYS)
     for text, fragment in (
-        ('relay = []', r"unknown setting relay \(did you mean relays\? known: name, id, bootstrap, relays, experts, grid, kind, testnet, trainers, organiser, forwards\)"),
+        ('relay = []', r"unknown setting relay \(did you mean relays\? known: name, id, bootstrap, relays, experts, grid, kind, testnet, trainers, organiser, forwards, receipts\)"),
         ('[experts]\nhiden_dim = 3', r"unknown setting experts.hiden_dim \(did you mean experts.hidden_dim\?"),
         ('[experts]\nmdns = 1', "experts.mdns has the wrong type: expected true or false, got an integer"),
         ('experts = 3', r"experts has the wrong type: expected a table \[experts\], got an integer"),

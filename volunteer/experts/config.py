@@ -52,6 +52,12 @@ class ExpertsConfig:
     learning_rate: float = 1e-3  # of the default Adam optimizer
     max_grad_norm: float | None = None  # clip parameter gradients before each step, if set
     nan_check: bool = True  # refuse inputs and gradients holding NaN or inf
+    # Exact audits (receipts.py, snapshots.py): a volunteer signs a receipt on every reply naming
+    # a digest of the state that computed it and keeps those states for auditors; a trainer
+    # requires receipts and settles disputes by recompute. It costs the volunteer a copy and a
+    # digest of the expert per state version (one per optimizer step while it trains: ~60 ms for
+    # a 32 MB expert here), so a swarm asks for it in its file (``receipts = true``).
+    receipts: bool = False
     # A trainer is a principal too (gradbound.py, trainers.py): each backward's parameter gradient
     # is clipped to grad_bound_factor times the median of the last grad_bound_window norms the
     # expert took (none for its first grad_bound_warmup), and a gradient past grad_bound_gross

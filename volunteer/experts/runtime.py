@@ -427,9 +427,10 @@ class Runtime:
 
     def _compute(self, batch: list[Request], backend: ExpertBackend) -> None:
         backend.settle()
-        stamp = (self.snapshots.note(backend), sum(r.batch for r in batch))
-        for request in batch:
-            request.stamp = stamp
+        if self.config.receipts:  # the state that computes this batch, once per version (snapshots.py)
+            stamp = (self.snapshots.note(backend), sum(r.batch for r in batch))
+            for request in batch:
+                request.stamp = stamp
         if len(batch) == 1 and self.activations.enabled and self._compute_with_graph(backend, batch[0]):
             return
         inputs = concat([r.inputs for r in batch])

@@ -20,6 +20,8 @@ a plug-in) go in ``VolunteerOptions.services`` instead.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -157,7 +159,11 @@ class VolunteerKind:
         await host.add_service(dht)
         if spec.entry_points and len(dht.state.table) == 0:
             raise VolunteerError(f"cannot reach swarm {spec.name!r}: no bootstrap peer or relay answered")
-        return TrainerParts(DHTDirectory(host, dht, spec.id, credential=credential), dht)
+        from ..experts import DEFAULT_CONFIG
+
+        # a swarm of exact audits: every reply must carry a receipt (else the call failed)
+        config = replace(DEFAULT_CONFIG, receipts=spec.receipts)
+        return TrainerParts(DHTDirectory(host, dht, spec.id, config, credential=credential), dht)
 
     # --- the CLI ----------------------------------------------------------------------------------
     async def list_experts(self, spec: SwarmSpec, prefixes: Sequence[str]) -> ExpertListing:
