@@ -477,3 +477,27 @@ def test_two_censoring_nodes_among_ten_hide_a_live_host_from_fewer_than_1_in_200
         sim.dead.add(joiner)  # it leaves: the others' tables learn so at their next try
     assert misses[CONFIG.k] * 200 < surveys, misses  # fewer than 1 in 200
     print(f"honest host missed by {misses[CONFIG.k]} of {surveys} surveys, {misses[2]} expert lookups (quorum 2), {misses[3]} at quorum 3")
+
+
+def test_a_value_lookup_short_of_its_quorum_asks_past_a_stale_reporter() -> None:
+    """A bootstrap peer after churn hands out dead contacts first (they are closer) and the live
+    holder last: two dead contacts make it distrusted, but a value lookup that has not reached its
+    quorum still asks the holder rather than ending empty (a fresh joiner missed live hosts so)."""
+    rng = random.Random(12)
+    alice = KeyPair.generate()
+    key = b"ffn.3.4"
+    record = sign(alice, key, owned_subkey(alice.peer_id), b"host", 105.0)
+    target = key_id(key)
+    entry = contacts(1, rng)[0]
+    reported = sorted(contacts(4, rng), key=lambda c: c.id ^ target)
+    dead, holder = reported[:3], reported[3]
+    lookup = ValueLookup(key, [entry], CONFIG, 90.0, quorum=1)
+    assert lookup.next(90.0) == [entry]
+    lookup.on_success(entry.peer, reported, 90.1)
+    asked = lookup.next(90.1)
+    assert asked == dead  # alpha=3, closest first
+    for c in dead:
+        lookup.on_failure(c.peer, 90.2)
+    assert lookup.next(90.2) == [holder] and not lookup.finished
+    lookup.on_success(holder.peer, [], 90.3, [record])
+    assert lookup.finished and set(lookup.live_records(95.0)) == {owned_subkey(alice.peer_id)}
