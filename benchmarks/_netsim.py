@@ -121,6 +121,8 @@ class Net:
         if not dst.alive:
             return  # crashed in between: the request runs out
         response, pings = dst.state.handle_request(src.peer, request, self.now, source=src.source)
+        if dst.censor is not None:
+            response = dst.censor(request, response)
         dst.ping_soon(pings)
         self._account(dst.peer, response, encode_response)
 
@@ -157,6 +159,7 @@ class SimNode:
         self.contact = Contact(self.peer, self.addrs)
         self.crashed = False
         self.left = False
+        self.censor: Callable | None = None  # rewrites this peer's answers (an attacker)
         self.uids: list[str] = []
         self.last_expiration = 0.0
         self.requests = 0

@@ -1,6 +1,7 @@
 """The swarm as a thousand peers see it, on one machine: DHT cores over an emulated internet.
 
-    python benchmarks/scale.py                    # 1,000 peers (about 3-5 minutes on 2 cores)
+    python benchmarks/scale.py                    # 1,000 peers (about 6 CPU minutes; 3 cold starts)
+    python benchmarks/scale.py --cold-runs 10 --censor-lookups 100
     python benchmarks/scale.py --sizes 200 1000   # several sizes, one after the other
     python benchmarks/scale.py --sizes 10000 --cold-only
 
@@ -37,7 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks._netsim import Net, SimNode  # noqa: E402
 from volunteer.dht.beam import BeamSearch  # noqa: E402
 from volunteer.dht.config import DHTConfig  # noqa: E402
-from volunteer.dht.grid import EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
+from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
+from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
 
 GRID = 64
@@ -235,7 +237,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
                 search.feed({k: list(found[expert_key(k)].values()) for k in keys}, net.now)
                 round_()
 
-            trainer.get_many([expert_key(k) for k in keys], EXPERT_QUORUM, fed)
+            trainer.get_many([expert_key(k) for k in keys], BEAM_QUORUM, fed)
 
         round_()
 
@@ -301,6 +303,61 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     }
 
 
+def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[int, ...]) -> dict[int, tuple[int, int, float]]:
+    """``n_censors`` of ``size`` DHT servers answer every request with their own records and each
+    other only; every censor and one honest volunteer declare each uid. Fresh trainers (each
+    joining through a relay) look uids up: how many lookups miss the live honest host, per quorum."""
+    swarm = Swarm(size, seed, 0.0, trainers=0)
+    net = swarm.net
+    rng = swarm.rng
+    swarm.cold_start()
+    net.run_until(15.0)
+    peers = [n for n in swarm.volunteers if n.alive]
+    censors = rng.sample(peers, n_censors)
+    censor_ids = {c.peer for c in censors}
+    fellows = tuple(c.contact for c in censors)
+
+    def lie(request, response):
+        if isinstance(response, Nodes):
+            return Nodes(fellows)
+        if isinstance(response, Values):
+            return Values(tuple(KeyResult(tuple(r for r in res.records if r.signer in censor_ids), fellows)
+                                for res in response.results))
+        return response
+
+    honest = [n for n in peers if n.peer not in censor_ids]
+    uids = [f"ffn.{i}.{j}" for i, j in zip(range(GRID), rng.sample(range(GRID), GRID))][:20]
+    owner = {}
+    for uid, host in zip(uids, rng.sample(honest, len(uids))):
+        owner[uid] = host
+        host.declare([uid])
+    for censor in censors:
+        censor.declare(uids)
+    net.run_until(net.now + 12.0)  # two heartbeats everywhere, then the censors start lying
+    for censor in censors:
+        censor.censor = lie
+    out = {}
+    for quorum in quorums:
+        misses = 0
+        times = []
+        for i in range(lookups):
+            trainer = swarm.new_peer(trainer=True)
+            done_flag = []
+            trainer.join(swarm.entry, lambda: done_flag.append(1))
+            net.run_until(net.now + 30.0, stop=lambda: bool(done_flag))
+            uid = rng.choice(uids)
+            got = []
+            t0 = net.now
+            trainer.get_many([expert_key(uid)], quorum, lambda found: got.append(found))
+            net.run_until(net.now + 30.0, stop=lambda: bool(got))
+            times.append(net.now - t0)
+            alive = select_alive(got[0][expert_key(uid)].values(), net.now, CONFIG) if got else []
+            misses += not any(d.peer == owner[uid].peer for d in alive)
+            trainer.crash()  # one lookup per fresh trainer
+        out[quorum] = (misses, lookups, statistics.median(times) * 1000)
+    return out
+
+
 def summary(rows: list[tuple[float, bool]]) -> tuple[float, float, float, int]:
     times = [t * 1000 for t, _ in rows]
     ok = sum(1 for _, good in rows if good)
@@ -311,14 +368,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000])
     parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
-    parser.add_argument("--cold-runs", type=int, default=10)
+    parser.add_argument("--cold-runs", type=int, default=3, help="cold starts checked for splits (10 for the full check)")
     parser.add_argument("--trainers", type=int, default=10)
     parser.add_argument("--nat-share", type=float, default=0.4)
     parser.add_argument("--churn", type=float, default=0.10, help="share of peers replaced per hour")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cold-only", action="store_true")
+    parser.add_argument("--censor-lookups", type=int, default=0, help="fresh trainers' lookups with 20 censors among 100 (0: skip)")
     args = parser.parse_args()
     last = None
+    if args.censor_lookups:
+        wall = time.perf_counter()
+        got = censored(100, 20, args.seed, args.censor_lookups, (2, EXPERT_QUORUM))
+        print(f"[100 peers, 20 censors] fresh trainers' lookups missing the live honest host: "
+              + ", ".join(f"quorum {q}: {m} of {n} (median {t:.0f} ms)" for q, (m, n, t) in got.items())
+              + f"  [{time.perf_counter() - wall:.0f} s wall]", flush=True)
     for size in args.sizes:
         wall = time.perf_counter()
         cold = cold_runs(size, args.cold_runs, args.seed, args.nat_share)
