@@ -10,6 +10,7 @@ import random
 import pytest
 
 from volunteer.dht.config import DHTConfig
+from volunteer.dht.grid import EXPERT_QUORUM
 from volunteer.dht.messages import FindValue, Nodes, Store, Values
 from volunteer.dht.query import Lookup, State, ValueLookup
 from volunteer.dht.records import owned_subkey, sign
@@ -441,8 +442,8 @@ def test_store_and_find_values_with_dead_nodes(network: Sim) -> None:
 def test_two_censoring_nodes_among_ten_hide_a_live_host_from_fewer_than_1_in_200_surveys() -> None:
     """Two DHT servers among ten that declare an expert too and answer every lookup with their own
     records and each other only (the eclipse of issue 22). A fresh joiner's placement survey
-    (quorum: the k closest) must find the honest host; a trainer's expert lookup (quorum 2) may
-    stop at the censors."""
+    (quorum: the k closest) must find the honest host, and so must a trainer's expert lookup
+    (EXPERT_QUORUM, 3); quorum 2 may stop at the censors."""
     sim = Sim(10, seed=21)
     sim.bootstrap()
     rng = random.Random(5)
@@ -458,7 +459,7 @@ def test_two_censoring_nodes_among_ten_hide_a_live_host_from_fewer_than_1_in_200
         sim.liars[censor] = "censor"
     for record_signer, censor in zip(censor_signers, censors):
         sim.liars[record_signer] = "censor"  # whose records a censor lets through: its own
-    misses = {CONFIG.k: 0, 2: 0, 3: 0}
+    misses = {CONFIG.k: 0, 2: 0, EXPERT_QUORUM: 0}
     surveys = 400
     for _ in range(surveys):
         # a fresh node each time, bootstrapped from an honest member (the swarm file's entry
@@ -476,4 +477,29 @@ def test_two_censoring_nodes_among_ten_hide_a_live_host_from_fewer_than_1_in_200
                 misses[quorum] += 1
         sim.dead.add(joiner)  # it leaves: the others' tables learn so at their next try
     assert misses[CONFIG.k] * 200 < surveys, misses  # fewer than 1 in 200
-    print(f"honest host missed by {misses[CONFIG.k]} of {surveys} surveys, {misses[2]} expert lookups (quorum 2), {misses[3]} at quorum 3")
+    assert misses[EXPERT_QUORUM] * 200 < surveys, misses  # a trainer's expert lookups too
+    print(f"honest host missed by {misses[CONFIG.k]} of {surveys} surveys, {misses[2]} lookups at quorum 2, {misses[EXPERT_QUORUM]} at EXPERT_QUORUM")
+
+
+def test_a_value_lookup_short_of_its_quorum_asks_past_a_stale_reporter() -> None:
+    """A bootstrap peer after churn hands out dead contacts first (they are closer) and the live
+    holder last: two dead contacts make it distrusted, but a value lookup that has not reached its
+    quorum still asks the holder rather than ending empty (a fresh joiner missed live hosts so)."""
+    rng = random.Random(12)
+    alice = KeyPair.generate()
+    key = b"ffn.3.4"
+    record = sign(alice, key, owned_subkey(alice.peer_id), b"host", 105.0)
+    target = key_id(key)
+    entry = contacts(1, rng)[0]
+    reported = sorted(contacts(4, rng), key=lambda c: c.id ^ target)
+    dead, holder = reported[:3], reported[3]
+    lookup = ValueLookup(key, [entry], CONFIG, 90.0, quorum=1)
+    assert lookup.next(90.0) == [entry]
+    lookup.on_success(entry.peer, reported, 90.1)
+    asked = lookup.next(90.1)
+    assert asked == dead  # alpha=3, closest first
+    for c in dead:
+        lookup.on_failure(c.peer, 90.2)
+    assert lookup.next(90.2) == [holder] and not lookup.finished
+    lookup.on_success(holder.peer, [], 90.3, [record])
+    assert lookup.finished and set(lookup.live_records(95.0)) == {owned_subkey(alice.peer_id)}

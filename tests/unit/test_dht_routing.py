@@ -195,3 +195,31 @@ def test_refresh_targets_fall_in_their_buckets(table: RoutingTable) -> None:
     targets = table.refresh_targets(100.0, 60.0, random.Random(1))
     assert sorted(table.bucket_index(t) for t in targets) == [254, 255]
     assert table.refresh_targets(101.0, 60.0) == []  # refreshed just now
+
+
+def test_closest_walks_buckets_in_distance_order_and_agrees_with_a_full_sort() -> None:
+    """``closest`` reads only the buckets it needs (XOR geometry); its answer is exactly a full
+    sort's: responsive contacts by distance, failed ones after, exclusions left out."""
+    import random as _random
+
+    from volunteer.dht.routing import Contact, RoutingTable
+    from volunteer.dht.config import DHTConfig
+    from volunteer.net.identity import KeyPair
+
+    rng = _random.Random(3)
+    peers = [KeyPair.generate().peer_id for _ in range(150)]
+    for k in (2, 20):
+        table = RoutingTable(peers[0], DHTConfig(k=k))
+        for p in peers[1:]:
+            table.update(Contact(p, (b"/x",)), 1.0)
+        for entry in list(table.entries()):
+            if rng.random() < 0.3:
+                entry.failures = 1
+        for _ in range(40):
+            target = rng.getrandbits(256) if rng.random() < 0.6 else table.local_id ^ rng.getrandbits(rng.randrange(1, 256))
+            count = rng.choice([1, 5, 20, 30, 500])
+            exclude = set(rng.sample(peers, 10))
+            responsive_only = rng.random() < 0.5
+            entries = [e for e in table.entries() if e.contact.peer not in exclude and not (responsive_only and e.failures)]
+            want = [e.contact for e in sorted(entries, key=lambda e: (e.failures > 0, e.contact.id ^ target))][:count]
+            assert table.closest(target, count, 2.0, exclude=exclude, responsive_only=responsive_only) == want

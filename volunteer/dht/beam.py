@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import ExpertUIDError
 from .config import MAX_GRID_DEPTH, DHTConfig
-from .grid import DELIMITER, EXPERT_QUORUM, GRID_PREFETCH_KEYS, Declaration, Found, expert_key, parse_prefix, parse_uid, select_alive
+from .grid import BEAM_QUORUM, DELIMITER, GRID_PREFETCH_KEYS, Declaration, Found, expert_key, parse_prefix, parse_uid, select_alive
 
 if TYPE_CHECKING:
     from .node import DHTNode
@@ -225,7 +225,7 @@ async def find_best_experts(
             cold = [key for key in map(expert_key, sorted(first)) if dht.recent_values.get(key, now, max_age) is None]
             if cold:
                 fetch = list(dict.fromkeys(fetch + cold))
-        found = await dht.get_many(fetch, quorum=EXPERT_QUORUM, max_age=max_age)
+        found = await dht.get_many(fetch, quorum=BEAM_QUORUM, max_age=max_age)
         search.feed({k: found[expert_key(k)] for k in keys}, dht.clock())
     return search.result()
 

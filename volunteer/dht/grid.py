@@ -315,11 +315,18 @@ def select_alive(found: Found, now: float, config: DHTConfig | None = None) -> l
 
 
 # --- the directory over a running DHTNode ------------------------------------------------------
-# Expert lookups stop once this many peers returned records for a key. Every host stores its
-# declarations (and tombstones) on the same closest peers of a key, so two holders almost
-# always have every host's sub-key; the default quorum (3) made a 64x64 beam search ~10% slower
-# (31.5 vs 28.2 ms median, benchmarks/dht.py) and quorum 1 leans on a single holder.
-EXPERT_QUORUM = 2
+# A trainer's expert lookups stop once this many peers returned records for a key. Every host
+# stores its declarations on the same closest peers of a key, so two holders almost always have
+# every host's sub-key; but two censors among a key's holders (DHT servers that answer with their
+# own records and each other only) answer first often enough to hide an honest host: in the
+# 10-node simulation (tests/unit/test_dht_query.py) quorum 2 missed the live honest host in 11 of
+# 400 fresh lookups (82 before a value lookup asked past stale reporters), quorum 3 in none. Beam
+# search keeps BEAM_QUORUM (2): it runs every step, reuses its lookups for expert_cache_age,
+# and the mixture's view of the grid (``grid_experts``, GRID_QUORUM) is what picks hosts.
+EXPERT_QUORUM = 3
+# Holders whose answers end a beam search's prefix lookups: quorum 3 made a 64x64 beam search ~10%
+# slower on loopback (31.5 vs 28.2 ms median, benchmarks/dht.py).
+BEAM_QUORUM = 2
 # A mixture's view of a whole grid (``grid_experts``: which hosts serve each uid, refreshed in the
 # background, off the step's path) merges one holder more. Holders that lack some hosts' records
 # (a key's closest peers changed since those hosts' last heartbeat) or censor them (answer with
@@ -419,6 +426,8 @@ async def grid_experts(
 
 __all__ = [
     "Declaration",
+    "BEAM_QUORUM",
+    "EXPERT_QUORUM",
     "GRID_QUORUM",
     "HostInfo",
     "expert_key",

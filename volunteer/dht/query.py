@@ -109,6 +109,7 @@ class Lookup:
         to_ask: list[Contact] = []
         succeeded = 0
         pending = False  # a candidate closer than the result may still change it
+        fallback: list[_Candidate] = []  # not asked: only distrusted peers reported them
         for _, raw in self._order:
             cand = self._candidates[self._by_bytes[raw]]
             if cand.state is State.SUCCEEDED:
@@ -117,22 +118,40 @@ class Lookup:
                     break
             elif cand.state is State.NOT_CONTACTED:
                 if self._untrusted(cand):
+                    fallback.append(cand)
                     continue
                 pending = True
                 if in_flight >= self.config.alpha:
                     break
-                cand.state = State.WAITING
-                cand.asked_at = now
-                cand.deadline = now + min(self.config.slot_timeout, self.config.request_timeout)
+                self._ask(cand, now)
                 in_flight += 1
-                self.queried += 1
                 to_ask.append(cand.contact)
             elif cand.state is State.WAITING or (cand.state is State.SLOW and not self._untrusted(cand)):
                 pending = True
+        if not pending and fallback and self._short():
+            # Nothing trusted left and the lookup is still short of what it is for: a reporter
+            # distrusted for handing out dead contacts may be honest with a stale table (a
+            # bootstrap peer after churn), and the live peers only it knew are all that is left.
+            for cand in fallback[: max(0, self.config.alpha - in_flight)]:
+                self._ask(cand, now)
+                to_ask.append(cand.contact)
+            pending = True
         if not pending:
             # the closest peers all answered, or nobody is left to ask or wait for
             self.finished = True
         return to_ask
+
+    def _ask(self, cand: _Candidate, now: float) -> None:
+        cand.state = State.WAITING
+        cand.asked_at = now
+        cand.deadline = now + min(self.config.slot_timeout, self.config.request_timeout)
+        self.queried += 1
+
+    def _short(self) -> bool:
+        """Whether the lookup still lacks what it is for once only distrusted reporters' contacts
+        are left. A FIND_NODE lookup's result is whatever answered: it stops there (made-up
+        contacts would cost it a slot timeout each)."""
+        return False
 
     def on_success(self, peer: PeerID, closer: Iterable[Contact], now: float) -> None:
         """``peer`` answered with ``closer`` contacts."""
@@ -284,6 +303,11 @@ class ValueLookup(Lookup):
             self.found_on.append(peer)
             if len(self.found_on) >= self.quorum:
                 self.finished = True
+
+    def _short(self) -> bool:
+        # a value lookup short of its quorum asks distrusted reporters' contacts too (in distance
+        # order, alpha at a time, until the deadline): a record only they lead to beats none
+        return len(self.found_on) < self.quorum
 
     def live_records(self, now: float) -> dict[bytes, Record]:
         """Merged records not yet expired at ``now`` (tombstones included)."""

@@ -1,0 +1,426 @@
+"""The swarm as a thousand peers see it, on one machine: DHT cores over an emulated internet.
+
+    python benchmarks/scale.py                    # 1,000 peers (about 6 CPU minutes; 3 cold starts)
+    python benchmarks/scale.py --cold-runs 10 --censor-lookups 100
+    python benchmarks/scale.py --sizes 200 1000   # several sizes, one after the other
+    python benchmarks/scale.py --sizes 10000 --cold-only
+
+Every peer is a real ``NodeState`` and every lookup a real ``Lookup``/``ValueLookup``, driven by a
+discrete-event network (``benchmarks/_netsim.py``: 20-300 ms one-way delays from five regions,
+1 % loss, a share of peers behind NATs reached through relays and running the DHT as clients).
+Per size it prints:
+
+- cold start: all peers start within 10 s, bootstrapping from three relays; the routing-table
+  graph of the DHT servers is checked for splits (weakly connected components beyond one) and
+  for strong connectivity, over ``--cold-runs`` runs;
+- steady state with churn of 10 % of peers an hour (half crash, half leave gracefully, each
+  replaced by a joiner): every peer but the relays and trainers hosts one expert of a 64x64 grid
+  and heartbeats it (5 s period, 15 s expiration, as ``DHTConfig``); trainers run expert lookups
+  (a live host's uid, quorum ``EXPERT_QUORUM``), grid lookups (a prefix ``ffn.i.``) and beam
+  searches (beam 4) without caches: p50, p99 and success;
+- how long a crashed volunteer's declarations take to vanish and a joiner's to appear (a trainer
+  polls every second);
+- messages and bytes per peer per minute (mean, and the busiest peer: a holder of the grid's root);
+- last line: ``scale: N peers, lookup p50 X ms p99 Y ms, success Z %, splits S, M msgs/peer/min``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks._netsim import Net, SimNode  # noqa: E402
+from volunteer.dht.beam import BeamSearch  # noqa: E402
+from volunteer.dht.config import DHTConfig  # noqa: E402
+from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
+from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
+from volunteer.net.identity import KeyPair  # noqa: E402
+
+GRID = 64
+RELAYS = 3
+CONFIG = DHTConfig(swarm_id="scale")
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Swarm:
+    """A Net with relays, volunteers and trainers."""
+
+    def __init__(self, size: int, seed: int, nat_share: float, trainers: int) -> None:
+        self.net = Net(CONFIG, seed)
+        self.rng = random.Random(seed + 1)
+        self.nat_share = nat_share
+        self.relays = [SimNode(self.net, KeyPair.generate(), region=r) for r in ("na", "eu", "asia")][:RELAYS]
+        self.entry = [r.contact for r in self.relays]
+        self.trainers: list[SimNode] = []
+        self.volunteers: list[SimNode] = []
+        self.size = size
+        self.n_trainers = trainers
+        self.uid_of: dict = {}
+
+    def new_peer(self, *, trainer: bool = False) -> SimNode:
+        relayed = not trainer and self.rng.random() < self.nat_share
+        node = SimNode(self.net, KeyPair.generate(), relayed=relayed)
+        (self.trainers if trainer else self.volunteers).append(node)
+        return node
+
+    def cold_start(self, window: float = 10.0) -> None:
+        for relay in self.relays:
+            others = [r.contact for r in self.relays if r is not relay]
+            self.net.after(0.0, relay.join, others)
+        for i in range(self.size - RELAYS):
+            node = self.new_peer(trainer=i < self.n_trainers)
+            self.net.after(self.rng.uniform(0.1, window), node.join, self.entry)
+
+    def servers(self) -> list[SimNode]:
+        return [n for n in self.net.nodes.values() if n.alive and not n.relayed]
+
+    def splits(self) -> tuple[int, float, int]:
+        """(weak components - 1, share of servers in the largest strongly connected component,
+        peers (clients too) with an empty table)."""
+        servers = self.servers()
+        ids = {n.peer for n in servers}
+        edges = {n.peer: [e.contact.peer for e in n.state.table.entries() if e.contact.peer in ids] for n in servers}
+        # weak components
+        undirected: dict = {p: set() for p in ids}
+        for p, out in edges.items():
+            for q in out:
+                undirected[p].add(q)
+                undirected[q].add(p)
+        seen: set = set()
+        components = 0
+        for p in ids:
+            if p in seen:
+                continue
+            components += 1
+            stack = [p]
+            seen.add(p)
+            while stack:
+                for q in undirected[stack.pop()]:
+                    if q not in seen:
+                        seen.add(q)
+                        stack.append(q)
+        # strongly connected: reachable from a relay and reaching it (forward and backward search)
+        root = self.relays[0].peer
+        reverse: dict = {p: [] for p in ids}
+        for p, out in edges.items():
+            for q in out:
+                reverse[q].append(p)
+
+        def reach(graph) -> set:
+            got = {root}
+            stack = [root]
+            while stack:
+                for q in graph[stack.pop()]:
+                    if q not in got:
+                        got.add(q)
+                        stack.append(q)
+            return got
+
+        strong = reach(edges) & reach(reverse)
+        empty = sum(1 for n in self.net.nodes.values() if n.alive and len(n.state.table) == 0)
+        return components - 1, len(strong) / max(1, len(ids)), empty
+
+
+def cold_runs(size: int, runs: int, seed: int, nat_share: float) -> list[tuple[int, float, int]]:
+    out = []
+    for run in range(runs):
+        swarm = Swarm(size, seed + 100 * run, nat_share, trainers=0)
+        swarm.net.count_traffic = False
+        swarm.cold_start()
+        swarm.net.run_until(30.0)
+        out.append(swarm.splits())
+    return out
+
+
+def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int, churn_per_hour: float) -> dict:
+    swarm = Swarm(size, seed, nat_share, trainers)
+    net = swarm.net
+    rng = swarm.rng
+    swarm.cold_start()
+    net.run_until(15.0)
+    splits_cold = swarm.splits()
+    # every volunteer hosts one expert of the grid
+    for node in swarm.volunteers:
+        uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+        swarm.uid_of[node.peer] = uid
+        net.after(rng.uniform(0, CONFIG.expert_update_period), node.declare, [uid])
+    net.run_until(net.now + 15.0)  # every host heartbeated twice or more
+    start = net.now
+    net.msgs.clear()
+    net.bytes.clear()
+    results = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": []}
+    churn = {"crash": 0, "leave": 0}
+    born: dict = {}  # joiner -> when it started declaring
+
+    def live_hosts() -> list[SimNode]:
+        return [n for n in swarm.volunteers if n.alive and n.uids and net.now - born.get(n.peer, -1e9) > 2 * CONFIG.expert_update_period]
+
+    # --- churn: Poisson, half crashes and half graceful leaves, each replaced by a joiner -------
+    rate = churn_per_hour * len(swarm.volunteers) / 3600.0
+
+    def churn_event() -> None:
+        alive = [n for n in swarm.volunteers if n.alive]
+        victim = rng.choice(alive)
+        if rng.random() < 0.5:
+            victim.crash()
+            churn["crash"] += 1
+        else:
+            victim.leave()
+            churn["leave"] += 1
+        joiner = swarm.new_peer()
+
+        def joined() -> None:
+            uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+            swarm.uid_of[joiner.peer] = uid
+            born[joiner.peer] = net.now
+            joiner.declare([uid])
+
+        joiner.join(swarm.entry, joined)
+        net.after(rng.expovariate(rate), churn_event)
+
+    net.after(rng.expovariate(rate), churn_event)
+
+    # --- trainers' lookups ------------------------------------------------------------------
+    def expert_lookup(trainer: SimNode) -> None:
+        hosts = live_hosts()
+        if hosts:
+            host = rng.choice(hosts)
+            uid = swarm.uid_of[host.peer]
+            t0 = net.now
+
+            def done(found: dict) -> None:
+                alive = select_alive(found[expert_key(uid)].values(), net.now, CONFIG)
+                results["expert"].append((net.now - t0, any(d.peer == host.peer for d in alive)))
+
+            trainer.get_many([expert_key(uid)], EXPERT_QUORUM, done)
+        net.after(rng.uniform(0.5, 1.5), expert_lookup, trainer)
+
+    def grid_lookup(trainer: SimNode) -> None:
+        hosts = live_hosts()
+        if hosts:
+            host = rng.choice(hosts)
+            prefix = swarm.uid_of[host.peer].rsplit(".", 1)[0] + "."
+            t0 = net.now
+
+            def done(found: dict) -> None:
+                alive = select_alive(found[expert_key(prefix)].values(), net.now, CONFIG)
+                results["grid"].append((net.now - t0, any(d.peer == host.peer for d in alive)))
+
+            trainer.get_many([expert_key(prefix)], EXPERT_QUORUM, done)
+        net.after(rng.uniform(1.0, 3.0), grid_lookup, trainer)
+
+    def beam(trainer: SimNode) -> None:
+        scores = [[rng.gauss(0, 1) for _ in range(GRID)] for _ in range(2)]
+        search = BeamSearch("ffn", scores, 4, net.now, CONFIG)
+        t0 = net.now
+
+        def round_() -> None:
+            keys = search.wanted()
+            if not keys:
+                results["beam"].append((net.now - t0, len(search.result()) == 4))
+                net.after(rng.uniform(2.0, 6.0), beam, trainer)
+                return
+
+            def fed(found: dict) -> None:
+                search.feed({k: list(found[expert_key(k)].values()) for k in keys}, net.now)
+                round_()
+
+            trainer.get_many([expert_key(k) for k in keys], BEAM_QUORUM, fed)
+
+        round_()
+
+    for trainer in swarm.trainers:
+        net.after(rng.uniform(0, 1), expert_lookup, trainer)
+        net.after(rng.uniform(0, 2), grid_lookup, trainer)
+        net.after(rng.uniform(0, 4), beam, trainer)
+
+    # --- probes: crashed volunteers vanish, joiners appear (a trainer polls every second) --------
+    prober = swarm.trainers[0]
+
+    def poll(uid: str, peer, since: float, want: bool, key: str, tries: int = 0) -> None:
+        def done(found: dict) -> None:
+            present = any(d.peer == peer for d in select_alive(found[expert_key(uid)].values(), net.now, CONFIG))
+            if present == want:
+                results[key].append(net.now - since)
+            elif tries < 60:
+                net.after(1.0, poll, uid, peer, since, want, key, tries + 1)
+
+        prober.get_many([expert_key(uid)], EXPERT_QUORUM, done)
+
+    def probe_crash() -> None:
+        host = rng.choice(live_hosts())
+        host.crash()
+        churn["crash"] += 1
+        poll(swarm.uid_of[host.peer], host.peer, net.now, False, "vanish")
+
+    def probe_join() -> None:
+        joiner = swarm.new_peer()
+        uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+        swarm.uid_of[joiner.peer] = uid
+        t0 = net.now
+
+        def joined() -> None:
+            born[joiner.peer] = net.now
+            joiner.declare([uid])
+
+        joiner.join(swarm.entry, joined)
+        net.after(0.5, poll, uid, joiner.peer, t0, True, "appear")
+
+    duration = minutes * 60.0
+    for i in range(10):  # early enough to be settled within the window
+        net.at(start + 1.0 + i * min(3.0, duration / 20), probe_crash)
+        net.at(start + 2.5 + i * min(3.0, duration / 20), probe_join)
+    net.run_until(start + duration)
+    elapsed = net.now - start
+    peers = [n for n in net.nodes.values()]
+    per_min = 60.0 / elapsed
+    msgs = sum(net.msgs.values()) / len(peers) * per_min
+    byts = sum(net.bytes.values()) / len(peers) * per_min
+    busiest = max(net.msgs, key=net.msgs.get)
+    return {
+        "swarm": swarm,
+        "results": results,
+        "churn": churn,
+        "splits_cold": splits_cold,
+        "splits_end": swarm.splits(),
+        "msgs": msgs,
+        "bytes": byts,
+        "busiest_msgs": net.msgs[busiest] * per_min,
+        "busiest_bytes": net.bytes[busiest] * per_min,
+        "elapsed": elapsed,
+    }
+
+
+def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[int, ...]) -> dict[int, tuple[int, int, float]]:
+    """``n_censors`` of ``size`` DHT servers answer every request with their own records and each
+    other only; every censor and one honest volunteer declare each uid. Fresh trainers (each
+    joining through a relay) look uids up: how many lookups miss the live honest host, per quorum."""
+    swarm = Swarm(size, seed, 0.0, trainers=0)
+    net = swarm.net
+    rng = swarm.rng
+    swarm.cold_start()
+    net.run_until(15.0)
+    peers = [n for n in swarm.volunteers if n.alive]
+    censors = rng.sample(peers, n_censors)
+    censor_ids = {c.peer for c in censors}
+    fellows = tuple(c.contact for c in censors)
+
+    def lie(request, response):
+        if isinstance(response, Nodes):
+            return Nodes(fellows)
+        if isinstance(response, Values):
+            return Values(tuple(KeyResult(tuple(r for r in res.records if r.signer in censor_ids), fellows)
+                                for res in response.results))
+        return response
+
+    honest = [n for n in peers if n.peer not in censor_ids]
+    uids = [f"ffn.{i}.{j}" for i, j in zip(range(GRID), rng.sample(range(GRID), GRID))][:20]
+    owner = {}
+    for uid, host in zip(uids, rng.sample(honest, len(uids))):
+        owner[uid] = host
+        host.declare([uid])
+    for censor in censors:
+        censor.declare(uids)
+    net.run_until(net.now + 12.0)  # two heartbeats everywhere, then the censors start lying
+    for censor in censors:
+        censor.censor = lie
+    out = {}
+    for quorum in quorums:
+        misses = 0
+        times = []
+        for i in range(lookups):
+            trainer = swarm.new_peer(trainer=True)
+            done_flag = []
+            trainer.join(swarm.entry, lambda: done_flag.append(1))
+            net.run_until(net.now + 30.0, stop=lambda: bool(done_flag))
+            uid = rng.choice(uids)
+            got = []
+            t0 = net.now
+            trainer.get_many([expert_key(uid)], quorum, lambda found: got.append(found))
+            net.run_until(net.now + 30.0, stop=lambda: bool(got))
+            times.append(net.now - t0)
+            alive = select_alive(got[0][expert_key(uid)].values(), net.now, CONFIG) if got else []
+            misses += not any(d.peer == owner[uid].peer for d in alive)
+            trainer.crash()  # one lookup per fresh trainer
+        out[quorum] = (misses, lookups, statistics.median(times) * 1000)
+    return out
+
+
+def summary(rows: list[tuple[float, bool]]) -> tuple[float, float, float, int]:
+    times = [t * 1000 for t, _ in rows]
+    ok = sum(1 for _, good in rows if good)
+    return pct(times, 0.5), pct(times, 0.99), 100.0 * ok / max(1, len(rows)), len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000])
+    parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
+    parser.add_argument("--cold-runs", type=int, default=3, help="cold starts checked for splits (10 for the full check)")
+    parser.add_argument("--trainers", type=int, default=10)
+    parser.add_argument("--nat-share", type=float, default=0.4)
+    parser.add_argument("--churn", type=float, default=0.10, help="share of peers replaced per hour")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cold-only", action="store_true")
+    parser.add_argument("--censor-lookups", type=int, default=0, help="fresh trainers' lookups with 20 censors among 100 (0: skip)")
+    args = parser.parse_args()
+    last = None
+    if args.censor_lookups:
+        wall = time.perf_counter()
+        got = censored(100, 20, args.seed, args.censor_lookups, (2, EXPERT_QUORUM))
+        print(f"[100 peers, 20 censors] fresh trainers' lookups missing the live honest host: "
+              + ", ".join(f"quorum {q}: {m} of {n} (median {t:.0f} ms)" for q, (m, n, t) in got.items())
+              + f"  [{time.perf_counter() - wall:.0f} s wall]", flush=True)
+    for size in args.sizes:
+        wall = time.perf_counter()
+        cold = cold_runs(size, args.cold_runs, args.seed, args.nat_share)
+        splits = max(c[0] for c in cold)
+        print(f"[{size} peers] cold start x{len(cold)} (all within 10 s, 3 relays as entry points, graph at 30 s): "
+              f"splits {[c[0] for c in cold]}, largest strongly connected {min(c[1] for c in cold):.1%} of servers "
+              f"(worst run), peers with an empty table {max(c[2] for c in cold)}  [{time.perf_counter() - wall:.0f} s wall]",
+              flush=True)
+        if args.cold_only:
+            continue
+        wall = time.perf_counter()
+        out = steady(size, args.seed, args.nat_share, args.minutes, args.trainers, args.churn)
+        r = out["results"]
+        e = summary(r["expert"])
+        g = summary(r["grid"])
+        b = summary(r["beam"])
+        splits = max(splits, out["splits_cold"][0], out["splits_end"][0])
+        print(f"[{size} peers] {args.minutes:g} virtual min, {args.nat_share:.0%} behind NAT (DHT clients, via relays), "
+              f"churn {args.churn:.0%}/h ({out['churn']['crash']} crashes, {out['churn']['leave']} leaves incl. probes), "
+              f"{args.trainers} trainers  [{time.perf_counter() - wall:.0f} s wall]")
+        print(f"  expert lookups (quorum {EXPERT_QUORUM}): p50 {e[0]:.0f} ms, p99 {e[1]:.0f} ms, success {e[2]:.2f} % of {e[3]}")
+        print(f"  grid lookups (ffn.i.):     p50 {g[0]:.0f} ms, p99 {g[1]:.0f} ms, success {g[2]:.2f} % of {g[3]}")
+        print(f"  beam search 64x64 beam 4, no cache: p50 {b[0]:.0f} ms, p99 {b[1]:.0f} ms, full beam {b[2]:.2f} % of {b[3]}")
+        v, a = r["vanish"], r["appear"]
+        print(f"  crashed volunteer's experts vanish after: median {statistics.median(v) if v else float('nan'):.1f} s, "
+              f"max {max(v) if v else float('nan'):.1f} s ({len(v)}/10; expiration {CONFIG.expert_expiration:g} s)")
+        print(f"  joiner's experts appear after: median {statistics.median(a) if a else float('nan'):.1f} s, "
+              f"max {max(a) if a else float('nan'):.1f} s ({len(a)}/10, from the joiner's start)")
+        print(f"  traffic per peer per minute: {out['msgs']:.0f} msgs, {out['bytes'] / 1024:.0f} KiB "
+              f"(busiest peer {out['busiest_msgs']:.0f} msgs, {out['busiest_bytes'] / 1024:.0f} KiB)")
+        print(f"  routing-table graph after the cold start / at the end: splits {out['splits_cold'][0]} / {out['splits_end'][0]}, "
+              f"strongly connected {out['splits_cold'][1]:.1%} / {out['splits_end'][1]:.1%}", flush=True)
+        last = (size, e, splits, out["msgs"])
+    if last:
+        size, e, splits, msgs = last
+        print(f"scale: {size} peers, lookup p50 {e[0]:.0f} ms p99 {e[1]:.0f} ms, success {e[2]:.1f} %, "
+              f"splits {splits}, {msgs:.0f} msgs/peer/min")
+
+
+if __name__ == "__main__":
+    main()
