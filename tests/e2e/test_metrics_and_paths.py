@@ -99,7 +99,8 @@ async def test_join_metrics_parse(tmp_path, cli_env):
 def test_every_command_honours_volunteer_config_dir(tmp_path):
     config = tmp_path / "moved"
     env = {"VOLUNTEER_CONFIG_DIR": str(config), "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-           "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "run"), "VOLUNTEER_IDENTITY": ""}
+           "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_RUNTIME_DIR": str(tmp_path / "run"), "VOLUNTEER_IDENTITY": "",
+           "VOLUNTEER_RELAY_IDENTITY": ""}
     key = config / "identity.key"
     peer_id = run_cli("id", env=env).stdout.strip()
     assert key.exists() and peer_id.startswith("12D3KooW")
@@ -115,10 +116,11 @@ def test_every_command_honours_volunteer_config_dir(tmp_path):
         busy = f"127.0.0.1:{holder.getsockname()[1]}"
         for args in (["ping", "-c", "1", "-W", "2", target], ["perf", "--timeout", "2", target],
                      ["doctor", "--perf-size", "0", target], ["relay", "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", "--metrics", busy]):
-            key.unlink()
+            used = config / ("relay.key" if args[0] == "relay" else "identity.key")  # a relay has its own key
+            used.unlink(missing_ok=True)
             result = run_cli(*args, env=env)
             assert result.returncode == 1 and "Traceback" not in result.stderr, (args, result.stderr)
-            assert key.exists(), f"{args[0]} did not use {key}"
+            assert used.exists(), f"{args[0]} did not use {used}"
     finally:
         holder.close()
     # join and testnet find named swarm files there too

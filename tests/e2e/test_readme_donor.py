@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from volunteer.net.identity import KeyPair
+
 from .conftest import JoinProcess, run_cli
 from .test_metrics_and_paths import stop
 from .test_relay_cli import start_relay
@@ -93,8 +95,12 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
     daemon: JoinProcess | None = None
     ran = []
     try:
+        trainer = str(KeyPair.generate().peer_id)  # TRAINER-ID: a trainer's `volunteer id`
         for command in donor_commands():
-            words = [relay_addr if w == "MULTIADDR" else w for w in shlex.split(command)]
+            words = [relay_addr if w == "MULTIADDR" else trainer if w == "TRAINER-ID" else w for w in shlex.split(command)]
+            output = None
+            if ">" in words:  # `... > FILE`: what the shell would write there
+                words, output = words[:words.index(">")], words[words.index(">") + 1]
             argv = [sys.executable, "-m", "volunteer", *words[1:]]
             if words[1] == "join":
                 if daemon is not None:
@@ -113,6 +119,8 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
             result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
             assert result.returncode == 0, f"{command}: {result.stderr or result.stdout}"
             assert "Traceback" not in result.stderr, command
+            if output is not None:
+                (tmp_path / output).write_text(result.stdout)
             ran.append(command)
             if words[1:] == ["stop"]:
                 stopped, daemon = daemon, None
