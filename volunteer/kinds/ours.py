@@ -81,10 +81,9 @@ class VolunteerKind:
             services.append(LanDiscovery(dht))
         if node.runtime is None:
             return NodeParts(services, dht_status=lambda: dht_status(dht, None), dht=dht)
-        return self._hosting(node, node.runtime, dht, services, nat)
+        return self._hosting(node, node.runtime, dht, services)
 
-    def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service],
-                 nat: NatManager | None = None) -> NodeParts:
+    def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
         from ..experts import DEFAULT_CONFIG
         from ..experts.server import ExpertServer
         from ..experts.trainers import TrainerPolicy
@@ -105,13 +104,9 @@ class VolunteerKind:
         def profile() -> Profile:  # what the swarm's public health pages show of us (no address)
             stats = runtime.stats().values()
             addrs = host.shareable_addrs()
-            # how much of our peer traffic went direct (the NAT manager's counts): the page pools them
-            direct = nat.direct_view() if nat is not None else {}
             return Profile(name=options.public_name, calls=sum(s.requests for s in stats),
                            samples=sum(s.samples for s in stats), bytes_sent=server.bytes_out, experts=len(runtime.uids),
-                           relayed=bool(addrs) and all(a.is_relayed() for a in addrs),
-                           peer_sessions=direct.get("peer_sessions", 0), peer_sessions_direct=direct.get("peer_sessions_direct", 0),
-                           bytes_direct=direct.get("bytes_direct", 0), bytes_relayed=direct.get("bytes_relayed", 0))
+                           relayed=bool(addrs) and all(a.is_relayed() for a in addrs))
 
         versions = versions_of(runtime.backends)
         if not spec.grids or options.backends is not None:
