@@ -69,7 +69,6 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     easy_pair,
     line_homes,
     ipv6_pair,
-    lan_pair,
     rst_pair,
     symmetric_pair,
     upnp_pair,

@@ -271,14 +271,4 @@ def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
     return Spec(routers=routers, hosts=hosts + (Host("relay", addrs=("203.0.113.10",)), Host("public", addrs=("203.0.113.20",)), STUN))
 
 
-def lan_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
-    """peer_a and peer_b on one LAN behind an EIM router that does not hairpin (its own public
-    address is refused from inside): only their LAN addresses join them directly."""
-    link = _link(delay_ms, jitter_ms, loss_pct)
-    return Spec(
-        routers=(Router("nat_a", "100.64.2.0/24", "eim", "203.0.113.110", link=link),),
-        hosts=(Host("peer_a", "nat_a", ("100.64.2.2",)), Host("peer_b", "nat_a", ("100.64.2.3",))) + PUBLIC,
-    )
-
-
-SPECS.update(upnp=upnp_pair, ipv6=ipv6_pair, homes=all_homes, lan=lan_pair)
+SPECS.update(upnp=upnp_pair, ipv6=ipv6_pair, homes=all_homes)

@@ -201,14 +201,3 @@ def test_doctor_sees_a_global_ipv6_address_and_listens_on_it(make_rig):
     checks = doctor(rig, "peer_a", [start_relay(rig)])
     assert checks["IPv6"]["status"] == "OK" and "global address 2001:db8:a::" in checks["IPv6"]["detail"], checks
     assert "/ip6/::/tcp/" in checks["listening"]["detail"] and "/ip6/::/udp/" in checks["listening"]["detail"], checks
-
-
-def test_two_machines_on_one_lan_behind_a_router_without_hairpinning_end_direct_over_the_lan(make_rig):
-    """Both see the same public address; the router refuses it from inside. DCUtR offers the LAN
-    addresses to a peer behind our own public address, so the pair ends direct over the LAN."""
-    rig = make_rig(rigmod.lan_pair())
-    relay_addr = start_relay(rig)
-    target, _ = start_listener(rig, "peer_b", relay_addr)
-    report = punch(rig, "peer_a", target, [a.replace("/4001", "/4101") for a in BOTH])
-    assert not report["path"].startswith("relayed"), report
-    assert report["remote_addr"].startswith("/ip4/100.64.2.3/"), report  # the LAN, not the public address

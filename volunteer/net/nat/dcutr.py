@@ -212,10 +212,6 @@ class HolePuncher(BaseService):
                         via = relayed.remote_addr
                         known: Sequence[Multiaddr] = self.host.peerstore.addrs(peer)
                         while plan.attempts_left:
-                            arrived = self.host.connection_to(peer)
-                            if _is_direct(arrived):  # the peer's dial came in after our last attempt's end
-                                plan.succeeded(trio.current_time(), arrived.transport, REVERSED)
-                                break
                             plan.connect_sent(trio.current_time())
                             await stream.send_all(messages.encode(CONNECT, self.our_addrs(known, via)))
                             reply = await read(stream, CONNECT)
@@ -234,9 +230,6 @@ class HolePuncher(BaseService):
                         await close_quietly(stream)
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 plan.outcome.error = describe(exc)
-                arrived = self.host.connection_to(peer)
-                if _is_direct(arrived):  # the peer closed the stream because its dial had won
-                    plan.succeeded(trio.current_time(), arrived.transport, REVERSED)
         outcome = plan.finish(trio.current_time())
         self._record(outcome)
         log.info("hole punch with %s: %s after %d attempt(s)", peer.short(),
@@ -284,10 +277,7 @@ class HolePuncher(BaseService):
         can still come (``observation_pending``): no wait at all when nothing can arrive."""
         assert self.observer is not None
         with self.host.events.subscribe(PortMappingChanged) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
-            while True:
-                moved = self.observer.moved()  # before looking: news between the two is not lost
-                if not self.observation_pending():
-                    break
+            while self.observation_pending():
                 async with trio.open_nursery() as nursery:
 
                     async def mapping_news() -> None:
@@ -295,7 +285,8 @@ class HolePuncher(BaseService):
                         nursery.cancel_scope.cancel()
 
                     async def observer_news() -> None:
-                        await moved.wait()
+                        assert self.observer is not None
+                        await self.observer.wait_moved()
                         nursery.cancel_scope.cancel()
 
                     nursery.start_soon(mapping_news)

@@ -59,10 +59,9 @@ class AddressObserver(BaseService):
         self._moved.set()
         self._moved = trio.Event()
 
-    def moved(self) -> trio.Event:
-        """An event set when a peer next identifies itself or an observation dial ends
-        (``awaiting`` may change): take it before looking, then wait on it."""
-        return self._moved
+    async def wait_moved(self) -> None:
+        """Until a peer identified itself or an observation dial ended (``awaiting`` may change)."""
+        await self._moved.wait()
 
     def awaiting(self, transport: str) -> bool:
         """Whether an observation of our address over ``transport`` can still arrive: an
