@@ -43,9 +43,6 @@ class Router:
     ``stun`` host on the internet: miniupnpd learns its public address from it).
     ``ipv6``: a /64 of 2001:db8::/32 routed to the LAN (no NAT) behind a stateful firewall; the
     router's WAN gets an address on the internet's 2001:db8::/64 (internet routers only).
-    ``udp``: "pass", or "drop" (an office firewall: no UDP leaves the LAN, so no QUIC).
-    ``udp_timeout``: seconds an idle UDP mapping lives (conntrack's, for this router alone; None:
-    the kernel's 30 s / 120 s): a NAT that forgets mappings soon.
     """
 
     name: str
@@ -57,8 +54,6 @@ class Router:
     unsolicited_tcp: str = "drop"
     upnp: bool = False
     ipv6: str | None = None
-    udp: str = "pass"
-    udp_timeout: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,20 +234,16 @@ def ipv6_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
 
 
 # Every kind of home the rig has, one volunteer in each (named after its home): the pair matrix
-# of benchmarks/reach.py. lan1 and lan2 are two machines on one LAN (``ROUTER_OF``).
-HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b", "office", "forgetful", "lan1", "lan2")
-ROUTER_OF = {home: f"nat_{home}" for home in HOMES} | {"lan1": "nat_lan", "lan2": "nat_lan"}
+# of benchmarks/reach.py.
+HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b")
 
 
 def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
     """One volunteer per kind of home (``HOMES``): easy (EIM), symmetric, double (home EIM NAT
     behind a carrier's EIM NAT), rst (EIM, unsolicited SYNs answered with a RST), upnp
     (symmetric, with miniupnpd), v6a (IPv4 behind a symmetric NAT, IPv6 behind a stateful
-    firewall: a mobile carrier, say), v6b (IPv4 behind EIM, IPv6 behind a stateful firewall),
-    office (EIM, a firewall that drops all UDP), forgetful (EIM that forgets an idle UDP mapping
-    after 25 s) and lan1 and lan2 (two machines behind one EIM router that does not hairpin: its
-    own public address is refused from inside); the relay, a public host and the STUN responder
-    on the internet."""
+    firewall: a mobile carrier, say) and v6b (IPv4 behind EIM, IPv6 behind a stateful firewall);
+    the relay, a public host and the STUN responder on the internet."""
     link = _link(delay_ms, jitter_ms, loss_pct)
     routers = (
         Router("nat_easy", "192.0.2.0/26", "eim", "203.0.113.101", link=link),
@@ -263,11 +254,8 @@ def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
         Router("nat_upnp", "198.51.100.0/26", "symmetric", "203.0.113.105", link=link, upnp=True),
         Router("nat_v6a", "198.51.100.64/26", "symmetric", "203.0.113.106", link=link, ipv6="2001:db8:6a::/64"),
         Router("nat_v6b", "198.51.100.128/26", "eim", "203.0.113.107", link=link, ipv6="2001:db8:6b::/64"),
-        Router("nat_office", "198.51.100.192/27", "eim", "203.0.113.108", link=link, udp="drop"),
-        Router("nat_forgetful", "198.51.100.224/27", "eim", "203.0.113.109", link=link, udp_timeout=25),
-        Router("nat_lan", "100.64.2.0/24", "eim", "203.0.113.110", link=link),
     )
-    hosts = tuple(Host(home, ROUTER_OF[home]) for home in HOMES)
+    hosts = tuple(Host(home, f"nat_{home}") for home in HOMES)
     return Spec(routers=routers, hosts=hosts + (Host("relay", addrs=("203.0.113.10",)), Host("public", addrs=("203.0.113.20",)), STUN))
 
 

@@ -27,8 +27,6 @@ def reachability_view(node: "VolunteerNode") -> dict | None:
         "observed_addrs": nat["observed_addrs"],
         # punch attempts by transport and result, time to direct (the HolePuncher's snapshot)
         "hole_punching": nat["hole_punching"],
-        # iroh's direct_connection_rate and direct_data_rate: peer sessions and bytes that went direct
-        "direct": nat["direct"],
         "relays": [
             {
                 "peer_id": str(Multiaddr(r["addr"]).peer_id or ""),

@@ -3,10 +3,8 @@ trainer joins it, and what ``volunteer experts`` and ``volunteer doctor`` ask of
 
 A volunteer's services, in start order (each starts once the one before it is ready):
 
-    NatManager       AutoNAT probes and relay reservations, at once            (options.nat)
-                     (reachable first: beside the DHT's bootstrap, not after it; iroh dials
-                     its home relay in parallel with everything else)
-    DHTNode          joins through the entry points; client mode follows the NAT manager's verdict
+    DHTNode          joins through the entry points; client mode follows ReachabilityChanged
+    NatManager       AutoNAT probes; relay reservations once private           (options.nat)
     LanDiscovery     mDNS: volunteers on the LAN join the DHT                  (options.mdns)
     ExpertServer     /volunteer/<swarm>/experts/1.0.0 over the runtime          (hosting experts)
     StateService, ReplicaSync, ReplicaManager                                  (the swarm has grids)
@@ -67,16 +65,12 @@ class VolunteerKind:
 
     def node_parts(self, node: NodeContext) -> NodeParts:
         host, spec, options = node.host, node.spec, node.options
-        services: list[Service] = []
-        nat = None
-        if options.nat:
-            # first: its probes and reservations start now and run beside the DHT's bootstrap
-            servers = options.nat_servers if options.nat_servers is not None else spec.entry_points
-            nat = NatManager(host, servers, spec.relays)
-            services.append(nat)
         dht = DHTNode(host, options.dht_config or DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points,
-                      follow_reachability=True, reachability=(lambda: nat.reachability) if nat is not None else None)
-        services.append(dht)
+                      follow_reachability=True)
+        services: list[Service] = [dht]
+        if options.nat:
+            servers = options.nat_servers if options.nat_servers is not None else spec.entry_points
+            services.append(NatManager(host, servers, spec.relays))
         if options.mdns:
             services.append(LanDiscovery(dht))
         if node.runtime is None:

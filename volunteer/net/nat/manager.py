@@ -18,18 +18,14 @@ import trio
 
 from ...errors import VolunteerError, describe
 from .. import limits
-from ..events import (
-    ConnectionEvent, DirectConnectionUp, PeerConnected, PeerDisconnected, ReachabilityChanged, RelayReservationsChanged,
-)
+from ..events import ReachabilityChanged
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
-from ..transport.base import Path
 from .autonat import ProbeResult, Reachability, ReachabilityTracker, probe
 from .dcutr import HolePuncher
 from .observed import MappingType
 from .observer import AddressObserver
 from .relay_client import ReservationManager
-from .share import DirectShare
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +56,6 @@ class NatManager(BaseService):
         self.reservations: ReservationManager | None = None
         self.last_results: list[ProbeResult] = []
         self.last_error = ""
-        # what share of peer sessions and bytes went direct; the swarm's relays and entry points
-        # are infrastructure, always reached directly, and left out
-        infrastructure = {p for p in (a.peer_id for a in [*self.servers, *self.relays]) if p is not None}
-        self.direct_share = DirectShare(infrastructure)
-        # when we first became reachable (a relay reservation held, or a public verdict), in
-        # trio time: the moment others could first reach us, whoever looks later
-        self.reachable_at: float | None = None
 
     @property
     def reachability(self) -> Reachability:
@@ -106,9 +95,8 @@ class NatManager(BaseService):
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if host is not self.host:
             raise ValueError("a NatManager runs on the host it was made for")
+        task_status.started()
         async with trio.open_nursery() as nursery:
-            await nursery.start(self._follow_paths)
-            task_status.started()
             if self.relays:
                 # Reserve while the first verdict is pending: AutoNAT learns "private" only when
                 # the server's dial-back times out (10 s), and a volunteer should be reachable
@@ -122,35 +110,6 @@ class NatManager(BaseService):
                     self.reservations.set_want(0)
                 interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
                 await trio.sleep(interval)
-
-    async def _follow_paths(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # one event per connection change: a queue as long as the connection limit loses none
-        kinds = (PeerConnected, PeerDisconnected, DirectConnectionUp, RelayReservationsChanged, ReachabilityChanged)
-        with self.host.events.subscribe(*kinds, max_queued=limits.MAX_CONNECTIONS) as events:
-            task_status.started()
-            async for event in events:
-                if self.reachable_at is None and self._reachable_now():
-                    self.reachable_at = trio.current_time()
-                if not isinstance(event, ConnectionEvent):
-                    continue
-                conn = event.connection
-                direct = conn.path is not Path.RELAYED
-                if isinstance(event, PeerDisconnected):
-                    self.direct_share.closed(event.peer, direct, conn.bytes_sent + conn.bytes_received,
-                                             last=not self.host.is_connected(event.peer))
-                else:
-                    self.direct_share.connected(event.peer, direct)
-
-    def _reachable_now(self) -> bool:
-        if self.reachability is Reachability.PUBLIC:
-            return True
-        return self.reservations is not None and any(r.reservation is not None for r in self.reservations.relays)
-
-    def direct_view(self) -> dict:
-        """The shares of peer sessions and bytes that went direct (``share.DirectShare``)."""
-        live = [(c.remote_peer, c.path is not Path.RELAYED, c.bytes_sent + c.bytes_received)
-                for c in self.host.connections() if not c.is_closed]
-        return self.direct_share.view(live)
 
     async def _reserve_if_still_unknown(self) -> None:
         await trio.sleep(self.config.reserve_when_unknown_after)
@@ -216,7 +175,6 @@ class NatManager(BaseService):
                 for r in self.last_results
             ],
             "last_error": self.last_error,
-            "direct": self.direct_view(),
         }
 
 
