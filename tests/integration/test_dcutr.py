@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 import trio
@@ -9,7 +11,9 @@ import trio
 from relay.service import HopService
 from volunteer.net.transport.base import Direction, Path
 from volunteer.net.stack import open_stack
-from volunteer.net.nat.dcutr import HolePuncher, attempt_roles, punchable
+from volunteer.errors import DialError
+from volunteer.net.nat.dcutr import HolePuncher, attempt_roles, punchable, tuple_taken
+from volunteer.net.transport.tcp import NO_LISTEN_PORT, TcpTransport
 from volunteer.net.nat.observed import MappingType, ObservedAddrs
 from volunteer.net.nat.relay_client import reserve
 from volunteer.net.identity import KeyPair
@@ -53,6 +57,64 @@ async def test_relayed_connection_upgrades_to_direct():
             outcome = b.service(HolePuncher).outcomes[-1]
             assert outcome.success and outcome.attempts == 1 and outcome.rtt is not None
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_the_peers_syn_first_is_the_punch_not_a_failed_attempt(monkeypatch):
+    """The race behind a first attempt failing on a loaded machine: A's SYN reaches B's listener
+    before B's own leaves, so B's dial from its listen port finds the 4-tuple taken
+    (EADDRNOTAVAIL) while that connection's upgrade still runs. That connection is the punch:
+    B must keep expecting it (its role as the upgrade's client) until it is up, not end the
+    attempt at once. Here B's connect waits for A's to go through, and A's upgrade for B's
+    connect to end, which makes that order certain."""
+    ports: dict[str, int] = {}
+    a_connected, b_refused = trio.Event(), trio.Event()
+    connect = TcpTransport._connect
+
+    async def ordered(family, sockaddr, bind):
+        ends = (bind[1], sockaddr[1]) if bind is not None and ports else None
+        if ends == (ports.get("b"), ports.get("a")):  # B's punch: after A's SYN got to B's listener
+            await a_connected.wait()
+            try:
+                return await connect(family, sockaddr, bind)
+            finally:
+                b_refused.set()
+        sock = await connect(family, sockaddr, bind)
+        if ends == (ports.get("a"), ports.get("b")):  # A's punch: its upgrade waits for B's dial to end
+            a_connected.set()
+            await b_refused.wait()
+        return sock
+
+    monkeypatch.setattr(TcpTransport, "_connect", staticmethod(ordered))
+    with trio.fail_after(60):
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
+            listen=["/ip4/127.0.0.1/tcp/0"]
+        ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b:
+            await relay.add_service(HopService())
+            reservation = await reserve(b, relay.full_addrs()[0])
+            await a.connect(relay.full_addrs()[0])
+            await a.identify(relay.peer_id)
+            ports.update(a=int(a.listen_addrs[0].value_for("tcp")), b=int(b.listen_addrs[0].value_for("tcp")))
+            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+            assert relayed.path is Path.RELAYED
+            puncher = b.service(HolePuncher)
+            while not puncher.outcomes:
+                await trio.sleep(0.01)
+            assert a_connected.is_set() and b_refused.is_set()
+            outcome = puncher.outcomes[-1]
+            assert outcome.success and outcome.attempts == 1, outcome
+            assert "failed" not in puncher.snapshot()["attempts"].get("tcp", {})
+
+
+def test_a_taken_four_tuple_is_told_from_other_dial_errors():
+    taken = DialError("cannot connect")
+    taken.__cause__ = OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+    assert tuple_taken(taken)
+    no_listener = DialError("cannot connect")
+    no_listener.__cause__ = OSError(errno.EADDRNOTAVAIL, NO_LISTEN_PORT)
+    refused = DialError("cannot connect")
+    refused.__cause__ = ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+    assert not tuple_taken(no_listener) and not tuple_taken(refused) and not tuple_taken(DialError("timed out"))
 
 
 def test_roles_follow_the_spec_then_swap_on_the_last_attempt():

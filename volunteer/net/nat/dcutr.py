@@ -16,6 +16,7 @@ addresses or reachability change.
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
 import socket
@@ -36,6 +37,7 @@ from ..service import BaseService, Handler, HostAPI, InboundClass
 from ..streams import BufferedStream, close_quietly
 from ..transport.base import Direction, Path, RawConnection
 from ..transport.quic import QuicTransport
+from ..transport.tcp import NO_LISTEN_PORT
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punch_candidates, punch_transport, punchable
 from .birthday import EASY, birthday_step
@@ -352,6 +354,14 @@ class HolePuncher(BaseService):
             try:
                 conn = await self.host.dial_addr(addr, peer, role=step.role, path=Path.HOLE_PUNCHED, **options)
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                if punch_transport(addr) == "tcp" and tuple_taken(exc):
+                    # The peer's SYN reached our listener before ours left: our socket's 4-tuple is
+                    # that connection's, and it is this punch (``classify_inbound`` keeps our role
+                    # while we expect it). Its upgrade is still running: ending the attempt now
+                    # would drop the expectation under it (both sides then answer as the upgrade's
+                    # server, and the punch fails). watch() sees it come up; the budget bounds the wait.
+                    log.debug("punch to %s: the peer's connection got here first; waiting for it", addr)
+                    await trio.sleep_forever()
                 log.debug("punch to %s failed: %s", addr, describe(exc))
                 return
             won(conn, True)
@@ -403,8 +413,22 @@ class HolePuncher(BaseService):
             won(conn, True)
 
 
+def tuple_taken(exc: BaseException) -> bool:
+    """Whether a dial from our listen port failed because its 4-tuple is in use
+    (EADDRNOTAVAIL from connect: a connection from that address to that port exists already,
+    i.e. the peer's SYN reached our listener first), looking through DialError's cause."""
+    seen: BaseException | None = exc
+    for _ in range(4):  # DialError -> OSError; bounded, never a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno == errno.EADDRNOTAVAIL and seen.strerror != NO_LISTEN_PORT:
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:
     return conn is not None and conn.path is not Path.RELAYED
 
 
-__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read"]
+__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read", "tuple_taken"]

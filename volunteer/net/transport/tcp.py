@@ -91,6 +91,9 @@ def _check_port_free(family: int, host: str, port: int) -> None:
         probe.close()
 
 
+NO_LISTEN_PORT = "no listen port to dial from"  # reuse_port_only without a TCP listener (not a taken 4-tuple)
+
+
 class TcpTransport:
     """Dial and listen on TCP multiaddrs."""
 
@@ -163,7 +166,7 @@ class TcpTransport:
                 # The 4-tuple may be taken (we already talk to that peer from this port): use an ephemeral port.
                 log.debug("dial %s from port %s failed (%s); retrying from an ephemeral port", addr, bind[1], exc)
         elif reuse_port_only:
-            raise OSError(errno.EADDRNOTAVAIL, "no listen port to dial from")
+            raise OSError(errno.EADDRNOTAVAIL, NO_LISTEN_PORT)
         if sock is None:
             sock = await self._connect(family, sockaddr, None)
         stream = trio.SocketStream(sock)
