@@ -121,10 +121,5 @@ class NormBound:
             self._early.clear()  # the bound judges from here on
         return list(dict.fromkeys(outliers))
 
-    def reset(self) -> None:
-        """Forget everything (the expert's state was replaced: a rollback, a loaded checkpoint)."""
-        self._accepted.clear()
-        self._early.clear()
-
 
 __all__ = ["Check", "NormBound", "Verdict"]

@@ -23,6 +23,7 @@ import logging
 from typing import Hashable, Mapping, Sequence
 
 from ..errors import GradientRefusedError, TrainerRefusedError
+from ..net.identity import PeerID
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .gradbound import Verdict
@@ -34,8 +35,7 @@ NEWCOMER_BACKWARDS = 16  # backwards applied here before a trainer's gradient pa
 
 
 def _name(trainer: Hashable) -> str:
-    short = getattr(trainer, "short", None)
-    return short() if callable(short) else str(trainer)
+    return trainer.short() if isinstance(trainer, PeerID) else str(trainer)
 
 
 class TrainerJudge:
@@ -84,17 +84,13 @@ class TrainerJudge:
                                            f"the bound {request.error.bound:.3g} of {uid}")
                 else:  # a newcomer's clipped gradient: not applied, and a strike all the same
                     self.book.refuse(request.trainer, TRAINER_CLIPPED)
-                    if self.book.strike(uid, request.trainer, now):
-                        self._roll_back(request.trainer, uid, now, f"{self.book.max_strikes} gradients past the "
-                                        f"bounds of {uid} within {self.book.strike_window:g} s")
+                    self._strike(request.trainer, uid, now)
                 continue
             if request.error is not None or request.check is None:
                 continue
             clipped = request.check.verdict is Verdict.CLIPPED
             self.book.applied(uid, request.trainer, clipped=clipped)
-            if clipped and self.book.strike(uid, request.trainer, now):
-                self._roll_back(request.trainer, uid, now, f"{self.book.max_strikes} gradients past the bounds of "
-                                f"{uid} within {self.book.strike_window:g} s")
+            if clipped and self._strike(request.trainer, uid, now):
                 request.result, request.error = None, TrainerRefusedError(
                     "your gradients kept going past this expert's bound: refused for a while, and undone"
                 )
@@ -108,6 +104,14 @@ class TrainerJudge:
                 self._roll_back(sender, uid, now, f"a warm-up gradient of {uid} far past the bound it then learned")
         if backend.keeps_state and not backend.grad_bound.warming_up and not self.book.open_strikes(uid, now):
             backend.release_state()
+
+    def _strike(self, trainer: Hashable, uid: str, now: float) -> bool:
+        """A strike for ``trainer`` on ``uid``; True when it was one too many (refused, undone)."""
+        if not self.book.strike(uid, trainer, now):
+            return False
+        self._roll_back(trainer, uid, now, f"{self.book.max_strikes} gradients past the bounds of {uid} "
+                        f"within {self.book.strike_window:g} s")
+        return True
 
     def _refuse_for_cause(self, trainer: Hashable, uid: str, now: float, why: str) -> None:
         self.book.refuse(trainer, TRAINER_REFUSED)
