@@ -216,9 +216,11 @@ class ExpertServer(BaseService):
                         uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer, stamps=stamps,
                     )
                 server_s = trio.current_time() - started
-                reply, lazy = serialize(outputs, request.compression, config=self.config)
-                chunks = list(lazy)
-                receipt = self._receipt(request, inputs, reply, chunks, stamps)
+                reply, chunks = serialize(outputs, request.compression, config=self.config)
+                receipt = None
+                if stamps and stamps[0] is not None:  # a receipt digests the reply's bytes before they go
+                    chunks = list(chunks)
+                    receipt = self._receipt(request, inputs, reply, chunks, stamps)
             except trio.TooSlowError:
                 raise ExpertProtocolError(f"request not received within {READ_TIMEOUT:.0f} s") from None
             finally:
@@ -256,14 +258,11 @@ class ExpertServer(BaseService):
                 # not earlier: taken during the send, the step would slow the reply down
                 self.runtime.apply_owed_steps()
 
-    def _receipt(self, request: Request, inputs, header: dict, chunks, stamps: list) -> list | None:
+    def _receipt(self, request: Request, inputs, header: dict, chunks, stamps: list) -> list:
         """The signed receipt of a forward/backward reply (``receipts.py``): one hash of the
         inputs, one of the reply's bytes, one signature; the state's digest was taken once per
-        version (``snapshots.py``). None when the runtime said nothing of the state."""
-        found = stamps[0] if stamps else None
-        if found is None:
-            return None
-        stamp, rows = found
+        version (``snapshots.py``); ``stamps`` holds the runtime's word on that state."""
+        stamp, rows = stamps[0]
         receipt = Receipt(
             self.host.peer_id.to_bytes(), request.uid, FORWARD if request.op == "forward" else BACKWARD,
             stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.digest, tensor_digest(inputs),
