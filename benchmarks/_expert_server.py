@@ -1,13 +1,13 @@
 """Benchmark peer: a volunteer serving ffn experts (hidden 256 and 1024) on loopback TCP.
 
-    python benchmarks/_expert_server.py
+    python benchmarks/_expert_server.py [--device cpu|cuda]
 Prints `READY <multiaddr>` and serves until stdin closes.
 """
 
+import argparse
 import sys
 from pathlib import Path
 
-import torch
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -20,9 +20,8 @@ from volunteer.swarmfile import SwarmSpec  # noqa: E402
 SWARM = "bench"
 
 
-async def main() -> None:
-
-    config = ExpertsConfig(device="cpu", nan_check=False)
+async def main(device: str) -> None:
+    config = ExpertsConfig(device=device, nan_check=False)
     backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
     options = VolunteerOptions(
         listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
@@ -34,4 +33,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    trio.run(main, parser.parse_args().device)

@@ -21,37 +21,56 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times) * 1000
 
 
-def _forward(module, x: torch.Tensor) -> None:
+def forward(module, x: torch.Tensor) -> None:
     with torch.no_grad():
         module(x)
 
 
-def _forward_backward(module, x: torch.Tensor) -> None:
-    module(x.clone().requires_grad_()).sum().backward()
+def forward_backward(module, x: torch.Tensor) -> None:
+    # zero-mean output gradients: the expert's weights wander instead of marching one way, as
+    # ``.sum().backward()`` made them (hundreds of steps of it killed the ReLUs and collapsed the
+    # expert's gain 16-fold, and the trainer's guard then took the honest replies for lies)
+    outputs = module(x.clone().requires_grad_())
+    outputs.backward(torch.randn_like(outputs))
 
 
 def latency_figures(expert, local, x: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median ms of a remote forward, remote forward+backward, and the same two done locally."""
+    """Median ms of a remote forward, remote forward+backward, and the same two done locally
+    (``local`` on the device its parameters are on; a GPU's queue is drained before the clock stops)."""
+    device = next(local.parameters()).device
+    x_local = x.to(device)
+
+    def settled(fn):
+        def run() -> None:
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return run
+
     return {
-        "forward_ms": median_ms(lambda: _forward(expert, x), repeats),
-        "forward_backward_ms": median_ms(lambda: _forward_backward(expert, x), repeats),
-        "local_forward_ms": median_ms(lambda: _forward(local, x), repeats),
-        "local_forward_backward_ms": median_ms(lambda: _forward_backward(local, x), repeats),
+        "forward_ms": median_ms(lambda: forward(expert, x), repeats),
+        "forward_backward_ms": median_ms(lambda: forward_backward(expert, x), repeats),
+        "local_forward_ms": median_ms(settled(lambda: forward(local, x_local)), repeats),
+        "local_forward_backward_ms": median_ms(settled(lambda: forward_backward(local, x_local)), repeats),
     }
 
 
 def trainers_throughput(expert, seconds: float, trainers: int, hidden: int, batch: int) -> float:
     """Samples/s that ``trainers`` threads doing forward+backward through ``expert`` get."""
     samples = [0]
+    failures: list[BaseException] = []
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
 
     def trainer() -> None:
         x = torch.randn(batch, hidden)
-        while time.monotonic() < deadline:
-            _forward_backward(expert, x)
-            with lock:
-                samples[0] += batch
+        try:
+            while time.monotonic() < deadline:
+                forward_backward(expert, x)
+                with lock:
+                    samples[0] += batch
+        except Exception as exc:  # a figure from the survivors would be no figure: say so below
+            failures.append(exc)
 
     threads = [threading.Thread(target=trainer) for _ in range(trainers)]
     started = time.monotonic()
@@ -59,4 +78,6 @@ def trainers_throughput(expert, seconds: float, trainers: int, hidden: int, batc
         t.start()
     for t in threads:
         t.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {trainers} trainers failed; the first: {failures[0]!r}") from failures[0]
     return samples[0] / (time.monotonic() - started)

@@ -1,6 +1,6 @@
 """Remote expert latency and server throughput: ours vs hivemind 1.1.12, side by side in one run.
 
-    .venv/bin/python benchmarks/experts.py [--repeats 50] [--quick] [--skip-hivemind]
+    .venv/bin/python benchmarks/experts.py [--repeats 50] [--quick] [--skip-hivemind] [--device cuda]
 
 For ffn experts at hidden 256 / batch 16 and hidden 1024 / batch 64 on CPU over loopback (the
 server in a second process): median latency of a remote forward and of forward+backward, the
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import latency_figures, trainers_throughput  # noqa: E402
+from _measure import forward_backward, latency_figures, trainers_throughput  # noqa: E402
 from volunteer import RemoteExpert  # noqa: E402
 from volunteer.experts.client import DHTDirectory  # noqa: E402
 from volunteer.experts.layers import FeedForward  # noqa: E402
@@ -86,8 +86,8 @@ class Client:
         self.loop.stop()
 
 
-def measure_ours(repeats: int, throughput_seconds: float) -> dict:
-    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py")],
+def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu") -> dict:
+    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py"), "--device", device],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = server.stdout.readline()
     assert line.startswith("READY "), line
@@ -97,7 +97,7 @@ def measure_ours(repeats: int, throughput_seconds: float) -> dict:
     try:
         for hidden, batch in CONFIGS:
             expert = RemoteExpert(f"ffn{hidden}.0", addr, client)
-            local = FeedForward(hidden)
+            local = FeedForward(hidden).to(device)
             x = torch.randn(batch, hidden)
             out[f"{hidden}x{batch}"] = latency_figures(expert, local, x, repeats)
             unchecked = RemoteExpert(f"ffn{hidden}.0", addr, client, check_replies=False)
@@ -116,11 +116,11 @@ def checks_cost(checked, unchecked, x: torch.Tensor, repeats: int) -> dict[str, 
     times: dict[bool, list[float]] = {True: [], False: []}
     for expert in (checked, unchecked):  # warm-up: connection, first batch, the guard's warm-up
         for _ in range(20):
-            expert(x.clone().requires_grad_()).sum().backward()
+            forward_backward(expert, x)
     for _ in range(repeats):
         for on, expert in ((True, checked), (False, unchecked)):
             started = time.perf_counter()
-            expert(x.clone().requires_grad_()).sum().backward()
+            forward_backward(expert, x)
             times[on].append(time.perf_counter() - started)
     return {"checked_ms": statistics.median(times[True]) * 1000, "unchecked_ms": statistics.median(times[False]) * 1000}
 
@@ -142,7 +142,7 @@ def guard_us(hidden: int, batch: int, repeats: int = 2000) -> float:
     return statistics.median(times) * 1e6
 
 
-def gradient_bound_cost(hidden: int, batch: int, repeats: int) -> tuple[float, float]:
+def gradient_bound_cost(hidden: int, batch: int, repeats: int, device: str = "cpu") -> tuple[float, float]:
     """Median ms of one backward with its optimizer step on a volunteer's backend (no network), and
     median ms of the gradient bound's work inside it (``experts/gradbound.py``: the parameter
     gradient's norm and its verdict, what every backward now pays), alternating step by step."""
@@ -150,18 +150,21 @@ def gradient_bound_cost(hidden: int, batch: int, repeats: int) -> tuple[float, f
     from volunteer.experts.backend import gradient_norm
     from volunteer.experts.gradbound import NormBound
 
-    backend = make_backend(f"ffn{hidden}.0", "ffn", hidden, config=ExpertsConfig(device="cpu"))
+    backend = make_backend(f"ffn{hidden}.0", "ffn", hidden, config=ExpertsConfig(device=device))
     x, g = torch.randn(batch, hidden), torch.randn(batch, hidden) * 1e-3
+    settle = torch.cuda.synchronize if backend.device.type == "cuda" else (lambda: None)
     bound = NormBound()
     steps, checks = [], []
     for index in range(repeats + 5):
         started = time.perf_counter()
         backend.backward([x], [g])
+        settle()
         step = time.perf_counter() - started
         backend.backward([x], [g], defer_step=True)  # grads left in place for the bound to read
         started = time.perf_counter()
         norm = gradient_norm([p.grad for p in backend.module.parameters() if p.grad is not None])
         bound.taken(bound.check(norm))
+        settle()
         check = time.perf_counter() - started
         backend.settle()
         if index >= 5:  # warm-up: first kernels, the bound's own warm-up
@@ -183,6 +186,8 @@ def main() -> None:
     parser.add_argument("--skip-hivemind", action="store_true")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads in every process, ours and hivemind's (default 1)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where our server's experts and the local baseline run (hivemind's stay on CPU)")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the server and hivemind's process inherit it
         os.environ[name] = str(args.torch_threads)
@@ -190,13 +195,13 @@ def main() -> None:
     if args.quick:
         args.repeats, args.throughput_seconds = 10, 4.0
 
-    ours = measure_ours(args.repeats, args.throughput_seconds)
+    ours = measure_ours(args.repeats, args.throughput_seconds, args.device)
     theirs = None
     if not args.skip_hivemind:
         from hivemind_runner import run_hivemind
 
         theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else [], timeout=1800)
-    print(f"\nRemote ffn experts on CPU, loopback, server in another process (median of {args.repeats}, "
+    print(f"\nRemote ffn experts on {args.device}, loopback, server in another process (median of {args.repeats}, "
           f"{args.torch_threads} torch thread(s) per process)")
     print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}")
     for hidden, batch in CONFIGS:
@@ -225,7 +230,7 @@ def main() -> None:
     print(f"\nThe gradient bound, volunteer side (backward + optimizer step, median of {args.repeats})")
     print(f"{'figure':<34}{'step ms':>10}{'bound ms':>10}{'cost':>8}")
     for hidden, batch in CONFIGS:
-        step_ms, bound_ms = gradient_bound_cost(hidden, batch, args.repeats)
+        step_ms, bound_ms = gradient_bound_cost(hidden, batch, args.repeats, args.device)
         print(f"{f'h{hidden} b{batch} backward':<34}{step_ms:>10.2f}{bound_ms:>10.3f}{bound_ms / step_ms:>+8.1%}")
     print("(bound: the parameter gradient's norm and its verdict, paid by every backward; goal under 5 %)")
 
