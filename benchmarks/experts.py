@@ -161,6 +161,7 @@ def gradient_bound_cost(hidden: int, batch: int, repeats: int, device: str = "cp
         settle()
         step = time.perf_counter() - started
         backend.backward([x], [g], defer_step=True)  # grads left in place for the bound to read
+        settle()  # a GPU's backward kernels finish first: their time is the step's, not the bound's
         started = time.perf_counter()
         norm = gradient_norm([p.grad for p in backend.module.parameters() if p.grad is not None])
         bound.taken(bound.check(norm))
