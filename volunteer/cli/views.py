@@ -23,6 +23,8 @@ def reachability_view(node: "VolunteerNode") -> dict | None:
     nat = manager.snapshot()
     return {
         "status": nat["reachability"],
+        # AutoNAT's answers so far: a first round that called a reachable node private shows here
+        "evidence": nat["evidence"],
         "nat_type": nat["mapping"],
         "observed_addrs": nat["observed_addrs"],
         # punch attempts by transport and result, time to direct (the HolePuncher's snapshot)

@@ -21,6 +21,7 @@ from .. import limits
 from ..events import (
     ConnectionEvent, DirectConnectionUp, PeerConnected, PeerDisconnected, ReachabilityChanged, RelayReservationsChanged,
 )
+from ..identify import Identify
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
 from ..transport.base import Path
@@ -59,6 +60,7 @@ class NatManager(BaseService):
         self.tracker = ReachabilityTracker(required)
         self.reservations: ReservationManager | None = None
         self.last_results: list[ProbeResult] = []
+        self.rounds = 0  # AutoNAT rounds run
         self.last_error = ""
         # what share of peer sessions and bytes went direct; the swarm's relays and entry points
         # are infrastructure, always reached directly, and left out
@@ -160,18 +162,20 @@ class NatManager(BaseService):
     async def probe_round(self) -> Reachability:
         """Ask each server once (in parallel); record what they found."""
         results: list[ProbeResult] = []
-        addrs = self.our_addrs()
 
         async def ask(server: Multiaddr) -> None:
             try:
-                results.append(await probe(self.host, server, addrs))
+                with trio.fail_after(limits.AUTONAT_REQUEST_TIMEOUT):
+                    await self._observed_by(server)
+                addrs = self.our_addrs()
+                if addrs:
+                    results.append(await probe(self.host, server, addrs))
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.last_error = f"{server}: {describe(exc)}"
 
-        if addrs:
-            async with trio.open_nursery() as nursery:
-                for server in self.servers:
-                    nursery.start_soon(ask, server)
+        async with trio.open_nursery() as nursery:
+            for server in self.servers:
+                nursery.start_soon(ask, server)
         for result in results:
             if result.reachable is not None:
                 before = self.tracker.status
@@ -180,7 +184,19 @@ class NatManager(BaseService):
                     log.info("reachability: %s (evidence %s)", after.value, self.tracker.evidence)
                     self.host.events.publish(ReachabilityChanged(after))
         self.last_results = results
+        self.rounds += 1
         return self.tracker.status
+
+    async def _observed_by(self, server: Multiaddr) -> None:
+        """Connect to ``server`` and have it say where it sees us before we name our addresses:
+        the manager starts first, before the DHT has connected anywhere, and a first round
+        that named only our listen addresses (a LAN address behind a forwarded port) judged a
+        reachable volunteer private until the next round, minutes later."""
+        conn = await self.host.connect(server)
+        info = self.host.peerstore.get(conn.remote_peer)
+        identify = self.host.service(Identify)
+        if identify is not None and (info is None or info.observed_addr is None):
+            await identify.identify(conn)  # the connection's own identify may still be in flight
 
     async def _ensure_reservations(self) -> None:
         if self.reservations is None:
@@ -195,7 +211,7 @@ class NatManager(BaseService):
         puncher = self.host.service(HolePuncher)
         return {
             "reachability": self.reachability.value,
-            "evidence": {"reachable": yes, "unreachable": no, "required": self.tracker.required},
+            "evidence": {"reachable": yes, "unreachable": no, "required": self.tracker.required, "rounds": self.rounds},
             "confirmed_addr": str(self.tracker.confirmed_addr) if self.tracker.confirmed_addr else None,
             "mapping": self.mapping().value,
             "observed_addrs": [str(a) for a in self.observed_addrs()],
