@@ -219,16 +219,23 @@ class HolePuncher(BaseService):
                                 plan.succeeded(trio.current_time(), arrived.transport, REVERSED)
                                 break
                             plan.connect_sent(trio.current_time())
-                            await stream.send_all(messages.encode(CONNECT, self.our_addrs(known, via)))
+                            offered = self.our_addrs(known, via)
+                            await stream.send_all(messages.encode(CONNECT, offered))
                             reply = await read(stream, CONNECT)
                             known = for_peer(reply.addrs, via)
                             step = plan.connect_received(known, trio.current_time())
                             with self._expecting(peer, step.addrs, step.role):
                                 await stream.send_all(messages.encode(SYNC))
+                                if not step.addrs and not offered:
+                                    continue  # neither side can dial: the next attempt may know more
                                 if not step.addrs:
-                                    continue
-                                await trio.sleep_until(step.dial_at)
-                                direct, ours = await self._punch(peer, step)
+                                    # nothing of theirs to dial, but they dial ours now: their
+                                    # connection is this attempt (a next CONNECT sent at once
+                                    # would burn the attempts while their dial is on its way)
+                                    direct, ours = await self._their_dial(peer, step.dial_at + step.budget), False
+                                else:
+                                    await trio.sleep_until(step.dial_at)
+                                    direct, ours = await self._punch(peer, step)
                             self._count(plan, step, direct, ours)
                             if direct is not None:
                                 plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
@@ -262,9 +269,10 @@ class HolePuncher(BaseService):
                     with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
                         request = await read(buffered, CONNECT)
                         theirs = for_peer(request.addrs, via)  # never a dial to another machine's loopback
-                        attempt = plan.peer_connect(theirs, trio.current_time())
-                        with self._expecting(peer, theirs, plan.our_role(attempt)):
-                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs(theirs, via)))
+                        offered = self.our_addrs(theirs, via)
+                        plan.peer_connect(theirs, trio.current_time(), offered=bool(offered))
+                        with self._expecting(peer, theirs, plan.responder_role()):
+                            await buffered.send_all(messages.encode(CONNECT, offered))
                             await read(buffered, SYNC)
                             step = plan.sync_received(trio.current_time())
                             direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
@@ -345,6 +353,17 @@ class HolePuncher(BaseService):
                 self._expected.pop(addr, None)
             for ip in ips:
                 self._expected_tcp_ips.pop(ip, None)
+
+    async def _their_dial(self, peer: PeerID, deadline: float) -> Connection | None:
+        """The peer's direct connection to us, if one comes up by ``deadline``."""
+        with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_at(deadline):
+            existing = self.host.connection_to(peer)
+            if _is_direct(existing):
+                return existing
+            async for event in direct_ups:
+                if isinstance(event, DirectConnectionUp) and event.peer == peer:
+                    return event.connection
+        return None
 
     async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
         """Punch every address at once, within the step's budget: TCP by dialling from our listen
