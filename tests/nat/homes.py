@@ -69,6 +69,9 @@ def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: st
     mapping) is answered with a RST instead, counted too.
     """
     flags = " random,fully-random" if nat == "symmetric" else ""
+    # shifted: a source port outside the range gets one inside it, and the kernel reuses a
+    # source's mapping for every destination (nf_nat's find_appropriate_src): EIM, new ports
+    shift = f'oifname "{wan}" meta l4proto {{ tcp, udp }} masquerade to :20000-29999\n    ' if nat == "shifted" else ""
     reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
     # an office firewall: nothing over UDP leaves (QUIC never connects; DNS would be the LAN's own)
     no_udp = f'iifname "{lan}" meta l4proto udp counter drop\n    ' if udp == "drop" else ""
@@ -76,7 +79,7 @@ def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: st
 table ip {table} {{
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
-    oifname "{wan}" masquerade{flags}
+    {shift}oifname "{wan}" masquerade{flags}
   }}
   chain forward {{
     type filter hook forward priority filter; policy accept;
@@ -98,6 +101,9 @@ table ip {table} {{
 def upnp_ruleset(table: str, nat: str, wan: str, lan: str, lan_net: str, unsolicited_tcp: str = "drop") -> str:
     """The nftables ruleset of a miniupnpd router (see the module docstring)."""
     flags = " random,fully-random" if nat == "symmetric" else ""
+    # shifted: a source port outside the range gets one inside it, and the kernel reuses a
+    # source's mapping for every destination (nf_nat's find_appropriate_src): EIM, new ports
+    shift = f'oifname "{wan}" meta l4proto {{ tcp, udp }} masquerade to :20000-29999\n    ' if nat == "shifted" else ""
     reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
     return f"""
 table inet {table} {{

@@ -71,6 +71,7 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     ipv6_pair,
     lan_pair,
     rst_pair,
+    shifted_pair,
     symmetric_pair,
     upnp_pair,
 )

@@ -59,7 +59,9 @@ def assert_direct_on_first_attempt(report):
     (rigmod.rst_pair, "peer_a", "peer_b"),   # the RST home dials
     (rigmod.rst_pair, "peer_b", "peer_a"),   # the RST home is dialled
     (lambda: rigmod.rst_pair(both=True), "peer_a", "peer_b"),
-], ids=["easy-easy", "rst-dials", "rst-dialled", "rst-rst"])
+    (rigmod.shifted_pair, "peer_a", "peer_b"),   # the home that never keeps its ports dials
+    (rigmod.shifted_pair, "peer_b", "peer_a"),   # ... is dialled
+], ids=["easy-easy", "rst-dials", "rst-dialled", "rst-rst", "shifted-dials", "shifted-dialled"])
 def test_easy_homes_end_direct_on_the_first_attempt(make_rig, spec, dialer, listener):
     rig = make_rig(spec())
     relay_addr = start_relay(rig)

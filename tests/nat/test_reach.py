@@ -150,6 +150,22 @@ def test_an_easy_home_and_a_symmetric_one_end_direct_by_birthday_probing_nine_ti
     assert direct >= 9, reports
 
 
+@pytest.mark.slow
+def test_a_home_that_never_keeps_its_ports_and_a_symmetric_one_end_direct_four_times_in_five(make_rig):
+    """The shifted home's NAT is endpoint-independent but moves every port: with only the relay
+    to observe it, it cannot tell itself from a symmetric NAT ("unsure"), so it plays both parts
+    of the birthday probe, and its easy part meets the symmetric home's hard one."""
+    rig = make_rig(rigmod.shifted_pair(nat_b="symmetric"))
+    relay_addr = start_relay(rig)
+    target, _ = start_listener(rig, "peer_a", relay_addr)
+    reports = [punch(rig, "peer_b", target, [a.replace("/4001", f"/{4101 + attempt}") for a in BOTH])
+               for attempt in range(5)]
+    direct = [r for r in reports if not r["path"].startswith("relayed")]
+    print(f"\nbirthday probing, shifted <-> symmetric: {len(direct)} of 5 direct;",
+          "seconds to direct:", [round(r["seconds_to_direct"], 2) for r in direct])
+    assert len(direct) >= 4, reports
+
+
 def start_quic_relay(rig, node):
     """A relay on TCP and QUIC in ``node`` (a second observer of our addresses, for doctor)."""
     ip = rig.addr(node)
