@@ -99,6 +99,21 @@ def test_implausible_replies_fail_count_and_exclude_after_the_policys_strikes():
     assert report["honest"]["replies_rejected"] == 0
 
 
+def test_a_host_lying_only_in_input_gradients_is_excluded_though_its_forwards_pass():
+    ledger = TrustLedger(TrustPolicy(guard_strikes=3))
+    guard = ReplyGuard(ledger, CONFIG)
+    sent = honest(seed=99)
+    for i in range(CONFIG.warmup):
+        guard.check_outputs("e.0", "honest", honest(seed=i))
+        guard.check_gradients("e.0", "honest", honest(seed=100 + i), sent)
+    for attempt in range(3):
+        guard.check_outputs("e.0", "liar", honest(seed=200 + attempt))  # its forwards are honest
+        with pytest.raises(ImplausibleReplyError) as caught:
+            guard.check_gradients("e.0", "liar", [10 * t for t in honest(seed=300 + attempt)], sent)
+    assert caught.value.excluded and ledger.excluded("liar")
+    assert "input gradients" in ledger.exclusion_reason("liar")
+
+
 def test_an_all_zero_input_may_get_an_all_zero_output():
     ledger = TrustLedger()
     guard = ReplyGuard(ledger, CONFIG)

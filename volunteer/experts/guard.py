@@ -13,7 +13,8 @@ seen. Robust statistics: a minority of liars among a uid's answers cannot move t
 ``ReplyGuard`` applies it and tells the ``TrustLedger``: a non-finite reply excludes its host at
 once; an implausible one counts against the (uid, peer) and fails the call (the mixture then
 fails over to another replica and compares the two answers, ``audit.py``); ``guard_strikes``
-implausible replies of a peer in a row exclude it, unless its replies carry receipts
+implausible replies of a peer in a row, of one kind (outputs or input gradients: honest forwards
+do not clear a liar in backwards), exclude it, unless its replies carry receipts
 (``receipts.py``): the range is learned from replies, a majority of which may be lies, so for a
 receipted reply it only fails the call, and the auditor recomputes that reply (``audit.py``).
 Cost: one reduction per reply tensor on the trainer's event-loop thread.
@@ -171,25 +172,25 @@ class ReplyGuard:
                 log.warning("excluding volunteer %s: it %s", peer, reason)
             raise NonFiniteReplyError(f"{peer} {reason}", excluded=True)
         if math.isnan(scale):
-            ledger.accepted(peer)
+            ledger.accepted(peer, kind)
             return
         key = (uid, kind)
         if not self.ranges.plausible(key, scale):
             if sent and log_rms(sent) == ZERO:  # all zeros sent: no scale to expect (measured only here: rare)
-                ledger.accepted(peer)
+                ledger.accepted(peer, kind)
                 return
             low, high = self.ranges.bounds(key) or (-math.inf, math.inf)
             detail = (f"the RMS of its {kind} of expert {uid} is {_exp(scale):.3g}, outside the plausible "
                       f"{_exp(low):.3g}..{_exp(high):.3g} its replicas set")
             excluded = False
-            if ledger.rejected(uid, peer) and not receipted:
+            if ledger.rejected(uid, peer, kind) and not receipted:
                 reason = f"{ledger.policy.guard_strikes} replies in a row out of range ({detail})"
                 excluded = ledger.exclude(peer, reason)
                 if excluded:
                     log.warning("excluding volunteer %s: %s", peer, reason)
             raise ImplausibleReplyError(f"{peer}: {detail}", outputs=list(tensors), excluded=excluded)
         self.ranges.add(key, scale)
-        ledger.accepted(peer)
+        ledger.accepted(peer, kind)
 
 
 def _exp(value: float) -> float:

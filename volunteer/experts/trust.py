@@ -111,7 +111,9 @@ class PeerRecord:
     exact: int = 0  # of those, exact audits (a recompute from the state it signed)
     disagreed: int = 0
     rejected: int = 0
-    rejected_in_a_row: int = 0  # guard rejections since its last accepted reply
+    # guard rejections since the last accepted reply of the same kind (outputs, input gradients):
+    # a host that lies in backwards only is not cleared by its honest forwards in between
+    rejected_in_a_row: dict[str, int] = field(default_factory=dict)
     outvoted_on: list[str] = field(default_factory=list)  # experts it was outvoted on (distinct)
 
     def trusted(self, policy: TrustPolicy) -> bool:
@@ -260,24 +262,26 @@ class TrustLedger:
         """A reply of ``peer`` arrived and is being checked."""
         self._peer(peer).replies += 1
 
-    def accepted(self, peer: str) -> None:
-        """A reply of ``peer`` passed the guard (guard rejections in a row start over)."""
+    def accepted(self, peer: str, kind: str = "") -> None:
+        """A reply of ``peer`` passed the guard (its guard rejections in a row of that ``kind``
+        start over)."""
         record = self._peers.get(peer)
         if record is not None:
-            record.rejected_in_a_row = 0
+            record.rejected_in_a_row.pop(kind, None)
             self._peers.move_to_end(peer)
 
-    def rejected(self, uid: str, peer: str) -> bool:
+    def rejected(self, uid: str, peer: str, kind: str = "") -> bool:
         """The guard rejected a reply of ``peer`` for ``uid`` as implausible: an invalid result.
-        Returns True when that makes ``guard_strikes`` in a row: the caller then excludes it."""
+        Returns True when that makes ``guard_strikes`` of that ``kind`` in a row (whatever
+        replies of other kinds passed in between): the caller then excludes it."""
         if peer in self._excluded:
             return False
         pair, record = self._pair(uid, peer), self._peer(peer)
         pair.rejected += 1
         record.rejected += 1
-        record.rejected_in_a_row += 1
+        in_a_row = record.rejected_in_a_row[kind] = record.rejected_in_a_row.get(kind, 0) + 1
         record.streak = 0
-        return record.rejected_in_a_row >= self.policy.guard_strikes
+        return in_a_row >= self.policy.guard_strikes
 
     def exclude(self, peer: str, reason: str, *, proof: bool = False) -> bool:
         """Exclude ``peer`` for ``reason`` (``proof``: a recompute contradicted a reply it
