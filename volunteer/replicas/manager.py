@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 import trio
 
 from ..dht.declare import ExpertDeclarer
-from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, list_experts, survey_quorum
+from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, survey_quorum
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
@@ -45,6 +45,7 @@ from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
 from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versions_of
 from .store import BackendStore
+from .survey import answering_only, declared_hosts, remember_addrs
 from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
 from .catchup import race_for_state
@@ -55,7 +56,6 @@ log = logging.getLogger(__name__)
 
 SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
 EARLY_SURVEY = 15.0  # seconds after the start a volunteer of named experts surveys the grids again
-DIRECT_LOOKUP_LIMIT = 1024  # grids up to this many experts are surveyed uid by uid (one batch)
 IMPLAUSIBLE_STATE = "implausible_state"  # a fetched state that is not finite or not at a trained scale
 UNCORROBORATED_STATE = "uncorroborated_state"  # a fetched state no other source's state agreed with
 
@@ -139,60 +139,18 @@ class ReplicaManager(BaseService):
     async def survey(self, uids: Sequence[str] = ()) -> dict[str, dict[str, int]]:
         """Live hosts (with versions) of every grid expert, plus ``uids``; their addresses are
         remembered so that catch-up, sync and hand-off can dial them."""
-        found: dict[str, list[Declaration]] = {}
-        direct = list(dict.fromkeys(uids))
-        for grid in self.grids:
-            if grid.count <= DIRECT_LOOKUP_LIMIT:
-                direct.extend(grid.uids())
-            else:
-                listed = await list_experts(self.dht, grid.prefix + ".", limit=grid.count)
-                found.update({uid: decls for uid, decls in listed.items() if grid.contains(uid)})
-        if direct:
-            found.update(await get_experts(self.dht, list(dict.fromkeys(direct)), quorum=survey_quorum(self.dht)))
+        found = await declared_hosts(self.dht, self.grids, uids)
         self._remember_hosts(found)
         self.hosts = await self.alive_only(hosts_of(found))
         self.surveyed_at = trio.current_time()
         return self.hosts
 
     def _remember_hosts(self, found: Mapping[str, Sequence[Declaration]]) -> None:
-        # the declarations' addresses, where catch-up, sync and hand-off dials find them
-        for decls in found.values():
-            for decl in decls:
-                if decl.peer != self.host.peer_id:
-                    self.host.peerstore.remember_addrs(decl.peer, decl.addrs)
+        remember_addrs(self.host, found)
 
     async def alive_only(self, hosts: Hosts) -> dict[str, dict[str, int]]:
-        """``hosts`` without the hosts that do not answer: a killed volunteer's declarations stay
-        in the DHT until they expire, and an expert it held must not look replicated meanwhile.
-        A host we are connected to counts as alive; any other must take a dial within
-        ``liveness_timeout`` (a few at a time)."""
-        peers = sorted({peer for holders in hosts.values() for peer in holders if peer != self.me})
-        dead: set[str] = set()
-        limiter = trio.CapacityLimiter(self.config.max_liveness_checks)
-
-        async def check(peer: str) -> None:
-            try:
-                peer_id = PeerID.from_string(peer)
-            except (ValueError, VolunteerError):
-                dead.add(peer)
-                return
-            if self.host.is_connected(peer_id):
-                return
-            async with limiter:
-                with trio.move_on_after(self.config.liveness_timeout):
-                    try:
-                        await self.host.connect(peer_id)
-                        return
-                    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                        log.debug("declared host %s does not answer: %s", peer[-10:], describe(exc))
-            dead.add(peer)
-
-        async with trio.open_nursery() as nursery:
-            for peer in peers:
-                nursery.start_soon(check, peer)
-        if dead:
-            log.info("%d declared host(s) of the grid do not answer: not counted as replicas", len(dead))
-        return {uid: {p: v for p, v in holders.items() if p not in dead} for uid, holders in hosts.items()}
+        """``hosts`` without the hosts that do not answer (``survey.answering_only``)."""
+        return await answering_only(self.host, hosts, me=self.me, config=self.config)
 
     def coverage(self) -> dict:
         """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
