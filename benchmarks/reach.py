@@ -4,17 +4,28 @@
 
 One rig holds every kind of home (``tests/nat/specs.py`` ``all_homes``: easy, symmetric, double
 (CGNAT), rst, upnp (symmetric, with miniupnpd), v6a and v6b (dual-stack behind stateful
-firewalls)), a relay on TCP and QUIC and a STUN responder for miniupnpd. Each home keeps a
+firewalls), office (UDP dropped), forgetful (UDP mappings forgotten after 25 s), lan1 and lan2
+(one LAN behind a router without hairpinning), shifted (endpoint-independent, never keeps a
+port)), a relay on TCP and QUIC and a STUN responder for
+miniupnpd. Each home keeps a
 listener reserved on the relay; for every pair of homes a fresh dialer in the first home connects
 to the second's circuit address, DCUtR runs, and the dialer reports the path it ended on. The
 matrix is printed twice, from the same run: with everything on (TCP and QUIC, port mapping, IPv6,
 birthday probing), and with QUIC and port mapping switched off (TCP only, as before QUIC).
 
+Before the matrix, the whole daemon joins in each home, one home after another (``volunteer join``
+with its defaults: DHT, NAT manager, mDNS, TCP and QUIC listens, port mapping; the relay is the
+swarm's entry point and serves its DHT), and each reports how soon it was reachable: a relay
+reservation or a public verdict, in seconds from the daemon's start (its own figure, as
+``volunteer status`` shows it), and from the process's spawn (imports included).
+
 Columns: pair, transport of the final path, direct or relayed, DCUtR attempts (of the attempt
-that succeeded, or all made), seconds from the dial to the direct connection. The last line is
-``reach: N of M pairs direct (P %), first attempt K of M`` for the full configuration. Needs root
-(network namespaces) and miniupnpd; the machine's load shows in the seconds (compare the two
-matrices side by side, never across runs on a loaded machine).
+that succeeded, or all made), seconds from the dial to the direct connection. The last two lines
+are ``reach: N of M pairs direct (P %), first attempt K of M`` for the full configuration and
+``reachable: median X.X s, worst Y.Y s from join to a reservation or public verdict, over N
+homes``. Needs root (network namespaces) and miniupnpd (either build: ``tests/nat/homes.py``);
+the machine's load shows in the seconds (compare the two matrices side by side, never across runs
+on a loaded machine). ``--reachable-only`` runs the daemons' part alone.
 """
 
 from __future__ import annotations
@@ -22,8 +33,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,15 +82,118 @@ def mode_flags(mode: Mode) -> list[str]:
     return (["--port-mapping"] if mode.port_mapping else []) + ([] if mode.quic else ["--no-quic"])
 
 
+def swarm_file(rig: Rig) -> Path:
+    """The rig's swarm file (the relay, by its address, once ``start_relay`` knows it)."""
+    return Path(f"/tmp/{rig.tag}-reach-swarm.toml")
+
+
 def start_relay(rig: Rig) -> str:
     ip = rig.addr("relay")
+    swarm = swarm_file(rig)
+    swarm.write_text('name = "reach"\n')
     proc = rig.popen("relay", [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity", f"/tmp/{rig.tag}-relay.key",
                                "--listen", "/ip4/0.0.0.0/tcp/4001", "--listen", "/ip4/0.0.0.0/udp/4001/quic-v1",
-                               "--announce", f"/ip4/{ip}/tcp/4001", "--announce", f"/ip4/{ip}/udp/4001/quic-v1"],
+                               "--announce", f"/ip4/{ip}/tcp/4001", "--announce", f"/ip4/{ip}/udp/4001/quic-v1",
+                               "--swarm", str(swarm)],
                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     if not read_line(proc, timeout=30).startswith("relay "):
         raise RuntimeError("the relay did not start")
     return read_line(proc, timeout=30).split()[-1]
+
+
+REACHABLE_TIMEOUT = 60.0  # a daemon not reachable by then counts as this many seconds, and is named
+
+
+@dataclass
+class Joined:
+    """One home's daemon: how soon it was reachable, and how."""
+
+    home: str
+    after_s: float | None  # the daemon's own figure, from its start
+    spawn_s: float | None  # from the process's spawn (imports included)
+    how: str
+
+
+def join_home(rig: Rig, home: str, swarm: Path) -> tuple[subprocess.Popen, dict[str, str], Path]:
+    """``volunteer join`` with its defaults in ``home`` (its own config, state and runtime dirs);
+    its output goes to a file (a pipe nobody reads would stall it once full)."""
+    base = f"/tmp/{rig.tag}-reach-{home}"
+    env = {**os.environ, "VOLUNTEER_CONFIG_DIR": f"{base}-cfg", "VOLUNTEER_STATE_DIR": f"{base}-state",
+           "VOLUNTEER_RUNTIME_DIR": f"{base}-run", "PYTHONUNBUFFERED": "1"}
+    env.pop("VOLUNTEER_NO_PORT_MAPPING", None)  # the defaults: join maps ports
+    log = Path(f"{base}.log")
+    with log.open("w") as out:
+        proc = rig.popen(home, [PY, "-m", "volunteer", "join", str(swarm), "--yes", "--no-dashboard"],
+                         stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    return proc, env, log
+
+
+def _wait_for(log: Path, proc: subprocess.Popen, marker: str, timeout: float) -> str | None:
+    """The first line of ``log`` holding ``marker`` within ``timeout`` s; None (the process ended,
+    or time ran out)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for line in log.read_text(errors="replace").splitlines():
+            if marker in line:
+                return line
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.02)
+    return None
+
+
+def reachable_phase(rig: Rig, relay_addr: str, homes: list[str]) -> list[Joined]:
+    """The whole daemon joins in each home, one after another, each left running until all
+    have joined (a later volunteer joins a swarm of the earlier ones); each one's time to
+    reachable is its status's figure (from the daemon's start), and from spawn to its log line."""
+    swarm = swarm_file(rig)
+    swarm.write_text(f'name = "reach"\nrelays = ["{relay_addr}"]\n')
+    procs: list[subprocess.Popen] = []
+    joined: list[Joined] = []
+    try:
+        for home in homes:
+            spawned = time.monotonic()
+            proc, env, log = join_home(rig, home, swarm)
+            procs.append(proc)
+            line = _wait_for(log, proc, "reachable after", REACHABLE_TIMEOUT)
+            reached_at = time.monotonic()
+            if line is None:
+                last = (log.read_text(errors="replace").strip().splitlines() or [""])[-1]
+                joined.append(Joined(home, None, None, f"not reachable ({last[:100]!r})"))
+            else:
+                status = rig.run(home, [PY, "-m", "volunteer", "status", "--json", "--control",
+                                        f"{env['VOLUNTEER_RUNTIME_DIR']}/daemon.sock"], timeout=30, env=env)
+                try:
+                    snap = json.loads(status.stdout)
+                    after, how = snap.get("reachable_after_s"), snap.get("reachable_how", "")
+                except json.JSONDecodeError:
+                    after, how = None, line.strip()
+                joined.append(Joined(home, after, round(reached_at - spawned, 2), how))
+            row = joined[-1]
+            print(f"#   join in {home}: reachable after {row.after_s} s (from spawn: {row.spawn_s} s): {row.how}",
+                  flush=True)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return joined
+
+
+def reachable_line(joined: list[Joined]) -> str:
+    """The second summary line: median and worst time to reachable, over the homes (one that
+    never became reachable counts as REACHABLE_TIMEOUT and is named)."""
+    times = [j.after_s if j.after_s is not None else REACHABLE_TIMEOUT for j in joined]
+    never = [j.home for j in joined if j.after_s is None]
+    median = statistics.median(times) if times else 0.0
+    worst = max(times, default=0.0)
+    line = (f"reachable: median {median:.1f} s, worst {worst:.1f} s from join to a reservation or public verdict, "
+            f"over {len(joined)} homes")
+    return line + (f" (never: {', '.join(never)})" if never else "")
 
 
 def start_listeners(rig: Rig, relay_addr: str, mode: Mode, port: int) -> dict[str, str]:
@@ -108,7 +225,7 @@ def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float)
     result = rig.run(dialer, argv, timeout=wait + 90)
     if result.returncode != 0:
         return {"ok": False, "direct": False, "transport": "-", "attempts": 0, "seconds": None,
-                "error": (result.stderr or result.stdout).strip().splitlines()[-1:]}
+                "error": (result.stderr or result.stdout).strip().splitlines()[-40:]}
     report = json.loads(result.stdout.strip().splitlines()[-1])
     direct = not report["path"].startswith("relayed")
     outcomes = report.get("outcomes", [])
@@ -159,6 +276,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, metavar="FILE.jsonl", help="also write each dialer's full report here")
     parser.add_argument("--pair", action="append", metavar="DIALER-LISTENER",
                         help=f"only these pairs (repeatable; homes: {', '.join(HOMES)})")
+    parser.add_argument("--reachable-only", action="store_true", help="only the daemons' time to reachable")
     args = parser.parse_args()
     pairs = list(itertools.combinations(HOMES, 2))
     if args.pair:
@@ -168,6 +286,11 @@ def main() -> None:
             parser.error(f"no such home: {', '.join(sorted(unknown))}")
     with Rig(all_homes(delay_ms=args.delay_ms)) as rig:
         relay_addr = start_relay(rig)
+        joined = reachable_phase(rig, relay_addr, list(HOMES))
+        if args.reachable_only:
+            print("\n".join(f"{j.home:<10} {j.after_s if j.after_s is not None else '-':>6} s  {j.how}" for j in joined))
+            print(reachable_line(joined))
+            return
         full = run_mode(rig, relay_addr, FULL, pairs, LISTEN_PORT, FIRST_DIAL_PORT, args.wait)
         today = run_mode(rig, relay_addr, TODAY, pairs, LISTEN_PORT + 1000, FIRST_DIAL_PORT + 1000, args.wait)
     if args.raw:
@@ -175,18 +298,23 @@ def main() -> None:
             for mode, rows in ((FULL, full), (TODAY, today)):
                 for (dialer, listener), row in rows.items():
                     out.write(json.dumps({"mode": mode.name, "dialer": dialer, "listener": listener, **row}) + "\n")
+            for j in joined:
+                out.write(json.dumps({"mode": "join", **vars(j)}) + "\n")
     header = f"{'via':<6}{'path':<10}{'att':>3}  {'sec':>6}"
     print(f"\n{'pair':<20}| {FULL.name:<27}| {TODAY.name}")
     print(f"{'':<20}| {header:<27}| {header}")
     for pair in pairs:
         print(f"{pair[0] + ' -> ' + pair[1]:<20}| {describe(full[pair]):<27}| {describe(today[pair])}")
     print("(direct*: by birthday probing; att: DCUtR attempts, 0 = dialled straight in; sec: dial to direct)")
+    print("\n".join(f"join in {j.home:<10} reachable after {j.after_s if j.after_s is not None else '-'} s: {j.how}"
+                    for j in joined))
     for mode, rows in ((TODAY, today), (FULL, full)):
         direct, total, first = summary(rows)
         share = 100.0 * direct / total if total else 0.0
         print(f"{mode.name}: {direct} of {total} pairs direct ({share:.0f} %), first attempt {first} of {total}")
     direct, total, first = summary(full)
     print(f"reach: {direct} of {total} pairs direct ({100.0 * direct / total if total else 0.0:.0f} %), first attempt {first} of {total}")
+    print(reachable_line(joined))
 
 
 if __name__ == "__main__":

@@ -128,9 +128,48 @@ def volunteers_model(obs: SwarmObservation) -> list[dict]:
             "calls": profile.calls if profile is not None else 0,
             "samples": profile.samples if profile is not None else 0,
             "bytes_sent": profile.bytes_sent if profile is not None else 0,
+            "direct_connection_share": _share(profile.peer_sessions_direct, profile.peer_sessions) if profile else None,
+            "direct_data_share": _share(profile.bytes_direct, profile.bytes_direct + profile.bytes_relayed) if profile else None,
         })
     rows.sort(key=lambda r: (-r["calls"], -r["experts"], r["peer"]))
     return rows
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def _median(values: Sequence[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else round((ordered[middle - 1] + ordered[middle]) / 2, 4)
+
+
+def direct_model(profiles: Sequence[Profile]) -> dict:
+    """How much of the swarm's peer traffic went direct, from the counts each volunteer's profile
+    reports (its NAT manager's ``DirectShare``, iroh's ``direct_connection_rate`` and
+    ``direct_data_rate``): the shares pooled over every volunteer's sessions and bytes (None
+    before anyone reports any), and the median volunteer's, which one volunteer's inflated
+    counts cannot move much (the figures are each volunteer's own word)."""
+    sessions = sum(p.peer_sessions for p in profiles)
+    direct = sum(p.peer_sessions_direct for p in profiles)
+    bytes_direct = sum(p.bytes_direct for p in profiles)
+    bytes_relayed = sum(p.bytes_relayed for p in profiles)
+    connection_shares = [s for p in profiles if (s := _share(p.peer_sessions_direct, p.peer_sessions)) is not None]
+    data_shares = [s for p in profiles if (s := _share(p.bytes_direct, p.bytes_direct + p.bytes_relayed)) is not None]
+    return {
+        "direct_connection_share": _share(direct, sessions),
+        "direct_data_share": _share(bytes_direct, bytes_direct + bytes_relayed),
+        "median_direct_connection_share": _median(connection_shares),
+        "median_direct_data_share": _median(data_shares),
+        "reporting": sum(1 for p in profiles if p.peer_sessions or p.bytes_direct or p.bytes_relayed),
+        "peer_sessions": sessions,
+        "peer_sessions_direct": direct,
+        "bytes_direct": bytes_direct,
+        "bytes_relayed": bytes_relayed,
+    }
 
 
 def swarm_model(obs: SwarmObservation, now: float) -> dict:
@@ -160,6 +199,7 @@ def swarm_model(obs: SwarmObservation, now: float) -> dict:
             "samples": sum(v["samples"] for v in volunteers),
             "bytes_sent": sum(v["bytes_sent"] for v in volunteers),
         },
+        "direct": direct_model(list(obs.profiles.values())),
         "top_contributors": [{"name": v["name"], "calls": v["calls"], "samples": v["samples"], "experts": v["experts"]}
                              for v in named[:TOP_CONTRIBUTORS]],
     }
@@ -175,5 +215,5 @@ def health_model(observations: Sequence[SwarmObservation], relay: Mapping[str, o
     }
 
 
-__all__ = ["COVERED", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "expert_cell", "grid_model", "health_model",
-           "is_relayed", "swarm_model", "volunteers_model"]
+__all__ = ["COVERED", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "direct_model", "expert_cell", "grid_model",
+           "health_model", "is_relayed", "swarm_model", "volunteers_model"]

@@ -83,18 +83,28 @@ def _legend() -> str:
             + "<span class=\"muted\">the number in a square: replicas live; hover for version, last sync, paths</span></p>")
 
 
+def _percent(share: float | None) -> str:
+    return "–" if share is None else f"{share * 100:.0f} %"
+
+
 def _cards(swarm: dict, relay: dict) -> str:
     points = swarm["entry_points"]
+    direct = swarm["direct"]
     cards = [
         (str(swarm["volunteers"]["up"]), "volunteers up"),
         (f"{swarm['volunteers']['direct']} / {swarm['volunteers']['relayed']}", "direct / relayed"),
+        (_percent(direct["direct_connection_share"]), "of connections ended direct"),
+        (_percent(direct["direct_data_share"]), "of bytes went direct"),
         (f"{sum(1 for p in points if p['up'])} / {len(points)}", "entry points up"),
         (str(swarm["throughput"]["calls"]), "expert calls served"),
         (format_size(int(swarm["throughput"]["bytes_sent"])), "expert replies sent"),
         (format_size(int(relay.get("bytes_relayed", 0) or 0)), "relayed by this relay"),
     ]
-    return '<div class="cards">' + "".join(f'<div class="card"><b>{escape(v)}</b><span>{escape(k)}</span></div>'
-                                           for v, k in cards) + "</div>"
+    return ('<div class="cards">' + "".join(f'<div class="card"><b>{escape(v)}</b><span>{escape(k)}</span></div>'
+                                            for v, k in cards) + "</div>"
+            + f'<p class="note" id="direct-note">direct shares pooled over the {direct["reporting"]} volunteer(s) that '
+            f'report them (the median volunteer: {escape(_percent(direct["median_direct_connection_share"]))} of '
+            f'connections, {escape(_percent(direct["median_direct_data_share"]))} of bytes), as each reports itself</p>')
 
 
 def _entry_points_part(swarm: dict) -> str:
@@ -172,6 +182,8 @@ class HealthCollector(Collector):
                                    labels=["swarm", "role", "addr"])
         calls = GaugeMetricFamily("volunteer_swarm_calls_served", "Expert calls the swarm's volunteers served since they started.",
                                   labels=["swarm"])
+        direct = GaugeMetricFamily("volunteer_swarm_direct_share", "Share of the volunteers' peer connections that ended "
+                                    "direct and of their bytes that went direct, as they report it.", labels=["swarm", "of"])
         series = 0
         for swarm in swarms:
             name = swarm["swarm"]
@@ -186,7 +198,10 @@ class HealthCollector(Collector):
             for point in swarm["entry_points"]:
                 points.add_metric([name, point["role"], point["addr"]], 1 if point["up"] else 0)
             calls.add_metric([name], swarm["throughput"]["calls"])
-        yield from (experts, replicas, volunteers, points, calls)
+            for of, key in (("connections", "direct_connection_share"), ("bytes", "direct_data_share")):
+                if swarm["direct"][key] is not None:
+                    direct.add_metric([name, of], swarm["direct"][key])
+        yield from (experts, replicas, volunteers, points, calls, direct)
 
 
 def health_policy() -> GuardPolicy:

@@ -12,9 +12,9 @@ for every volunteer is one more service in its kind's list; nothing here changes
 
 Start-up order matters for a user who watches it: listen (a busy port fails at once), reach the
 swarm (no answer from any bootstrap peer or relay fails with one line), load the experts
-(checkpoints resumed), then the services in order: ours join the DHT, let AutoNAT decide public
-or private (private: relay reservations, DHT client mode), catch grid experts up, and declare
-last. A clean exit from the block reverses it: tombstones first (trainers stop picking us at
+(checkpoints resumed), then the services in order: ours start AutoNAT and relay reservations
+at once (reachable first, beside the DHT's bootstrap: a slow lookup never delays them), join the
+DHT (client mode while AutoNAT says private), catch grid experts up, and declare last. A clean exit from the block reverses it: tombstones first (trainers stop picking us at
 once), then in-flight requests finish within a deadline (the expert server says when it is idle),
 then sole replicas are handed off, then checkpoints. An exception or cancellation skips the
 waiting and only tears down (a short withdraw still runs, the runtime still saves its

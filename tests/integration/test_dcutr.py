@@ -106,6 +106,31 @@ async def test_the_peers_syn_first_is_the_punch_not_a_failed_attempt(monkeypatch
             assert "failed" not in puncher.snapshot()["attempts"].get("tcp", {})
 
 
+@pytest.mark.slow
+async def test_a_connect_without_addresses_still_waits_for_the_peers_dial(monkeypatch):
+    """A's CONNECT names no address (nothing of A's is dialable), but B's names its own: A dials
+    B while B has nothing to dial. That dial is the attempt; B waits for it rather than sending
+    the next CONNECT at once (its attempts were all spent before A's dial arrived)."""
+    with trio.fail_after(60):
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
+            listen=["/ip4/127.0.0.1/tcp/0"]
+        ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b:
+            await relay.add_service(HopService())
+            monkeypatch.setattr(a.service(HolePuncher), "our_addrs", lambda *args, **kwargs: [])
+            reservation = await reserve(b, relay.full_addrs()[0])
+            await a.connect(relay.full_addrs()[0])
+            await a.identify(relay.peer_id)
+            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+            assert relayed.path is Path.RELAYED
+            puncher = b.service(HolePuncher)
+            while not puncher.outcomes:
+                await trio.sleep(0.01)
+            outcome = puncher.outcomes[-1]
+            assert outcome.success and outcome.attempts == 1, outcome
+            direct = b.connection_to(a.peer_id)
+            assert direct is not None and direct.path is not Path.RELAYED
+
+
 def test_a_taken_four_tuple_is_told_from_other_dial_errors():
     taken = DialError("cannot connect")
     taken.__cause__ = OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")

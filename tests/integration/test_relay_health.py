@@ -114,3 +114,37 @@ async def test_page_views_read_the_cached_model_and_never_look_up_the_dht(monkey
             assert status == 200 and b'id="map-hx"' in body
         status, _, body = await http(port, "GET", "/api/health")
         assert status == 200 and json.loads(body) == json.loads(json.dumps(model))
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_the_page_pools_the_volunteers_direct_shares():
+    """Issue 34: each volunteer's NAT manager counts how much of its peer traffic went direct;
+    its profile carries the counts, and the page shows the swarm's shares (the relay itself, an
+    entry point, is left out of every volunteer's figures)."""
+    async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], swarms=[SWARM], web=("127.0.0.1", 0),
+                               watched=[WatchedSwarm(SWARM, (GRID,))]) as relay:
+        entry = relay.host.full_addrs()[0]
+        spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
+        async with open_volunteer(spec, options(uids=["hx.0.0"], nat=True)) as one, \
+                open_volunteer(spec, options(uids=["hx.1.0"], nat=True)) as two:
+            await one.host.connect(two.host.full_addrs()[0])  # a direct session between the two
+            for node in (one, two):
+                node.declarer.resume()  # declare the counts now, not at the next heartbeat
+
+            def reported(model: dict) -> bool:
+                direct = model["swarms"][0]["direct"]
+                if direct["reporting"] < 2:
+                    for node in (one, two):
+                        node.declarer.resume()
+                return direct["reporting"] == 2
+
+            model = await refreshed_until(relay, reported)
+            direct = model["swarms"][0]["direct"]
+            assert direct["direct_connection_share"] == 1.0 and direct["peer_sessions_direct"] == direct["peer_sessions"]
+            assert direct["bytes_relayed"] == 0 and direct["direct_data_share"] in (None, 1.0)
+            port = relay.web_addr[1]
+            status, _, body = await http(port, "GET", "/")
+            assert status == 200 and b"of connections ended direct" in body and b"100 %" in body
+            status, _, body = await http(port, "GET", "/metrics")
+            assert f'volunteer_swarm_direct_share{{of="connections",swarm="{SWARM}"}} 1.0' in body.decode()

@@ -69,7 +69,9 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     easy_pair,
     line_homes,
     ipv6_pair,
+    lan_pair,
     rst_pair,
+    shifted_pair,
     symmetric_pair,
     upnp_pair,
 )
@@ -377,9 +379,17 @@ class Rig:
             _cmd(["ip", "-n", ns, "addr", "add", f"{gw}/{lan_net.prefixlen}", "dev", seg.bridge])
             if up.gateway is not None:
                 _cmd(["ip", "-n", ns, "route", "add", "default", "via", str(up.gateway)])
-            rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
-                     else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp))
-            _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
+            if r.upnp and home_routers.miniupnpd_backend() == home_routers.IPTABLES:
+                # miniupnpd-iptables edits the legacy tables: the whole router lives there
+                for rule in home_routers.upnp_iptables_rules(r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp):
+                    _cmd(["ip", "netns", "exec", ns, *rule])
+            else:
+                rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
+                         else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp, r.udp))
+                _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
+            if r.udp_timeout is not None:  # conntrack's timeouts are the namespace's own
+                for key in ("nf_conntrack_udp_timeout", "nf_conntrack_udp_timeout_stream"):
+                    _cmd(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.netfilter.{key}={r.udp_timeout}"])
             if r.ipv6 is not None:
                 self._ipv6_router(r, ns, wif, seg.bridge)
             self._addrs[r.name] = [str(wan), str(gw)]
@@ -450,7 +460,7 @@ class Rig:
             conf, pid = f"/tmp/{ns}-miniupnpd.conf", f"/tmp/{ns}-miniupnpd.pid"
             uuid = f"{os.getpid() & 0xFFFFFFFF:08x}-0000-4000-8000-{abs(hash(ns)) & 0xFFFFFFFFFFFF:012x}"
             Path(conf).write_text(home_routers.miniupnpd_conf(TABLE, f"{self.iftag}-wan", f"{self.iftag}-lan", r.lan,
-                                                       stun_ips[0], uuid))
+                                                       stun_ips[0], uuid, home_routers.miniupnpd_backend()))
             self._files += [conf, pid]
             daemon = self.popen(r.name, home_routers.miniupnpd_command(conf, pid), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)

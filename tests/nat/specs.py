@@ -26,7 +26,7 @@ INTERNET_V6 = ipaddress.ip_network("2001:db8::/64")  # the internet's IPv6 segme
 STUN_HOST = "stun"  # the STUN responder miniupnpd homes learn their public address from
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,19}$")
 RESERVED = ("internet", "wire")
-NATS = ("eim", "symmetric")
+NATS = ("eim", "symmetric", "shifted")
 MAX_NODES = 64
 
 
@@ -34,8 +34,10 @@ MAX_NODES = 64
 class Router:
     """A NAT router: WAN leg on the internet (or on ``upstream``'s LAN), LAN bridge behind it.
 
-    ``nat``: "eim" (masquerade: endpoint-independent mapping, keeps ports when it can) or
-    "symmetric" (masquerade random,fully-random: a fresh random port per new 5-tuple).
+    ``nat``: "eim" (masquerade: endpoint-independent mapping, keeps ports when it can),
+    "symmetric" (masquerade random,fully-random: a fresh random port per new 5-tuple) or
+    "shifted" (endpoint-independent, but never the port it was given: every mapping takes a port
+    of 20000-29999, then kept for every destination, as carrier and some home NATs do).
     ``wan`` is picked from the upstream segment when None. ``link`` impairs the WAN leg.
     ``unsolicited_tcp``: "drop" (silently, as most home routers) or "reset" (answer a SYN
     nobody asked for with a RST, as some NAT boxes do; unsolicited UDP is still dropped).
@@ -43,6 +45,9 @@ class Router:
     ``stun`` host on the internet: miniupnpd learns its public address from it).
     ``ipv6``: a /64 of 2001:db8::/32 routed to the LAN (no NAT) behind a stateful firewall; the
     router's WAN gets an address on the internet's 2001:db8::/64 (internet routers only).
+    ``udp``: "pass", or "drop" (an office firewall: no UDP leaves the LAN, so no QUIC).
+    ``udp_timeout``: seconds an idle UDP mapping lives (conntrack's, for this router alone; None:
+    the kernel's 30 s / 120 s): a NAT that forgets mappings soon.
     """
 
     name: str
@@ -54,6 +59,8 @@ class Router:
     unsolicited_tcp: str = "drop"
     upnp: bool = False
     ipv6: str | None = None
+    udp: str = "pass"
+    udp_timeout: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +169,14 @@ def line_homes(line: str, names: Sequence[str], nat: str | dict[str, str] = "eim
     )
 
 
-SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair}
+def shifted_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0, nat_b: str = "eim") -> Spec:
+    """peer_a behind a NAT that is endpoint-independent but never keeps a port (``shifted``),
+    peer_b behind ``nat_b``."""
+    return _pair("shifted", delay_ms, jitter_ms, loss_pct, nat_b=nat_b)
+
+
+SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair,
+         "shifted": shifted_pair}
 
 
 def _allowed(addr: str) -> ipaddress.IPv4Address:
@@ -234,16 +248,20 @@ def ipv6_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
 
 
 # Every kind of home the rig has, one volunteer in each (named after its home): the pair matrix
-# of benchmarks/reach.py.
-HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b")
+# of benchmarks/reach.py. lan1 and lan2 are two machines on one LAN (``ROUTER_OF``).
+HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b", "office", "forgetful", "lan1", "lan2", "shifted")
+ROUTER_OF = {home: f"nat_{home}" for home in HOMES} | {"lan1": "nat_lan", "lan2": "nat_lan"}
 
 
 def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
     """One volunteer per kind of home (``HOMES``): easy (EIM), symmetric, double (home EIM NAT
     behind a carrier's EIM NAT), rst (EIM, unsolicited SYNs answered with a RST), upnp
     (symmetric, with miniupnpd), v6a (IPv4 behind a symmetric NAT, IPv6 behind a stateful
-    firewall: a mobile carrier, say) and v6b (IPv4 behind EIM, IPv6 behind a stateful firewall);
-    the relay, a public host and the STUN responder on the internet."""
+    firewall: a mobile carrier, say), v6b (IPv4 behind EIM, IPv6 behind a stateful firewall),
+    office (EIM, a firewall that drops all UDP), forgetful (EIM that forgets an idle UDP mapping
+    after 25 s), lan1 and lan2 (two machines behind one EIM router that does not hairpin: its
+    own public address is refused from inside) and shifted (endpoint-independent, but never
+    keeps a port); the relay, a public host and the STUN responder on the internet."""
     link = _link(delay_ms, jitter_ms, loss_pct)
     routers = (
         Router("nat_easy", "192.0.2.0/26", "eim", "203.0.113.101", link=link),
@@ -254,9 +272,23 @@ def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
         Router("nat_upnp", "198.51.100.0/26", "symmetric", "203.0.113.105", link=link, upnp=True),
         Router("nat_v6a", "198.51.100.64/26", "symmetric", "203.0.113.106", link=link, ipv6="2001:db8:6a::/64"),
         Router("nat_v6b", "198.51.100.128/26", "eim", "203.0.113.107", link=link, ipv6="2001:db8:6b::/64"),
+        Router("nat_office", "198.51.100.192/27", "eim", "203.0.113.108", link=link, udp="drop"),
+        Router("nat_forgetful", "198.51.100.224/27", "eim", "203.0.113.109", link=link, udp_timeout=25),
+        Router("nat_lan", "100.64.2.0/24", "eim", "203.0.113.110", link=link),
+        Router("nat_shifted", "100.64.3.0/24", "shifted", "203.0.113.112", link=link),
     )
-    hosts = tuple(Host(home, f"nat_{home}") for home in HOMES)
+    hosts = tuple(Host(home, ROUTER_OF[home]) for home in HOMES)
     return Spec(routers=routers, hosts=hosts + (Host("relay", addrs=("203.0.113.10",)), Host("public", addrs=("203.0.113.20",)), STUN))
 
 
-SPECS.update(upnp=upnp_pair, ipv6=ipv6_pair, homes=all_homes)
+def lan_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
+    """peer_a and peer_b on one LAN behind an EIM router that does not hairpin (its own public
+    address is refused from inside): only their LAN addresses join them directly."""
+    link = _link(delay_ms, jitter_ms, loss_pct)
+    return Spec(
+        routers=(Router("nat_a", "100.64.2.0/24", "eim", "203.0.113.110", link=link),),
+        hosts=(Host("peer_a", "nat_a", ("100.64.2.2",)), Host("peer_b", "nat_a", ("100.64.2.3",))) + PUBLIC,
+    )
+
+
+SPECS.update(upnp=upnp_pair, ipv6=ipv6_pair, homes=all_homes, lan=lan_pair)

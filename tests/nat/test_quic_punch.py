@@ -59,7 +59,9 @@ def assert_direct_on_first_attempt(report):
     (rigmod.rst_pair, "peer_a", "peer_b"),   # the RST home dials
     (rigmod.rst_pair, "peer_b", "peer_a"),   # the RST home is dialled
     (lambda: rigmod.rst_pair(both=True), "peer_a", "peer_b"),
-], ids=["easy-easy", "rst-dials", "rst-dialled", "rst-rst"])
+    (rigmod.shifted_pair, "peer_a", "peer_b"),   # the home that never keeps its ports dials
+    (rigmod.shifted_pair, "peer_b", "peer_a"),   # ... is dialled
+], ids=["easy-easy", "rst-dials", "rst-dialled", "rst-rst", "shifted-dials", "shifted-dialled"])
 def test_easy_homes_end_direct_on_the_first_attempt(make_rig, spec, dialer, listener):
     rig = make_rig(spec())
     relay_addr = start_relay(rig)
@@ -88,11 +90,12 @@ def test_two_symmetric_homes_stay_relayed_over_both_transports_and_work(make_rig
     assert report["ok"] and report["path"].startswith("relayed via"), report
     # every attempt the spec allows ran on the one DCUtR stream, each bounded by the round trip
     # and a birthday probe (3 of them end well inside the 40 s we waited), over both transports,
-    # and each failed: both sides are hard, so both opened sockets and nobody probed
+    # and each failed: both sides are hard (or, seen by the relay alone, unsure: they open sockets
+    # and spray too, and a spray finds no way into a symmetric NAT either)
     assert report["punch"]["direct"] == 0 and report["punch"]["failed"] == 1, report
     assert report["outcomes"][-1]["attempts"] == 3, report
     assert report["punch"]["attempts"] == {"quic": {"failed": 3}, "tcp": {"failed": 3}}, report
-    assert report["birthday"] == {"hard": 3}, report
+    assert report["birthday"] in ({"hard": 3}, {"unsure": 3}), report
 
 
 @pytest.mark.slow

@@ -37,3 +37,18 @@ def test_only_global_unicast_ipv6_counts_as_an_external_address():
     assert is_global_v6("2001:db8:a::2") and is_global_v6("2a00:1450::1%eth0")
     for ip in ("fe80::1", "fd00::1", "::1", "::ffff:192.0.2.1", "192.0.2.1", "not an ip"):
         assert not is_global_v6(ip), ip
+
+
+def test_no_attempt_at_a_family_this_machine_cannot_send_from():
+    from volunteer.net.dialing import routable
+
+    v4_home = ["127.0.0.1", "192.168.1.5", "::1", "fe80::1", "fd00::2"]  # IPv4-only: a ULA reaches no internet
+    assert routable(Multiaddr("/ip4/198.51.100.7/tcp/1"), v4_home)
+    assert routable(Multiaddr("/ip4/127.0.0.1/udp/1/quic-v1"), v4_home)
+    assert not routable(Multiaddr("/ip6/2001:db8::7/udp/1/quic-v1"), v4_home)
+    assert routable(Multiaddr("/ip6/fd00::9/tcp/1"), v4_home)
+    assert routable(Multiaddr("/memory/3"), v4_home)
+    dual = v4_home + ["2001:db8::5"]
+    assert routable(Multiaddr("/ip6/2001:db8::7/udp/1/quic-v1"), dual)
+    v6_only = ["::1", "2001:db8::5"]
+    assert not routable(Multiaddr("/ip4/198.51.100.7/tcp/1"), v6_only)

@@ -82,8 +82,10 @@ def test_consent_is_recorded_without_losing_the_donors_file(tmp_path):
 
 
 def test_consent_summary_and_question():
+    from volunteer.net.stack import StackOptions
+
     node = SimpleNamespace(device="auto", max_gpu_memory=0.5, max_upload=5 * 2**20, uids=[], place=True, max_experts=4,
-                           cpu_threads=2)
+                           cpu_threads=2, stack=StackOptions(port_mapping=False))
     lines = consent.summary_lines(node, policy_lines=["pause on battery"], web="http://127.0.0.1:7396/")
     text = "\n".join(lines)
     for part in ("device:", "at most 50% of the GPU's memory", "CPU threads:   2 of", "5.0 MiB/s", "port mapping:  off",
@@ -156,3 +158,15 @@ def test_gpu_use_from_nvidia_smi_names_other_programs(monkeypatch, tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_the_consent_summary_says_join_maps_ports_by_default(monkeypatch):
+    from volunteer.net.stack import StackOptions
+
+    monkeypatch.delenv("VOLUNTEER_NO_PORT_MAPPING", raising=False)
+    node = SimpleNamespace(device="cpu", max_gpu_memory=None, max_upload=None, uids=[], place=False, max_experts=None,
+                           cpu_threads=None, stack=None)  # join's default: the stack's own, which maps ports
+    text = "\n".join(consent.summary_lines(node, policy_lines=["always"], web=None))
+    assert "port mapping:  on" in text and "no router changes" not in text
+    node.stack = StackOptions(port_mapping=False)  # --no-port-mapping
+    assert "port mapping:  off" in "\n".join(consent.summary_lines(node, policy_lines=["always"], web=None))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from volunteer.net import limits
 from volunteer.net.multiaddr import Multiaddr
-from volunteer.net.nat.birthday import EASY, HARD, BirthdayStep, birthday_step, probe_ports, udp_role
+from volunteer.net.nat.birthday import EASY, HARD, UNSURE, BirthdayStep, birthday_step, probe_ports, udp_role
 from volunteer.net.nat.observed import MappingType
 
 PEER = [Multiaddr("/ip4/203.0.113.7/tcp/4001"), Multiaddr("/ip6/2001:db8::7/udp/4001/quic-v1"),
@@ -23,10 +23,22 @@ def test_the_mapping_type_decides_the_role_when_observers_agree_on_it():
     assert udp_role(MappingType.ENDPOINT_INDEPENDENT, [5555], 4001) == EASY
 
 
-def test_with_one_observer_a_kept_port_means_easy_and_a_changed_one_hard():
+def test_with_one_observer_a_kept_port_means_easy_and_a_changed_one_proves_nothing():
     assert udp_role(MappingType.UNKNOWN, [4001], 4001) == EASY
-    assert udp_role(MappingType.UNKNOWN, [61234], 4001) == HARD
+    # an endpoint-independent NAT that renumbers ports looks just like a symmetric one to the
+    # relay alone: calling it hard left a pair of it and a symmetric home relayed
+    assert udp_role(MappingType.UNKNOWN, [61234], 4001) == UNSURE
     assert udp_role(MappingType.UNKNOWN, [], 4001) is None  # nobody saw our QUIC port: no probe
+
+
+def test_an_unsure_side_both_opens_sockets_and_sprays():
+    step = birthday_step(UNSURE, PEER, random.Random(1))
+    assert step is not None and step.role == UNSURE
+    hard, easy = step.parts()
+    assert (hard.role, hard.target_ip, hard.target_port, hard.sockets) == (HARD, "203.0.113.7", 40001, limits.BIRTHDAY_SOCKETS)
+    assert easy.role == EASY and len(easy.ports) == limits.BIRTHDAY_PROBES
+    assert len(hard.send_times()) == limits.BIRTHDAY_SOCKETS and len(easy.send_times()) == limits.BIRTHDAY_PROBES
+    assert birthday_step(HARD, PEER, random.Random(1)).parts()[0].role == HARD
 
 
 def test_the_hard_side_opens_sockets_toward_the_peers_ipv4_quic_address():

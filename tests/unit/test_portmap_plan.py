@@ -117,3 +117,21 @@ def test_whatever_happens_nothing_unconfirmed_or_unleased_is_advertised(events):
             plan.network_changed()
     leased = {l.addr for l in plan.leases.values()}
     assert set(plan.advertised()) <= leased & confirmed_by_server
+
+
+def test_a_mapping_nobody_can_check_or_reach_stops_being_a_candidate():
+    """A punch waits while a mapping awaits its dial-back (``PortMapper.confirming``): a mapping
+    on the inner router's private WAN address of a double NAT, or one every AutoNAT server
+    refuses to dial, would make every punch wait for evidence that cannot come."""
+    plan = PortMapPlan()
+    tcp, quic = wanted_ports([Multiaddr("/ip4/0.0.0.0/tcp/4001"), Multiaddr("/ip4/0.0.0.0/udp/4001/quic-v1")])
+    plan.granted(Lease("natpmp", tcp, "100.64.0.2", 4001, 3600, 0.0))  # the inner router's 100.64 WAN
+    assert plan.candidates() == []
+    plan.granted(Lease("natpmp", quic, "203.0.113.101", 4001, 3600, 0.0))
+    public = Multiaddr("/ip4/203.0.113.101/udp/4001/quic-v1")
+    assert plan.candidates() == [public]
+    plan.not_checked(public)
+    assert plan.candidates() == []
+    plan.network_changed()
+    assert plan.candidates() == []  # a refusal to check is not undone by a new observation
+    assert plan.dialled_back(public, True) and plan.advertised() == [public]  # a later answer still counts

@@ -149,6 +149,42 @@ def test_prometheus_gauges_come_from_the_same_model():
     assert "volunteer_swarm_experts" in generate_latest(empty).decode()  # declared, without samples
 
 
+def test_the_swarms_direct_shares_pool_what_volunteers_report():
+    """Issue 34: the share of connections that ended direct and of bytes that went direct, pooled
+    over the volunteers' profiles, on the page, in its JSON and in the metrics."""
+    profiles = {
+        str(A): Profile("Ada", peer_sessions=8, peer_sessions_direct=6, bytes_direct=900, bytes_relayed=100),
+        str(B): Profile(None, relayed=True, peer_sessions=2, peer_sessions_direct=0, bytes_direct=0, bytes_relayed=1000),
+        str(C): Profile("Cy"),  # runs no NAT manager (or has no peer yet): counts nothing
+    }
+    model = health_model([observation(profiles=profiles)], {}, NOW)
+    direct = model["swarms"][0]["direct"]
+    assert direct["direct_connection_share"] == 0.6 and direct["direct_data_share"] == 0.45
+    assert direct["median_direct_connection_share"] == 0.375 and direct["median_direct_data_share"] == 0.45
+    assert direct["reporting"] == 2 and direct["peer_sessions"] == 10 and direct["bytes_relayed"] == 1100
+    rows = {row["peer"]: row for row in model["swarms"][0]["volunteers"]["rows"]}
+    assert rows[str(A)]["direct_connection_share"] == 0.75 and rows[str(A)]["direct_data_share"] == 0.9
+    assert rows[str(C)]["direct_connection_share"] is None and rows[str(C)]["direct_data_share"] is None
+    json.dumps(model)
+    page = render_page(model)
+    assert "60 %" in page and "of connections ended direct" in page and "45 %" in page and "of bytes went direct" in page
+    registry = CollectorRegistry()
+    registry.register(HealthCollector(lambda: model))
+    text = generate_latest(registry).decode()
+    assert 'volunteer_swarm_direct_share{of="connections",swarm="demo"} 0.6' in text
+    assert 'volunteer_swarm_direct_share{of="bytes",swarm="demo"} 0.45' in text
+
+
+def test_no_direct_share_before_anyone_reports_one():
+    model = health_model([observation()], {}, NOW)
+    direct = model["swarms"][0]["direct"]
+    assert direct["direct_connection_share"] is None and direct["direct_data_share"] is None and direct["reporting"] == 0
+    assert "–" in render_page(model)
+    registry = CollectorRegistry()
+    registry.register(HealthCollector(lambda: model))
+    assert "volunteer_swarm_direct_share{" not in generate_latest(registry).decode()
+
+
 # --- the profile record ---------------------------------------------------------------------------
 
 
@@ -156,6 +192,9 @@ def test_profile_round_trips_and_leaves_out_what_is_not_set():
     profile = Profile("Grace", calls=3, samples=30, bytes_sent=99, experts=2, relayed=True)
     assert Profile.decode(profile.encode()) == profile
     assert "n" not in msgpack.unpackb(Profile().encode())
+    assert not {"ps", "pd", "bd", "br"} & set(msgpack.unpackb(Profile().encode()))
+    shares = Profile(peer_sessions=5, peer_sessions_direct=4, bytes_direct=10, bytes_relayed=2)
+    assert Profile.decode(shares.encode()) == shares
     key, subkey, value, expiration = profile_item(A.to_bytes(), profile, NOW + 15)
     assert subkey == A.to_bytes() and Profile.decode(value) == profile and expiration == NOW + 15
 
@@ -173,6 +212,7 @@ def test_a_public_name_may_hold_any_printable_text():
 @pytest.mark.parametrize("value", [
     msgpack.packb({"n": "x" * 41}), msgpack.packb({"c": -1}), msgpack.packb({"c": True}), msgpack.packb({"r": 2}),
     msgpack.packb([1, 2]), b"\xc1", msgpack.packb({"n": "a\x00b"}), b"\x80" * 2000,
+    msgpack.packb({"ps": 1, "pd": 2}), msgpack.packb({"bd": -1}), msgpack.packb({"br": "x"}),
 ])
 def test_malformed_profiles_are_refused(value):
     with pytest.raises(DHTRecordError):
@@ -190,9 +230,9 @@ def test_profile_decoder_takes_any_bytes(data):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from(["n", "c", "s", "b", "x", "r", "z"]),
+@given(st.dictionaries(st.sampled_from(["n", "c", "s", "b", "x", "r", "z", "ps", "pd", "bd", "br"]),
                        st.one_of(st.integers(-5, 2**64 - 1), st.text(max_size=50), st.booleans(), st.none(), st.binary(max_size=5)),
-                       max_size=7))
+                       max_size=11))
 def test_profile_decoder_takes_any_map(msg):
     try:
         profile = Profile.decode(msgpack.packb(msg, use_bin_type=True))

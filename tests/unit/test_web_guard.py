@@ -87,8 +87,9 @@ def test_a_page_bound_to_every_interface_opens_from_the_lan_at_this_machines_add
     '403 unknown Host header': a headless box could not be watched from the LAN."""
     from volunteer.cli import webserve
     from volunteer.cli.webpage import page_policy
+    from volunteer.net import interfaces
 
-    monkeypatch.setattr(webserve, "interface_ips", lambda: ("127.0.0.1", "192.0.2.7", "fd00::7"))
+    monkeypatch.setattr(interfaces, "own_ips", lambda: ("127.0.0.1", "192.0.2.7", "fd00::7"))
     token = "s3cret-token-123456"
     wide = page_policy("0.0.0.0", 7396, token, webserve.lan_names("0.0.0.0"))
     for host in ("192.0.2.7:7396", "[fd00::7]:7396", "127.0.0.1:7396"):

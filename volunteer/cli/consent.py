@@ -40,13 +40,24 @@ def summary_lines(node, *, policy_lines: list[str], web: str | None) -> list[str
         (f"CPU threads:   {node.cpu_threads} of {os.cpu_count() or 1} cores" if node.cpu_threads
          else f"CPU threads:   torch's default ({os.cpu_count() or 1} cores on this machine; --cpu-threads N caps it)"),
         f"upload:        {upload}",
-        "port mapping:  off (reachable through the swarm's relays and hole punching; no router changes)",
+        port_mapping_line(node.stack),
         f"experts:       {experts}",
         "when:          " + "; ".join(policy_lines),
     ]
     if web:
         lines.append(f"web page:      {web} (this machine only, with a per-install token)")
     return lines
+
+
+def port_mapping_line(stack) -> str:
+    """What ``join`` does about port mapping with these stack options (None: the defaults,
+    which map ports unless VOLUNTEER_NO_PORT_MAPPING=1)."""
+    from ..net.stack import StackOptions
+
+    if (stack if stack is not None else StackOptions()).port_mapping:
+        return ("port mapping:  on (asks your router by PCP, NAT-PMP or UPnP to forward this node's ports "
+                "while it runs, deleted when it stops; --no-port-mapping turns it off)")
+    return "port mapping:  off (reachable through the swarm's relays and hole punching; no router changes)"
 
 
 def ask(lines: list[str], *, read: Callable[[str], str] = input, out=sys.stdout) -> bool:
@@ -85,4 +96,4 @@ def record(path: Path) -> bool:
         return False
 
 
-__all__ = ["ask", "record", "summary_lines"]
+__all__ = ["ask", "port_mapping_line", "record", "summary_lines"]

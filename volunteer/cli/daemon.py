@@ -17,6 +17,7 @@ import trio
 
 from .. import __version__
 from ..net.events import ReachabilityChanged, RelayReservationsChanged
+from ..net.nat.manager import NatManager
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
 from . import contributions as contrib
@@ -249,7 +250,11 @@ class Daemon:
                         break
                 else:
                     return  # the host closed before this node became reachable
-        self.reachable_after_s = round(trio.current_time() - began, 2)
+        # the moment the NAT manager saw it happen: this watcher starts only once every service
+        # has (the DHT's bootstrap among them), and the reservation is usually made long before
+        manager = node.host.service(NatManager)
+        at = manager.reachable_at if manager is not None and manager.reachable_at is not None else trio.current_time()
+        self.reachable_after_s = round(max(0.0, at - began), 2)
         self.reachable_how = how
         log.info("reachable after %.1f s: %s", self.reachable_after_s, how)
         self.reachable.set()

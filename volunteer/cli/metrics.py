@@ -74,6 +74,7 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily("volunteer_connections", "Connections open now.",
                                 value=sum(1 for conn in node.host.connections() if not conn.is_closed))
         yield from punch_metrics(view.get("hole_punching"))
+        yield from direct_metrics(view.get("direct"))
         yield from self._experts(node)
         if node.dht is not None:
             yield from dht_metrics({daemon.swarm.id: node.dht})
@@ -129,6 +130,24 @@ def punch_metrics(punching: dict | None) -> Iterable[Metric]:
         yield GaugeMetricFamily("volunteer_hole_punch_time_to_direct_seconds",
                                 "Median time from a relayed connection to the direct one.",
                                 value=punching["time_to_direct_ms_p50"] / 1000)
+
+
+def direct_metrics(direct: dict | None) -> Iterable[Metric]:
+    """The shares of peer sessions and of bytes that went direct (the NAT manager's ``direct``
+    view; iroh's direct_connection_rate and direct_data_rate), and the counts behind them."""
+    if not direct:
+        return
+    if direct.get("direct_connection_share") is not None:
+        yield GaugeMetricFamily("volunteer_direct_connection_share",
+                                "Share of peer sessions (not the swarm's relays) that ended direct.",
+                                value=direct["direct_connection_share"])
+    if direct.get("direct_data_share") is not None:
+        yield GaugeMetricFamily("volunteer_direct_data_share", "Share of bytes to and from peers that went direct.",
+                                value=direct["direct_data_share"])
+    moved = CounterMetricFamily("volunteer_peer_bytes", "Bytes to and from peers, by path.", labels=["path"])
+    moved.add_metric(["direct"], direct.get("bytes_direct", 0))
+    moved.add_metric(["relayed"], direct.get("bytes_relayed", 0))
+    yield moved
 
 
 def daemon_registry(daemon: "Daemon", *, process: bool = True) -> CollectorRegistry:

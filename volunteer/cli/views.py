@@ -23,10 +23,14 @@ def reachability_view(node: "VolunteerNode") -> dict | None:
     nat = manager.snapshot()
     return {
         "status": nat["reachability"],
+        # AutoNAT's answers so far: a first round that called a reachable node private shows here
+        "evidence": nat["evidence"],
         "nat_type": nat["mapping"],
         "observed_addrs": nat["observed_addrs"],
         # punch attempts by transport and result, time to direct (the HolePuncher's snapshot)
         "hole_punching": nat["hole_punching"],
+        # iroh's direct_connection_rate and direct_data_rate: peer sessions and bytes that went direct
+        "direct": nat["direct"],
         "relays": [
             {
                 "peer_id": str(Multiaddr(r["addr"]).peer_id or ""),

@@ -56,24 +56,9 @@ def lan_names(host: str) -> tuple[str, ...]:
     at its address (a name such as ``box.local`` is still refused: DNS rebinding)."""
     if host not in ("0.0.0.0", "::"):
         return ()
-    return tuple(f"[{ip}]" if ":" in ip else ip for ip in interface_ips())
+    from ..net.interfaces import own_ips
 
-
-def interface_ips() -> tuple[str, ...]:
-    """This machine's interface addresses (``ifaddr``, which mDNS brings); empty if unlisted."""
-    try:
-        import ifaddr
-
-        adapters = ifaddr.get_adapters()
-    except (ImportError, OSError):
-        return ()
-    found: list[str] = []
-    for adapter in adapters:
-        for ip in adapter.ips:
-            text = ip.ip[0] if ip.is_IPv6 else ip.ip
-            if text not in found:
-                found.append(text)
-    return tuple(found)
+    return tuple(f"[{ip}]" if ":" in ip else ip for ip in own_ips())
 
 
 def web_token() -> str:

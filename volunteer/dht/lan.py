@@ -1,6 +1,7 @@
 """``LanDiscovery``: volunteers of one swarm on one LAN find each other with no configuration.
 
-A Host service around ``mdns.MdnsDiscovery``: it announces the Host's direct addresses and hands
+A Host service around ``mdns.MdnsDiscovery``: it announces the Host's direct addresses (those of
+its interfaces, LAN ones included; never loopback or link-local) and hands
 every peer it finds to the DHT node, which pings it; those that speak the swarm's DHT join the
 routing table. A machine without a multicast-capable interface logs one warning and goes on (the
 swarm's bootstrap peers still work).
@@ -13,6 +14,7 @@ import logging
 import trio
 
 from ..errors import VolunteerError, describe
+from ..net.addresses import for_peer
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.service import BaseService, HostAPI
@@ -37,14 +39,16 @@ class LanDiscovery(BaseService):
 
             def found(peer: str, addrs: list[str]) -> None:
                 try:
-                    parsed = [Multiaddr(a) for a in addrs]
+                    # a LAN peer's loopback or link-local address would reach ourselves, or nothing
+                    parsed = for_peer([Multiaddr(a) for a in addrs], None)
                     nursery.start_soon(self.dht.add_peer, PeerID.from_string(peer), parsed)
                     self.found += 1
                 except VolunteerError as exc:
                     log.debug("mDNS: ignoring %s: %s", peer, describe(exc))
 
             def ours() -> list[str]:
-                return [str(a.with_peer_id(host.peer_id)) for a in host.shareable_addrs() if not a.is_relayed()]
+                # our LAN (and public) addresses from the interfaces; never loopback or link-local
+                return [str(a.with_peer_id(host.peer_id)) for a in host.addrs_for(None) if not a.is_relayed()]
 
             discovery = MdnsDiscovery(str(host.peer_id), ours, found)
             try:

@@ -23,12 +23,16 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Callable, Iterable, Sequence
 
 import trio
 
 from ..errors import DHTError, DHTMessageError, VolunteerError, describe
-from ..net.events import PeerDisconnected, PeerIdentified, ReachabilityChanged
+from ..net.events import (
+    ListenAddrsChanged, PeerDisconnected, PeerIdentified, PortMappingChanged, ReachabilityChanged,
+    RelayReservationsChanged,
+)
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
 from ..net.nat.autonat import Reachability
@@ -40,6 +44,7 @@ from .config import DHTConfig
 from .messages import Request, Response, decode_response, encode_request
 from .records import Record
 from .routing import Contact
+from .scope import own_contact_addrs, scoped_response
 from .state import NodeState, source_of
 from .lookups import LookupMixin
 from .storing import Item, StoreMixin
@@ -53,6 +58,7 @@ _BUCKET_REFRESH_AGE = 600.0
 _SELF_LOOKUPS = 3  # a join's self-lookup is repeated (at most this often) when it found nobody new
 _BOOTSTRAP_BACKOFF = (1.0, 30.0)  # first and largest delay between bootstrap retries
 _REPUBLISH_PERIOD = 600.0  # own long-lived records are stored again on the then-closest peers
+_ANNOUNCE_SETTLE = 0.2  # address changes come in bursts (a reservation, then identify push): one announcement
 
 
 class DHTNode(LookupMixin, StoreMixin, BaseService):
@@ -62,7 +68,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
     Given ``bootstrap`` peers, it joins through them before it reports started (unless
     ``wait_bootstrap=False``), so the services started after it find a routing table.
     ``follow_reachability``: client mode follows the Host's ``ReachabilityChanged`` events (a
-    private volunteer is not put in others' tables), as a volunteer's node does."""
+    private volunteer is not put in others' tables), as a volunteer's node does; ``reachability``
+    gives the verdict reached before we started following (the NAT manager starts first)."""
 
     def __init__(
         self,
@@ -74,6 +81,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         bootstrap: Sequence[Multiaddr | str] = (),
         wait_bootstrap: bool = True,
         follow_reachability: bool = False,
+        reachability: Callable[[], Reachability] | None = None,
     ) -> None:
         self.host = host
         self.config = config
@@ -82,6 +90,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         self.bootstrap_addrs = [Multiaddr(a) for a in bootstrap]
         self.wait_bootstrap = wait_bootstrap
         self.follow_reachability = follow_reachability
+        self._current_reachability = reachability  # the verdict so far, read once we follow changes
         self.protocol = config.protocol_id
         # requests, failures, bytes in and out; inbound refusals are the core's (``state.rejected``)
         self.stats: dict[str, int] = defaultdict(int)
@@ -112,7 +121,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             self.set_client_mode(private)
 
     def _refresh_addrs(self) -> None:
-        self.state.addrs = tuple(a.to_bytes() for a in self.host.shareable_addrs()[: self.config.max_addrs])
+        # what a request names when no connection says better (``contact_addrs`` per peer)
+        self.state.addrs = own_contact_addrs(self.host.shareable_addrs(), self.config.max_addrs)
 
     # --- inbound ---------------------------------------------------------------------------------
     async def _serve(self, stream) -> None:
@@ -120,7 +130,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         # per source address, decoding, the answer, reject accounting); this loop only moves bytes.
         reader = BufferedStream(stream)
         sender = stream.remote_peer
-        source = source_of(stream.connection.remote_addr)
+        via = stream.connection.remote_addr
+        source = source_of(via)
         while True:
             with trio.move_on_after(SERVE_IDLE) as idle:
                 try:
@@ -134,7 +145,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             with trio.fail_after(self.config.request_timeout):
                 body = await reader.receive_exactly(length, "DHT request")
             self.stats["bytes_in"] += length
-            handled = self.state.handle(sender, body, self.clock(), source=source)
+            handled = self.state.handle(sender, body, self.clock(), source=source, via=via)
             self._ping_soon(handled.ping)
             for key in handled.invalidated:
                 self.recent_values.forget(key)  # a tombstone reached us: our cached lookup is stale
@@ -165,14 +176,15 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         """Send one request to ``contact`` and return its checked reply (raises DHTError / VolunteerError).
 
         Failures are reported to the routing table; a reply is recorded as the peer being alive.
+        The request carries our addresses as the connection it goes over can use them
+        (``scope``), and the contacts in the reply keep only the addresses usable from there.
         """
         peer = contact.peer
         self.stats["requests"] += 1
-        body = encode_request(request, self.config)
         try:
             with trio.fail_after(self.config.request_timeout):
-                reply = await self._exchange(contact, body)
-            response = decode_response(reply, self.config, request)
+                reply, via = await self._exchange(contact, request)
+            response = scoped_response(decode_response(reply, self.config, request), via)
         except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.stats["failures"] += 1
             log.debug("DHT request to %s failed: %s", peer.short(), describe(exc))
@@ -183,7 +195,12 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         self._ping_soon(self.state.on_reply(contact, request, response, self.clock()))
         return response
 
-    async def _exchange(self, contact: Contact, body: bytes) -> bytes:
+    def contact_addrs(self, via: Multiaddr | None) -> tuple[bytes, ...]:
+        """Our contact addresses as the peer at ``via`` can use them: the Host's current ones
+        (listen, observed and mapped, relay circuits), never fixed at start."""
+        return own_contact_addrs(self.host.addrs_for(via), self.config.max_addrs)
+
+    async def _exchange(self, contact: Contact, request: Request) -> tuple[bytes, Multiaddr | None]:
         peer = contact.peer
         if contact.addrs and not self.host.is_connected(peer):
             self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
@@ -198,6 +215,9 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         if opening.cancelled_caught:
             raise DHTError(f"no stream to {peer.short()} within {self.config.request_timeout} s")
         async with lease:
+            conn = self.host.connection_to(peer)
+            via = conn.remote_addr if conn is not None else None
+            body = encode_request(replace(request, addrs=self.contact_addrs(via)), self.config)
             self.stats["bytes_out"] += len(body)
             with trio.CancelScope(shield=True) as sending:
                 sending.deadline = trio.current_time() + self.config.request_timeout
@@ -206,7 +226,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 raise DHTError(f"{peer.short()} did not take a request within {self.config.request_timeout} s")
             reply = await lease.stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
             self.stats["bytes_in"] += len(reply)
-            return reply
+            return reply, via
 
     async def ping(self, contact: Contact) -> bool:
         """PING ``contact``; True if it answered (the routing table learns either way)."""
@@ -322,6 +342,24 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 # a volunteer that left should stop being handed out now, not at the next sweep
                 self._nursery.start_soon(self._recheck_after_disconnect, event.peer)
 
+    async def _follow_addrs(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # Our contact follows our addresses: when they change (a relay reservation, a router
+        # mapping, a public verdict's confirmed address, a new listen address), the peers of our
+        # table we are connected to hear the new ones at once, not at their next lookup of us.
+        kinds = (ListenAddrsChanged, RelayReservationsChanged, PortMappingChanged, ReachabilityChanged)
+        with self.host.events.subscribe(*kinds) as changes:
+            task_status.started()
+            announced = self.contact_addrs(None)
+            async for _ in changes:
+                await trio.sleep(_ANNOUNCE_SETTLE)
+                current = self.contact_addrs(None)
+                self._refresh_addrs()
+                if current == announced:
+                    continue
+                announced = current
+                near = self.state.table.closest(self.state.table.local_id, self.config.k, self.clock())
+                self._ping_soon([c.peer for c in near if self.host.is_connected(c.peer)])
+
     async def _add_if_unknown(self, peer: PeerID) -> None:
         # most peers that identify with our DHT protocol are talking DHT to us already and join the
         # table through that; ping only those still unknown a moment later
@@ -355,6 +393,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                     await nursery.start(self._follow_reachability)
                 nursery.start_soon(self._maintain)
                 nursery.start_soon(self._follow_connections)
+                await nursery.start(self._follow_addrs)
                 if self.bootstrap_addrs and self.wait_bootstrap:
                     await self.bootstrap()
                 task_status.started()
@@ -365,6 +404,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
 
     async def _follow_reachability(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with self.host.events.subscribe(ReachabilityChanged) as changes:
+            if self._current_reachability is not None:
+                self._apply_reachability(self._current_reachability())  # a verdict that fell before
             task_status.started()
             async for change in changes:
                 if isinstance(change, ReachabilityChanged) and isinstance(change.reachability, Reachability):

@@ -7,7 +7,10 @@ Key ``PROFILES_KEY``, sub-key = the volunteer's PeerID bytes, value a msgpack ma
     {"n": public name (only when the donor chose one: ``volunteer join --name``),
      "c": expert calls served since start, "s": samples computed since start,
      "b": bytes of expert replies sent since start, "x": experts declared,
-     "r": 1 when every address the volunteer shares goes through a relay}
+     "r": 1 when every address the volunteer shares goes through a relay,
+     "ps"/"pd": peer sessions counted and those that ended direct, "bd"/"br": bytes that went
+     over direct and relayed connections (``volunteer.net.nat.share``: only when the volunteer
+     runs a NAT manager; a page pools them into the swarm's direct shares)}
 
 Counters are since the daemon started (a restart begins again at 0), which is what a swarm page
 compares: who serves now. The record is written with each expert heartbeat and expires with the
@@ -56,6 +59,11 @@ class Profile:
     bytes_sent: int = 0
     experts: int = 0
     relayed: bool = False
+    # ``DirectShare.view``'s counts: how much of this volunteer's peer traffic went direct
+    peer_sessions: int = 0
+    peer_sessions_direct: int = 0
+    bytes_direct: int = 0
+    bytes_relayed: int = 0
 
     def encode(self) -> bytes:
         """The msgpack value stored under ``PROFILES_KEY``."""
@@ -64,6 +72,10 @@ class Profile:
             msg["n"] = self.name
         if self.relayed:
             msg["r"] = 1
+        for key, value in (("ps", self.peer_sessions), ("pd", self.peer_sessions_direct),
+                           ("bd", self.bytes_direct), ("br", self.bytes_relayed)):
+            if value:
+                msg[key] = int(value)
         return msgpack.packb(msg, use_bin_type=True)
 
     @classmethod
@@ -78,7 +90,7 @@ class Profile:
         if not isinstance(msg, dict):
             raise DHTRecordError("profile is not a map", "bad-profile")
         name = msg.get("n")
-        counters = [msg.get(k, 0) for k in ("c", "s", "b", "x")]
+        counters = [msg.get(k, 0) for k in ("c", "s", "b", "x", "ps", "pd", "bd", "br")]
         relayed = msg.get("r", 0)
         ok = (
             (name is None or _is_name(name))
@@ -88,8 +100,10 @@ class Profile:
         )
         if not ok:
             raise DHTRecordError("profile has missing or mistyped fields", "bad-profile")
-        calls, samples, sent, experts = counters
-        return cls(name, calls, samples, sent, experts, bool(relayed))
+        calls, samples, sent, experts, sessions, direct, bytes_direct, bytes_relayed = counters
+        if direct > sessions:
+            raise DHTRecordError("profile has more direct sessions than sessions", "bad-profile")
+        return cls(name, calls, samples, sent, experts, bool(relayed), sessions, direct, bytes_direct, bytes_relayed)
 
 
 def profile_item(peer_bytes: bytes, profile: Profile, expiration: float) -> tuple[bytes, bytes, bytes, float]:

@@ -47,6 +47,7 @@ from .messages import (
 from .query import Lookup, ValueLookup
 from .records import OK, STALE, Record, Source, Storage
 from .routing import Contact, RoutingTable, id_from_bytes, id_to_bytes, key_id
+from .scope import scoped_request
 from .watch import Watchers, forwards
 
 _REPLY_OVERHEAD = 256  # map keys, op, list headers: a generous allowance when budgeting replies
@@ -104,6 +105,9 @@ class InboundLimits:
         return self.stores.allow(peer, now=now, cost=count) and self.source_stores.allow(source, now=now, cost=count)
 
 
+UNSCOPED = object()  # ``handle``'s ``via`` when the caller keeps every address a request names
+
+
 class NodeState:
     """Everything a DHT node knows and decides, without I/O or clocks."""
 
@@ -135,14 +139,19 @@ class NodeState:
             return False
         return True
 
-    def handle(self, sender: PeerID, body: bytes, now: float, *, source: Source = None) -> Handled:
+    def handle(self, sender: PeerID, body: bytes, now: float, *, source: Source = None,
+               via: "Multiaddr | None | object" = UNSCOPED) -> Handled:
         """Answer one request body from ``sender`` (the stream's authenticated peer) at ``source``
-        (``source_of`` its connection's remote address): rate limits, decoding, the answer."""
+        (``source_of`` its connection's remote address): rate limits, decoding, the answer.
+        ``via``: that remote address; the sender's own addresses are kept only where usable from
+        it (``scope``: never its loopback over a connection that is not on ours)."""
         if not self.limits.allow_request(sender, source, now):
             self.rejected["rate-limited"] += 1
             return self._refuse("rate-limited", "too many DHT requests; slow down")
         try:
             request = decode_request(body, self.config)
+            if via is not UNSCOPED:
+                request = scoped_request(request, via)  # type: ignore[arg-type]
         except DHTMessageError as exc:
             self.rejected["malformed"] += 1
             reply = encode_response(ErrorReply("malformed", exc.hint or str(exc)), self.config)

@@ -3,8 +3,10 @@ trainer joins it, and what ``volunteer experts`` and ``volunteer doctor`` ask of
 
 A volunteer's services, in start order (each starts once the one before it is ready):
 
-    DHTNode          joins through the entry points; client mode follows ReachabilityChanged
-    NatManager       AutoNAT probes; relay reservations once private           (options.nat)
+    NatManager       AutoNAT probes and relay reservations, at once            (options.nat)
+                     (reachable first: beside the DHT's bootstrap, not after it; iroh dials
+                     its home relay in parallel with everything else)
+    DHTNode          joins through the entry points; client mode follows the NAT manager's verdict
     LanDiscovery     mDNS: volunteers on the LAN join the DHT                  (options.mdns)
     ExpertServer     /volunteer/<swarm>/experts/1.0.0 over the runtime          (hosting experts)
     StateService, ReplicaSync, ReplicaManager                                  (the swarm has grids)
@@ -65,19 +67,24 @@ class VolunteerKind:
 
     def node_parts(self, node: NodeContext) -> NodeParts:
         host, spec, options = node.host, node.spec, node.options
-        dht = DHTNode(host, options.dht_config or DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points,
-                      follow_reachability=True)
-        services: list[Service] = [dht]
+        services: list[Service] = []
+        nat = None
         if options.nat:
+            # first: its probes and reservations start now and run beside the DHT's bootstrap
             servers = options.nat_servers if options.nat_servers is not None else spec.entry_points
-            services.append(NatManager(host, servers, spec.relays))
+            nat = NatManager(host, servers, spec.relays)
+            services.append(nat)
+        dht = DHTNode(host, options.dht_config or DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points,
+                      follow_reachability=True, reachability=(lambda: nat.reachability) if nat is not None else None)
+        services.append(dht)
         if options.mdns:
             services.append(LanDiscovery(dht))
         if node.runtime is None:
             return NodeParts(services, dht_status=lambda: dht_status(dht, None), dht=dht)
-        return self._hosting(node, node.runtime, dht, services)
+        return self._hosting(node, node.runtime, dht, services, nat)
 
-    def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service]) -> NodeParts:
+    def _hosting(self, node: NodeContext, runtime: "Runtime", dht: DHTNode, services: list[Service],
+                 nat: NatManager | None = None) -> NodeParts:
         from ..experts import DEFAULT_CONFIG
         from ..experts.server import ExpertServer
         from ..experts.trainers import TrainerPolicy
@@ -98,9 +105,13 @@ class VolunteerKind:
         def profile() -> Profile:  # what the swarm's public health pages show of us (no address)
             stats = runtime.stats().values()
             addrs = host.shareable_addrs()
+            # how much of our peer traffic went direct (the NAT manager's counts): the page pools them
+            direct = nat.direct_view() if nat is not None else {}
             return Profile(name=options.public_name, calls=sum(s.requests for s in stats),
                            samples=sum(s.samples for s in stats), bytes_sent=server.bytes_out, experts=len(runtime.uids),
-                           relayed=bool(addrs) and all(a.is_relayed() for a in addrs))
+                           relayed=bool(addrs) and all(a.is_relayed() for a in addrs),
+                           peer_sessions=direct.get("peer_sessions", 0), peer_sessions_direct=direct.get("peer_sessions_direct", 0),
+                           bytes_direct=direct.get("bytes_direct", 0), bytes_relayed=direct.get("bytes_relayed", 0))
 
         versions = versions_of(runtime.backends)
         if not spec.grids or options.backends is not None:

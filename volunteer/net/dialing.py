@@ -4,7 +4,9 @@ connection wins.
 
 A peer behind NAT advertises LAN addresses that never answer; waiting for each to time out would
 delay the relay for tens of seconds, so each attempt starts a little after the previous one (at
-once when the previous one has failed). ``dial_one`` is the Host's single-address dial, so this
+once when the previous one has failed). An address of a family this machine has no address to
+send from (an IPv6 one from an IPv4-only home) is not tried at all (``routable``): its attempt
+would only hold up the next one. ``dial_one`` is the Host's single-address dial, so this
 module holds no connection state of its own.
 """
 
@@ -18,13 +20,32 @@ import trio
 from ..errors import DialError, VolunteerError, describe
 from . import limits
 from .connection import Connection
+from .addresses import LOOPBACK, PRIVATE, PUBLIC, ip_scope, scope_of
 from .identity import PeerID
+from .interfaces import own_ips
 from .multiaddr import Multiaddr
 from .transport.base import Path
 
 log = logging.getLogger(__name__)
 
 DialOne = Callable[[Multiaddr, PeerID], Awaitable[Connection]]
+
+
+def routable(addr: Multiaddr, own: Sequence[str]) -> bool:
+    """Whether this machine, with interface addresses ``own``, has a source address to reach
+    ``addr`` from: loopback always; a global IPv6 address only from a global IPv6 one (a LAN's
+    unique-local or link-local source reaches no internet), a unique-local one from any
+    routable IPv6 one, an IPv4 one from any IPv4 address beside loopback. Addresses that name no
+    IP (memory, DNS) are routable; a relayed one is judged by its relay's address."""
+    scope = scope_of(addr)
+    if scope is None or scope == LOOPBACK:
+        return True
+    own_scopes = {(":" in ip, ip_scope(ip)) for ip in own}
+    if addr.components[0][0] == "ip6":
+        if scope == PUBLIC:
+            return (True, PUBLIC) in own_scopes
+        return (True, PUBLIC) in own_scopes or (True, PRIVATE) in own_scopes
+    return (False, PUBLIC) in own_scopes or (False, PRIVATE) in own_scopes
 
 
 def _is_quic(addr: Multiaddr) -> bool:
@@ -78,8 +99,15 @@ async def dial_staggered(dial_one: DialOne, peer: PeerID, addrs: Sequence[Multia
 
     When two attempts succeed together, a direct connection is preferred to a relayed one.
     """
-    ordered = dial_order(peer, addrs)
     causes: dict[str, BaseException] = {}
+    own = own_ips()
+    if own:  # interfaces we cannot list (no ifaddr): try everything
+        kept = [a for a in addrs if routable(a, own)]
+        for addr in addrs:
+            if addr not in kept:
+                causes[str(addr)] = DialError(f"no address of this machine can reach {addr}")
+        addrs = kept or addrs
+    ordered = dial_order(peer, addrs)
     winners: list[Connection] = []
     async with trio.open_nursery() as nursery:
         go_on = [trio.Event() for _ in ordered]  # set when an attempt fails: the next need not wait
@@ -105,4 +133,4 @@ async def dial_staggered(dial_one: DialOne, peer: PeerID, addrs: Sequence[Multia
     raise DialError(f"could not reach {peer}", causes)
 
 
-__all__ = ["attempt_delay", "dial_order", "dial_staggered", "interleave_families"]
+__all__ = ["attempt_delay", "dial_order", "dial_staggered", "interleave_families", "routable"]

@@ -34,7 +34,7 @@ from ..errors import (
     VolunteerError,
     describe,
 )
-from .addresses import advertised, shareable
+from .addresses import advertised, for_peer, shareable
 from .config import HostConfig
 from .connection import Connection, NetStream, negotiate_muxer, upgrade
 from .events import (
@@ -108,9 +108,14 @@ class Host:
         return advertised(self.config.announce, self.listen_addrs, extras)
 
     def shareable_addrs(self) -> list[Multiaddr]:
-        """Advertised addresses worth giving to other machines: loopback ones are dropped when
-        there is anything else (a peer dialing our 127.0.0.1 would reach itself)."""
+        """Advertised addresses worth giving to other machines: link-local ones are dropped, and
+        loopback ones when there is anything else (a peer dialing our 127.0.0.1 would reach itself)."""
         return shareable(self.addrs)
+
+    def addrs_for(self, via: Multiaddr | None) -> list[Multiaddr]:
+        """Advertised addresses the peer at ``via`` can use (``addresses.for_peer``: loopback ones
+        only to a peer on our loopback, link-local ones never)."""
+        return for_peer(self.addrs, via)
 
     def full_addrs(self) -> list[Multiaddr]:
         """Advertised addresses with our /p2p/ID appended: what to give to someone who wants to dial us."""

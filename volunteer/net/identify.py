@@ -17,6 +17,7 @@ import trio
 
 from .. import __version__
 from ..errors import MultiaddrError, PeerIDError, RemoteProtocolError, VolunteerError, describe
+from .addresses import for_peer
 from .events import PeerConnected, PeerIdentified
 from .identity import PeerID, PublicKey
 from .limits import MAX_IDENTIFY_ADDRS, MAX_IDENTIFY_MESSAGE, MAX_IDENTIFY_PROTOCOLS
@@ -185,7 +186,8 @@ class Identify(BaseService):
         """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
         return IdentifyInfo(
             public_key=self.host.keypair.public_key,
-            listen_addrs=self.host.addrs,
+            # never our loopback to a peer off this machine (go-libp2p's identify neither)
+            listen_addrs=self.host.addrs_for(conn.remote_addr if conn is not None else None),
             protocols=self.host.protocols,
             observed_addr=conn.remote_addr if conn is not None and not conn.remote_addr.is_relayed() else None,
             agent_version=self.agent_version,
@@ -226,8 +228,10 @@ class Identify(BaseService):
         entry.protocol_version = info.protocol_version
         if info.observed_addr is not None:
             entry.observed_addr = info.observed_addr
-        if info.listen_addrs:
-            self.host.peerstore.replace_addrs(peer, info.listen_addrs)
+        # what the peer cannot mean for us (its loopback, unless we reached it over ours) is dropped
+        listen_addrs = for_peer(info.listen_addrs, conn.remote_addr)
+        if listen_addrs:
+            self.host.peerstore.replace_addrs(peer, listen_addrs)
         self.host.events.publish(PeerIdentified(peer, conn, info))
 
     async def push(self) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
+import time
 
 log = logging.getLogger(__name__)
 
 GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+UNIQUE_LOCAL_V6 = ipaddress.ip_network("fc00::/7")
 
 
 def is_global_v6(ip: str) -> bool:
@@ -26,23 +29,84 @@ def is_global_v6(ip: str) -> bool:
     return isinstance(address, ipaddress.IPv6Address) and address in GLOBAL_UNICAST_V6
 
 
-def global_ipv6_addrs() -> list[str]:
-    """This machine's global unicast IPv6 addresses, each once, in interface order."""
+def _interface_ips() -> list[str] | None:
+    """Every IP address of this machine's interfaces (IPv6 without its zone), in interface
+    order; None when they cannot be listed (no ``ifaddr``, or the OS refused)."""
     try:
         import ifaddr
-    except ImportError:  # the mDNS dependency brings it; without it we only miss IPv6
-        return []
-    found: list[str] = []
+    except ImportError:  # a declared dependency; without it we fall back (see interface_ipv4_addrs)
+        return None
     try:
         adapters = ifaddr.get_adapters()
     except OSError as exc:
         log.info("cannot list network interfaces: %s", exc)
-        return []
+        return None
+    found: list[str] = []
     for adapter in adapters:
         for ip in adapter.ips:
-            if ip.is_IPv6 and is_global_v6(ip.ip[0]) and ip.ip[0] not in found:
-                found.append(ip.ip[0])
+            text = ip.ip[0].split("%", 1)[0] if ip.is_IPv6 else str(ip.ip)
+            if text not in found:
+                found.append(text)
     return found
+
+
+_CACHE_AGE = 5.0  # seconds a listing of our interface addresses is reused by dials
+_cached: tuple[float, tuple[str, ...]] | None = None
+
+
+def own_ips() -> tuple[str, ...]:
+    """This machine's interface addresses (as ``_interface_ips``; empty when they cannot be
+    listed), listed again at most every few seconds: every dial asks (``dialing.routable``)."""
+    global _cached
+    now = time.monotonic()
+    if _cached is None or now - _cached[0] > _CACHE_AGE:
+        _cached = (now, tuple(_interface_ips() or ()))
+    return _cached[1]
+
+
+def global_ipv6_addrs() -> list[str]:
+    """This machine's global unicast IPv6 addresses, each once, in interface order."""
+    return [ip for ip in _interface_ips() or [] if is_global_v6(ip)]
+
+
+def lan_ipv6_addrs() -> list[str]:
+    """This machine's IPv6 addresses peers can dial: global unicast ones, then unique-local ones
+    (fc00::/7, a LAN's own); never link-local (a peer would need our interface's zone) or loopback."""
+    ips = _interface_ips() or []
+    unique_local = [ip for ip in ips if _in(ip, UNIQUE_LOCAL_V6)]
+    return [ip for ip in ips if is_global_v6(ip)] + unique_local
+
+
+def interface_ipv4_addrs() -> list[str]:
+    """This machine's IPv4 addresses peers can dial, from its interfaces: never loopback or
+    link-local. Not the hostname's resolution: Debian and Ubuntu map the hostname to 127.0.1.1,
+    which would leave a volunteer with no LAN address at all (mDNS and DCUtR need them). Only
+    where the interfaces cannot be listed does the hostname stand in, its loopback answers dropped."""
+    ips = _interface_ips()
+    if ips is None:
+        ips = []
+        try:
+            for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET, socket.SOCK_STREAM):
+                ips.append(str(info[4][0]))
+        except OSError:
+            pass  # no resolvable hostname: loopback alone is still true
+    found: list[str] = []
+    for ip in ips:
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            continue
+        if isinstance(address, ipaddress.IPv4Address) and not (address.is_loopback or address.is_link_local
+                                                               or address.is_unspecified) and ip not in found:
+            found.append(ip)
+    return found
+
+
+def _in(ip: str, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    try:
+        return ipaddress.ip_address(ip) in network
+    except ValueError:
+        return False
 
 
 def has_global_ipv6() -> bool:
@@ -59,4 +123,5 @@ def default_listen_addrs() -> list[str]:
     return addrs
 
 
-__all__ = ["default_listen_addrs", "global_ipv6_addrs", "has_global_ipv6", "is_global_v6"]
+__all__ = ["default_listen_addrs", "own_ips", "global_ipv6_addrs", "has_global_ipv6", "interface_ipv4_addrs", "is_global_v6",
+           "lan_ipv6_addrs"]

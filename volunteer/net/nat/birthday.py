@@ -13,7 +13,9 @@ side's NAT lets it in, since the easy side's probe went to exactly that port.
 
 Each side only knows its own NAT (``udp_role``): a hard side opens sockets, an easy side sprays;
 two hard sides both open sockets and nobody sprays (that pair stays relayed, as it must without a
-port mapping). Probing runs only after an attempt's ordinary punch has failed, from the same
+port mapping). A side that cannot tell yet (only one observer, usually the relay, saw a changed
+port: an endpoint-independent NAT that does not keep ports looks the same as a symmetric one) is
+``UNSURE`` and does both, so a pair goes direct whenever either side might be easy, not by luck. Probing runs only after an attempt's ordinary punch has failed, from the same
 moment on both sides (DCUTR_MAX_PUNCH after the attempt's synchronised start: each side's own
 budget comes from the round trip it measured, and the two differ).
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import limits
 from ..multiaddr import Multiaddr
@@ -30,22 +32,23 @@ from .observed import MappingType, endpoint_of
 
 HARD = "hard"  # our UDP mapping depends on the destination: we open many sockets
 EASY = "easy"  # our UDP mapping is endpoint-independent: we spray probes at the hard side
+UNSURE = "unsure"  # one observer saw a changed port: hard or easy, we cannot tell; we do both
 
 
 def udp_role(mapping: MappingType, observed_ports: Sequence[int], local_port: int | None) -> str | None:
     """Which side of a birthday probe we are for UDP, from what peers told us about our QUIC port.
 
     With observers at two or more addresses the mapping type says it. With fewer, a port kept
-    across the NAT (an observed port equal to our local one) marks an easy NAT, a changed one a
-    hard NAT: a guess, taken only when there is nothing better, since easy NATs that renumber
-    ports exist. None when nobody has observed our QUIC port yet."""
+    across the NAT (an observed port equal to our local one) marks an easy NAT; a changed one
+    says nothing for sure (easy NATs that renumber ports exist, and calling one hard made a pair
+    of it and a symmetric NAT stay relayed): UNSURE. None when nobody has observed our QUIC port."""
     if mapping is MappingType.ENDPOINT_DEPENDENT:
         return HARD
     if mapping is MappingType.ENDPOINT_INDEPENDENT:
         return EASY
     if not observed_ports:
         return None
-    return EASY if local_port is not None and local_port in observed_ports else HARD
+    return EASY if local_port is not None and local_port in observed_ports else UNSURE
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class BirthdayStep:
     external QUIC address), dial QUIC from the first socket that hears from it.
     ``role`` EASY: send a probe to each of ``ports`` at ``target_ip`` from our shared QUIC
     socket, ``burst`` at a time every ``interval`` seconds, and wait for the hard side's dial.
+    ``role`` UNSURE: both at once (``parts``).
     """
 
     role: str
@@ -71,6 +75,12 @@ class BirthdayStep:
     def target(self) -> Multiaddr:
         """The peer's address we probe toward (for EASY: its IP at port 0, only the IP counts)."""
         return Multiaddr(f"/ip4/{self.target_ip}/udp/{self.target_port}/quic-v1")
+
+    def parts(self) -> list["BirthdayStep"]:
+        """The single-role steps this one is: itself, or for UNSURE a HARD and an EASY one."""
+        if self.role != UNSURE:
+            return [self]
+        return [replace(self, role=HARD), replace(self, role=EASY)]
 
     def send_times(self) -> list[float]:
         """Seconds after the start at which each probe (EASY) or socket's packet (HARD) goes out."""
@@ -104,7 +114,9 @@ def birthday_step(role: str | None, peer_addrs: Sequence[Multiaddr], rng: random
     ip, port = peer
     if role == HARD:
         return BirthdayStep(HARD, ip, port, sockets=limits.BIRTHDAY_SOCKETS)
+    if role == UNSURE:
+        return BirthdayStep(UNSURE, ip, port, sockets=limits.BIRTHDAY_SOCKETS, ports=probe_ports(rng))
     return BirthdayStep(EASY, ip, ports=probe_ports(rng))
 
 
-__all__ = ["EASY", "HARD", "BirthdayStep", "birthday_step", "probe_ports", "udp_role"]
+__all__ = ["EASY", "HARD", "UNSURE", "BirthdayStep", "birthday_step", "probe_ports", "udp_role"]

@@ -28,6 +28,7 @@ import trio
 
 from ...errors import RemoteProtocolError, VolunteerError, describe
 from .. import limits
+from ..addresses import for_peer, scope_of, usable_across
 from ..connection import Connection
 from ..events import DirectConnectionUp, ObservedAddrChanged, PortMappingChanged, ReachabilityChanged, RelayedConnectionUp
 from ..identity import PeerID
@@ -40,7 +41,7 @@ from ..transport.quic import QuicTransport
 from ..transport.tcp import NO_LISTEN_PORT
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punch_candidates, punch_transport, punchable
-from .birthday import EASY, birthday_step
+from .birthday import EASY, BirthdayStep, birthday_step
 from .observed import endpoint_of
 from .observer import AddressObserver
 from .portmap import PortMapper
@@ -133,16 +134,23 @@ class HolePuncher(BaseService):
                 chosen.append(conn)
         return chosen
 
-    def our_addrs(self) -> list[Multiaddr]:
+    def our_addrs(self, peer_addrs: Sequence[Multiaddr] = (), via: Multiaddr | None = None) -> list[Multiaddr]:
         """What we tell the other side to dial, at most DCUTR_MAX_PUNCH_ADDRS per transport:
-        router mappings an AutoNAT server reached (the peer's dial simply gets in), our global
-        IPv6 addresses (no NAT: they are their own external address; a stateful firewall is
-        punched as a NAT is), then the observed external addresses of our TCP and QUIC ports."""
+        our LAN addresses first when the peer shares our public address (``same_lan``: a router
+        without hairpinning refuses our public address from inside, and Tailscale and iroh offer
+        LAN endpoints first too), router mappings an AutoNAT server reached (the peer's dial
+        simply gets in), our global IPv6 addresses (no NAT: they are their own external address;
+        a stateful firewall is punched as a NAT is), then the observed external addresses of our
+        TCP and QUIC ports. Only those usable across ``via`` (the relayed connection's address:
+        never our loopback to a peer off our machine, never link-local)."""
         mapper = self.host.service(PortMapper)
         mapped = mapper.advertised_addrs() if mapper is not None else []
-        ipv6 = [a for a in self.host.addrs if not a.is_relayed() and is_global_v6(a.value_at(0))]
+        direct = [a for a in self.host.addrs if not a.is_relayed()]
+        ipv6 = [a for a in direct if is_global_v6(a.value_at(0))]
         observed = self.observer.external_addrs(trio.current_time()) if self.observer else []
-        return punch_candidates([*mapped, *ipv6, *observed])
+        # our own interfaces' addresses (behind the router: its LAN's, whatever their range)
+        lan = [a for a in direct if a not in observed] if same_lan(observed, peer_addrs) else []
+        return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed], via))
 
     def snapshot(self) -> dict:
         """Punch attempts by transport and result, and how punches ended (for status and metrics)."""
@@ -202,17 +210,32 @@ class HolePuncher(BaseService):
                     stream = BufferedStream(await relayed.new_stream([DCUTR]))
                     try:
                         await self._await_observed_addrs()
+                        # what we know of the peer's addresses: identify's, then its CONNECT's
+                        via = relayed.remote_addr
+                        known: Sequence[Multiaddr] = self.host.peerstore.addrs(peer)
                         while plan.attempts_left:
+                            arrived = self.host.connection_to(peer)
+                            if _is_direct(arrived):  # the peer's dial came in after our last attempt's end
+                                plan.succeeded(trio.current_time(), arrived.transport, REVERSED)
+                                break
                             plan.connect_sent(trio.current_time())
-                            await stream.send_all(messages.encode(CONNECT, self.our_addrs()))
+                            offered = self.our_addrs(known, via)
+                            await stream.send_all(messages.encode(CONNECT, offered))
                             reply = await read(stream, CONNECT)
-                            step = plan.connect_received(reply.addrs, trio.current_time())
+                            known = for_peer(reply.addrs, via)
+                            step = plan.connect_received(known, trio.current_time())
                             with self._expecting(peer, step.addrs, step.role):
                                 await stream.send_all(messages.encode(SYNC))
+                                if not step.addrs and not offered:
+                                    continue  # neither side can dial: the next attempt may know more
                                 if not step.addrs:
-                                    continue
-                                await trio.sleep_until(step.dial_at)
-                                direct, ours = await self._punch(peer, step)
+                                    # nothing of theirs to dial, but they dial ours now: their
+                                    # connection is this attempt (a next CONNECT sent at once
+                                    # would burn the attempts while their dial is on its way)
+                                    direct, ours = await self._their_dial(peer, step.dial_at + step.budget), False
+                                else:
+                                    await trio.sleep_until(step.dial_at)
+                                    direct, ours = await self._punch(peer, step)
                             self._count(plan, step, direct, ours)
                             if direct is not None:
                                 plan.succeeded(trio.current_time(), direct.transport, DIRECT if ours else REVERSED)
@@ -220,6 +243,9 @@ class HolePuncher(BaseService):
                         await close_quietly(stream)
             except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 plan.outcome.error = describe(exc)
+                arrived = self.host.connection_to(peer)
+                if _is_direct(arrived):  # the peer closed the stream because its dial had won
+                    plan.succeeded(trio.current_time(), arrived.transport, REVERSED)
         outcome = plan.finish(trio.current_time())
         self._record(outcome)
         log.info("hole punch with %s: %s after %d attempt(s)", peer.short(),
@@ -234,6 +260,7 @@ class HolePuncher(BaseService):
         buffered = BufferedStream(stream)
         peer = stream.remote_peer
         plan = PunchPlan(str(peer), started_at=trio.current_time(), initiator=False, max_attempts=self.max_attempts)
+        via = stream.connection.remote_addr
         await self._await_observed_addrs()
         try:
             while plan.attempts_left:
@@ -241,9 +268,11 @@ class HolePuncher(BaseService):
                     # the next CONNECT comes within one attempt's bounded punch, far inside this
                     with trio.fail_after(limits.DCUTR_STREAM_TIMEOUT):
                         request = await read(buffered, CONNECT)
-                        attempt = plan.peer_connect(request.addrs, trio.current_time())
-                        with self._expecting(peer, request.addrs, plan.our_role(attempt)):
-                            await buffered.send_all(messages.encode(CONNECT, self.our_addrs()))
+                        theirs = for_peer(request.addrs, via)  # never a dial to another machine's loopback
+                        offered = self.our_addrs(theirs, via)
+                        plan.peer_connect(theirs, trio.current_time(), offered=bool(offered))
+                        with self._expecting(peer, theirs, plan.responder_role()):
+                            await buffered.send_all(messages.encode(CONNECT, offered))
                             await read(buffered, SYNC)
                             step = plan.sync_received(trio.current_time())
                             direct, ours = (await self._punch(peer, step)) if step.addrs else (None, False)
@@ -259,22 +288,44 @@ class HolePuncher(BaseService):
 
     async def _await_observed_addrs(self) -> None:
         """Identify with the relay may still be in flight: give our observed addresses a moment
-        (DCUTR_OBSERVATION_WAIT), woken by the observer's ObservedAddrChanged, until every
-        transport we listen on has one (a QUIC observation comes from a connection of its own),
-        and a router mapping being dialled back by AutoNAT has its answer (PortMappingChanged)."""
+        (DCUTR_OBSERVATION_WAIT), woken by the observer's news and PortMappingChanged, until
+        every transport we listen on has one (a QUIC observation comes from a connection of its
+        own), and a router mapping being dialled back by AutoNAT has its answer. Only for what
+        can still come (``observation_pending``): no wait at all when nothing can arrive."""
+        assert self.observer is not None
+        with self.host.events.subscribe(PortMappingChanged) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
+            while True:
+                moved = self.observer.moved()  # before looking: news between the two is not lost
+                if not self.observation_pending():
+                    break
+                async with trio.open_nursery() as nursery:
+
+                    async def mapping_news() -> None:
+                        await changes.receive()
+                        nursery.cancel_scope.cancel()
+
+                    async def observer_news() -> None:
+                        await moved.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(mapping_news)
+                    nursery.start_soon(observer_news)
+
+    def observation_pending(self) -> bool:
+        """Whether waiting can improve what we offer: a router mapping awaits an AutoNAT
+        server's dial-back that can happen now, or a transport we listen on has no observed
+        address yet and one can still arrive (``AddressObserver.awaiting``: an observation dial
+        or an identify in flight). A transport nothing can be observed for (UDP dropped: no QUIC
+        connection ever comes up) is no reason to wait."""
         assert self.observer is not None
         mapper = self.host.service(PortMapper)
-
-        def missing() -> bool:
-            assert self.observer is not None
-            if mapper is not None and mapper.confirming:
-                return True
-            return not self.our_addrs() or bool(self.observer.observed.missing(trio.current_time(), self.host.listen_addrs))
-
-        kinds = (ObservedAddrChanged, PortMappingChanged)
-        with self.host.events.subscribe(*kinds) as changes, trio.move_on_after(limits.DCUTR_OBSERVATION_WAIT):
-            while missing():
-                await changes.receive()
+        if mapper is not None and mapper.confirming:
+            return True
+        now = trio.current_time()
+        missing = self.observer.observed.missing(now, self.host.listen_addrs)
+        if not self.our_addrs():
+            missing |= {"tcp", "quic"}
+        return any(self.observer.awaiting(transport) for transport in missing)
 
     @contextmanager
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:
@@ -302,6 +353,17 @@ class HolePuncher(BaseService):
                 self._expected.pop(addr, None)
             for ip in ips:
                 self._expected_tcp_ips.pop(ip, None)
+
+    async def _their_dial(self, peer: PeerID, deadline: float) -> Connection | None:
+        """The peer's direct connection to us, if one comes up by ``deadline``."""
+        with self.host.events.subscribe(DirectConnectionUp) as direct_ups, trio.move_on_at(deadline):
+            existing = self.host.connection_to(peer)
+            if _is_direct(existing):
+                return existing
+            async for event in direct_ups:
+                if isinstance(event, DirectConnectionUp) and event.peer == peer:
+                    return event.connection
+        return None
 
     async def _punch(self, peer: PeerID, step: PunchStep) -> tuple[Connection | None, bool]:
         """Punch every address at once, within the step's budget: TCP by dialling from our listen
@@ -395,22 +457,37 @@ class HolePuncher(BaseService):
         await trio.sleep_until(start_at)
         self.birthday_probes[plan.role] = self.birthday_probes.get(plan.role, 0) + 1
         with trio.move_on_after(plan.budget):
-            if plan.role == EASY:
-                self._probing.add(plan.target_ip)
-                try:
-                    await spray_probes(quic, plan)
-                    await trio.sleep_forever()  # the hard side dials us: watch() sees it arrive
-                finally:
-                    self._probing.discard(plan.target_ip)
-            sock = await open_hard_sockets(plan)
-            if sock is None:
-                return
+            # UNSURE (one observer saw a changed port): the hard side's part and the easy side's
+            # at once; whichever meets the peer's wins (won() ends the whole punch)
+            async with trio.open_nursery() as nursery:
+                for part in plan.parts():
+                    nursery.start_soon(self._birthday_part, peer, part, quic, won)
+
+    async def _birthday_part(self, peer: PeerID, plan: BirthdayStep, quic: QuicTransport, won) -> None:
+        if plan.role == EASY:
+            self._probing.add(plan.target_ip)
             try:
-                conn = await self.host.dial_addr(plan.target, peer, path=Path.HOLE_PUNCHED, udp_socket=sock)
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("birthday probe: QUIC dial through %s failed: %s", plan.target, describe(exc))
-                return
-            won(conn, True)
+                await spray_probes(quic, plan)
+                await trio.sleep_forever()  # the hard side dials us: watch() sees it arrive
+            finally:
+                self._probing.discard(plan.target_ip)
+        sock = await open_hard_sockets(plan)
+        if sock is None:
+            return
+        try:
+            conn = await self.host.dial_addr(plan.target, peer, path=Path.HOLE_PUNCHED, udp_socket=sock)
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("birthday probe: QUIC dial through %s failed: %s", plan.target, describe(exc))
+            return
+        won(conn, True)
+
+
+def same_lan(ours: Sequence[Multiaddr], theirs: Sequence[Multiaddr]) -> bool:
+    """Whether the peer's addresses name one of our observed external IPs: then it is behind
+    our own router, and our LAN addresses are the ones it can dial. (Relayed addresses name
+    their relay's IP, which is nobody's external one.)"""
+    ips = {a.value_at(0) for a in ours if usable_across(a, None) and not a.is_relayed()}
+    return any(not a.is_relayed() and scope_of(a) is not None and a.value_at(0) in ips for a in theirs)
 
 
 def tuple_taken(exc: BaseException) -> bool:
@@ -431,4 +508,4 @@ def _is_direct(conn: Connection | None) -> TypeGuard[Connection]:
     return conn is not None and conn.path is not Path.RELAYED
 
 
-__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read", "tuple_taken"]
+__all__ = ["DCUTR", "HolePuncher", "PunchOutcome", "attempt_roles", "punchable", "read", "same_lan", "tuple_taken"]

@@ -18,14 +18,19 @@ import trio
 
 from ...errors import VolunteerError, describe
 from .. import limits
-from ..events import ReachabilityChanged
+from ..events import (
+    ConnectionEvent, DirectConnectionUp, PeerConnected, PeerDisconnected, ReachabilityChanged, RelayReservationsChanged,
+)
+from ..identify import Identify
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
+from ..transport.base import Path
 from .autonat import ProbeResult, Reachability, ReachabilityTracker, probe
 from .dcutr import HolePuncher
 from .observed import MappingType
 from .observer import AddressObserver
 from .relay_client import ReservationManager
+from .share import DirectShare
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,15 @@ class NatManager(BaseService):
         self.tracker = ReachabilityTracker(required)
         self.reservations: ReservationManager | None = None
         self.last_results: list[ProbeResult] = []
+        self.rounds = 0  # AutoNAT rounds run
         self.last_error = ""
+        # what share of peer sessions and bytes went direct; the swarm's relays and entry points
+        # are infrastructure, always reached directly, and left out
+        infrastructure = {p for p in (a.peer_id for a in [*self.servers, *self.relays]) if p is not None}
+        self.direct_share = DirectShare(infrastructure)
+        # when we first became reachable (a relay reservation held, or a public verdict), in
+        # trio time: the moment others could first reach us, whoever looks later
+        self.reachable_at: float | None = None
 
     @property
     def reachability(self) -> Reachability:
@@ -95,8 +108,9 @@ class NatManager(BaseService):
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if host is not self.host:
             raise ValueError("a NatManager runs on the host it was made for")
-        task_status.started()
         async with trio.open_nursery() as nursery:
+            await nursery.start(self._follow_paths)
+            task_status.started()
             if self.relays:
                 # Reserve while the first verdict is pending: AutoNAT learns "private" only when
                 # the server's dial-back times out (10 s), and a volunteer should be reachable
@@ -111,6 +125,35 @@ class NatManager(BaseService):
                 interval = self.config.unknown_probe_interval if self.reachability is Reachability.UNKNOWN else self.config.probe_interval
                 await trio.sleep(interval)
 
+    async def _follow_paths(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # one event per connection change: a queue as long as the connection limit loses none
+        kinds = (PeerConnected, PeerDisconnected, DirectConnectionUp, RelayReservationsChanged, ReachabilityChanged)
+        with self.host.events.subscribe(*kinds, max_queued=limits.MAX_CONNECTIONS) as events:
+            task_status.started()
+            async for event in events:
+                if self.reachable_at is None and self._reachable_now():
+                    self.reachable_at = trio.current_time()
+                if not isinstance(event, ConnectionEvent):
+                    continue
+                conn = event.connection
+                direct = conn.path is not Path.RELAYED
+                if isinstance(event, PeerDisconnected):
+                    self.direct_share.closed(event.peer, direct, conn.bytes_sent + conn.bytes_received,
+                                             last=not self.host.is_connected(event.peer))
+                else:
+                    self.direct_share.connected(event.peer, direct)
+
+    def _reachable_now(self) -> bool:
+        if self.reachability is Reachability.PUBLIC:
+            return True
+        return self.reservations is not None and any(r.reservation is not None for r in self.reservations.relays)
+
+    def direct_view(self) -> dict:
+        """The shares of peer sessions and bytes that went direct (``share.DirectShare``)."""
+        live = [(c.remote_peer, c.path is not Path.RELAYED, c.bytes_sent + c.bytes_received)
+                for c in self.host.connections() if not c.is_closed]
+        return self.direct_share.view(live)
+
     async def _reserve_if_still_unknown(self) -> None:
         await trio.sleep(self.config.reserve_when_unknown_after)
         if self.reachability is Reachability.UNKNOWN:
@@ -119,18 +162,20 @@ class NatManager(BaseService):
     async def probe_round(self) -> Reachability:
         """Ask each server once (in parallel); record what they found."""
         results: list[ProbeResult] = []
-        addrs = self.our_addrs()
 
         async def ask(server: Multiaddr) -> None:
             try:
-                results.append(await probe(self.host, server, addrs))
+                with trio.fail_after(limits.AUTONAT_REQUEST_TIMEOUT):
+                    await self._observed_by(server)
+                addrs = self.our_addrs()
+                if addrs:
+                    results.append(await probe(self.host, server, addrs))
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.last_error = f"{server}: {describe(exc)}"
 
-        if addrs:
-            async with trio.open_nursery() as nursery:
-                for server in self.servers:
-                    nursery.start_soon(ask, server)
+        async with trio.open_nursery() as nursery:
+            for server in self.servers:
+                nursery.start_soon(ask, server)
         for result in results:
             if result.reachable is not None:
                 before = self.tracker.status
@@ -139,7 +184,19 @@ class NatManager(BaseService):
                     log.info("reachability: %s (evidence %s)", after.value, self.tracker.evidence)
                     self.host.events.publish(ReachabilityChanged(after))
         self.last_results = results
+        self.rounds += 1
         return self.tracker.status
+
+    async def _observed_by(self, server: Multiaddr) -> None:
+        """Connect to ``server`` and have it say where it sees us before we name our addresses:
+        the manager starts first, before the DHT has connected anywhere, and a first round
+        that named only our listen addresses (a LAN address behind a forwarded port) judged a
+        reachable volunteer private until the next round, minutes later."""
+        conn = await self.host.connect(server)
+        info = self.host.peerstore.get(conn.remote_peer)
+        identify = self.host.service(Identify)
+        if identify is not None and (info is None or info.observed_addr is None):
+            await identify.identify(conn)  # the connection's own identify may still be in flight
 
     async def _ensure_reservations(self) -> None:
         if self.reservations is None:
@@ -154,7 +211,7 @@ class NatManager(BaseService):
         puncher = self.host.service(HolePuncher)
         return {
             "reachability": self.reachability.value,
-            "evidence": {"reachable": yes, "unreachable": no, "required": self.tracker.required},
+            "evidence": {"reachable": yes, "unreachable": no, "required": self.tracker.required, "rounds": self.rounds},
             "confirmed_addr": str(self.tracker.confirmed_addr) if self.tracker.confirmed_addr else None,
             "mapping": self.mapping().value,
             "observed_addrs": [str(a) for a in self.observed_addrs()],
@@ -175,6 +232,7 @@ class NatManager(BaseService):
                 for r in self.last_results
             ],
             "last_error": self.last_error,
+            "direct": self.direct_view(),
         }
 
 

@@ -76,13 +76,15 @@ def punchable(raw_addrs: Iterable[bytes]) -> list[Multiaddr]:
 def punch_candidates(candidates: Iterable[Multiaddr]) -> list[Multiaddr]:
     """The direct TCP and QUIC v1 addresses among ``candidates``, each once, at most
     DCUTR_MAX_PUNCH_ADDRS per transport, in the order given (what we send, and what we keep of
-    what a peer sent)."""
+    what a peer sent). Which of them the peer can use at all (never our loopback unless it is on
+    our machine) is the driver's to say (``addresses.for_peer`` with the relayed connection)."""
     addrs: list[Multiaddr] = []
     per_transport: dict[str, int] = {}
     for addr in candidates:
         transport = punch_transport(addr)
         if transport is None or addr in addrs or per_transport.get(transport, 0) >= limits.DCUTR_MAX_PUNCH_ADDRS:
             continue
+
         per_transport[transport] = per_transport.get(transport, 0) + 1
         addrs.append(addr)
     return addrs

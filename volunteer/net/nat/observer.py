@@ -35,6 +35,9 @@ class AddressObserver(BaseService):
         self.observed = ObservedAddrs()
         self._published: tuple[Multiaddr, ...] = ()
         self._probed: dict[tuple[PeerID, str], float] = {}  # (peer, transport) -> when we last dialled it
+        self._probing: dict[str, int] = {}  # transport -> observation dials in flight
+        self._identified: set[int] = set()  # ids of connections identify has told us about
+        self._moved = trio.Event()  # set (and replaced) whenever an observation may have come or gone
         self._nursery: trio.Nursery | None = None
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -47,8 +50,32 @@ class AddressObserver(BaseService):
                 task_status.started()
                 async for event in events:
                     assert isinstance(event, PeerIdentified)
+                    self._identified.add(event.connection.id)
                     self.note(event, now=trio.current_time())
+                    self._touch()
                 nursery.cancel_scope.cancel()
+
+    def _touch(self) -> None:
+        self._moved.set()
+        self._moved = trio.Event()
+
+    def moved(self) -> trio.Event:
+        """An event set when a peer next identifies itself or an observation dial ends
+        (``awaiting`` may change): take it before looking, then wait on it."""
+        return self._moved
+
+    def awaiting(self, transport: str) -> bool:
+        """Whether an observation of our address over ``transport`` can still arrive: an
+        observation dial over it is in flight, or a direct connection has not been identified
+        yet (over ``transport`` its identify says our address; over another, it may start an
+        observation dial for ``transport``). When neither (an office that drops UDP, once its
+        QUIC dial failed), waiting for one is waiting for nothing."""
+        if self._probing.get(transport):
+            return True
+        live = [conn for conn in self.host.connections() if not conn.is_closed]
+        self._identified &= {conn.id for conn in live}  # bounded by the connections we hold
+        # per connection, not per peer: an observation dial reaches a peer identified already
+        return any(not conn.remote_addr.is_relayed() and conn.id not in self._identified for conn in live)
 
     def note(self, event: PeerIdentified, *, now: float) -> None:
         """Record the observation ``event`` carries, if any, and publish a change of our addresses."""
@@ -74,15 +101,21 @@ class AddressObserver(BaseService):
             self._probed.pop(next(iter(self._probed)))
         self._probed[(peer, transport)] = now
         if self._nursery is not None:
-            self._nursery.start_soon(self._probe, peer, target, name=f"observe {transport} via {peer.short()}")
+            # counted from now, not from when the task first runs: a punch asking ``awaiting``
+            # in between must see it coming
+            self._probing[transport] = self._probing.get(transport, 0) + 1
+            self._nursery.start_soon(self._probe, peer, target, transport, name=f"observe {transport} via {peer.short()}")
 
-    async def _probe(self, peer: PeerID, target: Multiaddr) -> None:
+    async def _probe(self, peer: PeerID, target: Multiaddr, transport: str) -> None:
         """Dial ``peer`` at ``target`` from our listen socket; identify on the new connection
         reports our address there (and the connection keeps that NAT mapping alive)."""
         try:
             await self.host.dial_addr(target, peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             log.debug("observation dial to %s at %s failed: %s", peer.short(), target, describe(exc))
+        finally:
+            self._probing[transport] -= 1
+            self._touch()
 
     def external_addrs(self, now: float) -> list[Multiaddr]:
         """Observed external addresses of our listen ports: what a hole punch asks the peer to dial."""

@@ -118,6 +118,7 @@ class PunchPlan:
     outcome: PunchOutcome = field(init=False)
     _connect_sent_at: float | None = field(default=None, init=False)
     _remote_addrs: tuple[Multiaddr, ...] = field(default=(), init=False)
+    _offered: bool = field(default=True, init=False)  # our last CONNECT named addresses (A)
     # attempts counted by transport and result: {"quic": {"direct": 1}, "tcp": {"failed": 1}}
     tally: dict[str, dict[str, int]] = field(default_factory=dict, init=False)
 
@@ -159,20 +160,28 @@ class PunchPlan:
         return step
 
     # --- responder (A) -----------------------------------------------------------------------
-    def peer_connect(self, remote_addrs: Sequence[Multiaddr], now: float | None = None) -> int:
-        """A got B's CONNECT (and answers with its own at ``now``): a new attempt starts."""
+    def peer_connect(self, remote_addrs: Sequence[Multiaddr], now: float | None = None, *, offered: bool = True) -> int:
+        """A got B's CONNECT (and answers with its own at ``now``, naming addresses or not:
+        ``offered``): a new attempt starts."""
         if not self.attempts_left:
             raise ValueError("no hole punch attempts left")
         self.attempt += 1
         self.outcome.attempts = self.attempt
         self._remote_addrs = tuple(remote_addrs)
         self._connect_sent_at = now
+        self._offered = offered
         return self.attempt
+
+    def responder_role(self) -> Direction:
+        """A's role in this attempt's upgrade: the spec's, except when A's CONNECT named no
+        address. B then has nothing to dial and takes A's dial as a plain inbound connection, of
+        which it is the server, so A dials as the client (B does the same, ``_their_dial``)."""
+        return self.our_role(self.attempt) if self._offered else Direction.OUTBOUND
 
     def sync_received(self, now: float) -> PunchStep:
         """A got SYNC: dial now (B dials half a round trip after sending it, i.e. at the same moment).
         From our CONNECT to B's SYNC is one relayed round trip: it sizes the attempt's budget."""
-        role = self.our_role(self.attempt)
+        role = self.responder_role()
         self.outcome.roles_swapped = role is Direction.OUTBOUND
         if self._connect_sent_at is not None:
             self.outcome.rtt = max(0.0, now - self._connect_sent_at)

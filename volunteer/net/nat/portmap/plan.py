@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ... import limits
+from ...addresses import PUBLIC, scope_of
 from ...multiaddr import Multiaddr
 
 PROTOCOLS = ("pcp", "natpmp", "upnp")  # in order of preference
@@ -117,6 +118,9 @@ class PortMapPlan:
     leases: dict[Wanted, Lease] = field(default_factory=dict)
     confirmed: set[Multiaddr] = field(default_factory=set)
     refused: set[Multiaddr] = field(default_factory=set)  # dialled back and not reached
+    # every AutoNAT server asked refused to dial it (another IP than ours, say): no evidence will
+    # come, so it is no candidate (a hole punch must not wait for it) until the lease changes
+    unchecked: set[Multiaddr] = field(default_factory=set)
     attempted: set[Wanted] = field(default_factory=set)  # ports a try has been made for
     protocol: str | None = None  # what the gateway speaks, once probed
     failures: int = 0
@@ -167,6 +171,7 @@ class PortMapPlan:
         lease = self.leases.pop(wanted, None)
         if lease is not None:
             self.confirmed.discard(lease.addr)
+            self.unchecked.discard(lease.addr)
         return lease
 
     def due_renewals(self, now: float) -> list[Lease]:
@@ -179,13 +184,23 @@ class PortMapPlan:
 
     # --- confirmation ------------------------------------------------------------------------
     def candidates(self) -> list[Multiaddr]:
-        """Mapped addresses not yet dialled back: what to ask AutoNAT servers about."""
-        return [lease.addr for lease in self.leases.values() if lease.addr not in self.confirmed and lease.addr not in self.refused]
+        """Mapped addresses not yet dialled back: what to ask AutoNAT servers about. Never one
+        on an address the internet cannot route to (the inner router of a double NAT maps onto
+        its private 100.64 or RFC 1918 WAN address), nor one every server refused to check."""
+        return [lease.addr for lease in self.leases.values()
+                if lease.addr not in self.confirmed and lease.addr not in self.refused
+                and lease.addr not in self.unchecked and scope_of(lease.addr) == PUBLIC]
+
+    def not_checked(self, addr: Multiaddr) -> None:
+        """Every AutoNAT server we asked refused to dial ``addr``: it stops being a candidate."""
+        if addr in {lease.addr for lease in self.leases.values()}:
+            self.unchecked.add(addr)
 
     def dialled_back(self, addr: Multiaddr, reached: bool) -> bool:
         """An AutoNAT server reached ``addr`` (or failed to); True when what we advertise changed."""
         if addr not in {lease.addr for lease in self.leases.values()}:
             return False  # a lease that went away meanwhile
+        self.unchecked.discard(addr)
         if reached:
             self.refused.discard(addr)
             changed = addr not in self.confirmed

@@ -257,6 +257,7 @@ class PortMapper(BaseService):
         self._next_confirm = trio.current_time() + limits.PORTMAP_RETRY_INTERVAL
         changed = answered = False
         for addr in self.plan.candidates():
+            refusals = 0
             for server in servers:
                 try:
                     result = await probe(self.host, server, [addr])
@@ -264,11 +265,18 @@ class PortMapper(BaseService):
                     log.debug("port mapping: %s could not check %s: %s", server.short(), addr, describe(exc))
                     continue
                 if result.reachable is None:
-                    continue  # refused to try (rate limit, another IP): no evidence
+                    refusals += 1  # refused to try (rate limit, another IP): no evidence
+                    continue
                 changed |= self.plan.dialled_back(addr, result.reachable)
                 answered = True
                 log.info("port mapping: %s %s reached from outside", addr, "is" if result.reachable else "is not")
                 break
+            else:
+                if refusals == len(servers):
+                    # nobody will check it: it stops being a candidate (no hole punch waits for it)
+                    self.plan.not_checked(addr)
+                    answered = True
+                    log.info("port mapping: no AutoNAT server would dial %s back; not advertised", addr)
         if changed or answered:
             self._publish(push=changed)
 
@@ -298,6 +306,7 @@ class PortMapper(BaseService):
                     "protocol": lease.protocol,
                     "confirmed": lease.addr in self.plan.confirmed,
                     "refused": lease.addr in self.plan.refused,
+                    "unchecked": lease.addr in self.plan.unchecked,
                     "renew_in_s": round(lease.renew_at - now, 1),
                 }
                 for lease in self.plan.leases.values()

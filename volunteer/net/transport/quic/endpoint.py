@@ -10,9 +10,11 @@ by ``demux.Admission``; everything else that arrives is dropped and counted by r
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 
 from typing import TYPE_CHECKING
@@ -44,12 +46,36 @@ SharedSlot = Callable[[Address], "Callable[[], None] | None"]
 ConfigFactory = Callable[[bool], "QuicConfiguration"]  # is_client -> a fresh configuration
 
 
+# Linux's IP_RECVERR / IPV6_RECVERR (not in Python's socket module): ICMP errors (port, host or
+# network unreachable) for an unconnected UDP socket are queued with the address they concern,
+# instead of being dropped; MSG_ERRQUEUE reads them.
+RECVERR: dict[int, tuple[int, int]] = {socket.AF_INET: (socket.IPPROTO_IP, 11), socket.AF_INET6: (socket.IPPROTO_IPV6, 25)}
+MSG_ERRQUEUE = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+# sendto errors that mean this destination cannot be reached from this socket at all (no route,
+# another family, a source it cannot use): a dial's handshake ends at once, as TCP's connect does
+UNREACHABLE = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT,
+                         errno.EINVAL, errno.EACCES, errno.EPERM, errno.ECONNREFUSED})
+MAX_ERRQUEUE = 64  # queued ICMP errors read per wake-up
+
+
+def _enable_recverr(sock: socket.socket, family: int) -> bool:
+    if not sys.platform.startswith("linux") or family not in RECVERR:
+        return False
+    level, option = RECVERR[family]
+    try:
+        sock.setsockopt(level, option, 1)
+    except OSError:
+        return False
+    return True
+
+
 def open_udp_socket(host: str, port: int, family: int) -> socket.socket:
     """A non-blocking UDP socket bound to (host, port), with large kernel buffers (bursts of
-    datagrams between two reads are the normal case at speed)."""
+    datagrams between two reads are the normal case at speed), and ICMP errors reported (Linux)."""
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        _enable_recverr(sock, family)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
@@ -63,6 +89,11 @@ def open_udp_socket(host: str, port: int, family: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+async def _abort(session: "QuicSession", reason: BaseException) -> None:
+    session.abort(reason)
+    await trio.lowlevel.checkpoint()
 
 
 def _nothing() -> None:
@@ -103,6 +134,8 @@ class UdpEndpoint:
         self._nursery: trio.Nursery | None = None
         self.send_dropped = 0
         self.datagrams_received = 0
+        self.unreachable = 0  # dials ended early by a send error or an ICMP error
+        self._fail_fast: set["QuicSession"] = set()  # our dials that an ICMP error may end
         self._logged_at: dict[str, float] = {}
 
     @property
@@ -135,13 +168,53 @@ class UdpEndpoint:
 
     # --- datagrams ---------------------------------------------------------------------------
     def send(self, data: bytes, addr: Address) -> None:
-        """Send one datagram now; a full socket buffer drops it (QUIC retransmits what matters)."""
+        """Send one datagram now; a full socket buffer drops it (QUIC retransmits what matters).
+
+        A destination this socket cannot reach (no route, another family: ``UNREACHABLE``) ends
+        the handshakes of our dials to it at once, as TCP's connect fails at once; an error the
+        kernel kept from an earlier ICMP message is that message's (``_read_errors``)."""
         try:
             self.sock.sendto(data, addr)
         except BlockingIOError:
             self.send_dropped += 1
-        except OSError as exc:  # unreachable networks, a closed socket: the connection's timers decide
+        except OSError as exc:  # an established connection's timers decide; a dial ends now
             self._note("send_error", f"UDP send to {addr[0]}:{addr[1]} failed: {exc}")
+            if self._read_errors() == 0 and exc.errno in UNREACHABLE:
+                self._unreachable(addr, f"no way to {addr[0]}:{addr[1]}: {exc.strerror or exc}", icmp=False)
+
+    def _read_errors(self) -> int:
+        """Read the ICMP errors the kernel queued (IP_RECVERR), ending our dials to each
+        address they name; how many were read."""
+        count = 0
+        for _ in range(MAX_ERRQUEUE):
+            try:
+                _, ancillary, _, addr = self.sock.recvmsg(64, 512, MSG_ERRQUEUE)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break  # no error queue here (not Linux), or the socket closed
+            count += 1
+            code = next((int.from_bytes(data[:4], sys.byteorder) for _, _, data in ancillary if len(data) >= 4), 0)
+            if addr:
+                reason = os.strerror(code) if code else "an ICMP error"
+                self._unreachable(addr, f"{addr[0]}:{addr[1]} answered: {reason}", icmp=True)
+        return count
+
+    def _unreachable(self, addr: Address, reason: str, *, icmp: bool) -> None:
+        # Ends (soon, not inside this send: aborting sends a CONNECTION_CLOSE) the handshakes
+        # of our dials to ``addr``. An ICMP error ends only ordinary dials: a hole punch's first
+        # packets meet the peer's NAT before its own packets opened it, and some routers answer
+        # those with "port unreachable".
+        for session in list(self.sessions):
+            if session.handshake_done.is_set() or session.closed.is_set() or session.remote[:2] != addr[:2]:
+                continue
+            if icmp and session not in self._fail_fast:
+                continue
+            self._fail_fast.discard(session)
+            self.unreachable += 1
+            failure = HandshakeError(f"QUIC dial failed: {reason}")
+            if self._nursery is not None:
+                self._nursery.start_soon(_abort, session, failure)
 
     async def _read_loop(self) -> None:
         sock = self.sock
@@ -149,19 +222,26 @@ class UdpEndpoint:
             await trio.lowlevel.wait_readable(sock)
             now = trio.current_time()
             touched: set["QuicSession"] = set()
+            read = 0
             for _ in range(MAX_BATCH):
                 try:
                     data, addr = sock.recvfrom(65535)
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError as exc:
-                    # ICMP errors surface here on some systems (port unreachable): not fatal for the socket
+                    # an ICMP error (port unreachable...): its details wait in the error queue
                     self._note("receive_error", f"UDP receive failed: {exc}")
+                    self._read_errors()
                     continue
+                read += 1
                 self.datagrams_received += 1
                 session = self._dispatch(data, addr, now)
                 if session is not None:
                     touched.add(session)
+            if not read:
+                # woken with nothing to read: an ICMP error waits in the error queue (its pending
+                # error may have gone to a send), and would wake us again and again until read
+                self._read_errors()
             for session in touched:
                 if not session.closed.is_set():
                     session.flush(now)
@@ -223,6 +303,7 @@ class UdpEndpoint:
             del self._routes[cid]
 
     def _forget(self, session: "QuicSession") -> None:
+        self._fail_fast.discard(session)
         for cid in [cid for cid, owner in self._routes.items() if owner is session]:
             del self._routes[cid]
         self.sessions.discard(session)
@@ -253,13 +334,17 @@ class UdpEndpoint:
             if not session.closed.is_set():
                 await session.aclose()
 
-    async def connect(self, remote: Address) -> "QuicSession":
+    async def connect(self, remote: Address, *, fail_fast: bool = True) -> "QuicSession":
         """Dial ``remote`` from this socket; returns once the handshake and the certificate check
-        are done (the caller bounds the time; a cancelled dial aborts the connection)."""
+        are done (the caller bounds the time; a cancelled dial aborts the connection).
+        ``fail_fast``: an ICMP error from ``remote`` (port or host unreachable) ends the dial at
+        once, as it does TCP's; off for hole punches (see ``_unreachable``)."""
         from .engine import Engine
 
         engine = Engine(configuration=self._make_config(True), quic_limits=self.quic_limits)
         session = self._adopt(engine, remote)
+        if fail_fast:
+            self._fail_fast.add(session)
         engine.connect(remote, now=trio.current_time())
         session.flush()
         try:
@@ -292,6 +377,7 @@ class UdpEndpoint:
             "connections": len(self.sessions),
             "datagrams_received": self.datagrams_received,
             "send_dropped": self.send_dropped,
+            "unreachable": self.unreachable,
             "dropped": dict(self.admission.dropped),
         }
 

@@ -218,7 +218,8 @@ class QuicTransport(BaseService):
                                    handshake_timeout=self.handshake_timeout, closes_when_idle=True)
             await self._running_nursery().start(endpoint.serve)
         try:
-            session = await endpoint.connect(tuple(sockaddr))
+            # a hole punch's dial (from our listen port, or a probe's socket) outlives ICMP errors
+            session = await endpoint.connect(tuple(sockaddr), fail_fast=not reuse_port_only and udp_socket is None)
         finally:
             if endpoint.closes_when_idle and not endpoint.sessions:
                 endpoint.close()
