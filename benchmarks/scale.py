@@ -193,33 +193,24 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     net.after(rng.expovariate(rate), churn_event)
 
     # --- trainers' lookups ------------------------------------------------------------------
-    def expert_lookup(trainer: SimNode) -> None:
+    def grid_prefix(uid: str) -> str:
+        return uid.rsplit(".", 1)[0] + "."
+
+    def periodic_lookup(trainer: SimNode, kind: str, key_of, gap: tuple[float, float]) -> None:
+        """Look up ``key_of`` a random live host's uid (its expert, or its grid's prefix), record
+        the time and whether that host was among the live holders found, and again in ``gap``."""
         hosts = live_hosts()
         if hosts:
             host = rng.choice(hosts)
-            uid = swarm.uid_of[host.peer]
+            key = expert_key(key_of(swarm.uid_of[host.peer]))
             t0 = net.now
 
             def done(found: dict) -> None:
-                alive = select_alive(found[expert_key(uid)].values(), net.now, CONFIG)
-                results["expert"].append((net.now - t0, any(d.peer == host.peer for d in alive)))
+                alive = select_alive(found[key].values(), net.now, CONFIG)
+                results[kind].append((net.now - t0, any(d.peer == host.peer for d in alive)))
 
-            trainer.get_many([expert_key(uid)], EXPERT_QUORUM, done)
-        net.after(rng.uniform(0.5, 1.5), expert_lookup, trainer)
-
-    def grid_lookup(trainer: SimNode) -> None:
-        hosts = live_hosts()
-        if hosts:
-            host = rng.choice(hosts)
-            prefix = swarm.uid_of[host.peer].rsplit(".", 1)[0] + "."
-            t0 = net.now
-
-            def done(found: dict) -> None:
-                alive = select_alive(found[expert_key(prefix)].values(), net.now, CONFIG)
-                results["grid"].append((net.now - t0, any(d.peer == host.peer for d in alive)))
-
-            trainer.get_many([expert_key(prefix)], EXPERT_QUORUM, done)
-        net.after(rng.uniform(1.0, 3.0), grid_lookup, trainer)
+            trainer.get_many([key], EXPERT_QUORUM, done)
+        net.after(rng.uniform(*gap), periodic_lookup, trainer, kind, key_of, gap)
 
     def beam(trainer: SimNode) -> None:
         scores = [[rng.gauss(0, 1) for _ in range(GRID)] for _ in range(2)]
@@ -242,8 +233,8 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         round_()
 
     for trainer in swarm.trainers:
-        net.after(rng.uniform(0, 1), expert_lookup, trainer)
-        net.after(rng.uniform(0, 2), grid_lookup, trainer)
+        net.after(rng.uniform(0, 1), periodic_lookup, trainer, "expert", str, (0.5, 1.5))
+        net.after(rng.uniform(0, 2), periodic_lookup, trainer, "grid", grid_prefix, (1.0, 3.0))
         net.after(rng.uniform(0, 4), beam, trainer)
 
     # --- probes: crashed volunteers vanish, joiners appear (a trainer polls every second) --------
