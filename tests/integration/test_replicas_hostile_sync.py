@@ -115,3 +115,63 @@ async def test_a_poisoning_liar_moves_no_honest_replica(poison, honest_count):
         # what honest training alone moves them: no more than their own steps add up to
         assert float((flat(backend) - start).norm()) <= ROUNDS * honest_drift * 1.01
         assert backend.updates == ROUNDS
+
+
+class ShiftingStore(BackendStore):
+    """A colluder's store: its parameters shifted by -0.5 more every round (finite, plausible in a
+    first round, and what a fellow colluder offers too), at a version just above its own."""
+
+    def __init__(self, backends):
+        super().__init__(backends)
+        self.shift = 0.0
+
+    async def parameters(self, uid):
+        version, params = await super().parameters(uid)
+        self.shift += 0.5
+        return version + 1, [(name, t - self.shift) for name, t in params]
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(120)
+@pytest.mark.parametrize("honest_count", [1, 2], ids=["two-of-three", "two-of-four"])
+async def test_two_colluding_fresh_identities_move_no_honest_replica(honest_count):
+    """Identities are free: two colluders agree with each other, so a majority statistic or a
+    vote sides with them when they are half the group or more. Nothing of a fresh identity is
+    merged until it has stayed within the drift learned without it, so they move nobody."""
+    network = MemoryNetwork()
+    generator = torch.Generator().manual_seed(5)
+    torch.manual_seed(0)
+    origin = make_backend(UID, "ffn", 8, config=EXPERTS)
+    backends = [make_backend(UID, "ffn", 8, config=EXPERTS) for _ in range(honest_count + 2)]
+    for backend in backends:  # every member caught up from the same state: nothing tells them apart
+        backend.module.load_state_dict(origin.module.state_dict())
+    honest, colluding = backends[:honest_count], backends[honest_count:]
+    async with AsyncExitStack() as stack:
+        members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
+        members += [await sync_service(stack, network, ShiftingStore({UID: b})) for b in colluding]
+        addrs = [host.full_addrs()[0] for host, _ in members]
+        colluders = {str(host.peer_id) for host, _ in members[honest_count:]}
+        honest_drift = 0.0
+        outcomes = []
+
+        async def run(sync, peers):
+            outcomes.append((sync, await sync.average(UID, peers)))
+        for _ in range(ROUNDS):
+            before = [flat(b) for b in honest]
+            for backend in honest:
+                train(backend, generator)
+            honest_drift = max(honest_drift, *(float((flat(b) - p).norm()) for b, p in zip(honest, before)))
+            async with trio.open_nursery() as nursery:
+                for i, (_, sync) in enumerate(members):
+                    nursery.start_soon(run, sync, [a for j, a in enumerate(addrs) if j != i])
+        for _, sync in members[:honest_count]:
+            mine = [outcome for who, outcome in outcomes if who is sync]
+            assert len(mine) == ROUNDS
+            # never merged: left out as outliers (or, in a first round, held on probation)
+            assert all(peer in dict(o.refused) for o in mine[1:] for peer in colluders)
+            assert all(sync.standings.get((UID, peer)) != Standing.PROVEN for peer in colluders)
+    start = flat(origin)
+    for backend in honest:
+        assert torch.isfinite(flat(backend)).all()
+        assert float((flat(backend) - start).norm()) <= ROUNDS * honest_drift * 1.01
+        assert backend.updates == ROUNDS

@@ -62,11 +62,15 @@ def test_the_bound_is_learned_from_honest_drift():
     generator = torch.Generator().manual_seed(2)
     guard = SyncGuard()
     mine = start()
-    for _ in range(6):  # a pair drifting apart by about DRIFT a round, merged each time
+    probation = ReplicasConfig().sync_probation_rounds
+    for round_ in range(probation + 3):  # a pair drifting apart by about DRIFT a round
         mine = mine + step(generator)
         theirs = mine + step(generator)
         verdict = guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(theirs))])
-        assert verdict.accepted == ("b",)
+        # merged in its first round (on the bootstrap bound), then on probation, then with weight
+        on_probation = 1 <= round_ <= probation
+        assert verdict.accepted == (() if on_probation else ("b",))
+        assert verdict.probation == (("b",) if on_probation else ())
         mine = flat(verdict.parameters)
     assert DRIFT < verdict.bound < 10 * DRIFT  # learned: a few honest drifts, not a share of the norm
     mine = mine + step(generator)
@@ -80,11 +84,12 @@ def test_the_bound_is_learned_from_honest_drift():
 def test_the_version_after_a_round_is_never_one_peers_claim():
     own = start()
     near = own + step(torch.Generator().manual_seed(3))
+    no_probation = ReplicasConfig(sync_probation_rounds=0)  # the rule for peers with standing
     pair = SyncGuard().decide("e", vec(own), 40, [Contributed("liar", 10**9, vec(near))])
     assert pair.accepted == ("liar",) and pair.version == 40  # merged, but its claim is not evidence
-    trio = SyncGuard().decide("e", vec(own), 40, [Contributed("liar", 10**9, vec(near)), Contributed("b", 42, vec(near))])
+    trio = SyncGuard(no_probation).decide("e", vec(own), 40, [Contributed("liar", 10**9, vec(near)), Contributed("b", 42, vec(near))])
     assert trio.version == 42  # the lower median of 40, 42, 10^9
-    behind = SyncGuard().decide("e", vec(own), 40, [Contributed("b", 3, vec(near)), Contributed("c", 2, vec(near))])
+    behind = SyncGuard(no_probation).decide("e", vec(own), 40, [Contributed("b", 3, vec(near)), Contributed("c", 2, vec(near))])
     assert behind.version == 40  # never below our own
 
 
@@ -142,8 +147,27 @@ def test_a_steady_pusher_is_left_out_and_an_honest_trio_is_not():
         pusher = mine + step(generator) * 0.2 + 2 * DRIFT * u
         verdict = guard.decide("e", vec(mine), 1, [Contributed("b", 1, vec(honest)), Contributed("p", 1, vec(pusher))])
         reasons.append(verdict.refused.get("p"))
-        assert "b" in verdict.accepted
+        assert "b" in verdict.accepted + verdict.probation
         mine = flat(verdict.parameters)
     assert BIAS in reasons and reasons[-1] == BIAS
     assert guard.bias("e", "b") < ReplicasConfig().sync_bias_ratio
     assert math.isfinite(guard.bias("e", "p"))
+
+
+def test_two_colluders_pushing_within_the_bound_do_not_carry_a_lone_honest_replica_away():
+    """Identities are free: two fresh colluders that agree with each other are the majority of a
+    trio. Kept two honest drifts off our training, a round, for 20 rounds: they are on probation
+    first (no weight), then their pull is clipped to the bound and their steady push is seen
+    (the honest replica trains and does not move steadily itself, so it is the witness)."""
+    generator = torch.Generator().manual_seed(1)
+    u = step(generator, 1.0)
+    guard, free = SyncGuard(), SyncGuard()  # with colluders, and a twin with nobody at all
+    mine = twin = start()
+    for _ in range(20):
+        move = step(generator)
+        mine, twin = mine + move, twin + move
+        lie = mine + 2 * DRIFT * u
+        verdict = guard.decide("e", vec(mine), 1, [Contributed("l1", 1, vec(lie)), Contributed("l2", 1, vec(lie.clone()))])
+        mine = flat(verdict.parameters)
+        twin = flat(free.decide("e", vec(twin), 1, []).parameters)
+    assert abs(float((mine - twin) @ u)) < 3 * DRIFT  # a plain mean: 40 drifts; CenteredClip: 40

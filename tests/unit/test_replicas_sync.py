@@ -124,6 +124,7 @@ def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
 
 def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its_change():
     from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.replicas.config import ReplicasConfig
     from volunteer.replicas.guard import Contributed, SyncGuard
     from volunteer.replicas.state import merge_round, sync_parameters
 
@@ -133,7 +134,8 @@ def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its
     base = dict(sync_parameters(backend))
     theirs = [{name: t + 2.0 for name, t in base.items()}, {name: t + 4.0 for name, t in base.items()}]
     claims = [Contributed("b", 7, theirs[0]), Contributed("c", 8, theirs[1])]
-    guard = SyncGuard()
+    # peers with standing, two steps apart at once: the mechanics alone, not what a round believes
+    guard = SyncGuard(ReplicasConfig(sync_probation_rounds=0, sync_bootstrap_share=1e6))
     seen = []
 
     def first_only(mine, contributions):  # another aggregate: the seam a robust one plugs into

@@ -11,6 +11,9 @@ from .errors import ReplicaConfigError
 MiB = 1024 * 1024
 
 
+MAY_BE_ZERO = frozenset({"sync_probation_rounds"})  # settings where 0 means "none"
+
+
 @dataclass(frozen=True)
 class ReplicasConfig:
     """Bounds and timings of state transfer, replica sync, placement and hand-off."""
@@ -69,6 +72,11 @@ class ReplicasConfig:
     sync_bias_decay: float = 0.9
     sync_bias_ratio: float = 6.0
     sync_bias_rounds: int = 4
+    # identities are free: a peer new to one of our experts' rounds carries no weight (nothing
+    # merged, nothing learned from it) until its contributions were within the drift we learned
+    # without it, and showed no steady push, for this many rounds (more than sync_bias_rounds, so
+    # that the bias test has judged it)
+    sync_probation_rounds: int = 5  # 0: every peer has standing at once (a swarm of known peers)
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does
@@ -89,8 +97,12 @@ class ReplicasConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ReplicaConfigError(f"ReplicasConfig.{f.name} must be a positive number, got {value!r}")
+            least = 0 if f.name in MAY_BE_ZERO else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                value > 0 or (least is not None and value >= least)
+            ):
+                kind = "a number of 0 or more" if least is not None else "a positive number"
+                raise ReplicaConfigError(f"ReplicasConfig.{f.name} must be {kind}, got {value!r}")
 
 
 DEFAULT_CONFIG = ReplicasConfig()

@@ -6,26 +6,36 @@ fact. ``SyncGuard.decide`` screens a finished round's contributions and turns th
 parameters and a version:
 
 - **non-finite** values (NaN, ±inf) are refused outright (``sync_nonfinite``);
+- **standing**: identities are free, so a peer new to an expert's rounds carries no weight: for
+  its first ``sync_probation_rounds`` rounds within the bound it is on probation (``probation``
+  in the verdict): nothing of it is merged and its distances teach nothing. Only we and
+  established peers make the bound and the aggregate, so fresh identities, however many agree
+  with each other, neither pull us nor widen what we accept. No majority statistic sets the
+  bound either: two colluders are a majority of three;
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
-  replicas drift apart in a round, learned per expert: ``drift_slack`` times the largest of our
-  own change since our last round (training and the last merge), the median of the distances we
-  accepted in past rounds and, with three or more inputs, our distance from the inputs'
-  coordinate-wise median (a majority statistic a single liar cannot move far). Only when none of
-  these exists yet (a pair's first round) is the bound a share of our own parameters' norm
-  (``sync_bootstrap_share``: wide enough for two independent initialisations).
-  A contribution past it is left out of the round (``sync_outlier``); accepted distances teach
-  the bound, refused ones never do;
+  replicas drift apart in a round, learned per expert: ``drift_slack`` times the larger of our
+  own change since our last round (training and the last merge) and the median of the distances
+  we merged in past rounds. A peer not merged last round (on probation, or clipped) is held to
+  twice that plus ``drift_slack`` times how far we moved since (unmerged, two honest replicas
+  drift apart by what each moves). Only when nothing is learned yet (a first round) is the bound
+  a share of our own parameters' norm (``sync_bootstrap_share``: wide enough for two
+  independent initialisations), and only a pair's first round merges on it: two volunteers that
+  built the same expert at once must become one, while in a larger first round nothing tells a
+  fresh liar from a fresh replica. A contribution past it is left out of the round
+  (``sync_outlier``); refused distances never teach the bound. An established peer farther than
+  the bound pulls us only to the bound: standing never buys more than a round's honest drift;
 - **bias**: between two honest replicas the difference of their parameters wanders like a random
   walk from round to round; a liar that pushes one fixed direction adds up linearly. Per peer, an
   exponentially forgotten sum of its differences from our parameters is compared with the
   forgotten sum of their squared norms: for independent differences ``|sum|^2 / sum |d|^2``
   stays near 1, for a fixed push it grows towards ``(1 + decay) / (1 - decay)``. A peer past
   ``sync_bias_ratio`` (after ``sync_bias_rounds`` rounds) is left out of the round
-  (``sync_bias``) when at least one other accepted peer is not: that witness shows it is the
-  peer, not us, that moves steadily. Only with three or more inputs (in a pair the other opinion
-  is all there is), and its differences are still followed, so a peer that stops pushing is
-  taken back. A replica that alone receives all of an expert's training also moves steadily and
-  is left out the same way by the idle ones: geometry alone cannot tell it from a liar;
+  (``sync_bias``) when there is a witness: another peer that is not, or we ourselves, when we
+  train between rounds and our own steps wander (then a steady difference is their push, not our
+  training). Only with three or more inputs, and its differences are still followed, so a peer
+  that stops pushing is taken back. A replica that alone receives all of an expert's training
+  also moves steadily and is left out the same way by the others: geometry alone cannot tell it
+  from a liar;
 - **aggregate**: what is left goes to an ``Aggregate`` (``aggregate.robust`` by default:
   CenteredClip from the coordinate-wise median with three or more inputs, the mean of a pair);
 - **version**: the lower median of the accepted inputs' versions (ours counts), never below our
@@ -40,7 +50,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .aggregate import Aggregate, coordinate_median, flatten, robust
+from .aggregate import Aggregate, flatten, robust, unflatten
 from .config import DEFAULT_CONFIG, ReplicasConfig
 
 Parameters = Mapping[str, torch.Tensor]
@@ -62,13 +72,15 @@ class Contributed:
 @dataclass
 class Verdict:
     """What a round decided: the new parameters, the version after it, whose contributions were
-    used and who was refused (peer → reason), with the distance bound the round applied."""
+    used, who was within the bound but is still on probation (nothing of it used) and who was
+    refused (peer → reason), with the distance bound the round applied to established peers."""
 
     parameters: dict[str, torch.Tensor]
     version: int
     accepted: tuple[str, ...]
     refused: dict[str, str]
     bound: float
+    probation: tuple[str, ...] = ()
 
 
 def _median(values: Sequence[float]) -> float:
@@ -81,12 +93,16 @@ class _PeerRecord:
     deviation: torch.Tensor | None = None  # forgotten sum of its differences from our parameters
     energy: float = 0.0  # forgotten sum of their squared norms
     rounds: int = 0
+    credit: int = 0  # rounds its contribution was within a learned bound: its standing
+    apart: float = 0.0  # how far we moved (L2, summed) in the rounds since it was last merged
 
 
 @dataclass
 class _ExpertRecord:
     distances: deque = field(default_factory=deque)
     previous: torch.Tensor | None = None  # our parameters when our last round opened
+    result: torch.Tensor | None = None  # the parameters our last round decided
+    own: _PeerRecord = field(default_factory=lambda: _PeerRecord())  # our own steps since each round
     peers: dict[str, _PeerRecord] = field(default_factory=dict)
 
 
@@ -103,20 +119,34 @@ class SyncGuard:
         """Drop what was learned of ``uid`` (no longer hosted)."""
         self._experts.pop(uid, None)
 
-    def bound(self, uid: str, own: torch.Tensor, centre_spread: float | None = None) -> float:
-        """How far a contribution may be from ``own`` (flattened) in this round of ``uid``."""
-        record = self._experts.get(uid)
-        evidence = []
-        if record is not None:
-            if record.previous is not None and record.previous.shape == own.shape:
-                evidence.append(float((own - record.previous).norm()))
-            evidence.append(_median(list(record.distances)))
-        if centre_spread is not None:
-            evidence.append(centre_spread)
-        drift = max(evidence, default=0.0)
+    def bound(self, uid: str, own: torch.Tensor) -> float:
+        """How far an established peer's contribution may be from ``own`` (flattened) in this
+        round of ``uid``."""
+        drift = self._drift(self._experts.get(uid), own)
         if drift > 0:
             return self.config.sync_drift_slack * drift
         return self.config.sync_bootstrap_share * float(own.norm())
+
+    @staticmethod
+    def _own_change(record: _ExpertRecord | None, own: torch.Tensor) -> float:
+        """How far we moved since our last round opened (0: no round yet)."""
+        if record is None or record.previous is None or record.previous.shape != own.shape:
+            return 0.0
+        return float((own - record.previous).norm())
+
+    def _drift(self, record: _ExpertRecord | None, own: torch.Tensor) -> float:
+        """The honest drift this round's evidence shows (0: none yet)."""
+        evidence = [self._own_change(record, own)]
+        if record is not None:
+            evidence.append(_median(list(record.distances)))
+        return max(evidence, default=0.0)
+
+    def established(self, uid: str, peer: str) -> bool:
+        """Whether ``peer``'s contributions to ``uid`` carry weight: it has been within a learned
+        bound for ``sync_probation_rounds`` rounds."""
+        record = self._experts.get(uid)
+        stats = None if record is None else record.peers.get(peer)
+        return (0 if stats is None else stats.credit) >= self.config.sync_probation_rounds
 
     def bias(self, uid: str, peer: str) -> float:
         """``|sum of differences|^2 / sum of |difference|^2`` of ``peer``'s contributions to
@@ -149,34 +179,66 @@ class SyncGuard:
                 refused[contribution.peer] = NONFINITE
             else:
                 candidates.append((contribution, flat))
-        spread = None
-        if len(candidates) + 1 >= 3:  # how far we are from the majority: a liar cannot move it much
-            spread = float((mine - coordinate_median(torch.stack([mine] + [flat for _, flat in candidates]))).norm())
-        bound = self.bound(uid, mine, spread)
-        accepted: list[tuple[Contributed, torch.Tensor, float]] = []
+        drift = self._drift(record, mine)
+        bound = self.bound(uid, mine)
+        first_pair = drift <= 0 and len(candidates) == 1  # two independent initialisations merge
+        within: list[tuple[Contributed, torch.Tensor, float]] = []
         for contribution, flat in candidates:
             distance = float((flat - mine).norm())
-            if not distance <= bound:
-                refused[contribution.peer] = OUTLIER
+            stats = record.peers.get(contribution.peer)
+            allowed = bound
+            if not self.established(uid, contribution.peer) or (stats is not None and stats.apart > 0):
+                # not merged last round: two honest replicas drift apart by what each moved since
+                allowed = 2 * bound + self.config.sync_drift_slack * (stats.apart if stats is not None else 0.0)
+            if distance <= allowed:
+                within.append((contribution, flat, distance))
             else:
-                accepted.append((contribution, flat, distance))
-        if len(accepted) + 1 >= 3:
-            biased = [c.peer for c, _, _ in accepted if self.bias(uid, c.peer) > self.config.sync_bias_ratio]
-            if len(biased) < len(accepted):  # a witness: some peer does not move steadily from us
+                refused[contribution.peer] = OUTLIER
+        self._follow(record.own, None if record.result is None or record.result.shape != mine.shape else mine - record.result)
+        if len(candidates) + 1 >= 3:  # peers on probation too: a steady pusher never earns standing
+            biased = [c.peer for c, _, _ in within if self.bias(uid, c.peer) > self.config.sync_bias_ratio]
+            # a witness: some peer does not move steadily from us, or we train and do not move
+            # steadily ourselves, so a steady difference is the peers' push, not our training
+            if len(biased) < len(within) or self._trains_unsteadily(record):
                 for peer in biased:
                     refused[peer] = BIAS
-                accepted = [a for a in accepted if a[0].peer not in refused]
-        parameters = aggregate(own, [c.tensors for c, _, _ in accepted])
+                    record.peers[peer].credit = 0  # standing is earned again from the start
+                within = [w for w in within if w[0].peer not in refused]
+        accepted: list[tuple[Contributed, torch.Tensor, float]] = []
+        probation: list[str] = []
+        moved = self._own_change(record, mine)
+        for contribution, flat, distance in within:
+            standing = self.established(uid, contribution.peer)
+            stats = record.peers.setdefault(contribution.peer, _PeerRecord())
+            if drift > 0:  # within a learned bound: standing grows
+                stats.credit += 1
+            if standing or first_pair:
+                accepted.append((contribution, flat, distance))
+            else:
+                probation.append(contribution.peer)
+        # a peer back from probation or a refusal may be farther than the bound: its pull on us is
+        # clipped to the bound, so standing never buys more than one round's honest drift
+        parameters = aggregate(own, [
+            c.tensors if distance <= bound else unflatten(mine + (flat - mine) * (bound / distance), own, names)
+            for c, flat, distance in accepted
+        ])
+        for contribution, _, distance in accepted:  # a clipped pull leaves the rest still apart
+            record.peers[contribution.peer].apart = max(0.0, distance - bound) / self.config.sync_drift_slack
+        for peer in probation:  # how far apart it and we may have drifted, unmerged (a refused
+            record.peers[peer].apart += moved  # peer earns no room: it would catch up with a drifting liar)
         # differences are followed only where the bias test applies (three or more inputs): in a
         # pair they would cost a copy of the parameters for nothing
         followed = [(c.peer, flat) for c, flat in candidates if c.peer not in refused or refused[c.peer] == BIAS]
         if len(candidates) + 1 < 3:
             followed = []
-        self._learn(record, mine, [d for _, _, d in accepted], followed, contributions)
+        # a bootstrap distance is no drift, and a clipped pull teaches no more than the bound
+        learned = [] if first_pair else [min(d, bound) for _, _, d in accepted]
+        self._learn(record, mine, learned, followed, contributions)
+        record.result = flatten(parameters, names)
         versions = sorted([own_version] + [c.version for c, _, _ in accepted])
         version = max(own_version, versions[(len(versions) - 1) // 2])
         return Verdict(
-            dict(parameters), version, tuple(c.peer for c, _, _ in accepted), refused, bound
+            dict(parameters), version, tuple(c.peer for c, _, _ in accepted), refused, bound, tuple(probation)
         )
 
     def _learn(
@@ -191,19 +253,34 @@ class SyncGuard:
         record.distances.extend(distances)
         while len(record.distances) > self.config.sync_drift_history:
             record.distances.popleft()
-        decay = self.config.sync_bias_decay
         for peer, flat in followed:
-            stats = record.peers.setdefault(peer, _PeerRecord())
-            deviation = flat - mine
-            if stats.deviation is None or stats.deviation.shape != deviation.shape:
-                stats.deviation, stats.energy, stats.rounds = torch.zeros_like(deviation), 0.0, 0
-            stats.deviation = stats.deviation * decay + deviation
-            stats.energy = stats.energy * decay * decay + float(deviation.norm()) ** 2
-            stats.rounds += 1
+            self._follow(record.peers.setdefault(peer, _PeerRecord()), flat - mine)
         present = {c.peer for c in contributions}
         for peer in list(record.peers):
             if peer not in present and len(record.peers) > self.config.max_group:
                 del record.peers[peer]
+
+
+    def _follow(self, stats: _PeerRecord, deviation: torch.Tensor | None) -> None:
+        """Add one round's ``deviation`` to ``stats``' forgotten sums (the bias test's input)."""
+        if deviation is None:
+            return
+        decay = self.config.sync_bias_decay
+        if stats.deviation is None or stats.deviation.shape != deviation.shape:
+            stats.deviation, stats.energy, stats.rounds = torch.zeros_like(deviation), 0.0, 0
+        stats.deviation = stats.deviation * decay + deviation
+        stats.energy = stats.energy * decay * decay + float(deviation.norm()) ** 2
+        stats.rounds += 1
+
+    def _trains_unsteadily(self, record: _ExpertRecord) -> bool:
+        """Whether our own steps between rounds (training, not merges) are real and wander:
+        then a peer whose difference from us adds up steadily is pushing, whoever else agrees
+        with it. An idle replica (no steps of its own) witnesses nothing: steady training on
+        the others is what it should follow."""
+        own = record.own
+        if own.deviation is None or own.rounds < self.config.sync_bias_rounds or own.energy <= 0:
+            return False
+        return float(own.deviation.norm()) ** 2 / own.energy <= self.config.sync_bias_ratio
 
 
 def finite(params: Parameters) -> bool:
