@@ -177,26 +177,34 @@ def same_parameters(a, b) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.trio_timeout(90)
-async def test_a_plausible_lie_is_outvoted_by_two_honest_states_and_never_loaded():
+@pytest.mark.parametrize("ahead", [1, 0], ids=["a-version-ahead", "at-equal-versions"])
+async def test_two_colluding_sybils_never_get_a_joiner_to_load_their_state(ahead):
+    """Identities are free: two sybils serving one plausible lie agree with each other, as two
+    honest replicas would. While the honest replica answers, the joiner loads neither side."""
     async with open_volunteer(spec(), options()) as seed:
         entry = seed.host.full_addrs()[0]
         async with AsyncExitStack() as stack:
             honest = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
             await train(honest, "rep.0", 3)
             await until(lambda: _redeclared(seed.dht, honest, "rep.0", 3), "honest declared")
-            # a second honest replica and the liar both catch up from it, then the liar turns
-            second = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
-            liar = await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"])))
-            await negated(liar, "rep.0")
-            for node in (second, liar):
-                await until(lambda node=node: _redeclared(seed.dht, node, "rep.0", 3), "replica declared")
+            sybils = []
+            for _ in range(2):  # each catches up from the honest host while it is the only one
+                sybils.append(await stack.enter_async_context(open_volunteer(spec(entry), options(uids=["rep.0"]))))
+            for sybil in sybils:  # then both serve its negation
+                assert same_parameters(sybil.runtime.backends["rep.0"], honest.runtime.backends["rep.0"])
+                await negated(sybil, "rep.0")
+                sybil.runtime.backends["rep.0"].updates = 3 + ahead
+            for sybil in sybils:
+                await until(lambda sybil=sybil: _redeclared(seed.dht, sybil, "rep.0", 3 + ahead), "sybil declared")
             async with open_volunteer(spec(entry), options(uids=["rep.0"])) as joiner:
                 joined = joiner.runtime.backends["rep.0"]
-                assert same_parameters(joined, honest.runtime.backends["rep.0"])
-                assert not same_parameters(joined, liar.runtime.backends["rep.0"])
-                standings = joiner.replicas.snapshot()["standings"]["rep.0"]
-                assert standings.get(str(liar.host.peer_id)) in ("suspect", None)  # None: two honest raced first
-                assert list(standings.values()).count("proven") == 2  # the state and its corroboration
+                assert joiner.replicas.caught_up == {} and joined.updates == 0
+                for sybil in sybils:
+                    assert not same_parameters(joined, sybil.runtime.backends["rep.0"])
+                snapshot = joiner.replicas.snapshot()
+                assert snapshot["refusals"].get("uncorroborated_state") == 3, snapshot
+                standings = snapshot["standings"]["rep.0"]
+                assert all(standings[str(s.host.peer_id)] == "suspect" for s in sybils)
 
 
 @pytest.mark.slow

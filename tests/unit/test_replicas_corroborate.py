@@ -8,7 +8,8 @@ import torch
 from volunteer.experts import ExpertsConfig, make_backend
 from volunteer.experts.comparison import distance
 from volunteer.replicas.config import ReplicasConfig
-from volunteer.replicas.corroborate import PROBE_BATCH, agreeing_pair, evidence_of, probe_inputs
+from volunteer.replicas.catchup import Fetched, believed_side
+from volunteer.replicas.corroborate import PROBE_BATCH, agree, evidence_of, probe_inputs
 from volunteer.replicas.state import export_state
 
 CPU = ExpertsConfig(device="cpu")
@@ -61,10 +62,33 @@ def test_replicas_a_few_steps_apart_agree_and_a_negated_or_fresh_state_does_not(
     fresh = make_backend("rep.0", "ffn", 8, config=CPU)
     probes = probe_inputs(honest, seed=11)
     liar, a, b, other = (evidence(honest, s, probes) for s in (negated, honest, drifted, fresh))
-    assert agreeing_pair([liar, a, b], CONFIG) == (1, 2)  # the two honest ones, whatever came first
-    assert agreeing_pair([liar, a], CONFIG) is None
+    assert agree(a, b, CONFIG) and not agree(liar, a, CONFIG) and not agree(liar, b, CONFIG)
     # a fresh initialisation answers much like a barely trained residual block: its parameters
     # tell it apart (independent initialisations are about 1.4 apart)
     assert distance([other.parameters], [a.parameters]) > 1.0
-    assert agreeing_pair([other, a], CONFIG) is None
-    assert agreeing_pair([a], CONFIG) is None and agreeing_pair([], CONFIG) is None
+    assert not agree(other, a, CONFIG)
+
+
+def test_a_state_is_believed_when_nothing_contradicts_it_or_standing_settles_it_never_by_count():
+    honest = trained(1)
+    drifted = trained(1)
+    for _ in range(3):
+        drifted.backward([torch.randn(4, 8)], [torch.randn(4, 8)])
+    negated = trained(1)
+    with torch.no_grad():
+        for p in negated.module.parameters():
+            p.neg_()
+    probes = probe_inputs(honest, seed=11)
+
+    def fetched(source, served):
+        return Fetched(source, export_state(served).header, bytearray(), evidence(honest, served, probes))
+
+    h, d, s1, s2 = fetched("h", honest), fetched("d", drifted), fetched("s1", negated), fetched("s2", negated)
+    assert believed_side([h, d], set(), CONFIG) == [h, d]  # all agree
+    # two sybils serving one lie agree with each other: two of three is no reason to believe them
+    assert believed_side([s1, s2, h], set(), CONFIG) is None
+    assert believed_side([h, d, s1], set(), CONFIG) is None  # nor the two honest ones, by count
+    # standing settles it: the side of the sources we proved before, however few
+    assert believed_side([s1, s2, h], {"h"}, CONFIG) == [h]
+    assert believed_side([h, d, s1], {"d"}, CONFIG) == [h, d]
+    assert believed_side([s1, h], {"s1", "h"}, CONFIG) is None  # proven sources that disagree

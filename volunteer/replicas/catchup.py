@@ -5,10 +5,20 @@ second phase, tried only if no source of the first delivered a state: a suspect 
 neither win against a believable source nor veto it). ``catch_up_parallel`` are fetched at a time,
 each paced (a stalled or silent source is dropped within seconds, ``transfer.fetch_state``), and a
 source that refuses or fails costs only itself. Every fetched state must be plausible (finite, at
-a trained scale: ``state.check_plausible``); with two or more sources in a phase it must also be
-corroborated: two fetched states that agree on random probe inputs (``corroborate.py``), of which
-the fresher wins. A sole source, or the only one of several that delivered anything, is taken as
-it is: there is nothing to compare it with.
+a trained scale: ``state.check_plausible``). With two or more sources in a phase, every one of
+them is fetched (up to ``MAX_COMPARED`` plausible states) and compared (``corroborate.py``):
+
+- identities are free, so agreement is not a vote. Two sybils serving the same lie agree with
+  each other as well as two honest replicas do; what they cannot do is agree with the honest
+  state. A state is loaded only when **no delivered state contradicts it**: all that arrived
+  agree (the freshest of them is loaded, corroborated by another), or the sole state delivered;
+- a contradiction is a standoff unless standing settles it: when the states we already proved
+  (sources we caught up from or merged with before: ``proven``) all fall on one side, that side
+  is loaded. Fresh identities prove nothing, so a standoff between strangers loads nothing, and
+  the joiner hosts something else or tries again at its next re-check.
+
+So a group of colluding fresh identities can keep a joiner from loading an expert they dispute,
+never make it load their state while an honest replica answers.
 
 What the race saw comes back as a ``CatchUpResult`` (who served what, who was refused and why);
 the manager imports the winner and records standings and refusals.
@@ -18,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 import trio
 
@@ -27,7 +37,7 @@ from ..experts.backend import ExpertBackend
 from ..net.identity import PeerID
 from ..net.service import HostAPI
 from .config import ReplicasConfig
-from .corroborate import Evidence, agreeing_pair, evidence_of, probe_inputs
+from .corroborate import Evidence, agree, evidence_of, probe_inputs
 from .errors import ImplausibleStateError
 from .messages import StateHeader
 from .state import check_plausible
@@ -62,32 +72,26 @@ class CatchUpResult:
 
 
 async def race_for_state(
-    host: HostAPI, backend: ExpertBackend, phases: Sequence[Sequence[str]], *, swarm_id: str, config: ReplicasConfig
+    host: HostAPI,
+    backend: ExpertBackend,
+    phases: Sequence[Sequence[str]],
+    *,
+    swarm_id: str,
+    config: ReplicasConfig,
+    proven: Collection[str] = (),
 ) -> CatchUpResult:
     """Fetch ``backend``'s state from the sources of ``phases`` (see the module docstring),
-    within ``catch_up_timeout``."""
+    within ``catch_up_timeout``; ``proven``: sources whose standing with us can settle a
+    standoff."""
     result = CatchUpResult()
     probes = probe_inputs(backend) if any(len(phase) >= 2 for phase in phases) else None
     fetched: list[Fetched] = []
     limiter = trio.CapacityLimiter(config.catch_up_parallel)
     request = request_for(backend)
 
-    def decide(done: trio.CancelScope) -> None:
-        if probes is None:
-            result.chosen = fetched[0]
-        else:
-            pair = agreeing_pair([f.evidence for f in fetched if f.evidence is not None], config)
-            if pair is None:
-                if len(fetched) >= MAX_COMPARED:
-                    done.cancel()
-                return
-            chosen, other = sorted((fetched[i] for i in pair), key=lambda f: f.header.version, reverse=True)
-            result.chosen, result.corroborated_by = chosen, other.source
-        done.cancel()
-
     async def attempt(source: str, done: trio.CancelScope) -> None:
         async with limiter:
-            if result.chosen is not None:
+            if len(fetched) >= MAX_COMPARED:
                 return
             try:
                 header, payload = await fetch_state(
@@ -105,9 +109,9 @@ async def race_for_state(
             except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 log.info("catching up %s from %s failed: %s", backend.uid, source[-10:], describe(exc))
                 return
-            if result.chosen is None:
-                fetched.append(Fetched(source, header, payload, evidence))
-                decide(done)
+            fetched.append(Fetched(source, header, payload, evidence))
+            if len(fetched) >= MAX_COMPARED:
+                done.cancel()
 
     with trio.move_on_after(config.catch_up_timeout):
         for phase in phases:  # a later phase only if no source of the earlier delivered a state
@@ -116,12 +120,40 @@ async def race_for_state(
                     nursery.start_soon(attempt, source, nursery.cancel_scope)
             if fetched:
                 break
-    if result.chosen is None and len(fetched) == 1:
+    if len(fetched) == 1:
         result.chosen = fetched[0]  # the only state any source delivered: nothing to compare it with
         log.info("catching up %s: only %s delivered a state; taken uncompared", backend.uid, fetched[0].source[-10:])
-    elif result.chosen is None:
-        result.uncorroborated = [f.source for f in fetched]
+    elif fetched:
+        side = believed_side(fetched, set(proven), config)
+        if side is None:
+            result.uncorroborated = [f.source for f in fetched]
+        else:
+            ordered = sorted(side, key=lambda f: f.header.version, reverse=True)
+            result.chosen = ordered[0]
+            result.corroborated_by = ordered[1].source if len(ordered) > 1 else None
+            result.uncorroborated = [f.source for f in fetched if f not in side]
     return result
 
 
-__all__ = ["CatchUpResult", "Fetched", "MAX_COMPARED", "race_for_state"]
+def believed_side(fetched: Sequence[Fetched], proven: set[str], config: ReplicasConfig) -> list[Fetched] | None:
+    """The states of ``fetched`` (two or more, each with evidence) a joiner may believe: all of
+    them when every pair agrees; else the side that every proven source's state agrees with,
+    when there is exactly one such side and the states on it agree with each other; else None
+    (a standoff: no count of identities decides it)."""
+    evidence = [f.evidence for f in fetched]
+    if any(e is None for e in evidence):
+        return None
+    agrees = [[agree(a, b, config) for b in evidence] for a in evidence]  # type: ignore[arg-type]
+    everyone = range(len(fetched))
+    if all(agrees[i][j] for i in everyone for j in everyone):
+        return list(fetched)
+    known = [i for i in everyone if fetched[i].source in proven]
+    if not known:
+        return None
+    side = [i for i in everyone if all(agrees[i][k] for k in known)]
+    if not side or any(not agrees[i][j] for i in side for j in side):
+        return None
+    return [fetched[i] for i in side]
+
+
+__all__ = ["CatchUpResult", "Fetched", "MAX_COMPARED", "believed_side", "race_for_state"]

@@ -1,22 +1,20 @@
-"""Corroborating a state before a joiner loads it: two hosts must agree on it.
+"""Comparing fetched states before a joiner loads one: do two states hold the same expert?
 
 A state served for catch-up is a claim like any other. Its finiteness and norm are checked
 (``state.check_plausible``), but a liar can serve a finite state of the right scale that is not
 the expert's (a fresh initialisation, the honest one negated): only comparison tells. Replicas of
 one expert drift apart between syncs, so their states are never bit-identical and a digest cannot
-match; what they share is lineage and behaviour. A joiner with two or more believable sources
-fetches states until two of them agree (``agree``): their answers to ``probes`` (random inputs,
-drawn afresh each time so a liar cannot prepare for them) within ``corroboration_tolerance`` of
-each other (the relative L2 gap of ``audit.distance``; the largest gap honest replicas show within
-a minute of a sync, the figure trainers' audits use), and their parameters within
-``corroboration_parameter_gap`` (replicas share an initialisation and drift from it by a small
-share; independent initialisations are about 1.4 apart, a negated expert 2). Of an agreeing pair
-the fresher is loaded. States
-that all disagree are a standoff with no majority: nothing is loaded (placement tries again at
-its next re-check, when a third replica may answer). A sole source's state is taken as it is.
+match; what they share is lineage and behaviour. Two states ``agree`` when their answers to
+``probes`` (random inputs, drawn afresh each time so a liar cannot prepare for them) are within
+``corroboration_tolerance`` of each other (the relative L2 gap of ``audit.distance``; the
+largest gap honest replicas show within a minute of a sync, the figure trainers' audits use) and
+their parameters within ``corroboration_parameter_gap`` (replicas share an initialisation and
+drift from it by a small share; independent initialisations are about 1.4 apart, a negated
+expert 2). Agreement is never counted: ``catchup.believed_side`` loads a state only when no
+delivered state contradicts it, or our proven sources settle the dispute.
 
-``agree`` and ``agreeing_pair`` are the policy; ``probe_inputs`` and ``evidence_of`` are the
-tensor work, which the catch-up race runs off the event loop.
+``agree`` is the policy; ``probe_inputs`` and ``evidence_of`` are the tensor work, which the
+catch-up race runs off the event loop.
 """
 
 from __future__ import annotations
@@ -86,13 +84,4 @@ def agree(first: Evidence, second: Evidence, config: ReplicasConfig) -> bool:
             and distance([first.parameters], [second.parameters]) <= config.corroboration_parameter_gap)
 
 
-def agreeing_pair(evidence: Sequence[Evidence], config: ReplicasConfig) -> tuple[int, int] | None:
-    """The first pair (in order of arrival) of ``evidence`` that ``agree``; None if no two do."""
-    for second in range(1, len(evidence)):
-        for first in range(second):
-            if agree(evidence[first], evidence[second], config):
-                return first, second
-    return None
-
-
-__all__ = ["Evidence", "PROBE_BATCH", "agree", "agreeing_pair", "evidence_of", "probe_inputs"]
+__all__ = ["Evidence", "PROBE_BATCH", "agree", "evidence_of", "probe_inputs"]

@@ -216,7 +216,8 @@ class ReplicaManager(BaseService):
 
         Sources are tried freshest first, suspect version claims only if no other delivered a
         state (``catch_up_order``), raced by ``catchup.race_for_state``: the first plausible state
-        that another source's state corroborates wins (a sole source's is taken as it is)."""
+        that no other delivered state contradicts wins (a sole source's is taken as it is), or
+        the side our proven sources are on."""
         order, suspects = catch_up_order(
             hosts, backend.uid, me=self.me, factor=self.config.version_claim_factor,
             margin=self.config.version_claim_margin,
@@ -232,8 +233,10 @@ class ReplicaManager(BaseService):
         if backend.updates > 0 and claims[order[0]] <= backend.updates:
             return True  # our checkpoint is as fresh as any believable replica: the next sync merges them
         believable = [p for p in order if p not in suspects]
+        known = self.standings().get(backend.uid, {})
         race = await race_for_state(self.host, backend, [believable, [p for p in order if p in suspects]],
-                                    swarm_id=self.swarm_id, config=self.config)
+                                    swarm_id=self.swarm_id, config=self.config,
+                                    proven={peer for peer, v in known.items() if v == Standing.PROVEN.value})
         for source in race.implausible:
             self.refusals[IMPLAUSIBLE_STATE] += 1
             self._stand(backend.uid, source, Standing.EXCLUDED)
@@ -241,7 +244,7 @@ class ReplicaManager(BaseService):
             self.refusals[UNCORROBORATED_STATE] += 1
             self._stand(backend.uid, source, Standing.SUSPECT)
         if race.chosen is None:
-            why = ("their states disagree, and no two agree" if race.uncorroborated
+            why = ("their states disagree, and nothing we proved settles it" if race.uncorroborated
                    else "none delivered a believable state")
             log.warning("not hosting %s: of its %d live replicas, %s", backend.uid, len(order), why)
             return False
