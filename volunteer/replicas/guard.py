@@ -23,7 +23,8 @@ parameters and a version:
   built the same expert at once must become one, while in a larger first round nothing tells a
   fresh liar from a fresh replica. A contribution past it is left out of the round
   (``sync_outlier``); refused distances never teach the bound. An established peer farther than
-  the bound pulls us only to the bound: standing never buys more than a round's honest drift;
+  the bound (back from probation, or from a refusal) pulls us by one honest drift toward it (the
+  bound over ``drift_slack``): standing never buys more than a round's honest drift;
 - **bias**: between two honest replicas the difference of their parameters wanders like a random
   walk from round to round; a liar that pushes one fixed direction adds up linearly. Per peer, an
   exponentially forgotten sum of its differences from our parameters is compared with the
@@ -217,9 +218,9 @@ class SyncGuard:
             else:
                 probation.append(contribution.peer)
         # a peer back from probation or a refusal may be farther than the bound: its pull on us is
-        # clipped to the bound, so standing never buys more than one round's honest drift
+        # clipped to one honest drift, so standing never buys more than a round's honest drift
         parameters = aggregate(own, [
-            c.tensors if distance <= bound else unflatten(mine + (flat - mine) * (bound / distance), own, names)
+            c.tensors if distance <= bound else unflatten(mine + (flat - mine) * (bound / self.config.sync_drift_slack / distance), own, names)
             for c, flat, distance in accepted
         ])
         for contribution, _, distance in accepted:  # a clipped pull leaves the rest still apart
