@@ -102,3 +102,33 @@ def test_nan_input_gradients_are_dropped_and_their_host_excluded_while_the_mixtu
         swarm.close()
         honest.stop()
         liar.stop()
+
+
+def test_a_rejected_backward_is_answered_by_another_replica_and_its_step_is_not_lost():
+    honest = Volunteer(["expert.0.0", "expert.0.1"], hidden=8)
+    liar = Volunteer(["expert.0.0", "expert.0.1"], hidden=8, bootstrap=[honest.addr])
+    swarm = Swarm.join(honest.spec(), dht_config=DHT_CONFIG)
+    try:
+        async def corrupt():
+            await liar.runtime.run_sync(lambda: [lie_in_backward_only(b.module) for b in liar.runtime.backends.values()])
+
+        liar.loop.run(corrupt)
+        moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(1, 2), uid_prefix="expert", k_best=2, k_min=1,
+                                     forward_timeout=5, backward_timeout=5, timeout_after_k_min=1.0, refresh_period=60,
+                                     audits=False)
+        assert {uid: len(hosts) for uid, hosts in moe.live_experts(refresh=True).items()} == {
+            "expert.0.0": 2, "expert.0.1": 2}
+        torch.manual_seed(0)
+        task = SumTask(moe, 8, batch=16, lr=1e-2)
+        losses = task.fit(8)
+        assert all(math.isfinite(loss) for loss in losses)
+        stats = moe.stats
+        # every backward the liar lost (its NaN gradients, or sent to it after it was excluded)
+        # was sent again, to the honest replica
+        assert stats["rejected"] >= 1 and stats["backward_retried"] >= stats["rejected"], stats
+        steps = sum(b.updates for b in honest.runtime.backends.values())
+        assert steps == 2 * len(losses)  # both experts stepped on every batch, liar or not
+    finally:
+        swarm.close()
+        honest.stop()
+        liar.stop()

@@ -43,6 +43,7 @@ from torch import nn
 from ..errors import (
     ExpertBackwardRefusedError,
     ExpertError,
+    ExpertExcludedError,
     ExpertPeerUnreachableError,
     ExpertReplyRejected,
     ExpertTimeoutError,
@@ -137,9 +138,12 @@ class _Plan:
 
         async def one(i: int) -> None:
             report = CallReport()
+            rejected = False
             try:
                 out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept, report))[0]
             except ExpertError as exc:
+                # a lie seen in this reply, or in another of its host's since its forward
+                rejected = isinstance(exc, (ExpertReplyRejected, ExpertExcludedError))
                 if isinstance(exc, ExpertBackwardRefusedError) and str(self.calls[i].peer) not in self.moe._refused_by:
                     # a volunteer that does not take our gradients (not admitted, or refused for
                     # them): one line per volunteer, the rest at info like any dropped gradient
@@ -152,6 +156,8 @@ class _Plan:
             finally:
                 self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression,
                                                 report.receipt)
+            if rejected:  # a lie in the gradient costs the step nothing while another replica serves
+                out[i] = await self.moe._backward_elsewhere(self.calls[i], inputs[i], grads[i])
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
@@ -244,7 +250,8 @@ class RemoteMixtureOfExperts(nn.Module):
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
         self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
         self._random = random.Random()
-        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0}
+        self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0,
+                        "backward_retried": 0}
         # the swarm's guard and trust ledger, shared by its mixtures (a mixture built without a
         # swarm, to test its choices, keeps its own)
         self.guard = guard or (swarm.guard if swarm is not None else ReplyGuard(TrustLedger()))
@@ -259,7 +266,8 @@ class RemoteMixtureOfExperts(nn.Module):
     @property
     def stats(self) -> dict:
         """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
-        the checks' ``rejected``, ``audits``, ``disagreements``, ``outvoted``, ``exclusions``, ``stale``, ``unauditable``,
+        the checks' ``rejected`` and ``backward_retried`` (a rejected backward answered by another
+        replica), ``audits``, ``disagreements``, ``outvoted``, ``exclusions``, ``stale``, ``unauditable``,
         ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
         their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
         per call, network vs volunteer time)."""
@@ -406,6 +414,30 @@ class RemoteMixtureOfExperts(nn.Module):
             for decl in self._live.get(uid, [])
             if self._avoid.get((uid, str(decl.peer)), 0) <= now and not self.trust.excluded(str(decl.peer))
         ]
+
+    async def _backward_elsewhere(self, call: _Call, inputs: torch.Tensor, grad: torch.Tensor) -> torch.Tensor | None:
+        """The input gradient of ``call``'s backward, whose reply the guard rejected (or whose host
+        was excluded since its forward), from
+        another replica of its expert (whole inputs: that one kept none); None when no other
+        replica can be called or its reply fails too. The other replica takes the gradient as an
+        ordinary backward: its training step is the one the liar's host was sent."""
+        others = [decl for decl, _ in self._replicas_for_audit(call.uid) if str(decl.peer) != str(call.peer)]
+        other = self._pick_host(call.uid, others)
+        if other is None:
+            return None
+        # a volunteer takes a backward only after our forward on it (admission.py): the retry is
+        # an ordinary forward and backward of the same inputs there
+        retry = self._audit_call(call.uid, other, backward_follows=True)
+        report = CallReport()
+        try:
+            await retry.forward([inputs], report)
+            gradient = (await retry.backward([inputs], [grad], report.kept))[0]
+        except ExpertError as exc:
+            log.info("backward to %s retried on %s failed too: %s", call.uid, str(other.peer)[-8:], describe(exc))
+            self._failed(retry, exc)
+            return None
+        self._counts["backward_retried"] += 1
+        return gradient
 
     def _audit_call(self, uid: str, decl, backward_follows: bool) -> _Call:
         """A call to one replica for an audit, as ordinary as a call of ``_round``."""

@@ -142,6 +142,13 @@ class SyncGuard:
             evidence.append(_median(list(record.distances)))
         return max(evidence, default=0.0)
 
+    def vouch(self, uid: str, peer: str) -> None:
+        """Give ``peer`` standing in ``uid``'s rounds at once: we loaded its state (caught up
+        from it, or it corroborated what we loaded), so our lineage is its."""
+        record = self._experts.setdefault(uid, _ExpertRecord())
+        stats = record.peers.setdefault(peer, _PeerRecord())
+        stats.credit = max(stats.credit, self.config.sync_probation_rounds)
+
     def established(self, uid: str, peer: str) -> bool:
         """Whether ``peer``'s contributions to ``uid`` carry weight: it has been within a learned
         bound for ``sync_probation_rounds`` rounds."""

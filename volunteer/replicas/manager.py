@@ -256,8 +256,10 @@ class ReplicaManager(BaseService):
         # swarm mid-training is called at once)
         self.sync.aligned(backend.uid)
         self._stand(backend.uid, source, Standing.PROVEN)
+        self.sync.guard.vouch(backend.uid, source)  # our lineage is its: no probation in our rounds
         if race.corroborated_by is not None:
             self._stand(backend.uid, race.corroborated_by, Standing.PROVEN)
+            self.sync.guard.vouch(backend.uid, race.corroborated_by)
         log.info("caught up %s from %s at version %d%s", backend.uid, source[-10:], header.version,
                  f" (corroborated by {race.corroborated_by[-10:]})" if race.corroborated_by else "")
         return True

@@ -237,10 +237,11 @@ class ReplicaSync(BaseService):
                 outcome = replace(
                     outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
                 )
-                if verdict.accepted:
-                    # a round that merged nobody (every peer late, gone or refused) left our
-                    # state where it was: declaring it freshly synced would have audits compare
-                    # it with a tolerance its drift may exceed
+                if verdict.accepted or verdict.probation:
+                    # a round that merged nobody and found nobody within the drift (every peer
+                    # late, gone or refused) left our state where it was: declaring it freshly
+                    # synced would have audits compare it with a tolerance its drift may exceed.
+                    # Peers on probation were within it: we are aligned with them
                     self.aligned(uid)
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
