@@ -145,7 +145,8 @@ class Net:
 class SimNode:
     """One peer: a NodeState and the driver around it (joining, upkeep, lookups, heartbeats)."""
 
-    def __init__(self, net: Net, keypair: KeyPair, *, relayed: bool = False, region: str | None = None) -> None:
+    def __init__(self, net: Net, keypair: KeyPair, *, relayed: bool = False, region: str | None = None,
+                 config: DHTConfig | None = None) -> None:
         self.net = net
         self.keypair = keypair
         self.peer = keypair.peer_id
@@ -155,7 +156,7 @@ class SimNode:
         self.relayed = relayed
         self.addrs = (b"/sim/relayed" if relayed else b"/sim/direct",)
         self.source = ("relay", self.region) if relayed else ("ip", self.peer)
-        self.state = NodeState(self.peer, net.config, client_mode=relayed, addrs=self.addrs)
+        self.state = NodeState(self.peer, config or net.config, client_mode=relayed, addrs=self.addrs)
         self.contact = Contact(self.peer, self.addrs)
         self.crashed = False
         self.left = False

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import dataclasses
 import random
 import statistics
 import sys
@@ -37,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._netsim import Net, SimNode  # noqa: E402
 from volunteer.dht.beam import BeamSearch  # noqa: E402
-from volunteer.dht.config import DHTConfig  # noqa: E402
+from volunteer.dht.config import TRAINER_BUCKET_SIZE, DHTConfig  # noqa: E402
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
 from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
@@ -71,7 +72,9 @@ class Swarm:
 
     def new_peer(self, *, trainer: bool = False) -> SimNode:
         relayed = not trainer and self.rng.random() < self.nat_share
-        node = SimNode(self.net, KeyPair.generate(), relayed=relayed)
+        # a trainer's DHT node keeps wide buckets, as Swarm.join's does (DHTConfig.for_trainer)
+        config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE) if trainer else None
+        node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config)
         (self.trainers if trainer else self.volunteers).append(node)
         return node
 

@@ -64,7 +64,7 @@ class Swarm:
         # a swarm whose organiser admits trainers by certificate: ours, presented on every call
         self.credential = _credential(trainer_cert, self.keypair) if trainer_cert is not None else None
         self.listen = list(listen)
-        self.dht_config = dht_config or DHTConfig(swarm_id=spec.id)
+        self.dht_config = dht_config or DHTConfig.for_trainer(spec.id)
         self.faults = faults
         self.loop = BackgroundLoop()
         self.calls = CallStats()  # every expert call made through this swarm (expert_stats)

@@ -223,3 +223,23 @@ def test_closest_walks_buckets_in_distance_order_and_agrees_with_a_full_sort() -
             entries = [e for e in table.entries() if e.contact.peer not in exclude and not (responsive_only and e.failures)]
             want = [e.contact for e in sorted(entries, key=lambda e: (e.failures > 0, e.contact.id ^ target))][:count]
             assert table.closest(target, count, 2.0, exclude=exclude, responsive_only=responsive_only) == want
+
+
+def test_a_trainers_buckets_hold_many_more_than_k_and_a_servers_hold_k() -> None:
+    from volunteer.dht.config import TRAINER_BUCKET_SIZE
+
+    server = RoutingTable(fake_peer(), DHTConfig())
+    trainer = RoutingTable(fake_peer(), DHTConfig.for_trainer("default"))
+    assert trainer.config.bucket_capacity == TRAINER_BUCKET_SIZE > server.config.bucket_capacity == 20
+    for table in (server, trainer):
+        for i, peer in enumerate(peers_in_bucket(table, 255, 100)):  # the far half of the key space
+            table.update(Contact(peer, (b"/addr",)), float(i))
+    assert len(server) == 20 and len(trainer) == 100  # a lookup's first round can reach the holders
+
+
+def test_a_trainers_swarm_asks_for_wide_buckets() -> None:
+    from volunteer.swarm import Swarm
+    from volunteer.swarmfile import SwarmSpec
+
+    spec = SwarmSpec("t", "t")
+    assert Swarm(spec).dht_config.bucket_capacity > DHTConfig().k

@@ -216,7 +216,7 @@ class RoutingTable:
             entry.backoff_until = 0.0
             bucket.entries.append(entry)
             return None
-        if len(bucket.entries) < self.config.k:
+        if len(bucket.entries) < self.config.bucket_capacity:
             bucket.entries.append(Entry(contact, now))
             bucket.replacements.pop(peer, None)
             bucket.last_changed = now
@@ -329,7 +329,7 @@ class RoutingTable:
         self.remove(peer)
         bucket = self._buckets[index]
         bucket.last_changed = now
-        if bucket.replacements and len(bucket.entries) < self.config.k:
+        if bucket.replacements and len(bucket.entries) < self.config.bucket_capacity:
             # the most recently heard replacement is the likeliest to be alive
             new_peer, (contact, seen) = bucket.replacements.popitem(last=True)
             bucket.entries.append(Entry(contact, seen))

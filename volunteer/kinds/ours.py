@@ -160,7 +160,7 @@ class VolunteerKind:
     ) -> TrainerParts:
         from ..experts.client import DHTDirectory
 
-        dht = DHTNode(host, dht_config or DHTConfig(swarm_id=spec.id), client_mode=True, bootstrap=spec.entry_points)
+        dht = DHTNode(host, dht_config or DHTConfig.for_trainer(spec.id), client_mode=True, bootstrap=spec.entry_points)
         await host.add_service(dht)
         if spec.entry_points and len(dht.state.table) == 0:
             raise VolunteerError(f"cannot reach swarm {spec.name!r}: no bootstrap peer or relay answered")
@@ -175,7 +175,7 @@ class VolunteerKind:
         if not spec.entry_points:
             raise JoinError(f"swarm {spec.name!r} lists no bootstrap peers or relays")
         async with open_stack(KeyPair.generate()) as host:
-            async with open_dht(host, DHTConfig(swarm_id=spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
+            async with open_dht(host, DHTConfig.for_trainer(spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
                 if len(dht.state.table) == 0:
                     raise JoinError(f"cannot reach swarm {spec.name!r}: no bootstrap peer answered")
                 found = {}
