@@ -67,6 +67,29 @@ async def sync_service(stack, network, store):
     return host, sync
 
 
+async def sync_rounds(members, honest, generator, version_limit):
+    """ROUNDS rounds of every member's sync with all the others, the honest backends training
+    before each; the largest step an honest replica took alone, and every (sync, outcome)."""
+    addrs = [host.full_addrs()[0] for host, _ in members]
+    honest_drift = 0.0
+    outcomes = []
+
+    async def run(sync, peers):
+        outcomes.append((sync, await sync.average(UID, peers)))
+    for _ in range(ROUNDS):
+        before = [flat(b) for b in honest]
+        for backend in honest:
+            train(backend, generator)
+        honest_drift = max(honest_drift, *(float((flat(b) - p).norm()) for b, p in zip(honest, before)))
+        async with trio.open_nursery() as nursery:
+            for i, (_, sync) in enumerate(members):
+                nursery.start_soon(run, sync, [a for j, a in enumerate(addrs) if j != i])
+        for backend in honest:
+            assert torch.isfinite(flat(backend)).all()
+            assert backend.updates < version_limit
+    return honest_drift, outcomes
+
+
 @pytest.mark.slow
 @pytest.mark.trio_timeout(120)
 @pytest.mark.parametrize("honest_count", [1, 2])
@@ -85,23 +108,7 @@ async def test_a_poisoning_liar_moves_no_honest_replica(poison, honest_count):
     async with AsyncExitStack() as stack:
         members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
         members.append(await sync_service(stack, network, PoisonedStore({UID: liar_backend}, transform)))
-        addrs = [host.full_addrs()[0] for host, _ in members]
-        honest_drift = 0.0
-        outcomes = []
-
-        async def run(sync, peers):
-            outcomes.append((sync, await sync.average(UID, peers)))
-        for _ in range(ROUNDS):
-            before = [flat(b) for b in honest]
-            for backend in honest:
-                train(backend, generator)
-            honest_drift = max(honest_drift, *(float((flat(b) - p).norm()) for b, p in zip(honest, before)))
-            async with trio.open_nursery() as nursery:
-                for i, (_, sync) in enumerate(members):
-                    nursery.start_soon(run, sync, [a for j, a in enumerate(addrs) if j != i])
-            for backend in honest:
-                assert torch.isfinite(flat(backend)).all()
-                assert backend.updates < LIE
+        honest_drift, outcomes = await sync_rounds(members, honest, generator, LIE)
         liar = str(members[-1][0].peer_id)
         for _, sync in members[:-1]:
             # every round, every honest replica refused the liar's contribution (and counted it)
@@ -149,21 +156,8 @@ async def test_two_colluding_fresh_identities_move_no_honest_replica(honest_coun
     async with AsyncExitStack() as stack:
         members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
         members += [await sync_service(stack, network, ShiftingStore({UID: b})) for b in colluding]
-        addrs = [host.full_addrs()[0] for host, _ in members]
         colluders = {str(host.peer_id) for host, _ in members[honest_count:]}
-        honest_drift = 0.0
-        outcomes = []
-
-        async def run(sync, peers):
-            outcomes.append((sync, await sync.average(UID, peers)))
-        for _ in range(ROUNDS):
-            before = [flat(b) for b in honest]
-            for backend in honest:
-                train(backend, generator)
-            honest_drift = max(honest_drift, *(float((flat(b) - p).norm()) for b, p in zip(honest, before)))
-            async with trio.open_nursery() as nursery:
-                for i, (_, sync) in enumerate(members):
-                    nursery.start_soon(run, sync, [a for j, a in enumerate(addrs) if j != i])
+        honest_drift, outcomes = await sync_rounds(members, honest, generator, LIE)
         for _, sync in members[:honest_count]:
             mine = [outcome for who, outcome in outcomes if who is sync]
             assert len(mine) == ROUNDS

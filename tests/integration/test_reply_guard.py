@@ -74,15 +74,22 @@ def test_a_remote_experts_nan_output_never_reaches_autograd_and_its_host_is_excl
         volunteer.stop()
 
 
-def test_nan_input_gradients_are_dropped_and_their_host_excluded_while_the_mixture_trains_on():
-    honest = Volunteer(["expert.0.0", "expert.0.1"], hidden=8)
-    liar = Volunteer(["expert.1.0", "expert.1.1"], hidden=8, bootstrap=[honest.addr])
-    swarm = Swarm.join(honest.spec(), dht_config=DHT_CONFIG)
-    try:
-        async def corrupt():
-            await liar.runtime.run_sync(lambda: [lie_in_backward_only(b.module) for b in liar.runtime.backends.values()])
+def backward_liar(honest_uids: list[str], liar_uids: list[str]):
+    """An honest volunteer, one whose experts return NaN input gradients (forwards honest), and
+    a trainer's swarm."""
+    honest = Volunteer(honest_uids, hidden=8)
+    liar = Volunteer(liar_uids, hidden=8, bootstrap=[honest.addr])
 
-        liar.loop.run(corrupt)
+    async def corrupt():
+        await liar.runtime.run_sync(lambda: [lie_in_backward_only(b.module) for b in liar.runtime.backends.values()])
+
+    liar.loop.run(corrupt)
+    return honest, liar, Swarm.join(honest.spec(), dht_config=DHT_CONFIG)
+
+
+def test_nan_input_gradients_are_dropped_and_their_host_excluded_while_the_mixture_trains_on():
+    honest, liar, swarm = backward_liar(["expert.0.0", "expert.0.1"], ["expert.1.0", "expert.1.1"])
+    try:
         moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(2, 2), uid_prefix="expert", k_best=4, k_min=1,
                                      forward_timeout=5, backward_timeout=5, timeout_after_k_min=1.0, refresh_period=60)
         assert len(moe.live_experts(refresh=True)) == 4
@@ -105,14 +112,8 @@ def test_nan_input_gradients_are_dropped_and_their_host_excluded_while_the_mixtu
 
 
 def test_a_rejected_backward_is_answered_by_another_replica_and_its_step_is_not_lost():
-    honest = Volunteer(["expert.0.0", "expert.0.1"], hidden=8)
-    liar = Volunteer(["expert.0.0", "expert.0.1"], hidden=8, bootstrap=[honest.addr])
-    swarm = Swarm.join(honest.spec(), dht_config=DHT_CONFIG)
+    honest, liar, swarm = backward_liar(["expert.0.0", "expert.0.1"], ["expert.0.0", "expert.0.1"])
     try:
-        async def corrupt():
-            await liar.runtime.run_sync(lambda: [lie_in_backward_only(b.module) for b in liar.runtime.backends.values()])
-
-        liar.loop.run(corrupt)
         moe = RemoteMixtureOfExperts(swarm, in_features=8, grid_size=(1, 2), uid_prefix="expert", k_best=2, k_min=1,
                                      forward_timeout=5, backward_timeout=5, timeout_after_k_min=1.0, refresh_period=60,
                                      audits=False)
