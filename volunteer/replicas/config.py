@@ -97,11 +97,9 @@ class ReplicasConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            least = 0 if f.name in MAY_BE_ZERO else None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                value > 0 or (least is not None and value >= least)
-            ):
-                kind = "a number of 0 or more" if least is not None else "a positive number"
+            zero_ok = f.name in MAY_BE_ZERO
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero_ok else value > 0):
+                kind = "a number of 0 or more" if zero_ok else "a positive number"
                 raise ReplicaConfigError(f"ReplicasConfig.{f.name} must be {kind}, got {value!r}")
 
 

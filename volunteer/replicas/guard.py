@@ -103,7 +103,7 @@ class _ExpertRecord:
     distances: deque = field(default_factory=deque)
     previous: torch.Tensor | None = None  # our parameters when our last round opened
     result: torch.Tensor | None = None  # the parameters our last round decided
-    own: _PeerRecord = field(default_factory=lambda: _PeerRecord())  # our own steps since each round
+    own: _PeerRecord = field(default_factory=_PeerRecord)  # our own steps since each round
     peers: dict[str, _PeerRecord] = field(default_factory=dict)
 
 
@@ -123,7 +123,11 @@ class SyncGuard:
     def bound(self, uid: str, own: torch.Tensor) -> float:
         """How far an established peer's contribution may be from ``own`` (flattened) in this
         round of ``uid``."""
-        drift = self._drift(self._experts.get(uid), own)
+        record = self._experts.get(uid)
+        return self._bound_for(self._drift(record, self._own_change(record, own)), own)
+
+    def _bound_for(self, drift: float, own: torch.Tensor) -> float:
+        """The bound for an honest ``drift`` (a share of our norm before any is learned)."""
         if drift > 0:
             return self.config.sync_drift_slack * drift
         return self.config.sync_bootstrap_share * float(own.norm())
@@ -135,12 +139,11 @@ class SyncGuard:
             return 0.0
         return float((own - record.previous).norm())
 
-    def _drift(self, record: _ExpertRecord | None, own: torch.Tensor) -> float:
-        """The honest drift this round's evidence shows (0: none yet)."""
-        evidence = [self._own_change(record, own)]
-        if record is not None:
-            evidence.append(_median(list(record.distances)))
-        return max(evidence, default=0.0)
+    @staticmethod
+    def _drift(record: _ExpertRecord | None, moved: float) -> float:
+        """The honest drift this round's evidence shows (0: none yet): the larger of how far we
+        ``moved`` since our last round and the median distance we merged."""
+        return max(moved, _median(list(record.distances)) if record is not None else 0.0)
 
     def vouch(self, uid: str, peer: str) -> None:
         """Give ``peer`` standing in ``uid``'s rounds at once: we loaded its state (caught up
@@ -187,8 +190,9 @@ class SyncGuard:
                 refused[contribution.peer] = NONFINITE
             else:
                 candidates.append((contribution, flat))
-        drift = self._drift(record, mine)
-        bound = self.bound(uid, mine)
+        moved = self._own_change(record, mine)
+        drift = self._drift(record, moved)
+        bound = self._bound_for(drift, mine)
         first_pair = drift <= 0 and len(candidates) == 1  # two independent initialisations merge
         within: list[tuple[Contributed, torch.Tensor, float]] = []
         for contribution, flat in candidates:
@@ -214,7 +218,6 @@ class SyncGuard:
                 within = [w for w in within if w[0].peer not in refused]
         accepted: list[tuple[Contributed, torch.Tensor, float]] = []
         probation: list[str] = []
-        moved = self._own_change(record, mine)
         for contribution, flat, distance in within:
             standing = self.established(uid, contribution.peer)
             stats = record.peers.setdefault(contribution.peer, _PeerRecord())
