@@ -131,6 +131,36 @@ async def test_a_connect_without_addresses_still_waits_for_the_peers_dial(monkey
             assert direct is not None and direct.path is not Path.RELAYED
 
 
+@pytest.mark.slow
+async def test_the_round_trip_b_times_its_dial_by_leaves_out_as_wait_for_its_addresses(monkeypatch):
+    """A may hold its CONNECT back while it waits for its observed addresses (an office's QUIC
+    observation that never comes). B timed its dial by half the CONNECT exchange, so half of A's
+    wait went into B's dial timing, and B's SYN left a second after A's (the office's punches took
+    3.1 s, not 2.1). B's muxer ping beside the exchange measures the path, not A's wait."""
+    held = 2.0
+
+    async def waits_for_its_addresses():
+        await trio.sleep(held)
+
+    with trio.fail_after(60):
+        async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
+            listen=["/ip4/127.0.0.1/tcp/0"]
+        ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b:
+            await relay.add_service(HopService())
+            monkeypatch.setattr(a.service(HolePuncher), "_await_observed_addrs", waits_for_its_addresses)
+            reservation = await reserve(b, relay.full_addrs()[0])
+            await a.connect(relay.full_addrs()[0])
+            await a.identify(relay.peer_id)
+            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+            assert relayed.path is Path.RELAYED
+            puncher = b.service(HolePuncher)
+            while not puncher.outcomes:
+                await trio.sleep(0.01)
+            outcome = puncher.outcomes[-1]
+            assert outcome.success and outcome.attempts == 1, outcome
+            assert outcome.rtt is not None and outcome.rtt < held / 2, outcome  # the path's, not A's wait
+
+
 def test_a_taken_four_tuple_is_told_from_other_dial_errors():
     taken = DialError("cannot connect")
     taken.__cause__ = OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")

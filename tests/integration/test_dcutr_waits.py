@@ -23,5 +23,5 @@ async def test_no_observation_wait_for_a_transport_nothing_can_be_observed_on():
             observer = a.service(AddressObserver)
             puncher = a.service(HolePuncher)
             assert observer is not None and puncher is not None
-            assert not observer.awaiting("quic")
+            assert not observer.awaiting("quic", trio.current_time())
             assert not puncher.observation_pending()

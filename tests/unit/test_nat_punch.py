@@ -34,6 +34,19 @@ def test_initiator_dials_half_a_round_trip_after_the_connect_reply():
     assert not plan.attempts_left
 
 
+def test_a_ping_beside_the_connect_times_the_dial_when_the_reply_was_held_back():
+    """A held its CONNECT 2 s (waiting for its addresses); the muxer ping measured 20 ms."""
+    plan = PunchPlan("peer", started_at=100.0)
+    plan.connect_sent(now=100.0)
+    step = plan.connect_received(ADDRS, now=102.0, pinged=0.02)
+    assert plan.outcome.rtt == pytest.approx(0.02)
+    assert step.dial_at == pytest.approx(102.01)
+    plan = PunchPlan("peer", started_at=100.0)
+    plan.connect_sent(now=100.0)
+    plan.connect_received(ADDRS, now=100.02, pinged=0.5)  # a ping slower than the reply changes nothing
+    assert plan.outcome.rtt == pytest.approx(0.02)
+
+
 def test_responder_dials_on_sync_and_swaps_roles_on_the_last_attempt():
     plan = PunchPlan("peer", started_at=0.0, initiator=False, max_attempts=2)
     assert plan.peer_connect(ADDRS) == 1

@@ -85,6 +85,8 @@ DCUTR_DIAL_TIMEOUT = 5.0  # longer than one SYN retransmission (1 s), for the SY
 DCUTR_STREAM_TIMEOUT = 15.0  # one CONNECT/SYNC round on the dcutr stream
 DCUTR_RELAY_GRACE = 2.0  # seconds the relayed connection lives on after the direct one is up
 DCUTR_OBSERVATION_WAIT = 2.0  # seconds to wait for identify to tell us an observed address before CONNECT
+OBSERVATION_DIAL_GRACE = 0.5  # ... of which, at least, for an observation dial (UDP dropped: it never answers)
+OBSERVATION_DIAL_GRACE_FACTOR = 8.0  # ... or this many times the identify that started it took
 DCUTR_MAX_OUTCOMES = 100  # punch outcomes kept for the dashboard
 
 # --- NAT wing: observed addresses (net/nat/observed.py) ---

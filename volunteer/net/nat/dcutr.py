@@ -221,9 +221,9 @@ class HolePuncher(BaseService):
                             plan.connect_sent(trio.current_time())
                             offered = self.our_addrs(known, via)
                             await stream.send_all(messages.encode(CONNECT, offered))
-                            reply = await read(stream, CONNECT)
+                            reply, pinged = await self._reply_and_ping(stream, relayed)
                             known = for_peer(reply.addrs, via)
-                            step = plan.connect_received(known, trio.current_time())
+                            step = plan.connect_received(known, trio.current_time(), pinged=pinged)
                             with self._expecting(peer, step.addrs, step.role):
                                 await stream.send_all(messages.encode(SYNC))
                                 if not step.addrs and not offered:
@@ -254,6 +254,31 @@ class HolePuncher(BaseService):
             await trio.sleep(limits.DCUTR_RELAY_GRACE)
             await relayed.aclose()
         return outcome
+
+    async def _reply_and_ping(self, stream: BufferedStream, relayed: Connection) -> tuple[PunchMessage, float | None]:
+        """A's CONNECT reply, and the round trip of a muxer ping sent on the relayed connection
+        beside it (None when it has not come back by the reply, or the muxer cannot ping)."""
+        pinged: list[float] = []
+
+        async def ping() -> None:
+            try:
+                pinged.append(await relayed.muxer.ping())
+            except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the reply alone then measures the round trip, as the spec has it
+
+        failed: BaseException | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ping)
+            try:
+                reply = await read(stream, CONNECT)
+            except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                failed = exc  # raised below, as itself rather than inside the nursery's group
+            # no wait for a pong still out: sent after our CONNECT, it would measure no less
+            # than the reply did
+            nursery.cancel_scope.cancel()
+        if failed is not None:
+            raise failed
+        return reply, pinged[0] if pinged else None
 
     async def handle(self, stream) -> None:
         """We are A: the peer we reached through a relay asks to punch."""
@@ -325,7 +350,7 @@ class HolePuncher(BaseService):
         missing = self.observer.observed.missing(now, self.host.listen_addrs)
         if not self.our_addrs():
             missing |= {"tcp", "quic"}
-        return any(self.observer.awaiting(transport) for transport in missing)
+        return any(self.observer.awaiting(transport, now) for transport in missing)
 
     @contextmanager
     def _expecting(self, peer: PeerID, addrs: Sequence[Multiaddr], role: Direction) -> Iterator[None]:

@@ -35,7 +35,8 @@ class AddressObserver(BaseService):
         self.observed = ObservedAddrs()
         self._published: tuple[Multiaddr, ...] = ()
         self._probed: dict[tuple[PeerID, str], float] = {}  # (peer, transport) -> when we last dialled it
-        self._probing: dict[str, int] = {}  # transport -> observation dials in flight
+        # transport -> when each observation dial in flight stops being worth a punch's wait
+        self._probing: dict[str, list[float]] = {}
         self._identified: set[int] = set()  # ids of connections identify has told us about
         self._moved = trio.Event()  # set (and replaced) whenever an observation may have come or gone
         self._nursery: trio.Nursery | None = None
@@ -64,13 +65,14 @@ class AddressObserver(BaseService):
         (``awaiting`` may change): take it before looking, then wait on it."""
         return self._moved
 
-    def awaiting(self, transport: str) -> bool:
-        """Whether an observation of our address over ``transport`` can still arrive: an
-        observation dial over it is in flight, or a direct connection has not been identified
-        yet (over ``transport`` its identify says our address; over another, it may start an
-        observation dial for ``transport``). When neither (an office that drops UDP, once its
-        QUIC dial failed), waiting for one is waiting for nothing."""
-        if self._probing.get(transport):
+    def awaiting(self, transport: str, now: float) -> bool:
+        """Whether an observation of our address over ``transport`` can still arrive soon: an
+        observation dial over it is in flight and within its grace (``_grace``), or a direct
+        connection has not been identified yet (over ``transport`` its identify says our
+        address; over another, it may start an observation dial for ``transport``). When neither
+        (an office that drops UDP: its QUIC dial hears nothing until its timeout), waiting for
+        one is waiting for nothing."""
+        if any(now < grace_ends for grace_ends in self._probing.get(transport, ())):
             return True
         live = [conn for conn in self.host.connections() if not conn.is_closed]
         self._identified &= {conn.id for conn in live}  # bounded by the connections we hold
@@ -90,9 +92,10 @@ class AddressObserver(BaseService):
             self.host.events.publish(ObservedAddrChanged(current))
         if not conn.remote_addr.is_relayed():
             for transport in self.observed.missing(now, self.host.listen_addrs):
-                self._maybe_probe(event.peer, info.listen_addrs, conn.remote_addr, transport, now)
+                self._maybe_probe(event.peer, info.listen_addrs, conn.remote_addr, transport, now, _grace(now - conn.opened_at))
 
-    def _maybe_probe(self, peer: PeerID, peer_addrs: list[Multiaddr], remote: Multiaddr, transport: str, now: float) -> None:
+    def _maybe_probe(self, peer: PeerID, peer_addrs: list[Multiaddr], remote: Multiaddr, transport: str,
+                     now: float, grace: float) -> None:
         target = probe_target(peer_addrs, remote, transport)
         last = self._probed.get((peer, transport))
         if target is None or (last is not None and now - last < limits.OBSERVATION_TTL):
@@ -103,10 +106,13 @@ class AddressObserver(BaseService):
         if self._nursery is not None:
             # counted from now, not from when the task first runs: a punch asking ``awaiting``
             # in between must see it coming
-            self._probing[transport] = self._probing.get(transport, 0) + 1
-            self._nursery.start_soon(self._probe, peer, target, transport, name=f"observe {transport} via {peer.short()}")
+            grace_ends = now + grace
+            self._probing.setdefault(transport, []).append(grace_ends)
+            self._nursery.start_soon(self._probe, peer, target, transport, grace_ends,
+                                     name=f"observe {transport} via {peer.short()}")
+            self._nursery.start_soon(self._touch_at, grace_ends)
 
-    async def _probe(self, peer: PeerID, target: Multiaddr, transport: str) -> None:
+    async def _probe(self, peer: PeerID, target: Multiaddr, transport: str, grace_ends: float) -> None:
         """Dial ``peer`` at ``target`` from our listen socket; identify on the new connection
         reports our address there (and the connection keeps that NAT mapping alive)."""
         try:
@@ -114,8 +120,13 @@ class AddressObserver(BaseService):
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             log.debug("observation dial to %s at %s failed: %s", peer.short(), target, describe(exc))
         finally:
-            self._probing[transport] -= 1
+            self._probing[transport].remove(grace_ends)
             self._touch()
+
+    async def _touch_at(self, when: float) -> None:
+        """Wake whoever waits on ``awaiting`` when a dial's grace ends (the dial itself goes on)."""
+        await trio.sleep_until(when)
+        self._touch()
 
     def external_addrs(self, now: float) -> list[Multiaddr]:
         """Observed external addresses of our listen ports: what a hole punch asks the peer to dial."""
@@ -140,3 +151,14 @@ class AddressObserver(BaseService):
 
 
 __all__ = ["AddressObserver"]
+
+
+def _grace(identify_took: float) -> float:
+    """How long a punch waits for an observation dial to answer: a QUIC handshake to a peer that
+    has just identified over TCP takes a round trip or two, and a machine slow at the one is slow
+    at the other, so the grace scales with how long that identify took (from its connection's
+    opening), within a floor and the punch's whole observation wait. An office that drops UDP
+    hears nothing from its dial for as long as the dial lasts: past the grace, a punch goes on
+    with the addresses it has."""
+    return min(limits.DCUTR_OBSERVATION_WAIT,
+               max(limits.OBSERVATION_DIAL_GRACE, limits.OBSERVATION_DIAL_GRACE_FACTOR * max(0.0, identify_took)))

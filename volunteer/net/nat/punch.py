@@ -145,11 +145,16 @@ class PunchPlan:
         self._connect_sent_at = now
         return self.attempt
 
-    def connect_received(self, remote_addrs: Sequence[Multiaddr], now: float) -> PunchStep:
-        """B got A's CONNECT: the round trip is measured; send SYNC and dial at ``dial_at``."""
+    def connect_received(self, remote_addrs: Sequence[Multiaddr], now: float, *, pinged: float | None = None) -> PunchStep:
+        """B got A's CONNECT: the round trip is measured; send SYNC and dial at ``dial_at``.
+        ``pinged``: a round trip measured beside the exchange on the relayed connection (a muxer
+        ping, which A's muxer answers at once): A may hold its CONNECT back while it waits for its
+        observed addresses, and half of that wait in our dial timing would miss its SYN."""
         if self._connect_sent_at is None:
             raise ValueError("CONNECT received before one was sent")
         rtt = max(0.0, now - self._connect_sent_at)
+        if pinged is not None:
+            rtt = min(rtt, max(0.0, pinged))
         self._connect_sent_at = None
         self.outcome.rtt = rtt
         role = self.our_role(self.attempt)
