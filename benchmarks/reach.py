@@ -6,8 +6,8 @@ One rig holds every kind of home (``tests/nat/specs.py`` ``all_homes``: easy, sy
 (CGNAT), rst, upnp (symmetric, with miniupnpd), v6a and v6b (dual-stack behind stateful
 firewalls), office (UDP dropped), forgetful (UDP mappings forgotten after 25 s), lan1 and lan2
 (one LAN behind a router without hairpinning), shifted (endpoint-independent, never keeps a
-port)), a relay on TCP and QUIC and a STUN responder for
-miniupnpd. Each home keeps a
+port), pmp (a router mapping by NAT-PMP onto its 100.64 WAN address, behind a carrier NAT)), a
+relay on TCP and QUIC and a STUN responder for miniupnpd. Each home keeps a
 listener reserved on the relay; for every pair of homes a fresh dialer in the first home connects
 to the second's circuit address, DCUtR runs, and the dialer reports the path it ended on. The
 matrix is printed twice, from the same run: with everything on (TCP and QUIC, port mapping, IPv6,

@@ -57,7 +57,8 @@ def legacy_iptables() -> str:
     return shutil.which("iptables-legacy") or "iptables"
 
 
-def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop", udp: str = "pass") -> str:
+def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: str = "drop", udp: str = "pass",
+                   natpmp: bool = False) -> str:
     """nftables rules of a plain home/carrier router (no port mapping): NAT out of WAN, drop unsolicited from WAN.
 
     Machines on one LAN reach each other (bridged frames may pass the forward hook where
@@ -66,7 +67,9 @@ def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: st
     Drops are silent (no reject, so no RST/ICMP) and counted; the input chain also drops new
     traffic to the router's own WAN address, so the router never answers for itself. With
     ``unsolicited_tcp="reset"`` a new TCP connection to the WAN address (a SYN that matches no
-    mapping) is answered with a RST instead, counted too.
+    mapping) is answered with a RST instead, counted too. ``natpmp``: the router's NAT-PMP
+    server (``natpmp_responder``) fills chain ``natpmp`` with DNATs, which the forward chain lets
+    through.
     """
     flags = " random,fully-random" if nat == "symmetric" else ""
     # shifted: a source port outside the range gets one inside it, and the kernel reuses a
@@ -75,8 +78,19 @@ def router_ruleset(table: str, nat: str, wan: str, lan: str, unsolicited_tcp: st
     reset = f'iifname "{wan}" meta l4proto tcp counter reject with tcp reset\n    ' if unsolicited_tcp == "reset" else ""
     # an office firewall: nothing over UDP leaves (QUIC never connects; DNS would be the LAN's own)
     no_udp = f'iifname "{lan}" meta l4proto udp counter drop\n    ' if udp == "drop" else ""
+    mapped = ""
+    forwarded = ""
+    if natpmp:
+        mapped = """
+  chain natpmp {
+  }
+  chain prerouting {
+    type nat hook prerouting priority dstnat; policy accept;
+    jump natpmp
+  }"""
+        forwarded = "ct status dnat accept\n    "
     return f"""
-table ip {table} {{
+table ip {table} {{{mapped}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     {shift}oifname "{wan}" masquerade{flags}
@@ -85,7 +99,7 @@ table ip {table} {{
     type filter hook forward priority filter; policy accept;
     ct state invalid counter drop
     ct state established,related accept
-    iifname "{lan}" oifname "{lan}" accept
+    {forwarded}    iifname "{lan}" oifname "{lan}" accept
     {no_udp}iifname "{lan}" oifname "{wan}" accept
     counter drop
   }}
@@ -227,6 +241,11 @@ def ipv6_lan(prefix: str, index: int) -> ipaddress.IPv6Address:
     return ipaddress.IPv6Network(prefix)[index]
 
 
+def natpmp_command(lan_ip: str, wan_ip: str, wan_if: str, table: str) -> list[str]:
+    """The rig's NAT-PMP server on a router (``natpmp_responder``): maps onto ``wan_ip``."""
+    return [sys.executable, str(HERE / "natpmp_responder.py"), lan_ip, wan_ip, wan_if, "--table", table]
+
+
 def stun_command(ips: list[str]) -> list[str]:
     """The STUN responder's command line (two addresses, two ports)."""
     return [sys.executable, str(HERE / "stun_responder.py"), ips[0], ips[1],
@@ -270,6 +289,7 @@ __all__ = [
     "ipv6_wan",
     "miniupnpd_command",
     "miniupnpd_conf",
+    "natpmp_command",
     "stun_command",
     "router_ruleset",
     "upnp_ruleset",

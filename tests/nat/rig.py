@@ -70,6 +70,7 @@ from tests.nat.specs import (  # noqa: F401  (re-exported: tests and benchmarks 
     line_homes,
     ipv6_pair,
     lan_pair,
+    natpmp_double_pair,
     rst_pair,
     shifted_pair,
     symmetric_pair,
@@ -385,7 +386,8 @@ class Rig:
                     _cmd(["ip", "netns", "exec", ns, *rule])
             else:
                 rules = (home_routers.upnp_ruleset(TABLE, r.nat, wif, seg.bridge, r.lan, r.unsolicited_tcp) if r.upnp
-                         else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp, r.udp))
+                         else home_routers.router_ruleset(TABLE, r.nat, wif, seg.bridge, r.unsolicited_tcp, r.udp,
+                                                          r.natpmp))
                 _cmd(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules)
             if r.udp_timeout is not None:  # conntrack's timeouts are the namespace's own
                 for key in ("nf_conntrack_udp_timeout", "nf_conntrack_udp_timeout_stream"):
@@ -448,7 +450,14 @@ class Rig:
                     _cmd(["ip", "-n", self.ns(router), "-6", "route", "add", prefix, "via", str(wan6)])
 
     def _start_home_daemons(self) -> None:
-        """The STUN responder, then miniupnpd on each miniupnpd router; returns once they serve."""
+        """The NAT-PMP servers of the routers that have one, the STUN responder, then miniupnpd on
+        each miniupnpd router; returns once they serve."""
+        for r in self.spec.routers:
+            if r.natpmp:
+                wan, gateway = self._addrs[r.name]
+                responder = self.popen(r.name, home_routers.natpmp_command(gateway, wan, f"{self.iftag}-wan", TABLE),
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                home_routers.wait_ready(responder, "ready", read_line)
         upnp = [r for r in self.spec.routers if r.upnp]
         if not upnp:
             return

@@ -48,6 +48,9 @@ class Router:
     ``udp``: "pass", or "drop" (an office firewall: no UDP leaves the LAN, so no QUIC).
     ``udp_timeout``: seconds an idle UDP mapping lives (conntrack's, for this router alone; None:
     the kernel's 30 s / 120 s): a NAT that forgets mappings soon.
+    ``natpmp``: the router answers NAT-PMP itself (``natpmp_responder``) and maps onto its own
+    WAN address whatever its range: behind a carrier NAT, a 100.64 address nobody outside can
+    reach, as many home routers do (miniupnpd refuses such an address).
     """
 
     name: str
@@ -61,6 +64,7 @@ class Router:
     ipv6: str | None = None
     udp: str = "pass"
     udp_timeout: int | None = None
+    natpmp: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +179,24 @@ def shifted_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float 
     return _pair("shifted", delay_ms, jitter_ms, loss_pct, nat_b=nat_b)
 
 
+def natpmp_double_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0) -> Spec:
+    """peer_a behind home router nat_a, which maps ports by NAT-PMP onto its own WAN address
+    100.64.0.2, behind the carrier NAT isp_a (a mapping nobody outside can reach); peer_b behind
+    the EIM nat_b."""
+    link = _link(delay_ms, jitter_ms, loss_pct)
+    return Spec(
+        routers=(
+            Router("isp_a", "100.64.0.0/24", "eim", "203.0.113.111"),
+            Router("nat_a", "192.0.2.0/26", "eim", "100.64.0.2", upstream="isp_a", link=link, natpmp=True),
+            Router("nat_b", "192.0.2.64/26", "eim", "203.0.113.102", link=link),
+        ),
+        hosts=(Host("peer_a", "nat_a", ("192.0.2.2",)), Host("peer_b", "nat_b", ("192.0.2.66",)))
+        + PUBLIC,
+    )
+
+
 SPECS = {"easy": easy_pair, "symmetric": symmetric_pair, "double": double_nat_pair, "rst": rst_pair,
-         "shifted": shifted_pair}
+         "shifted": shifted_pair, "natpmp_double": natpmp_double_pair}
 
 
 def _allowed(addr: str) -> ipaddress.IPv4Address:
@@ -208,6 +228,8 @@ def _check(spec: Spec) -> None:
                 raise ValueError(f"{r.name}: ipv6 must be a /64 of 2001:db8::/32 other than {INTERNET_V6}")
             if r.upstream is not None:
                 raise ValueError(f"{r.name}: an IPv6 home's router sits on the internet")
+        if r.natpmp and r.upnp:
+            raise ValueError(f"{r.name}: one port-mapping server per router (upnp or natpmp)")
         if r.upnp and STUN_HOST not in names:
             raise ValueError(f"{r.name}: a miniupnpd router needs a {STUN_HOST!r} host on the internet")
     for a in [r.wan for r in spec.routers if r.wan] + [a for h in spec.hosts for a in h.addrs]:
@@ -249,7 +271,8 @@ def ipv6_pair(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
 
 # Every kind of home the rig has, one volunteer in each (named after its home): the pair matrix
 # of benchmarks/reach.py. lan1 and lan2 are two machines on one LAN (``ROUTER_OF``).
-HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b", "office", "forgetful", "lan1", "lan2", "shifted")
+HOMES = ("easy", "symmetric", "double", "rst", "upnp", "v6a", "v6b", "office", "forgetful", "lan1", "lan2", "shifted",
+         "pmp")
 ROUTER_OF = {home: f"nat_{home}" for home in HOMES} | {"lan1": "nat_lan", "lan2": "nat_lan"}
 
 
@@ -260,8 +283,10 @@ def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
     firewall: a mobile carrier, say), v6b (IPv4 behind EIM, IPv6 behind a stateful firewall),
     office (EIM, a firewall that drops all UDP), forgetful (EIM that forgets an idle UDP mapping
     after 25 s), lan1 and lan2 (two machines behind one EIM router that does not hairpin: its
-    own public address is refused from inside) and shifted (endpoint-independent, but never
-    keeps a port); the relay, a public host and the STUN responder on the internet."""
+    own public address is refused from inside), shifted (endpoint-independent, but never
+    keeps a port) and pmp (a home router that maps by NAT-PMP onto its 100.64 WAN address,
+    behind a carrier's EIM NAT); the relay, a public host and the STUN responder on the
+    internet."""
     link = _link(delay_ms, jitter_ms, loss_pct)
     routers = (
         Router("nat_easy", "192.0.2.0/26", "eim", "203.0.113.101", link=link),
@@ -276,6 +301,8 @@ def all_homes(delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0
         Router("nat_forgetful", "198.51.100.224/27", "eim", "203.0.113.109", link=link, udp_timeout=25),
         Router("nat_lan", "100.64.2.0/24", "eim", "203.0.113.110", link=link),
         Router("nat_shifted", "100.64.3.0/24", "shifted", "203.0.113.112", link=link),
+        Router("isp_pmp", "100.64.4.0/24", "eim", "203.0.113.113"),
+        Router("nat_pmp", "100.64.5.0/24", "eim", "100.64.4.2", upstream="isp_pmp", link=link, natpmp=True),
     )
     hosts = tuple(Host(home, ROUTER_OF[home]) for home in HOMES)
     return Spec(routers=routers, hosts=hosts + (Host("relay", addrs=("203.0.113.10",)), Host("public", addrs=("203.0.113.20",)), STUN))

@@ -100,6 +100,44 @@ trio.run(main)
 
 
 @pytest.mark.slow
+def test_a_mapping_on_a_carrier_nats_private_address_is_never_advertised_nor_waited_for(make_rig):
+    """A home router behind a carrier NAT grants NAT-PMP mappings on its 100.64 WAN address.
+    Nobody outside can reach it: it is never advertised, never a candidate AutoNAT is asked
+    about, and no hole punch waits for it (each waited the whole observation window before);
+    the home still ends direct with an easy one on the first attempt."""
+    rig = make_rig(rigmod.natpmp_double_pair())
+    relay_addr = start_relay(rig)
+    code = f"""
+import json, trio
+from volunteer.net.stack import StackOptions, open_stack
+from volunteer.net.nat.portmap import PortMapper
+async def main():
+    mapper = PortMapper(protocols=("natpmp",))
+    async with open_stack(listen=["/ip4/0.0.0.0/tcp/4001", "/ip4/0.0.0.0/udp/4001/quic-v1"],
+                          options=StackOptions(port_mapping=False), services=[mapper]) as host:
+        await host.connect({relay_addr!r})
+        with trio.fail_after(20):
+            while len(mapper.plan.leases) < 2:
+                await trio.sleep(0.05)
+        await trio.sleep(1.0)  # an AutoNAT round would have asked about a candidate by now
+        print(json.dumps({{"snapshot": mapper.snapshot(), "candidates": [str(a) for a in mapper.plan.candidates()],
+                          "confirming": mapper.confirming, "advertised": [str(a) for a in mapper.advertised_addrs()]}}),
+              flush=True)
+trio.run(main)
+"""
+    result = rig.run("peer_a", [PY, "-c", code], timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    mappings = {m["addr"] for m in seen["snapshot"]["mappings"]}
+    assert mappings == {"/ip4/100.64.0.2/tcp/4001", "/ip4/100.64.0.2/udp/4001/quic-v1"}, seen  # granted
+    assert seen["candidates"] == [] and not seen["confirming"], seen
+    assert seen["advertised"] == [], seen
+    target, _ = start_listener(rig, "peer_b", relay_addr)
+    report = punch(rig, "peer_a", target, extra=["--port-mapping"])
+    assert_direct_on_first_attempt(report)
+
+
+@pytest.mark.slow
 def test_dual_stack_homes_whose_ipv4_is_symmetric_end_direct_over_ipv6(make_rig):
     rig = make_rig(rigmod.ipv6_pair())
     relay_addr = start_relay(rig)
