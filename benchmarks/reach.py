@@ -20,7 +20,10 @@ reservation or a public verdict, in seconds from the daemon's start (its own fig
 ``volunteer status`` shows it), and from the process's spawn (imports included).
 
 Columns: pair, transport of the final path, direct or relayed, DCUtR attempts (of the attempt
-that succeeded, or all made), seconds from the dial to the direct connection. The last two lines
+that succeeded, or all made), seconds from the dial to the direct connection. With everything on,
+each dialer also pings its target every 0.1 s from the relayed connection until 3 s after the
+path went direct (``--ping-through``: across the switch and the relay's close), and the line
+before the last two says how many pings were sent and lost. The last two lines
 are ``reach: N of M pairs direct (P %), first attempt K of M`` for the full configuration and
 ``reachable: median X.X s, worst Y.Y s from join to a reservation or public verdict, over N
 homes``. Needs root (network namespaces) and miniupnpd (either build: ``tests/nat/homes.py``);
@@ -218,10 +221,13 @@ def start_listeners(rig: Rig, relay_addr: str, mode: Mode, port: int) -> dict[st
     return circuits
 
 
-def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float) -> dict:
-    """A fresh dialer in ``dialer``'s home reaches ``target``; returns its row of the matrix."""
+def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float, ping_through: float = 0.0) -> dict:
+    """A fresh dialer in ``dialer``'s home reaches ``target``; returns its row of the matrix.
+    ``ping_through``: ping the target across the punch until this long after it went direct."""
     argv = [*RUNNER, "echo-client", target, "--size", "100000", "--wait-direct", str(wait),
             *listen_args(mode, bool(rig.addrs6(dialer)), port), *mode_flags(mode)]
+    if ping_through:
+        argv += ["--ping-through", str(ping_through)]
     result = rig.run(dialer, argv, timeout=wait + 90)
     if result.returncode != 0:
         return {"ok": False, "direct": False, "transport": "-", "attempts": 0, "seconds": None,
@@ -238,15 +244,15 @@ def dial(rig: Rig, mode: Mode, dialer: str, target: str, port: int, wait: float)
         attempts = max((o["attempts"] for o in outcomes), default=0)
     return {"ok": report["ok"], "direct": direct, "transport": report["transport"], "attempts": attempts,
             "seconds": report.get("seconds_to_direct") if direct else None, "remote": report["remote_addr"],
-            "birthday": report.get("birthday", {}), "report": report}
+            "birthday": report.get("birthday", {}), "pings": report.get("pings"), "report": report}
 
 
 def run_mode(rig: Rig, relay_addr: str, mode: Mode, pairs: list[tuple[str, str]], listen_port: int,
-             first_port: int, wait: float) -> dict[tuple[str, str], dict]:
+             first_port: int, wait: float, ping_through: float = 0.0) -> dict[tuple[str, str], dict]:
     circuits = start_listeners(rig, relay_addr, mode, listen_port)
     rows = {}
     for index, (dialer, listener) in enumerate(pairs):
-        rows[(dialer, listener)] = dial(rig, mode, dialer, circuits[listener], first_port + index, wait)
+        rows[(dialer, listener)] = dial(rig, mode, dialer, circuits[listener], first_port + index, wait, ping_through)
         row = rows[(dialer, listener)]
         print(f"#   {mode.name}: {dialer}->{listener}: {'direct' if row['direct'] else 'relayed'}"
               f" {row['transport']} attempts={row['attempts']}", flush=True)
@@ -269,6 +275,17 @@ def summary(rows: dict) -> tuple[int, int, int]:
     return direct, len(rows), first
 
 
+def pings_line(rows: dict) -> str:
+    """Pings sent across the punches (relayed, the switch, the relay's close) and those lost."""
+    counted = {pair: r["pings"] for pair, r in rows.items() if r.get("pings")}
+    sent = sum(p["sent"] for p in counted.values())
+    lost = {pair: p["lost"] for pair, p in counted.items() if p["lost"]}
+    slowest = max((p["slowest_ms"] for p in counted.values()), default=0.0)
+    which = ", ".join(f"{a}->{b} {n}" for (a, b), n in lost.items())
+    return (f"pings: {sent} sent across {len(counted)} punches, {sum(lost.values())} lost"
+            f"{' (' + which + ')' if which else ''}, slowest {slowest:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wait", type=float, default=15.0, help="seconds each dialer gives DCUtR to go direct")
@@ -277,6 +294,9 @@ def main() -> None:
     parser.add_argument("--pair", action="append", metavar="DIALER-LISTENER",
                         help=f"only these pairs (repeatable; homes: {', '.join(HOMES)})")
     parser.add_argument("--reachable-only", action="store_true", help="only the daemons' time to reachable")
+    parser.add_argument("--ping-through", type=float, default=3.0, metavar="SECONDS",
+                        help="with everything on, each dialer pings across its punch until this long after it "
+                             "went direct (the relayed connection closes 2 s after); 0: no pings")
     args = parser.parse_args()
     pairs = list(itertools.combinations(HOMES, 2))
     if args.pair:
@@ -291,7 +311,7 @@ def main() -> None:
             print("\n".join(f"{j.home:<10} {j.after_s if j.after_s is not None else '-':>6} s  {j.how}" for j in joined))
             print(reachable_line(joined))
             return
-        full = run_mode(rig, relay_addr, FULL, pairs, LISTEN_PORT, FIRST_DIAL_PORT, args.wait)
+        full = run_mode(rig, relay_addr, FULL, pairs, LISTEN_PORT, FIRST_DIAL_PORT, args.wait, args.ping_through)
         today = run_mode(rig, relay_addr, TODAY, pairs, LISTEN_PORT + 1000, FIRST_DIAL_PORT + 1000, args.wait)
     if args.raw:
         with args.raw.open("w") as out:
@@ -312,6 +332,8 @@ def main() -> None:
         direct, total, first = summary(rows)
         share = 100.0 * direct / total if total else 0.0
         print(f"{mode.name}: {direct} of {total} pairs direct ({share:.0f} %), first attempt {first} of {total}")
+    if args.ping_through:
+        print(pings_line(full))
     direct, total, first = summary(full)
     print(f"reach: {direct} of {total} pairs direct ({100.0 * direct / total if total else 0.0:.0f} %), first attempt {first} of {total}")
     print(reachable_line(joined))

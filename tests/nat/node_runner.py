@@ -6,8 +6,11 @@
                                        <why>`), then `RESERVED <circuit multiaddr>` after each
                                        new reservation; runs until stdin closes
     autonat SERVER                     listen on 0.0.0.0:4001, ask SERVER to dial back; print the verdict
-    echo-client TARGET [--size N] [--listen A] [--wait-direct S] [--also ADDR]
-                                       dial TARGET, echo N random bytes, print one JSON line
+    echo-client TARGET [--size N] [--listen A] [--wait-direct S] [--also ADDR] [--ping-through S]
+                                       dial TARGET, echo N random bytes, print one JSON line; with
+                                       --ping-through, ping TARGET every 0.1 s from the first
+                                       (relayed) connection until S seconds after it went direct
+                                       (the relayed one closes in between): pings sent and lost
 """
 
 from __future__ import annotations
@@ -99,10 +102,16 @@ async def echo_client(args) -> dict:
             first = await (host.connect(Multiaddr(args.target).peer_id) if args.also else host.connect(args.target))
             result["first_path"] = first.describe_path()
             peer = first.remote_peer
-            with trio.move_on_after(args.wait_direct):
-                while host.connection_to(peer).describe_path().startswith("relayed"):
-                    await trio.sleep(0.01)
-            result["seconds_to_direct"] = trio.current_time() - started
+            async with trio.open_nursery() as nursery:
+                pinging = trio.Event()
+                if args.ping_through:
+                    nursery.start_soon(ping_through, host, args.target, pinging, result)
+                with trio.move_on_after(args.wait_direct):
+                    while host.connection_to(peer).describe_path().startswith("relayed"):
+                        await trio.sleep(0.01)
+                result["seconds_to_direct"] = trio.current_time() - started
+                await trio.sleep(args.ping_through)
+                pinging.set()
             result["relay_rtt"] = first.rtt
         stream = await host.new_stream(args.target, [ECHO])
         payload = os.urandom(args.size)
@@ -124,6 +133,37 @@ async def echo_client(args) -> dict:
             result["outcomes"] = [{"success": o.success, "attempts": o.attempts, "transport": o.transport, "result": o.result,
                                    "seconds": o.seconds, "error": o.error} for o in puncher.outcomes]
         return result
+
+
+PING_INTERVAL = 0.1
+PING_LOST_AFTER = 5.0  # an echo unanswered this long is lost (a loaded machine answers far sooner)
+
+
+async def ping_through(host, target: str, done: trio.Event, result: dict) -> None:
+    """Ping ``target`` (a small echo on a new stream: the host's best connection) every
+    PING_INTERVAL until ``done``: across the punch and the relayed connection's close, what a
+    user's ping sees. One that fails or goes unanswered is lost."""
+    sent = lost = 0
+    slowest = 0.0
+    while not done.is_set():
+        sent += 1
+        began = trio.current_time()
+        with trio.move_on_after(PING_LOST_AFTER) as waited:
+            try:
+                stream = await host.new_stream(target, [ECHO])
+                await stream.send_all(b"ping %d" % sent)
+                await stream.send_eof()
+                answered = b""
+                while data := await stream.receive_some(64):
+                    answered += data
+                if answered != b"ping %d" % sent:
+                    lost += 1
+            except Exception:  # noqa: BLE001 - any failure is a lost ping, counted not raised
+                lost += 1
+        lost += waited.cancelled_caught
+        slowest = max(slowest, trio.current_time() - began)
+        await trio.sleep(PING_INTERVAL)
+    result["pings"] = {"sent": sent, "lost": lost, "slowest_ms": round(slowest * 1000, 1)}
 
 
 async def hold_direct(args) -> None:
@@ -234,6 +274,8 @@ def main() -> int:
                                                  help="after READY, print MAPPED (or UNMAPPED) within this long")
     sub.choices["echo-client"].add_argument("--also", action="append", default=[], metavar="MULTIADDR",
                                             help="more addresses of the target (direct ones are dialled first)")
+    sub.choices["echo-client"].add_argument("--ping-through", type=float, default=0.0, metavar="SECONDS",
+                                            help="ping across the punch until this long after it went direct")
     args = parser.parse_args()
     if args.command == "punch-loop":
         print(json.dumps(trio.run(punch_loop, args)), flush=True)

@@ -100,6 +100,21 @@ trio.run(main)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("listen", ["tcp", "quic"])
+def test_no_ping_is_lost_while_a_relayed_connection_becomes_direct(make_rig, listen):
+    """A user pings across the punch: relayed first, then the direct connection, then the relayed
+    one's close two seconds later. Every ping is answered (over TCP alone, and over QUIC alone)."""
+    rig = make_rig(rigmod.easy_pair())
+    relay_addr = start_relay(rig)
+    only = ["--listen", "/ip4/0.0.0.0/udp/4001/quic-v1" if listen == "quic" else "/ip4/0.0.0.0/tcp/4001"]
+    target, _ = start_listener(rig, "peer_b", relay_addr, only)
+    report = punch(rig, "peer_a", target, only, extra=["--ping-through", "3"])
+    assert not report["path"].startswith("relayed"), report
+    pings = report["pings"]
+    assert pings["sent"] >= 10 and pings["lost"] == 0, report
+
+
+@pytest.mark.slow
 def test_a_mapping_on_a_carrier_nats_private_address_is_never_advertised_nor_waited_for(make_rig):
     """A home router behind a carrier NAT grants NAT-PMP mappings on its 100.64 WAN address.
     Nobody outside can reach it: it is never advertised, never a candidate AutoNAT is asked
