@@ -1,6 +1,6 @@
 """Birthday probing's decisions (pure): which side we are, what each side sends, within the
 bounds (at most BIRTHDAY_SOCKETS sockets, BIRTHDAY_PROBES probes, paced), and the arithmetic that
-makes it worth doing (1,024 probes against 256 open ports find one ~98 times in 100)."""
+makes it worth doing (2,048 probes against 256 open ports find one 9,997 times in 10,000)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_no_probe_without_a_role_or_an_ipv4_quic_address():
 
 
 def test_the_bounds_hold_and_sends_are_paced_in_bursts():
-    assert limits.BIRTHDAY_SOCKETS <= 256 and limits.BIRTHDAY_PROBES <= 1024
+    assert limits.BIRTHDAY_SOCKETS <= 256 and limits.BIRTHDAY_PROBES <= 2048
     step = birthday_step(EASY, PEER, random.Random(2))
     assert step is not None
     times = step.send_times()
@@ -86,9 +86,10 @@ def test_probe_ports_are_distinct_in_range_and_never_more_than_the_range_holds(c
     assert all(low <= p <= high for p in ports)
 
 
-def test_a_thousand_probes_find_one_of_256_open_ports_about_98_times_in_100():
+def test_the_probes_find_one_of_256_open_ports_nearly_always():
     """The simulation the bounds rest on: a hard NAT with 256 random ports of its range open, an
-    easy side probing 1,024 distinct random ports of that range."""
+    easy side probing 2,048 distinct random ports of that range (1,024 missed ~2 times in 100:
+    a second attempt, 9 s later)."""
     rng = random.Random(25)
     found = 0
     trials = 400
@@ -97,4 +98,4 @@ def test_a_thousand_probes_find_one_of_256_open_ports_about_98_times_in_100():
         open_ports = set(rng.sample(span, limits.BIRTHDAY_SOCKETS))
         if open_ports.intersection(probe_ports(rng)):
             found += 1
-    assert found / trials >= 0.95
+    assert found / trials >= 0.995
