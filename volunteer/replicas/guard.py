@@ -25,36 +25,36 @@ parameters and a version:
   (``sync_outlier``); refused distances never teach the bound. An established peer farther than
   the bound (back from probation, or from a refusal) pulls us by one honest drift toward it (the
   bound over ``drift_slack``): standing never buys more than a round's honest drift;
-- **bias**: what an honest replica adds between two rounds (its training steps) is independent
-  from round to round; a liar that pushes one way adds the same again and again. Per peer, the
-  guard follows its *innovation*, what its contribution added since we last met: its difference
-  from our parameters when our last round merged it (both started from that round's result),
-  or the change of that difference when it did not (unmerged, the difference is a random walk
-  and only its increments are steps). An exponentially forgotten sum of the innovations is
-  compared with the forgotten sum of their squared norms: for independent ones
+- **bias**: what an honest replica adds between two rounds (its training steps) adds up no more
+  steadily than our own steps; a liar that pushes one way adds the same again and again. Per
+  peer, the guard follows its *innovation*, what its contribution added since we last met: its
+  difference from our parameters when our last round merged it (both started from that round's
+  result), or the change of that difference when it did not (unmerged, the difference is a
+  random walk and only its increments are steps). An exponentially forgotten sum of the
+  innovations is compared with the forgotten sum of their squared norms: for independent ones
   ``|sum|^2 / sum |x|^2`` stays near 1, for a fixed push it grows towards ``(1 + decay) / (1 -
-  decay)``. A peer past ``sync_bias_ratio`` (after ``sync_bias_rounds`` rounds) earns no standing
-  (probation does not end while it pushes) and is left out of the round (``sync_bias``, its
-  probation starting again, longer each time it is caught) when there is a witness: another peer that is not, or we
-  ourselves, when we train between rounds and our own steps wander (then a steady difference is
-  their push, not our training). Only with three or more inputs, and its innovations are still
-  followed, so a peer that stops pushing is taken back. A replica that alone receives all of an
-  expert's training also moves steadily and may be left out the same way by the others: geometry
-  alone cannot tell it from a liar;
+  decay)``. A peer past ``sync_bias_ratio`` and past ``sync_bias_own_margin`` times the same
+  ratio of our own steps (momentum makes every honest replica's steps add up alike), after
+  ``sync_bias_rounds`` rounds, earns no standing (probation does not end while it pushes) and is
+  left out of the round (``sync_bias``, its probation starting again, longer each time it is
+  caught) when there is a witness: another peer that is not, or we ourselves, when we train
+  between rounds. Only with three or more inputs, and its innovations are still followed, so a
+  peer that stops pushing is taken back. A replica that alone receives all of an expert's
+  training also moves steadily and may be left out the same way by the others: geometry alone
+  cannot tell it from a liar;
 - **aggregate**: what is left goes to an ``Aggregate`` (``aggregate.robust`` by default:
   CenteredClip from the coordinate-wise median with three or more inputs, the mean of a pair);
-- **pull**: a push too patient for the bias test still has to move us, so the aggregate's result
-  is held to what honest merges do, whenever we witness (our own steps are the scale, and no peer
-  sets them): a round moves us at most ``sync_pull_cap`` of our typical training step, and the
-  steady part of what merges moved us is budgeted. Honest pulls, like honest innovations, are
-  independent from round to round, so the squared norm of their forgotten sum (at
-  ``sync_pull_decay``) exceeds the forgotten sum of their squared norms by little; a push, at any
-  rate, split over any identities, turning slowly or not, makes the excess grow with the square of
-  how far it carried us. The part of a pull along the sum of past pulls that would take the
-  excess past ``sync_steady_budget`` steps squared is dropped, so established colluders carry a
-  lone honest replica about two drifts in 20 rounds (three if it alternates two directions). Exempt: a pull
-  back against our own steady training, up to our own steady rate (a replica that trains more
-  than the others is brought back to them; a liar doing so only undoes our own steps);
+- **pull**: a push too patient for the bias test still has to move us, so when we train, the
+  aggregate's result is held to what honest merges do, on the scale of our own typical training
+  step (no peer sets it): a round moves us at most ``sync_pull_cap`` of it, and the steady part of
+  what merges moved us is budgeted. Honest pulls add up no more steadily than our own steps, so
+  the squared norm of their forgotten sum (at ``sync_pull_decay``) exceeds the forgotten sum of
+  their squared norms by little (momentum allowed for: ``sync_pull_steadiness`` of the excess our
+  own steps show); a push, at any rate, split over any identities, turning slowly or not, makes
+  the excess grow with the square of how far it carried us. The part of a pull along the sum of past pulls that would take the excess past
+  ``sync_steady_budget`` steps squared is dropped. Exempt: a pull back against our own steady
+  training, up to our own steady rate (a replica that trains more than the others is brought
+  back to them; a liar doing so only undoes our own steps);
 - **version**: the lower median of the accepted inputs' versions (ours counts), never below our
   own: one peer's claim alone never raises it.
 """
@@ -251,11 +251,11 @@ class SyncGuard:
                 refused[contribution.peer] = OUTLIER
         if record.result is not None and record.result.shape == mine.shape:
             record.own.add(mine - record.result, self.config.sync_bias_decay)
-        witness = self._trains_unsteadily(record)
+        witness = self._trains(record)
         if len(candidates) + 1 >= 3:  # peers on probation too: a steady pusher never earns standing
             biased = [c.peer for c, _, _ in within if self._biased(record, c.peer)]
-            # a witness: some peer does not move steadily from us, or we train and do not move
-            # steadily ourselves, so a steady difference is the peers' push, not our training
+            # a witness: some peer does not move steadily from us, or we train, and a difference
+            # steadier than our own steps is the peers' push, not our training
             if len(biased) < len(within) or witness:
                 for peer in biased:
                     refused[peer] = BIAS
@@ -335,38 +335,46 @@ class SyncGuard:
                 del record.peers[peer]
 
     def _biased(self, record: _ExpertRecord, peer: str) -> bool:
+        """Whether ``peer``'s innovations add up more steadily than honest ones would: past
+        ``sync_bias_ratio``, and past ``sync_bias_own_margin`` times our own steps' ratio (an
+        optimizer with momentum makes every honest replica's steps, and so their differences,
+        add up alike)."""
         stats = record.peers.get(peer)
-        return stats is not None and stats.steps.ratio(self.config.sync_bias_rounds) > self.config.sync_bias_ratio
+        if stats is None:
+            return False
+        own = record.own.ratio(self.config.sync_bias_rounds)
+        limit = max(self.config.sync_bias_ratio, self.config.sync_bias_own_margin * own)
+        return stats.steps.ratio(self.config.sync_bias_rounds) > limit
 
-    def _trains_unsteadily(self, record: _ExpertRecord) -> bool:
-        """Whether our own steps between rounds (training, not merges) are real and wander:
-        then a peer whose difference from us adds up steadily is pushing, whoever else agrees
-        with it. An idle replica (no steps of its own) witnesses nothing: steady training on
-        the others is what it should follow."""
-        ratio = record.own.ratio(self.config.sync_bias_rounds)
-        return 0 < ratio <= self.config.sync_bias_ratio
+    def _trains(self, record: _ExpertRecord) -> bool:
+        """Whether we take steps of our own between rounds (training, not merges): then a peer
+        whose innovations add up more steadily than our own steps is pushing, whoever else agrees
+        with it, and our own typical step is a scale no peer sets. An idle replica witnesses
+        nothing: steady training on the others is what it should follow."""
+        return record.own.rounds >= self.config.sync_bias_rounds and record.own.energy > 0
 
     def _steady(
-        self, record: _ExpertRecord, mine: torch.Tensor, pull: torch.Tensor, witness: bool
+        self, record: _ExpertRecord, mine: torch.Tensor, pull: torch.Tensor, trains: bool
     ) -> torch.Tensor | None:
         """Our parameters after this round's merge ``pull``, held to what honest merges do; None:
         the pull stands (it is followed either way).
 
-        Only when we witness (our own training steps wander, so our own step is a scale no peer
-        sets). A round's pull is at most ``sync_pull_cap`` of our typical step. Honest pulls are
-        independent from round to round: the forgotten sum of them has a squared norm near the
-        forgotten sum of their squared norms, and the excess (the cross terms) stays near 0. A
-        patient push, at any rate, turning slowly or not, makes the excess grow with the square
-        of how far it carried us; held to ``sync_steady_budget`` of our typical step, it carries
-        us about that far at most, however its steps are split across rounds and identities.
-        Exempt: a pull back against our own steady training by up to our own steady rate (a
-        replica that trains more than the others is brought back to them; a liar doing so only
-        undoes our own steps)."""
+        Only when we ``trains`` (our own typical step is then a scale no peer sets). A round's
+        pull is at most ``sync_pull_cap`` of that step. Honest pulls add up about as steadily as
+        our own steps: the forgotten sum of them has a squared norm near the forgotten sum of their
+        squared norms, more with momentum (``sync_pull_steadiness`` of our own steps' excess ratio
+        is allowed). A patient push, at any rate,
+        turning slowly or not, makes the excess grow with the square of how far it carried us;
+        held to ``sync_steady_budget`` of our step, it carries us about that far, however its
+        steps are split across rounds and identities. Exempt: a pull back against our own steady
+        training by up to our own steady rate (a replica that trains more than the others is
+        brought back to them; a liar doing so only undoes our own steps)."""
         trained = record.own.total
-        if not witness or trained is None or trained.shape != pull.shape or record.own.weight <= 0:
+        if not trains or trained is None or trained.shape != pull.shape or record.own.weight <= 0:
             record.pulls.add(pull, self.config.sync_pull_decay)
             return None
         step = (record.own.energy / record.own.weight) ** 0.5  # our typical training step
+        own_ratio = max(1.0, record.own.ratio(self.config.sync_bias_rounds))
         size = float(trained.norm())  # our forgotten steps' sum: (1 - decay) of it, our steady rate
         back = torch.zeros_like(pull)
         along = float(pull @ trained) / size if size > 0 else 0.0
@@ -381,7 +389,10 @@ class SyncGuard:
         if pulls.total is not None and pulls.total.shape == rest.shape:
             total = float(pulls.total.norm())
             excess = total ** 2 - pulls.energy
-            room = max(0.0, (self.config.sync_steady_budget * step) ** 2 - decay * decay * excess)
+            # a share of what our own steps' steadiness (momentum) lets honest pulls add up to
+            steadiness = self.config.sync_pull_steadiness * (own_ratio - 1.0) * pulls.energy
+            allowed = steadiness + (self.config.sync_steady_budget * step) ** 2
+            room = max(0.0, allowed - decay * decay * excess)
             along = float(rest @ pulls.total) / total if total > 0 else 0.0
             if total > 0 and 2 * decay * total * along > room:
                 rest, changed = rest - (along - room / (2 * decay * total)) * (pulls.total / total), True
