@@ -169,3 +169,67 @@ async def test_two_colluding_fresh_identities_move_no_honest_replica(honest_coun
         assert torch.isfinite(flat(backend)).all()
         assert float((flat(backend) - start).norm()) <= ROUNDS * honest_drift * 1.01
         assert backend.updates == ROUNDS
+
+
+class PatientStore(BackendStore):
+    """A patient colluder's store: it offers the honest replica's own current parameters (the
+    worst case: it sees them as they are) moved along ``push`` by what its goal of ``rate`` steps
+    a round still misses (at most 2.5 steps, inside the distance bound) plus a step of noise, the
+    same for every colluder in a round (``shared``), so that its differences wander like an
+    honest replica's."""
+
+    def __init__(self, backends, target, origin, push, step, rate, shared):
+        super().__init__(backends)
+        self.target, self.origin, self.push, self.step, self.rate, self.shared = target, origin, push, step, rate, shared
+
+    async def parameters(self, uid):
+        version, _ = await super().parameters(uid)
+        params = sync_parameters(self.target)
+        rounds = self.target.updates  # the honest replica trains once a round
+        along = float((flat(self.target) - self.origin) @ self.push)
+        if rounds not in self.shared:
+            noise = torch.randn(self.push.shape, generator=torch.Generator().manual_seed(rounds), dtype=torch.float64)
+            self.shared[rounds] = noise / noise.norm() * self.step
+        offset = min(self.rate * self.step * rounds - along, 2.5 * self.step) * self.push + self.shared[rounds]
+        out, start = [], 0
+        for name, tensor in params:
+            count = tensor.numel()
+            out.append((name, tensor + offset[start : start + count].reshape(tensor.shape).to(tensor.dtype)))
+            start += count
+        return version + 1, out
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(120)
+async def test_two_patient_colluders_do_not_carry_a_lone_honest_replica():
+    """Identities are free and patience is cheap: two colluders that offer the honest replica's
+    own parameters pushed half a training step further along one direction every round, with a
+    step of noise so that no single round looks steady, graduate from probation and are merged.
+    What merges move a replica that trains is held to its own step a round, and their steady part
+    to about what its own steps (Adam's, steadied by momentum) let honest pulls add up to: after
+    20 rounds it is about two steps along the push, not the ten it is pushed."""
+    network = MemoryNetwork()
+    generator = torch.Generator().manual_seed(7)
+    torch.manual_seed(0)
+    honest = make_backend(UID, "ffn", 8, config=EXPERTS)
+    colluding = [make_backend(UID, "ffn", 8, config=EXPERTS) for _ in range(2)]
+    for backend in colluding:
+        backend.module.load_state_dict(honest.module.state_dict())
+    origin = flat(honest)
+    probe = make_backend(UID, "ffn", 8, config=EXPERTS)  # how far a round's training moves it
+    probe.module.load_state_dict(honest.module.state_dict())
+    train(probe, torch.Generator().manual_seed(99))
+    step = float((flat(probe) - origin).norm())
+    push = torch.randn(origin.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    push = push / push.norm()
+    shared: dict[int, torch.Tensor] = {}
+    async with AsyncExitStack() as stack:
+        members = [await sync_service(stack, network, BackendStore({UID: honest}))]
+        members += [
+            await sync_service(stack, network, PatientStore({UID: b}, honest, origin, push, step, 0.5, shared))
+            for b in colluding
+        ]
+        honest_drift, outcomes = await sync_rounds(members, [honest], generator, LIE)
+    moved = float((flat(honest) - origin) @ push)
+    assert torch.isfinite(flat(honest)).all() and honest.updates == ROUNDS
+    assert moved < 3 * max(step, honest_drift)  # measured: 1.9 steps (before the pull budget: 9.9)

@@ -67,16 +67,30 @@ class ReplicasConfig:
     sync_drift_slack: float = 3.0
     sync_drift_history: int = 16
     sync_bootstrap_share: float = 2.0
-    # a peer whose deviations add up like a fixed push (forgotten at this rate a round; ratio of
-    # |sum|^2 to the sum of |d|^2 past this after this many rounds) is left out of groups of 3+
+    # a peer whose innovations (what it added since we last met: its difference from us, or the
+    # change of it while unmerged) add up like a fixed push (forgotten at this rate a round; ratio
+    # of |sum|^2 to the sum of squared norms past this after this many rounds: near 1 for honest
+    # replicas, up to 19 for a push) earns no standing and is left out of groups of 3+
     sync_bias_decay: float = 0.9
-    sync_bias_ratio: float = 6.0
+    sync_bias_ratio: float = 4.0
     sync_bias_rounds: int = 4
+    # ... and past this many times our own training steps' ratio (momentum makes honest steps,
+    # and so honest replicas' differences, add up alike); the pull budget below widens the same way
+    sync_bias_own_margin: float = 1.5
     # identities are free: a peer new to one of our experts' rounds carries no weight (nothing
     # merged, nothing learned from it) until its contributions were within the drift we learned
     # without it, and showed no steady push, for this many rounds (more than sync_bias_rounds, so
     # that the bias test has judged it)
     sync_probation_rounds: int = 5  # 0: every peer has standing at once (a swarm of known peers)
+    # when we train, a round's merge moves us at most sync_pull_cap of our own typical training
+    # step; honest merges pull us in directions about as independent from round to round as our
+    # own steps, so the steady part of what merges moved us (the forgotten sum's squared norm less
+    # the sum of squared norms, at sync_pull_decay a round) is held to sync_steady_budget steps
+    # (squared) plus sync_pull_steadiness of the excess our own steps' ratio shows (momentum)
+    sync_pull_cap: float = 1.0
+    sync_pull_decay: float = 0.98
+    sync_steady_budget: float = 1.0
+    sync_pull_steadiness: float = 0.5
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does

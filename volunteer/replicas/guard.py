@@ -7,11 +7,11 @@ parameters and a version:
 
 - **non-finite** values (NaN, ±inf) are refused outright (``sync_nonfinite``);
 - **standing**: identities are free, so a peer new to an expert's rounds carries no weight: for
-  its first ``sync_probation_rounds`` rounds within the bound it is on probation (``probation``
-  in the verdict): nothing of it is merged and its distances teach nothing. Only we and
-  established peers make the bound and the aggregate, so fresh identities, however many agree
-  with each other, neither pull us nor widen what we accept. No majority statistic sets the
-  bound either: two colluders are a majority of three;
+  its first ``sync_probation_rounds`` rounds within the bound and without a steady push (the bias
+  test below) it is on probation (``probation`` in the verdict): nothing of it is merged and its
+  distances teach nothing. Only we and established peers make the bound and the aggregate, so
+  fresh identities, however many agree with each other, neither pull us nor widen what we accept.
+  No majority statistic sets the bound either: two colluders are a majority of three;
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
   replicas drift apart in a round, learned per expert: ``drift_slack`` times the larger of our
   own change since our last round (training and the last merge) and the median of the distances
@@ -25,20 +25,36 @@ parameters and a version:
   (``sync_outlier``); refused distances never teach the bound. An established peer farther than
   the bound (back from probation, or from a refusal) pulls us by one honest drift toward it (the
   bound over ``drift_slack``): standing never buys more than a round's honest drift;
-- **bias**: between two honest replicas the difference of their parameters wanders like a random
-  walk from round to round; a liar that pushes one fixed direction adds up linearly. Per peer, an
-  exponentially forgotten sum of its differences from our parameters is compared with the
-  forgotten sum of their squared norms: for independent differences ``|sum|^2 / sum |d|^2``
-  stays near 1, for a fixed push it grows towards ``(1 + decay) / (1 - decay)``. A peer past
-  ``sync_bias_ratio`` (after ``sync_bias_rounds`` rounds) is left out of the round
-  (``sync_bias``) when there is a witness: another peer that is not, or we ourselves, when we
-  train between rounds and our own steps wander (then a steady difference is their push, not our
-  training). Only with three or more inputs, and its differences are still followed, so a peer
-  that stops pushing is taken back. A replica that alone receives all of an expert's training
-  also moves steadily and is left out the same way by the others: geometry alone cannot tell it
-  from a liar;
+- **bias**: what an honest replica adds between two rounds (its training steps) adds up no more
+  steadily than our own steps; a liar that pushes one way adds the same again and again. Per
+  peer, the guard follows its *innovation*, what its contribution added since we last met: its
+  difference from our parameters when our last round merged it (both started from that round's
+  result), or the change of that difference when it did not (unmerged, the difference is a
+  random walk and only its increments are steps). An exponentially forgotten sum of the
+  innovations is compared with the forgotten sum of their squared norms: for independent ones
+  ``|sum|^2 / sum |x|^2`` stays near 1, for a fixed push it grows towards ``(1 + decay) / (1 -
+  decay)``. A peer past ``sync_bias_ratio`` and past ``sync_bias_own_margin`` times the same
+  ratio of our own steps (momentum makes every honest replica's steps add up alike), after
+  ``sync_bias_rounds`` rounds, earns no standing (probation does not end while it pushes) and is
+  left out of the round (``sync_bias``, its probation starting again, longer each time it is
+  caught) when there is a witness: another peer that is not, or we ourselves, when we train
+  between rounds. Only with three or more inputs, and its innovations are still followed, so a
+  peer that stops pushing is taken back. A replica that alone receives all of an expert's
+  training also moves steadily and may be left out the same way by the others: geometry alone
+  cannot tell it from a liar;
 - **aggregate**: what is left goes to an ``Aggregate`` (``aggregate.robust`` by default:
   CenteredClip from the coordinate-wise median with three or more inputs, the mean of a pair);
+- **pull**: a push too patient for the bias test still has to move us, so when we train, the
+  aggregate's result is held to what honest merges do, on the scale of our own typical training
+  step (no peer sets it): a round moves us at most ``sync_pull_cap`` of it, and the steady part of
+  what merges moved us is budgeted. Honest pulls add up no more steadily than our own steps, so
+  the squared norm of their forgotten sum (at ``sync_pull_decay``) exceeds the forgotten sum of
+  their squared norms by little (momentum allowed for: ``sync_pull_steadiness`` of the excess our
+  own steps show); a push, at any rate, split over any identities, turning slowly or not, makes
+  the excess grow with the square of how far it carried us. The part of a pull along the sum of past pulls that would take the excess past
+  ``sync_steady_budget`` steps squared is dropped. Exempt: a pull back against our own steady
+  training, up to our own steady rate (a replica that trains more than the others is brought
+  back to them; a liar doing so only undoes our own steps);
 - **version**: the lower median of the accepted inputs' versions (ours counts), never below our
   own: one peer's claim alone never raises it.
 """
@@ -90,11 +106,38 @@ def _median(values: Sequence[float]) -> float:
 
 
 @dataclass
-class _PeerRecord:
-    deviation: torch.Tensor | None = None  # forgotten sum of its differences from our parameters
-    energy: float = 0.0  # forgotten sum of their squared norms
+class _Sums:
+    """Forgotten sums of a series of vectors: their sum and the sum of their squared norms, each
+    term weighed down by ``decay`` a round; ``weight`` is what a term of norm 1 a round adds up
+    to (the squared norms' sum over it is their mean square)."""
+
+    total: torch.Tensor | None = None
+    energy: float = 0.0
+    weight: float = 0.0
     rounds: int = 0
+
+    def add(self, value: torch.Tensor, decay: float) -> None:
+        if self.total is None or self.total.shape != value.shape:
+            self.total, self.energy, self.weight, self.rounds = torch.zeros_like(value), 0.0, 0.0, 0
+        self.total = self.total * decay + value
+        self.energy = self.energy * decay * decay + float(value.norm()) ** 2
+        self.weight = self.weight * decay * decay + 1.0
+        self.rounds += 1
+
+    def ratio(self, rounds: int) -> float:
+        """``|sum|^2 / sum of |x|^2`` (near 1 for independent terms, up to ``(1 + decay) / (1 -
+        decay)`` for a fixed one); 0 before ``rounds`` terms."""
+        if self.total is None or self.rounds < rounds or self.energy <= 0:
+            return 0.0
+        return float(self.total.norm()) ** 2 / self.energy
+
+
+@dataclass
+class _PeerRecord:
+    steps: _Sums = field(default_factory=_Sums)  # its innovations: what it did since we last met
+    left: torch.Tensor | None = None  # what of its difference from us our last round left standing
     credit: int = 0  # rounds its contribution was within a learned bound: its standing
+    strikes: int = 0  # times it was left out for a steady push
     apart: float = 0.0  # how far we moved (L2, summed) in the rounds since it was last merged
 
 
@@ -103,7 +146,8 @@ class _ExpertRecord:
     distances: deque = field(default_factory=deque)
     previous: torch.Tensor | None = None  # our parameters when our last round opened
     result: torch.Tensor | None = None  # the parameters our last round decided
-    own: _PeerRecord = field(default_factory=_PeerRecord)  # our own steps since each round
+    own: _Sums = field(default_factory=_Sums)  # our own steps since each round (training)
+    pulls: _Sums = field(default_factory=_Sums)  # how each round's merge moved us
     peers: dict[str, _PeerRecord] = field(default_factory=dict)
 
 
@@ -160,14 +204,13 @@ class SyncGuard:
         return (0 if stats is None else stats.credit) >= self.config.sync_probation_rounds
 
     def bias(self, uid: str, peer: str) -> float:
-        """``|sum of differences|^2 / sum of |difference|^2`` of ``peer``'s contributions to
-        ``uid``'s rounds from our parameters, both forgotten at ``sync_bias_decay`` a round; 0
-        before ``sync_bias_rounds`` rounds."""
+        """``|sum|^2 / sum of |.|^2`` of ``peer``'s innovations in ``uid``'s rounds (what its
+        contribution added since we last met: its difference from us less what our last round
+        left of it), both forgotten at ``sync_bias_decay`` a round; 0 before ``sync_bias_rounds``
+        rounds."""
         record = self._experts.get(uid)
         stats = None if record is None else record.peers.get(peer)
-        if stats is None or stats.deviation is None or stats.rounds < self.config.sync_bias_rounds or stats.energy <= 0:
-            return 0.0
-        return float(stats.deviation.norm()) ** 2 / stats.energy
+        return 0.0 if stats is None else stats.steps.ratio(self.config.sync_bias_rounds)
 
     def decide(
         self,
@@ -206,33 +249,44 @@ class SyncGuard:
                 within.append((contribution, flat, distance))
             else:
                 refused[contribution.peer] = OUTLIER
-        self._follow(record.own, None if record.result is None or record.result.shape != mine.shape else mine - record.result)
+        if record.result is not None and record.result.shape == mine.shape:
+            record.own.add(mine - record.result, self.config.sync_bias_decay)
+        witness = self._trains(record)
         if len(candidates) + 1 >= 3:  # peers on probation too: a steady pusher never earns standing
-            biased = [c.peer for c, _, _ in within if self.bias(uid, c.peer) > self.config.sync_bias_ratio]
-            # a witness: some peer does not move steadily from us, or we train and do not move
-            # steadily ourselves, so a steady difference is the peers' push, not our training
-            if len(biased) < len(within) or self._trains_unsteadily(record):
+            biased = [c.peer for c, _, _ in within if self._biased(record, c.peer)]
+            # a witness: some peer does not move steadily from us, or we train, and a difference
+            # steadier than our own steps is the peers' push, not our training
+            if len(biased) < len(within) or witness:
                 for peer in biased:
                     refused[peer] = BIAS
-                    record.peers[peer].credit = 0  # standing is earned again from the start
+                    stats = record.peers[peer]  # standing is earned again, each time for longer
+                    stats.strikes = min(stats.strikes + 1, self.config.sync_bias_rounds)
+                    stats.credit = -stats.strikes * self.config.sync_probation_rounds
                 within = [w for w in within if w[0].peer not in refused]
         accepted: list[tuple[Contributed, torch.Tensor, float]] = []
         probation: list[str] = []
         for contribution, flat, distance in within:
             standing = self.established(uid, contribution.peer)
             stats = record.peers.setdefault(contribution.peer, _PeerRecord())
-            if drift > 0:  # within a learned bound: standing grows
-                stats.credit += 1
+            if drift > 0 and not self._biased(record, contribution.peer):
+                stats.credit += 1  # within a learned bound and no steady push: standing grows
             if standing or first_pair:
                 accepted.append((contribution, flat, distance))
             else:
                 probation.append(contribution.peer)
         # a peer back from probation or a refusal may be farther than the bound: its pull on us is
         # clipped to one honest drift, so standing never buys more than a round's honest drift
+        reach = bound / self.config.sync_drift_slack  # one honest drift
+        pulled = {c.peer: 1.0 if distance <= bound else reach / distance for c, _, distance in accepted}
         parameters = aggregate(own, [
-            c.tensors if distance <= bound else unflatten(mine + (flat - mine) * (bound / self.config.sync_drift_slack / distance), own, names)
+            c.tensors if pulled[c.peer] >= 1.0 else unflatten(mine + (flat - mine) * pulled[c.peer], own, names)
             for c, flat, distance in accepted
         ])
+        result = flatten(parameters, names) if accepted else mine
+        steady = self._steady(record, mine, result - mine, witness)  # a round without a merge too
+        if steady is not None:
+            result = steady
+            parameters = unflatten(result, own, names)
         for contribution, _, distance in accepted:  # a clipped pull leaves the rest still apart
             record.peers[contribution.peer].apart = max(0.0, distance - bound) / self.config.sync_drift_slack
         for peer in probation:  # how far apart it and we may have drifted, unmerged (a refused
@@ -244,8 +298,8 @@ class SyncGuard:
             followed = []
         # a bootstrap distance is no drift, and a clipped pull teaches no more than the bound
         learned = [] if first_pair else [min(d, bound) for _, _, d in accepted]
-        self._learn(record, mine, learned, followed, contributions)
-        record.result = flatten(parameters, names)
+        self._learn(record, mine, learned, followed, contributions, pulled)
+        record.result = result
         versions = sorted([own_version] + [c.version for c, _, _ in accepted])
         version = max(own_version, versions[(len(versions) - 1) // 2])
         return Verdict(
@@ -259,39 +313,91 @@ class SyncGuard:
         distances: Sequence[float],
         followed: Sequence[tuple[str, torch.Tensor]],
         contributions: Sequence[Contributed],
+        pulled: Mapping[str, float],
     ) -> None:
         record.previous = mine
         record.distances.extend(distances)
         while len(record.distances) > self.config.sync_drift_history:
             record.distances.popleft()
         for peer, flat in followed:
-            self._follow(record.peers.setdefault(peer, _PeerRecord()), flat - mine)
+            stats = record.peers.setdefault(peer, _PeerRecord())
+            difference = flat - mine
+            left = stats.left if stats.left is not None and stats.left.shape == difference.shape else None
+            # its innovation: an honest peer's own steps since we last met, independent from round
+            # to round whether we merged it (then we both started from our last result) or not
+            # (then its difference from us is a random walk, and only its increments are steps)
+            stats.steps.add(difference if left is None else difference - left, self.config.sync_bias_decay)
+            share = pulled.get(peer, 0.0)  # how much of the difference we merged (it did as much)
+            stats.left = None if share >= 1.0 else difference * max(0.0, 1.0 - 2.0 * share)
         present = {c.peer for c in contributions}
         for peer in list(record.peers):
             if peer not in present and len(record.peers) > self.config.max_group:
                 del record.peers[peer]
 
-
-    def _follow(self, stats: _PeerRecord, deviation: torch.Tensor | None) -> None:
-        """Add one round's ``deviation`` to ``stats``' forgotten sums (the bias test's input)."""
-        if deviation is None:
-            return
-        decay = self.config.sync_bias_decay
-        if stats.deviation is None or stats.deviation.shape != deviation.shape:
-            stats.deviation, stats.energy, stats.rounds = torch.zeros_like(deviation), 0.0, 0
-        stats.deviation = stats.deviation * decay + deviation
-        stats.energy = stats.energy * decay * decay + float(deviation.norm()) ** 2
-        stats.rounds += 1
-
-    def _trains_unsteadily(self, record: _ExpertRecord) -> bool:
-        """Whether our own steps between rounds (training, not merges) are real and wander:
-        then a peer whose difference from us adds up steadily is pushing, whoever else agrees
-        with it. An idle replica (no steps of its own) witnesses nothing: steady training on
-        the others is what it should follow."""
-        own = record.own
-        if own.deviation is None or own.rounds < self.config.sync_bias_rounds or own.energy <= 0:
+    def _biased(self, record: _ExpertRecord, peer: str) -> bool:
+        """Whether ``peer``'s innovations add up more steadily than honest ones would: past
+        ``sync_bias_ratio``, and past ``sync_bias_own_margin`` times our own steps' ratio (an
+        optimizer with momentum makes every honest replica's steps, and so their differences,
+        add up alike)."""
+        stats = record.peers.get(peer)
+        if stats is None:
             return False
-        return float(own.deviation.norm()) ** 2 / own.energy <= self.config.sync_bias_ratio
+        own = record.own.ratio(self.config.sync_bias_rounds)
+        limit = max(self.config.sync_bias_ratio, self.config.sync_bias_own_margin * own)
+        return stats.steps.ratio(self.config.sync_bias_rounds) > limit
+
+    def _trains(self, record: _ExpertRecord) -> bool:
+        """Whether we take steps of our own between rounds (training, not merges): then a peer
+        whose innovations add up more steadily than our own steps is pushing, whoever else agrees
+        with it, and our own typical step is a scale no peer sets. An idle replica witnesses
+        nothing: steady training on the others is what it should follow."""
+        return record.own.rounds >= self.config.sync_bias_rounds and record.own.energy > 0
+
+    def _steady(
+        self, record: _ExpertRecord, mine: torch.Tensor, pull: torch.Tensor, trains: bool
+    ) -> torch.Tensor | None:
+        """Our parameters after this round's merge ``pull``, held to what honest merges do; None:
+        the pull stands (it is followed either way).
+
+        Only when we ``trains`` (our own typical step is then a scale no peer sets). A round's
+        pull is at most ``sync_pull_cap`` of that step. Honest pulls add up about as steadily as
+        our own steps: the forgotten sum of them has a squared norm near the forgotten sum of their
+        squared norms, more with momentum (``sync_pull_steadiness`` of our own steps' excess ratio
+        is allowed). A patient push, at any rate,
+        turning slowly or not, makes the excess grow with the square of how far it carried us;
+        held to ``sync_steady_budget`` of our step, it carries us about that far, however its
+        steps are split across rounds and identities. Exempt: a pull back against our own steady
+        training by up to our own steady rate (a replica that trains more than the others is
+        brought back to them; a liar doing so only undoes our own steps)."""
+        trained = record.own.total
+        if not trains or trained is None or trained.shape != pull.shape or record.own.weight <= 0:
+            record.pulls.add(pull, self.config.sync_pull_decay)
+            return None
+        step = (record.own.energy / record.own.weight) ** 0.5  # our typical training step
+        own_ratio = max(1.0, record.own.ratio(self.config.sync_bias_rounds))
+        size = float(trained.norm())  # our forgotten steps' sum: (1 - decay) of it, our steady rate
+        back = torch.zeros_like(pull)
+        along = float(pull @ trained) / size if size > 0 else 0.0
+        if along < 0:  # against our own steady training: exempt up to our steady rate
+            back = trained * (max(along, -size * (1 - self.config.sync_bias_decay)) / size)
+        rest = pull - back
+        changed = False
+        size = float(rest.norm())
+        if size > self.config.sync_pull_cap * step:
+            rest, changed = rest * (self.config.sync_pull_cap * step / size), True
+        pulls, decay = record.pulls, self.config.sync_pull_decay
+        if pulls.total is not None and pulls.total.shape == rest.shape:
+            total = float(pulls.total.norm())
+            excess = total ** 2 - pulls.energy
+            # a share of what our own steps' steadiness (momentum) lets honest pulls add up to
+            steadiness = self.config.sync_pull_steadiness * (own_ratio - 1.0) * pulls.energy
+            allowed = steadiness + (self.config.sync_steady_budget * step) ** 2
+            room = max(0.0, allowed - decay * decay * excess)
+            along = float(rest @ pulls.total) / total if total > 0 else 0.0
+            if total > 0 and 2 * decay * total * along > room:
+                rest, changed = rest - (along - room / (2 * decay * total)) * (pulls.total / total), True
+        pulls.add(rest, decay)
+        return mine + back + rest if changed else None
 
 
 def finite(params: Parameters) -> bool:
