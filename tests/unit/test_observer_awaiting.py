@@ -10,8 +10,15 @@ import pytest
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net import limits
 from volunteer.net.nat.observer import AddressObserver, _grace
+from volunteer.net.transport.quic import QuicTransport
 
 NOW = 100.0
+
+
+def host_with(connections, answering=lambda ip: False):
+    """A host whose QUIC transport says whether a dial to an IP hears from it."""
+    quic = SimpleNamespace(answering=answering)
+    return SimpleNamespace(connections=connections, service=lambda cls: quic if cls is QuicTransport else None)
 
 
 def conn(ident: int, addr: str):
@@ -22,11 +29,11 @@ def test_an_unidentified_connection_to_an_identified_peer_still_brings_an_observ
     observer = AddressObserver()
     tcp, quic = conn(1, "/ip4/203.0.113.10/tcp/4001"), conn(2, "/ip4/203.0.113.10/udp/4001/quic-v1")
     connections = [tcp]
-    observer.host = SimpleNamespace(connections=lambda: list(connections))
+    observer.host = host_with(lambda: list(connections))
     assert observer.awaiting("quic", NOW)  # TCP's identify is in flight: it may start a QUIC observation dial
     observer._identified.add(1)
     assert not observer.awaiting("quic", NOW)  # identified, no dial: nothing can come
-    observer._probing["quic"] = [NOW + 0.5]
+    observer._probing["quic"] = [(NOW + 0.5, "203.0.113.10")]
     assert observer.awaiting("quic", NOW)  # an observation dial in flight
     observer._probing["quic"] = []
     connections.append(quic)
@@ -41,7 +48,7 @@ def test_an_unidentified_connection_to_an_identified_peer_still_brings_an_observ
 def test_relayed_connections_bring_no_observation():
     observer = AddressObserver()
     relayed = conn(3, "/ip4/203.0.113.10/tcp/4001/p2p/12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN/p2p-circuit")
-    observer.host = SimpleNamespace(connections=lambda: [relayed])
+    observer.host = host_with(lambda: [relayed])
     assert not observer.awaiting("tcp", NOW)
 
 
@@ -50,13 +57,16 @@ def test_an_observation_dial_that_hears_nothing_holds_a_punch_only_for_its_grace
     and a punch that waited for it all along went late by the whole observation wait."""
     observer = AddressObserver()
     tcp = conn(1, "/ip4/203.0.113.10/tcp/4001")
-    observer.host = SimpleNamespace(connections=lambda: [tcp])
+    heard: set[str] = set()
+    observer.host = host_with(lambda: [tcp], answering=lambda ip: ip in heard)
     observer._identified.add(1)
     grace = _grace(0.02)  # the TCP identify that started the dial took 20 ms
     assert grace == limits.OBSERVATION_DIAL_GRACE < limits.DCUTR_OBSERVATION_WAIT
-    observer._probing["quic"] = [NOW + grace]
+    observer._probing["quic"] = [(NOW + grace, "203.0.113.10")]
     assert observer.awaiting("quic", NOW + grace / 2)
-    assert not observer.awaiting("quic", NOW + grace)  # still dialling, no longer worth a wait
+    assert not observer.awaiting("quic", NOW + grace)  # still dialling, hearing nothing: no longer worth a wait
+    heard.add("203.0.113.10")  # a loaded machine: the peer answers, the handshake is slow
+    assert observer.awaiting("quic", NOW + grace)
 
 
 def test_the_grace_grows_with_a_slow_identify_up_to_the_whole_wait():
@@ -65,3 +75,19 @@ def test_the_grace_grows_with_a_slow_identify_up_to_the_whole_wait():
     assert _grace(0.0) == _grace(-1.0) == limits.OBSERVATION_DIAL_GRACE
     assert _grace(0.15) == pytest.approx(limits.OBSERVATION_DIAL_GRACE_FACTOR * 0.15)
     assert _grace(5.0) == limits.DCUTR_OBSERVATION_WAIT
+
+
+def test_a_quic_dial_is_answering_once_it_heard_from_its_peer_until_its_handshake_ends():
+    """What tells a loaded machine's slow handshake from a firewall that lets nothing back."""
+    import trio
+
+    from volunteer.net.transport.quic.endpoint import UdpEndpoint
+
+    dial = SimpleNamespace(is_client=True, bytes_received=0, handshake_done=trio.Event(), remote=("203.0.113.10", 4001))
+    inbound = SimpleNamespace(is_client=False, bytes_received=1200, handshake_done=trio.Event(), remote=("203.0.113.10", 5001))
+    endpoint = SimpleNamespace(sessions=[dial, inbound])
+    assert not UdpEndpoint.answering(endpoint, "203.0.113.10")  # sent its Initial, heard nothing
+    dial.bytes_received = 1200
+    assert UdpEndpoint.answering(endpoint, "203.0.113.10") and not UdpEndpoint.answering(endpoint, "203.0.113.11")
+    dial.handshake_done.set()
+    assert not UdpEndpoint.answering(endpoint, "203.0.113.10")  # done: its identify is what may still come

@@ -23,6 +23,7 @@ from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
 from .birthday import udp_role
+from ..transport.quic import QuicTransport
 from .observed import MappingType, ObservedAddrs, endpoint_of, probe_target
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ class AddressObserver(BaseService):
         self.observed = ObservedAddrs()
         self._published: tuple[Multiaddr, ...] = ()
         self._probed: dict[tuple[PeerID, str], float] = {}  # (peer, transport) -> when we last dialled it
-        # transport -> when each observation dial in flight stops being worth a punch's wait
-        self._probing: dict[str, list[float]] = {}
+        # transport -> each observation dial in flight: when its grace ends, and the IP it dials
+        self._probing: dict[str, list[tuple[float, str]]] = {}
         self._identified: set[int] = set()  # ids of connections identify has told us about
         self._moved = trio.Event()  # set (and replaced) whenever an observation may have come or gone
         self._nursery: trio.Nursery | None = None
@@ -67,13 +68,15 @@ class AddressObserver(BaseService):
 
     def awaiting(self, transport: str, now: float) -> bool:
         """Whether an observation of our address over ``transport`` can still arrive soon: an
-        observation dial over it is in flight and within its grace (``_grace``), or a direct
+        observation dial over it is in flight, within its grace (``_grace``) or past it but
+        hearing from its peer (a loaded machine's handshake is slow, not lost), or a direct
         connection has not been identified yet (over ``transport`` its identify says our
         address; over another, it may start an observation dial for ``transport``). When neither
         (an office that drops UDP: its QUIC dial hears nothing until its timeout), waiting for
         one is waiting for nothing."""
-        if any(now < grace_ends for grace_ends in self._probing.get(transport, ())):
-            return True
+        for grace_ends, target in self._probing.get(transport, ()):
+            if now < grace_ends or (transport == "quic" and self._answering(target)):
+                return True
         live = [conn for conn in self.host.connections() if not conn.is_closed]
         self._identified &= {conn.id for conn in live}  # bounded by the connections we hold
         # per connection, not per peer: an observation dial reaches a peer identified already
@@ -94,6 +97,10 @@ class AddressObserver(BaseService):
             for transport in self.observed.missing(now, self.host.listen_addrs):
                 self._maybe_probe(event.peer, info.listen_addrs, conn.remote_addr, transport, now, _grace(now - conn.opened_at))
 
+    def _answering(self, ip: str) -> bool:
+        quic = self.host.service(QuicTransport)
+        return quic is not None and quic.answering(ip)
+
     def _maybe_probe(self, peer: PeerID, peer_addrs: list[Multiaddr], remote: Multiaddr, transport: str,
                      now: float, grace: float) -> None:
         target = probe_target(peer_addrs, remote, transport)
@@ -106,13 +113,14 @@ class AddressObserver(BaseService):
         if self._nursery is not None:
             # counted from now, not from when the task first runs: a punch asking ``awaiting``
             # in between must see it coming
-            grace_ends = now + grace
-            self._probing.setdefault(transport, []).append(grace_ends)
-            self._nursery.start_soon(self._probe, peer, target, transport, grace_ends,
+            found = endpoint_of(target)
+            entry = (now + grace, found[1] if found is not None else "")
+            self._probing.setdefault(transport, []).append(entry)
+            self._nursery.start_soon(self._probe, peer, target, transport, entry,
                                      name=f"observe {transport} via {peer.short()}")
-            self._nursery.start_soon(self._touch_at, grace_ends)
+            self._nursery.start_soon(self._touch_at, entry[0])
 
-    async def _probe(self, peer: PeerID, target: Multiaddr, transport: str, grace_ends: float) -> None:
+    async def _probe(self, peer: PeerID, target: Multiaddr, transport: str, entry: tuple[float, str]) -> None:
         """Dial ``peer`` at ``target`` from our listen socket; identify on the new connection
         reports our address there (and the connection keeps that NAT mapping alive)."""
         try:
@@ -120,7 +128,7 @@ class AddressObserver(BaseService):
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             log.debug("observation dial to %s at %s failed: %s", peer.short(), target, describe(exc))
         finally:
-            self._probing[transport].remove(grace_ends)
+            self._probing[transport].remove(entry)
             self._touch()
 
     async def _touch_at(self, when: float) -> None:
@@ -154,11 +162,11 @@ __all__ = ["AddressObserver"]
 
 
 def _grace(identify_took: float) -> float:
-    """How long a punch waits for an observation dial to answer: a QUIC handshake to a peer that
-    has just identified over TCP takes a round trip or two, and a machine slow at the one is slow
-    at the other, so the grace scales with how long that identify took (from its connection's
-    opening), within a floor and the punch's whole observation wait. An office that drops UDP
-    hears nothing from its dial for as long as the dial lasts: past the grace, a punch goes on
-    with the addresses it has."""
+    """How long a punch waits for an observation dial that has heard nothing from its peer: a
+    QUIC handshake to a peer that has just identified over TCP takes a round trip or two, and a
+    machine slow at the one is slow at the other, so the grace scales with how long that identify
+    took (from its connection's opening), within a floor and the punch's whole observation wait.
+    An office that drops UDP hears nothing from its dial for as long as the dial lasts: past the
+    grace, a punch goes on with the addresses it has."""
     return min(limits.DCUTR_OBSERVATION_WAIT,
                max(limits.OBSERVATION_DIAL_GRACE, limits.OBSERVATION_DIAL_GRACE_FACTOR * max(0.0, identify_took)))

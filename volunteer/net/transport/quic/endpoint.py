@@ -354,6 +354,12 @@ class UdpEndpoint:
             raise
         return session
 
+    def answering(self, host: str) -> bool:
+        """Whether a dial of ours to ``host`` is still in its handshake and has heard from it:
+        the peer is answering, however slowly (a UDP-dropping firewall lets nothing back)."""
+        return any(s.is_client and s.bytes_received and not s.handshake_done.is_set() and str(s.remote[0]) == host
+                   for s in self.sessions)
+
     # --- hole punching ------------------------------------------------------------------------
     def punch(self, remote: Address, size: int = limits.QUIC_HOLE_PUNCH_PACKET) -> None:
         """One datagram of random bytes to ``remote`` from this socket: it opens our NAT's mapping

@@ -149,6 +149,11 @@ class QuicTransport(BaseService):
     def can_listen(self, addr: Multiaddr) -> bool:
         return is_quic(addr) and addr.protocols()[0] in ("ip4", "ip6")
 
+    def answering(self, host: str) -> bool:
+        """Whether a dial of ours from a shared endpoint to ``host`` is in its handshake and has
+        heard from it (``UdpEndpoint.answering``)."""
+        return any(endpoint.answering(host) for endpoint in self.shared.values())
+
     def endpoint_for(self, family: int) -> UdpEndpoint | None:
         """The shared (listening) endpoint of ``family``, if we listen on one."""
         return self.shared.get(family)
