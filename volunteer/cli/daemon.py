@@ -128,6 +128,11 @@ class Daemon:
         else:
             self.conduct = Conduct(folding=options.folding, origin="start" if options.folding else "consent",
                                    reason=options.start_reason, now=self.clock())
+        # no consent yet: nothing is dialled, joined, placed or downloaded until the donor folds
+        # (Folding@home fetches nothing before a yes); the control socket and the page answer meanwhile
+        self.awaiting_consent = not options.folding
+        self._wake = trio.Event()  # a fold while awaiting consent, or a leave
+        self.joined = trio.Event()  # the node is up (at once, or after the consent)
         self.steward = Steward(self.conduct, options.policy, probe, period=options.policy_period,
                                failure_limit=options.failure_limit, transferred_today=self._transferred_today,
                                on_fold=options.on_fold, on_choice=self._keep_choice)
@@ -146,29 +151,42 @@ class Daemon:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
-        began = trio.current_time()
-        # each call answered with a result counts its caller among the trainers served; each
-        # call's outcome tells self-care which expert keeps failing
-        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome)
+        started = False
         try:
             async with trio.open_nursery() as nursery:
-                async with open_volunteer(self.swarm, options) as node:
-                    self.node = node
-                    if self._leave_asked:  # a signal that came while the node was starting
-                        node.leave()
-                    nursery.start_soon(self._watch_reachable, began)
-                    await nursery.start(self.steward.run, node)  # a consent-less first start pauses here
+                if self.awaiting_consent:
                     await nursery.start(self._serve_control)
-                    nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
-                    await node.wait_leave()
-                    self._observe_contributions()  # the last requests of the session count too
+                    started = True
+                    await self._wake.wait()
+                if not self._leave_asked or not self.awaiting_consent:  # a leave before the consent joins nothing
+                    await self._join(nursery, started, task_status)
                 # the control socket answers until the node has left: `status` shows the leave
                 nursery.cancel_scope.cancel()
         finally:
             logging.getLogger().removeHandler(self.logs)
             self._save_contributions()
             self._left.set()
+
+    async def _join(self, nursery: trio.Nursery, started: bool, task_status) -> None:
+        began = trio.current_time()
+        # each call answered with a result counts its caller among the trainers served; each
+        # call's outcome tells self-care which expert keeps failing
+        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome)
+        async with open_volunteer(self.swarm, options) as node:
+            self.node = node
+            if self._leave_asked:  # a signal that came while the node was starting
+                node.leave()
+            nursery.start_soon(self._watch_reachable, began)
+            await nursery.start(self.steward.run, node)
+            if not started:
+                await nursery.start(self._serve_control)
+            nursery.start_soon(self._keep_contributions)
+            self.joined.set()
+            if not started:
+                task_status.started(self)
+            await node.wait_leave()
+            self._observe_contributions()  # the last requests of the session count too
 
     async def _keep_contributions(self) -> None:
         """Save the contributions every SAVE_PERIOD seconds, so a crash loses a minute at most."""
@@ -262,6 +280,7 @@ class Daemon:
     def leave(self) -> None:
         """Start a graceful leave (Ctrl-C, SIGTERM, ``volunteer stop``)."""
         self._leave_asked = True
+        self._wake.set()
         if self.node is not None:
             self.node.leave()
 
@@ -275,14 +294,27 @@ class Daemon:
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "status": self.snapshot()}
-        if self.node is None:  # the control socket only opens once the node is up
-            return {"ok": False, "error": "the node is not running"}
         if cmd in ("fold", "resume", "pause", "finish"):
-            return await self.steward.ask("fold" if cmd == "resume" else cmd, "cli")
+            return await self.ask("fold" if cmd == "resume" else cmd, "cli")
         if cmd == "leave":
             self.leave()
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {str(cmd)[:32]!r}"}
+
+    async def ask(self, action: str, origin: str) -> dict:
+        """fold / pause / finish from ``origin`` (cli, web). Before the donor's consent only a fold
+        does anything: it records the consent and joins the swarm (the reply comes at once, the
+        join goes on); pause and finish leave a daemon that joined nothing as it is."""
+        if self.node is None and self.awaiting_consent:
+            if action != "fold":
+                return {"ok": True, "paused": True, "state": self.conduct.state, "text": self.conduct.text,
+                        "changed": False}
+            reply = await self.steward.ask("fold", origin)
+            self._wake.set()
+            return {**reply, "text": f"{reply['text']}; joining the swarm"}
+        if self.node is None:  # the control socket opens once the node is up, or before a consent
+            return {"ok": False, "error": "the node is not running"}
+        return await self.steward.ask(action, origin)
 
     # --- status ----------------------------------------------------------------------------------
     def snapshot(self) -> dict:

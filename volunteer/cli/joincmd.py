@@ -253,14 +253,17 @@ def settle_consent(args: argparse.Namespace, options) -> None:
             options.folding = True
             options.start_reason = "you agreed at the first start"
             return
-        print("starting paused: nothing is computed until you run `volunteer fold`", flush=True)
+        print(NOT_JOINED, flush=True)
     else:
         print("first start on this machine: volunteer will use", flush=True)
         for line in lines:
             print(f"  {line}", flush=True)
-        print("starting paused: run `volunteer fold` to start donating (or join with --yes)", flush=True)
-    options.node.start_paused = True
+        print(NOT_JOINED + " (or join with --yes)", flush=True)
+    # the daemon joins nothing and fetches nothing until a fold (Daemon.awaiting_consent)
     options.start_reason = "waiting for your consent: `volunteer fold` starts"
+
+
+NOT_JOINED = "not joining yet: nothing is joined, downloaded or computed until you run `volunteer fold`"
 
 
 def say_memory_estimate(options) -> None:
@@ -317,17 +320,11 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
 
             nursery.start_soon(exit_with_parent, daemon.leave)
             await nursery.start(daemon.run)
-            snap = daemon.snapshot()
-            print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
-            for addr in snap["listen_addrs"][:4]:
-                print(f"  listening on {addr}", flush=True)
-            if options.node.uids:
-                node = options.node
-                print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
-            elif options.node.place:
-                hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
-                print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
-                      + (" …" if len(hosted) > 8 else ""), flush=True)
+            if daemon.node is not None:
+                _say_joined(daemon, options)
+            else:  # no consent yet: the socket and the page answer, `fold` joins
+                print(f"  waiting for your consent to join swarm {options.swarm.name!r}: `volunteer fold` joins", flush=True)
+                nursery.start_soon(_say_joined_later, daemon, options)
             if metrics_sock is not None:
                 from .webserve import serve_metrics
 
@@ -343,8 +340,6 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                     where = f" (from the LAN: {', '.join(f'http://{n}:{web_sock.getsockname()[1]}/' for n in lan[:3])})" if lan else ""
                     print(f"  note: the web page listens beyond this machine{where}; only the token keeps others out",
                           flush=True)
-            if not daemon.conduct.serving:
-                print(f"  {daemon.conduct.text}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
@@ -364,8 +359,34 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
             print(f"  handed off {uid} (version {version}) to {peer[-10:]}", flush=True)
         for uid, why in sorted(handed.failed.items()):
             print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
-    print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
+    if daemon.node is None:
+        print("stopped: never joined the swarm (no consent given)", flush=True)
+    else:
+        print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
     return 0
+
+
+def _say_joined(daemon, options) -> None:
+    """The lines of a join: who we are, where we listen, what we host."""
+    snap = daemon.snapshot()
+    print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
+    for addr in snap["listen_addrs"][:4]:
+        print(f"  listening on {addr}", flush=True)
+    if options.node.uids:
+        node = options.node
+        print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
+    elif options.node.place:
+        hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
+        print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
+              + (" …" if len(hosted) > 8 else ""), flush=True)
+    if not daemon.conduct.serving:
+        print(f"  {daemon.conduct.text}", flush=True)
+
+
+async def _say_joined_later(daemon, options) -> None:
+    """The join's lines once the donor's fold let the daemon join."""
+    await daemon.joined.wait()
+    _say_joined(daemon, options)
 
 
 async def _report_reachable(daemon) -> None:
