@@ -1,16 +1,21 @@
 """How a donor's daemon starts: without consent it joins nothing (no dial, no DHT, no experts, no
-state fetched) until a fold, which then joins."""
+state fetched) until a fold, which then joins; with consent, the run-when policies are looked at
+before anything is declared, so a start on battery is paused from its first moment."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import trio
 
+from volunteer.cli import daemon as daemon_module
 from volunteer.cli.control import request
 from volunteer.cli.daemon import Daemon, DaemonOptions
+from volunteer.cli.policy import settings_from
 from volunteer.dht.grid import get_experts
 from volunteer.node import open_volunteer
 
-from .test_donor_steward import UIDS, options, spec, until
+from .test_donor_steward import UIDS, Machine, options, spec, until
 
 
 async def test_a_declined_consent_joins_nothing_until_fold(tmp_path):
@@ -48,3 +53,28 @@ async def test_a_leave_before_consent_ends_without_joining(tmp_path):
             await daemon.wait_left()
     assert daemon.node is None
 
+
+async def test_a_start_on_battery_is_paused_before_anything_is_declared(monkeypatch):
+    seen: list[bool] = []
+    real = daemon_module.open_volunteer
+
+    @asynccontextmanager
+    async def watched(swarm, opts):
+        async with real(swarm, opts) as node:
+            seen.append(node.paused)  # as the node comes up, before the steward has looked
+            yield node
+
+    monkeypatch.setattr(daemon_module, "open_volunteer", watched)
+    machine = Machine(battery=True)
+    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(expert_class="ffn", uids=UIDS, hidden_dim=8),
+                                  policy=settings_from({}), probe=machine))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            assert seen == [True] and daemon.node.paused and daemon.node.declarer.declarations == 0
+            assert [(e.action, e.origin) for e in daemon.conduct.events] == [("fold", "start"), ("paused", "policy")]
+            machine.battery = False
+            daemon.steward.sample()
+            await until(lambda: not daemon.node.paused)
+            daemon.leave()
+            await daemon.wait_left()

@@ -170,9 +170,12 @@ class Daemon:
 
     async def _join(self, nursery: trio.Nursery, started: bool, task_status) -> None:
         began = trio.current_time()
+        # the run-when policies are looked at before anything is declared: a start outside the
+        # network hours or on battery is paused from its first moment, not a sample later
+        paused = self.options.node.start_paused or not self.first_verdict()
         # each call answered with a result counts its caller among the trainers served; each
         # call's outcome tells self-care which expert keeps failing
-        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome)
+        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome, start_paused=paused)
         async with open_volunteer(self.swarm, options) as node:
             self.node = node
             if self._leave_asked:  # a signal that came while the node was starting
@@ -187,6 +190,12 @@ class Daemon:
                 task_status.started(self)
             await node.wait_leave()
             self._observe_contributions()  # the last requests of the session count too
+
+    def first_verdict(self) -> bool:
+        """Sample the run-when policies once, before the node starts; whether it may serve."""
+        if self.options.probe is not None:
+            self.steward.sample()
+        return self.conduct.serving
 
     async def _keep_contributions(self) -> None:
         """Save the contributions every SAVE_PERIOD seconds, so a crash loses a minute at most."""
