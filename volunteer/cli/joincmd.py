@@ -191,6 +191,7 @@ def build_options(args: argparse.Namespace):
         chosen = choose_gpus(torch.cuda.device_count() if torch.cuda.is_available() else 0, donor.gpus, donor.exclude_gpus)
         device, devices = f"cuda:{chosen[0]}", [f"cuda:{i}" for i in chosen] if len(chosen) > 1 else []
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
+    refuse_own_relay(spec, keypair.peer_id, args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
         # TCP and QUIC on IPv4, and on IPv6 too when this machine has a global IPv6 address
@@ -224,6 +225,18 @@ def build_options(args: argparse.Namespace):
     return DaemonOptions(swarm=spec, node=node, control_path=args.control or default_control_path(), state_dir=state_dir(),
                          policy=donor.policy, folding=donor.consent, probe=probe_from_env(), policy_period=period,
                          failure_limit=donor.failure_limit)
+
+
+def refuse_own_relay(spec, peer_id, key_path) -> None:
+    """A donor whose swarm names its own peer ID as a relay or bootstrap peer (a relay run with
+    the donor's key on this machine) would reserve on itself and report it reachable: one line."""
+    for addr in spec.entry_points:
+        if addr.peer_id == peer_id:
+            raise VolunteerError(
+                f"swarm {spec.name!r} names this donor's own peer ID as a relay or bootstrap peer ({addr}): "
+                f"a relay and a donor need keys of their own (the relay's default is relay.key); "
+                f"run the relay without --identity {key_path}, or join with another --identity"
+            )
 
 
 def settle_consent(args: argparse.Namespace, options) -> None:
