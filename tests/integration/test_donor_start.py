@@ -78,3 +78,31 @@ async def test_a_start_on_battery_is_paused_before_anything_is_declared(monkeypa
             await until(lambda: not daemon.node.paused)
             daemon.leave()
             await daemon.wait_left()
+
+
+async def test_the_donors_own_actions_are_notices_not_warnings(caplog):
+    """fold and pause, by hand or by a run-when policy, log at INFO; WARN stays for problems."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    machine = Machine(battery=False)
+    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(expert_class="ffn", uids=UIDS, hidden_dim=8),
+                                  policy=settings_from({}), probe=machine))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            machine.battery = True
+            daemon.steward.sample()
+            await until(lambda: daemon.node.paused)
+            machine.battery = False
+            daemon.steward.sample()
+            await until(lambda: not daemon.node.paused)
+            assert (await daemon.ask("pause", "cli"))["paused"]
+            assert not (await daemon.ask("fold", "cli"))["paused"]
+            daemon.leave()
+            await daemon.wait_left()
+    lines = {(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("volunteer")}
+    for notice in ("paused (policy): on battery", "resume (policy): run-when policies allow it", "pause (cli)", "fold (cli)"):
+        assert ("INFO", notice) in lines, lines
+    assert not [line for line in lines if line[0] == "WARNING"], lines
+    assert not [r for r in daemon.logs.records if r.get("event")]  # the Log panel keeps problems only

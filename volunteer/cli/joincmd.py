@@ -308,7 +308,23 @@ def run_join(args: argparse.Namespace) -> int:
         check_checkpoint_dir(options.node.checkpoint_dir)
         say_memory_estimate(options)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
+    if not dashboard:
+        show_notices()
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
+
+
+NOTICES = "volunteer.cli.steward"  # the donor's own actions (fold, pause, finish, by hand or by policy)
+
+
+def show_notices() -> None:
+    """Without the dashboard (a service, the journal), the steward's notices print at INFO even
+    without -v: they say what the daemon did, and warnings stay for problems. The dashboard shows
+    the same in its events panel."""
+    import logging
+
+    notices = logging.getLogger(NOTICES)
+    if notices.getEffectiveLevel() > logging.INFO:
+        notices.setLevel(logging.INFO)
 
 
 async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None,
