@@ -106,3 +106,68 @@ async def test_the_donors_own_actions_are_notices_not_warnings(caplog):
         assert ("INFO", notice) in lines, lines
     assert not [line for line in lines if line[0] == "WARNING"], lines
     assert not [r for r in daemon.logs.records if r.get("event")]  # the Log panel keeps problems only
+
+
+
+async def blackholing_proxy(target_port: int, dead: trio.Event, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A TCP proxy to ``target_port`` that, once ``dead`` is set, swallows every byte both ways
+    and keeps the connections open: a relay whose machine went away without a word."""
+
+    async def pump(source, sink) -> None:
+        while data := await source.receive_some(65536):
+            if not dead.is_set():
+                await sink.send_all(data)
+
+    async def handle(client) -> None:
+        upstream = await trio.open_tcp_stream("127.0.0.1", target_port)
+        async with client, upstream, trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client, upstream)
+            nursery.start_soon(pump, upstream, client)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with listeners[0]:
+        task_status.started(listeners[0].socket.getsockname()[1])
+        await trio.serve_listeners(handle, listeners)
+
+
+async def test_a_relay_that_died_is_said_in_status_not_left_green():
+    """The only relay's machine goes silent after the donor reserved on it (its connection stays
+    open, nothing answers): status, the dashboard and the state text say it stopped answering,
+    instead of a frozen round trip beside "running"."""
+    from relay.node import open_relay_node
+    from volunteer.cli.dashboard import render_text
+    from volunteer.dht import DHTConfig
+    from volunteer.net.identity import KeyPair
+    from volunteer.net.multiaddr import Multiaddr
+    from volunteer.net.stack import StackOptions
+    from volunteer.node import VolunteerOptions
+    from volunteer.swarmfile import SwarmSpec
+
+    swarm = "relaydies"
+    dead = trio.Event()
+    with trio.fail_after(60):
+        async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], swarms=[swarm]) as relay, \
+                trio.open_nursery() as nursery:
+            real = relay.host.full_addrs()[0]
+            port = await nursery.start(blackholing_proxy, int(real.value_for("tcp")), dead)
+            via = Multiaddr(f"/ip4/127.0.0.1/tcp/{port}/p2p/{relay.host.peer_id}")
+            # no AutoNAT servers: on loopback they would call us public, and public needs no relay
+            node = VolunteerOptions(listen=["/ip4/127.0.0.1/tcp/0"], keypair=KeyPair.generate(), mdns=False,
+                                    dht_config=DHTConfig(swarm_id=swarm), nat_servers=[], stack=StackOptions(perf=None))
+            daemon = Daemon(DaemonOptions(swarm=SwarmSpec(swarm, swarm, [via], [via]), node=node, relay_check_period=0.1))
+            await nursery.start(daemon.run)
+
+            def relays() -> list[dict]:
+                return [r for r in daemon.snapshot().get("reachability", {}).get("relays", []) if r.get("reserved")]
+
+            await until(lambda: any(r.get("answering") for r in relays()), timeout=40)
+            assert "relay_warning" not in daemon.snapshot()
+            dead.set()
+            await until(lambda: any(r.get("answering") is False for r in relays()), timeout=40)
+            snap = daemon.snapshot()
+            assert "not answering for" in snap["state_text"] and "not answering" in snap["reachable_how"]
+            assert "NOT ANSWERING" in render_text(snap, width=160, height=60)
+            with trio.move_on_after(5):
+                daemon.leave()
+                await daemon.wait_left()
+            nursery.cancel_scope.cancel()

@@ -30,6 +30,7 @@ from .probes import SystemProbe
 from .steward import POLICY_PERIOD, Steward, TrafficMeter
 from .gpu import GpuMonitor
 from .rates import Window
+from .relaywatch import RELAY_CHECK_PERIOD, RelayWatch, silent_text, watch_relays
 from .roles import classify_connections
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class DaemonOptions:
     probe: SystemProbe | None = None  # the machine's battery, load, programs and clock (None: no policies)
     policy_period: float = POLICY_PERIOD
     failure_limit: int = 5
+    relay_check_period: float = RELAY_CHECK_PERIOD  # seconds between pings of each reserved relay
     on_fold: Callable[[str], None] | None = None  # told of a fold from the donor (records consent)
 
 
@@ -139,6 +141,7 @@ class Daemon:
         self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
         self.reachable_how = ""
         self.reachable = trio.Event()
+        self.relay_watch = RelayWatch()  # whether the relays we hold reservations on still answer
         self.web_url: str | None = None  # the local web page's address, once it is served
         self.web_login: str | None = None  # ... and the link that logs a browser in (it holds the token)
         self._save_warned = False
@@ -181,6 +184,7 @@ class Daemon:
             if self._leave_asked:  # a signal that came while the node was starting
                 node.leave()
             nursery.start_soon(self._watch_reachable, began)
+            nursery.start_soon(self._watch_relays)
             await nursery.start(self.steward.run, node)
             if not started:
                 await nursery.start(self._serve_control)
@@ -286,6 +290,23 @@ class Daemon:
         log.info("reachable after %.1f s: %s", self.reachable_after_s, how)
         self.reachable.set()
 
+    async def _watch_relays(self) -> None:
+        node = self.node
+        if node is None or node.host.service(NatManager) is None:
+            return
+
+        def reserved() -> list[str]:
+            view = views.reachability_view(node) or {}
+            return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
+
+        def connection_to(peer: str):
+            for conn in node.host.connections():
+                if str(conn.remote_peer) == peer and not conn.is_closed and not conn.remote_addr.is_relayed():
+                    return conn
+            return None
+
+        await watch_relays(reserved, connection_to, self.relay_watch, period=self.options.relay_check_period)
+
     def leave(self) -> None:
         """Start a graceful leave (Ctrl-C, SIGTERM, ``volunteer stop``)."""
         self._leave_asked = True
@@ -349,7 +370,15 @@ class Daemon:
         if node is not None:
             reachability = views.reachability_view(node)
             if reachability is not None:
+                for relay in reachability["relays"]:
+                    if relay.get("reserved"):
+                        relay.update(self.relay_watch.view(relay.get("peer_id", ""), now))
                 snap["reachability"] = reachability
+                silent = silent_text(reachability["relays"])
+                if silent:  # a dead relay's reservation reaches nobody: say so wherever the state shows
+                    snap["relay_warning"] = silent
+                    snap["state_text"] = f"{snap['state_text']}; {silent}"
+                    snap["reachable_how"] = f"{self.reachable_how or 'not yet'}, but {silent}"
             served = self.contributions.session_trainers
             snap["connections"] = classify_connections(views.connections_view(node.host), node.host, self.swarm.id,
                                                        reachability, served)

@@ -88,7 +88,12 @@ def _reachability(s: dict) -> Table:
         parts = []
         for relay in relays:
             state = "reserved" if relay.get("reserved", True) else text(relay.get("error"), "not reserved")
-            parts.append(f"{text(short(relay.get('peer_id') or relay.get('addr')))} {state} rtt {num(relay.get('rtt_ms'), '{:.1f} ms')}")
+            name = text(short(relay.get('peer_id') or relay.get('addr')))
+            if relay.get("reserved", True) and relay.get("answering") is False:  # a dead relay's reservation
+                silent = finite(relay.get("silent_s"))
+                parts.append(f"[red]{name} NOT ANSWERING[/]" + (f" for {duration(silent)}" if silent is not None else ""))
+                continue
+            parts.append(f"{name} {state} rtt {num(relay.get('rtt_ms'), '{:.1f} ms')}")
         table.add_row("relays: " + "; ".join(parts))
     elif status == "private":
         table.add_row("relays: none reserved yet")
