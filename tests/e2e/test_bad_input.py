@@ -48,7 +48,7 @@ def test_a_gpu_device_name_is_one_line(tmp_path, cli_env):
 
 def test_an_unreachable_relay_is_one_short_line_pointing_to_doctor(tmp_path, cli_env):
     swarm = unreachable_swarm(tmp_path)
-    line = one_line_error(run_cli("join", swarm, "--no-dashboard", env=cli_env))
+    line = one_line_error(run_cli("join", swarm, "--yes", "--no-dashboard", env=cli_env))  # consent: it dials
     assert line.startswith("volunteer join: cannot reach swarm 'dead': its bootstrap peer 127.0.0.1:")
     assert "did not answer (Connection refused)" in line and line.endswith(f"; run `volunteer doctor {swarm}` to see why")
     assert "12D3KooW" not in line and len(line) - len(swarm) < 150, line  # no peer id repeated, short

@@ -333,6 +333,8 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
     from .daemon import Daemon
 
     daemon = Daemon(options, control_lock=lock)
+    if daemon.awaiting_consent:  # nothing is dialled before a fold, but what is wrong here is said now, not then
+        check_before_consent(options.node)
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
@@ -393,6 +395,45 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
     else:
         print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
     return 0
+
+
+def check_before_consent(node) -> None:
+    """What ``open_volunteer`` would refuse on this machine alone (a device it lacks, a port
+    taken), checked before a daemon waits for consent, so the error is one line now and not after
+    the donor's fold."""
+    from ..node import check_device
+
+    if node.hosts_experts and node.experts_config is None:
+        for device in [node.device, *node.devices]:
+            check_device(device, node.max_gpu_memory)
+    check_listen_ports(node.listen)
+
+
+def check_listen_ports(listen) -> None:
+    """ListenError in one line (the Host's words) when a fixed TCP or UDP port of ``listen`` is
+    taken: a daemon waiting for consent opens its listeners only once the donor folds."""
+    import errno
+    import socket
+
+    from ..errors import ListenError
+    from ..net.multiaddr import Multiaddr
+
+    for text in listen:
+        addr = Multiaddr(text)
+        host = addr.value_for("ip4") or addr.value_for("ip6")
+        for kind, proto in (("tcp", socket.SOCK_STREAM), ("udp", socket.SOCK_DGRAM)):
+            port = addr.value_for(kind)
+            if host is None or not port or int(port) == 0:
+                continue
+            family = socket.AF_INET6 if addr.value_for("ip6") else socket.AF_INET
+            with socket.socket(family, proto) as sock:
+                if proto == socket.SOCK_STREAM:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will
+                try:
+                    sock.bind((host, int(port)))
+                except OSError as exc:
+                    reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+                    raise ListenError(f"cannot listen on {addr}: {reason}") from None
 
 
 def _say_joined(daemon, options) -> None:
