@@ -33,7 +33,11 @@ async def test_a_declined_consent_joins_nothing_until_fold(tmp_path):
                 assert not seed.host.connections()  # nobody dialled the swarm
                 status = (await request(path, "status"))["status"]
                 assert status["paused"] and status["state_text"].startswith("paused until you agree")
-                assert status["experts"] == [] and "connections" not in status
+                assert status["experts"] == [] and "connections" not in status and status["joined"] is False
+                from volunteer.cli.dashboard import render_text
+
+                shown = render_text(status, width=120, height=60)
+                assert "not joined: nothing dialled" in shown and "server mode" not in shown
                 assert (await request(path, "pause"))["paused"] and daemon.node is None  # changes nothing
                 reply = await request(path, "fold")
                 assert reply["ok"] and "joining the swarm" in reply["text"]

@@ -365,6 +365,8 @@ class Daemon:
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
             "reachable_after_s": self.reachable_after_s,
             "reachable_how": self.reachable_how,
+            # False while a daemon without consent waits: no host, no DHT, nothing fetched
+            "joined": node is not None,
         }
         now = trio.current_time()
         if node is not None:

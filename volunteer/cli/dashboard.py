@@ -70,9 +70,15 @@ def _identity(s: dict, compact: bool) -> Table:
     return table
 
 
+NOT_JOINED = "not joined: nothing dialled, announced or downloaded until you fold (waiting for your consent)"
+
+
 def _reachability(s: dict) -> Table:
     reach = as_dict(s.get("reachability"))
     table = section("Reachability", 1)
+    if s.get("joined") is False:
+        table.add_row(NOT_JOINED)
+        return table
     status = line(reach.get("status") or "unknown")
     words = REACHABILITY_WORDS.get(status, text(status))
     after = finite(s.get("reachable_after_s"))
@@ -127,6 +133,9 @@ def _connections(conns: list[dict], rows: int) -> Table:
 def _dht(s: dict) -> Table:
     dht = as_dict(s.get("dht"))
     table = section("DHT", 1)
+    if s.get("joined") is False:
+        table.add_row("none running: not joined yet")
+        return table
     age = dht.get("last_declared_age_s")
     declared = f"{duration(age)} ago" if finite(age) is not None else "never"
     mode = "client mode" if dht.get("client_mode") else "server mode"
