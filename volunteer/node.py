@@ -150,8 +150,9 @@ class VolunteerNode:
         if not quiet:
             log.warning("paused: experts withdrawn from the DHT, new requests refused")
 
-    def resume(self) -> None:
-        """Take requests and declare the experts again."""
+    def resume(self, *, quiet: bool = False) -> None:
+        """Take requests and declare the experts again. ``quiet``: no log line (the donor's
+        steward logs its own notice of the fold)."""
         self.paused = False
         if self.runtime is not None:
             self.runtime.resume()
@@ -159,7 +160,8 @@ class VolunteerNode:
             self.declarer.resume()
         if self.replicas is not None:
             self.replicas.resume()
-        log.warning("resumed: experts declared again")
+        if not quiet:
+            log.warning("resumed: experts declared again")
 
     async def _leave_gracefully(self) -> None:
         # vanish from lookups, refuse new work, let running work finish (checkpoints come after)

@@ -48,7 +48,7 @@ def test_a_gpu_device_name_is_one_line(tmp_path, cli_env):
 
 def test_an_unreachable_relay_is_one_short_line_pointing_to_doctor(tmp_path, cli_env):
     swarm = unreachable_swarm(tmp_path)
-    line = one_line_error(run_cli("join", swarm, "--no-dashboard", env=cli_env))
+    line = one_line_error(run_cli("join", swarm, "--yes", "--no-dashboard", env=cli_env))  # consent: it dials
     assert line.startswith("volunteer join: cannot reach swarm 'dead': its bootstrap peer 127.0.0.1:")
     assert "did not answer (Connection refused)" in line and line.endswith(f"; run `volunteer doctor {swarm}` to see why")
     assert "12D3KooW" not in line and len(line) - len(swarm) < 150, line  # no peer id repeated, short
@@ -142,3 +142,14 @@ def test_a_web_token_that_cannot_be_read_or_written_is_one_line_before_joining(t
     line = one_line_error(run_cli("join", unreachable_swarm(tmp_path), "--web", "127.0.0.1:0", "--no-dashboard",
                                   env=cli_env))
     assert "--web needs its token file" in line and "web-token" in line
+
+
+def test_a_swarm_whose_relay_is_this_donor_is_one_line(tmp_path, cli_env):
+    """A relay started with the donor's own key (``volunteer relay --identity identity.key``) is
+    the same peer: joining through it would reserve on ourselves and call that reachable."""
+    me = run_cli("id", env=cli_env).stdout.split()[0]
+    path = tmp_path / "self.toml"
+    path.write_text(f'name = "self"\nrelays = ["/ip4/127.0.0.1/tcp/4001/p2p/{me}"]\n')
+    line = one_line_error(run_cli("join", str(path), "--yes", "--no-dashboard", env=cli_env))
+    assert line.startswith("volunteer join: swarm 'self' names this donor's own peer ID as a relay"), line
+    assert "relay.key" in line

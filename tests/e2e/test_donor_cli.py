@@ -120,7 +120,7 @@ def test_first_join_asks_for_consent_and_fold_starts_and_remembers(relay, tmp_pa
         assert "first start on this machine: volunteer will use" in text
         for part in ("device:        cpu", "CPU threads:", "upload:        no cap", "port mapping:  off", "when:          pause on battery"):
             assert part in text
-        assert "starting paused: run `volunteer fold` to start donating (or join with --yes)" in text
+        assert "not joining yet: nothing is joined, downloaded or computed until you run `volunteer fold` (or join with --yes)" in text
         status = daemon.status()
         assert status["paused"] and status["state_text"] == "paused until you agree to donate: `volunteer fold` starts"
         time.sleep(2)

@@ -42,7 +42,8 @@ def test_join_refuses_bad_input_with_one_line(tmp_path, cli_env):
     assert "unknown swarm 'nosuchswarm'" in line
     line = one_line_error(run_cli("join", swarm, "--experts", "bogus", env=cli_env))
     assert "CLASS:PATTERN" in line
-    line = one_line_error(run_cli("join", swarm, "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", env=cli_env))
+    # --yes: without consent nothing is dialled (the daemon waits for `volunteer fold`)
+    line = one_line_error(run_cli("join", swarm, "--yes", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", env=cli_env))
     assert "cannot reach swarm 'dead'" in line
     line = one_line_error(run_cli("join", swarm, "--device", "cuda:7", "--experts", "ffn:e.[0:2]", env=cli_env))
     assert "no CUDA device cuda:7" in line and "--device cpu" in line
@@ -63,8 +64,10 @@ def test_join_on_a_busy_port(tmp_path, cli_env):
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        line = one_line_error(run_cli("join", unreachable_swarm(tmp_path), "--listen", f"/ip4/127.0.0.1/tcp/{port}", env=cli_env))
-        assert "address already in use" in line
+        for consent in ([], ["--yes"]):  # waiting for consent, a busy port is said at once all the same
+            line = one_line_error(run_cli("join", unreachable_swarm(tmp_path), *consent, "--listen", f"/ip4/127.0.0.1/tcp/{port}",
+                                          env=cli_env))
+            assert "address already in use" in line, consent
     finally:
         holder.close()
 

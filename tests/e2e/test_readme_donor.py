@@ -111,7 +111,7 @@ def test_every_donor_command_of_the_readme_works_as_written(tmp_path, cli_env):
                 first = not any(c.split()[1] == "join" for c in ran)
                 # the first start on this machine, without a terminal, waits for `volunteer fold`,
                 # which the README runs next; that consent is remembered for later starts
-                assert ("starting paused: run `volunteer fold`" in started) == first, started
+                assert ("not joining yet: nothing is joined" in started) == first, started
                 # the estimate the README promises, before the experts are built
                 assert "memory estimate: 8 experts × " in started and " on cpu, of " in started, started
                 ran.append(command)

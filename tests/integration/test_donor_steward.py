@@ -198,7 +198,10 @@ async def test_a_volunteer_cut_off_from_the_swarm_says_so_redials_and_sees_it_co
     """Its only entry point goes away: after the grace it says "cut off from the swarm since …"
     (log, status text, snapshot) and re-dials the entry point every period; once the entry point
     is back at its address, a re-dial reaches it and the daemon says it is back in touch."""
+    import logging
     import socket
+
+    caplog.set_level(logging.INFO)  # being back is a notice; being cut off, a warning
 
     from volunteer.cli.selfcare import SwarmContact
     from volunteer.net.identity import KeyPair

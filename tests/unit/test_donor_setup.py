@@ -170,3 +170,20 @@ def test_the_consent_summary_says_join_maps_ports_by_default(monkeypatch):
     assert "port mapping:  on" in text and "no router changes" not in text
     node.stack = StackOptions(port_mapping=False)  # --no-port-mapping
     assert "port mapping:  off" in "\n".join(consent.summary_lines(node, policy_lines=["always"], web=None))
+
+
+def test_a_read_only_config_dir_is_one_line_for_the_web_token(tmp_path, monkeypatch):
+    """The token cannot be written (a read-only config directory; as root, modes do not refuse,
+    so the refusal is the kernel's answer stood in for): one VolunteerError line, no traceback."""
+    from volunteer.cli.webpage import load_or_create_token
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(VolunteerError, match=r"--web needs its token file .*web-token: Permission denied"):
+        load_or_create_token(tmp_path / "config" / "web-token")
+    (tmp_path / "dir" / "web-token").mkdir(parents=True)
+    monkeypatch.undo()
+    with pytest.raises(VolunteerError, match="Is a directory"):
+        load_or_create_token(tmp_path / "dir" / "web-token")

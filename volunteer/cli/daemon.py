@@ -30,6 +30,7 @@ from .probes import SystemProbe
 from .steward import POLICY_PERIOD, Steward, TrafficMeter
 from .gpu import GpuMonitor
 from .rates import Window
+from .relaywatch import RELAY_CHECK_PERIOD, RelayWatch, silent_text, watch_relays
 from .roles import classify_connections
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class DaemonOptions:
     probe: SystemProbe | None = None  # the machine's battery, load, programs and clock (None: no policies)
     policy_period: float = POLICY_PERIOD
     failure_limit: int = 5
+    relay_check_period: float = RELAY_CHECK_PERIOD  # seconds between pings of each reserved relay
     on_fold: Callable[[str], None] | None = None  # told of a fold from the donor (records consent)
 
 
@@ -128,12 +130,18 @@ class Daemon:
         else:
             self.conduct = Conduct(folding=options.folding, origin="start" if options.folding else "consent",
                                    reason=options.start_reason, now=self.clock())
+        # no consent yet: nothing is dialled, joined, placed or downloaded until the donor folds
+        # (Folding@home fetches nothing before a yes); the control socket and the page answer meanwhile
+        self.awaiting_consent = not options.folding
+        self._wake = trio.Event()  # a fold while awaiting consent, or a leave
+        self.joined = trio.Event()  # the node is up (at once, or after the consent)
         self.steward = Steward(self.conduct, options.policy, probe, period=options.policy_period,
                                failure_limit=options.failure_limit, transferred_today=self._transferred_today,
                                on_fold=options.on_fold, on_choice=self._keep_choice)
         self.reachable_after_s: float | None = None  # from the start of run() to public or reserved
         self.reachable_how = ""
         self.reachable = trio.Event()
+        self.relay_watch = RelayWatch()  # whether the relays we hold reservations on still answer
         self.web_url: str | None = None  # the local web page's address, once it is served
         self.web_login: str | None = None  # ... and the link that logs a browser in (it holds the token)
         self._save_warned = False
@@ -146,29 +154,52 @@ class Daemon:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Start the node and the control socket; return once the node has left."""
-        began = trio.current_time()
-        # each call answered with a result counts its caller among the trainers served; each
-        # call's outcome tells self-care which expert keeps failing
-        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome)
+        started = False
         try:
             async with trio.open_nursery() as nursery:
-                async with open_volunteer(self.swarm, options) as node:
-                    self.node = node
-                    if self._leave_asked:  # a signal that came while the node was starting
-                        node.leave()
-                    nursery.start_soon(self._watch_reachable, began)
-                    await nursery.start(self.steward.run, node)  # a consent-less first start pauses here
+                if self.awaiting_consent:
                     await nursery.start(self._serve_control)
-                    nursery.start_soon(self._keep_contributions)
                     task_status.started(self)
-                    await node.wait_leave()
-                    self._observe_contributions()  # the last requests of the session count too
+                    started = True
+                    await self._wake.wait()
+                if not self._leave_asked or not self.awaiting_consent:  # a leave before the consent joins nothing
+                    await self._join(nursery, started, task_status)
                 # the control socket answers until the node has left: `status` shows the leave
                 nursery.cancel_scope.cancel()
         finally:
             logging.getLogger().removeHandler(self.logs)
             self._save_contributions()
             self._left.set()
+
+    async def _join(self, nursery: trio.Nursery, started: bool, task_status) -> None:
+        began = trio.current_time()
+        # the run-when policies are looked at before anything is declared: a start outside the
+        # network hours or on battery is paused from its first moment, not a sample later
+        paused = self.options.node.start_paused or not self.first_verdict()
+        # each call answered with a result counts its caller among the trainers served; each
+        # call's outcome tells self-care which expert keeps failing
+        options = replace(self.options.node, on_served=self._served, on_outcome=self.steward.outcome, start_paused=paused)
+        async with open_volunteer(self.swarm, options) as node:
+            self.node = node
+            if self._leave_asked:  # a signal that came while the node was starting
+                node.leave()
+            nursery.start_soon(self._watch_reachable, began)
+            nursery.start_soon(self._watch_relays)
+            await nursery.start(self.steward.run, node)
+            if not started:
+                await nursery.start(self._serve_control)
+            nursery.start_soon(self._keep_contributions)
+            self.joined.set()
+            if not started:
+                task_status.started(self)
+            await node.wait_leave()
+            self._observe_contributions()  # the last requests of the session count too
+
+    def first_verdict(self) -> bool:
+        """Sample the run-when policies once, before the node starts; whether it may serve."""
+        if self.options.probe is not None:
+            self.steward.sample()
+        return self.conduct.serving
 
     async def _keep_contributions(self) -> None:
         """Save the contributions every SAVE_PERIOD seconds, so a crash loses a minute at most."""
@@ -259,9 +290,27 @@ class Daemon:
         log.info("reachable after %.1f s: %s", self.reachable_after_s, how)
         self.reachable.set()
 
+    async def _watch_relays(self) -> None:
+        node = self.node
+        if node is None or node.host.service(NatManager) is None:
+            return
+
+        def reserved() -> list[str]:
+            view = views.reachability_view(node) or {}
+            return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
+
+        def connection_to(peer: str):
+            for conn in node.host.connections():
+                if str(conn.remote_peer) == peer and not conn.is_closed and not conn.remote_addr.is_relayed():
+                    return conn
+            return None
+
+        await watch_relays(reserved, connection_to, self.relay_watch, period=self.options.relay_check_period)
+
     def leave(self) -> None:
         """Start a graceful leave (Ctrl-C, SIGTERM, ``volunteer stop``)."""
         self._leave_asked = True
+        self._wake.set()
         if self.node is not None:
             self.node.leave()
 
@@ -275,14 +324,27 @@ class Daemon:
         cmd = request.get("cmd")
         if cmd == "status":
             return {"ok": True, "status": self.snapshot()}
-        if self.node is None:  # the control socket only opens once the node is up
-            return {"ok": False, "error": "the node is not running"}
         if cmd in ("fold", "resume", "pause", "finish"):
-            return await self.steward.ask("fold" if cmd == "resume" else cmd, "cli")
+            return await self.ask("fold" if cmd == "resume" else cmd, "cli")
         if cmd == "leave":
             self.leave()
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {str(cmd)[:32]!r}"}
+
+    async def ask(self, action: str, origin: str) -> dict:
+        """fold / pause / finish from ``origin`` (cli, web). Before the donor's consent only a fold
+        does anything: it records the consent and joins the swarm (the reply comes at once, the
+        join goes on); pause and finish leave a daemon that joined nothing as it is."""
+        if self.node is None and self.awaiting_consent:
+            if action != "fold":
+                return {"ok": True, "paused": True, "state": self.conduct.state, "text": self.conduct.text,
+                        "changed": False}
+            reply = await self.steward.ask("fold", origin)
+            self._wake.set()
+            return {**reply, "text": f"{reply['text']}; joining the swarm"}
+        if self.node is None:  # the control socket opens once the node is up, or before a consent
+            return {"ok": False, "error": "the node is not running"}
+        return await self.steward.ask(action, origin)
 
     # --- status ----------------------------------------------------------------------------------
     def snapshot(self) -> dict:
@@ -303,12 +365,22 @@ class Daemon:
             "listen_addrs": [str(a) for a in host.full_addrs()] if host else [],
             "reachable_after_s": self.reachable_after_s,
             "reachable_how": self.reachable_how,
+            # False while a daemon without consent waits: no host, no DHT, nothing fetched
+            "joined": node is not None,
         }
         now = trio.current_time()
         if node is not None:
             reachability = views.reachability_view(node)
             if reachability is not None:
+                for relay in reachability["relays"]:
+                    if relay.get("reserved"):
+                        relay.update(self.relay_watch.view(relay.get("peer_id", ""), now))
                 snap["reachability"] = reachability
+                silent = silent_text(reachability["relays"])
+                if silent:  # a dead relay's reservation reaches nobody: say so wherever the state shows
+                    snap["relay_warning"] = silent
+                    snap["state_text"] = f"{snap['state_text']}; {silent}"
+                    snap["reachable_how"] = f"{self.reachable_how or 'not yet'}, but {silent}"
             served = self.contributions.session_trainers
             snap["connections"] = classify_connections(views.connections_view(node.host), node.host, self.swarm.id,
                                                        reachability, served)

@@ -70,9 +70,15 @@ def _identity(s: dict, compact: bool) -> Table:
     return table
 
 
+NOT_JOINED = "not joined: nothing dialled, announced or downloaded until you fold (waiting for your consent)"
+
+
 def _reachability(s: dict) -> Table:
     reach = as_dict(s.get("reachability"))
     table = section("Reachability", 1)
+    if s.get("joined") is False:
+        table.add_row(NOT_JOINED)
+        return table
     status = line(reach.get("status") or "unknown")
     words = REACHABILITY_WORDS.get(status, text(status))
     after = finite(s.get("reachable_after_s"))
@@ -88,7 +94,12 @@ def _reachability(s: dict) -> Table:
         parts = []
         for relay in relays:
             state = "reserved" if relay.get("reserved", True) else text(relay.get("error"), "not reserved")
-            parts.append(f"{text(short(relay.get('peer_id') or relay.get('addr')))} {state} rtt {num(relay.get('rtt_ms'), '{:.1f} ms')}")
+            name = text(short(relay.get('peer_id') or relay.get('addr')))
+            if relay.get("reserved", True) and relay.get("answering") is False:  # a dead relay's reservation
+                silent = finite(relay.get("silent_s"))
+                parts.append(f"[red]{name} NOT ANSWERING[/]" + (f" for {duration(silent)}" if silent is not None else ""))
+                continue
+            parts.append(f"{name} {state} rtt {num(relay.get('rtt_ms'), '{:.1f} ms')}")
         table.add_row("relays: " + "; ".join(parts))
     elif status == "private":
         table.add_row("relays: none reserved yet")
@@ -122,6 +133,9 @@ def _connections(conns: list[dict], rows: int) -> Table:
 def _dht(s: dict) -> Table:
     dht = as_dict(s.get("dht"))
     table = section("DHT", 1)
+    if s.get("joined") is False:
+        table.add_row("none running: not joined yet")
+        return table
     age = dht.get("last_declared_age_s")
     declared = f"{duration(age)} ago" if finite(age) is not None else "never"
     mode = "client mode" if dht.get("client_mode") else "server mode"

@@ -191,6 +191,7 @@ def build_options(args: argparse.Namespace):
         chosen = choose_gpus(torch.cuda.device_count() if torch.cuda.is_available() else 0, donor.gpus, donor.exclude_gpus)
         device, devices = f"cuda:{chosen[0]}", [f"cuda:{i}" for i in chosen] if len(chosen) > 1 else []
     keypair, _ = load_or_create_keypair(args.identity or identity_path())
+    refuse_own_relay(spec, keypair.peer_id, args.identity or identity_path())
     node = VolunteerOptions(
         keypair=keypair,
         # TCP and QUIC on IPv4, and on IPv6 too when this machine has a global IPv6 address
@@ -226,6 +227,18 @@ def build_options(args: argparse.Namespace):
                          failure_limit=donor.failure_limit)
 
 
+def refuse_own_relay(spec, peer_id, key_path) -> None:
+    """A donor whose swarm names its own peer ID as a relay or bootstrap peer (a relay run with
+    the donor's key on this machine) would reserve on itself and report it reachable: one line."""
+    for addr in spec.entry_points:
+        if addr.peer_id == peer_id:
+            raise VolunteerError(
+                f"swarm {spec.name!r} names this donor's own peer ID as a relay or bootstrap peer ({addr}): "
+                f"a relay and a donor need keys of their own (the relay's default is relay.key); "
+                f"run the relay without --identity {key_path}, or join with another --identity"
+            )
+
+
 def settle_consent(args: argparse.Namespace, options) -> None:
     """Consent first: with ``--yes`` or ``[run] consent = true`` the daemon folds; otherwise it
     shows what it will use and asks on a terminal, or starts paused with one line saying how to
@@ -253,14 +266,17 @@ def settle_consent(args: argparse.Namespace, options) -> None:
             options.folding = True
             options.start_reason = "you agreed at the first start"
             return
-        print("starting paused: nothing is computed until you run `volunteer fold`", flush=True)
+        print(NOT_JOINED, flush=True)
     else:
         print("first start on this machine: volunteer will use", flush=True)
         for line in lines:
             print(f"  {line}", flush=True)
-        print("starting paused: run `volunteer fold` to start donating (or join with --yes)", flush=True)
-    options.node.start_paused = True
+        print(NOT_JOINED + " (or join with --yes)", flush=True)
+    # the daemon joins nothing and fetches nothing until a fold (Daemon.awaiting_consent)
     options.start_reason = "waiting for your consent: `volunteer fold` starts"
+
+
+NOT_JOINED = "not joining yet: nothing is joined, downloaded or computed until you run `volunteer fold`"
 
 
 def say_memory_estimate(options) -> None:
@@ -292,7 +308,23 @@ def run_join(args: argparse.Namespace) -> int:
         check_checkpoint_dir(options.node.checkpoint_dir)
         say_memory_estimate(options)
     dashboard = sys.stdout.isatty() and not args.no_dashboard
+    if not dashboard:
+        show_notices()
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
+
+
+NOTICES = "volunteer.cli.steward"  # the donor's own actions (fold, pause, finish, by hand or by policy)
+
+
+def show_notices() -> None:
+    """Without the dashboard (a service, the journal), the steward's notices print at INFO even
+    without -v: they say what the daemon did, and warnings stay for problems. The dashboard shows
+    the same in its events panel."""
+    import logging
+
+    notices = logging.getLogger(NOTICES)
+    if notices.getEffectiveLevel() > logging.INFO:
+        notices.setLevel(logging.INFO)
 
 
 async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None, web: tuple[str, int] | None = None,
@@ -301,6 +333,8 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
     from .daemon import Daemon
 
     daemon = Daemon(options, control_lock=lock)
+    if daemon.awaiting_consent:  # nothing is dialled before a fold, but what is wrong here is said now, not then
+        check_before_consent(options.node)
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
@@ -317,17 +351,11 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
 
             nursery.start_soon(exit_with_parent, daemon.leave)
             await nursery.start(daemon.run)
-            snap = daemon.snapshot()
-            print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
-            for addr in snap["listen_addrs"][:4]:
-                print(f"  listening on {addr}", flush=True)
-            if options.node.uids:
-                node = options.node
-                print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
-            elif options.node.place:
-                hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
-                print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
-                      + (" …" if len(hosted) > 8 else ""), flush=True)
+            if daemon.node is not None:
+                _say_joined(daemon, options)
+            else:  # no consent yet: the socket and the page answer, `fold` joins
+                print(f"  waiting for your consent to join swarm {options.swarm.name!r}: `volunteer fold` joins", flush=True)
+                nursery.start_soon(_say_joined_later, daemon, options)
             if metrics_sock is not None:
                 from .webserve import serve_metrics
 
@@ -343,8 +371,6 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                     where = f" (from the LAN: {', '.join(f'http://{n}:{web_sock.getsockname()[1]}/' for n in lan[:3])})" if lan else ""
                     print(f"  note: the web page listens beyond this machine{where}; only the token keeps others out",
                           flush=True)
-            if not daemon.conduct.serving:
-                print(f"  {daemon.conduct.text}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
@@ -364,8 +390,73 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
             print(f"  handed off {uid} (version {version}) to {peer[-10:]}", flush=True)
         for uid, why in sorted(handed.failed.items()):
             print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
-    print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
+    if daemon.node is None:
+        print("stopped: never joined the swarm (no consent given)", flush=True)
+    else:
+        print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
     return 0
+
+
+def check_before_consent(node) -> None:
+    """What ``open_volunteer`` would refuse on this machine alone (a device it lacks, a port
+    taken), checked before a daemon waits for consent, so the error is one line now and not after
+    the donor's fold."""
+    from ..node import check_device
+
+    if node.hosts_experts and node.experts_config is None:
+        for device in [node.device, *node.devices]:
+            check_device(device, node.max_gpu_memory)
+    check_listen_ports(node.listen)
+
+
+def check_listen_ports(listen) -> None:
+    """ListenError in one line (the Host's words) when a fixed TCP or UDP port of ``listen`` is
+    taken: a daemon waiting for consent opens its listeners only once the donor folds."""
+    import errno
+    import socket
+
+    from ..errors import ListenError
+    from ..net.multiaddr import Multiaddr
+
+    for text in listen:
+        addr = Multiaddr(text)
+        host = addr.value_for("ip4") or addr.value_for("ip6")
+        for kind, proto in (("tcp", socket.SOCK_STREAM), ("udp", socket.SOCK_DGRAM)):
+            port = addr.value_for(kind)
+            if host is None or not port or int(port) == 0:
+                continue
+            family = socket.AF_INET6 if addr.value_for("ip6") else socket.AF_INET
+            with socket.socket(family, proto) as sock:
+                if proto == socket.SOCK_STREAM:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will
+                try:
+                    sock.bind((host, int(port)))
+                except OSError as exc:
+                    reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+                    raise ListenError(f"cannot listen on {addr}: {reason}") from None
+
+
+def _say_joined(daemon, options) -> None:
+    """The lines of a join: who we are, where we listen, what we host."""
+    snap = daemon.snapshot()
+    print(f"joined swarm {options.swarm.name!r} as {snap['peer_id']}", flush=True)
+    for addr in snap["listen_addrs"][:4]:
+        print(f"  listening on {addr}", flush=True)
+    if options.node.uids:
+        node = options.node
+        print(f"  hosting {len(node.uids)} {node.expert_class} experts (hidden {node.hidden_dim}) on {daemon.device}", flush=True)
+    elif options.node.place:
+        hosted = sorted(snap_uid["uid"] for snap_uid in snap.get("experts", []))
+        print(f"  placement: hosting {len(hosted)} grid experts on {daemon.device}: {', '.join(hosted[:8])}"
+              + (" …" if len(hosted) > 8 else ""), flush=True)
+    if not daemon.conduct.serving:
+        print(f"  {daemon.conduct.text}", flush=True)
+
+
+async def _say_joined_later(daemon, options) -> None:
+    """The join's lines once the donor's fold let the daemon join."""
+    await daemon.joined.wait()
+    _say_joined(daemon, options)
 
 
 async def _report_reachable(daemon) -> None:

@@ -118,9 +118,10 @@ class Steward:
     def _note(self, event: Event | None) -> None:
         if event is None:
             return
-        # what the donor did themselves is noted; what a policy or self-care did is told
-        level = logging.WARNING if event.origin in ("policy", "self-care") else logging.INFO
-        log.log(level, "%s", event.line, extra={"conduct_event": True})
+        # fold, pause, finish are the donor's own actions, whether typed, clicked or set as a
+        # policy: notices (INFO, which `join` shows), never warnings; WARN is kept for problems
+        # (an expert that keeps failing, experts unseen in the DHT, cut off from the swarm)
+        log.info("%s", event.line, extra={"conduct_event": True})
         self._changed.set()
 
     # --- the donor's verbs -----------------------------------------------------------------------------
@@ -187,10 +188,10 @@ class Steward:
         async with self._lock:
             if self.conduct.serving:
                 if node.paused:
-                    node.resume()
+                    node.resume(quiet=True)  # the conduct event said it
                     self.visibility.reset()
             elif not node.paused:
-                await node.pause()
+                await node.pause(quiet=True)
 
     async def _reconcile(self) -> None:
         node = self.node
@@ -222,7 +223,7 @@ class Steward:
             return
         result = await node.replicas.hand_off_all()
         if result.done or result.failed:
-            log.warning("%s: handed off %d sole copies; %d could not be (their checkpoints keep them)",
+            log.info("%s: handed off %d sole copies; %d could not be (their checkpoints keep them)",
                         why, len(result.done), len(result.failed))
 
     async def _save_checkpoints(self, node: VolunteerNode) -> int:
@@ -276,7 +277,7 @@ class Steward:
                 if node.declarer is not None:
                     node.declarer.add(uid)
         if uids:
-            log.warning("took back %d expert(s) set aside after failures: %s", len(uids), ", ".join(uids))
+            log.info("took back %d expert(s) set aside after failures: %s", len(uids), ", ".join(uids))
         self._note(self.conduct.set_hold(None, now))
 
     # --- self-care: visible in the DHT ----------------------------------------------------------------
@@ -312,7 +313,7 @@ class Steward:
         answered = await self._redial(node)
         if node.declarer is not None and not node.declarer.paused:
             node.declarer.resume()  # declare at once, not a heartbeat later
-        log.warning("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
+        log.info("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
 
     # --- self-care: in touch with the swarm --------------------------------------------------------
     async def _watch_contact(self) -> None:
@@ -328,7 +329,7 @@ class Steward:
             if change == "cut":
                 log.warning("%s", self.contact.text(_clock_time(self.contact.cut_off_since)))
             elif change == "back":
-                log.warning("back in touch with the swarm: %d peer(s) connected", connected)
+                log.info("back in touch with the swarm: %d peer(s) connected", connected)
                 continue
             if change in ("cut", "redial"):
                 await self._redial(node)

@@ -12,6 +12,7 @@ seconds, and the buttons are plain forms that work without it.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 import time
@@ -68,6 +69,15 @@ def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] =
 # --- rendering (pure) -----------------------------------------------------------------------------
 
 
+_COMMAND = re.compile(r"`volunteer (fold|pause|finish)`")
+
+
+def on_page(text: str) -> str:
+    """A state text as the page says it: its buttons, not the commands ("run `volunteer fold`"
+    beside a Fold button read as if the button did not work)."""
+    return _COMMAND.sub(lambda m: f"the {m.group(1).capitalize()} button", text)
+
+
 def _state_part(snap: dict) -> str:
     conduct = snap.get("conduct", {})
     state = conduct.get("state", "folding")
@@ -76,15 +86,28 @@ def _state_part(snap: dict) -> str:
         f'<form method="post" action="/api/{a}"><button type="submit" id="btn-{a}" class="btn">{a.capitalize()}</button></form>'
         for a in ACTIONS
     )
+    # the whole state text (a cut-off swarm or a silent relay included), else the conduct's
+    said = snap.get("state_text") or conduct.get("text", "")
     return (f'<section class="state"><span id="state" class="badge" style="background:{color}">{escape(state)}</span>'
-            f' <span id="state-text">{escape(conduct.get("text", "") if conduct.get("text") != state else "")}</span>'
+            f' <span id="state-text">{escape(on_page(said) if said != state else "")}</span>'
             f'<div class="buttons">{buttons}</div></section>')
+
+
+def _verdict_line(snap: dict) -> str:
+    """What the run-when policies say, beside the badge: they may allow running while the donor
+    (or self-care) keeps the daemon paused, and then the line says so instead of "now: running"."""
+    verdict = snap.get("policy", {}).get("verdict", {})
+    state = snap.get("conduct", {}).get("state", "folding")
+    if verdict.get("state", "running") != "running":
+        return escape(on_page(verdict.get("text", "")))
+    if state == "folding":
+        return "allow running"
+    return f"would allow running; held back: {escape(state)}"
 
 
 def _policy_part(snap: dict) -> str:
     policy = snap.get("policy", {})
     seen = policy.get("observed") or {}
-    verdict = policy.get("verdict", {})
     lines = "".join(f"<li>{escape(line)}</li>" for line in policy.get("lines", []))
     observed = []
     if seen.get("on_battery") is not None:
@@ -103,7 +126,7 @@ def _policy_part(snap: dict) -> str:
     aside = "".join(f"<li>{escape(uid)}: {escape(why)}</li>" for uid, why in sorted(care.get("set_aside", {}).items()))
     visibility = care.get("visibility", {})
     visible = {True: "visible to trainers", False: "NOT visible in the DHT", None: "not checked yet"}[visibility.get("visible")]
-    return (f'<section><h2>Run-when policy</h2><p id="verdict">now: <b>{escape(verdict.get("text", "running"))}</b></p>'
+    return (f'<section><h2>Run-when policy</h2><p id="verdict">policies: <b>{_verdict_line(snap)}</b></p>'
             f"<ul>{lines}</ul><p class=\"muted\">{escape(', '.join(observed)) or 'no observations yet'}</p>"
             f"<h3>Self-care</h3><p>experts {visible}; re-joined {visibility.get('rejoins', 0)} times</p>"
             + (f"<ul>{aside}</ul>" if aside else "") + "</section>")
@@ -128,12 +151,15 @@ def _machine_part(snap: dict) -> str:
 
 
 def _experts_part(snap: dict) -> str:
-    rows = [[escape(e["uid"]), str(e.get("requests", 0)), f"{e.get('requests_per_s', 0):.2f}",
+    # paused, the experts are withdrawn and refuse calls: the table says so rather than look live
+    serving = "withdrawn" if snap.get("paused") else "serving"
+    rows = [[escape(e["uid"]), serving, str(e.get("requests", 0)), f"{e.get('requests_per_s', 0):.2f}" if not snap.get("paused") else "–",
              str(e.get("mean_batch") or "–"), str(e.get("p50_ms") or "–"), str(e.get("errors", 0)), str(e.get("version", 0))]
             for e in snap.get("experts", [])]
-    listing = table(["expert", "calls", "calls/s", "batch", "p50 ms", "errors", "version"], rows,
+    listing = table(["expert", "now", "calls", "calls/s", "batch", "p50 ms", "errors", "version"], rows,
                     "no experts hosted right now", "experts")
-    return f"<section><h2>Experts</h2>{listing}</section>"
+    title = "Experts (withdrawn while paused: no calls taken)" if snap.get("paused") and rows else "Experts"
+    return f"<section><h2>{title}</h2>{listing}</section>"
 
 
 def _connections_part(snap: dict) -> str:

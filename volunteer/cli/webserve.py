@@ -43,7 +43,7 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket, token: 
 
     host, port = listener_address(sock)
     policy = page_policy(host, port, token, lan_names(host))
-    app = page_app(daemon.snapshot, lambda: daemon.history, daemon.steward.ask, policy, registry=daemon_registry(daemon))
+    app = page_app(daemon.snapshot, lambda: daemon.history, daemon.ask, policy, registry=daemon_registry(daemon))
     await nursery.start(serve_app, app, sock)
     login = f"{url_of(sock)}/?token={token}"
     daemon.web_url, daemon.web_login = f"{url_of(sock)}/", login
