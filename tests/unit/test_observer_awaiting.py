@@ -91,3 +91,18 @@ def test_a_quic_dial_is_answering_once_it_heard_from_its_peer_until_its_handshak
     assert UdpEndpoint.answering(endpoint, "203.0.113.10") and not UdpEndpoint.answering(endpoint, "203.0.113.11")
     dial.handshake_done.set()
     assert not UdpEndpoint.answering(endpoint, "203.0.113.10")  # done: its identify is what may still come
+
+
+def test_a_punch_offers_its_quic_port_at_its_tcp_observed_ip_until_quic_is_observed():
+    """A fresh volunteer's QUIC observation may come after its first punch starts (a loaded
+    machine, or UDP dropped): the CONNECT still names a QUIC address, as a port-keeping NAT maps
+    it, so the peer can aim birthday probes at us on the first attempt."""
+    from volunteer.net.nat.observed import port_kept_guess
+
+    listen = [Multiaddr("/ip4/0.0.0.0/tcp/4001"), Multiaddr("/ip4/0.0.0.0/udp/4002/quic-v1")]
+    tcp_seen = [Multiaddr("/ip4/203.0.113.101/tcp/4001")]
+    assert port_kept_guess(tcp_seen, listen) == [Multiaddr("/ip4/203.0.113.101/udp/4002/quic-v1")]
+    quic_seen = tcp_seen + [Multiaddr("/ip4/203.0.113.101/udp/27001/quic-v1")]
+    assert port_kept_guess(quic_seen, listen) == []  # observed: no guessing
+    assert port_kept_guess(tcp_seen, listen[:1]) == []  # no QUIC listen port
+    assert port_kept_guess([Multiaddr("/ip6/2001:db8::1/tcp/4001")], listen) == []

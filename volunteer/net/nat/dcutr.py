@@ -42,7 +42,7 @@ from ..transport.tcp import NO_LISTEN_PORT
 from . import messages
 from .messages import CONNECT, SYNC, PunchMessage, punch_candidates, punch_transport, punchable
 from .birthday import EASY, BirthdayStep, birthday_step
-from .observed import endpoint_of
+from .observed import endpoint_of, port_kept_guess
 from .observer import AddressObserver
 from .portmap import PortMapper
 from .prober import open_hard_sockets, spray_probes
@@ -141,7 +141,8 @@ class HolePuncher(BaseService):
         LAN endpoints first too), router mappings an AutoNAT server reached (the peer's dial
         simply gets in), our global IPv6 addresses (no NAT: they are their own external address;
         a stateful firewall is punched as a NAT is), then the observed external addresses of our
-        TCP and QUIC ports. Only those usable across ``via`` (the relayed connection's address:
+        TCP and QUIC ports (QUIC's guessed from TCP's while none is observed:
+        ``port_kept_guess``). Only those usable across ``via`` (the relayed connection's address:
         never our loopback to a peer off our machine, never link-local)."""
         mapper = self.host.service(PortMapper)
         mapped = mapper.advertised_addrs() if mapper is not None else []
@@ -150,7 +151,8 @@ class HolePuncher(BaseService):
         observed = self.observer.external_addrs(trio.current_time()) if self.observer else []
         # our own interfaces' addresses (behind the router: its LAN's, whatever their range)
         lan = [a for a in direct if a not in observed] if same_lan(observed, peer_addrs) else []
-        return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed], via))
+        guessed = port_kept_guess(observed, self.host.listen_addrs)
+        return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed, *guessed], via))
 
     def snapshot(self) -> dict:
         """Punch attempts by transport and result, and how punches ended (for status and metrics)."""

@@ -151,3 +151,19 @@ class ObservedAddrs:
 
     def __len__(self) -> int:
         return len(self._by_observer)
+
+
+def port_kept_guess(observed: Sequence[Multiaddr], listen_addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
+    """Our QUIC address as a NAT that keeps ports would map it, when no peer has told us one yet
+    but one told us our external IPv4 address over TCP: that IP at our QUIC listen port. A fresh
+    volunteer's QUIC observation can come after its first punch starts (a loaded machine's
+    handshake with the relay, or none at all where UDP is dropped); without a QUIC address in the
+    CONNECT the peer cannot aim birthday probes at us. Only a punch candidate, never advertised."""
+    found = [endpoint_of(a) for a in observed]
+    if any(f is not None and f[0] == "quic" for f in found):
+        return []
+    ips = [f[1] for f in found if f is not None and f[0] == "tcp" and ":" not in f[1]]
+    ports = [f[2] for f in map(endpoint_of, listen_addrs) if f is not None and f[0] == "quic" and ":" not in f[1]]
+    if not ips or not ports or not ports[0]:
+        return []
+    return [Multiaddr(f"/ip4/{ips[0]}/udp/{ports[0]}/quic-v1")]
