@@ -305,7 +305,7 @@ CENSOR_BEHAVIOURS = ("clique", "far", "empty", "silent")
 
 
 def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[int, ...],
-             behaviour: str = "clique") -> dict[int, tuple[int, int, float, float]]:
+             behaviour: str = "clique", client_trainers: bool = True) -> dict[int, tuple[int, int, float, float]]:
     """``n_censors`` of ``size`` DHT servers censor; every censor and one honest volunteer declare
     each uid. Fresh trainers (each joining through a relay) look uids up: how many lookups miss
     the live honest host, per quorum. How censors answer (``behaviour``):
@@ -315,7 +315,10 @@ def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[
     - ``far``: real honest peers, but the farthest from the target (plausible, useless), and their
       own records only;
     - ``empty``: FIND_NODE honestly, FIND_VALUE with no records and the other censors;
-    - ``silent``: no answer at all (requests run out)."""
+    - ``silent``: no answer at all (requests run out).
+
+    ``client_trainers=False``: the trainers are DHT servers (as this scenario had them first), so
+    every crashed one leaves a dead contact in the honest tables."""
     swarm = Swarm(size, seed, 0.0, trainers=0)
     net = swarm.net
     rng = swarm.rng
@@ -378,7 +381,7 @@ def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[
 
             for _ in range(min(batch, lookups - len(rows))):
                 # in client mode, as Swarm.join's: a crashed trainer leaves no dead contact behind
-                trainer = swarm.new_peer(trainer=True, client=True)
+                trainer = swarm.new_peer(trainer=True, client=client_trainers)
                 pending[0] += 1
                 net.after(rng.uniform(0, 1.0), trainer.join, swarm.entry, lambda t=trainer: one(t))
             net.run_until(net.now + 60.0, stop=lambda: pending[0] == 0)
@@ -412,13 +415,15 @@ def main() -> None:
                         help="censors among DHT servers (the relays come on top)")
     parser.add_argument("--censor-behaviour", choices=CENSOR_BEHAVIOURS, default="clique")
     parser.add_argument("--censor-quorums", type=int, nargs="+", default=[2, EXPERT_QUORUM])
+    parser.add_argument("--censor-server-trainers", action="store_true",
+                        help="fresh trainers as DHT servers: crashed, they leave dead contacts in honest tables")
     args = parser.parse_args()
     last = None
     if args.censor_lookups:
         wall = time.perf_counter()
         n_censors, servers = args.censor_swarm
         got = censored(servers + RELAYS, n_censors, args.seed, args.censor_lookups, tuple(args.censor_quorums),
-                       args.censor_behaviour)
+                       args.censor_behaviour, client_trainers=not args.censor_server_trainers)
         print(f"[{servers} servers, {n_censors} censors ({args.censor_behaviour}), seed {args.seed}] fresh trainers' "
               f"lookups missing the live honest host: "
               + ", ".join(f"quorum {q}: {m} of {n} (median {t:.0f} ms, {r:.1f} requests)" for q, (m, n, t, r) in got.items())
