@@ -123,6 +123,8 @@ class Net:
         response, pings = dst.state.handle_request(src.peer, request, self.now, source=src.source)
         if dst.censor is not None:
             response = dst.censor(request, response)
+            if response is None:
+                return  # a censor that drops the request: it runs out
         dst.ping_soon(pings)
         self._account(dst.peer, response, encode_response)
 
@@ -146,7 +148,7 @@ class SimNode:
     """One peer: a NodeState and the driver around it (joining, upkeep, lookups, heartbeats)."""
 
     def __init__(self, net: Net, keypair: KeyPair, *, relayed: bool = False, region: str | None = None,
-                 config: DHTConfig | None = None) -> None:
+                 config: DHTConfig | None = None, client_mode: bool | None = None) -> None:
         self.net = net
         self.keypair = keypair
         self.peer = keypair.peer_id
@@ -156,11 +158,13 @@ class SimNode:
         self.relayed = relayed
         self.addrs = (b"/sim/relayed" if relayed else b"/sim/direct",)
         self.source = ("relay", self.region) if relayed else ("ip", self.peer)
-        self.state = NodeState(self.peer, config or net.config, client_mode=relayed, addrs=self.addrs)
+        # a relayed peer runs the DHT in client mode; so does a trainer (Swarm.join), if asked
+        client_mode = relayed if client_mode is None else client_mode
+        self.state = NodeState(self.peer, config or net.config, client_mode=client_mode, addrs=self.addrs)
         self.contact = Contact(self.peer, self.addrs)
         self.crashed = False
         self.left = False
-        self.censor: Callable | None = None  # rewrites this peer's answers (an attacker)
+        self.censor: Callable | None = None  # rewrites this peer's answers, None: drops them (an attacker)
         self.uids: list[str] = []
         self.last_expiration = 0.0
         self.requests = 0

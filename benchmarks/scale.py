@@ -2,6 +2,7 @@
 
     python benchmarks/scale.py                    # 1,000 peers (about 6 CPU minutes; 3 cold starts)
     python benchmarks/scale.py --cold-runs 10 --censor-lookups 100
+    python benchmarks/scale.py --sizes --censor-lookups 200 --censor-swarm 2 10 --censor-behaviour far
     python benchmarks/scale.py --sizes 200 1000   # several sizes, one after the other
     python benchmarks/scale.py --sizes 10000 --cold-only
 
@@ -41,6 +42,7 @@ from volunteer.dht.beam import BeamSearch  # noqa: E402
 from volunteer.dht.config import TRAINER_BUCKET_SIZE, DHTConfig  # noqa: E402
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
 from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
+from volunteer.dht.routing import key_id  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
 
 GRID = 64
@@ -70,11 +72,13 @@ class Swarm:
         self.n_trainers = trainers
         self.uid_of: dict = {}
 
-    def new_peer(self, *, trainer: bool = False) -> SimNode:
+    def new_peer(self, *, trainer: bool = False, client: bool = False) -> SimNode:
+        """A volunteer (behind a NAT at ``nat_share``) or a trainer (``client``: in client mode, as
+        Swarm.join's; the steady state's trainers are servers, as they were measured first)."""
         relayed = not trainer and self.rng.random() < self.nat_share
         # a trainer's DHT node keeps wide buckets, as Swarm.join's does (DHTConfig.for_trainer)
         config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE) if trainer else None
-        node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config)
+        node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config, client_mode=client or None)
         (self.trainers if trainer else self.volunteers).append(node)
         return node
 
@@ -297,10 +301,24 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     }
 
 
-def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[int, ...]) -> dict[int, tuple[int, int, float]]:
-    """``n_censors`` of ``size`` DHT servers answer every request with their own records and each
-    other only; every censor and one honest volunteer declare each uid. Fresh trainers (each
-    joining through a relay) look uids up: how many lookups miss the live honest host, per quorum."""
+CENSOR_BEHAVIOURS = ("clique", "far", "empty", "silent")
+
+
+def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[int, ...],
+             behaviour: str = "clique", client_trainers: bool = True) -> dict[int, tuple[int, int, float, float]]:
+    """``n_censors`` of ``size`` DHT servers censor; every censor and one honest volunteer declare
+    each uid. Fresh trainers (each joining through a relay) look uids up: how many lookups miss
+    the live honest host, per quorum. How censors answer (``behaviour``):
+
+    - ``clique``: every FIND_NODE with the other censors only, every FIND_VALUE with their own
+      records only and the other censors as closer peers;
+    - ``far``: real honest peers, but the farthest from the target (plausible, useless), and their
+      own records only;
+    - ``empty``: FIND_NODE honestly, FIND_VALUE with no records and the other censors;
+    - ``silent``: no answer at all (requests run out).
+
+    ``client_trainers=False``: the trainers are DHT servers (as this scenario had them first), so
+    every crashed one leaves a dead contact in the honest tables."""
     swarm = Swarm(size, seed, 0.0, trainers=0)
     net = swarm.net
     rng = swarm.rng
@@ -310,17 +328,29 @@ def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[
     censors = rng.sample(peers, n_censors)
     censor_ids = {c.peer for c in censors}
     fellows = tuple(c.contact for c in censors)
+    honest = [n for n in peers if n.peer not in censor_ids]
+    honest_contacts = [n.contact for n in honest]
+
+    def far(target: int) -> tuple:
+        return tuple(sorted(honest_contacts, key=lambda c: -(c.id ^ target))[: CONFIG.k])
 
     def lie(request, response):
+        if behaviour == "silent":
+            return None
         if isinstance(response, Nodes):
-            return Nodes(fellows)
+            if behaviour == "far":
+                return Nodes(far(int.from_bytes(request.target, "big")))
+            return response if behaviour == "empty" else Nodes(fellows)
         if isinstance(response, Values):
-            return Values(tuple(KeyResult(tuple(r for r in res.records if r.signer in censor_ids), fellows)
-                                for res in response.results))
+            if behaviour == "empty":
+                return Values(tuple(KeyResult((), fellows) for _ in response.results))
+            return Values(tuple(
+                KeyResult(tuple(r for r in res.records if r.signer in censor_ids),
+                          far(key_id(key)) if behaviour == "far" else fellows)
+                for key, res in zip(request.keys, response.results)))
         return response
 
-    honest = [n for n in peers if n.peer not in censor_ids]
-    uids = [f"ffn.{i}.{j}" for i, j in zip(range(GRID), rng.sample(range(GRID), GRID))][:20]
+    uids = [f"ffn.{i}.{j}" for i, j in zip(range(GRID), rng.sample(range(GRID), GRID))][: min(20, len(honest))]
     owner = {}
     for uid, host in zip(uids, rng.sample(honest, len(uids))):
         owner[uid] = host
@@ -331,24 +361,35 @@ def censored(size: int, n_censors: int, seed: int, lookups: int, quorums: tuple[
     for censor in censors:
         censor.censor = lie
     out = {}
+    batch = 10  # fresh trainers join and look up together: the swarm's upkeep is paid once per batch
     for quorum in quorums:
-        misses = 0
-        times = []
-        for i in range(lookups):
-            trainer = swarm.new_peer(trainer=True)
-            done_flag = []
-            trainer.join(swarm.entry, lambda: done_flag.append(1))
-            net.run_until(net.now + 30.0, stop=lambda: bool(done_flag))
-            uid = rng.choice(uids)
-            got = []
-            t0 = net.now
-            trainer.get_many([expert_key(uid)], quorum, lambda found: got.append(found))
-            net.run_until(net.now + 30.0, stop=lambda: bool(got))
-            times.append(net.now - t0)
-            alive = select_alive(got[0][expert_key(uid)].values(), net.now, CONFIG) if got else []
-            misses += not any(d.peer == owner[uid].peer for d in alive)
-            trainer.crash()  # one lookup per fresh trainer
-        out[quorum] = (misses, lookups, statistics.median(times) * 1000)
+        rows: list[tuple[bool, float, int]] = []  # (missed, seconds, requests)
+        while len(rows) < lookups:
+            pending = [0]
+
+            def one(trainer: SimNode) -> None:
+                uid = rng.choice(uids)
+                key = expert_key(uid)
+                t0, before = net.now, trainer.requests
+
+                def done(found: dict) -> None:
+                    alive = select_alive(found[key].values(), net.now, CONFIG)
+                    rows.append((not any(d.peer == owner[uid].peer for d in alive), net.now - t0, trainer.requests - before))
+                    pending[0] -= 1
+
+                trainer.get_many([key], quorum, done)
+
+            for _ in range(min(batch, lookups - len(rows))):
+                # in client mode, as Swarm.join's: a crashed trainer leaves no dead contact behind
+                trainer = swarm.new_peer(trainer=True, client=client_trainers)
+                pending[0] += 1
+                net.after(rng.uniform(0, 1.0), trainer.join, swarm.entry, lambda t=trainer: one(t))
+            net.run_until(net.now + 60.0, stop=lambda: pending[0] == 0)
+            for trainer in swarm.trainers:
+                trainer.crash()  # one lookup per fresh trainer
+        rows = rows[:lookups]
+        out[quorum] = (sum(m for m, _, _ in rows), len(rows), statistics.median(t for _, t, _ in rows) * 1000,
+                       sum(r for _, _, r in rows) / max(1, len(rows)))
     return out
 
 
@@ -360,7 +401,7 @@ def summary(rows: list[tuple[float, bool]]) -> tuple[float, float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="none: only the censor scenario")
     parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
     parser.add_argument("--cold-runs", type=int, default=3, help="cold starts checked for splits (10 for the full check)")
     parser.add_argument("--trainers", type=int, default=10)
@@ -368,14 +409,24 @@ def main() -> None:
     parser.add_argument("--churn", type=float, default=0.10, help="share of peers replaced per hour")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cold-only", action="store_true")
-    parser.add_argument("--censor-lookups", type=int, default=0, help="fresh trainers' lookups with 20 censors among 100 (0: skip)")
+    parser.add_argument("--censor-lookups", type=int, default=0,
+                        help="fresh trainers' lookups per quorum in a swarm with censors (0: skip)")
+    parser.add_argument("--censor-swarm", type=int, nargs=2, default=[20, 100], metavar=("CENSORS", "SERVERS"),
+                        help="censors among DHT servers (the relays come on top)")
+    parser.add_argument("--censor-behaviour", choices=CENSOR_BEHAVIOURS, default="clique")
+    parser.add_argument("--censor-quorums", type=int, nargs="+", default=[2, EXPERT_QUORUM])
+    parser.add_argument("--censor-server-trainers", action="store_true",
+                        help="fresh trainers as DHT servers: crashed, they leave dead contacts in honest tables")
     args = parser.parse_args()
     last = None
     if args.censor_lookups:
         wall = time.perf_counter()
-        got = censored(100, 20, args.seed, args.censor_lookups, (2, EXPERT_QUORUM))
-        print(f"[100 peers, 20 censors] fresh trainers' lookups missing the live honest host: "
-              + ", ".join(f"quorum {q}: {m} of {n} (median {t:.0f} ms)" for q, (m, n, t) in got.items())
+        n_censors, servers = args.censor_swarm
+        got = censored(servers + RELAYS, n_censors, args.seed, args.censor_lookups, tuple(args.censor_quorums),
+                       args.censor_behaviour, client_trainers=not args.censor_server_trainers)
+        print(f"[{servers} servers, {n_censors} censors ({args.censor_behaviour}), seed {args.seed}] fresh trainers' "
+              f"lookups missing the live honest host: "
+              + ", ".join(f"quorum {q}: {m} of {n} (median {t:.0f} ms, {r:.1f} requests)" for q, (m, n, t, r) in got.items())
               + f"  [{time.perf_counter() - wall:.0f} s wall]", flush=True)
     for size in args.sizes:
         wall = time.perf_counter()

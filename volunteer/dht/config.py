@@ -56,6 +56,13 @@ class DHTConfig:
     # simulation with 20% dead, recall of the true k closest went from ~98.5% to 100%).
     reply_contacts: int = 30
     value_quorum: int = 3  # a value lookup stops once this many peers returned records for the key
+    # ... and once w of the w + 1 closest peers it knows answered, w = min(quorum + 1, this): any
+    # peer can return valid records, so a quorum met by whoever answers first lets censors that
+    # leave out others' records end the lookup (benchmarks/scale.py --censor-lookups). 4 of the
+    # 5 closest (the expert_replicas holders) hides a record only where censors hold 4 of those
+    # 5 places: 0.2**4 = 0.16 % of keys with a fifth of the servers censoring, under 1 in 200.
+    # See query.ValueLookup.
+    value_witnesses: int = 4
 
     # --- timings (seconds) -------------------------------------------------------------
     request_timeout: float = 5.0  # one request/response round trip
