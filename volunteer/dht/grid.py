@@ -315,7 +315,8 @@ def select_alive(found: Found, now: float, config: DHTConfig | None = None) -> l
 
 
 # --- the directory over a running DHTNode ------------------------------------------------------
-# A trainer's expert lookups stop once this many peers returned records for a key. Every host
+# A trainer's expert lookups need this many peers' records for a key (and, besides, answers from
+# the key's closest known peers: ``DHTConfig.value_witnesses``, what beats censors). Every host
 # stores its declarations on the same closest peers of a key, so two holders almost always have
 # every host's sub-key; but two censors among a key's holders (DHT servers that answer with their
 # own records and each other only) answer first often enough to hide an honest host: in the
