@@ -28,6 +28,26 @@ async def echo(stream):
     await stream.send_eof()
 
 
+async def relayed_from_a_to_b(relay, a, b):
+    """B reserves a slot on the relay; A learns its observed address from the relay, then
+    connects to B through it: B's HolePuncher starts on that relayed connection."""
+    await relay.add_service(HopService())
+    reservation = await reserve(b, relay.full_addrs()[0])
+    await a.connect(relay.full_addrs()[0])
+    await a.identify(relay.peer_id)
+    relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
+    assert relayed.path is Path.RELAYED
+    return relayed
+
+
+async def punch_outcome(host):
+    """The outcome of the first punch ``host`` initiated, once it has ended."""
+    puncher = host.service(HolePuncher)
+    while not puncher.outcomes:
+        await trio.sleep(0.01)
+    return puncher.outcomes[-1]
+
+
 @pytest.mark.slow
 async def test_relayed_connection_upgrades_to_direct():
     with trio.fail_after(60):
@@ -115,17 +135,9 @@ async def test_a_connect_without_addresses_still_waits_for_the_peers_dial(monkey
         async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
             listen=["/ip4/127.0.0.1/tcp/0"]
         ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b:
-            await relay.add_service(HopService())
             monkeypatch.setattr(a.service(HolePuncher), "our_addrs", lambda *args, **kwargs: [])
-            reservation = await reserve(b, relay.full_addrs()[0])
-            await a.connect(relay.full_addrs()[0])
-            await a.identify(relay.peer_id)
-            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
-            assert relayed.path is Path.RELAYED
-            puncher = b.service(HolePuncher)
-            while not puncher.outcomes:
-                await trio.sleep(0.01)
-            outcome = puncher.outcomes[-1]
+            await relayed_from_a_to_b(relay, a, b)
+            outcome = await punch_outcome(b)
             assert outcome.success and outcome.attempts == 1, outcome
             direct = b.connection_to(a.peer_id)
             assert direct is not None and direct.path is not Path.RELAYED
@@ -146,17 +158,9 @@ async def test_the_round_trip_b_times_its_dial_by_leaves_out_as_wait_for_its_add
         async with open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as relay, open_stack(
             listen=["/ip4/127.0.0.1/tcp/0"]
         ) as a, open_stack(listen=["/ip4/127.0.0.1/tcp/0"]) as b:
-            await relay.add_service(HopService())
             monkeypatch.setattr(a.service(HolePuncher), "_await_observed_addrs", waits_for_its_addresses)
-            reservation = await reserve(b, relay.full_addrs()[0])
-            await a.connect(relay.full_addrs()[0])
-            await a.identify(relay.peer_id)
-            relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
-            assert relayed.path is Path.RELAYED
-            puncher = b.service(HolePuncher)
-            while not puncher.outcomes:
-                await trio.sleep(0.01)
-            outcome = puncher.outcomes[-1]
+            await relayed_from_a_to_b(relay, a, b)
+            outcome = await punch_outcome(b)
             assert outcome.success and outcome.attempts == 1, outcome
             assert outcome.rtt is not None and outcome.rtt < held / 2, outcome  # the path's, not A's wait
 

@@ -58,6 +58,12 @@ async def test_a_leave_before_consent_ends_without_joining(tmp_path):
     assert daemon.node is None
 
 
+def ffn_daemon(machine: Machine) -> Daemon:
+    """A daemon hosting the test's ffn experts, its run-when policy reading ``machine``."""
+    return Daemon(DaemonOptions(swarm=spec(), node=options(expert_class="ffn", uids=UIDS, hidden_dim=8),
+                                policy=settings_from({}), probe=machine))
+
+
 async def test_a_start_on_battery_is_paused_before_anything_is_declared(monkeypatch):
     seen: list[bool] = []
     real = daemon_module.open_volunteer
@@ -70,8 +76,7 @@ async def test_a_start_on_battery_is_paused_before_anything_is_declared(monkeypa
 
     monkeypatch.setattr(daemon_module, "open_volunteer", watched)
     machine = Machine(battery=True)
-    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(expert_class="ffn", uids=UIDS, hidden_dim=8),
-                                  policy=settings_from({}), probe=machine))
+    daemon = ffn_daemon(machine)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
@@ -90,8 +95,7 @@ async def test_the_donors_own_actions_are_notices_not_warnings(caplog):
 
     caplog.set_level(logging.INFO)
     machine = Machine(battery=False)
-    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(expert_class="ffn", uids=UIDS, hidden_dim=8),
-                                  policy=settings_from({}), probe=machine))
+    daemon = ffn_daemon(machine)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
             await nursery.start(daemon.run)
