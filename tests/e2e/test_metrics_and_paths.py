@@ -126,7 +126,7 @@ def test_every_command_honours_volunteer_config_dir(tmp_path):
     # join and testnet find named swarm files there too
     (config / "swarms").mkdir()
     (config / "swarms" / "mine.toml").write_text(f'name = "mine"\nbootstrap = ["{target}"]\n')
-    result = run_cli("join", "mine", "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", env=env)
+    result = run_cli("join", "mine", "--yes", "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0", env=env)
     assert "cannot reach swarm 'mine'" in result.stderr, result.stderr
     result = run_cli("testnet", "--name", "mine", "-n", "1", env=env)
     assert result.returncode == 1

@@ -22,8 +22,8 @@ from ..events import ObservedAddrChanged, PeerIdentified
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..service import BaseService, HostAPI
-from .birthday import udp_role
 from ..transport.quic import QuicTransport
+from .birthday import udp_role
 from .observed import MappingType, ObservedAddrs, endpoint_of, probe_target
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,6 @@ class AddressObserver(BaseService):
         return self.observed.mapping(now, ports[0] if ports else None)
 
 
-__all__ = ["AddressObserver"]
-
-
 def _grace(identify_took: float) -> float:
     """How long a punch waits for an observation dial that has heard nothing from its peer: a
     QUIC handshake to a peer that has just identified over TCP takes a round trip or two, and a
@@ -170,3 +167,6 @@ def _grace(identify_took: float) -> float:
     grace, a punch goes on with the addresses it has."""
     return min(limits.DCUTR_OBSERVATION_WAIT,
                max(limits.OBSERVATION_DIAL_GRACE, limits.OBSERVATION_DIAL_GRACE_FACTOR * max(0.0, identify_took)))
+
+
+__all__ = ["AddressObserver"]
