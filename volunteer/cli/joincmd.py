@@ -318,8 +318,8 @@ NOTICES = "volunteer.cli.steward"  # the donor's own actions (fold, pause, finis
 
 def show_notices() -> None:
     """Without the dashboard (a service, the journal), the steward's notices print at INFO even
-    without -v: they say what the daemon did, and warnings stay for problems. The dashboard shows
-    the same in its events panel."""
+    without -v: they say what the daemon did, and warnings stay for problems. The dashboard says
+    the current one in its header (its Log panel keeps warnings only)."""
     import logging
 
     notices = logging.getLogger(NOTICES)
