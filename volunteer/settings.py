@@ -138,14 +138,14 @@ EXPERT_LIMITS = (
     "max_request_bytes_per_peer", "max_request_bytes_total", "backward_window",
     "hivemind_request_bytes_per_peer", "hivemind_request_bytes_per_address", "hivemind_request_bytes_total",
 )
-# config.toml's [run]: consent and the run-when policies (volunteer/cli/policy.py checks values)
+# config.toml's [run]: consent and the run-when policies (volunteer/donor/policy.py checks values)
 RUN_SETTINGS = {
     "consent": bool, "on_battery": bool, "when_idle": (int, float), "max_other_load": (int, float),
     "pause_programs": list, "compute_hours": (str, list), "network_hours": (str, list), "daily_transfer": (int, str),
     "gpus": list, "exclude_gpus": list, "failure_limit": int, "pause_on_gpu_use": bool,
 }
 CONFIG_KEYS: dict = {"join": JOIN_SETTINGS, "limits": LIMIT_SETTINGS, "run": RUN_SETTINGS}  # config.toml's tables
-CONFIG_CHECKS: dict = {"join": JOIN_CHECKS, "limits": LIMIT_CHECKS}  # their values' checks (run: cli/policy.py)
+CONFIG_CHECKS: dict = {"join": JOIN_CHECKS, "limits": LIMIT_CHECKS}  # their values' checks (run: donor/policy.py)
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
                list: "a list", dict: "a table"}

@@ -420,7 +420,7 @@ def load_config(path: str | os.PathLike | None = None) -> dict:
 
 
 def load_run(path: str | os.PathLike | None = None) -> dict:
-    """config.toml's ``[run]``: consent and the run-when policies (``volunteer/cli/policy.py``)."""
+    """config.toml's ``[run]``: consent and the run-when policies (``volunteer/donor/policy.py``)."""
     return dict(read_config(path).get("run", {}))
 
 

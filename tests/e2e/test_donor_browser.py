@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from volunteer.cli.history import History, history_path, save
+from volunteer.donor.history import History, history_path, save
 
 from .test_donor_cli import EXPERTS, Joined, call_experts, listed, wait_listed
 from .test_join_cli import relay  # noqa: F401  (fixture)

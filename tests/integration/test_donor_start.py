@@ -11,7 +11,7 @@ import trio
 from volunteer.cli import daemon as daemon_module
 from volunteer.cli.control import request
 from volunteer.cli.daemon import Daemon, DaemonOptions
-from volunteer.cli.policy import settings_from
+from volunteer.donor.policy import settings_from
 from volunteer.dht.grid import get_experts
 from volunteer.node import open_volunteer
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from volunteer.cli.fold import Conduct
-from volunteer.cli.policy import settings_from
-from volunteer.cli.steward import Steward, TrafficMeter
+from volunteer.donor.fold import Conduct
+from volunteer.donor.policy import settings_from
+from volunteer.donor.steward import Steward, TrafficMeter
 from volunteer.dht import DHTConfig
 from volunteer.dht.grid import get_experts
 from volunteer.experts import ExpertsConfig
@@ -203,7 +203,7 @@ async def test_a_volunteer_cut_off_from_the_swarm_says_so_redials_and_sees_it_co
 
     caplog.set_level(logging.INFO)  # being back is a notice; being cut off, a warning
 
-    from volunteer.cli.selfcare import SwarmContact
+    from volunteer.donor.selfcare import SwarmContact
     from volunteer.net.identity import KeyPair
 
     probe = socket.socket()

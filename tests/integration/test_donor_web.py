@@ -10,7 +10,7 @@ import pytest
 import trio
 from prometheus_client import CollectorRegistry, Counter
 
-from volunteer.cli.history import History
+from volunteer.donor.history import History
 from volunteer.cli.webpage import page_app, page_policy
 from volunteer.errors import ListenError
 from volunteer.web.guard import Guard, GuardPolicy

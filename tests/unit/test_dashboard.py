@@ -129,7 +129,7 @@ from types import SimpleNamespace  # noqa: E402
 
 import trio  # noqa: E402
 
-from volunteer.cli import contributions as contrib  # noqa: E402
+from volunteer.donor import contributions as contrib  # noqa: E402
 from volunteer.cli.dashboard import allocate, log_summaries, logging_through, summary_line  # noqa: E402
 from volunteer.cli.gpu import INSTALL_HINT, GpuMonitor  # noqa: E402
 from volunteer.cli.rates import Window  # noqa: E402

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from volunteer.cli.fold import LONG_PAUSE, Conduct
-from volunteer.cli.policy import RUN, Verdict
-from volunteer.cli.selfcare import FailureStreaks, VisibilityWatch
+from volunteer.donor.fold import LONG_PAUSE, Conduct
+from volunteer.donor.policy import RUN, Verdict
+from volunteer.donor.selfcare import FailureStreaks, VisibilityWatch
 
 
 def test_a_first_start_without_consent_waits_for_fold():
@@ -94,7 +94,7 @@ def test_visibility_rejoins_after_two_missed_heartbeats():
 
 
 def test_swarm_contact_cut_off_after_the_grace_redials_each_period_and_comes_back():
-    from volunteer.cli.selfcare import SwarmContact
+    from volunteer.donor.selfcare import SwarmContact
 
     contact = SwarmContact(grace=10, redial_period=30)
     assert contact.observe(3, 0) is None
@@ -112,7 +112,7 @@ def test_swarm_contact_cut_off_after_the_grace_redials_each_period_and_comes_bac
 
 
 def test_a_pause_or_finish_is_kept_across_a_restart_until_fold(tmp_path):
-    from volunteer.cli.fold import choice_path, load_choice, save_choice
+    from volunteer.donor.fold import choice_path, load_choice, save_choice
 
     path = choice_path(tmp_path, "demo/../x")
     assert path.parent == tmp_path / "conduct" and load_choice(path) is None

@@ -8,7 +8,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from volunteer.cli.history import DAYS_KEPT, HOURS_KEPT, MAX_GAP, Deltas, History, load, load_all, save, history_path
+from volunteer.donor.history import DAYS_KEPT, HOURS_KEPT, MAX_GAP, Deltas, History, load, load_all, save, history_path
 
 
 def at(day: int, hour: int = 12, month: int = 3) -> float:

@@ -3,7 +3,7 @@ the text beside the buttons names the buttons, and withdrawn experts do not look
 
 from __future__ import annotations
 
-from volunteer.cli.history import History
+from volunteer.donor.history import History
 from volunteer.cli.webpage import render_live
 
 NOW = 1_900_000_000.0

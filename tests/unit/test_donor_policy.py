@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from volunteer.cli.policy import (
+from volunteer.donor.policy import (
     Observations,
     PolicyError,
     PolicySettings,
@@ -138,7 +138,7 @@ def test_describe_lists_what_is_in_force():
 
 
 def test_another_program_on_the_gpu_pauses_and_unknown_use_never_does():
-    from volunteer.cli.policy import Observations, PolicySettings, RunPolicy, settings_from
+    from volunteer.donor.policy import Observations, PolicySettings, RunPolicy, settings_from
 
     settings = settings_from({"pause_on_gpu_use": True})
     assert settings.pause_on_gpu_use and "pause while other programs use the GPU" in settings.describe()

@@ -12,7 +12,7 @@ import pytest
 
 from volunteer.cli import consent
 from volunteer.cli.donorflags import choose_gpus
-from volunteer.cli.probes import CpuSample, FakeProbe, ProbeError, PsutilProbe, other_load, parse_hid_idle, parse_logind_idle, probe_from_env
+from volunteer.donor.probes import CpuSample, FakeProbe, ProbeError, PsutilProbe, other_load, parse_hid_idle, parse_logind_idle, probe_from_env
 from volunteer.errors import VolunteerError
 
 

@@ -20,14 +20,14 @@ from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..net.nat.manager import NatManager
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
-from . import contributions as contrib
-from . import history as hist
+from ..donor import contributions as contrib
+from ..donor import history as hist
 from . import views
 from .control import DaemonLock, serve_control
-from .fold import Conduct, choice_path, load_choice, save_choice
-from .policy import PolicySettings
-from .probes import SystemProbe
-from .steward import POLICY_PERIOD, Steward, TrafficMeter
+from ..donor.fold import Conduct, choice_path, load_choice, save_choice
+from ..donor.policy import PolicySettings
+from ..donor.probes import SystemProbe
+from ..donor.steward import POLICY_PERIOD, Steward, TrafficMeter
 from .gpu import GpuMonitor
 from .rates import Window
 from .relaywatch import RELAY_CHECK_PERIOD, RelayWatch, silent_text, watch_relays

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from ..errors import VolunteerError
 from ..web.serve import host_port_arg
-from .policy import PolicyError, PolicySettings, settings_from
-from .selfcare import DEFAULT_FAILURE_LIMIT
+from ..donor.policy import PolicyError, PolicySettings, settings_from
+from ..donor.selfcare import DEFAULT_FAILURE_LIMIT
 
 
 def _gpu_list(text: str) -> list[int]:

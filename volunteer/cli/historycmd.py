@@ -12,7 +12,7 @@ import time
 from ..errors import VolunteerError
 from ..sizes import format_size
 from ..widgets import duration
-from .history import Bucket, load_all
+from ..donor.history import Bucket, load_all
 
 HISTORY_EXAMPLES = """\
 examples:

@@ -216,8 +216,8 @@ def build_options(args: argparse.Namespace):
         replicas_config=replicas_config,
         public_name=args.name,
     )
-    from .probes import probe_from_env
-    from .steward import POLICY_PERIOD
+    from ..donor.probes import probe_from_env
+    from ..donor.steward import POLICY_PERIOD
 
     period = args.policy_period if args.policy_period is not None else POLICY_PERIOD
     if not period > 0:
@@ -313,7 +313,7 @@ def run_join(args: argparse.Namespace) -> int:
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
 
-NOTICES = "volunteer.cli.steward"  # the donor's own actions (fold, pause, finish, by hand or by policy)
+NOTICES = "volunteer.donor.steward"  # the donor's own actions (fold, pause, finish, by hand or by policy)
 
 
 def show_notices() -> None:

@@ -26,7 +26,7 @@ from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
 from ..web.html import BASE_STYLE, PAGE_HEADERS, table
 from ..web.svg import PALETTE, Series, bar_chart
 from ..widgets import duration
-from .history import History
+from ..donor.history import History
 
 DEFAULT_PORT = 7396  # the port the README suggests (Folding@home's client listens on 7396 too)
 REFRESH_S = 3
