@@ -12,25 +12,25 @@ from .metrics import snapshot
 from .node import RelayNode
 
 
-def render(node: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
+def render(relay_server: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
     """The relay's view for a terminal of ``height`` lines."""
-    figures = snapshot(node.hop)
+    figures = snapshot(relay_server.hop)
     extra = max(0, height - 24)  # rows beyond the 80x24 budget go to the lists
     addr_rows, circuit_rows, refusal_rows = 2 + extra // 4, 4 + extra // 2, 2 + extra // 4
 
     relay = section("Relay")
     relay.add_row(f"[green]serving[/] · up {duration(uptime_s)}")
-    relay.add_row(f"peer {node.host.peer_id}")
-    addrs = node.host.full_addrs()
+    relay.add_row(f"peer {relay_server.host.peer_id}")
+    addrs = relay_server.host.full_addrs()
     for addr in addrs[:addr_rows]:
         relay.add_row(escape(str(addr)))
     if len(addrs) > addr_rows:
         relay.add_row(f"+{len(addrs) - addr_rows} more addresses")
-    if node.metrics_addr:
-        relay.add_row(f"metrics http://{node.metrics_addr[0]}:{node.metrics_addr[1]}/metrics")
+    if relay_server.metrics_addr:
+        relay.add_row(f"metrics http://{relay_server.metrics_addr[0]}:{relay_server.metrics_addr[1]}/metrics")
 
     load = section("Load")
-    swarms = ", ".join(escape(s) for s in node.dhts) or "none"
+    swarms = ", ".join(escape(s) for s in relay_server.dhts) or "none"
     load.add_row(
         f"{figures['reservations']} reservations · {figures['connections']} connections · "
         f"DHT for {swarms}"
@@ -41,7 +41,7 @@ def render(node: RelayNode, uptime_s: float, *, height: int = 24) -> Group:
     )
 
     circuits = section("Circuits", header=("source", "target", "up", "down"))
-    active = list(node.hop.active.values())
+    active = list(relay_server.hop.active.values())
     shown = fit(active, circuit_rows)
     for source, target, (up, down) in shown:
         circuits.add_row(short(source), short(target), format_size(up), format_size(down))

@@ -27,9 +27,9 @@ here; ``Swarm`` beside it is the trainer's side.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import trio
@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from .dht.node import DHTNode
     from .experts import ExpertsConfig
     from .experts.runtime import Runtime
+    from .experts.stats import ExpertStats
     from .replicas import HandOffResult
     from .replicas.manager import ReplicaManager
 
@@ -82,10 +83,21 @@ def check_device(device: str, max_gpu_memory: float | None) -> str:
     return str(resolved)
 
 
+@dataclass(frozen=True)
+class Finished:
+    """What ``VolunteerNode.finish`` did (``volunteer.donor.control.Finished``)."""
+
+    drained: bool  # in-flight calls done before the deadline
+    handed_off: int = 0  # sole copies handed to other volunteers
+    kept: int = 0  # sole copies no one took (their checkpoints keep them)
+    saved: int = 0  # checkpoints saved
+
+
 class VolunteerNode:
     """A running volunteer, as ``open_volunteer`` yields it: its Host, runtime (None when it
     hosts no experts) and its kind's parts (``parts``: the services, and those the status views
-    read), and ``pause`` / ``resume`` / ``leave``."""
+    read), ``pause`` / ``resume`` / ``leave``, and the donor layer's verbs (it implements
+    ``volunteer.donor.control.NodeControl``, each verb through the part that owns the fact)."""
 
     def __init__(
         self, spec: SwarmSpec, options: VolunteerOptions, host: Host, kind: SwarmKind, parts: NodeParts,
@@ -163,20 +175,148 @@ class VolunteerNode:
         if not quiet:
             log.warning("resumed: experts declared again")
 
+    # --- the donor layer's verbs (volunteer.donor.control.NodeControl) ----------------------------
+    @property
+    def entry_points(self) -> int:
+        """How many bootstrap peers and relays ``redial`` dials (0 on a kind without our DHT)."""
+        return len(self.spec.entry_points) if self.dht is not None else 0
+
+    @property
+    def heartbeat_period(self) -> float | None:
+        """Seconds between our declarations; None where no declarer of ours can be looked up."""
+        if self.dht is None or self.declarer is None:
+            return None
+        return self.dht.config.expert_update_period
+
+    def connected_peers(self) -> int:
+        """Distinct peers connected now."""
+        return sum(1 for peer in {c.remote_peer for c in self.host.connections()} if self.host.is_connected(peer))
+
+    def hosted(self) -> frozenset[str]:
+        """The uids served now, as the kind's one ``Hosting`` decides them."""
+        hosting = self.parts.hosting
+        return hosting.hosted() if hosting is not None else frozenset()
+
+    async def set_aside(self, uid: str) -> bool:
+        """Withdraw ``uid`` and keep it to take back, through the kind's ``Hosting`` (the replica
+        manager on a swarm with grids, so placement does not put another in its place)."""
+        hosting = self.parts.hosting
+        return await hosting.set_aside(uid) if hosting is not None else False
+
+    def take_back(self, uids: Sequence[str]) -> list[str]:
+        """Serve and declare again those of ``uids`` set aside."""
+        hosting = self.parts.hosting
+        return hosting.take_back(uids) if hosting is not None else []
+
+    async def hand_off(self) -> tuple[int, int] | None:
+        """Hand off sole copies (the replica manager's ``hand_off_all``): (handed off, could not
+        be); None without replicas."""
+        if self.replicas is None:
+            return None
+        self.handed_off = result = await self.replicas.hand_off_all()
+        return len(result.done), len(result.failed)
+
+    async def finish(self, deadline: float) -> Finished:
+        """Drain in-flight calls within ``deadline``, hand off sole copies and save checkpoints,
+        as a graceful leave does, but stay in the swarm (paused by the caller)."""
+        drained = await self._drain(deadline)
+        moved = await self.hand_off()
+        handed, kept = moved if moved is not None else (0, 0)
+        return Finished(drained=drained, handed_off=handed, kept=kept, saved=await self._save_checkpoints())
+
+    async def visible(self) -> bool | None:
+        """Whether the peers closest to our first declared expert's key hold our record (a
+        trainer's lookup would find us); None before anything is declared, or on another kind."""
+        from .dht.grid import expert_key
+
+        dht, declarer = self.dht, self.declarer
+        if dht is None or declarer is None or not declarer.uids or not declarer.declarations:
+            return None
+        uid = declarer.uids[0]
+        try:
+            return await dht.held_elsewhere(expert_key(uid), self.host.peer_id.to_bytes()) > 0
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("looking up our own expert %s failed: %s", uid, describe(exc))
+            return False
+
+    async def redial(self) -> int | None:
+        """Re-dial the bootstrap peers and relays and bootstrap the DHT again: how many answered
+        (None on a kind without our DHT)."""
+        if self.dht is None:
+            return None
+        try:
+            return await self.dht.bootstrap(self.spec.entry_points)
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.warning("re-dialling the swarm failed: %s", describe(exc))
+            return 0
+
+    async def rejoin(self) -> int | None:
+        """``redial``, then declare at once rather than a heartbeat later."""
+        answered = await self.redial()
+        if answered is not None and self.declarer is not None and not self.declarer.paused:
+            self.declarer.resume()
+        return answered
+
+    # --- typed facts the daemon, its views and metrics read ----------------------------------------
+    @property
+    def hosts_experts(self) -> bool:
+        """Whether the node runs experts (a runtime)."""
+        return self.runtime is not None
+
+    def expert_stats(self) -> "dict[str, ExpertStats]":
+        """Each served expert's counters, by uid (empty without experts)."""
+        return self.runtime.stats() if self.runtime is not None else {}
+
+    def expert_on_gpu(self, uid: str) -> bool:
+        """Whether expert ``uid`` computes on a CUDA device."""
+        backend = self.runtime.backends.get(uid) if self.runtime is not None else None
+        return backend is not None and backend.device.type == "cuda"
+
+    def trainer_report(self) -> dict | None:
+        """Who trains our experts and how it went (the runtime's report); None without experts."""
+        return self.runtime.trainer_report() if self.runtime is not None else None
+
+    def swarm_dhts(self) -> "dict[str, DHTNode]":
+        """Our DHT node by swarm id, for the metrics (empty on a swarm of another kind)."""
+        return {self.spec.id: self.dht} if self.dht is not None else {}
+
+    # --- leaving ---------------------------------------------------------------------------------
+    async def _drain(self, deadline: float) -> bool:
+        """Refuse new calls and wait (at most ``deadline``) for the running ones; True when they
+        finished in time."""
+        if self.runtime is None:
+            return True
+        self.runtime.pause()
+        if self.server is None:
+            return True
+        with trio.move_on_after(deadline) as scope:
+            await self.server.wait_idle()
+        return not scope.cancelled_caught
+
+    async def _save_checkpoints(self) -> int:
+        runtime = self.runtime
+        if runtime is None:
+            return 0
+        saved = 0
+        for backend in list(runtime.backends.values()):
+            if backend.checkpoint_path is None:
+                continue
+            try:
+                await runtime.run_sync(backend.save_checkpoint)
+                saved += 1
+            except (VolunteerError, OSError) as exc:
+                log.warning("could not save the checkpoint of %s: %s", backend.uid, describe(exc))
+        return saved
+
     async def _leave_gracefully(self) -> None:
         # vanish from lookups, refuse new work, let running work finish (checkpoints come after)
         if self.declarer is not None:
             with trio.move_on_after(WITHDRAW_DEADLINE):
                 await self.declarer.withdraw()
-        if self.runtime is not None:
-            self.runtime.pause()
-            if self.server is not None:
-                with trio.move_on_after(self.options.leave_deadline):
-                    await self.server.wait_idle()
-        if self.replicas is not None:
-            # sole copies go to volunteers with room (bounded by handoff_timeout); the runtime's
-            # exit saves every checkpoint afterwards, handed off or not
-            self.handed_off = await self.replicas.hand_off_all()
+        await self._drain(self.options.leave_deadline)
+        # sole copies go to volunteers with room (bounded by handoff_timeout); the runtime's exit
+        # saves every checkpoint afterwards, handed off or not
+        await self.hand_off()
 
     async def _withdraw_quickly(self) -> None:
         # an exception or cancellation: tombstones while connections are still up, briefly
@@ -275,4 +415,4 @@ async def _open_experts(
         yield runtime, config, build
 
 
-__all__ = ["JoinError", "VolunteerNode", "VolunteerOptions", "check_device", "open_volunteer"]
+__all__ = ["Finished", "JoinError", "VolunteerNode", "VolunteerOptions", "check_device", "open_volunteer"]

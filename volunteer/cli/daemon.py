@@ -218,8 +218,8 @@ class Daemon:
             return
         now = self.clock()
         counters: dict[str, float] = {"traffic": 0.0}
-        if node.runtime is not None:
-            stats = node.runtime.stats()
+        if node.hosts_experts:
+            stats = node.expert_stats()
             self.contributions.observe(
                 requests=sum(s.requests - s.errors for s in stats.values()),  # answered with a result
                 samples=sum(s.samples for s in stats.values()),
@@ -227,8 +227,7 @@ class Daemon:
                 bytes_sent=views.bytes_served(node),
             )
             for uid, s in stats.items():  # per expert: one handed off or set aside takes its counts along
-                backend = node.runtime.backends.get(uid)
-                on_gpu = backend is not None and backend.device.type == "cuda"
+                on_gpu = node.expert_on_gpu(uid)
                 counters[f"calls {uid}"] = s.requests - s.errors
                 counters[f"samples {uid}"] = s.samples
                 counters[f"{'gpu' if on_gpu else 'cpu'}_s {uid}"] = s.compute_s
@@ -395,8 +394,9 @@ class Daemon:
             self._observe_contributions()
             snap["upload"] = self._upload(now)
             snap["refusals"] = views.refusals_view(node)
-            if node.server is not None and node.runtime is not None:  # who trains our experts, and how it went
-                snap["trainers"] = {"policy": node.server.snapshot().get("trainer_policy"), **node.runtime.trainer_report()}
+            report = node.trainer_report()
+            if node.server is not None and report is not None:  # who trains our experts, and how it went
+                snap["trainers"] = {"policy": node.server.snapshot().get("trainer_policy"), **report}
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
@@ -410,7 +410,7 @@ class Daemon:
         """Replace the rows' rates with figures over the last RATE_WINDOW seconds: requests per
         second and samples per batch alike (a lifetime mean hides a trainer that just changed)."""
         node = self.node
-        stats = node.runtime.stats() if node is not None and node.runtime is not None else {}
+        stats = node.expert_stats() if node is not None else {}
         for row in rows:
             s = stats.get(row.get("uid"))
             if s is None:

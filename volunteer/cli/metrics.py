@@ -76,13 +76,14 @@ class DaemonCollector(Collector):
         yield from punch_metrics(view.get("hole_punching"))
         yield from direct_metrics(view.get("direct"))
         yield from self._experts(node)
-        if node.dht is not None:
-            yield from dht_metrics({daemon.swarm.id: node.dht})
+        dhts = node.swarm_dhts()
+        if dhts:
+            yield from dht_metrics(dhts)
         yield refusal_metrics(refusals_of(node))
 
     def _experts(self, node: "VolunteerNode") -> Iterable[Metric]:
-        runtime = node.runtime
-        if runtime is None:
+        report = node.trainer_report()
+        if report is None:  # no experts hosted
             return
         families = {
             "requests": CounterMetricFamily("volunteer_expert_requests", "Expert requests accepted.", labels=["uid"]),
@@ -91,13 +92,12 @@ class DaemonCollector(Collector):
             "busy": CounterMetricFamily("volunteer_expert_busy", "Requests refused: queue full.", labels=["uid"]),
         }
         version = GaugeMetricFamily("volunteer_expert_version", "Optimizer steps the expert's state has taken.", labels=["uid"])
-        for uid, stats in sorted(runtime.stats().items()):
+        for uid, stats in sorted(node.expert_stats().items()):
             for name, family in families.items():
                 family.add_metric([uid], getattr(stats, name))
             version.add_metric([uid], stats.updates)
         yield from families.values()
         yield version
-        report = runtime.trainer_report()
         backwards = CounterMetricFamily("volunteer_trainer_backwards", "Backwards by trainer and outcome "
                                         "(applied, clipped to the expert's bound, refused).", labels=["trainer", "outcome"])
         refused = GaugeMetricFamily("volunteer_trainer_refused", "1 while a trainer is refused for its gradients.",

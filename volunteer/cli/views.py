@@ -80,11 +80,11 @@ def expert_rows(node: "VolunteerNode", now: float) -> list[dict]:
     """One row per hosted expert, by uid (``now`` on trio's clock, for the age of its last
     replica sync). ``requests_per_s`` and ``mean_batch`` are the lifetime figures; the daemon
     replaces them with figures over its rate window."""
-    if node.runtime is None:
+    if not node.hosts_experts:
         return []
     synced = node.replicas.sync.last_sync if node.replicas is not None else {}
     rows = []
-    for uid, s in sorted(node.runtime.stats().items()):
+    for uid, s in sorted(node.expert_stats().items()):
         rows.append(
             {
                 "uid": uid,

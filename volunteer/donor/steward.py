@@ -1,6 +1,8 @@
 """The daemon part that applies fold / pause / finish, the run-when policies and self-care to a
 running volunteer node: a thin trio driver around the pure cores ``fold.Conduct``,
-``policy.RunPolicy`` and ``selfcare``'s ``FailureStreaks`` / ``VisibilityWatch``.
+``policy.RunPolicy`` and ``selfcare``'s ``FailureStreaks`` / ``VisibilityWatch``. It acts on the
+node only through ``control.NodeControl`` (the node owns every verb: pause, finish, set-aside,
+take-back, the look-up of our own record, re-joining); the decisions stay here.
 
 Three tasks, started by ``run`` once the node is up:
 
@@ -21,18 +23,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from ..errors import VolunteerError, describe
+from .control import NodeControl
 from .fold import Conduct, Event
 from .policy import GPU_USE_LINE, GPU_USE_UNKNOWN, Observations, PolicySettings, RunPolicy
 from .probes import CpuSample, SystemProbe, other_load
 from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, SwarmContact, VisibilityWatch
-
-if TYPE_CHECKING:
-    from ..node import VolunteerNode
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +91,20 @@ class Steward:
         self.on_fold = on_fold  # told of a fold from the donor (the first one records consent)
         self.on_choice = on_choice  # told of each change of the donor's choice (kept across restarts)
         self.clock: Callable[[], float] = probe.now if probe is not None else time.time  # wall clock
-        self.node: VolunteerNode | None = None
-        self.set_aside: dict[str, Any] = {}  # uid -> the backend taken out of the runtime
+        self.node: NodeControl | None = None
+        self._nursery: trio.Nursery | None = None  # runs the set-asides ``outcome`` asks for
         self.last_observations: Observations | None = None
         self._cpu: CpuSample | None = None
         self._changed = trio.Event()
         self._lock = trio.Lock()  # one change of the node's state at a time
 
     # --- running ---------------------------------------------------------------------------------------
-    async def run(self, node: VolunteerNode, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, node: NodeControl, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sample, reconcile and watch ``node`` until cancelled. The node's expert server tells
         each call's outcome to ``outcome`` (``VolunteerOptions.on_outcome``)."""
         self.node = node
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self.probe is not None:
                 self.sample()  # the first verdict before anything is declared
             await self._reconcile()
@@ -205,125 +205,85 @@ class Steward:
             await self._finish(node)
         elif conduct.pause_lasts(self.clock()):
             conduct.handed_off = True
-            await self._hand_off(node, "the pause lasts")
+            self._log_hand_off("the pause lasts", await node.hand_off())
 
-    async def _finish(self, node: VolunteerNode) -> None:
-        if node.server is not None:
-            with trio.move_on_after(FINISH_DEADLINE):
-                await node.server.wait_idle()
-        await self._hand_off(node, "finishing")
-        saved = await self._save_checkpoints(node)
-        finished = self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({saved} experts)")
+    async def _finish(self, node: NodeControl) -> None:
+        done = await node.finish(FINISH_DEADLINE)
+        self._log_hand_off("finishing", (done.handed_off, done.kept))
+        finished = self.conduct.finished(self.clock(), f"in-flight calls done, checkpoints saved ({done.saved} experts)")
         self._note(finished)
         if finished is not None and self.on_choice is not None:
             self.on_choice(self.conduct)
 
-    async def _hand_off(self, node: VolunteerNode, why: str) -> None:
-        if node.replicas is None:
-            return
-        result = await node.replicas.hand_off_all()
-        if result.done or result.failed:
-            log.info("%s: handed off %d sole copies; %d could not be (their checkpoints keep them)",
-                        why, len(result.done), len(result.failed))
-
-    async def _save_checkpoints(self, node: VolunteerNode) -> int:
-        runtime = node.runtime
-        if runtime is None:
-            return 0
-        saved = 0
-        for backend in list(runtime.backends.values()):
-            if backend.checkpoint_path is None:
-                continue
-            try:
-                await runtime.run_sync(backend.save_checkpoint)
-                saved += 1
-            except (VolunteerError, OSError) as exc:
-                log.warning("could not save the checkpoint of %s: %s", backend.uid, describe(exc))
-        return saved
+    @staticmethod
+    def _log_hand_off(why: str, moved: tuple[int, int] | None) -> None:
+        if moved is not None and any(moved):
+            log.info("%s: handed off %d sole copies; %d could not be (their checkpoints keep them)", why, *moved)
 
     # --- self-care: experts that keep failing ----------------------------------------------------------
     def outcome(self, uid: str, error: str | None) -> None:
         """One expert call's outcome (error None: answered); K failures in a row set it aside."""
         if error is None:
             self.streaks.succeeded(uid)
-        elif self.streaks.failed(uid, error) and self.node is not None:
-            self.node.host.start_soon(self._set_aside, uid)
+        elif self.streaks.failed(uid, error) and self._nursery is not None:
+            self._nursery.start_soon(self._set_aside, uid)
 
     async def _set_aside(self, uid: str) -> None:
         node = self.node
-        if node is None or node.runtime is None or uid not in node.runtime.backends:
+        if node is None or uid not in node.hosted():
             return
         why = self.streaks.set_aside.get(uid, "keeps failing")
         log.warning("expert %s %s: set aside (withdrawn, calls refused); `volunteer fold` takes it back", uid, why)
-        if node.declarer is not None:
-            with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
-                try:
-                    await node.declarer.drop(uid)
-                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                    log.info("tombstone of %s failed: %s", uid, describe(exc))
-        if uid in node.runtime.backends:
-            self.set_aside[uid] = node.runtime.remove_backend(uid)
-        self._note(self.conduct.set_hold(self.streaks.hold(set(node.runtime.backends)), self.clock()))
+        await node.set_aside(uid)
+        self._note(self.conduct.set_hold(self.streaks.hold(set(node.hosted())), self.clock()))
 
     def _take_back(self, now: float) -> None:
         node = self.node
         uids = self.streaks.take_back()
-        if node is None or node.runtime is None:
+        if node is None:
             return
-        for uid in uids:
-            backend = self.set_aside.pop(uid, None)
-            if backend is not None and uid not in node.runtime.backends:
-                node.runtime.add_backend(backend)
-                if node.declarer is not None:
-                    node.declarer.add(uid)
-        if uids:
-            log.info("took back %d expert(s) set aside after failures: %s", len(uids), ", ".join(uids))
+        back = node.take_back(uids)
+        if back:
+            log.info("took back %d expert(s) set aside after failures: %s", len(back), ", ".join(back))
         self._note(self.conduct.set_hold(None, now))
 
     # --- self-care: visible in the DHT ----------------------------------------------------------------
     async def _watch_visibility(self) -> None:
         node = self.node
-        if node is None or node.dht is None or node.declarer is None:
-            return
-        period = node.dht.config.expert_update_period
+        period = node.heartbeat_period if node is not None else None
+        if node is None or period is None:
+            return  # the kind cannot tell whether we are visible
         while True:
             await trio.sleep(period)
-            declarer = node.declarer
-            if not self.conduct.serving or node.paused or not declarer.uids or not declarer.declarations:
+            if not self.conduct.serving or node.paused:
                 self.visibility.reset()
                 continue
-            seen = await self._visible(node, declarer.uids[0])
+            seen: bool | None = False  # a look-up that takes too long counts as a miss
+            with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+                seen = await node.visible()
+            if seen is None:  # nothing declared yet
+                self.visibility.reset()
+                continue
             if self.visibility.observe(seen, self.clock()):
                 await self._rejoin(node)
 
-    async def _visible(self, node: VolunteerNode, uid: str) -> bool:
-        from ..dht.grid import expert_key
-
-        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
-            try:
-                return await node.dht.held_elsewhere(expert_key(uid), node.host.peer_id.to_bytes()) > 0
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("looking up our own expert %s failed: %s", uid, describe(exc))
-        return False
-
-    async def _rejoin(self, node: VolunteerNode) -> None:
-        entry = node.spec.entry_points
+    async def _rejoin(self, node: NodeControl) -> None:
         log.warning("our experts have not been visible in the DHT for %d heartbeats: re-joining the swarm "
-                    "(re-dialling %d bootstrap peers and relays)", self.visibility.misses_allowed, len(entry))
-        answered = await self._redial(node)
-        if node.declarer is not None and not node.declarer.paused:
-            node.declarer.resume()  # declare at once, not a heartbeat later
-        log.info("re-joined: %d of %d bootstrap peers and relays answered; experts declared again", answered, len(entry))
+                    "(re-dialling %d bootstrap peers and relays)", self.visibility.misses_allowed, node.entry_points)
+        answered = None
+        with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
+            answered = await node.rejoin()
+        log.info("re-joined: %d of %d bootstrap peers and relays answered; experts declared again",
+                 answered or 0, node.entry_points)
 
     # --- self-care: in touch with the swarm --------------------------------------------------------
     async def _watch_contact(self) -> None:
         node = self.node
-        if node is None or node.dht is None or not node.spec.entry_points:
+        if node is None or not node.entry_points:
             return  # the first node of a new swarm has no one to be cut off from
         while True:
             await trio.sleep(self.contact_period)
-            peers = {c.remote_peer for c in node.host.connections()}
-            connected = sum(1 for peer in peers if node.host.is_connected(peer))
+            connected = node.connected_peers()
             now = self.clock()
             change = self.contact.observe(connected, now)
             if change == "cut":
@@ -334,17 +294,14 @@ class Steward:
             if change in ("cut", "redial"):
                 await self._redial(node)
 
-    async def _redial(self, node: VolunteerNode) -> int:
-        """Re-dial the swarm's bootstrap peers and relays and bootstrap the DHT again; returns
-        how many answered (0 when none did within VISIBILITY_CHECK_TIMEOUT)."""
-        entry = node.spec.entry_points
-        answered = 0
+    async def _redial(self, node: NodeControl) -> int | None:
+        """Re-dial the swarm's bootstrap peers and relays (``NodeControl.redial``); how many
+        answered (0 when none did within VISIBILITY_CHECK_TIMEOUT, None where the kind cannot)."""
+        answered: int | None = 0
         with trio.move_on_after(VISIBILITY_CHECK_TIMEOUT):
-            try:
-                answered = await node.dht.bootstrap(entry)
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.warning("re-dialling the swarm failed: %s", describe(exc))
-        log.info("re-dialled the swarm: %d of %d bootstrap peers and relays answered", answered, len(entry))
+            answered = await node.redial()
+        if answered is not None:
+            log.info("re-dialled the swarm: %d of %d bootstrap peers and relays answered", answered, node.entry_points)
         return answered
 
     def state_text(self) -> str:

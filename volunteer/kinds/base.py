@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the experts, replicas and hivemind load only when a node ne
     from ..experts.runtime import Runtime
     from ..hivemind.dht import HivemindDHT
     from ..replicas.manager import ReplicaManager
+    from .hosting import Hosting
 
 # builds an empty backend (uid, class, hidden_dim) with the node's expert settings and checkpoints
 BuildBackend = Callable[[str, str, int], "ExpertBackend"]
@@ -81,6 +82,9 @@ class NodeParts:
     declarer: "ExpertDeclarer | None" = None
     replicas: "ReplicaManager | None" = None
     dht: "DHTNode | None" = None  # ours; None on a swarm of another kind
+    # which experts the node serves, decided here and nowhere else (the replica manager on a
+    # swarm with grids); None when it hosts none
+    hosting: "Hosting | None" = None
 
 
 @dataclass

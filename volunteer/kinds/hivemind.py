@@ -26,6 +26,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.service import HostAPI, Service
 from ..swarmfile import SwarmSpec
 from .base import BuildBackend, Check, DoctorPlan, ExpertListing, NodeContext, NodeParts, TrainerParts
+from .hosting import RuntimeHosting
 from .options import VolunteerOptions
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ class HivemindKind:
         services: list[Service] = [dht, HivemindRefusals(), KadPeerRouting(), member]
         if experts is not None:
             services.append(experts)
-        return NodeParts(services, dht_status=member.snapshot, server=experts)
+        # hivemind's service declares the runtime's experts each round: the runtime is the hosting
+        hosting = RuntimeHosting(node.runtime) if node.runtime is not None else None
+        return NodeParts(services, dht_status=member.snapshot, server=experts, hosting=hosting)
 
     # --- a trainer --------------------------------------------------------------------------------
     async def join_trainer(

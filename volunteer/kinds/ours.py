@@ -43,6 +43,7 @@ from ..net.service import HostAPI, Service
 from ..net.upload import UploadMeter
 from ..swarmfile import GridSpec, SwarmSpec
 from .base import BuildBackend, Check, DoctorPlan, ExpertListing, NodeContext, NodeParts, TrainerParts
+from .hosting import RuntimeHosting
 from .options import VolunteerOptions
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class VolunteerKind:
             declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, profile=profile)
             services.append(declarer)
             return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server,
-                             declarer=declarer, dht=dht)
+                             declarer=declarer, dht=dht, hosting=RuntimeHosting(runtime, declarer))
 
         from ..replicas import DEFAULT_CONFIG as REPLICAS, BackendStore, ReplicaSync, grid_of
         from ..replicas.manager import ReplicaManager, StartHosting
@@ -152,7 +153,7 @@ class VolunteerKind:
         )
         services += [replicas.state, sync, replicas, declarer]
         return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server, declarer=declarer,
-                         replicas=replicas, dht=dht)
+                         replicas=replicas, dht=dht, hosting=replicas)
 
     # --- a trainer --------------------------------------------------------------------------------
     async def join_trainer(

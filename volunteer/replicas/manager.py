@@ -129,6 +129,9 @@ class ReplicaManager(BaseService):
         self.refusals: Counter[str] = Counter()  # claims refused by catch-up, by reason
         # (uid, peer) → how that replica stands with us, from catch-up; sync's verdicts in ``sync``
         self._standings: dict[tuple[str, str], Standing] = {}
+        # uid -> the backend self-care set aside (``set_aside``): counted as hosted by placement
+        # (no other expert takes its place), neither served, synced nor declared until taken back
+        self.aside: dict[str, ExpertBackend] = {}
 
     @property
     def me(self) -> str:
@@ -203,7 +206,7 @@ class ReplicaManager(BaseService):
             for uid, holders in hosts.items()
         }
         return place(
-            self.grids, hosts, me=self.me, capacity=self.capacity, hosting=list(self.store.backends),
+            self.grids, hosts, me=self.me, capacity=self.capacity, hosting=[*self.store.backends, *self.aside],
             max_moves=self.config.max_moves_per_recheck, proven=proven,
         )
 
@@ -273,9 +276,12 @@ class ReplicaManager(BaseService):
 
     # --- hosting changes ---------------------------------------------------------------------------
     async def add(self, uid: str, hosts: Hosts) -> bool:
-        """Start hosting ``uid``: build, catch up, serve, then declare. True when it is hosted."""
+        """Start hosting ``uid``: build, catch up, serve, then declare. True when it is hosted
+        (False for one set aside: only ``take_back`` serves it again)."""
         if uid in self.store.backends:
             return True
+        if uid in self.aside:
+            return False
         try:
             backend = self.make(uid)
         except VolunteerError as exc:
@@ -318,7 +324,41 @@ class ReplicaManager(BaseService):
             await self.declarer.drop(uid)
         if uid in self.store.backends:
             self.store.remove(uid)
+        self.aside.pop(uid, None)  # placement moved it elsewhere: nothing left to take back
         self.sync.forget(uid)
+
+    # --- self-care: the node's ``set_aside`` / ``take_back`` (kinds.hosting.Hosting) ----------
+    def hosted(self) -> frozenset[str]:
+        """The uids served now (those set aside excluded)."""
+        return frozenset(self.store.backends)
+
+    async def set_aside(self, uid: str) -> bool:
+        """Withdraw ``uid`` as ``drop`` does (tombstone first) but keep its backend to take back;
+        placement re-checks count it as hosted meanwhile. False when it is not hosted."""
+        if uid not in self.store.backends:
+            return False
+        with trio.move_on_after(self.config.request_timeout):
+            try:
+                await self.declarer.drop(uid)
+            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+                log.info("tombstone of %s failed: %s", uid, describe(exc))
+        if uid not in self.store.backends:  # a re-check dropped it while the tombstone was on its way
+            return False
+        self.aside[uid] = self.store.remove(uid)
+        self.sync.forget(uid)
+        return True
+
+    def take_back(self, uids: Sequence[str]) -> list[str]:
+        """Serve and declare again those of ``uids`` set aside; returns the uids taken back."""
+        back = []
+        for uid in uids:
+            backend = self.aside.pop(uid, None)
+            if backend is None or uid in self.store.backends:
+                continue
+            self.store.add(backend)
+            self.declarer.add(uid)
+            back.append(uid)
+        return back
 
     async def vouch(self, pusher: str, uid: str) -> PushClaim:
         """What the DHT says of a push of grid expert ``uid`` by ``pusher`` (the state service's
