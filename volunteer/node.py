@@ -111,7 +111,7 @@ class VolunteerNode:
         self.runtime = runtime
         self.device = device
         self.handed_off: HandOffResult | None = None  # what the graceful leave handed off
-        self.paused = False
+        self._paused = False
         self._leave = trio.Event()
 
     # --- the parts the views and tests read ------------------------------------------------------
@@ -149,10 +149,15 @@ class VolunteerNode:
         """Whether a graceful leave was asked for."""
         return self._leave.is_set()
 
+    @property
+    def paused(self) -> bool:
+        """Whether the node refuses calls and has withdrawn its experts (``pause`` / ``resume``)."""
+        return self._paused
+
     async def pause(self, *, quiet: bool = False) -> None:
         """Stop taking expert requests and drop out of lookups at once; keep identity and
         connections. ``quiet``: no log line (a node that starts paused says so itself)."""
-        self.paused = True
+        self._paused = True
         if self.runtime is not None:
             self.runtime.pause()
         if self.declarer is not None:
@@ -165,7 +170,7 @@ class VolunteerNode:
     def resume(self, *, quiet: bool = False) -> None:
         """Take requests and declare the experts again. ``quiet``: no log line (the donor's
         steward logs its own notice of the fold)."""
-        self.paused = False
+        self._paused = False
         if self.runtime is not None:
             self.runtime.resume()
         if self.declarer is not None:
