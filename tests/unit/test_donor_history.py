@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -73,6 +74,41 @@ def test_kept_across_restarts_and_merged_across_swarms(tmp_path):
     path = history_path(tmp_path, "broken")
     path.write_text("{not json")
     assert load(path).days == {}  # a broken file starts afresh (with a warning) instead of stopping join
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[1, 2]", b"\xff\xfe"])
+def test_a_corrupt_history_is_kept_aside_and_said_once_never_replaced_silently(tmp_path, caplog, content):
+    path = history_path(tmp_path, "swarm")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    assert load_all(tmp_path, "swarm").days == {} and path.read_bytes() == content  # a reader leaves it be
+    caplog.clear()
+    history = load(path, now=at(1))
+    assert history.days == {} and not path.exists()
+    aside = [p for p in path.parent.iterdir() if p.name.startswith("swarm.json.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == content  # what it held is still there
+    said = [r for r in caplog.records if "corrupt" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and aside[0].name in said[0].getMessage()
+    history.add(at(1), {"calls": 3})
+    assert save(path, history) and load(path).days["2030-03-01"].calls == 3
+    assert aside[0].read_bytes() == content
+
+
+def test_a_history_that_cannot_be_read_is_not_saved_over(tmp_path, monkeypatch):
+    path = history_path(tmp_path, "swarm")
+    first = History()
+    first.add(at(1), {"calls": 7})
+    assert save(path, first)
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError("denied")
+
+    monkeypatch.setattr(type(path), "read_text", refuse)
+    later = load(path)
+    monkeypatch.undo()
+    later.add(at(2), {"calls": 1})
+    assert not save(path, later)  # the caller warns once; the kept file is not lost
+    assert load(path).days["2030-03-01"].calls == 7
 
 
 @settings(max_examples=200)

@@ -122,7 +122,10 @@ class Deltas:
 class History:
     """Hour, day and month buckets, fed with cumulative counters and ``now``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_file: bool = True) -> None:
+        # False: the file this history came from could not be read nor set aside; saving over it
+        # would lose what it holds
+        self.keep_file = keep_file
         self.hours: dict[int, Bucket] = {}
         self.days: dict[str, Bucket] = {}
         self.months: dict[str, Bucket] = {}
@@ -237,33 +240,77 @@ def history_path(state_dir: Path, swarm_id: str) -> Path:
     return state_dir / "history" / f"{safe}.json"
 
 
-def load(path: Path) -> History:
-    """The history kept in ``path``; missing starts empty, broken too (with a warning: the daemon
-    must start anyway)."""
+class CorruptHistory(ValueError):
+    """A history file that is not one we wrote (broken JSON, too large, not a history)."""
+
+
+def read(path: Path) -> History:
+    """The history kept in ``path``: FileNotFoundError when there is none, CorruptHistory when
+    the file is not a history, OSError when it cannot be read."""
+    if path.stat().st_size > FILE_LIMIT:
+        raise CorruptHistory(f"larger than {FILE_LIMIT} bytes")
     try:
-        if path.stat().st_size > FILE_LIMIT:
-            raise ValueError(f"larger than {FILE_LIMIT} bytes")
-        return History.from_json(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptHistory(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CorruptHistory(f"not a history (a JSON {type(data).__name__})")
+    return History.from_json(data)
+
+
+def load(path: Path, *, now: float | None = None) -> History:
+    """The history a daemon keeps adding to in ``path``; missing starts empty. A corrupt file is
+    never written over: it is kept aside as ``<name>.corrupt-<stamp>`` (``now``'s local time)
+    and the log says so once; then a new history starts (the daemon must start anyway)."""
+    try:
+        return read(path)
     except FileNotFoundError:
         return History()
-    except (OSError, ValueError) as exc:
-        log.warning("contribution history %s unreadable (%s); starting a new one", path, exc)
+    except CorruptHistory as exc:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}")
+        try:
+            os.replace(path, aside)
+        except OSError as move:
+            log.warning("contribution history %s is corrupt (%s) and cannot be kept aside (%s); "
+                        "starting a new one in memory, not saved over it", path, exc, move)
+            return History(keep_file=False)
+        log.warning("contribution history %s is corrupt (%s): kept aside as %s; starting a new one",
+                    path, exc, aside.name)
+        return History()
+    except OSError as exc:
+        log.warning("contribution history %s unreadable (%s); starting a new one in memory, not saved over it",
+                    path, exc)
+        return History(keep_file=False)
+
+
+def _read_quietly(path: Path) -> History:
+    # a reader (``volunteer history``, the web page) leaves a bad file for the daemon to set aside
+    try:
+        return read(path)
+    except FileNotFoundError:
+        return History()
+    except (OSError, CorruptHistory) as exc:
+        log.warning("contribution history %s skipped: %s", path, exc)
         return History()
 
 
 def load_all(state_dir: Path, swarm_id: str | None = None) -> History:
     """Every swarm's history on this machine summed (or one swarm's)."""
     if swarm_id is not None:
-        return load(history_path(state_dir, swarm_id))
+        return _read_quietly(history_path(state_dir, swarm_id))
     total = History()
     folder = state_dir / "history"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        total = total.merge(load(path))
+        total = total.merge(_read_quietly(path))
     return total
 
 
 def save(path: Path, history: History) -> bool:
-    """Write ``history`` to ``path`` atomically; False (the caller warns once) on failure."""
+    """Write ``history`` to ``path`` atomically; False (the caller warns once) on failure, or
+    when ``history`` must not replace the file (``keep_file``: it could not be read)."""
+    if not history.keep_file:
+        return False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".tmp")
@@ -275,5 +322,5 @@ def save(path: Path, history: History) -> bool:
         return False
 
 
-__all__ = ["Bucket", "Deltas", "FIGURES", "History", "day_of", "history_path", "hour_of", "load", "load_all",
-           "month_of", "save"]
+__all__ = ["Bucket", "CorruptHistory", "Deltas", "FIGURES", "History", "day_of", "history_path", "hour_of", "load", "load_all",
+           "month_of", "read", "save"]
