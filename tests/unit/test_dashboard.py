@@ -130,6 +130,7 @@ from types import SimpleNamespace  # noqa: E402
 import trio  # noqa: E402
 
 from volunteer.donor import contributions as contrib  # noqa: E402
+from volunteer.donor import history as hist  # noqa: E402
 from volunteer.cli.dashboard import allocate, log_summaries, logging_through, summary_line  # noqa: E402
 from volunteer.cli.gpu import INSTALL_HINT, GpuMonitor  # noqa: E402
 from volunteer.cli.rates import Window  # noqa: E402
@@ -313,25 +314,32 @@ def test_windowed_rates_and_batch_sizes():
 
 @pytest.mark.slow
 def test_contributions_survive_a_restart_and_count_trainers_in_bounded_memory(tmp_path):
-    path = contrib.state_path(tmp_path, "lab/../x")
-    assert path.parent == tmp_path / "contributions"
-    first = contrib.load(path, now=1000.0)
-    first.observe(requests=10, samples=80, compute_s=1.5, bytes_sent=4096)
+    """The session and lifetime figures the status shows come from the one record (the history):
+    a restart keeps the lifetime, starts the session over, and an older version's separate
+    totals file is folded in once."""
+    path = hist.history_path(tmp_path, "lab/../x")
+    first = hist.load(path)
+    first.add(1000.0, {"calls": 10, "samples": 80, "cpu_s": 1.0, "gpu_s": 0.5, "bytes_sent": 4096})
     for peer in ("a", "b", "a"):
-        first.served(peer)
-    assert first.view()["session"] == {"requests": 10, "samples": 80, "compute_s": 1.5, "bytes_sent": 4096, "trainers": 2}
-    assert contrib.save(path, first)
-    second = contrib.load(path, now=2000.0)
-    second.observe(requests=5, samples=5, compute_s=0.5, bytes_sent=1)
-    second.served("b")
-    second.served("c")
-    view = second.view()
+        first.served(1000.0, peer)
+    assert first.contributions_view()["session"] == {"requests": 10, "samples": 80, "compute_s": 1.5, "bytes_sent": 4096, "trainers": 2}
+    assert hist.save(path, first)
+    second = hist.load(path)
+    second.add(2000.0, {"calls": 5, "samples": 5, "cpu_s": 0.5, "bytes_sent": 1})
+    second.served(2000.0, "b")
+    second.served(2000.0, "c")
+    view = second.contributions_view()
     assert view["session"]["trainers"] == 2 and view["since"] == 1000.0
     assert view["total"] == {"requests": 15, "samples": 85, "compute_s": 2.0, "bytes_sent": 4097, "trainers": 3}
-    path.write_text("{not json")
-    assert contrib.load(path, now=3.0).view()["total"]["requests"] == 0
-    path.write_text(json.dumps({"requests": "many", "samples": -3, "trainers": ["zz", 5, "00ff"]}))
-    assert contrib.load(path, now=3.0).view()["total"] == {"requests": 0, "samples": 0, "compute_s": 0.0, "bytes_sent": 0, "trainers": 2}
+    assert view["total"]["requests"] == sum(b.calls for b in second.days.values())  # one vocabulary, one count
+    legacy = hist.legacy_path(tmp_path, "lab/../x")
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"requests": 40, "samples": "many", "compute_s": 9.0, "trainers": ["zz", 5, "00ff"], "since": 500.0}))
+    assert hist.adopt_legacy_totals(second, legacy) and not legacy.exists()
+    assert not hist.adopt_legacy_totals(second, legacy)  # once
+    total = second.contributions_view()["total"]
+    assert total["requests"] == 40 and total["samples"] == 85 and total["compute_s"] == 9.0 and total["trainers"] == 5  # two kept hashes parse
+    assert second.contributions_view()["since"] == 500.0
     sketch = contrib.DistinctSketch(size=256)
     for i in range(20_000):
         sketch.add(f"trainer-{i % 5000}")

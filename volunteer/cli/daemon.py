@@ -105,19 +105,15 @@ class Daemon:
         self.window = Window()  # req/s, batch and upload over the last RATE_WINDOW seconds
         self.gpu = GpuMonitor()
         self._checkpoints: tuple[float, dict] | None = None  # (when scanned, view)
-        self._contributions_path = (
-            contrib.state_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
-        )
-        self.contributions = (
-            contrib.load(self._contributions_path, now=time.time()) if self._contributions_path is not None
-            else contrib.Contributions(since=time.time())
-        )
         probe = options.probe
         self.clock: Callable[[], float] = probe.now if probe is not None else time.time
         self._history_path = (
             hist.history_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
         )
+        # the one record of what this volunteer gave: hours, days, months, session, lifetime
         self.history = hist.load(self._history_path) if self._history_path is not None else hist.History()
+        if options.state_dir is not None:  # an older version's separate lifetime totals, folded in once
+            hist.adopt_legacy_totals(self.history, hist.legacy_path(options.state_dir, options.swarm.id))
         self._history_deltas = hist.Deltas()
         self.traffic = TrafficMeter()
         self._choice_path = choice_path(options.state_dir, options.swarm.id) if options.state_dir is not None else None
@@ -209,7 +205,6 @@ class Daemon:
             self._save_contributions()
 
     def _served(self, peer, _op: str) -> None:
-        self.contributions.served(peer)
         self.history.served(self.clock(), str(peer))
 
     def _observe_contributions(self) -> None:
@@ -220,12 +215,6 @@ class Daemon:
         counters: dict[str, float] = {"traffic": 0.0}
         if node.hosts_experts:
             stats = node.expert_stats()
-            self.contributions.observe(
-                requests=sum(s.requests - s.errors for s in stats.values()),  # answered with a result
-                samples=sum(s.samples for s in stats.values()),
-                compute_s=sum(s.compute_s for s in stats.values()),
-                bytes_sent=views.bytes_served(node),
-            )
             for uid, s in stats.items():  # per expert: one handed off or set aside takes its counts along
                 on_gpu = node.expert_on_gpu(uid)
                 counters[f"calls {uid}"] = s.requests - s.errors
@@ -252,8 +241,6 @@ class Daemon:
 
     def _save_contributions(self) -> None:
         failed = []
-        if self._contributions_path is not None and not contrib.save(self._contributions_path, self.contributions):
-            failed.append(self._contributions_path)
         if self._history_path is not None and not hist.save(self._history_path, self.history):
             failed.append(self._history_path)
         if failed and not self._save_warned:
@@ -380,7 +367,7 @@ class Daemon:
                     snap["relay_warning"] = silent
                     snap["state_text"] = f"{snap['state_text']}; {silent}"
                     snap["reachable_how"] = f"{self.reachable_how or 'not yet'}, but {silent}"
-            served = self.contributions.session_trainers
+            served = self.history.session.trainers
             snap["connections"] = classify_connections(views.connections_view(node.host), node.host, self.swarm.id,
                                                        reachability, served)
             snap["dht"] = views.dht_view(node)
@@ -399,7 +386,7 @@ class Daemon:
                 snap["trainers"] = {"policy": node.server.snapshot().get("trainer_policy"), **report}
             if node.options.hosts_experts:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
-        snap["contributions"] = self.contributions.view()
+        snap["contributions"] = self.history.contributions_view()
         snap.update(self.steward.snapshot())
         if self.web_url is not None:  # the control socket is the user's alone: the login link may go there
             snap["web"] = {"url": self.web_url, "login": self.web_login}

@@ -1,10 +1,6 @@
-"""What this volunteer has given: requests answered, samples computed, compute time, bytes sent
-and distinct trainers served, for this session and kept across restarts.
-
-The core (``Contributions``) is sans-I/O: it is fed the expert runtime's and server's cumulative
-counters (which restart at zero with the process) and the callers the server answered; the
-lifetime figures are what the state file held at start plus this session's. ``load`` and
-``save`` are the only file I/O (a small JSON file under the state dir, replaced atomically).
+"""The pieces of the contribution record (``history.History``, the one record) that its readers
+share: the typed ``contributions`` piece of the status snapshot (``ContributionsView``), and the
+sketch that counts distinct trainers.
 
 Distinct trainers are counted in bounded memory with a K-minimum-values sketch: exact up to
 ``SKETCH_SIZE`` trainers, an estimate (within a few percent) beyond, and mergeable, so the
@@ -14,19 +10,12 @@ lifetime count survives restarts without keeping every peer id.
 from __future__ import annotations
 
 import hashlib
-import json
-import logging
-import os
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
-
-log = logging.getLogger(__name__)
+from typing import TypedDict
 
 SKETCH_SIZE = 1024  # trainers counted exactly; beyond, estimated from the smallest hashes
-SAVE_PERIOD = 60.0  # seconds between saves of the state file while the daemon runs
+SAVE_PERIOD = 60.0  # seconds between saves of the record while the daemon runs
 HASH_SPACE = 2**64
-STATE_VERSION = 1
 
 
 def _hash(key: str) -> int:
@@ -87,111 +76,25 @@ class DistinctSketch:
         return sketch
 
 
-@dataclass
-class Totals:
-    """One set of contribution figures."""
+class Given(TypedDict):
+    """One set of figures in the status snapshot's ``contributions`` piece (the keys the
+    dashboard, ``status --json`` and the web page read), from a ``history.Bucket``: calls
+    answered, samples, compute seconds on any device, expert reply bytes, distinct trainers."""
 
-    requests: int = 0
-    samples: int = 0
-    compute_s: float = 0.0
-    bytes_sent: int = 0
-
-    def plus(self, other: "Totals") -> "Totals":
-        """The element-wise sum."""
-        return Totals(self.requests + other.requests, self.samples + other.samples,
-                      self.compute_s + other.compute_s, self.bytes_sent + other.bytes_sent)
+    requests: int
+    samples: int
+    compute_s: float
+    bytes_sent: int
+    trainers: int
 
 
-def _number(value: object, kind: type) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        return kind(0)
-    return kind(value)
+class ContributionsView(TypedDict):
+    """The snapshot's ``contributions``: this session, the lifetime, and the first day on
+    record (wall-clock seconds; None before anything was given)."""
+
+    session: Given
+    total: Given
+    since: float | None
 
 
-class Contributions:
-    """This session's contributions and the lifetime ones (the state file's plus this session's)."""
-
-    def __init__(self, *, since: float | None = None) -> None:
-        self.kept = Totals()  # what earlier sessions gave, as the state file says
-        self.kept_trainers = DistinctSketch()
-        self.session = Totals()
-        self.session_trainers = DistinctSketch()
-        self.since = since  # wall-clock time of the first session on record
-
-    # --- feeding ---------------------------------------------------------------------------------
-    def observe(self, *, requests: int, samples: int, compute_s: float, bytes_sent: int) -> None:
-        """This session's cumulative counters (the runtime's and the server's, since start)."""
-        self.session = Totals(int(requests), int(samples), float(compute_s), int(bytes_sent))
-
-    def served(self, peer: object) -> None:
-        """The server answered a call from ``peer``."""
-        self.session_trainers.add(str(peer))
-
-    # --- reading ---------------------------------------------------------------------------------
-    def lifetime(self) -> Totals:
-        """Earlier sessions plus this one."""
-        return self.kept.plus(self.session)
-
-    def view(self) -> dict:
-        """The snapshot's ``contributions`` piece: ``{"session": {...}, "total": {...}, "since"}``."""
-        total = self.lifetime()
-        return {
-            "session": {**vars(self.session), "trainers": self.session_trainers.count()},
-            "total": {**vars(total), "trainers": self.kept_trainers.merge(self.session_trainers).count()},
-            "since": self.since,
-        }
-
-    # --- the state file --------------------------------------------------------------------------
-    def to_json(self) -> dict:
-        """What the state file holds: the lifetime figures and trainer sketch."""
-        total = self.lifetime()
-        return {"version": STATE_VERSION, "since": self.since, **vars(total),
-                "trainers": self.kept_trainers.merge(self.session_trainers).to_json()}
-
-    @classmethod
-    def from_json(cls, data: object, *, now: float) -> "Contributions":
-        """Contributions whose earlier sessions are ``data`` (a broken field counts as zero)."""
-        data = data if isinstance(data, dict) else {}
-        since = data.get("since")
-        contributions = cls(since=float(since) if isinstance(since, (int, float)) and not isinstance(since, bool) else now)
-        contributions.kept = Totals(
-            int(_number(data.get("requests"), int)), int(_number(data.get("samples"), int)),
-            float(_number(data.get("compute_s"), float)), int(_number(data.get("bytes_sent"), int)),
-        )
-        contributions.kept_trainers = DistinctSketch.from_json(data.get("trainers"))
-        return contributions
-
-
-def state_path(state_dir: Path, swarm_id: str) -> Path:
-    """The state file of one swarm's contributions under ``state_dir``."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", swarm_id)[:64] or "default"
-    return state_dir / "contributions" / f"{safe}.json"
-
-
-def load(path: Path, *, now: float) -> Contributions:
-    """The contributions kept in ``path``; a missing file starts at zero, a broken one too (with
-    a warning: the daemon must start anyway)."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return Contributions(since=now)
-    except (OSError, ValueError) as exc:
-        log.warning("contributions file %s unreadable (%s); counting from zero", path, exc)
-        return Contributions(since=now)
-    return Contributions.from_json(data, now=now)
-
-
-def save(path: Path, contributions: Contributions) -> bool:
-    """Write the lifetime figures to ``path`` atomically; False (logged once by the caller) on failure."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".tmp")
-        partial.write_text(json.dumps(contributions.to_json()))
-        os.replace(partial, path)
-        return True
-    except OSError as exc:
-        log.debug("cannot save contributions to %s: %s", path, exc)
-        return False
-
-
-__all__ = ["Contributions", "DistinctSketch", "SAVE_PERIOD", "SKETCH_SIZE", "Totals", "load", "save", "state_path"]
+__all__ = ["ContributionsView", "DistinctSketch", "Given", "SAVE_PERIOD", "SKETCH_SIZE"]

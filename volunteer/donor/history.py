@@ -1,9 +1,11 @@
-"""A donor's contribution history: per hour, per day and per month, kept across restarts.
+"""The one record of what a volunteer contributed: per hour, per day, per month, this session
+and over its lifetime, in one vocabulary (``FIGURES``), kept across restarts in one file.
 
-``contributions.py`` keeps this session's and the lifetime totals; this module keeps when they
-were given. The core (``History``) is sans-I/O: it is fed the daemon's cumulative counters with
-``now`` (wall-clock seconds) and adds what grew since the last feed to the hour, the local day
-and the local month ``now`` falls in. Old buckets are dropped as new ones open (``HOURS_KEPT``,
+The daemon's counters, the status snapshot's ``contributions`` piece (``contributions_view``),
+``volunteer history`` and the web page's plots all read this record; nothing else keeps totals.
+The core (``History``) is sans-I/O: it is fed the daemon's cumulative counters with ``now``
+(wall-clock seconds) and adds what grew since the last feed to the hour, the local day and the
+local month ``now`` falls in, to this session and to the lifetime totals. Old buckets are dropped as new ones open (``HOURS_KEPT``,
 ``DAYS_KEPT``, ``MONTHS_KEPT``), so the file stays bounded (well under a few MiB) however long a
 machine donates. ``load`` and ``save`` are the only file I/O (JSON replaced atomically).
 
@@ -23,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contributions import DistinctSketch
+from .contributions import SKETCH_SIZE, ContributionsView, DistinctSketch, Given
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ DAYS_KEPT = 400  # ... the last 90 per day; `volunteer history` lists a year of 
 MONTHS_KEPT = 240  # twenty years of months
 TRAINER_SKETCH = 64  # trainers counted exactly per bucket
 MAX_GAP = 120.0  # seconds between feeds counted as uptime at most (a suspended laptop is not up)
-HISTORY_VERSION = 1
+HISTORY_VERSION = 2  # 2: lifetime totals and the first day on record beside the buckets
 FILE_LIMIT = 16 * 2**20  # a history file larger than this is not read (it is not ours)
 FIGURES = ("calls", "samples", "gpu_s", "cpu_s", "bytes_sent", "traffic", "uptime_s", "serving_s")
 
@@ -63,6 +65,11 @@ class Bucket:
         merged.add({name: getattr(other, name) for name in FIGURES})
         return merged
 
+    def given(self) -> Given:
+        """This bucket in the status snapshot's ``contributions`` keys (``Given``)."""
+        return Given(requests=self.calls, samples=self.samples, compute_s=round(self.gpu_s + self.cpu_s, 3),
+                     bytes_sent=self.bytes_sent, trainers=self.trainers.count())
+
     def as_dict(self) -> dict:
         """JSON figures (trainers as a count)."""
         out: dict = {name: round(v, 3) if isinstance(v := getattr(self, name), float) else v for name in FIGURES}
@@ -74,10 +81,10 @@ class Bucket:
         return {**{name: getattr(self, name) for name in FIGURES}, "trainers": self.trainers.to_json()}
 
     @classmethod
-    def from_json(cls, data: object) -> "Bucket":
+    def from_json(cls, data: object, *, sketch: int = TRAINER_SKETCH) -> "Bucket":
         """A bucket from ``to_json``'s dict; a broken figure counts as zero."""
         data = data if isinstance(data, dict) else {}
-        bucket = cls(trainers=DistinctSketch.from_json(data.get("trainers"), size=TRAINER_SKETCH))
+        bucket = cls(trainers=DistinctSketch.from_json(data.get("trainers"), size=sketch))
         for name in FIGURES:
             value = data.get(name)
             kind = type(getattr(bucket, name))
@@ -129,6 +136,10 @@ class History:
         self.hours: dict[int, Bucket] = {}
         self.days: dict[str, Bucket] = {}
         self.months: dict[str, Bucket] = {}
+        # every figure since the first day on record (``since``), and this session's (not kept)
+        self.lifetime = Bucket(trainers=DistinctSketch(SKETCH_SIZE))
+        self.session = Bucket(trainers=DistinctSketch(SKETCH_SIZE))
+        self.since: float | None = None
         self._last_feed: float | None = None
 
     # --- feeding ---------------------------------------------------------------------------------
@@ -136,6 +147,8 @@ class History:
         """Add ``figures`` to the hour, day and month of ``now``, dropping buckets now too old."""
         for bucket in self._buckets(now):
             bucket.add(figures)
+        self.lifetime.add(figures)
+        self.session.add(figures)
 
     def tick(self, now: float, *, serving: bool) -> None:
         """Count the time since the last tick as uptime (and serving time while ``serving``);
@@ -147,10 +160,12 @@ class History:
 
     def served(self, now: float, trainer: str) -> None:
         """A call from ``trainer`` was answered at ``now``."""
-        for bucket in self._buckets(now):
+        for bucket in (*self._buckets(now), self.lifetime, self.session):
             bucket.trainers.add(trainer)
 
     def _buckets(self, now: float) -> tuple[Bucket, Bucket, Bucket]:
+        if self.since is None:
+            self.since = now
         hour, day, month = hour_of(now), day_of(now), month_of(now)
         if hour not in self.hours:
             self.hours[hour] = Bucket()
@@ -164,6 +179,10 @@ class History:
         return self.hours[hour], self.days[day], self.months[month]
 
     # --- reading ---------------------------------------------------------------------------------
+    def contributions_view(self) -> ContributionsView:
+        """The status snapshot's ``contributions`` piece: this session, the lifetime, since when."""
+        return ContributionsView(session=self.session.given(), total=self.lifetime.given(), since=self.since)
+
     def today(self, now: float) -> Bucket:
         """The bucket of ``now``'s local day (empty if nothing happened yet)."""
         return self.days.get(day_of(now), Bucket())
@@ -193,6 +212,9 @@ class History:
             mine, theirs, out = getattr(self, name), getattr(other, name), getattr(merged, name)
             for key in {*mine, *theirs}:
                 out[key] = mine.get(key, Bucket()).merge(theirs.get(key, Bucket()))
+        merged.lifetime = self.lifetime.merge(other.lifetime)
+        merged.session = self.session.merge(other.session)
+        merged.since = min((t for t in (self.since, other.since) if t is not None), default=None)
         return merged
 
     # --- the file --------------------------------------------------------------------------------
@@ -203,6 +225,8 @@ class History:
             "hours": {str(k): b.to_json() for k, b in sorted(self.hours.items())},
             "days": {k: b.to_json() for k, b in sorted(self.days.items())},
             "months": {k: b.to_json() for k, b in sorted(self.months.items())},
+            "lifetime": self.lifetime.to_json(),
+            "since": self.since,
         }
 
     @classmethod
@@ -220,6 +244,16 @@ class History:
                 if isinstance(key, str) and pattern.fullmatch(key):
                     target[int(key) if name == "hours" else key] = Bucket.from_json(value)
             _keep_newest(target, limit)
+        if isinstance(data.get("lifetime"), dict):
+            history.lifetime = Bucket.from_json(data["lifetime"], sketch=SKETCH_SIZE)
+        else:  # a version 1 file kept no totals: its months (twenty years of them) are its lifetime
+            for bucket in history.months.values():
+                history.lifetime = history.lifetime.merge(bucket)
+        since = data.get("since")
+        if isinstance(since, (int, float)) and not isinstance(since, bool) and 0 <= since < 2**40:
+            history.since = float(since)
+        elif history.hours:  # version 1: the oldest hour kept
+            history.since = float(min(history.hours))
         return history
 
 
@@ -295,6 +329,46 @@ def _read_quietly(path: Path) -> History:
         return History()
 
 
+def adopt_legacy_totals(history: History, path: Path) -> bool:
+    """Fold the lifetime totals an older version kept in a separate contributions file
+    (``contributions/<swarm>.json``: requests, samples, compute_s, bytes_sent, trainers, since)
+    into ``history``'s, once: each figure is raised to at least the old one (the old compute
+    seconds count as CPU seconds: that file did not say which). The old file is renamed
+    ``.adopted`` so it is not counted twice. True when there was one to adopt."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    life = history.lifetime
+
+    def number(key: str) -> float:
+        value = data.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**62
+        return float(value) if ok else 0.0
+
+    life.calls = max(life.calls, int(number("requests")))
+    life.samples = max(life.samples, int(number("samples")))
+    life.bytes_sent = max(life.bytes_sent, int(number("bytes_sent")))
+    life.cpu_s += max(0.0, number("compute_s") - (life.gpu_s + life.cpu_s))
+    life.trainers = life.trainers.merge(DistinctSketch.from_json(data.get("trainers"), size=SKETCH_SIZE))
+    since = number("since")
+    if since > 0 and (history.since is None or since < history.since):
+        history.since = since
+    try:
+        os.replace(path, path.with_name(path.name + ".adopted"))
+    except OSError as exc:
+        log.debug("cannot rename the adopted contributions file %s: %s", path, exc)
+    return True
+
+
+def legacy_path(state_dir: Path, swarm_id: str) -> Path:
+    """Where an older version kept one swarm's lifetime totals apart from its history."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", swarm_id)[:64] or "default"
+    return state_dir / "contributions" / f"{safe}.json"
+
+
 def load_all(state_dir: Path, swarm_id: str | None = None) -> History:
     """Every swarm's history on this machine summed (or one swarm's)."""
     if swarm_id is not None:
@@ -322,5 +396,5 @@ def save(path: Path, history: History) -> bool:
         return False
 
 
-__all__ = ["Bucket", "CorruptHistory", "Deltas", "FIGURES", "History", "day_of", "history_path", "hour_of", "load", "load_all",
+__all__ = ["Bucket", "CorruptHistory", "Deltas", "adopt_legacy_totals", "legacy_path", "FIGURES", "History", "day_of", "history_path", "hour_of", "load", "load_all",
            "month_of", "read", "save"]
