@@ -1,6 +1,5 @@
-"""The pieces of the contribution record (``history.History``, the one record) that its readers
-share: the typed ``contributions`` piece of the status snapshot (``ContributionsView``), and the
-sketch that counts distinct trainers.
+"""The sketch the contribution record (``history.History``, the one record) counts distinct
+trainers with, and how often the daemon saves that record.
 
 Distinct trainers are counted in bounded memory with a K-minimum-values sketch: exact up to
 ``SKETCH_SIZE`` trainers, an estimate (within a few percent) beyond, and mergeable, so the
@@ -11,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TypedDict
 
 SKETCH_SIZE = 1024  # trainers counted exactly; beyond, estimated from the smallest hashes
 SAVE_PERIOD = 60.0  # seconds between saves of the record while the daemon runs
@@ -76,25 +74,4 @@ class DistinctSketch:
         return sketch
 
 
-class Given(TypedDict):
-    """One set of figures in the status snapshot's ``contributions`` piece (the keys the
-    dashboard, ``status --json`` and the web page read), from a ``history.Bucket``: calls
-    answered, samples, compute seconds on any device, expert reply bytes, distinct trainers."""
-
-    requests: int
-    samples: int
-    compute_s: float
-    bytes_sent: int
-    trainers: int
-
-
-class ContributionsView(TypedDict):
-    """The snapshot's ``contributions``: this session, the lifetime, and the first day on
-    record (wall-clock seconds; None before anything was given)."""
-
-    session: Given
-    total: Given
-    since: float | None
-
-
-__all__ = ["ContributionsView", "DistinctSketch", "Given", "SAVE_PERIOD", "SKETCH_SIZE"]
+__all__ = ["DistinctSketch", "SAVE_PERIOD", "SKETCH_SIZE"]

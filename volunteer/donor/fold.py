@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .policy import RUN, Verdict
+from .status import ConductView, EventView
 
 CHOICES = ("folding", "paused", "finishing", "finished")
 ACTIONS = {"fold": "folding", "pause": "paused", "finish": "finishing"}
@@ -54,9 +55,9 @@ class Event:
     reason: str
     origin: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> EventView:
         """The event as JSON."""
-        return {"time": self.time, "action": self.action, "reason": self.reason, "origin": self.origin}
+        return EventView(time=self.time, action=self.action, reason=self.reason, origin=self.origin)
 
     @property
     def line(self) -> str:
@@ -204,15 +205,15 @@ class Conduct:
             return f"paused: {self.hold}"
         return self.verdict.text if not self.verdict.run else "folding"
 
-    def view(self, now: float) -> dict:
+    def view(self, now: float) -> ConductView:
         """The snapshot's ``conduct`` piece."""
-        return {
-            "state": self.state, "text": self.text, "serving": self.serving, "choice": self.choice,
-            "origin": self.origin, "since": self.since, "verdict": self.verdict.as_dict(), "hold": self.hold,
-            "paused_for_s": round(now - self._paused_since, 1) if self._paused_since is not None else None,
-            "handed_off": self.handed_off,
-            "events": [e.as_dict() for e in list(self.events)[-20:]],
-        }
+        return ConductView(
+            state=self.state, text=self.text, serving=self.serving, choice=self.choice,
+            origin=self.origin, since=self.since, verdict=self.verdict.as_dict(), hold=self.hold,
+            paused_for_s=round(now - self._paused_since, 1) if self._paused_since is not None else None,
+            handed_off=self.handed_off,
+            events=[e.as_dict() for e in list(self.events)[-20:]],
+        )
 
 
 def choice_path(state_dir: Path, swarm_id: str) -> Path:

@@ -25,7 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .contributions import SKETCH_SIZE, ContributionsView, DistinctSketch, Given
+from .contributions import SKETCH_SIZE, DistinctSketch
+from .status import BucketView, ContributionsView, Given
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,11 @@ class Bucket:
         return Given(requests=self.calls, samples=self.samples, compute_s=round(self.gpu_s + self.cpu_s, 3),
                      bytes_sent=self.bytes_sent, trainers=self.trainers.count())
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> BucketView:
         """JSON figures (trainers as a count)."""
-        out: dict = {name: round(v, 3) if isinstance(v := getattr(self, name), float) else v for name in FIGURES}
-        out["trainers"] = self.trainers.count()
-        return out
+        return BucketView(calls=self.calls, samples=self.samples, gpu_s=round(self.gpu_s, 3), cpu_s=round(self.cpu_s, 3),
+                          bytes_sent=self.bytes_sent, traffic=self.traffic, uptime_s=round(self.uptime_s, 3),
+                          serving_s=round(self.serving_s, 3), trainers=self.trainers.count())
 
     def to_json(self) -> dict:
         """What the file holds (trainers as the sketch)."""
@@ -345,8 +346,9 @@ def adopt_legacy_totals(history: History, path: Path) -> bool:
 
     def number(key: str) -> float:
         value = data.get(key)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**62
-        return float(value) if ok else 0.0
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**62:
+            return float(value)
+        return 0.0
 
     life.calls = max(life.calls, int(number("requests")))
     life.samples = max(life.samples, int(number("samples")))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import VolunteerError
 from ..sizes import format_size
+from .status import PolicySettingsView, VerdictView
 
 DEFAULT_IDLE_LOAD = 25.0  # % of the machine: BOINC's "in use" threshold for other programs' CPU
 LOAD_RESUME_SAMPLES = 2  # samples below the load limit before a load pause lifts (no flapping)
@@ -140,14 +141,14 @@ class PolicySettings:
             lines.append(f"at most {format_size(self.daily_transfer)} transferred per day")
         return lines
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> PolicySettingsView:
         """The settings as JSON (the status snapshot's ``policy.settings``)."""
-        return {
-            "on_battery": self.on_battery, "when_idle": self.when_idle, "max_other_load": self.max_other_load,
-            "pause_programs": list(self.pause_programs), "compute_hours": [str(w) for w in self.compute_hours],
-            "network_hours": [str(w) for w in self.network_hours], "daily_transfer": self.daily_transfer,
-            "pause_on_gpu_use": self.pause_on_gpu_use,
-        }
+        return PolicySettingsView(
+            on_battery=self.on_battery, when_idle=self.when_idle, max_other_load=self.max_other_load,
+            pause_programs=list(self.pause_programs), compute_hours=[str(w) for w in self.compute_hours],
+            network_hours=[str(w) for w in self.network_hours], daily_transfer=self.daily_transfer,
+            pause_on_gpu_use=self.pause_on_gpu_use,
+        )
 
 
 def _minutes(value: float) -> str:
@@ -254,9 +255,9 @@ class Verdict:
         """``running`` or ``paused: on battery`` / ``waiting: computer in use, …``."""
         return self.state if self.run else f"{self.state}: {self.reason}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> VerdictView:
         """The verdict as JSON (the status snapshot's ``policy.verdict``)."""
-        return {"state": self.state, "reason": self.reason, "code": self.code, "until": self.until, "text": self.text}
+        return VerdictView(state=self.state, reason=self.reason, code=self.code, until=self.until, text=self.text)
 
 
 RUN = Verdict()
@@ -302,8 +303,8 @@ class RunPolicy:
         if s.when_idle:
             idle_s = self._idle_seconds(seen, now)
             if idle_s < s.when_idle * 60:
-                until = now + (s.when_idle * 60 - idle_s) if idle_s > 0 else None
-                return Verdict("waiting", f"computer in use, resumes after {_minutes(s.when_idle)}", "idle", until)
+                resumes = now + (s.when_idle * 60 - idle_s) if idle_s > 0 else None
+                return Verdict("waiting", f"computer in use, resumes after {_minutes(s.when_idle)}", "idle", resumes)
         return RUN
 
     def _track_load(self, seen: Observations, now: float) -> None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .status import ContactView, VisibilityView
+
 DEFAULT_FAILURE_LIMIT = 5  # consecutive failed calls of one expert before it is set aside
 DEFAULT_MISSES = 2  # heartbeats without seeing our own experts before re-joining
 LAST_ERROR_CHARS = 160
@@ -93,13 +95,13 @@ class VisibilityWatch:
             return False
         return True if self.last_seen is not None else None
 
-    def view(self, now: float) -> dict:
+    def view(self, now: float) -> VisibilityView:
         """The snapshot's ``self_care.visibility`` piece."""
-        return {
-            "visible": self.visible, "misses": self.misses, "rejoins": self.rejoins,
-            "last_seen_age_s": round(now - self.last_seen, 1) if self.last_seen is not None else None,
-            "last_rejoin_age_s": round(now - self.last_rejoin, 1) if self.last_rejoin is not None else None,
-        }
+        return VisibilityView(
+            visible=self.visible, misses=self.misses, rejoins=self.rejoins,
+            last_seen_age_s=round(now - self.last_seen, 1) if self.last_seen is not None else None,
+            last_rejoin_age_s=round(now - self.last_rejoin, 1) if self.last_rejoin is not None else None,
+        )
 
 
 CUT_OFF_GRACE = 10.0  # seconds without a single peer before the node calls itself cut off
@@ -156,13 +158,13 @@ class SwarmContact:
         return (f"cut off from the swarm since {when}: no peer connected; "
                 f"re-dialling its bootstrap peers and relays every {self.redial_period:g} s")
 
-    def view(self, now: float) -> dict:
+    def view(self, now: float) -> ContactView:
         """The snapshot's ``self_care.contact`` piece."""
-        return {
-            "cut_off": self.cut_off_since is not None,
-            "cut_off_for_s": round(now - self.cut_off_since, 1) if self.cut_off_since is not None else None,
-            "cut_off_since": self.cut_off_since, "redials": self.redials, "cut_offs": self.cut_offs,
-        }
+        return ContactView(
+            cut_off=self.cut_off_since is not None,
+            cut_off_for_s=round(now - self.cut_off_since, 1) if self.cut_off_since is not None else None,
+            cut_off_since=self.cut_off_since, redials=self.redials, cut_offs=self.cut_offs,
+        )
 
 
 __all__ = ["CUT_OFF_GRACE", "DEFAULT_FAILURE_LIMIT", "DEFAULT_MISSES", "FailureStreaks", "REDIAL_PERIOD",

@@ -32,6 +32,7 @@ from .fold import Conduct, Event
 from .policy import GPU_USE_LINE, GPU_USE_UNKNOWN, Observations, PolicySettings, RunPolicy
 from .probes import CpuSample, SystemProbe, other_load
 from .selfcare import DEFAULT_FAILURE_LIMIT, FailureStreaks, SwarmContact, VisibilityWatch
+from .status import AskReply, ObservedView, PolicyView, SelfCareView, StewardSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class Steward:
         self._changed.set()
 
     # --- the donor's verbs -----------------------------------------------------------------------------
-    async def ask(self, action: str, origin: str) -> dict:
+    async def ask(self, action: str, origin: str) -> AskReply:
         """fold / pause / finish from ``origin`` (cli, web). Returns once the experts are declared
         or withdrawn accordingly; a finish's draining, hand-off and checkpoints go on after."""
         now = self.clock()
@@ -140,8 +141,8 @@ class Steward:
         await self._match()
         self._changed.set()
         paused = self.node.paused if self.node is not None else not self.conduct.serving
-        return {"ok": True, "paused": paused, "state": self.conduct.state, "text": self.conduct.text,
-                "changed": event is not None}
+        return AskReply(ok=True, paused=paused, state=self.conduct.state, text=self.conduct.text,
+                        changed=event is not None)
 
     # --- the run-when policies -------------------------------------------------------------------------
     def sample(self) -> Observations:
@@ -310,34 +311,35 @@ class Steward:
         return f"{self.conduct.text}; {cut}" if cut else self.conduct.text
 
     # --- status ---------------------------------------------------------------------------------------
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StewardSnapshot:
         """The snapshot's ``conduct``, ``policy`` and ``self_care`` pieces."""
         now = self.clock()
         seen = self.last_observations
         gpu_unknown = seen is not None and self.settings.pause_on_gpu_use and seen.gpu_users is None
-        return {
-            "conduct": self.conduct.view(now),
-            "policy": {
-                "settings": self.settings.as_dict(),
-                "lines": [f"{line} ({GPU_USE_UNKNOWN})" if line == GPU_USE_LINE and gpu_unknown else line
-                          for line in self.settings.describe()],
-                "verdict": self.conduct.verdict.as_dict(),
-                "observed": None if seen is None else {
-                    "on_battery": seen.on_battery, "other_load": seen.other_load,
-                    "input_idle_s": seen.input_idle_s, "transferred_today": seen.transferred_today,
-                    "gpu_users": None if seen.gpu_users is None else sorted(seen.gpu_users),
-                    # the GPU-use policy where nothing tells which programs use the GPU
-                    "gpu_use": None if not self.settings.pause_on_gpu_use else
-                    (GPU_USE_UNKNOWN if seen.gpu_users is None else "watched"),
-                },
-            },
-            "self_care": {
-                "failure_limit": self.streaks.limit,
-                "set_aside": dict(self.streaks.set_aside),
-                "visibility": self.visibility.view(now),
-                "contact": self.contact.view(now),
-            },
-        }
+        observed = None if seen is None else ObservedView(
+            on_battery=seen.on_battery, other_load=seen.other_load,
+            input_idle_s=seen.input_idle_s, transferred_today=seen.transferred_today,
+            gpu_users=None if seen.gpu_users is None else sorted(seen.gpu_users),
+            # the GPU-use policy where nothing tells which programs use the GPU
+            gpu_use=None if not self.settings.pause_on_gpu_use else
+            (GPU_USE_UNKNOWN if seen.gpu_users is None else "watched"),
+        )
+        return StewardSnapshot(
+            conduct=self.conduct.view(now),
+            policy=PolicyView(
+                settings=self.settings.as_dict(),
+                lines=[f"{line} ({GPU_USE_UNKNOWN})" if line == GPU_USE_LINE and gpu_unknown else line
+                       for line in self.settings.describe()],
+                verdict=self.conduct.verdict.as_dict(),
+                observed=observed,
+            ),
+            self_care=SelfCareView(
+                failure_limit=self.streaks.limit,
+                set_aside=dict(self.streaks.set_aside),
+                visibility=self.visibility.view(now),
+                contact=self.contact.view(now),
+            ),
+        )
 
 
 def _clock_time(when: float | None) -> str:
