@@ -9,19 +9,14 @@ the kind built, never beside it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from ..errors import VolunteerError, describe
-
 if TYPE_CHECKING:
     from ..experts.backend import ExpertBackend
     from ..experts.runtime import Runtime
-
-log = logging.getLogger(__name__)
 
 DROP_TIMEOUT = 20.0  # a tombstone that has not reached the DHT by then is left to the record's expiry
 
@@ -67,12 +62,9 @@ class RuntimeHosting:
     async def set_aside(self, uid: str) -> bool:
         if uid not in self.runtime.backends:
             return False
-        if self.declarer is not None:
+        if self.declarer is not None:  # tombstone first: trainers stop picking us for it at once
             with trio.move_on_after(self.drop_timeout):
-                try:
-                    await self.declarer.drop(uid)
-                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                    log.info("tombstone of %s failed: %s", uid, describe(exc))
+                await self.declarer.drop(uid)  # a tombstone that fails is logged by the declarer
         if uid not in self.runtime.backends:  # gone while the tombstone was on its way
             return False
         self.aside[uid] = self.runtime.remove_backend(uid)

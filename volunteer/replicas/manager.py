@@ -333,19 +333,13 @@ class ReplicaManager(BaseService):
         return frozenset(self.store.backends)
 
     async def set_aside(self, uid: str) -> bool:
-        """Withdraw ``uid`` as ``drop`` does (tombstone first) but keep its backend to take back;
-        placement re-checks count it as hosted meanwhile. False when it is not hosted."""
-        if uid not in self.store.backends:
+        """``drop`` ``uid`` (tombstone first) but keep its backend to take back; placement counts
+        it as hosted meanwhile. False when it is not hosted."""
+        backend = self.store.backends.get(uid)
+        if backend is None:
             return False
-        with trio.move_on_after(self.config.request_timeout):
-            try:
-                await self.declarer.drop(uid)
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("tombstone of %s failed: %s", uid, describe(exc))
-        if uid not in self.store.backends:  # a re-check dropped it while the tombstone was on its way
-            return False
-        self.aside[uid] = self.store.remove(uid)
-        self.sync.forget(uid)
+        await self.drop(uid)
+        self.aside[uid] = backend
         return True
 
     def take_back(self, uids: Sequence[str]) -> list[str]:
