@@ -7,3 +7,7 @@ and ``contributions`` keep what the volunteer gave. The layer sits above the nod
 the CLI, and imports nothing of the node, the DHT, the experts, the replicas or the kinds (an
 import-linter contract in ``pyproject.toml`` says so).
 """
+
+from .control import Finished, NodeControl
+
+__all__ = ["Finished", "NodeControl"]
