@@ -1,8 +1,10 @@
 """Vouches: a trainer's signed word for the work a host did for it, the credit a swarm's public
 page ranks contributors by (BOINC grants credit for validated results, never for claims).
 
-A trainer keeps, per host it called, how many replies it accepted (the receipt matched, the
-guard passed the outputs) and how many samples they carried (``VouchBook.accept``). Now and then
+A trainer keeps, per host it called, how many replies it accepted (they came over a stream only
+that host could answer on, the guard passed them, and where the swarm asks for receipts the
+receipt matched) and how many samples they carried (``VouchBook.accept``, called by
+``client._Call`` once a reply is taken). Now and then
 it signs one ``Vouch`` per host whose tally moved: cumulative figures since the trainer started
 (``epoch``, its start time), a sequence number that only grows, the time it signed, and the
 swarm. It publishes each under ``CONTRIBUTIONS_KEY`` in the DHT, sub-key the host's PeerID bytes,
@@ -119,11 +121,12 @@ class VouchBook:
         tally[1] += max(0, int(samples))
         self._moved.add(bytes(host))
 
-    def due(self, now: float) -> list[Vouch]:
-        """A signed vouch for every host whose tally moved since the last call."""
+    def due(self, now: float, *, everyone: bool = False) -> list[Vouch]:
+        """A signed vouch for every host whose tally moved since the last call (``everyone``: for
+        every host tallied, to republish records before they expire)."""
         out = []
         trainer = self.keypair.peer_id.to_bytes()
-        for host in sorted(self._moved):
+        for host in sorted(self._tally if everyone else self._moved):
             self._seq += 1
             calls, samples = self._tally[host]
             out.append(Vouch(self.swarm, trainer, host, self.epoch, self._seq, float(now), calls, samples).sign(self.keypair))
