@@ -58,11 +58,15 @@ def load_or_create_token(path: Path) -> str:
         raise VolunteerError(f"--web needs its token file {path}: {why} (move it aside, or make its directory writable)") from None
 
 
-def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] = ()) -> GuardPolicy:
-    """The guard of a page bound to ``host:port``: its own Host values and origins only."""
+def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] = (),
+                lan: Callable[[], tuple[str, ...]] | None = None) -> GuardPolicy:
+    """The guard of a page bound to ``host:port``: its own Host values and origins only, those of
+    ``extra_hosts`` (addresses or names), and of the addresses ``lan()`` lists at each request
+    (this machine's, for a page bound to every interface)."""
     names = {host if ":" not in host else f"[{host}]", *extra_hosts}
     hosts = loopback_hosts(port, names)
-    return GuardPolicy(allowed_hosts=hosts, allowed_origins=origins_of(hosts), token=token,
+    more = (lambda: frozenset(f"{name}:{port}" for name in lan())) if lan is not None else None
+    return GuardPolicy(allowed_hosts=hosts, allowed_origins=origins_of(hosts), token=token, more_hosts=more,
                        open_paths=frozenset({"/app.js", "/favicon.ico"}),
                        token_hint="open the link `volunteer join --web` printed (`volunteer status --json` shows it as web.login)")
 
