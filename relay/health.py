@@ -134,7 +134,7 @@ def volunteers_model(obs: SwarmObservation) -> list[dict]:
             "direct_connection_share": _share(profile.peer_sessions_direct, profile.peer_sessions) if profile else None,
             "direct_data_share": _share(profile.bytes_direct, profile.bytes_direct + profile.bytes_relayed) if profile else None,
         })
-    rows.sort(key=lambda r: (-r["calls"], -r["experts"], r["peer"]))
+    rows.sort(key=lambda r: (-int(r["calls"] or 0), -int(r["experts"] or 0), str(r["peer"])))
     return rows
 
 

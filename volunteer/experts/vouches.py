@@ -193,11 +193,11 @@ class Ledger:
         ``recent_per_day`` (the decayed recent calls as a daily rate, BOINC's RAC) and how many
         ``trainers`` vouched. A host nobody vouched a call for is not listed."""
         rate = math.log(2) / self.half_life * 86400
-        rows = [{"peer": str(PeerID.from_bytes(host)), "calls": c.calls, "samples": c.samples,
+        ranked = sorted(((str(PeerID.from_bytes(host)), c) for host, c in self._credit.items() if c.calls > 0),
+                        key=lambda item: (-item[1].calls, -item[1].samples, item[0]))
+        return [{"peer": peer, "calls": c.calls, "samples": c.samples,
                  "recent_per_day": round(self._decayed(c, now) * rate, 4), "trainers": len(c.trainers or ())}
-                for host, c in self._credit.items() if c.calls > 0]
-        rows.sort(key=lambda r: (-r["calls"], -r["samples"], r["peer"]))
-        return rows
+                for peer, c in ranked]
 
 
 def _is_peer(data: bytes) -> bool:

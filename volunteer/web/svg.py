@@ -67,7 +67,7 @@ def bar_chart(
     gridlines = [(upper + plot_h * (1 - fraction), f"{fmt(top * fraction)}{unit}") for fraction in (0, 0.5, 1)]
     bars = []
     for index, label in enumerate(labels):
-        base = upper + plot_h
+        base: float = upper + plot_h
         rects = []
         for row, s in zip(rows, series):
             if row[index] > 0:
