@@ -156,3 +156,32 @@ async def test_the_page_pools_the_volunteers_direct_shares():
             assert status == 200 and b"of connections ended direct" in body and b"100 %" in body
             status, _, body = await http(port, "GET", "/metrics")
             assert f'volunteer_swarm_direct_share{{of="connections",swarm="{SWARM}"}} 1.0' in body.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_trainers_accepted_calls_reach_the_page_as_its_vouches():
+    """A trainer (``Swarm``) calls a donor's expert; as it leaves it stores its vouch, and the
+    page ranks the donor by it, and keeps it there after the trainer and the donor are gone."""
+    from volunteer import RemoteExpert, Swarm
+
+    async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], swarms=[SWARM], web=("127.0.0.1", 0),
+                               watched=[WatchedSwarm(SWARM, (GRID,))], web_refresh=3600.0) as relay:
+        entry = relay.host.full_addrs()[0]
+        spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
+        async with open_volunteer(spec, options(uids=["hx.0.0"], public_name="Ada")) as donor:
+
+            def train() -> None:  # a PyTorch loop's thread, as a trainer runs one
+                with Swarm.join(spec) as swarm:
+                    expert = RemoteExpert("hx.0.0", donor.host.full_addrs()[0], swarm)
+                    for _ in range(2):
+                        expert(torch.randn(4, 8, requires_grad=True)).sum().backward()
+
+            await trio.to_thread.run_sync(train)
+            model = await refreshed_until(relay, lambda m: m["swarms"][0]["contributors"]["rows"])
+            [ada] = model["swarms"][0]["contributors"]["rows"]
+            assert (ada["name"], ada["peer"], ada["calls"], ada["samples"], ada["trainers"]) == \
+                ("Ada", str(donor.host.peer_id), 4, 16, 1)
+        # the donor has left: it keeps its place
+        [after] = (await relay.health.refresh())["swarms"][0]["contributors"]["rows"]
+        assert (after["peer"], after["calls"]) == (str(donor.host.peer_id), 4)
