@@ -56,10 +56,13 @@ class Client:
         from volunteer.experts.callstats import CallStats
         from volunteer.experts.guard import ReplyGuard
         from volunteer.experts.trust import TrustLedger
+        from volunteer.experts.vouches import VouchBook
+        from volunteer.net.identity import KeyPair
 
         self.loop = BackgroundLoop().start()
         self.calls = CallStats()
         self.guard = ReplyGuard(TrustLedger())
+        self.vouches = VouchBook(KeyPair.generate(), self.swarm_id, 0.0)  # tallied as a trainer does
         self._stop = None
 
         async def start() -> None:

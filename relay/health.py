@@ -2,8 +2,9 @@
 figures out. No trio, no clock: ``now`` is passed in.
 
 ``SwarmObservation`` is one background refresh's catch for one swarm: the live declarations of
-each grid's experts, the volunteers' public profiles (``volunteer.dht.profile``) and which
-entry points (relays, bootstrap peers) answered. ``swarm_model`` turns it into the dict that the
+each grid's experts, the volunteers' public profiles (``volunteer.dht.profile``), the trainers'
+vouches (``volunteer.experts.vouches``: the contributors' credit) and which entry points
+(relays, bootstrap peers) answered. ``swarm_model`` turns it into the dict that the
 HTML page, the JSON endpoint and the Prometheus collector all show, so the three never disagree.
 
 What the model publishes is public by construction: peer ids (already public in the DHT), how a
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 
 from volunteer.dht.grid import Declaration
 from volunteer.dht.profile import Profile
+from volunteer.experts.vouches import HALF_LIFE, Ledger, Vouch
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import GridSpec
 
-TOP_CONTRIBUTORS = 10  # named volunteers listed, most calls served first
+TOP_CONTRIBUTORS = 25  # contributors listed, most vouched calls first (the JSON counts every one)
 MAX_VOLUNTEER_ROWS = 200  # volunteers listed on the page (the JSON counts every one)
 MISSING, UNDER, COVERED = "missing", "under-replicated", "covered"
 
@@ -47,6 +49,7 @@ class SwarmObservation:
     grids: Sequence[GridSpec] = ()
     experts: Mapping[str, Sequence[Declaration]] = field(default_factory=dict)  # uid -> live hosts
     profiles: Mapping[str, Profile] = field(default_factory=dict)  # peer id (text) -> profile
+    vouches: Sequence[Vouch] = ()  # trainers' vouches found this refresh (unchecked: the ledger checks)
     entry_points: Sequence[PeerCheck] = ()
     observed_at: float = 0.0
     complete: bool = True
@@ -131,7 +134,7 @@ def volunteers_model(obs: SwarmObservation) -> list[dict]:
             "direct_connection_share": _share(profile.peer_sessions_direct, profile.peer_sessions) if profile else None,
             "direct_data_share": _share(profile.bytes_direct, profile.bytes_direct + profile.bytes_relayed) if profile else None,
         })
-    rows.sort(key=lambda r: (-r["calls"], -r["experts"], r["peer"]))
+    rows.sort(key=lambda r: (-int(r["calls"] or 0), -int(r["experts"] or 0), str(r["peer"])))
     return rows
 
 
@@ -172,11 +175,30 @@ def direct_model(profiles: Sequence[Profile]) -> dict:
     }
 
 
-def swarm_model(obs: SwarmObservation, now: float) -> dict:
-    """Everything the health page shows of one swarm."""
+def contributors_model(ledger: Ledger, obs: SwarmObservation, up: set[str], now: float) -> dict:
+    """The swarm's contributors by what trainers vouched for (``volunteer.experts.vouches``), not
+    by what volunteers report of themselves: cumulative, so a paused or departed donor keeps its
+    place, with the recent average beside the total. Names come from the profiles of donors who
+    chose one (else the short peer id); ``up`` says who is seen right now."""
+    rows = ledger.contributors(now)
+    listed = []
+    for rank, row in enumerate(rows[:TOP_CONTRIBUTORS], 1):
+        profile = obs.profiles.get(row["peer"])
+        listed.append({**row, "rank": rank, "short": row["peer"][-8:], "name": profile.name if profile is not None else None,
+                       "up": row["peer"] in up})
+    return {"rows": listed, "count": len(rows), "half_life_days": round(ledger.half_life / 86400, 2),
+            "refused": ledger.refused}
+
+
+def swarm_model(obs: SwarmObservation, now: float, ledger: Ledger | None = None) -> dict:
+    """Everything the health page shows of one swarm (``ledger``: the vouches merged so far; a
+    fresh one holding only this observation's when None)."""
+    if ledger is None:
+        ledger = Ledger(obs.swarm_id)
+        for vouch in obs.vouches:
+            ledger.merge(vouch, now)
     grids = [grid_model(grid, obs.experts, now) for grid in obs.grids]
     volunteers = volunteers_model(obs)
-    named = [v for v in volunteers if v["name"]]
     points = [{"role": p.role, "addr": p.addr, "up": p.up, "self": p.is_self,
                "last_seen_s": 0.0 if p.is_self else None if p.last_seen is None else round(max(0.0, now - p.last_seen), 1)}
               for p in obs.entry_points]
@@ -194,26 +216,27 @@ def swarm_model(obs: SwarmObservation, now: float) -> dict:
             "rows": volunteers[:MAX_VOLUNTEER_ROWS],
         },
         "entry_points": points,
+        # as the volunteers up report themselves (since each started): what is being served now
         "throughput": {
             "calls": sum(v["calls"] for v in volunteers),
             "samples": sum(v["samples"] for v in volunteers),
             "bytes_sent": sum(v["bytes_sent"] for v in volunteers),
         },
         "direct": direct_model(list(obs.profiles.values())),
-        "top_contributors": [{"name": v["name"], "calls": v["calls"], "samples": v["samples"], "experts": v["experts"]}
-                             for v in named[:TOP_CONTRIBUTORS]],
+        "contributors": contributors_model(ledger, obs, {v["peer"] for v in volunteers}, now),
     }
 
 
 def health_model(observations: Sequence[SwarmObservation], relay: Mapping[str, object], now: float, *,
-                 relay_id: str = "") -> dict:
-    """The page's whole model: each swarm's, plus the relay's own figures (``relay.metrics.snapshot``)."""
+                 relay_id: str = "", ledgers: Mapping[str, Ledger] | None = None) -> dict:
+    """The page's whole model: each swarm's, plus the relay's own figures (``relay.metrics.snapshot``).
+    ``ledgers``: per swarm id, the vouches merged over the relay's refreshes (``HealthService``)."""
     return {
         "relay": {"peer": relay_id, **{k: relay[k] for k in ("reservations", "circuits", "circuits_total", "bytes_relayed")
                                        if k in relay}},
-        "swarms": [swarm_model(obs, now) for obs in observations],
+        "swarms": [swarm_model(obs, now, (ledgers or {}).get(obs.swarm_id)) for obs in observations],
     }
 
 
-__all__ = ["COVERED", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "direct_model", "expert_cell", "grid_model",
-           "health_model", "is_relayed", "swarm_model", "volunteers_model"]
+__all__ = ["COVERED", "HALF_LIFE", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "contributors_model", "direct_model",
+           "expert_cell", "grid_model", "health_model", "is_relayed", "swarm_model", "volunteers_model"]

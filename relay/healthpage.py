@@ -1,8 +1,9 @@
 """The public swarm health page a relay serves (``volunteer relay --web HOST:PORT``): HTML,
 the same model as JSON (``/api/health``) and as Prometheus metrics (``/metrics``).
 
-Rendering is pure (model in, HTML out); the app only reads the latest cached model (kept fresh
-by ``healthservice.HealthService``), so a page view costs no DHT lookup whatever the traffic.
+Rendering is pure (model in, HTML out, from the autoescaped Jinja2 templates in ``templates/``);
+the app only reads the latest cached model (kept fresh by ``healthservice.HealthService``), so a
+page view costs no DHT lookup whatever the traffic.
 The page is read-only and public: the guard refuses every method but GET/HEAD and bounds what a
 request may carry; it has no script at all (it reloads itself every ``REFRESH_S`` seconds).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from html import escape
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -20,8 +20,9 @@ from prometheus_client.registry import Collector
 
 from volunteer.sizes import format_size
 from volunteer.web.guard import GuardPolicy
-from volunteer.web.html import BASE_STYLE, PAGE_HEADERS, table
-from volunteer.web.svg import Cell, cell_map
+from volunteer.web.html import BASE_STYLE, PAGE_HEADERS
+from volunteer.web.svg import MAX_CELLS, Cell, cell_map
+from volunteer.web.templating import Markup, render
 
 from .health import COVERED, MISSING, UNDER
 
@@ -55,7 +56,7 @@ def _cell(cell: dict) -> Cell:
     return Cell(STATUS_COLORS[cell["status"]], tip, str(cell["replicas"]), f"cell {cell['status'].split('-')[0]}")
 
 
-def coverage_map(grid: dict) -> str:
+def coverage_map(grid: dict) -> Markup:
     """A grid's experts as coloured squares: rows along the first index, columns along the rest
     (flattened beyond two dimensions); each square says its live replicas."""
     size = grid["size"]
@@ -66,31 +67,14 @@ def coverage_map(grid: dict) -> str:
     return cell_map(rows, title=f"coverage of grid {grid['prefix']}", row_labels=labels, cell=34, map_id=f"map-{grid['prefix']}")
 
 
-def _grid_part(grid: dict) -> str:
-    verdict = "healthy" if grid["healthy"] else f"{grid['missing']} expert(s) without a host"
-    shown = "" if len(grid["cells"]) <= 4096 else " (the map shows the first 4096)"
-    return (f'<section class="gridcov" data-prefix="{escape(grid["prefix"])}"><h2>grid {escape(grid["prefix"])} '
-            f'<span class="muted">{escape("×".join(map(str, grid["size"])))} {escape(grid["expert"])}, '
-            f'{grid["replicas_target"]} replica(s) each</span> · <span class="{"up" if grid["healthy"] else "down"}">'
-            f'{escape(verdict)}</span></h2>'
-            f'<p>{grid["covered"]} covered, {grid["under_replicated"]} under-replicated, {grid["missing"]} missing '
-            f'of {grid["total"]}{shown}</p><div class="map">{coverage_map(grid)}</div></section>')
-
-
-def _legend() -> str:
-    return ('<p class="legend">' + "".join(f'<span><i style="background:{color}"></i>{escape(status)}</span>'
-                                          for status, color in STATUS_COLORS.items())
-            + "<span class=\"muted\">the number in a square: replicas live; hover for version, last sync, paths</span></p>")
-
-
 def _percent(share: float | None) -> str:
     return "–" if share is None else f"{share * 100:.0f} %"
 
 
-def _cards(swarm: dict, relay: dict) -> str:
+def _cards(swarm: dict, relay: dict) -> list[tuple[str, str]]:
     points = swarm["entry_points"]
     direct = swarm["direct"]
-    cards = [
+    return [
         (str(swarm["volunteers"]["up"]), "volunteers up"),
         (f"{swarm['volunteers']['direct']} / {swarm['volunteers']['relayed']}", "direct / relayed"),
         (_percent(direct["direct_connection_share"]), "of connections ended direct"),
@@ -100,68 +84,21 @@ def _cards(swarm: dict, relay: dict) -> str:
         (format_size(int(swarm["throughput"]["bytes_sent"])), "expert replies sent"),
         (format_size(int(relay.get("bytes_relayed", 0) or 0)), "relayed by this relay"),
     ]
-    return ('<div class="cards">' + "".join(f'<div class="card"><b>{escape(v)}</b><span>{escape(k)}</span></div>'
-                                            for v, k in cards) + "</div>"
-            + f'<p class="note" id="direct-note">direct shares pooled over the {direct["reporting"]} volunteer(s) that '
-            f'report them (the median volunteer: {escape(_percent(direct["median_direct_connection_share"]))} of '
-            f'connections, {escape(_percent(direct["median_direct_data_share"]))} of bytes), as each reports itself</p>')
 
 
-def _entry_points_part(swarm: dict) -> str:
-    rows = [[escape(p["role"]) + (" (this one)" if p["self"] else ""),
-             f'<span class="{"up" if p["up"] else "down"}">{"up" if p["up"] else "down"}</span>',
-             escape(_ago(p["last_seen_s"])), f"<code>{escape(p['addr'])}</code>"] for p in swarm["entry_points"]]
-    return ("<section><h2>Relays and bootstrap peers</h2>"
-            + table(["role", "state", "last answer", "address"], rows, "the swarm file names no entry points", "entry-points")
-            + "</section>")
-
-
-def _volunteers_part(swarm: dict) -> str:
-    rows = [[escape(v["name"] or "–"), f"<code>…{escape(v['short'])}</code>", str(v["experts"]), escape(v["path"]),
-             str(v["calls"]), str(v["samples"])] for v in swarm["volunteers"]["rows"]]
-    return ("<section><h2>Volunteers up</h2>"
-            + table(["name", "peer", "experts", "path", "calls", "samples"], rows, "no volunteer is up", "volunteers")
-            + "</section>")
-
-
-def _contributors_part(swarm: dict) -> str:
-    rows = [[str(rank), escape(c["name"]), str(c["calls"]), str(c["samples"]), str(c["experts"])]
-            for rank, c in enumerate(swarm["top_contributors"], 1)]
-    # the figures are each volunteer's own profile record: say so, nothing checks them
-    return ("<section><h2>Top contributors</h2>"
-            + table(["#", "name", "calls", "samples", "experts"], rows,
-                    "nobody chose a public name yet (volunteer join --name NAME)", "contributors")
-            + '<p class="note">as each volunteer reports itself: no trainer has vouched for these figures</p>'
-            + "</section>")
-
-
-def render_swarm(swarm: dict, relay: dict) -> str:
+def render_swarm(swarm: dict, relay: dict) -> Markup:
     """One swarm's part of the page."""
-    state = "healthy" if swarm["healthy"] else "degraded"
-    note = "" if swarm["complete"] else ' <span class="muted">(the last refresh ran out of time: figures may be partial)</span>'
-    grids = "".join(_grid_part(g) for g in swarm["grids"]) or \
-        '<section><p class="empty" id="no-grids">this swarm declares no grid ([[grid]] in its swarm file)</p></section>'
-    return (f'<h1 style="font-size:20px">swarm {escape(swarm["swarm"])} <span class="badge" id="swarm-state" '
-            f'style="background:{STATUS_COLORS[COVERED] if swarm["healthy"] else STATUS_COLORS[MISSING]}">{state}</span> '
-            f'<span class="muted" style="font-size:13px">as seen {escape(_ago(swarm["observed_s"]))}</span>{note}</h1>'
-            + _cards(swarm, relay) + "<h2 class=\"section\">Coverage map</h2>" + _legend() + grids
-            + '<div class="grid">' + _volunteers_part(swarm) + _contributors_part(swarm) + "</div>"
-            + _entry_points_part(swarm))
+    return render("health_swarm.html", "relay", swarm=swarm, cards=_cards(swarm, relay),
+                  state_color=STATUS_COLORS[COVERED] if swarm["healthy"] else STATUS_COLORS[MISSING],
+                  status_colors=list(STATUS_COLORS.items()), grids=[{**g, "map": coverage_map(g)} for g in swarm["grids"]],
+                  max_cells=MAX_CELLS, ago=_ago, percent=_percent)
 
 
-def render_page(model: dict | None) -> str:
+def render_page(model: dict | None) -> Markup:
     """The whole page (``model`` None: the first refresh has not finished)."""
-    if model is None:
-        body = '<p class="empty">looking at the swarm… this page reloads in a few seconds</p>'
-        relay_id = ""
-    else:
-        body = "".join(render_swarm(s, model["relay"]) for s in model["swarms"])
-        relay_id = str(model["relay"].get("peer", ""))
-    return ('<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="refresh" content="{REFRESH_S}"><title>volunteer swarm health</title>'
-            f"<style>{STYLE}</style></head><body><header>volunteer · swarm health"
-            + (f' <span style="font-size:13px;opacity:.7">relay …{escape(relay_id[-10:])}</span>' if relay_id else "")
-            + f'</header><main id="health">{body}</main></body></html>')
+    parts = [] if model is None else [render_swarm(s, model["relay"]) for s in model["swarms"]]
+    relay_id = "" if model is None else str(model["relay"].get("peer", ""))
+    return render("health_page.html", "relay", refresh_s=REFRESH_S, style=Markup(STYLE), relay_id=relay_id, swarm_parts=parts)
 
 
 class HealthCollector(Collector):

@@ -4,7 +4,9 @@ swarm in bounded work, and the page (``healthpage.health_app``) served from its 
 Every ``refresh_period`` the service reads, per swarm: each declared grid's live experts
 (``walk_grid`` from prefix records, then the experts' own records for at most
 ``MAX_UID_LOOKUPS`` uids: versions, last sync, paths), the volunteers' public profiles (one key),
-and whether each entry point answers a DHT ping. The whole refresh runs under ``REFRESH_BOUND``
+the trainers' vouches (one key, merged into a ``Ledger`` per swarm that the service keeps for its
+lifetime: a donor that pauses or leaves keeps its credit; a relay restart begins it again from the
+vouches still in the DHT), and whether each entry point answers a DHT ping. The whole refresh runs under ``REFRESH_BOUND``
 seconds; what it has not finished by then shows as partial. Requests only read the last model,
 so a flood of page views never turns into DHT traffic.
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from volunteer.errors import VolunteerError, describe
+from volunteer.experts.vouches import CONTRIBUTIONS_KEY, Ledger, Vouch
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.service import BaseService, HostAPI
 from volunteer.swarmfile import GridSpec
@@ -58,6 +61,7 @@ class HealthService(BaseService):
         self.sock = sock
         self.addr: tuple[str, int] = listener_address(sock)
         self.refresh_period = refresh_period
+        self.ledgers: dict[str, Ledger] = {}  # swarm id -> the vouches merged over every refresh
         self.model: dict | None = None  # the last refresh's model; None until the first ends
         self.last_seen: dict[str, float] = {}  # entry point address -> wall clock of its last answer
         self.refreshes = 0
@@ -101,7 +105,8 @@ class HealthService(BaseService):
         ordered = [observations.get(s.swarm_id) or SwarmObservation(s.swarm_id, s.grids, entry_points=self._points(s, {}),
                                                                      observed_at=clock(), complete=False)
                    for s in self.swarms]
-        self.model = health_model(ordered, snapshot(self.hop), clock(), relay_id=str(self.host.peer_id))
+        self.model = health_model(ordered, snapshot(self.hop), clock(), relay_id=str(self.host.peer_id),
+                                  ledgers=self.ledgers)
         self.refreshes += 1
         return self.model
 
@@ -119,6 +124,7 @@ class HealthService(BaseService):
         answered: dict[str, bool] = {}
         experts: dict = {}
         profiles: dict = {}
+        vouches: list = []
         complete = True
         async with trio.open_nursery() as nursery:
             for addr in [*swarm.relays, *swarm.bootstrap][:MAX_ENTRY_POINTS]:
@@ -126,11 +132,17 @@ class HealthService(BaseService):
             try:
                 experts = await self._experts(dht, swarm.grids)
                 profiles = await self._profiles(dht)
+                vouches = await self._vouches(dht)
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 complete = False
                 log.info("health refresh of swarm %s was partial: %s", swarm.swarm_id, describe(exc))
-        out[swarm.swarm_id] = SwarmObservation(swarm.swarm_id, swarm.grids, experts, profiles,
-                                               self._points(swarm, answered), dht.clock(), complete)
+        now = dht.clock()
+        ledger = self.ledgers.setdefault(swarm.swarm_id, Ledger(swarm.swarm_id))
+        for vouch in vouches:
+            ledger.merge(vouch, now)
+        out[swarm.swarm_id] = SwarmObservation(swarm.swarm_id, swarm.grids, experts, profiles, vouches=vouches,
+                                               entry_points=self._points(swarm, answered), observed_at=now,
+                                               complete=complete)
 
     def _points(self, swarm: WatchedSwarm, answered: dict[str, bool]) -> list[PeerCheck]:
         own = self.host.peer_id
@@ -200,6 +212,24 @@ class HealthService(BaseService):
             except DHTRecordError:
                 continue  # a malformed profile leaves that volunteer unnamed, nothing more
         return profiles
+
+    @staticmethod
+    async def _vouches(dht) -> list:
+        """The vouches stored under the swarm's contributions key (the ledger checks each one)."""
+        from volunteer.errors import ExpertProtocolError
+
+        found = []
+        now = dht.clock()
+        for record in (await dht.get(CONTRIBUTIONS_KEY)).values():
+            if record.value is None or record.expiration <= now:
+                continue
+            try:
+                vouch = Vouch.decode(record.value)
+            except ExpertProtocolError:
+                continue  # a malformed vouch counts for nobody
+            if vouch.trainer == record.signer.to_bytes():  # stored by the trainer that signed it
+                found.append(vouch)
+        return found
 
 
 __all__ = ["HealthService", "WatchedSwarm"]

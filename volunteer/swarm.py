@@ -15,7 +15,9 @@ and ``list_experts`` (our kind's DHT) are here for scripts.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -23,7 +25,7 @@ import trio
 
 from typing import TYPE_CHECKING
 
-from .dht import DHTConfig
+from .dht import DHTConfig, DHTNode
 from .errors import VolunteerError
 from .experts.guard import ReplyGuard
 from .experts.trust import DEFAULT_POLICY, TrustLedger, TrustPolicy
@@ -38,6 +40,11 @@ if TYPE_CHECKING:
     from .experts.faults import FaultInjection
 
 JOIN_TIMEOUT = 30.0
+VOUCH_PERIOD = 60.0  # seconds between two rounds of vouches for the hosts this trainer called
+VOUCH_TTL = 3600.0  # seconds a vouch record lives in the DHT (its max_ttl): republished at half of it
+VOUCH_LAST_WORD = 5.0  # seconds a closing swarm gives its last vouches to be stored
+
+log = logging.getLogger(__name__)
 
 
 class Swarm:
@@ -52,6 +59,7 @@ class Swarm:
                  trust: TrustPolicy = DEFAULT_POLICY, trainer_cert: str | os.PathLike | None = None) -> None:
         from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
+        from .experts.vouches import VouchBook
 
         # what this trainer has seen of each volunteer (standings, streaks, exclusions) and the
         # guard every mixture on this swarm checks replies with (experts/trust.py, guard.py)
@@ -68,6 +76,8 @@ class Swarm:
         self.faults = faults
         self.loop = BackgroundLoop()
         self.calls = CallStats()  # every expert call made through this swarm (expert_stats)
+        # the replies this trainer accepted, per host: signed and published as vouches (their credit)
+        self.vouches = VouchBook(self.keypair, spec.id, time.time())
         self._host: Host | None = None
         self._joined: TrainerParts | None = None
         self._ready: trio.Event | None = None
@@ -125,12 +135,41 @@ class Swarm:
                 self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config,
                                                             credential=self.credential)
                 self._ready.set()
-                await self._closing.wait()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._publish_vouches)
+                    await self._closing.wait()
+                    nursery.cancel_scope.cancel()
+                with trio.move_on_after(VOUCH_LAST_WORD):  # what the last calls earned, before leaving
+                    await self._store_vouches(self.vouches.due(time.time()))
         except BaseException as exc:  # a system task must not crash the loop: hand it to the caller
             self._error = exc if isinstance(exc, Exception) else VolunteerError(repr(exc))
         finally:
             self._ready.set()
             self._done.set()
+
+    async def _publish_vouches(self) -> None:
+        """Every ``VOUCH_PERIOD`` seconds, sign and store a vouch for each host whose tally moved
+        (and every one again before their records expire), where the swarm's health page reads."""
+        last_all = time.time()
+        while True:
+            await trio.sleep(VOUCH_PERIOD)
+            now = time.time()
+            everyone = now - last_all >= VOUCH_TTL / 2
+            last_all = now if everyone else last_all
+            await self._store_vouches(self.vouches.due(now, everyone=everyone))
+
+    async def _store_vouches(self, vouches: list) -> None:
+        from .experts.vouches import vouch_item
+
+        dht = self._joined.dht if self._joined is not None else None
+        # vouches live in our kind's DHT (the relay's health page reads it); another kind's has no reader
+        if not vouches or not isinstance(dht, DHTNode):
+            return
+        expiration = time.time() + VOUCH_TTL
+        try:
+            await dht.store_many([vouch_item(v, expiration) for v in vouches])
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("vouches not stored this time (%d hosts): %s", len(vouches), exc)
 
     # --- queries (synchronous) ----------------------------------------------------------------------
     def find_best_experts(self, prefix: str, grid_scores, beam_size: int, *, timeout: float = 30.0):

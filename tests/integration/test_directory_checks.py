@@ -18,6 +18,7 @@ from volunteer.experts.callstats import CallStats
 from volunteer.experts.guard import ReplyGuard
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
+from volunteer.experts.vouches import VouchBook
 from volunteer.net.identity import KeyPair
 
 FEATURES = 8
@@ -70,6 +71,7 @@ class ScriptedSwarm:
         self.faults = None
         self.guard = ReplyGuard(TrustLedger(policy))
         self.calls = CallStats()
+        self.vouches = VouchBook(KeyPair.generate(), "scripted", 0.0)
 
 
 class _NoConnections:

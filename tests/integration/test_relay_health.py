@@ -14,6 +14,7 @@ from relay.node import open_relay_node
 from relay.healthservice import WatchedSwarm
 from volunteer.dht import DHTConfig
 from volunteer.experts import ExpertsConfig
+from volunteer.experts.vouches import VouchBook, vouch_item
 from volunteer.net.identity import KeyPair
 from volunteer.net.stack import StackOptions
 from volunteer.node import VolunteerOptions, open_volunteer
@@ -54,11 +55,17 @@ async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swar
         entry = relay.host.full_addrs()[0]
         spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
         async with open_volunteer(spec, options(uids=["hx.0.0", "hx.0.1"], public_name="Ada's GPU")) as named, \
-                open_volunteer(spec, options(uids=["hx.1.0"])):
+                open_volunteer(spec, options(uids=["hx.1.0"])) as other:
             await named.runtime.forward("hx.0.0", [torch.randn(3, 8)])  # one call served
             named.declarer.resume()  # declare the new count now, not at the next heartbeat
+            # a trainer (here the other volunteer's key and DHT node) vouches for 2 of Ada's calls
+            trainer = VouchBook(other.host.keypair, SWARM, other.dht.clock() - 10)
+            for _ in range(2):
+                trainer.accept(named.host.peer_id.to_bytes(), 3)
+            expiration = other.dht.clock() + 600
+            await other.dht.store_many([vouch_item(v, expiration) for v in trainer.due(other.dht.clock())])
             model = await refreshed_until(relay, lambda m: m["swarms"][0]["grids"][0]["hosted"] == 3
-                                          and [c["calls"] for c in m["swarms"][0]["top_contributors"]] == [1])
+                                          and [c["calls"] for c in m["swarms"][0]["contributors"]["rows"]] == [2])
             port = relay.web_addr[1]
 
             status, headers, body = await http(port, "GET", "/api/health", host=f"health.example:{port}")
@@ -69,9 +76,10 @@ async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swar
             assert {c["uid"]: c["replicas"] for c in grid["cells"]} == {"hx.0.0": 1, "hx.0.1": 1, "hx.1.0": 1, "hx.1.1": 0}
             assert all(c["direct"] == c["replicas"] for c in grid["cells"])
             assert swarm["volunteers"]["up"] == 2 and swarm["volunteers"]["direct"] == 2
-            # only the volunteer that chose a name is listed among the contributors
-            assert [c["name"] for c in swarm["top_contributors"]] == ["Ada's GPU"]
-            assert swarm["top_contributors"][0]["calls"] == 1
+            # the contributors are who trainers vouched for (Ada, under her name), not who reports calls
+            [ada] = swarm["contributors"]["rows"]
+            assert (ada["name"], ada["peer"], ada["calls"], ada["samples"], ada["up"]) == \
+                ("Ada's GPU", str(named.host.peer_id), 2, 6, True)
             assert swarm["entry_points"] == [{"role": "relay", "addr": str(entry), "up": True, "self": True,
                                               "last_seen_s": swarm["entry_points"][0]["last_seen_s"]}]
             # no volunteer's address is published anywhere in the model
@@ -86,7 +94,7 @@ async def test_health_page_serves_the_grid_volunteers_and_metrics_of_a_live_swar
             assert "volunteer_relay_reservations" in metrics  # the relay's own figures too
 
             status, _, body = await http(port, "GET", "/")
-            assert status == 200 and b"Ada&#x27;s GPU" in body and b'id="map-hx"' in body
+            assert status == 200 and b"Ada&#39;s GPU" in body and b'id="map-hx"' in body
 
             # read-only: a change is refused before any app code runs
             status, _, _ = await http(port, "POST", "/api/health", body=b"x")
@@ -148,3 +156,32 @@ async def test_the_page_pools_the_volunteers_direct_shares():
             assert status == 200 and b"of connections ended direct" in body and b"100 %" in body
             status, _, body = await http(port, "GET", "/metrics")
             assert f'volunteer_swarm_direct_share{{of="connections",swarm="{SWARM}"}} 1.0' in body.decode()
+
+
+@pytest.mark.slow
+@pytest.mark.trio_timeout(90)
+async def test_a_trainers_accepted_calls_reach_the_page_as_its_vouches():
+    """A trainer (``Swarm``) calls a donor's expert; as it leaves it stores its vouch, and the
+    page ranks the donor by it, and keeps it there after the trainer and the donor are gone."""
+    from volunteer import RemoteExpert, Swarm
+
+    async with open_relay_node(KeyPair.generate(), ["/ip4/127.0.0.1/tcp/0"], swarms=[SWARM], web=("127.0.0.1", 0),
+                               watched=[WatchedSwarm(SWARM, (GRID,))], web_refresh=3600.0) as relay:
+        entry = relay.host.full_addrs()[0]
+        spec = SwarmSpec(SWARM, SWARM, [], [entry], grids=[GRID])
+        async with open_volunteer(spec, options(uids=["hx.0.0"], public_name="Ada")) as donor:
+
+            def train() -> None:  # a PyTorch loop's thread, as a trainer runs one
+                with Swarm.join(spec) as swarm:
+                    expert = RemoteExpert("hx.0.0", donor.host.full_addrs()[0], swarm)
+                    for _ in range(2):
+                        expert(torch.randn(4, 8, requires_grad=True)).sum().backward()
+
+            await trio.to_thread.run_sync(train)
+            model = await refreshed_until(relay, lambda m: m["swarms"][0]["contributors"]["rows"])
+            [ada] = model["swarms"][0]["contributors"]["rows"]
+            assert (ada["name"], ada["peer"], ada["calls"], ada["samples"], ada["trainers"]) == \
+                ("Ada", str(donor.host.peer_id), 4, 16, 1)
+        # the donor has left: it keeps its place
+        [after] = (await relay.health.refresh())["swarms"][0]["contributors"]["rows"]
+        assert (after["peer"], after["calls"]) == (str(donor.host.peer_id), 4)

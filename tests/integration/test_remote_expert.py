@@ -21,6 +21,8 @@ from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.client import DHTDirectory
 from volunteer.experts.protocol import protocol_id
 from volunteer.experts.server import ExpertServer
+from volunteer.experts.vouches import Ledger, VouchBook
+from volunteer.net.identity import KeyPair
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
@@ -36,6 +38,8 @@ class Node:
         self.loop, self.network, self.uids, self.hidden = loop, network, list(uids), hidden
         self.runtime = None
         self.calls = CallStats()
+        self.keypair = KeyPair.generate()
+        self.vouches = VouchBook(self.keypair, SWARM, time.time())
         self.loop.run(self._start, timeout=10)
 
     async def _start(self) -> None:
@@ -46,7 +50,7 @@ class Node:
     async def _main(self) -> None:
         try:
             transports = [MemoryTransport(self.network)]
-            async with open_stack(listen=["/memory/0"], transports=transports, options=QUIET) as host:
+            async with open_stack(self.keypair, listen=["/memory/0"], transports=transports, options=QUIET) as host:
                 self.host = host
                 self.directory = DHTDirectory(host, None, SWARM)  # calls known peers: no DHT
                 if self.uids:
@@ -65,7 +69,7 @@ class Node:
             self._done.set()
 
     # what RemoteExpert needs of a swarm (experts.directory.TrainerSwarm): .loop, .host, .directory,
-    # .swarm_id, .faults, .calls (set in __init__)
+    # .swarm_id, .faults, .calls, .vouches (set in __init__)
     swarm_id = SWARM
     faults = None
 
@@ -120,6 +124,33 @@ def test_forward_backward_from_a_plain_thread_match_a_local_copy(world):
     assert results["info"]["outputs"][0]["s"] == [8]
     assert server.runtime.backends["ffn.0"].updates == 1  # backward made the server step
     assert server.server.bytes_in > 0 and server.server.bytes_out > 0
+
+
+def test_each_accepted_receipted_reply_counts_toward_the_hosts_vouch(world):
+    """The trainer's credit for a host is what it accepted: a forward and its backward of 6 rows
+    each, signed by the trainer for the server's peer id, and a ledger reading it ranks the host."""
+    _, server, client = world
+    remote = RemoteExpert("ffn.0", server.addr, client, forward_timeout=5, backward_timeout=5, compression="none")
+    done = threading.Event()
+
+    def trainer() -> None:
+        remote(torch.randn(6, 8, requires_grad=True)).sum().backward()
+        done.set()
+
+    thread = threading.Thread(target=trainer)
+    thread.start()
+    thread.join(15)
+    assert done.is_set()
+    [vouch] = client.loop.run(_due, client.vouches)
+    assert vouch.host == server.host.peer_id.to_bytes() and vouch.trainer == client.keypair.peer_id.to_bytes()
+    assert (vouch.calls, vouch.samples) == (2, 12)
+    ledger = Ledger(SWARM)
+    assert ledger.merge(vouch, time.time())
+    assert ledger.contributors(time.time())[0]["peer"] == str(server.host.peer_id)
+
+
+async def _due(book):  # the book is kept on the trio thread, as the calls that fill it run there
+    return book.due(time.time())
 
 
 def test_the_server_keeps_a_forward_graph_only_when_a_backward_will_follow(world):

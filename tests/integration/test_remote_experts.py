@@ -139,7 +139,7 @@ def test_unreachable_peer_and_timeouts(volunteer, swarm):
     volunteer.loop.run(install)
 
     class Other:  # the same Host, calling experts of another swarm
-        loop, host, swarm_id, faults, calls = swarm.loop, swarm.host, "hangswarm", None, swarm.calls
+        loop, host, swarm_id, faults, calls, vouches = swarm.loop, swarm.host, "hangswarm", None, swarm.calls, swarm.vouches
         directory = DHTDirectory(swarm.host, swarm.dht, "hangswarm")
 
     started = time.monotonic()

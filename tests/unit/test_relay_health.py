@@ -12,11 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
+from dataclasses import replace
+
 from relay.health import PeerCheck, SwarmObservation, expert_cell, health_model, is_relayed, swarm_model
+from markupsafe import escape
+
 from relay.healthpage import HealthCollector, coverage_map, render_page
 from volunteer.dht.grid import Declaration
 from volunteer.dht.profile import MAX_NAME_LENGTH, Profile, check_public_name, profile_item
 from volunteer.errors import DHTRecordError
+from volunteer.experts.vouches import Ledger, Vouch, VouchBook
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import GridSpec
@@ -72,14 +77,53 @@ def test_a_swarm_is_healthy_when_every_expert_is_hosted_and_an_entry_point_answe
     assert swarm_model(observation(experts=full, entry_points=()), NOW)["healthy"]
 
 
-def test_volunteers_paths_throughput_and_only_named_contributors():
+def test_volunteers_paths_and_throughput_as_they_report_themselves():
     model = swarm_model(observation(), NOW)
     rows = {r["peer"]: r for r in model["volunteers"]["rows"]}
     assert rows[str(A)]["path"] == "direct" and rows[str(B)]["path"] == "relayed"
     assert (model["volunteers"]["up"], model["volunteers"]["direct"], model["volunteers"]["relayed"]) == (2, 1, 1)
     assert model["throughput"] == {"calls": 130, "samples": 1300, "bytes_sent": 1000}
-    # B served more but chose no name: it is not listed
-    assert model["top_contributors"] == [{"name": "Ada", "calls": 40, "samples": 400, "experts": 2}]
+    # self-reported counters rank nobody: without a trainer's vouch there are no contributors
+    assert model["contributors"]["rows"] == []
+
+
+TRAINER = KeyPair.generate()
+
+
+def vouched(*work: tuple, trainer: KeyPair = TRAINER, at: float = NOW) -> list[Vouch]:
+    """Vouches of ``trainer`` for (host, calls) pairs, one sample per call."""
+    book = VouchBook(trainer, "demo", at - 100)
+    for host, calls in work:
+        for _ in range(calls):
+            book.accept(host.to_bytes(), 1)
+    return book.due(at)
+
+
+def test_contributors_are_ranked_by_vouched_work_not_by_what_they_report():
+    # B reports 90 calls and A 40, but trainers vouched for 3 of A's and none of B's
+    model = swarm_model(observation(vouches=vouched((A, 3))), NOW)
+    rows = model["contributors"]["rows"]
+    assert [(r["peer"], r["name"], r["calls"], r["up"]) for r in rows] == [(str(A), "Ada", 3, True)]
+    assert rows[0]["recent_per_day"] > 0 and rows[0]["trainers"] == 1
+
+
+def test_a_paused_or_departed_donor_keeps_its_place_and_zero_never_outranks_some():
+    ledger = Ledger("demo")
+    for vouch in vouched((A, 2), (B, 5)):
+        ledger.merge(vouch, NOW)
+    # later, B has left (no declaration, no profile) and A reports a million calls of its own
+    later = observation(experts={"ffn.0.1": [decl(A)]}, profiles={str(A): Profile("Ada", calls=1_000_000)}, vouches=())
+    model = health_model([later], {}, NOW + 3600, ledgers={"demo": ledger})
+    rows = model["swarms"][0]["contributors"]["rows"]
+    assert [(r["peer"], r["calls"], r["up"]) for r in rows] == [(str(B), 5, False), (str(A), 2, True)]
+
+
+def test_a_forged_or_self_vouch_counts_for_nobody_on_the_page():
+    [honest] = vouched((A, 1))
+    forged = replace(honest, calls=1000)
+    selfish = Vouch("demo", A.to_bytes(), A.to_bytes(), 1, 1, NOW, 1000, 1000)
+    model = swarm_model(observation(vouches=[forged, selfish]), NOW)
+    assert model["contributors"]["rows"] == [] and model["contributors"]["refused"] == 2
 
 
 def test_a_volunteer_without_a_profile_still_shows_from_its_declarations():
@@ -107,14 +151,37 @@ def test_is_relayed_needs_every_address_relayed():
 
 
 def test_the_page_shows_the_map_the_contributors_and_escapes_names():
-    evil = observation(profiles={str(A): Profile("<script>x</script>", calls=1)})
+    evil = observation(profiles={str(A): Profile("<script>x</script>", calls=1)}, vouches=vouched((A, 2)))
     html = render_page(health_model([evil], {}, NOW))
     assert "<script>x" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
     assert html.count('class="cell covered"') == 1 and html.count('class="cell missing"') == 2
     assert 'id="map-ffn"' in html and "1 covered, 1 under-replicated, 2 missing of 4" in html
     assert "<script" not in html  # the public page runs no script at all
-    assert "as each volunteer reports itself" in html  # the ranking is self-reported, and says so
+    assert "vouched for" in html and "halves every 7.0 days" in html  # what ranks, and how
     assert "looking at the swarm" in render_page(None)
+
+
+HOSTILE = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "'><svg onload=alert(1)>")
+
+
+@pytest.mark.parametrize("bad", HOSTILE)
+def test_every_field_a_peer_or_a_swarm_file_controls_renders_escaped(bad):
+    """A public name, a swarm id, an entry point's role and address, the relay id, and (put in
+    the model directly: the swarm file's checks refuse them there) a grid's prefix and class
+    and an expert uid: whatever they hold shows as text; no tag or attribute breaks out."""
+    obs = observation(swarm_id=bad, profiles={str(A): Profile(bad, calls=1)},
+                      entry_points=(PeerCheck(bad, bad, True, NOW),), vouches=VouchBook(TRAINER, bad, NOW).due(NOW))
+    ledger = Ledger(bad)
+    for vouch in vouched((A, 1)):
+        ledger.merge(replace(vouch, swarm=bad).sign(TRAINER), NOW)
+    model = health_model([obs], {"bytes_relayed": 1}, NOW, relay_id=bad, ledgers={bad: ledger})
+    grid = model["swarms"][0]["grids"][0]
+    grid.update(prefix=bad, expert=bad)
+    grid["cells"][0]["uid"] = bad
+    assert model["swarms"][0]["contributors"]["rows"][0]["name"] == bad  # the name is on the page
+    html = render_page(model)
+    assert bad not in html
+    assert html.count(str(escape(bad))) >= 7
 
 
 def test_a_swarm_without_grids_says_so():

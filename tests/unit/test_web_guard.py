@@ -97,3 +97,33 @@ def test_a_page_bound_to_every_interface_opens_from_the_lan_at_this_machines_add
     refused = wide.check("GET", "/", "", {"host": "box.local:7396", "cookie": f"volunteer_token={token}"})
     assert refused is not None and refused.status == 403  # names still refused: DNS rebinding
     assert webserve.lan_names("127.0.0.1") == ()  # a loopback page stays a loopback page
+
+
+def test_a_wide_page_follows_the_machines_addresses_and_says_what_it_answers_at(monkeypatch):
+    """Bound to 0.0.0.0, the page answers at the addresses this machine has at each request (a
+    laptop that joins a network after `join` started is reachable at its new address), takes a
+    form post from the page opened there, and a refused Host hears exactly what is allowed."""
+    from volunteer.cli import webserve
+    from volunteer.cli.webpage import page_policy
+    from volunteer.net import interfaces
+
+    addresses = ["127.0.0.1", "192.0.2.7"]
+    monkeypatch.setattr(interfaces, "own_ips", lambda: tuple(addresses))
+    token = "s3cret-token-123456"
+    wide = page_policy("0.0.0.0", 7396, token, lan=lambda: webserve.lan_names("0.0.0.0"))
+    cookie = f"volunteer_token={token}"
+    assert wide.check("GET", "/", "", {"host": "192.0.2.7:7396", "cookie": cookie}) is None
+    assert wide.check("POST", "/api/pause", "", {"host": "192.0.2.7:7396", "cookie": cookie,
+                                                 "origin": "http://192.0.2.7:7396"}) is None
+    refused = wide.check("GET", "/", "", {"host": "198.51.100.9:7396", "cookie": cookie})
+    assert refused is not None and refused.status == 403
+    addresses.append("198.51.100.9")  # the machine joined another network
+    assert wide.check("GET", "/", "", {"host": "198.51.100.9:7396", "cookie": cookie}) is None
+    named = wide.check("GET", "/", "", {"host": "box.local:7396", "cookie": cookie})
+    assert named is not None and named.status == 403  # names stay refused: DNS rebinding
+    assert "'box.local:7396'" in named.reason and "192.0.2.7:7396" in named.reason
+    assert "198.51.100.9:7396" in named.reason and "localhost:7396" in named.reason and "DNS rebinding" in named.reason
+    # a page bound to one LAN address answers at it, and a loopback page only on loopback
+    one = page_policy("192.0.2.7", 7396, token)
+    assert one.check("GET", "/", "", {"host": "192.0.2.7:7396", "cookie": cookie}) is None
+    assert PAGE.check("GET", "/", "", {"host": "192.0.2.7:7396", "cookie": cookie}).status == 403

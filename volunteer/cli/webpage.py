@@ -4,9 +4,10 @@ paths, plots of the contribution history, and fold / pause / finish buttons.
 
 A Starlette app behind ``volunteer.web.Guard`` (Host check, allowed origins, the per-install
 token, bounded requests), served by hypercorn's trio worker inside the daemon. The page is
-rendered server-side (``render_live``, pure: snapshot and history in, HTML out) with plots as
-inline SVG; a few lines of script of our own (``/app.js``) refresh the live part every few
-seconds, and the buttons are plain forms that work without it.
+rendered server-side (``render_live``, pure: snapshot and history in, HTML out) from the Jinja2
+templates in ``templates/`` (autoescaped), with plots as inline SVG; a few lines of script of
+our own (``/app.js``) refresh the live part every few seconds, and the buttons are plain forms
+that work without it.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import secrets
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from html import escape
 from pathlib import Path
 
 from ..errors import VolunteerError
 from ..sizes import format_size
 from ..web.guard import TOKEN_COOKIE, GuardPolicy, loopback_hosts, origins_of
-from ..web.html import BASE_STYLE, PAGE_HEADERS, table
+from ..web.html import BASE_STYLE, PAGE_HEADERS
 from ..web.svg import PALETTE, Series, bar_chart
+from ..web.templating import Markup, render
 from ..widgets import duration
 from ..donor.history import History
 
@@ -57,11 +58,15 @@ def load_or_create_token(path: Path) -> str:
         raise VolunteerError(f"--web needs its token file {path}: {why} (move it aside, or make its directory writable)") from None
 
 
-def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] = ()) -> GuardPolicy:
-    """The guard of a page bound to ``host:port``: its own Host values and origins only."""
+def page_policy(host: str, port: int, token: str, extra_hosts: tuple[str, ...] = (),
+                lan: Callable[[], tuple[str, ...]] | None = None) -> GuardPolicy:
+    """The guard of a page bound to ``host:port``: its own Host values and origins only, those of
+    ``extra_hosts`` (addresses or names), and of the addresses ``lan()`` lists at each request
+    (this machine's, for a page bound to every interface)."""
     names = {host if ":" not in host else f"[{host}]", *extra_hosts}
     hosts = loopback_hosts(port, names)
-    return GuardPolicy(allowed_hosts=hosts, allowed_origins=origins_of(hosts), token=token,
+    more = (lambda: frozenset(f"{name}:{port}" for name in lan())) if lan is not None else None
+    return GuardPolicy(allowed_hosts=hosts, allowed_origins=origins_of(hosts), token=token, more_hosts=more,
                        open_paths=frozenset({"/app.js", "/favicon.ico"}),
                        token_hint="open the link `volunteer join --web` printed (`volunteer status --json` shows it as web.login)")
 
@@ -78,37 +83,19 @@ def on_page(text: str) -> str:
     return _COMMAND.sub(lambda m: f"the {m.group(1).capitalize()} button", text)
 
 
-def _state_part(snap: dict) -> str:
-    conduct = snap.get("conduct", {})
-    state = conduct.get("state", "folding")
-    color = STATE_COLORS.get(state, "#555")
-    buttons = "".join(
-        f'<form method="post" action="/api/{a}"><button type="submit" id="btn-{a}" class="btn">{a.capitalize()}</button></form>'
-        for a in ACTIONS
-    )
-    # the whole state text (a cut-off swarm or a silent relay included), else the conduct's
-    said = snap.get("state_text") or conduct.get("text", "")
-    return (f'<section class="state"><span id="state" class="badge" style="background:{color}">{escape(state)}</span>'
-            f' <span id="state-text">{escape(on_page(said) if said != state else "")}</span>'
-            f'<div class="buttons">{buttons}</div></section>')
-
-
 def _verdict_line(snap: dict) -> str:
     """What the run-when policies say, beside the badge: they may allow running while the donor
     (or self-care) keeps the daemon paused, and then the line says so instead of "now: running"."""
     verdict = snap.get("policy", {}).get("verdict", {})
     state = snap.get("conduct", {}).get("state", "folding")
     if verdict.get("state", "running") != "running":
-        return escape(on_page(verdict.get("text", "")))
+        return on_page(verdict.get("text", ""))
     if state == "folding":
         return "allow running"
-    return f"would allow running; held back: {escape(state)}"
+    return f"would allow running; held back: {state}"
 
 
-def _policy_part(snap: dict) -> str:
-    policy = snap.get("policy", {})
-    seen = policy.get("observed") or {}
-    lines = "".join(f"<li>{escape(line)}</li>" for line in policy.get("lines", []))
+def _observed(seen: dict) -> list[str]:
     observed = []
     if seen.get("on_battery") is not None:
         observed.append("on battery" if seen["on_battery"] else "on mains power")
@@ -122,65 +109,52 @@ def _policy_part(snap: dict) -> str:
         observed.append(f"GPU used by {', '.join(seen['gpu_users'][:3])}")
     if seen.get("transferred_today"):
         observed.append(f"{format_size(int(seen['transferred_today']))} transferred today")
+    return observed
+
+
+def _work(figures: dict) -> str:
+    return (f"{figures.get('requests', 0)} calls, {figures.get('samples', 0)} samples, "
+            f"{duration(figures.get('compute_s'))} compute, {_trainers(figures.get('trainers'))}")
+
+
+def live_context(snap: dict, history: History, now: float) -> dict:
+    """What ``donor_live.html`` shows, as plain values (the template escapes every one)."""
+    conduct = snap.get("conduct", {})
+    state = conduct.get("state", "folding")
+    # the whole state text (a cut-off swarm or a silent relay included), else the conduct's
+    said = snap.get("state_text") or conduct.get("text", "")
+    policy = snap.get("policy", {})
     care = snap.get("self_care", {})
-    aside = "".join(f"<li>{escape(uid)}: {escape(why)}</li>" for uid, why in sorted(care.get("set_aside", {}).items()))
     visibility = care.get("visibility", {})
-    visible = {True: "visible to trainers", False: "NOT visible in the DHT", None: "not checked yet"}[visibility.get("visible")]
-    return (f'<section><h2>Run-when policy</h2><p id="verdict">policies: <b>{_verdict_line(snap)}</b></p>'
-            f"<ul>{lines}</ul><p class=\"muted\">{escape(', '.join(observed)) or 'no observations yet'}</p>"
-            f"<h3>Self-care</h3><p>experts {visible}; re-joined {visibility.get('rejoins', 0)} times</p>"
-            + (f"<ul>{aside}</ul>" if aside else "") + "</section>")
-
-
-def _machine_part(snap: dict) -> str:
     contrib = snap.get("contributions", {})
-    session, total = contrib.get("session", {}), contrib.get("total", {})
-    rows = [
-        ["swarm", escape(str(snap.get("swarm", "")))],
-        ["peer id", f'<code>{escape(str(snap.get("peer_id", "")))}</code>'],
-        ["uptime", duration(snap.get("uptime_s"))],
-        ["reachable", escape(snap.get("reachable_how") or "not yet")],
-        ["device", escape(str(snap.get("compute", {}).get("device", "cpu")))],
-        ["this session", f"{session.get('requests', 0)} calls, {session.get('samples', 0)} samples, "
-                         f"{duration(session.get('compute_s'))} compute, {_trainers(session.get('trainers'))}"],
-        ["in all", f"{total.get('requests', 0)} calls, {total.get('samples', 0)} samples, "
-                   f"{duration(total.get('compute_s'))} compute, {_trainers(total.get('trainers'))}"],
-    ]
-    body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
-    return f'<section><h2>This machine</h2><table class="kv">{body}</table></section>'
-
-
-def _experts_part(snap: dict) -> str:
+    paused = bool(snap.get("paused"))
     # paused, the experts are withdrawn and refuse calls: the table says so rather than look live
-    serving = "withdrawn" if snap.get("paused") else "serving"
-    rows = [[escape(e["uid"]), serving, str(e.get("requests", 0)), f"{e.get('requests_per_s', 0):.2f}" if not snap.get("paused") else "–",
-             str(e.get("mean_batch") or "–"), str(e.get("p50_ms") or "–"), str(e.get("errors", 0)), str(e.get("version", 0))]
-            for e in snap.get("experts", [])]
-    listing = table(["expert", "now", "calls", "calls/s", "batch", "p50 ms", "errors", "version"], rows,
-                    "no experts hosted right now", "experts")
-    title = "Experts (withdrawn while paused: no calls taken)" if snap.get("paused") and rows else "Experts"
-    return f"<section><h2>{title}</h2>{listing}</section>"
-
-
-def _connections_part(snap: dict) -> str:
-    rows = [[f'<code>…{escape(c.get("peer_id", "")[-10:])}</code>', escape(str(c.get("role", ""))), escape(str(c.get("path", ""))),
-             escape(str(c.get("via") or "")[-10:]), str(c.get("rtt_ms") or "–"),
-             format_size(int(c.get("bytes_in") or 0)), format_size(int(c.get("bytes_out") or 0))]
-            for c in snap.get("connections", [])[:50]]
-    listing = table(["peer", "role", "path", "via", "RTT ms", "in", "out"], rows, "no connections", "connections")
-    return f"<section><h2>Connections</h2>{listing}</section>"
-
-
-def _events_part(snap: dict) -> str:
-    events = list(reversed(snap.get("conduct", {}).get("events", [])))[:12]
-    items = "".join(
-        f"<li>{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['time']))} <b>{escape(e['action'])}</b> "
-        f"({escape(e['origin'])}){': ' + escape(e['reason']) if e.get('reason') else ''}</li>" for e in events
-    )
-    logs = "".join([f"<li class=\"{escape(r.get('level', '').lower())}\">{escape(str(r.get('message', ''))[:300])}</li>"
-                    for r in list(reversed(snap.get("log", [])))[:20] if not r.get("event")][:8])
-    return (f'<section><h2>What happened</h2><ul id="events">{items}</ul>'
-            + (f"<h3>Recent warnings</h3><ul class=\"log\">{logs}</ul>" if logs else "") + "</section>")
+    experts = [{"uid": e["uid"], "now": "withdrawn" if paused else "serving", "requests": e.get("requests", 0),
+                "rate": "–" if paused else f"{e.get('requests_per_s', 0):.2f}", "batch": e.get("mean_batch") or "–",
+                "p50": e.get("p50_ms") or "–", "errors": e.get("errors", 0), "version": e.get("version", 0)}
+               for e in snap.get("experts", [])]
+    connections = [{"peer": str(c.get("peer_id", ""))[-10:], "role": c.get("role", ""), "path": c.get("path", ""),
+                    "via": str(c.get("via") or "")[-10:], "rtt": c.get("rtt_ms") or "–",
+                    "bytes_in": format_size(int(c.get("bytes_in") or 0)), "bytes_out": format_size(int(c.get("bytes_out") or 0))}
+                   for c in snap.get("connections", [])[:50]]
+    events = [{"when": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["time"])), "action": e["action"],
+               "origin": e["origin"], "reason": e.get("reason")}
+              for e in list(reversed(conduct.get("events", [])))[:12]]
+    logs = [{"level": str(r.get("level", "")).lower(), "message": str(r.get("message", ""))[:300]}
+            for r in list(reversed(snap.get("log", [])))[:20] if not r.get("event")][:8]
+    return {
+        "state": state, "state_color": STATE_COLORS.get(state, "#555"), "state_text": on_page(said) if said != state else "",
+        "actions": ACTIONS, "verdict": _verdict_line(snap), "policy_lines": policy.get("lines", []),
+        "observed": ", ".join(_observed(policy.get("observed") or {})),
+        "visible": {True: "visible to trainers", False: "NOT visible in the DHT", None: "not checked yet"}[visibility.get("visible")],
+        "rejoins": visibility.get("rejoins", 0), "set_aside": sorted(care.get("set_aside", {}).items()),
+        "machine": {"swarm": snap.get("swarm", ""), "peer_id": snap.get("peer_id", ""), "uptime": duration(snap.get("uptime_s")),
+                    "reachable": snap.get("reachable_how") or "not yet",
+                    "device": snap.get("compute", {}).get("device", "cpu"),
+                    "session": _work(contrib.get("session", {})), "total": _work(contrib.get("total", {}))},
+        "experts_title": "Experts (withdrawn while paused: no calls taken)" if paused and experts else "Experts",
+        "experts": experts, "connections": connections, "charts": history_charts(history, now), "events": events, "logs": logs,
+    }
 
 
 def _hours_fmt(seconds: float) -> str:
@@ -195,8 +169,8 @@ def _trainers(count: object) -> str:
     return "1 trainer" if count == 1 else f"{count or 0} trainers"
 
 
-def history_charts(history: History, now: float) -> str:
-    """The four history plots: calls and compute per hour (last 7 days), per day (last 90)."""
+def history_charts(history: History, now: float) -> list[Markup]:
+    """The four history plots (SVG): calls and compute per hour (last 7 days), per day (last 90)."""
     hours = history.hourly(now, 7 * 24)
     hour_labels = [time.strftime("%a %H:00", time.localtime(start)) for start, _ in hours]
     days = history.daily(now, 90)
@@ -212,13 +186,12 @@ def history_charts(history: History, now: float) -> str:
         bar_chart(day_labels, compute(days), title="Compute per day, last 90 days", fmt=_hours_fmt, tick_every=15,
                   chart_id="chart-compute-daily", width=CHART_WIDTH),
     ]
-    return '<section class="charts"><h2>Contribution history</h2>' + "".join(f"<div>{c}</div>" for c in charts) + "</section>"
+    return charts
 
 
-def render_live(snap: dict, history: History, now: float) -> str:
+def render_live(snap: dict, history: History, now: float) -> Markup:
     """The live part of the page (what ``/live`` returns and the script swaps in)."""
-    return (_state_part(snap) + '<div class="grid">' + _policy_part(snap) + _machine_part(snap) + "</div>"
-            + _experts_part(snap) + _connections_part(snap) + history_charts(history, now) + _events_part(snap))
+    return render("donor_live.html", "volunteer.cli", **live_context(snap, history, now))
 
 
 STYLE = BASE_STYLE + """
@@ -240,13 +213,10 @@ SCRIPT = """
 """ % (REFRESH_S * 1000)
 
 
-def render_page(snap: dict, history: History, now: float) -> str:
+def render_page(snap: dict, history: History, now: float) -> Markup:
     """The whole page."""
-    return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>volunteer: "
-            f"{escape(str(snap.get('swarm', '')))}</title><style>{STYLE}</style></head><body>"
-            f"<header>volunteer · donating to <b>{escape(str(snap.get('swarm', '')))}</b> as "
-            f"…{escape(str(snap.get('peer_id', ''))[-10:])}</header>"
-            f'<main id="live">{render_live(snap, history, now)}</main><script src="/app.js"></script></body></html>')
+    return render("donor_page.html", "volunteer.cli", style=Markup(STYLE), swarm=snap.get("swarm", ""),
+                  short_id=str(snap.get("peer_id", ""))[-10:], live=render_live(snap, history, now))
 
 
 # --- the app --------------------------------------------------------------------------------------

@@ -42,7 +42,8 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket, token: 
     from .webpage import page_app, page_policy
 
     host, port = listener_address(sock)
-    policy = page_policy(host, port, token, lan_names(host))
+    wide = host in ("0.0.0.0", "::")
+    policy = page_policy(host, port, token, lan=(lambda: lan_names(host)) if wide else None)
     app = page_app(daemon.snapshot, lambda: daemon.history, daemon.ask, policy, registry=daemon_registry(daemon))
     await nursery.start(serve_app, app, sock)
     login = f"{url_of(sock)}/?token={token}"
@@ -52,8 +53,9 @@ async def serve_page(nursery: trio.Nursery, daemon, sock: socket.socket, token: 
 
 def lan_names(host: str) -> tuple[str, ...]:
     """The Host values a page bound to ``host`` answers besides its own: for a wildcard bind
-    (0.0.0.0, ::), this machine's interface addresses, so a headless box's page opens from the LAN
-    at its address (a name such as ``box.local`` is still refused: DNS rebinding)."""
+    (0.0.0.0, ::), this machine's interface addresses as they are now (listed again every few
+    seconds: a laptop joins networks), so a headless box's page opens from the LAN at its address
+    (a name such as ``box.local`` is still refused: DNS rebinding)."""
     if host not in ("0.0.0.0", "::"):
         return ()
     from ..net.interfaces import own_ips

@@ -47,6 +47,7 @@ from .guard import ReplyGuard
 from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .receipts import PayloadDigest, Receipt, check_reply
+from .vouches import VouchBook
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
 PEER_IDS_REMEMBERED = 1024  # multiaddrs whose parsed PeerID call_expert keeps
@@ -300,8 +301,10 @@ class _Call:
         compression: str, backward_follows: bool = False, addrs: Sequence[bytes | str | Multiaddr] = (),
         stats: CallStats | None = None,
         guard: ReplyGuard | None = None,
+        vouches: VouchBook | None = None,
     ) -> None:
         self.swarm, self.uid, self.peer = swarm, uid, peer
+        self.vouches = vouches  # the trainer's tally of accepted replies (vouches.py): the hosts' credit
         self.forward_timeout, self.backward_timeout, self.compression = forward_timeout, backward_timeout, compression
         self.backward_follows = backward_follows  # forward under autograd: its backward will be called
         self._addrs = tuple(addrs) if isinstance(peer, PeerID) else ()  # a multiaddr peer carries its own
@@ -333,7 +336,7 @@ class _Call:
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "forward", inputs, compression=self._encoding(), timeout=self.forward_timeout,
             faults=self.swarm.faults, backward_follows=self.backward_follows, report=report,
-        ), check)
+        ), check, _rows(inputs))
 
     async def backward(
         self, inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], kept: int | None = None,
@@ -354,7 +357,7 @@ class _Call:
         return await self._recorded(report, self.swarm.directory.call_expert(
             self.peer, self.uid, "backward", [*inputs, *grads], n_inputs=len(inputs), compression=self._encoding(),
             timeout=self.backward_timeout, faults=self.swarm.faults, kept=kept, report=report,
-        ), check)
+        ), check, _rows(inputs))
 
     def _encoding(self) -> str:
         local = self.compression == AUTO and self._on_local_path()
@@ -379,7 +382,7 @@ class _Call:
             return True  # the in-memory transport: this very process
         return addr.components[0][0] in ("ip4", "ip6") and is_local_address(addr.value_at(0))
 
-    async def _recorded(self, report: CallReport, call, check) -> list[torch.Tensor]:
+    async def _recorded(self, report: CallReport, call, check, rows: int) -> list[torch.Tensor]:
         # a reply the guard rejects counts as a failed call in the host's record
         try:
             result = await call
@@ -388,6 +391,11 @@ class _Call:
             if self.stats is not None:
                 self.stats.failed(self.uid, self.peer_key)
             raise
+        if self.vouches is not None:
+            # accepted (past the guard, over a stream only that host could answer on): its credit
+            host = _peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer
+            if host is not None:
+                self.vouches.accept(host.to_bytes(), rows)
         if self.stats is None:
             return result
         conn = self.swarm.host.connection_to(_peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer)
@@ -397,6 +405,10 @@ class _Call:
             # the transport too: a lossy TCP path moves to QUIC
             self.stats.record(self.uid, self.peer_key, report, conn.describe_path(with_transport=True), conn.rtt)
         return result
+
+
+def _rows(inputs: Sequence[torch.Tensor]) -> int:
+    return int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 0
 
 
 def peer_key(peer: PeerID | Multiaddr) -> str:
@@ -477,10 +489,10 @@ class RemoteExpert(nn.Module):
         self.swarm = swarm
         self.guard = (guard if guard is not None else ReplyGuard(TrustLedger())) if check_replies else None
         self._call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, backward_follows=True,
-                           addrs=addrs, stats=swarm.calls, guard=self.guard)
+                           addrs=addrs, stats=swarm.calls, guard=self.guard, vouches=swarm.vouches)
         # for forwards without autograd (inference): no backward follows, the server keeps nothing
         self._inference_call = _Call(swarm, uid, self.peer, forward_timeout, backward_timeout, compression, addrs=addrs,
-                                     stats=swarm.calls, guard=self.guard)
+                                     stats=swarm.calls, guard=self.guard, vouches=swarm.vouches)
         self._info: dict | None = None
         self._input_specs: list | None = None  # parsed from the cached info, for the local check
 

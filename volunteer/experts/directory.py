@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .faults import FaultInjection
     from .guard import ReplyGuard
     from .loop import BackgroundLoop
+    from .vouches import VouchBook
 
 
 class ExpertHost(Protocol):
@@ -82,7 +83,7 @@ class TrainerSwarm(Protocol):
     the trio loop they call through, its Host (whose peerstore learns the hosts' addresses), the
     swarm kind's directory, optional fault injection for experiments, the record of its calls
     (``calls``: where they spend their time, and what the links make auto compression pick), and
-    the guard with the trainer's trust ledger."""
+    the guard with the trainer's trust ledger, and the book of vouches it signs for its hosts."""
 
     @property
     def loop(self) -> "BackgroundLoop": ...
@@ -102,6 +103,11 @@ class TrainerSwarm(Protocol):
     @property
     def calls(self) -> "CallStats":
         """The record of this trainer's expert calls, per expert and host (``callstats.py``)."""
+        ...
+
+    @property
+    def vouches(self) -> "VouchBook":
+        """The tally of replies this trainer accepted, per host, that it signs as vouches."""
         ...
 
     @property

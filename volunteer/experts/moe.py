@@ -442,7 +442,8 @@ class RemoteMixtureOfExperts(nn.Module):
     def _audit_call(self, uid: str, decl, backward_follows: bool) -> _Call:
         """A call to one replica for an audit, as ordinary as a call of ``_round``."""
         return _Call(self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
-                     backward_follows=backward_follows, addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard)
+                     backward_follows=backward_follows, addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard,
+                     vouches=self.swarm.vouches)
 
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -546,6 +547,7 @@ class RemoteMixtureOfExperts(nn.Module):
             calls.append(_Call(
                 self.swarm, uid, decl.peer, self.forward_timeout, self.backward_timeout, self.compression,
                 backward_follows=torch.is_grad_enabled(), addrs=decl.addrs, stats=self.swarm.calls, guard=self.guard,
+                vouches=self.swarm.vouches,
             ))
             samples.append(assign[:, e].nonzero().flatten())
         plan = _Plan(self, calls, samples, flat.shape[0], need)

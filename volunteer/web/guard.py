@@ -5,7 +5,9 @@ rebinding, by any site whose name resolves to 127.0.0.1 for a moment. So, as Fol
 Jupyter's local servers do, every request passes four checks (``GuardPolicy.check``, pure):
 
 * **Host**: the ``Host`` header must name this server (``127.0.0.1:PORT``, ``localhost:PORT``,
-  ``[::1]:PORT`` or a configured name): a rebinding site's requests carry its own name;
+  ``[::1]:PORT``, the address it is bound to, and, bound to every interface, this machine's
+  addresses as they are now): a rebinding site's requests carry its own name; a refusal lists
+  what is allowed;
 * **Origin**: a request that carries an ``Origin`` must come from an allowed one, and a request
   that changes something (not GET/HEAD) must carry an allowed Origin or the token in an
   ``Authorization: Bearer`` header (which no foreign page can set without a preflight we deny);
@@ -19,7 +21,7 @@ Jupyter's local servers do, every request passes four checks (``GuardPolicy.chec
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qs
@@ -65,6 +67,15 @@ class GuardPolicy:
     read_only: bool = False  # refuse every method but GET and HEAD
     token_hint: str = "ask whoever runs this server for the link"  # where a refused visitor finds the token
     cookie: str = field(default=TOKEN_COOKIE)
+    # Host values allowed besides ``allowed_hosts``, asked per request (a page bound to every
+    # interface answers at this machine's addresses, which change as it joins networks)
+    more_hosts: Callable[[], frozenset[str]] | None = None
+
+    def hosts(self) -> frozenset[str] | None:
+        """Every Host value allowed now (None: any)."""
+        if self.allowed_hosts is None:
+            return None
+        return self.allowed_hosts | self.more_hosts() if self.more_hosts is not None else self.allowed_hosts
 
     def check(self, method: str, path: str, query: str, headers: dict[str, str]) -> Refusal | None:
         """The refusal for a request, or None to let it through. ``headers``: lower-case names."""
@@ -73,15 +84,18 @@ class GuardPolicy:
         if sum(len(name) + len(value) for name, value in headers.items()) > self.max_headers:
             return Refusal(431, "request headers too large")
         host = headers.get("host", "").lower()
-        if self.allowed_hosts is not None and host not in self.allowed_hosts:
-            return Refusal(403, "unknown Host header: open the page by the address the daemon printed")
+        hosts = self.hosts()
+        if hosts is not None and host not in hosts:
+            return Refusal(403, _unknown_host(host, hosts))
         if self.read_only and method not in SAFE_METHODS:
             return Refusal(405, "this page is read-only")
         length = headers.get("content-length", "")
         if length and (not length.isdigit() or int(length) > self.max_body):
             return Refusal(413, f"request body larger than {self.max_body} bytes")
         origin = headers.get("origin")
-        allowed_origin = origin is not None and origin.lower() in self.allowed_origins
+        allowed_origin = origin is not None and (
+            origin.lower() in self.allowed_origins
+            or (self.more_hosts is not None and origin.lower() in origins_of(self.more_hosts())))
         if origin is not None and not allowed_origin:
             return Refusal(403, "cross-origin request refused")
         if self.token is None or path in self.open_paths:
@@ -93,6 +107,15 @@ class GuardPolicy:
         if method not in SAFE_METHODS and not allowed_origin and not bearer:
             return Refusal(403, "a change needs the page's own Origin or a bearer token")
         return None
+
+
+def _unknown_host(host: str, allowed: frozenset[str]) -> str:
+    """The refusal of a Host header, naming what is allowed (a page opened by a name of its own
+    must say which addresses work: names are refused so no site can rebind one to this server)."""
+    shown = sorted(allowed, key=lambda h: (not h[0].isdigit() and not h.startswith("["), h))
+    listed = ", ".join(shown[:8]) + (f" and {len(shown) - 8} more" if len(shown) > 8 else "")
+    return (f"unknown Host header {host[:80]!r}: this page answers only at {listed} "
+            "(other names are refused against DNS rebinding)")
 
 
 def _bearer(value: str) -> str:

@@ -1,9 +1,8 @@
 """Pieces every server-rendered page of the project shares: the base style sheet, the response
-headers that keep a page to itself (CSP, no framing, no sniffing), and an escaped table."""
+headers that keep a page to itself (CSP, no framing, no sniffing). The markup itself is in
+``templates/`` (``macros.html`` holds the shared table), rendered through ``templating``."""
 
 from __future__ import annotations
-
-from html import escape
 
 BASE_STYLE = """
 body{font-family:system-ui,sans-serif;margin:0;background:#f6f7f9;color:#222}
@@ -29,14 +28,4 @@ PAGE_HEADERS = {
 }
 
 
-def table(headers: list[str], rows: list[list[str]], empty: str, table_id: str) -> str:
-    """A table of ``rows`` (cells already escaped HTML) under escaped ``headers``; ``empty``
-    (a paragraph) when there are no rows."""
-    if not rows:
-        return f'<p class="empty" id="{table_id}">{escape(empty)}</p>'
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-__all__ = ["BASE_STYLE", "PAGE_HEADERS", "table"]
+__all__ = ["BASE_STYLE", "PAGE_HEADERS"]
