@@ -14,8 +14,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+from typing import TYPE_CHECKING
 
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
+
+if TYPE_CHECKING:
+    from .receipts import Receipt
 
 AUTO = "auto"  # a trainer's compression setting: the encoding each call's link calls for
 RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figures
@@ -52,7 +56,7 @@ class CallReport:
     server_s: float | None = None  # the volunteer's time on the call, from its reply
     kept: int | None = None  # forward: the volunteer's key for the inputs it kept for the backward
     resent_inputs: bool = False  # backward: the volunteer had forgotten them, so they went again
-    receipt: object = None  # forward/backward: the reply's receipts.Receipt (checked against what arrived)
+    receipt: Receipt | None = None  # forward/backward: the reply's receipts.Receipt (checked against what arrived)
 
     @property
     def total(self) -> float | None:
@@ -184,7 +188,10 @@ class CallStats:
         if old is None:
             self._links[peer] = sample
         else:
-            self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
+            self._links[peer] = (
+                (1 - RATE_SMOOTHING) * old[0] + RATE_SMOOTHING * sample[0],
+                (1 - RATE_SMOOTHING) * old[1] + RATE_SMOOTHING * sample[1],
+            )
 
 
 # Addresses that are this machine or its LAN: a call there never goes lossy, whatever a loaded

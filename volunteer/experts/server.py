@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
@@ -216,7 +216,8 @@ class ExpertServer(BaseService):
                         uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer, stamps=stamps,
                     )
                 server_s = trio.current_time() - started
-                reply, chunks = serialize(outputs, request.compression, config=self.config)
+                reply, produced = serialize(outputs, request.compression, config=self.config)
+                chunks: Iterable[memoryview] = produced
                 receipt = None
                 if stamps and stamps[0] is not None:  # a receipt digests the reply's bytes before they go
                     chunks = list(chunks)

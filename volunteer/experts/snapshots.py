@@ -228,6 +228,8 @@ def module_of(expert_class: str, hidden_dim: int | None, names: Sequence[str], t
     key = (expert_class, hidden_dim)
     module = cache.get(key) if cache is not None else None
     if module is None:
+        if hidden_dim is None:
+            raise ExpertConfigError(f"a {expert_class} snapshot names no hidden_dim to build it with")
         module = get_expert_class(expert_class).build(hidden_dim)
         for parameter in module.parameters():  # a recompute needs input gradients, never the parameters'
             parameter.requires_grad_(False)

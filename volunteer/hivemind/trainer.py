@@ -105,9 +105,12 @@ class HivemindDirectory:
         backward_follows: bool = False,
         kept: int | None = None,
         report: CallReport | None = None,
+        digest: bytes | None = None,
     ) -> Any:
         """``info`` gives hivemind's info dict, ``forward`` / ``backward`` the output /
-        input-gradient tensors."""
+        input-gradient tensors. Hivemind signs no receipts, so it serves no snapshots."""
+        if digest is not None or op == "snapshot":
+            raise HivemindError(f"hivemind experts serve no snapshots ({uid!r})")
         report = report if report is not None else CallReport()
         report.op, report.started = op, trio.current_time()
         result = await self._call(peer, uid, op, tensors, n_inputs, timeout, faults)
