@@ -34,7 +34,7 @@ from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, survey_q
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
-from ..experts.trust import Standing
+from ..experts.standing import Standing
 from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
 from ..net.upload import UploadMeter
