@@ -57,8 +57,6 @@ from .resources import ResourceLimits, ResourceManager, StreamScope, address_key
 from .service import Handler, InboundClass, Service
 from .streams import close_quietly, reset_quietly
 from .transport.base import Direction, Path, RawConnection, Transport
-from .transport.memory import MemoryTransport
-from .transport.tcp import TcpTransport
 from .yamux import YamuxConnection, YamuxStream
 
 log = logging.getLogger(__name__)
@@ -508,25 +506,21 @@ class Host:
             self._nursery.cancel_scope.cancel()
 
 
-def default_transports() -> list[Transport]:
-    """What a Host dials and listens with unless told otherwise: TCP, and memory for tests."""
-    return [TcpTransport(), MemoryTransport()]
-
-
 @asynccontextmanager
 async def open_host(
     keypair: KeyPair | None = None,
     listen: Sequence[Multiaddr | str] = (),
     *,
-    transports: Sequence[Transport] | None = None,
+    transports: Sequence[Transport] = (),
     config: HostConfig | None = None,
     services: Sequence[Service] = (),
 ):
-    """Run a Host for the duration of the ``async with`` block with exactly ``services`` on it
-    (and a default ResourceManager unless one is among them). Nodes that want the standard
-    services open their Host with ``volunteer.net.stack.open_stack`` instead."""
+    """Run a Host for the duration of the ``async with`` block with exactly ``transports`` and
+    ``services`` on it (and a default ResourceManager unless one is among them). The Host builds
+    no transport of its own: nodes that want the standard ones (TCP, memory, QUIC) and the
+    standard services open their Host with ``volunteer.net.stack.open_stack`` instead."""
     config = config or HostConfig()
-    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config, services)
+    host = Host(keypair or KeyPair.generate(), transports, config, services)
     async with trio.open_nursery() as nursery:
         host._nursery = nursery
         try:
