@@ -20,6 +20,8 @@ from volunteer.net.resources import ResourceLimits, ResourceManager
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.net.transport.tcp import TcpTransport
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 ECHO = "/test/echo/1.0.0"
 
@@ -81,14 +83,14 @@ async def test_echo_identify_ping(listen_addr):
             assert len(payload) <= stream.connection.bytes_sent - sent_before < len(payload) + 4096
             assert len(payload) <= stream.connection.bytes_received - received_before < len(payload) + 4096
 
-            info = await client.identify(server.peer_id)
+            info = await identify_of(client).ask(server.peer_id)
             assert info.peer_id == server.peer_id
             assert ECHO in info.protocols and "/ipfs/ping/1.0.0" in info.protocols
             assert info.agent_version.startswith("volunteer/")
             assert info.observed_addr is not None
             assert client.peerstore.info(server.peer_id).agent_version == info.agent_version
 
-            pinger = await client.open_pinger(server.peer_id)
+            pinger = await ping_of(client).open(server.peer_id)
             rtts = [await pinger.ping() for _ in range(3)]
             assert all(0 <= rtt < 5 for rtt in rtts)
             await pinger.aclose()
@@ -272,10 +274,10 @@ async def test_standard_protocols_are_services_and_a_given_one_replaces_the_stan
             for kind in (Ping, PerfServer, RelayClient, HolePuncher):
                 assert host.service(kind) is not None
             assert {IDENTIFY, PING, PERF, DCUTR} <= set(host.protocols)
-            assert host.perf is host.service(PerfServer)
+            assert isinstance(host.service(PerfServer), PerfServer)
         options = StackOptions(perf=None, relay_client=False, hole_punching=False)
         async with open_stack(transports=[MemoryTransport(network)], options=options) as bare:
-            assert bare.perf is None and PERF not in bare.protocols and DCUTR not in bare.protocols
+            assert bare.service(PerfServer) is None and PERF not in bare.protocols and DCUTR not in bare.protocols
             assert bare.service(RelayClient) is None and bare.service(HolePuncher) is None
 
 
@@ -378,3 +380,16 @@ async def test_the_host_builds_no_transport_the_stack_hands_in_tcp_and_memory():
         async with open_stack(options=only_tcp) as host:
             with pytest.raises(DialError, match="no transport"):
                 await host.connect("/memory/12345")
+
+
+async def test_identify_and_ping_are_reached_as_services_not_through_the_host():
+    # the Host keeps no identify/ping/perf façades: callers find the services as pool_of does
+    from volunteer.net.host import Host
+
+    assert not any(hasattr(Host, name) for name in ("identify", "identify_info", "push_identify", "open_pinger", "perf"))
+    with trio.fail_after(10):
+        async with open_host(transports=transports()) as bare:
+            with pytest.raises(RuntimeError, match="no Identify"):
+                identify_of(bare)
+            with pytest.raises(RuntimeError, match="no Ping"):
+                ping_of(bare)

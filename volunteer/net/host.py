@@ -46,13 +46,10 @@ from .events import (
     PeerDisconnected,
     RelayedConnectionUp,
 )
-from .identify import Identify, IdentifyInfo
 from .identity import KeyPair, PeerID
 from .dialing import dial_staggered
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
-from .perf import PerfServer
-from .ping import PING, Pinger
 from .resources import ResourceLimits, ResourceManager, StreamScope, address_key
 from .service import Handler, InboundClass, Service
 from .streams import close_quietly, reset_quietly
@@ -422,35 +419,6 @@ class Host:
         protocol is ours to account once it is negotiated."""
         budget = inner.budget
         return not isinstance(budget, StreamScope) or budget.set_protocol(protocol, now=trio.current_time())
-
-    # --- identify, ping, perf (services; these delegate) -------------------------------------
-    def _identify_service(self) -> Identify:
-        service = self.service(Identify)
-        if service is None:
-            raise RuntimeError("this host runs no Identify service")
-        return service
-
-    def identify_info(self, conn: Connection | None = None) -> IdentifyInfo:
-        """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
-        return self._identify_service().info_for(conn)
-
-    async def identify(self, target: PeerID | Multiaddr | str) -> IdentifyInfo:
-        """Ask a peer who it is (and where it sees us); updates the peerstore."""
-        conn = await self.connect(target)
-        return await self._identify_service().identify(conn)
-
-    async def push_identify(self) -> None:
-        """Tell every connected peer our current addresses and protocols (identify push)."""
-        await self._identify_service().push()
-
-    @property
-    def perf(self) -> PerfServer | None:
-        """The perf server (None when the Host runs none)."""
-        return self.service(PerfServer)
-
-    async def open_pinger(self, target: PeerID | Multiaddr | str) -> Pinger:
-        """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
-        return Pinger(await self.new_stream(target, [PING]))
 
     # --- services and tasks ----------------------------------------------------------------------
     def _running_nursery(self) -> trio.Nursery:

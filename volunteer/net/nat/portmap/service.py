@@ -21,6 +21,7 @@ from ... import limits
 from ...events import ListenAddrsChanged, ObservedAddrChanged, PeerIdentified, PortMappingChanged, ReachabilityChanged
 from ...identity import PeerID
 from ...multiaddr import Multiaddr
+from ...identify import identify_of
 from ...service import BaseService, HostAPI
 from ...transport.base import Path
 from ..autonat import AUTONAT, probe
@@ -288,7 +289,7 @@ class PortMapper(BaseService):
 
     async def _push_identify(self) -> None:
         try:
-            await self.host.push_identify()
+            await identify_of(self.host).push()
         except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push failed: %s", describe(exc))
 
