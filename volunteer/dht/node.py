@@ -48,6 +48,7 @@ from .scope import own_contact_addrs, scoped_response
 from .state import NodeState, source_of
 from .lookups import LookupMixin
 from .storing import Item, StoreMixin
+from .status import DHTStatus
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 if isinstance(change, ReachabilityChanged) and isinstance(change.reachability, Reachability):
                     self._apply_reachability(change.reachability)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> DHTStatus:
         """Figures for the dashboard and ``volunteer status``."""
         return {
             "routing_table": len(self.state.table),

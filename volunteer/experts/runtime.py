@@ -54,7 +54,7 @@ from ..errors import (
 from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .judge import TrainerJudge
+from .judge import TrainerJudge, TrainersStatus
 from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request, concat, hand_out, wake
 from .scheduler import QUEUED, Busy, Inline, Job, Scheduler
 from .snapshots import SnapshotStore
@@ -139,7 +139,7 @@ class Runtime:
         if refusal is not None:
             raise refusal
 
-    def trainer_report(self) -> dict:
+    def trainer_report(self) -> TrainersStatus:
         """Per-trainer counts (applied, clipped, refused, seconds of refusal left) and rollbacks."""
         with self._cond:
             return self.judge.snapshot(time.perf_counter())

@@ -31,11 +31,14 @@ if TYPE_CHECKING:  # the experts, replicas and hivemind load only when a node ne
     from ..dht import DHTConfig
     from ..dht.declare import ExpertDeclarer
     from ..dht.node import DHTNode
+    from ..dht.status import DHTPanel
     from ..experts import ExpertsConfig
     from ..experts.backend import ExpertBackend
     from ..experts.directory import ExpertDirectory
     from ..experts.runtime import Runtime
+    from ..experts.server import ServerStatus
     from ..hivemind.dht import HivemindDHT
+    from ..hivemind.experts import HivemindServingStatus
     from ..replicas.manager import ReplicaManager
 
 # builds an empty backend (uid, class, hidden_dim) with the node's expert settings and checkpoints
@@ -51,7 +54,7 @@ class ExpertServing(Protocol):
 
     async def wait_idle(self) -> None: ...
 
-    def snapshot(self) -> dict: ...
+    def snapshot(self) -> ServerStatus | HivemindServingStatus: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class NodeParts:
     ``dht_status()`` is the DHT panel of ``volunteer status``."""
 
     services: list[Service]
-    dht_status: Callable[[], dict]
+    dht_status: Callable[[], DHTPanel]
     server: ExpertServing | None = None
     declarer: "ExpertDeclarer | None" = None
     replicas: "ReplicaManager | None" = None
