@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from typing import TypedDict
+from typing import TypedDict, final
 from collections.abc import Callable, Iterable, Mapping
 
 import trio
@@ -78,6 +78,7 @@ OutcomeHook = Callable[[str, "str | None"], None]
 
 
 
+@final  # no other keys: a view tells it from hivemind's by its keys (``"upload" in status``)
 class ServerStatus(TypedDict):
     """``ExpertServer.snapshot()``: what ``volunteer status`` and the dashboard show of serving."""
 

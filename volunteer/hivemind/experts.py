@@ -23,7 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TypedDict
+from typing import TypedDict, final
 
 import numpy as np
 import torch
@@ -56,6 +56,7 @@ def _to_numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
 
 
 
+@final  # no other keys: a view tells it from ours by its keys
 class HivemindServingStatus(TypedDict):
     """``HivemindExperts.snapshot()``: calls served and being served, errors, refusals by
     reason, what was declared last (DHT time, None: never)."""

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the experts, replicas and hivemind load only when a node ne
     from ..experts.server import ServerStatus
     from ..hivemind.dht import HivemindDHT
     from ..hivemind.experts import HivemindServingStatus
+    from ..replicas.coverage import Coverage
     from ..replicas.manager import ReplicaManager
 
 # builds an empty backend (uid, class, hidden_dim) with the node's expert settings and checkpoints
@@ -104,7 +105,7 @@ class ExpertListing:
     rows: list[dict]
     title: str
     columns: tuple[str, ...]
-    coverage: dict | None = None
+    coverage: Coverage | None = None
     incomplete: str | None = None
 
 

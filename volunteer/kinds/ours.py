@@ -49,6 +49,7 @@ from .options import VolunteerOptions
 if TYPE_CHECKING:
     from ..experts.backend import ExpertBackend
     from ..experts.runtime import Runtime
+    from ..replicas.coverage import Coverage
     from ..replicas.messages import StateHeader
 
 LOOKUP_TIMEOUT = 30.0  # ``volunteer experts``: the grid walk gives up after this long
@@ -228,7 +229,7 @@ def dht_status(dht: DHTNode, declarer: ExpertDeclarer | None) -> DHTPanel:
     }
 
 
-def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> dict:
+def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> Coverage:
     """The swarm's coverage of its declared grids, from the flat rows (one per expert and host)."""
     from ..replicas.coverage import coverage
 
