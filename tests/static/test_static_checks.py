@@ -44,3 +44,28 @@ def test_library_type_checks(tmp_path):
     # name) depend on the order mypy meets modules, which an incremental cache changes
     result = _run(_tool("mypy"), "--cache-dir", tmp_path / "mypy-cache")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_views_are_checked_against_the_status_they_read(tmp_path):
+    # every snapshot() is a TypedDict: a view that reads a key its producer never writes (or
+    # reads a count as text) is a type error, not a KeyError on a donor's dashboard
+    view = tmp_path / "stale_view.py"
+    view.write_text(
+        "from volunteer.dht.node import DHTNode\n"
+        "from volunteer.experts.server import ExpertServer\n"
+        "from volunteer.net.nat.manager import NatManager\n"
+        "from volunteer.replicas.manager import ReplicaManager\n"
+        "from relay.metrics import snapshot\n"
+        "from relay.service import HopService\n"
+        "def stale(dht: DHTNode, server: ExpertServer, nat: NatManager, replicas: ReplicaManager, hop: HopService) -> None:\n"
+        "    dht.snapshot()['routing_table_size']\n"
+        "    server.snapshot()['upload']['bytes']\n"
+        "    nat.snapshot()['evidence']['servers']\n"
+        "    replicas.snapshot()['transfers']['sent']\n"
+        "    snapshot(hop)['circuits_open']\n"
+        "    name: str = dht.snapshot()['records']\n"
+    )
+    result = _run(_tool("mypy"), "--cache-dir", tmp_path / "mypy-cache", "--follow-imports", "silent", view)
+    reported = [line for line in result.stdout.splitlines() if line.startswith(str(view)) and ": error:" in line]
+    assert len(reported) == 6, result.stdout + result.stderr
+    assert sum("typeddict-item" in line for line in reported) == 5 and any("assignment" in line for line in reported)
