@@ -31,6 +31,7 @@ from ..net.nat.manager import NatManager
 from ..net.nat.observed import endpoint_of
 from ..net.nat.observer import AddressObserver
 from ..net.nat.portmap import PortMapper
+from ..net.nat.portmap.service import PortMapStatus
 from ..net.nat.relay_client import reserve
 from ..net.stack import StackOptions, open_stack
 from ..net.perf import PERF, perf_stream
@@ -215,7 +216,7 @@ async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], per
     return checks
 
 
-async def _port_mapping(host: Host, mapper: PortMapper) -> dict:
+async def _port_mapping(host: Host, mapper: PortMapper) -> PortMapStatus:
     """Wait for the router's answer, then for an AutoNAT server to dial the mapping back."""
     with trio.move_on_after(PORT_MAPPING_WAIT):
         await mapper.started.wait()
