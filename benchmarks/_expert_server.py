@@ -12,7 +12,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
+from volunteer.experts import ExpertsConfig  # noqa: E402
+from volunteer.experts.backend import make_backend  # noqa: E402
 from volunteer.net.stack import StackOptions  # noqa: E402
 from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
 from volunteer.swarmfile import SwarmSpec  # noqa: E402

@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from volunteer.dht import DHTConfig  # noqa: E402
-from volunteer.experts import ExpertsConfig, make_backend  # noqa: E402
+from volunteer.experts import ExpertsConfig  # noqa: E402
+from volunteer.experts.backend import make_backend  # noqa: E402
 from volunteer.net.stack import StackOptions  # noqa: E402
 from volunteer.node import VolunteerOptions, open_volunteer  # noqa: E402
 from volunteer.replicas import ReplicasConfig  # noqa: E402

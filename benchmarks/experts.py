@@ -149,7 +149,8 @@ def gradient_bound_cost(hidden: int, batch: int, repeats: int, device: str = "cp
     """Median ms of one backward with its optimizer step on a volunteer's backend (no network), and
     median ms of the gradient bound's work inside it (``experts/gradbound.py``: the parameter
     gradient's norm and its verdict, what every backward now pays), alternating step by step."""
-    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.experts import ExpertsConfig
+    from volunteer.experts.backend import make_backend
     from volunteer.experts.backend import gradient_norm
     from volunteer.experts.gradbound import NormBound
 

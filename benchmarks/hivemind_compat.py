@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hivemind_runner import ROOT, VENV, run_hivemind  # noqa: E402
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime  # noqa: E402
+from volunteer.experts import ExpertsConfig  # noqa: E402
+from volunteer.experts.backend import make_backend  # noqa: E402
+from volunteer.experts.runtime import open_runtime  # noqa: E402
 from volunteer.hivemind import HivemindDHT, HivemindExperts  # noqa: E402
 from volunteer.hivemind.kad import KadPeerRouting  # noqa: E402
 from volunteer.net.stack import StackOptions, open_stack  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -22,7 +22,20 @@ from .service import HopService
 DIRECTIONS = ("to_target", "to_source")  # bytes the circuit's initiator sent, and those it received
 
 
-def snapshot(service: HopService) -> dict:
+class RelayFigures(TypedDict):
+    """``snapshot()``: the figures the relay's dashboard and /metrics show."""
+
+    reservations: int
+    circuits: int  # open now
+    circuits_total: int  # ever opened
+    bytes_relayed: int
+    bytes_by_direction: dict[str, int]  # by DIRECTIONS
+    connections: int
+    refusals: dict[str, int]  # the hop's refusals, by reason
+    resource_refusals: dict[str, dict[str, int]]  # the Host's resource manager's, {scope: {reason: count}}
+
+
+def snapshot(service: HopService) -> RelayFigures:
     """The figures the dashboard and /metrics show."""
     resources = service.resources
     return {

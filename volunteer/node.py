@@ -381,8 +381,9 @@ async def _open_experts(
     if not opts.hosts_experts:
         yield None, None, None
         return
-    from .experts import ExpertsConfig, load_expert_file, make_backend, open_runtime
-    from .experts.backend import ExpertBackend
+    from .experts import ExpertsConfig, load_expert_file
+    from .experts.backend import ExpertBackend, make_backend
+    from .experts.runtime import open_runtime
 
     if opts.expert_file:
         load_expert_file(opts.expert_file)

@@ -75,13 +75,14 @@ def rate(value: object) -> float:
     from .sizes import parse_size
 
     if isinstance(value, str):
+        text = value
         try:
-            value = float(value)  # a plain number (a negative one is refused below, in words)
+            value = float(text)  # a plain number (a negative one is refused below, in words)
         except ValueError:
             try:
-                value = parse_size(value.strip())
+                value = parse_size(text.strip())
             except ValueError:
-                raise ValueError(f"not a size: {value!r} (e.g. 5MiB for 5 MiB/s)") from None
+                raise ValueError(f"not a size: {text!r} (e.g. 5MiB for 5 MiB/s)") from None
     number = _number(value, False)
     if not number > 0:
         raise ValueError(f"expected bytes per second above 0 (e.g. 5MiB), got {value!r}")

@@ -80,16 +80,15 @@ class Swarm:
         self.vouches = VouchBook(self.keypair, spec.id, time.time())
         self._host: Host | None = None
         self._joined: TrainerParts | None = None
-        self._ready: trio.Event | None = None
-        self._closing: trio.Event | None = None
-        self._done: trio.Event | None = None
+        self._started = False
+        self._ready, self._closing, self._done = trio.Event(), trio.Event(), trio.Event()
         self._error: BaseException | None = None
 
     @classmethod
-    def join(cls, swarm: str | os.PathLike | SwarmSpec, *, timeout: float = JOIN_TIMEOUT, **options) -> "Swarm":
+    def join(cls, swarm: str | os.PathLike[str] | SwarmSpec, *, timeout: float = JOIN_TIMEOUT, **options) -> "Swarm":
         """Connect to ``swarm`` (a name from ~/.config/volunteer/swarms, a swarm file, a bootstrap
         multiaddr, or a SwarmSpec) and return once the DHT has at least one peer."""
-        spec = swarm if isinstance(swarm, SwarmSpec) else resolve_swarm(str(swarm) if isinstance(swarm, Path) else swarm)
+        spec = swarm if isinstance(swarm, SwarmSpec) else resolve_swarm(os.fspath(swarm))
         self = cls(spec, **options)
         self.loop.start()
         try:
@@ -122,7 +121,7 @@ class Swarm:
         return self._joined
 
     async def _start(self) -> None:
-        self._ready, self._closing, self._done = trio.Event(), trio.Event(), trio.Event()
+        self._started = True
         trio.lowlevel.spawn_system_task(self._main)
         await self._ready.wait()
         if self._error is not None:
@@ -208,7 +207,7 @@ class Swarm:
     # --- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Leave the swarm and stop the background thread (idempotent)."""
-        if self._closing is not None and not self._done.is_set():
+        if self._started and not self._done.is_set():
             async def stop() -> None:
                 self._closing.set()
                 with trio.move_on_after(10):

@@ -403,7 +403,7 @@ def read_config(path: str | os.PathLike | None = None) -> dict:
     """The user's whole ``config.toml`` (default ``<config dir>/config.toml``; missing is fine),
     validated: ``[join]`` (defaults for ``volunteer join``) and ``[limits]`` (resource bounds)."""
     explicit = path is not None
-    path = Path(path) if explicit else config_file()
+    path = Path(path) if path is not None else config_file()
     if not path.is_file():
         if explicit:
             raise SwarmFileError(f"no config file {path}")
@@ -444,14 +444,14 @@ def parse_experts_spec(text: str) -> tuple[str, list[str]]:
         name, _, rest = part.partition(".")
         if not re.fullmatch(r"[A-Za-z0-9_-]+", name) or not rest:
             raise SwarmFileError(f"--experts {text!r}: expected NAME.INDEX… after the class (e.g. expert.[0:4])")
-        combos = [[]]
+        combos: list[list[int]] = [[]]
         for piece in rest.split("."):
             match = _RANGE.match(piece)
             if match:
                 lo, hi = int(match.group(1)), int(match.group(2))
                 if not lo < hi or hi - lo > 4096:
                     raise SwarmFileError(f"--experts {text!r}: range [{lo}:{hi}] is empty or too large")
-                values = range(lo, hi)
+                values: Sequence[int] = range(lo, hi)
             elif piece.isdigit():
                 values = [int(piece)]
             else:

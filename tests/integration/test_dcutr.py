@@ -18,6 +18,7 @@ from volunteer.net.nat.observed import MappingType, ObservedAddrs
 from volunteer.net.nat.relay_client import reserve
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
+from volunteer.net.identify import identify_of
 
 ECHO = "/test/echo/1.0.0"
 
@@ -34,7 +35,7 @@ async def relayed_from_a_to_b(relay, a, b):
     await relay.add_service(HopService())
     reservation = await reserve(b, relay.full_addrs()[0])
     await a.connect(relay.full_addrs()[0])
-    await a.identify(relay.peer_id)
+    await identify_of(a).ask(relay.peer_id)
     relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
     assert relayed.path is Path.RELAYED
     return relayed
@@ -59,7 +60,7 @@ async def test_relayed_connection_upgrades_to_direct():
             b.set_handler(ECHO, echo)
             reservation = await reserve(b, relay.full_addrs()[0])
             await a.connect(relay.full_addrs()[0])
-            await a.identify(relay.peer_id)  # A learns its observed address from the relay
+            await identify_of(a).ask(relay.peer_id)  # A learns its observed address from the relay
             relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
             assert relayed.path is Path.RELAYED
             # B punches: soon A has a direct connection to B and the relayed one goes away.
@@ -113,7 +114,7 @@ async def test_the_peers_syn_first_is_the_punch_not_a_failed_attempt(monkeypatch
             await relay.add_service(HopService())
             reservation = await reserve(b, relay.full_addrs()[0])
             await a.connect(relay.full_addrs()[0])
-            await a.identify(relay.peer_id)
+            await identify_of(a).ask(relay.peer_id)
             ports.update(a=int(a.listen_addrs[0].value_for("tcp")), b=int(b.listen_addrs[0].value_for("tcp")))
             relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
             assert relayed.path is Path.RELAYED
@@ -215,7 +216,7 @@ async def _punch_through_relay(listen: list[str]):
         b.set_handler(ECHO, echo)
         reservation = await reserve(b, relay.full_addrs()[0])
         await a.connect(relay.full_addrs()[0])
-        await a.identify(relay.peer_id)
+        await identify_of(a).ask(relay.peer_id)
         relayed = await a.connect(reservation.circuit_addrs[0].encapsulate(f"/p2p/{b.peer_id}"))
         assert relayed.path is Path.RELAYED
         while a.connection_to(b.peer_id) is None or a.connection_to(b.peer_id).path is Path.RELAYED:

@@ -13,7 +13,7 @@ import torch
 import trio
 from torch import nn
 
-from volunteer.experts import RemoteMixtureOfExperts
+from volunteer.experts.moe import RemoteMixtureOfExperts
 from volunteer.experts.callstats import CallStats
 from volunteer.experts.guard import ReplyGuard
 from volunteer.experts.loop import BackgroundLoop

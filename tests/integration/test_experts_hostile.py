@@ -13,7 +13,9 @@ import torch
 import trio
 
 from volunteer.errors import ExpertBackwardRefusedError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.experts.admission import BACKWARD_WITHOUT_FORWARD, PEER_BYTES
 from volunteer.experts.client import call_expert
 from volunteer.experts.protocol import Request, protocol_id

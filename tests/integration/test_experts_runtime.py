@@ -19,7 +19,9 @@ from volunteer.errors import (
     ExpertUnavailableError,
     UnknownExpertError,
 )
-from volunteer.experts import ExpertBackend, ExpertsConfig, TensorSpec, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig, TensorSpec
+from volunteer.experts.backend import ExpertBackend, make_backend
+from volunteer.experts.runtime import open_runtime
 
 
 @pytest.fixture(autouse=True)

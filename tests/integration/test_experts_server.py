@@ -10,7 +10,9 @@ import torch
 import trio
 
 from volunteer.errors import ExpertBusyError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.experts.client import call_expert
 from volunteer.experts.protocol import pack, protocol_id
 from volunteer.experts.server import ExpertServer

@@ -11,7 +11,9 @@ import pytest
 import torch
 import trio
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.hivemind import HivemindDHT, HivemindExperts, HivemindRPCError
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.framing import DelimitedDecoder, FrameDecoder, FrameKind, UnaryCall, encode_call, encode_frame, new_call_id, parse_reply

@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 import trio
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.hivemind import HivemindDHT, HivemindExperts, key_id
 from volunteer.hivemind import expert_wire as wire
 from volunteer.hivemind.dht_protocol import STORE

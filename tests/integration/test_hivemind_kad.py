@@ -12,6 +12,7 @@ from volunteer.hivemind.kad import KadPeerRouting
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.identity import KeyPair
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
+from volunteer.net.identify import identify_of
 
 QUIET = StackOptions(perf=None, relay_client=False, hole_punching=False)
 
@@ -28,8 +29,8 @@ async def three_hosts(stack: AsyncExitStack, services):
     a, middle, c = hosts
     await a.connect(middle.full_addrs()[0])
     await c.connect(middle.full_addrs()[0])
-    await a.identify(middle.peer_id)
-    await c.identify(middle.peer_id)
+    await identify_of(a).ask(middle.peer_id)
+    await identify_of(c).ask(middle.peer_id)
     return a, middle, c
 
 

@@ -20,6 +20,8 @@ from volunteer.net.resources import ResourceLimits, ResourceManager
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.net.transport.tcp import TcpTransport
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 ECHO = "/test/echo/1.0.0"
 
@@ -81,14 +83,14 @@ async def test_echo_identify_ping(listen_addr):
             assert len(payload) <= stream.connection.bytes_sent - sent_before < len(payload) + 4096
             assert len(payload) <= stream.connection.bytes_received - received_before < len(payload) + 4096
 
-            info = await client.identify(server.peer_id)
+            info = await identify_of(client).ask(server.peer_id)
             assert info.peer_id == server.peer_id
             assert ECHO in info.protocols and "/ipfs/ping/1.0.0" in info.protocols
             assert info.agent_version.startswith("volunteer/")
             assert info.observed_addr is not None
             assert client.peerstore.info(server.peer_id).agent_version == info.agent_version
 
-            pinger = await client.open_pinger(server.peer_id)
+            pinger = await ping_of(client).open(server.peer_id)
             rtts = [await pinger.ping() for _ in range(3)]
             assert all(0 <= rtt < 5 for rtt in rtts)
             await pinger.aclose()
@@ -96,7 +98,7 @@ async def test_echo_identify_ping(listen_addr):
 
 async def test_connection_reused_for_streams_and_peer_id_dials():
     with trio.fail_after(20):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], transports=transports()) as server, open_host(transports=transports()) as client:
             server.set_handler(ECHO, echo)
             first = await client.connect(server.full_addrs()[0])
             # Dial by peer ID: addresses come from the peerstore, and the open connection is reused.
@@ -109,7 +111,7 @@ async def test_connection_reused_for_streams_and_peer_id_dials():
 
 async def test_wrong_peer_id_is_refused_and_server_keeps_serving():
     with trio.fail_after(20):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host() as client:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], transports=transports()) as server, open_host(transports=transports()) as client:
             server.set_handler(ECHO, echo)
             impostor = KeyPair.generate().peer_id
             wrong = server.addrs[0].with_peer_id(impostor)
@@ -137,7 +139,7 @@ async def test_unknown_protocol_is_refused():
 async def test_garbage_and_slowloris_only_close_their_connection():
     config = HostConfig(handshake_timeout=1.0)
     with trio.fail_after(30):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], config=config) as server, open_host() as client:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], transports=transports(), config=config) as server, open_host(transports=transports()) as client:
             server.set_handler(ECHO, echo)
             host, port = str(server.addrs[0]).split("/")[2], int(str(server.addrs[0]).split("/")[4])
             garbage = await trio.open_tcp_stream(host, port)
@@ -206,7 +208,7 @@ async def test_thousand_concurrent_streams_on_one_connection():
     # how fast it happens to finish the first ones.
     room = ResourceManager(ResourceLimits(peer_protocol_streams_inbound=1000))
     with trio.fail_after(60):
-        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], services=[room]) as server, open_host() as client:
+        async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], transports=transports(), services=[room]) as server, open_host(transports=transports()) as client:
             server.set_handler(ECHO, echo)
             conn = await client.connect(server.full_addrs()[0])
             results = {}
@@ -232,7 +234,7 @@ async def test_handshake_error_type_for_non_libp2p_listener():
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(trio.serve_tcp, not_libp2p, 0, )
             port = listeners[0].socket.getsockname()[1]
-            async with open_host() as client:
+            async with open_host(transports=transports()) as client:
                 with pytest.raises(DialError) as excinfo:
                     await client.connect(Multiaddr(f"/ip4/127.0.0.1/tcp/{port}"))
                 assert any(isinstance(c, HandshakeError) for c in excinfo.value.causes.values()) or "handshake" in str(excinfo.value).lower()
@@ -249,7 +251,7 @@ async def test_a_silent_address_does_not_hold_up_the_others():
 
             listeners = await nursery.start(trio.serve_tcp, silent, 0)
             silent_port = listeners[0].socket.getsockname()[1]
-            async with open_host(listen=["/ip4/127.0.0.1/tcp/0"]) as server, open_host(config=config) as client:
+            async with open_host(listen=["/ip4/127.0.0.1/tcp/0"], transports=transports()) as server, open_host(transports=transports(), config=config) as client:
                 server.set_handler(ECHO, echo)
                 client.peerstore.add_addrs(server.peer_id, [server.addrs[0], Multiaddr(f"/ip4/127.0.0.1/tcp/{silent_port}")])
                 conn = await client.connect(server.peer_id)
@@ -272,10 +274,10 @@ async def test_standard_protocols_are_services_and_a_given_one_replaces_the_stan
             for kind in (Ping, PerfServer, RelayClient, HolePuncher):
                 assert host.service(kind) is not None
             assert {IDENTIFY, PING, PERF, DCUTR} <= set(host.protocols)
-            assert host.perf is host.service(PerfServer)
+            assert isinstance(host.service(PerfServer), PerfServer)
         options = StackOptions(perf=None, relay_client=False, hole_punching=False)
         async with open_stack(transports=[MemoryTransport(network)], options=options) as bare:
-            assert bare.perf is None and PERF not in bare.protocols and DCUTR not in bare.protocols
+            assert bare.service(PerfServer) is None and PERF not in bare.protocols and DCUTR not in bare.protocols
             assert bare.service(RelayClient) is None and bare.service(HolePuncher) is None
 
 
@@ -360,3 +362,34 @@ async def test_a_refused_dial_is_dialled_again_while_the_caller_allows():
     assert transport.refused_redials >= 1
     with pytest.raises(ConnectionRefusedError):  # the window is over: the refusal stands
         await transport.dial(target, redial_refused_for=0.1)
+
+
+async def test_the_host_builds_no_transport_the_stack_hands_in_tcp_and_memory():
+    # host.py constructs no transport: a bare Host dials nothing, the stack's list is what it has
+    from volunteer.net.stack import standard_transports
+
+    with trio.fail_after(10):
+        async with open_host() as bare:
+            assert bare.transports == []
+            with pytest.raises(DialError, match="no transport"):
+                await bare.connect("/ip4/127.0.0.1/tcp/1")
+        async with open_stack(options=StackOptions(quic=None, relay_client=False)) as host:
+            assert [type(t) for t in host.transports] == [TcpTransport, MemoryTransport]
+        only_tcp = StackOptions(memory=False, quic=None)
+        assert [type(t) for t in standard_transports(only_tcp)] == [TcpTransport]
+        async with open_stack(options=only_tcp) as host:
+            with pytest.raises(DialError, match="no transport"):
+                await host.connect("/memory/12345")
+
+
+async def test_identify_and_ping_are_reached_as_services_not_through_the_host():
+    # the Host keeps no identify/ping/perf façades: callers find the services as pool_of does
+    from volunteer.net.host import Host
+
+    assert not any(hasattr(Host, name) for name in ("identify", "identify_info", "push_identify", "open_pinger", "perf"))
+    with trio.fail_after(10):
+        async with open_host(transports=transports()) as bare:
+            with pytest.raises(RuntimeError, match="no Identify"):
+                identify_of(bare)
+            with pytest.raises(RuntimeError, match="no Ping"):
+                ping_of(bare)

@@ -15,7 +15,9 @@ import torch
 import trio
 
 from volunteer.errors import ExpertBackwardRefusedError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.experts.client import call_expert
 from volunteer.experts.comparison import compare
 from volunteer.experts.server import ExpertServer

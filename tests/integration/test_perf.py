@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from volunteer.net.stack import StackOptions, open_stack
-from volunteer.net.perf import PERF, PerfLimits, perf_stream
+from volunteer.net.perf import PERF, PerfLimits, PerfServer, perf_stream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 
 
@@ -28,8 +28,8 @@ async def test_perf_exact_bytes_both_ways():
             up, down = await perf_stream(stream, 3_000_001, 5_000_003, uploaded.append, downloaded.append)
             assert sum(uploaded) == 3_000_001 and sum(downloaded) == 5_000_003
             assert up >= 0 and down >= 0
-            assert server.perf.stats.bytes_received == 3_000_001
-            assert server.perf.stats.bytes_sent == 5_000_003
+            assert server.service(PerfServer).stats.bytes_received == 3_000_001
+            assert server.service(PerfServer).stats.bytes_sent == 5_000_003
             # Zero-byte runs are legal too.
             stream = await conn.new_stream([PERF])
             await perf_stream(stream, 0, 0)
@@ -48,7 +48,7 @@ async def test_perf_budget_refuses_with_reset():
             stream = await conn.new_stream([PERF])
             with pytest.raises(trio.BrokenResourceError):
                 await perf_stream(stream, 0, 900_000)  # over the per-minute budget
-            assert server.perf.stats.refused == 1
+            assert server.service(PerfServer).stats.refused == 1
 
 
 async def test_perf_concurrency_limit():
@@ -61,7 +61,7 @@ async def test_perf_concurrency_limit():
             conn = await client.connect(server.full_addrs()[0])
             first = await conn.new_stream([PERF])
             await first.send_all(struct.pack(">Q", 10))  # holds the only slot: never closes its upload
-            while not server.perf._active:
+            while not server.service(PerfServer)._active:
                 await trio.sleep(0.01)
             second = await conn.new_stream([PERF])
             with pytest.raises(trio.BrokenResourceError):

@@ -19,6 +19,7 @@ from volunteer.net.resources import ResourceManager
 from volunteer.net.tls import make_certificate
 from volunteer.net.transport.quic import QuicTransport
 from volunteer.net.transport.quic.engine import Engine, QuicLimits, configuration
+from volunteer.net.identify import identify_of
 
 from ..echo import echo, roundtrip
 
@@ -78,7 +79,7 @@ async def test_dials_leave_from_the_listen_port():
         seen_by_a = a.connection_to(b.peer_id)
         assert seen_by_a is not None and udp_port(seen_by_a.remote_addr) == b_port
         # identify told b where a sees it: the listen port, the address b advertises
-        info = await b.identify(a.peer_id)
+        info = await identify_of(b).ask(a.peer_id)
         assert info.observed_addr is not None and udp_port(info.observed_addr) == b_port
         # one socket per family: both connections share it
         assert len(quic_of(b).stats()) == 1 and quic_of(b).stats()[0]["connections"] == 1

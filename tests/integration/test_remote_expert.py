@@ -14,7 +14,9 @@ import torch
 import trio
 
 from volunteer.errors import ExpertTimeoutError, ExpertUnavailableError, VolunteerError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.experts.callstats import CallStats
 from volunteer.experts.client import RemoteExpert
 from volunteer.experts.loop import BackgroundLoop

@@ -20,7 +20,8 @@ from volunteer.errors import (
     RemoteExpertError,
     UnknownExpertError,
 )
-from volunteer.experts import ExpertBackend, ExpertsConfig, TensorSpec, make_backend
+from volunteer.experts import ExpertsConfig, TensorSpec
+from volunteer.experts.backend import ExpertBackend, make_backend
 from volunteer.experts.client import DHTDirectory
 
 from .volunteer_fixture import DHT_CONFIG, SWARM, Volunteer

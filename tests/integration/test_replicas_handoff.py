@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 import torch
 import trio
 
-from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig

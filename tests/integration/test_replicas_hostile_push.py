@@ -11,7 +11,8 @@ import torch
 
 from volunteer.cli import views
 from volunteer.cli.metrics import refusals_of
-from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
 from volunteer.replicas.errors import StateRefusedError
 from volunteer.replicas.state import export_state, state_digest
 from volunteer.replicas.placement import VERSION_CLAIM

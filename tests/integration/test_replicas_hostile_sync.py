@@ -11,8 +11,9 @@ import pytest
 import torch
 import trio
 
-from volunteer.experts import ExpertsConfig, make_backend
-from volunteer.experts.trust import Standing
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.standing import Standing
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.replicas.config import ReplicasConfig

@@ -10,7 +10,9 @@ import trio
 import trio.testing
 
 from volunteer.errors import ExpertConfigError, ExpertUnavailableError, UnknownExpertError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.replicas import BackendStore
 
 

@@ -10,7 +10,9 @@ from contextlib import asynccontextmanager
 import pytest
 import torch
 
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.streams import BufferedStream
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport

@@ -14,7 +14,9 @@ import trio
 import trio.testing
 
 from volunteer.errors import ExpertBackwardRefusedError, TrainerRefusedError
-from volunteer.experts import ExpertsConfig, make_backend, open_runtime
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.runtime import open_runtime
 from volunteer.experts.comparison import compare
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport

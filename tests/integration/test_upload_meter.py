@@ -9,7 +9,8 @@ import torch
 import trio
 
 from volunteer.cli import views
-from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport
 from volunteer.net.upload import CATCH_UP, HAND_OFF, REPLIES, SYNC, UploadMeter

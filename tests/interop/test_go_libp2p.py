@@ -12,6 +12,8 @@ import trio
 from volunteer.net.events import PeerIdentified
 from volunteer.net.stack import open_stack
 from volunteer.net.identity import PeerID
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 from .peers import p2pd_control
 
@@ -24,11 +26,11 @@ async def test_we_dial_go_libp2p_ping_and_identify(p2pd):
         async with open_stack() as host:
             conn = await host.connect(p2pd.full_addr())
             assert str(conn.remote_peer) == p2pd.peer_id
-            pinger = await host.open_pinger(conn.remote_peer)
+            pinger = await ping_of(host).open(conn.remote_peer)
             rtts = [await pinger.ping() for _ in range(3)]
             assert all(0 < rtt < 5 for rtt in rtts)
             await pinger.aclose()
-            info = await host.identify(conn.remote_peer)
+            info = await identify_of(host).ask(conn.remote_peer)
             assert info.peer_id == conn.remote_peer
             assert "/ipfs/ping/1.0.0" in info.protocols and "/ipfs/id/1.0.0" in info.protocols
             assert info.agent_version  # go-libp2p says who it is

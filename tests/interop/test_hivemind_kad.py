@@ -16,6 +16,7 @@ from volunteer.hivemind import HivemindDHT
 from volunteer.hivemind import kad_wire
 from volunteer.hivemind.kad import KadPeerRouting
 from volunteer.net.stack import open_stack
+from volunteer.net.identify import identify_of
 
 from .test_hivemind_dht import QUIET, hivemind_peer
 
@@ -34,7 +35,7 @@ async def test_hivemind_and_we_reach_each_other_by_peer_id_through_a_shared_peer
             nodes.append((host, dht, kad))
         (target, target_dht, _), (hub, _, hub_kad), (late, late_dht, late_kad) = nodes
         await target.connect(hub.full_addrs()[0])
-        await target.identify(hub.peer_id)
+        await identify_of(target).ask(hub.peer_id)
         # the hivemind peer is given the hub's address only
         hivemind = await stack.enter_async_context(hivemind_peer(str(hub.full_addrs()[0])))
         reply = await hivemind.command(op="ping", peer_id=target.peer_id.to_base58())
@@ -44,7 +45,7 @@ async def test_hivemind_and_we_reach_each_other_by_peer_id_through_a_shared_peer
 
         # the other way: a node of ours that knows only the hub reaches the hivemind peer by id
         await late.connect(hub.full_addrs()[0])
-        await late.identify(hub.peer_id)
+        await identify_of(late).ask(hub.peer_id)
         assert not late.peerstore.addrs(hivemind.peer_id)
         await late_kad.connect(hivemind.peer_id)
         assert await late_dht.ping(hivemind.peer_id) is not None

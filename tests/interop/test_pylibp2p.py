@@ -10,7 +10,9 @@ import trio
 
 from volunteer.net.stack import open_stack
 from volunteer.net.multiaddr import Multiaddr
-from volunteer.net.perf import PERF, perf_stream
+from volunteer.net.perf import PERF, PerfServer, perf_stream
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 from .conftest import run_pylibp2p
 
@@ -29,10 +31,10 @@ async def test_we_dial_pylibp2p(pylibp2p_server):
         async with open_stack() as host:
             conn = await host.connect(pylibp2p_server)
             assert str(conn.remote_peer) == Multiaddr(pylibp2p_server).peer_id.to_base58()
-            pinger = await host.open_pinger(conn.remote_peer)
+            pinger = await ping_of(host).open(conn.remote_peer)
             assert 0 < await pinger.ping() < 5
             await pinger.aclose()
-            info = await host.identify(conn.remote_peer)
+            info = await identify_of(host).ask(conn.remote_peer)
             assert info.peer_id == conn.remote_peer
             assert "/ipfs/ping/1.0.0" in info.protocols and ECHO in info.protocols
             # Echo over py-libp2p's yamux: byte-exact, larger than one yamux window.
@@ -80,4 +82,4 @@ async def test_pylibp2p_dials_us(pylibp2p_python):
                 partial(run_pylibp2p, pylibp2p_python, "dial-perf", addr, "--upload", "1000001", "--download", "3000003")
             )
             assert report["ok"] and report["uploaded"] == 1_000_001 and report["downloaded"] == 3_000_003, report
-            assert host.perf.stats.bytes_received == 1_000_001 and host.perf.stats.bytes_sent == 3_000_003
+            assert host.service(PerfServer).stats.bytes_received == 1_000_001 and host.service(PerfServer).stats.bytes_sent == 3_000_003

@@ -17,6 +17,8 @@ from volunteer.net.stack import open_stack
 from volunteer.net.identity import PeerID
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.perf import PERF, perf_stream
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 from ..echo import echo, roundtrip
 from .conftest import run_pylibp2p
@@ -44,11 +46,11 @@ async def test_we_dial_go_libp2p_over_quic_from_our_listen_port(p2pd_quic):
         async with open_stack(listen=[QUIC]) as host:
             conn = await host.connect(p2pd_quic.full_addr())
             assert str(conn.remote_peer) == p2pd_quic.peer_id and conn.path_label == "direct quic"
-            pinger = await host.open_pinger(conn.remote_peer)
+            pinger = await ping_of(host).open(conn.remote_peer)
             rtts = [await pinger.ping() for _ in range(3)]
             assert all(0 < rtt < 5 for rtt in rtts)
             await pinger.aclose()
-            info = await host.identify(conn.remote_peer)
+            info = await identify_of(host).ask(conn.remote_peer)
             assert "/ipfs/ping/1.0.0" in info.protocols and info.agent_version
             # go-libp2p sees the port we listen on: the dial left from the shared socket
             assert info.observed_addr == host.listen_addrs[0]
@@ -90,10 +92,10 @@ async def test_we_dial_pylibp2p_over_quic(pylibp2p_quic_server):
             conn = await host.connect(pylibp2p_quic_server)
             assert str(conn.remote_peer) == Multiaddr(pylibp2p_quic_server).peer_id.to_base58()
             assert conn.path_label == "direct quic"
-            pinger = await host.open_pinger(conn.remote_peer)
+            pinger = await ping_of(host).open(conn.remote_peer)
             assert 0 < await pinger.ping() < 5
             await pinger.aclose()
-            info = await host.identify(conn.remote_peer)
+            info = await identify_of(host).ask(conn.remote_peer)
             assert ECHO in info.protocols and PERF in info.protocols
             payload = os.urandom(PYLIBP2P_SAFE)
             assert await roundtrip(await host.new_stream(conn.remote_peer, [ECHO]), payload) == payload

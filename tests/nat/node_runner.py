@@ -29,6 +29,8 @@ from volunteer.net.nat.portmap import PortMapper
 from volunteer.net.nat.relay_client import ReservationManager
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.quic import QuicLimits
+from volunteer.net.identify import identify_of
+from volunteer.net.ping import ping_of
 
 ECHO = "/echo/1.0.0"
 
@@ -209,7 +211,7 @@ async def punch_loop(args) -> dict:
             direct = not conn.describe_path().startswith("relayed")
             entry = {"direct": direct, "seconds": trio.current_time() - started, "relay_rtt": relay_rtt or first.rtt}
             if attempt == 0:
-                entry["direct_rtt"] = (await (await host.open_pinger(peer)).ping()) if direct else None
+                entry["direct_rtt"] = (await (await ping_of(host).open(peer)).ping()) if direct else None
                 entry["throughput"] = await _throughput(host, conn, args.size)
                 if direct and not first.is_closed:
                     entry["relayed_throughput"] = await _throughput(host, first, args.size)
@@ -238,7 +240,7 @@ async def autonat(args) -> dict:
 
     async with open_stack(listen=args.listen) as host:
         await host.connect(args.server)
-        await host.identify(args.server.rsplit("/p2p/", 1)[1])  # learn our observed address first
+        await identify_of(host).ask(args.server.rsplit("/p2p/", 1)[1])  # learn our observed address first
         manager = NatManager(host, [args.server])
         await manager.probe_round()
         return manager.snapshot()

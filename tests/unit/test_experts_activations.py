@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from volunteer.errors import ExpertConfigError
-from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
 from volunteer.experts.activations import ActivationCache, same_tensors
 
 CONFIG = ExpertsConfig(device="cpu")

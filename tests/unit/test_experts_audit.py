@@ -13,8 +13,9 @@ from hypothesis.extra import numpy as hnp
 
 from volunteer.errors import ExpertConfigError
 from volunteer.experts.comparison import (
-    AuditConfig, Difference, Gap, Outcome, Tolerance, compare, distance, judge, loose_tolerance, tolerance,
+    AuditConfig, Difference, Gap, Outcome, Tolerance, compare, judge, loose_tolerance, tolerance,
 )
+from volunteer.experts.distance import distance
 
 CONFIG = AuditConfig()
 

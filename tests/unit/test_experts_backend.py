@@ -10,16 +10,8 @@ import pytest
 import torch
 
 from volunteer.errors import ExpertConfigError, ExpertInputError, ExpertProtocolError
-from volunteer.experts import (
-    ExpertBackend,
-    ExpertsConfig,
-    TensorSpec,
-    expert_classes,
-    get_expert_class,
-    load_expert_file,
-    make_backend,
-    resolve_device,
-)
+from volunteer.experts import ExpertsConfig, TensorSpec, expert_classes, get_expert_class, load_expert_file
+from volunteer.experts.backend import ExpertBackend, make_backend, resolve_device
 from volunteer.experts.checkpoints import read_checkpoint
 from volunteer.experts.layers import default_heads
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from volunteer.errors import CheckpointDirError, ExpertConfigError
-from volunteer.experts import ExpertsConfig, make_backend
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
 from volunteer.experts.checkpoints import HEADER, check_checkpoint_dir, load_latest, read_checkpoint, write_checkpoint
 
 CONFIG = ExpertsConfig(checkpoint_every=0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from volunteer.experts import ExpertsConfig, make_backend
-from volunteer.experts.comparison import distance
+from volunteer.experts import ExpertsConfig
+from volunteer.experts.backend import make_backend
+from volunteer.experts.distance import distance
 from volunteer.replicas.config import ReplicasConfig
 from volunteer.replicas.catchup import Fetched, believed_side
 from volunteer.replicas.corroborate import PROBE_BATCH, agree, evidence_of, probe_inputs

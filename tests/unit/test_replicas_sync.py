@@ -101,7 +101,8 @@ def test_average_keeps_the_parameter_dtype():
 
 
 def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
-    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.experts import ExpertsConfig
+    from volunteer.experts.backend import make_backend
     from volunteer.replicas.state import apply_parameters, sync_parameters
 
     backend = make_backend("e.0", "ffn", 4, config=ExpertsConfig(device="cpu"))
@@ -123,7 +124,8 @@ def test_applying_a_round_keeps_the_steps_taken_while_it_was_open():
 
 
 def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its_change():
-    from volunteer.experts import ExpertsConfig, make_backend
+    from volunteer.experts import ExpertsConfig
+    from volunteer.experts.backend import make_backend
     from volunteer.replicas.config import ReplicasConfig
     from volunteer.replicas.guard import Contributed, SyncGuard
     from volunteer.replicas.state import merge_round, sync_parameters

@@ -13,6 +13,7 @@ import trio
 
 from relay.node import open_relay_node
 from volunteer.net.stack import open_stack
+from volunteer.net.identify import identify_of
 from volunteer.net.identity import KeyPair
 from volunteer.net.nat.relay_client import ReservationManager
 from volunteer.net.perf import PERF, perf_stream
@@ -37,7 +38,7 @@ async def run_demo(size: int = 32 * 1024 * 1024) -> None:
         started = trio.current_time()
         conn = await trainer.connect(circuit)
         print(f"trainer    connected in {(trio.current_time() - started) * 1000:.1f} ms, path: {conn.describe_path()}")
-        await trainer.identify(relay.host.peer_id)
+        await identify_of(trainer).ask(relay.host.peer_id)
         pinger, pinger_conn = None, None
         for seq in range(1, 7):
             best = trainer.connection_to(volunteer.peer_id)

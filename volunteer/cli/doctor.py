@@ -22,6 +22,7 @@ from ..kinds import Check, SwarmKind, kind_of
 from ..kinds.entry import wrong_peer_line
 from ..net.events import PortMappingChanged
 from ..net.host import Host
+from ..net.identify import identify_of
 from ..net.identity import KeyPair
 from ..net.interfaces import default_listen_addrs, global_ipv6_addrs, is_global_v6
 from ..net.multiaddr import Multiaddr
@@ -30,9 +31,11 @@ from ..net.nat.manager import NatManager
 from ..net.nat.observed import endpoint_of
 from ..net.nat.observer import AddressObserver
 from ..net.nat.portmap import PortMapper
+from ..net.nat.portmap.service import PortMapStatus
 from ..net.nat.relay_client import reserve
 from ..net.stack import StackOptions, open_stack
 from ..net.perf import PERF, perf_stream
+from ..net.ping import ping_of
 from ..sizes import format_size, parse_size
 from .netcmds import add_identity_flag, load_identity
 from .reachcheck import hairpin_check, ipv6_check, nat_mapping_check, port_mapping_check
@@ -154,8 +157,8 @@ async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], per
             try:
                 with trio.fail_after(CHECK_TIMEOUT):
                     conn = await host.connect(addr)
-                    rtt = await (await host.open_pinger(conn.remote_peer)).ping()
-                    await host.identify(conn.remote_peer)
+                    rtt = await (await ping_of(host).open(conn.remote_peer)).ping()
+                    await identify_of(host).identify(conn)
                 reached.append(addr)
                 checks.append(Check("OK", f"reach {conn.remote_peer.short()}", f"rtt {rtt * 1000:.1f} ms via {conn.describe_path()}"))
             except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
@@ -213,7 +216,7 @@ async def diagnose(keypair, listen: list[Multiaddr], peers: list[Multiaddr], per
     return checks
 
 
-async def _port_mapping(host: Host, mapper: PortMapper) -> dict:
+async def _port_mapping(host: Host, mapper: PortMapper) -> PortMapStatus:
     """Wait for the router's answer, then for an AutoNAT server to dial the mapping back."""
     with trio.move_on_after(PORT_MAPPING_WAIT):
         await mapper.started.wait()

@@ -17,6 +17,8 @@ from .netcmds import swarm_id_arg
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ..replicas.coverage import Coverage
+
 DASH = "–"  # what a kind does not declare (hivemind: addresses, load, heartbeat)
 
 
@@ -94,7 +96,7 @@ def _shown(value, fmt: str = "{}") -> str:
     return DASH if value is None else fmt.format(value)
 
 
-def print_coverage(console, view: dict) -> None:
+def print_coverage(console, view: Coverage) -> None:
     """One line per grid: experts hosted of the grid, replicas target, under-replicated, unhosted."""
     from rich.table import Table
 

@@ -8,9 +8,13 @@ WARN or FAIL, what was found, and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..kinds import Check
 from ..net.nat.observed import MappingType
+
+if TYPE_CHECKING:
+    from ..net.nat.portmap.service import PortMapStatus
 
 PROTOCOL_NAMES = {"pcp": "PCP", "natpmp": "NAT-PMP", "upnp": "UPnP IGD"}
 MAPPING_FIX = ("turn on UPnP IGD, NAT-PMP or PCP in your router's settings, or forward the listen ports "
@@ -18,7 +22,7 @@ MAPPING_FIX = ("turn on UPnP IGD, NAT-PMP or PCP in your router's settings, or f
                "and hole punching")
 
 
-def port_mapping_check(snapshot: dict | None, off_reason: str = "") -> Check:
+def port_mapping_check(snapshot: PortMapStatus | None, off_reason: str = "") -> Check:
     """The router port mapping: which protocol the router speaks, the mapping it gave and whether
     a peer reached it from outside, or why there is none. ``snapshot`` is ``PortMapper.snapshot()``
     (None: mapping was off, for ``off_reason``)."""

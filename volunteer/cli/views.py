@@ -11,7 +11,9 @@ from ..net.nat.manager import NatManager
 from ..net.service import HostAPI
 
 if TYPE_CHECKING:
+    from ..dht.status import DHTPanel
     from ..node import VolunteerNode
+    from ..replicas.coverage import Coverage
 
 
 def reachability_view(node: "VolunteerNode") -> dict | None:
@@ -71,7 +73,7 @@ def connections_view(host: HostAPI) -> list[dict]:
     return rows
 
 
-def dht_view(node: "VolunteerNode") -> dict:
+def dht_view(node: "VolunteerNode") -> "DHTPanel":
     """The swarm DHT's figures plus how fresh and how many our declarations are (the kind's)."""
     return node.parts.dht_status()
 
@@ -104,7 +106,7 @@ def expert_rows(node: "VolunteerNode", now: float) -> list[dict]:
     return rows
 
 
-def coverage_view(node: "VolunteerNode") -> dict | None:
+def coverage_view(node: "VolunteerNode") -> "Coverage | None":
     """The swarm's coverage of its declared grids (as this volunteer last surveyed it) and
     warnings (experts with no host, experts hosted outside every grid); None without grids."""
     return node.replicas.snapshot()["coverage"] if node.replicas is not None else None
@@ -154,8 +156,7 @@ def bytes_served(node: "VolunteerNode") -> int:
     if node.server is None:
         return 0
     snap = node.server.snapshot()
-    upload = snap.get("upload")
-    return (upload.get("bytes_sent") if isinstance(upload, dict) else snap.get("bytes_out")) or 0
+    return snap["upload"]["bytes_sent"] if "upload" in snap else 0  # hivemind's counts no bytes
 
 
 __all__ = [

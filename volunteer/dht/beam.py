@@ -128,7 +128,7 @@ class BeamSearch:
     # --- steps -------------------------------------------------------------------------------------
     def _plan_initial(self) -> None:
         # next batch of dimension-0 candidates in score order (hivemind's initial beam)
-        batch = []
+        batch: list[tuple[float, str]] = []
         while self._untried and len(batch) < self.beam_size:
             i = self._untried.pop()
             key = f"{self.name}.{i}" if self.depth == 1 else f"{self.name}.{i}."

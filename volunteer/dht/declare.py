@@ -17,6 +17,7 @@ from ..errors import DHTError, VolunteerError, describe
 from ..net.service import BaseService, HostAPI
 from .grid import HostInfo, is_valid_uid, make_declarations, make_tombstones
 from .profile import PROFILES_KEY, Profile, profile_item
+from .status import DeclarerStatus
 
 if TYPE_CHECKING:
     from .node import DHTNode
@@ -167,7 +168,7 @@ class ExpertDeclarer(BaseService):
         self.paused = False
         self._wake.set()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> DeclarerStatus:
         """The declarations' figures for ``volunteer status``: how many experts are declared now
         (none while paused), when a heartbeat last reached a peer, heartbeats and their bytes."""
         return {

@@ -14,6 +14,7 @@ import logging
 import trio
 
 from ..errors import VolunteerError, describe
+from .status import LanStatus
 from ..net.addresses import for_peer
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr
@@ -56,7 +57,7 @@ class LanDiscovery(BaseService):
             except OSError as exc:  # no multicast-capable interface
                 log.warning("LAN discovery (mDNS) is off: %s", exc)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> LanStatus:
         """How many LAN peers mDNS found."""
         return {"found": self.found}
 

@@ -9,7 +9,7 @@ wakes them on answers and deadlines, and runs the requests in the node's nursery
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import trio
 
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from .state import NodeState
 
 log = logging.getLogger(__name__)
+
+
+# a lookup's kind (FIND_NODE or FIND_VALUE) carries through _drive to the dispatch that asks for it
+AnyLookup = TypeVar("AnyLookup", bound=Lookup)
+Asker = Callable[[Contact], Awaitable[None]]
 
 
 class LookupMixin:
@@ -79,7 +84,11 @@ class LookupMixin:
             return fallback.start_soon
         return ours.start_soon
 
-    async def _drive(self, lookups: Sequence[Lookup], dispatch) -> None:
+    async def _drive(
+        self,
+        lookups: Sequence[AnyLookup],
+        dispatch: Callable[[list[tuple[AnyLookup, list[Contact]]]], Iterable[tuple[Contact, Asker]]],
+    ) -> None:
         """Run lookups until all finish. Each round, ``dispatch([(lookup, contacts it asks now)])``
         returns ``(contact, ask)`` pairs to start; an answer wakes the loop for the next round.
 
@@ -170,7 +179,7 @@ class LookupMixin:
         lookups = {key: self.state.value_lookup(key, now, quorum=quorum) for key in keys}
         batch = self.config.max_keys_per_request
 
-        def dispatch(asked: list[tuple[Lookup, list[Contact]]]):
+        def dispatch(asked: list[tuple[ValueLookup, list[Contact]]]) -> list[tuple[Contact, Asker]]:
             by_peer: dict[PeerID, tuple[Contact, list[bytes]]] = {}
             for lookup, contacts in asked:
                 for contact in contacts:
@@ -191,7 +200,7 @@ class LookupMixin:
             self.recent_values.put(key, found[key], now, since=generation)
         return found
 
-    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup], *, watch: bool = False):
+    def _value_asker(self, keys: list[bytes], lookups: dict[bytes, ValueLookup], *, watch: bool = False) -> Asker:
         request = self.state.find_value_request(keys, watch=watch)
 
         async def ask(contact: Contact) -> None:

@@ -14,9 +14,12 @@ import logging
 import secrets
 import socket
 import string
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import trio
+
+if TYPE_CHECKING:  # zeroconf is imported when mDNS runs: a node without it never loads it
+    from zeroconf import ServiceBrowser, ServiceInfo, Zeroconf
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +94,10 @@ class MdnsDiscovery:
         self._names: dict[str, set[str]] = {}  # instance name -> the peers its TXT record named
         self._resolving: dict[str, bool] = {}  # name -> whether it changed again since the lookup began
         self._limiter = trio.CapacityLimiter(MAX_LOOKUPS)
-        self._zeroconf = None
-        self._info = None
-        self._browser = None
+        self._info: ServiceInfo | None = None
+        self._browser: ServiceBrowser | None = None
 
-    def _service_info(self, addrs: list[str]):
+    def _service_info(self, addrs: list[str]) -> ServiceInfo:
         from zeroconf import ServiceInfo
 
         ips = []
@@ -112,12 +114,10 @@ class MdnsDiscovery:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Announce and browse until cancelled; unregisters and closes zeroconf on the way out."""
-        from zeroconf import IPVersion, ServiceBrowser, Zeroconf
+        from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceListener, Zeroconf
 
-        kwargs = {"ip_version": IPVersion.V4Only}
-        if self.interfaces:
-            kwargs["interfaces"] = self.interfaces
-        self._zeroconf = zc = await trio.to_thread.run_sync(lambda: Zeroconf(**kwargs))
+        interfaces = self.interfaces or InterfaceChoice.All
+        zc = await trio.to_thread.run_sync(lambda: Zeroconf(interfaces=interfaces, ip_version=IPVersion.V4Only))
         send, receive = trio.open_memory_channel(256)
         token = trio.lowlevel.current_trio_token()
 
@@ -135,24 +135,24 @@ class MdnsDiscovery:
             except trio.RunFinishedError:
                 pass
 
-        class Handler:
-            def add_service(self, zc_, type_, name):
+        class Handler(ServiceListener):
+            def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:
                 seen(name)
 
-            def update_service(self, zc_, type_, name):
+            def update_service(self, zc: Zeroconf, type_: str, name: str) -> None:
                 seen(name)
 
-            def remove_service(self, zc_, type_, name):
+            def remove_service(self, zc: Zeroconf, type_: str, name: str) -> None:
                 seen(name, added=False)
 
         try:
             announced = sorted(self.get_addrs())
-            self._info = self._service_info(announced)
-            await trio.to_thread.run_sync(zc.register_service, self._info)
+            self._info = info = self._service_info(announced)
+            await trio.to_thread.run_sync(zc.register_service, info)
             self._browser = ServiceBrowser(zc, SERVICE, Handler())
             task_status.started()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._refresh, announced)
+                nursery.start_soon(self._refresh, zc, announced)
                 async for added, name in receive:
                     if name == self.name:
                         continue
@@ -162,22 +162,22 @@ class MdnsDiscovery:
                         self._resolving[name] = True  # look again once the lookup under way ends
                     else:
                         self._resolving[name] = False
-                        nursery.start_soon(self._resolve, name)
+                        nursery.start_soon(self._resolve, zc, name)
         finally:
             with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(self._close)
+                await trio.to_thread.run_sync(self._close, zc)
 
-    def _close(self) -> None:
+    def _close(self, zeroconf: Zeroconf) -> None:
         # in a worker thread: cancel() joins zeroconf's browser thread, unregister_service waits
         # for the goodbye packets
         if self._browser is not None:
             self._browser.cancel()
         try:
             if self._info is not None:
-                self._zeroconf.unregister_service(self._info)
+                zeroconf.unregister_service(self._info)
         except Exception:  # shutting down: an unregister that fails only leaves a stale record
             pass
-        self._zeroconf.close()
+        zeroconf.close()
 
     def _forget(self, name: str) -> None:
         # a peer that leaves and comes back with the same addresses is reported again
@@ -185,16 +185,16 @@ class MdnsDiscovery:
         for peer in self._names.pop(name, ()):
             self.found.pop(peer, None)
 
-    async def _refresh(self, announced: list[str]) -> None:
+    async def _refresh(self, zeroconf: Zeroconf, announced: list[str]) -> None:
         while True:
             await trio.sleep(REFRESH)
             current = sorted(self.get_addrs())
             if current != announced:
                 announced = current
-                self._info = self._service_info(current)
-                await trio.to_thread.run_sync(self._zeroconf.update_service, self._info)
+                self._info = info = self._service_info(current)
+                await trio.to_thread.run_sync(zeroconf.update_service, info)
 
-    async def _resolve(self, name: str) -> None:
+    async def _resolve(self, zeroconf: Zeroconf, name: str) -> None:
         # one lookup per instance name at a time; announcements during it bring one more
         try:
             again = True
@@ -202,7 +202,7 @@ class MdnsDiscovery:
                 self._resolving[name] = False
                 departures = self._departures.get(name, 0)
                 info = await trio.to_thread.run_sync(
-                    self._zeroconf.get_service_info, SERVICE, name, LOOKUP_MS, limiter=self._limiter
+                    zeroconf.get_service_info, SERVICE, name, LOOKUP_MS, limiter=self._limiter
                 )
                 if info is not None and self._departures.get(name, 0) == departures:
                     self._report(name, info)

@@ -447,9 +447,9 @@ def check_reply(request: Request, response: Response) -> None:
     expected = _REPLY_TO[type(request)]
     if not isinstance(response, expected):
         raise _fail(f"{type(request).__name__} answered with {type(response).__name__}")
-    if isinstance(request, Store) and len(response.codes) != len(request.records):
+    if isinstance(request, Store) and isinstance(response, Stored) and len(response.codes) != len(request.records):
         raise _fail("STORE reply has the wrong number of codes")
-    if isinstance(request, FindValue):
+    if isinstance(request, FindValue) and isinstance(response, Values):
         if len(response.results) != len(request.keys):
             raise _fail("FIND_VALUE reply has the wrong number of results")
         for key, result in zip(request.keys, response.results):

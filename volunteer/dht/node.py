@@ -48,6 +48,7 @@ from .scope import own_contact_addrs, scoped_response
 from .state import NodeState, source_of
 from .lookups import LookupMixin
 from .storing import Item, StoreMixin
+from .status import DHTStatus
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
     async def bootstrap(self, addrs: Sequence[Multiaddr | str] = ()) -> int:
         """Ping the given (or configured) bootstrap peers, then look ourselves up to fill the table.
         Returns how many bootstrap peers answered."""
-        addrs = [Multiaddr(a) for a in addrs] or self.bootstrap_addrs
+        dialled = [Multiaddr(a) for a in addrs] or self.bootstrap_addrs
         answered = 0
 
         async def one(addr: Multiaddr) -> None:
@@ -272,7 +273,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 log.info("bootstrap peer %s did not answer: %s", addr, describe(exc))
 
         async with trio.open_nursery() as nursery:
-            for addr in addrs:
+            for addr in dialled:
                 nursery.start_soon(one, addr)
         if answered or len(self.state.table):
             for attempt in range(_SELF_LOOKUPS):
@@ -293,7 +294,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             self.host.peerstore.add_addrs(peer, list(addrs))
         return await self.ping(Contact(peer, tuple(a.to_bytes() for a in addrs)))
 
-    async def _maintain(self) -> None:
+    async def _maintain(self, nursery: trio.Nursery) -> None:
         delay = _BOOTSTRAP_BACKOFF[0]
         next_bootstrap = 0.0
         while True:
@@ -310,10 +311,10 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                     delay = min(delay * 2, _BOOTSTRAP_BACKOFF[1])
                 next_bootstrap = trio.current_time() + delay * (0.5 + self._rng.random())
             for target in self.state.table.refresh_targets(now, _BUCKET_REFRESH_AGE, self._rng)[:2]:
-                self._nursery.start_soon(self._quiet_lookup, target)
+                nursery.start_soon(self._quiet_lookup, target)
             if self._own and now >= self._next_republish:
                 self._next_republish = now + _REPUBLISH_PERIOD
-                self._nursery.start_soon(self._republish, now)
+                nursery.start_soon(self._republish, now)
 
     async def _quiet_lookup(self, target: int) -> None:
         try:
@@ -331,16 +332,16 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             except DHTError as exc:
                 log.debug("re-publication failed: %s", describe(exc))
 
-    async def _follow_connections(self) -> None:
+    async def _follow_connections(self, nursery: trio.Nursery) -> None:
         events = self.host.events.subscribe()
         async for event in events:
             if isinstance(event, PeerIdentified) and self.protocol in (event.info.protocols or ()):
                 # peers that connect for other reasons (trainers, relays) and speak our DHT join the table
                 if event.peer not in self.state.table and not self.client_mode:
-                    self._nursery.start_soon(self._add_if_unknown, event.peer)
+                    nursery.start_soon(self._add_if_unknown, event.peer)
             elif isinstance(event, PeerDisconnected) and event.peer in self.state.table:
                 # a volunteer that left should stop being handed out now, not at the next sweep
-                self._nursery.start_soon(self._recheck_after_disconnect, event.peer)
+                nursery.start_soon(self._recheck_after_disconnect, event.peer)
 
     async def _follow_addrs(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # Our contact follows our addresses: when they change (a relay reservation, a router
@@ -391,8 +392,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 if self.follow_reachability:
                     # subscribed before anything else starts: no verdict can fall before it
                     await nursery.start(self._follow_reachability)
-                nursery.start_soon(self._maintain)
-                nursery.start_soon(self._follow_connections)
+                nursery.start_soon(self._maintain, nursery)
+                nursery.start_soon(self._follow_connections, nursery)
                 await nursery.start(self._follow_addrs)
                 if self.bootstrap_addrs and self.wait_bootstrap:
                     await self.bootstrap()
@@ -411,7 +412,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 if isinstance(change, ReachabilityChanged) and isinstance(change.reachability, Reachability):
                     self._apply_reachability(change.reachability)
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> DHTStatus:
         """Figures for the dashboard and ``volunteer status``."""
         return {
             "routing_table": len(self.state.table),

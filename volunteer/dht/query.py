@@ -296,7 +296,7 @@ class ValueLookup(Lookup):
         self.found_on: list[PeerID] = []  # peers that returned valid records, in answer order
         self.rejected = 0  # invalid records seen (forgeries, expired, foreign keys)
 
-    def on_success(  # type: ignore[override]
+    def on_success(
         self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
     ) -> None:
         """``peer`` answered with ``closer`` contacts and its records for the key."""

@@ -249,7 +249,7 @@ class Storage:
             self._drop(record.key, record.subkey)
             subkeys = self._data.get(record.key)
             old = None
-        if old is not None:
+        if old is not None and subkeys is not None:
             if not record.supersedes(old):
                 return False
             if self._bytes - old.size + record.size > self.config.max_total_bytes:

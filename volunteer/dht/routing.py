@@ -102,6 +102,13 @@ class Bucket:
                 return i
         return None
 
+    def position(self, peer: PeerID) -> int:
+        """Index of ``peer``, which the table's own index says is here (a miss is our bug)."""
+        at = self.find(peer)
+        if at is None:
+            raise LookupError(f"{peer} is indexed in a bucket that does not hold it")
+        return at
+
 
 class RoutingTable:
     """k-buckets around ``local``. Client-mode peers are never inserted."""
@@ -133,7 +140,7 @@ class RoutingTable:
         if index is None:
             return None
         bucket = self._buckets[index]
-        return bucket.entries[bucket.find(peer)]
+        return bucket.entries[bucket.position(peer)]
 
     def entries(self) -> Iterator[Entry]:
         """Every entry, bucket by bucket."""
@@ -242,7 +249,7 @@ class RoutingTable:
             self._forget_replacement(peer)
             return
         bucket = self._buckets[index]
-        entry = bucket.entries[bucket.find(peer)]
+        entry = bucket.entries[bucket.position(peer)]
         entry.failures += 1
         delay = self.config.failure_backoff * 2 ** min(entry.failures - 1, 32)
         entry.backoff_until = now + min(delay, self.config.max_failure_backoff)
@@ -287,8 +294,7 @@ class RoutingTable:
             self._forget_replacement(peer)
             return
         bucket = self._buckets[index]
-        at = bucket.find(peer)
-        del bucket.entries[at]
+        del bucket.entries[bucket.position(peer)]
         if bucket.pending is not None and bucket.pending.lru == peer:
             bucket.pending = None
 

@@ -1,14 +1,23 @@
-"""Experts: backends (module + optimizer + schema + checkpoints), the built-in and custom expert
-classes, the batching runtime, the tensor wire format and error replies.
+"""Experts, in two sides over a shared core.
 
-The network parts (``server``, ``client``, ``moe``, ``loop``, ``protocol``) build on these: the
-handler decodes a request with ``TensorReader``, awaits ``Runtime.forward/backward`` and answers
-with ``serialize`` or, on failure, ``to_failure``; the client reverses it and calls
-``raise_remote`` on an error reply.
+- **The shared core**, re-exported here: the expert classes (``layers``), the config, tensor
+  specs and the tensor wire format (``schema``, ``tensors``), the call protocol's framing
+  (``protocol``), error replies (``failures``), receipts, a host's ``Standing`` and the
+  ``distance`` between two states.
+- **The volunteer side** (import from its modules): backends (``backend``: module + optimizer +
+  schema + checkpoints), the batching ``runtime`` and its scheduler, the ``server`` handler.
+  ``volunteer.replicas`` builds on it.
+- **The trainer side** (import from its modules): ``client`` (``RemoteExpert``, ``call_expert``),
+  the mixture (``moe``), ``audit``, ``comparison``, ``guard``, ``trust`` and the ``loop`` that
+  runs them for synchronous code.
+
+Either side imports the core and never the other (an import-linter contract in pyproject.toml
+says so), so this package re-exports neither: importing ``volunteer.experts.backend`` loads no
+trainer code, and a trainer's ``volunteer.experts.moe`` loads no runtime.
 """
 
-from .backend import ExpertBackend, make_backend, resolve_device
 from .config import DEFAULT_CONFIG, ExpertsConfig
+from .distance import distance
 from .failures import from_failure, raise_remote, to_failure
 from .layers import (
     ExpertClass,
@@ -19,58 +28,32 @@ from .layers import (
     load_expert_file,
     register_expert,
 )
-from .runtime import ExpertStats, Runtime, open_runtime
-
-# the network half: protocol framing, the server's handler, the client side and the mixture
-from .client import RemoteExpert, call_expert
-from .loop import BackgroundLoop
-from .moe import RemoteMixtureOfExperts
 from .protocol import protocol_id
-from .server import ExpertServer
 from .schema import TensorSpec
+from .standing import Standing
 from .tensors import COMPRESSIONS, TensorReader, deserialize, encode, pick_compression, serialize
 
-# what a trainer checks in every reply, and how far it trusts each volunteer
-from .comparison import AuditConfig
-from .guard import GuardConfig, ReplyGuard
-from .trust import Standing, TrustLedger, TrustPolicy
-
 __all__ = [
-    "AuditConfig",
-    "BackgroundLoop",
-    "ExpertServer",
-    "RemoteExpert",
-    "RemoteMixtureOfExperts",
-    "ReplyGuard",
-    "Standing",
-    "TrustLedger",
-    "TrustPolicy",
-    "call_expert",
-    "protocol_id",
     "COMPRESSIONS",
     "DEFAULT_CONFIG",
-    "ExpertBackend",
     "ExpertClass",
-    "ExpertStats",
     "ExpertsConfig",
     "FeedForward",
-    "GuardConfig",
-    "Runtime",
+    "Standing",
     "TensorReader",
     "TensorSpec",
     "TransformerBlock",
     "deserialize",
+    "distance",
     "encode",
     "expert_classes",
     "from_failure",
     "get_expert_class",
     "load_expert_file",
-    "make_backend",
-    "open_runtime",
     "pick_compression",
+    "protocol_id",
     "raise_remote",
     "register_expert",
-    "resolve_device",
     "serialize",
     "to_failure",
 ]

@@ -293,10 +293,13 @@ class ExpertBackend:
         """The root-mean-square gradient norm Adam's second moments remember (bias-corrected),
         or None without them (a fresh optimizer, or another kind)."""
         total, seen = 0.0, False
-        for group in self.optimizer.param_groups if self.optimizer is not None else ():
+        optimizer = self.optimizer
+        if optimizer is None:
+            return None
+        for group in optimizer.param_groups:
             beta2 = group.get("betas", (0.9, 0.999))[1]
             for param in group["params"]:
-                state = self.optimizer.state.get(param, {})
+                state = optimizer.state.get(param, {})
                 if "exp_avg_sq" not in state or "step" not in state:
                     continue
                 step = float(state["step"])

@@ -14,8 +14,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+from typing import TYPE_CHECKING, TypedDict
 
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
+
+if TYPE_CHECKING:
+    from .receipts import Receipt
 
 AUTO = "auto"  # a trainer's compression setting: the encoding each call's link calls for
 RATE_SMOOTHING = 0.3  # weight of the newest call in a host's moving link figures
@@ -52,7 +56,7 @@ class CallReport:
     server_s: float | None = None  # the volunteer's time on the call, from its reply
     kept: int | None = None  # forward: the volunteer's key for the inputs it kept for the backward
     resent_inputs: bool = False  # backward: the volunteer had forgotten them, so they went again
-    receipt: object = None  # forward/backward: the reply's receipts.Receipt (checked against what arrived)
+    receipt: Receipt | None = None  # forward/backward: the reply's receipts.Receipt (checked against what arrived)
 
     @property
     def total(self) -> float | None:
@@ -73,6 +77,26 @@ class CallReport:
         return max(0.0, self.first_reply - self.sent - (self.server_s or 0.0))
 
 
+
+class HostCallStatus(TypedDict):
+    """``HostSummary.snapshot()``: one host of one expert as a trainer saw it (ms; payload
+    bytes in all and per call)."""
+
+    uid: str
+    peer: str
+    path: str
+    calls: int
+    failures: int
+    rtt_ms: float | None
+    bytes_out: int
+    bytes_in: int
+    bytes_out_per_call: int
+    bytes_in_per_call: int
+    network_ms_per_call: float
+    server_ms_per_call: float
+    last_call_ms: float | None
+
+
 @dataclasses.dataclass
 class HostSummary:
     """Running totals of one expert on one host."""
@@ -89,7 +113,7 @@ class HostSummary:
     rtt: float | None = None  # min over calls of CallReport.rtt_sample
     last_total: float | None = None
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> HostCallStatus:
         """Plain numbers for people and scripts (ms; payload bytes in all and per call)."""
         calls = max(1, self.calls)
         return {
@@ -154,9 +178,9 @@ class CallStats:
         rate, half_bytes = link
         return half_bytes / rate
 
-    def snapshot(self, prefix: str | None = None) -> dict[str, list[dict]]:
+    def snapshot(self, prefix: str | None = None) -> dict[str, list[HostCallStatus]]:
         """``{uid: [per-host summary, ...]}``, for uids under ``prefix`` (all when None)."""
-        out: dict[str, list[dict]] = {}
+        out: dict[str, list[HostCallStatus]] = {}
         for (uid, _), summary in sorted(self._hosts.items()):
             if prefix is None or uid == prefix or uid.startswith(prefix + "."):
                 out.setdefault(uid, []).append(summary.snapshot())
@@ -184,7 +208,10 @@ class CallStats:
         if old is None:
             self._links[peer] = sample
         else:
-            self._links[peer] = tuple((1 - RATE_SMOOTHING) * o + RATE_SMOOTHING * n for o, n in zip(old, sample))
+            self._links[peer] = (
+                (1 - RATE_SMOOTHING) * old[0] + RATE_SMOOTHING * sample[0],
+                (1 - RATE_SMOOTHING) * old[1] + RATE_SMOOTHING * sample[1],
+            )
 
 
 # Addresses that are this machine or its LAN: a call there never goes lossy, whatever a loaded

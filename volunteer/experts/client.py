@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import trio
@@ -40,7 +40,7 @@ from ..net.service import HostAPI
 
 from .callstats import AUTO, CallReport, CallStats, choose_compression, is_local_address
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
-from .directory import ExpertHost, TrainerSwarm
+from .directory import ExpertDirectory, ExpertHost, TrainerSwarm
 from .faults import FaultInjection
 from .failures import raise_remote
 from .guard import ReplyGuard
@@ -150,7 +150,7 @@ class _StaleStream(ExpertUnavailableError):
 async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id=None):
     reader = lease.stream
     op, uid = request.op, request.uid
-    chunks = iter(())
+    chunks: Iterable[memoryview] = ()
     if op in ("forward", "backward"):
         header, chunks = serialize(list(tensors), request.compression, config=config)
         request = replace(request, tensors=header)
@@ -213,7 +213,7 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
             lease.discard()
             raise ExpertProtocolError(f"{peer_name} sent a bad receipt for {uid!r}: {exc}") from None
     outputs = TensorReader(reply.tensors, config=config)
-    hashed = PayloadDigest(reply.tensors) if receipt is not None else None
+    hashed = PayloadDigest(reply.tensors) if receipt is not None and reply.tensors is not None else None
     while not outputs.done:
         chunk = await reader.receive_some(min(outputs.remaining, RECEIVE_CHUNK))
         if not chunk:
@@ -275,7 +275,7 @@ class DHTDirectory:
         )
 
 
-async def fetch_snapshot(directory: DHTDirectory, peer: PeerID | Multiaddr, uid: str, digest: bytes,
+async def fetch_snapshot(directory: ExpertDirectory, peer: PeerID | Multiaddr, uid: str, digest: bytes,
                          timeout: float = DEFAULT_FORWARD_TIMEOUT) -> tuple[list[str], list[torch.Tensor]]:
     """The snapshot of ``uid`` with state ``digest`` (a receipt named it) from the host that
     signed it: (tensor names, tensors). ExpertError when it is not served (``forgotten``: gone)."""
@@ -398,7 +398,8 @@ class _Call:
                 self.vouches.accept(host.to_bytes(), rows)
         if self.stats is None:
             return result
-        conn = self.swarm.host.connection_to(_peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer)
+        peer_id = _peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer
+        conn = self.swarm.host.connection_to(peer_id) if peer_id is not None else None
         if conn is None:
             self.stats.record(self.uid, self.peer_key, report)
         else:

@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from ..errors import ExpertConfigError
+from .distance import same_shapes
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
 
 # relative L2 error the wire's compression alone may add to a reply (8-bit blockwise: 1/255 of a
@@ -69,28 +70,6 @@ def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.detach().float().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
-def _same_shapes(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> bool:
-    return len(first) == len(second) and all(a.shape == b.shape for a, b in zip(first, second))
-
-
-def distance(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> float:
-    """``|a - b| / max(|a|, |b|)`` over all tensors (0 for two all-zero sets, ``inf`` when their
-    shapes differ or a value is not finite). Between 0 and 2. Used for parameters (catch-up
-    corroboration); replies are compared with ``compare``."""
-    if not _same_shapes(first, second):
-        return math.inf
-    gap = norm_a = norm_b = 0.0
-    for a, b in zip(first, second):  # tensor by tensor: a whole state is not copied into one
-        a, b = a.detach().float(), b.detach().float()
-        gap += float(torch.linalg.vector_norm(a - b)) ** 2
-        norm_a += float(torch.linalg.vector_norm(a)) ** 2
-        norm_b += float(torch.linalg.vector_norm(b)) ** 2
-    if not all(math.isfinite(v) for v in (gap, norm_a, norm_b)):
-        return math.inf
-    scale = math.sqrt(max(norm_a, norm_b))
-    return 0.0 if scale == 0.0 else math.sqrt(gap) / scale
-
-
 @dataclass(frozen=True)
 class Difference:
     """How two replies differ (see the module docstring): ``direction`` is ``|a/|a| - b/|b||``
@@ -115,7 +94,7 @@ INCOMPARABLE = Difference(math.inf, math.inf)
 def compare(first: Sequence[torch.Tensor], second: Sequence[torch.Tensor]) -> Difference:
     """The ``Difference`` of two replies, all their tensors taken as one vector (replies are a
     call's activations or gradients: copying them is cheap)."""
-    if not _same_shapes(first, second):
+    if not same_shapes(first, second):
         return INCOMPARABLE
     a, b = _flat(first), _flat(second)
     norm_a, norm_b = float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(b))
@@ -225,5 +204,5 @@ def lossier(first: str | None, second: str | None) -> str | None:
 
 __all__ = [
     "COMPRESSION_ERROR", "DEFAULT_AUDITS", "AuditConfig", "Difference", "Gap", "Outcome", "Tolerance", "aligned",
-    "compare", "distance", "judge", "loose_tolerance", "lossier", "tolerance",
+    "compare", "judge", "loose_tolerance", "lossier", "tolerance",
 ]

@@ -71,8 +71,10 @@ class ExpertDirectory(Protocol):
         backward_follows: bool = False,
         kept: int | None = None,
         report: "CallReport | None" = None,
+        digest: bytes | None = None,
     ) -> Any:
-        """One ``info`` / ``forward`` / ``backward`` call: the info dict, or the output tensors.
+        """One ``info`` / ``forward`` / ``backward`` call: the info dict, or the output tensors;
+        or a ``snapshot`` of the state ``digest`` a receipt named (a kind without receipts refuses).
         ``kept`` (backward): the key under which the forward's reply said the host kept its inputs
         (a kind that keeps none sends them anyway); ``report``: filled in with what the call cost."""
         ...

@@ -20,7 +20,7 @@ trainers' standing (``trainers.TrainerBook``) and the experts' state:
 from __future__ import annotations
 
 import logging
-from typing import Hashable, Mapping, Sequence
+from typing import Hashable, Mapping, Sequence, TypedDict
 
 from ..errors import GradientRefusedError, TrainerRefusedError
 from ..net.identity import PeerID
@@ -28,7 +28,7 @@ from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .gradbound import Verdict
 from .requests import Request
-from .trainers import TRAINER_CLIPPED, TRAINER_REFUSED, TRAINER_SHARE, TrainerBook
+from .trainers import TRAINER_CLIPPED, TRAINER_REFUSED, TRAINER_SHARE, TrainerBook, TrainerCounts
 
 log = logging.getLogger(__name__)
 NEWCOMER_BACKWARDS = 16  # backwards applied here before a trainer's gradient past the bound is clipped, not refused
@@ -36,6 +36,14 @@ NEWCOMER_BACKWARDS = 16  # backwards applied here before a trainer's gradient pa
 
 def _name(trainer: Hashable) -> str:
     return trainer.short() if isinstance(trainer, PeerID) else str(trainer)
+
+
+
+class TrainersStatus(TypedDict):
+    """``TrainerJudge.snapshot()``: per-trainer counts and experts rolled back, in all."""
+
+    trainers: dict[str, TrainerCounts]
+    rollbacks: int
 
 
 class TrainerJudge:
@@ -137,7 +145,7 @@ class TrainerJudge:
         """``uid`` is no longer served."""
         self.book.forget_expert(uid)
 
-    def snapshot(self, now: float) -> dict:
+    def snapshot(self, now: float) -> TrainersStatus:
         """Per-trainer counts (``volunteer status``) and rollbacks in all."""
         return {"trainers": self.book.snapshot(now), "rollbacks": self.rollbacks}
 

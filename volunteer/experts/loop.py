@@ -74,7 +74,7 @@ class BackgroundLoop:
 
     def stop(self) -> None:
         """End the loop (idempotent); tasks still running in it are cancelled."""
-        if self.running:
+        if self.running and self._stop is not None:
             try:
                 trio.from_thread.run_sync(self._stop.set, trio_token=self.token)
             except trio.RunFinishedError:

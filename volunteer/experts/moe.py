@@ -136,11 +136,11 @@ class _Plan:
     async def backward_all(self, inputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         out: list[torch.Tensor | None] = [None] * len(self.calls)
 
-        async def one(i: int) -> None:
+        async def one(i: int, grad: torch.Tensor) -> None:
             report = CallReport()
             rejected = False
             try:
-                out[i] = (await self.calls[i].backward([inputs[i]], [grads[i]], self.reports[i].kept, report))[0]
+                out[i] = (await self.calls[i].backward([inputs[i]], [grad], self.reports[i].kept, report))[0]
             except ExpertError as exc:
                 # a lie seen in this reply, or in another of its host's since its forward
                 rejected = isinstance(exc, (ExpertReplyRejected, ExpertExcludedError))
@@ -154,15 +154,15 @@ class _Plan:
                 if isinstance(exc, ExpertReplyRejected):
                     self.moe._rejected(self.calls[i], None, exc)
             finally:
-                self.moe._auditor.backward_sent(self.audits.pop(i, None), grads[i], out[i], report.compression,
+                self.moe._auditor.backward_sent(self.audits.pop(i, None), grad, out[i], report.compression,
                                                 report.receipt)
             if rejected:  # a lie in the gradient costs the step nothing while another replica serves
-                out[i] = await self.moe._backward_elsewhere(self.calls[i], inputs[i], grads[i])
+                out[i] = await self.moe._backward_elsewhere(self.calls[i], inputs[i], grad)
 
         async with trio.open_nursery() as nursery:
             for i, grad in enumerate(grads):
                 if grad is not None:
-                    nursery.start_soon(one, i)
+                    nursery.start_soon(one, i, grad)
         for case in self.audits.values():  # audited calls that got no gradient: no backward
             self.moe._auditor.backward_sent(case, None, None)
         self.audits.clear()
@@ -534,6 +534,8 @@ class RemoteMixtureOfExperts(nn.Module):
                 0, idx, out * w.view(-1, *([1] * (out.dim() - 1)))
             )
             result = contribution if result is None else result + contribution
+        if result is None:  # answered.any() above: some part answered
+            raise ExpertUnavailableError("no expert answered")
         return result
 
     def _round(self, flat, choices, assign, need, answered, failed_experts, errors) -> list:

@@ -282,7 +282,7 @@ class Reply:
         if op == "snapshot":
             snapshot = message.get("sn")
             names = snapshot.get("n") if isinstance(snapshot, dict) else None
-            if (not isinstance(names, list) or len(names) > MAX_SNAPSHOT_NAMES
+            if (not isinstance(snapshot, dict) or not isinstance(names, list) or len(names) > MAX_SNAPSHOT_NAMES
                     or not all(isinstance(n, str) and len(n) <= MAX_UID for n in names)
                     or type(snapshot.get("v")) is not int):
                 raise ExpertProtocolError("malformed snapshot reply")

@@ -45,7 +45,7 @@ def tensor_digest(tensors: Sequence[torch.Tensor]) -> bytes:
         digest.update(f"{str(tensor.dtype)}{tuple(tensor.shape)};".encode())
         if tensor.numel():
             flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-            digest.update(memoryview(flat.numpy()))
+            digest.update(flat.numpy().data)
     return digest.digest()
 
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from .comparison import distance
+from .distance import distance
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .receipts import BACKWARD, Receipt, tensor_digest
 from .snapshots import module_of, state_digest

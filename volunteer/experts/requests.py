@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..errors import LocalProtocolError
 from .schema import signature
 
 
@@ -70,6 +71,18 @@ class Request:
 
     def __repr__(self) -> str:
         return f"<Request {self.kind.value} {self.uid!r} batch={self.batch}>"
+
+    def gradients(self) -> list[torch.Tensor]:
+        """A backward's output gradients (every backward carries them)."""
+        if self.grads is None:
+            raise LocalProtocolError(f"{self!r} carries no gradients")
+        return self.grads
+
+    def job(self) -> Callable[[], Any]:
+        """A job's function (every job carries one)."""
+        if self.work is None:
+            raise LocalProtocolError(f"{self!r} carries no work")
+        return self.work
 
 
 def wake(requests: Sequence[Request]) -> None:

@@ -54,7 +54,7 @@ from ..errors import (
 from .activations import ActivationCache
 from .backend import ExpertBackend
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .judge import TrainerJudge
+from .judge import TrainerJudge, TrainersStatus
 from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request, concat, hand_out, wake
 from .scheduler import QUEUED, Busy, Inline, Job, Scheduler
 from .snapshots import SnapshotStore
@@ -139,7 +139,7 @@ class Runtime:
         if refusal is not None:
             raise refusal
 
-    def trainer_report(self) -> dict:
+    def trainer_report(self) -> TrainersStatus:
         """Per-trainer counts (applied, clipped, refused, seconds of refusal left) and rollbacks."""
         with self._cond:
             return self.judge.snapshot(time.perf_counter())
@@ -360,7 +360,7 @@ class Runtime:
         (request,) = job.requests
         started = time.perf_counter()
         try:
-            request.result = request.work()
+            request.result = request.job()()
         except Exception as exc:
             request.result, request.error = None, exc
         return time.perf_counter() - started, False
@@ -442,7 +442,7 @@ class Runtime:
             trainers = {r.trainer for r in batch}
             sender = batch[0].trainer if len(trainers) == 1 else None
             outputs = backend.backward(
-                inputs, concat([r.grads for r in batch]), validate=False, defer_step=True, sender=sender,
+                inputs, concat([r.gradients() for r in batch]), validate=False, defer_step=True, sender=sender,
                 refuse_clipped=len(trainers) > 1 or self._newcomer(sender), parts=len(batch),
             )
             for request in batch:
@@ -463,11 +463,11 @@ class Runtime:
             return True
         state = backend.state_fingerprint()
         with self._cond:
-            graph = self.activations.take(request.uid, request.inputs, state, now=time.perf_counter())
-        if graph is None:
+            kept = self.activations.take(request.uid, request.inputs, state, now=time.perf_counter())
+        if kept is None:
             return False
         request.result = backend.backward_from_graph(
-            graph, request.grads, defer_step=True, sender=request.trainer, refuse_clipped=self._newcomer(request.trainer)
+            kept, request.gradients(), defer_step=True, sender=request.trainer, refuse_clipped=self._newcomer(request.trainer)
         )
         request.check = backend.last_check
         return True
@@ -481,6 +481,8 @@ class Runtime:
     def _deliver(self, requests: list[Request]) -> None:
         if not requests:
             return
+        if self._token is None:
+            raise LocalProtocolError("the runtime delivered results before it started")
         try:
             self._token.run_sync_soon(wake, requests)
         except trio.RunFinishedError:
@@ -502,7 +504,7 @@ class Runtime:
         return await trio.to_thread.run_sync(self._save_all)
 
     def _save_all(self) -> list[BaseException]:
-        failures = []
+        failures: list[BaseException] = []
         for backend in self.backends.values():
             if backend.checkpoint_path is not None and backend.dirty:
                 try:

@@ -225,6 +225,7 @@ class Scheduler:
         if request.kind in JOB_KINDS:
             self._jobs.append(request)
         else:
+            queue = self._queues[(request.uid, request.kind)]  # checked above
             queue.requests.append(request)
             queue.samples += request.batch
             self.queued_bytes += request.nbytes

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from typing import TypedDict, final
+from collections.abc import Callable, Iterable, Mapping
 
 import trio
 
@@ -35,7 +36,7 @@ from ..net.identity import PeerID
 from ..net.streams import BufferedStream
 from ..net.pool import SERVE_IDLE
 from ..net.service import BaseService, Handler, HostAPI
-from ..net.upload import REPLIES, UploadMeter
+from ..net.upload import REPLIES, UploadMeter, UploadStatus
 from .activations import KeptInputs
 from .admission import BACKWARD_WITHOUT_FORWARD, ForwardRecord, RequestBudget
 from .config import DEFAULT_CONFIG, ExpertsConfig
@@ -43,7 +44,9 @@ from .failures import to_failure
 from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
 from .receipts import BACKWARD, FORWARD, Receipt, payload_digest, tensor_digest
+from .trainers import TrainerCounts
 from .runtime import Runtime
+from .snapshots import SnapshotsReport
 from .trainers import NOT_ADMITTED, OPEN, TRAINER_REFUSED, TrainerAdmission, TrainerPolicy
 from .tensors import TensorReader, serialize, writes
 
@@ -72,6 +75,24 @@ ServedHook = Callable[[PeerID, str], None]
 # itself (refusals and protocol errors are not the expert's failures); the CLI sets aside an
 # expert that keeps failing
 OutcomeHook = Callable[[str, "str | None"], None]
+
+
+
+@final  # no other keys: a view tells it from hivemind's by its keys (``"upload" in status``)
+class ServerStatus(TypedDict):
+    """``ExpertServer.snapshot()``: what ``volunteer status`` and the dashboard show of serving."""
+
+    active_requests: int
+    bytes_in: int
+    bytes_out: int
+    errors: int
+    refusals: dict[str, int]  # refused calls by reason (admission.py)
+    trainer_policy: str
+    trainers: dict[str, TrainerCounts]
+    rollbacks: int
+    snapshots: SnapshotsReport  # the states replies were answered from, kept for exact audits
+    upload_limit_bps: float | None
+    upload: UploadStatus  # the volunteer's whole upload, replicas' included
 
 
 class ExpertServer(BaseService):
@@ -135,8 +156,9 @@ class ExpertServer(BaseService):
         """Return once no call is being served (at once when none is)."""
         await self.in_flight.wait_idle()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> ServerStatus:
         """Calls being served, bytes, errors and refusals by reason (``volunteer status``)."""
+        trainers = self.runtime.trainer_report()
         return {
             "active_requests": self.active_requests,
             "bytes_in": self.bytes_in,
@@ -144,7 +166,8 @@ class ExpertServer(BaseService):
             "errors": self.errors,
             "refusals": dict(self.refusals),
             "trainer_policy": self.admission.policy.describe(),
-            **self.runtime.trainer_report(),  # per trainer: applied, clipped, refused; rollbacks
+            "trainers": trainers["trainers"],  # per trainer: applied, clipped, refused
+            "rollbacks": trainers["rollbacks"],
             # the states replies were answered from, kept for exact audits, and the budget stated for them
             "snapshots": self.runtime.snapshots.report(),
             "upload_limit_bps": self.upload_limit,
@@ -216,7 +239,8 @@ class ExpertServer(BaseService):
                         uid, inputs[:n_inputs], inputs[n_inputs:], settle_later=True, trainer=peer, stamps=stamps,
                     )
                 server_s = trio.current_time() - started
-                reply, chunks = serialize(outputs, request.compression, config=self.config)
+                reply, produced = serialize(outputs, request.compression, config=self.config)
+                chunks: Iterable[memoryview] = produced
                 receipt = None
                 if stamps and stamps[0] is not None:  # a receipt digests the reply's bytes before they go
                     chunks = list(chunks)

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypedDict
 
 import torch
 
@@ -108,6 +108,20 @@ class Snapshot:
         return state_digest(list(zip(self.names, self.tensors))) == self.digest
 
 
+
+class SnapshotsReport(TypedDict):
+    """``SnapshotStore.report()``: kept snapshots and bytes, the budget, and counts."""
+
+    snapshots: int
+    bytes: int
+    budget_bytes: int
+    keep_s: float
+    taken: int
+    served: int
+    missed: int
+    reused: int
+
+
 class SnapshotStore:
     """The snapshots of one runtime's experts (see the module docstring). ``note`` runs on the
     runtime's worker thread, the rest on the event loop: a lock guards the tables."""
@@ -171,7 +185,7 @@ class SnapshotStore:
                 self.bytes -= self._kept.pop(digest).nbytes
             self._latest.pop(uid, None)
 
-    def report(self) -> dict:
+    def report(self) -> SnapshotsReport:
         """Kept snapshots and bytes, the budget, and counts (``volunteer status``)."""
         with self._lock:
             return {"snapshots": len(self._kept), "bytes": self.bytes, "budget_bytes": self.policy.max_bytes,
@@ -228,6 +242,8 @@ def module_of(expert_class: str, hidden_dim: int | None, names: Sequence[str], t
     key = (expert_class, hidden_dim)
     module = cache.get(key) if cache is not None else None
     if module is None:
+        if hidden_dim is None:
+            raise ExpertConfigError(f"a {expert_class} snapshot names no hidden_dim to build it with")
         module = get_expert_class(expert_class).build(hidden_dim)
         for parameter in module.parameters():  # a recompute needs input gradients, never the parameters'
             parameter.requires_grad_(False)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch  # Tensor.numpy() (zero-copy byte views) also needs numpy installed
 
@@ -130,7 +130,7 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.reshape(-1)
     if _BIG_ENDIAN and flat.element_size() > 1:
         flat = flat.view(torch.uint8).view(-1, flat.element_size()).flip(1).contiguous()
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")
 
 
 def _encode(tensor: torch.Tensor, compression: str) -> tuple[dict, list[memoryview]]:

@@ -19,7 +19,7 @@ import base64
 import math
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, TypedDict
 
 import msgpack
 
@@ -223,6 +223,17 @@ class TrainerAdmission:
         return self.refusal(peer, credential, wall=wall)
 
 
+class TrainerCounts(TypedDict):
+    """One trainer's counts in ``volunteer status`` (``TrainerRecord.as_dict``)."""
+
+    applied: int
+    clipped: int
+    refused: int
+    causes: int
+    refused_for: float  # seconds of refusal left
+    refusals: dict[str, int]  # refused backwards by reason
+
+
 @dataclass
 class TrainerRecord:
     """What one trainer did to this volunteer's experts."""
@@ -235,7 +246,7 @@ class TrainerRecord:
     strikes: dict[str, deque] = field(default_factory=dict)  # uid → times of recent strikes
     reasons: Counter = field(default_factory=Counter)
 
-    def as_dict(self, now: float) -> dict:
+    def as_dict(self, now: float) -> TrainerCounts:
         return {
             "applied": self.applied, "clipped": self.clipped, "refused": self.refused, "causes": self.causes,
             "refused_for": max(0.0, self.refused_until - now), "refusals": dict(self.reasons),
@@ -370,7 +381,7 @@ class TrainerBook:
         for record in self._trainers.values():
             record.strikes.pop(uid, None)
 
-    def snapshot(self, now: float, names: Iterable[Hashable] | None = None) -> dict[str, dict]:
+    def snapshot(self, now: float, names: Iterable[Hashable] | None = None) -> dict[str, TrainerCounts]:
         """Per trainer (``str`` of its key): applied, clipped, refused, causes, seconds of refusal left."""
         keys = self._trainers if names is None else [n for n in names if n in self._trainers]
         return {str(key): self._trainers[key].as_dict(now) for key in keys}
@@ -378,6 +389,7 @@ class TrainerBook:
 
 __all__ = [
     "FORWARDS",
+    "TrainerCounts",
     "NOT_ADMITTED",
     "OPEN",
     "TRAINER_CLIPPED",

@@ -34,21 +34,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
-from enum import Enum
 
 from ..errors import ExpertConfigError
-
-
-class Standing(str, Enum):
-    """Where a host stands with a trainer, for one expert (``TrustLedger.standing``) or in all
-    (``TrustLedger.peer_standing``)."""
-
-    UNPROVEN = "unproven"
-    PROVEN = "proven"
-    SUSPECT = "suspect"
-    OUTVOTED = "outvoted"
-    STALE = "stale"
-    EXCLUDED = "excluded"
+from .standing import Standing
 
 
 @dataclass(frozen=True)

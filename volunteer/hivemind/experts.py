@@ -23,6 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TypedDict, final
 
 import numpy as np
 import torch
@@ -52,6 +53,20 @@ def _to_torch(arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
 
 def _to_numpy(outputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
     return [tensor.detach().cpu().numpy() for tensor in outputs]
+
+
+
+@final  # no other keys: a view tells it from ours by its keys
+class HivemindServingStatus(TypedDict):
+    """``HivemindExperts.snapshot()``: calls served and being served, errors, refusals by
+    reason, what was declared last (DHT time, None: never)."""
+
+    active_requests: int
+    calls: int
+    errors: int
+    refusals: dict[str, int]
+    declared: int
+    last_declared: float | None
 
 
 class HivemindExperts(BaseService):
@@ -126,7 +141,7 @@ class HivemindExperts(BaseService):
         """Return once no call is being served (at once when none is)."""
         await self.in_flight.wait_idle()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> HivemindServingStatus:
         """Calls served and being served, errors, refusals by reason, what was declared last."""
         return {
             "active_requests": self.in_flight.count,

@@ -91,7 +91,6 @@ class KadPeerRouting(BaseService):
 
     def __init__(self, limits: KadLimits = DEFAULT_KAD_LIMITS) -> None:
         self.limits = limits
-        self.host: HostAPI | None = None
         self._door: Door | None = None  # the Host's resource manager is known once we run
         self.answered = 0
 
@@ -107,7 +106,6 @@ class KadPeerRouting(BaseService):
 
     def known_peers(self) -> list[wire.KnownPeer]:
         """The peers we can name in answers: those with addresses in the peerstore."""
-        assert self.host is not None
         known = []
         for peer in self.host.peerstore.peers()[-MAX_CANDIDATES:]:
             if peer == self.host.peer_id:
@@ -149,7 +147,6 @@ class KadPeerRouting(BaseService):
 
     async def request(self, peer: PeerID, message: Message) -> Message:
         """Send ``message`` to ``peer`` on a fresh kad stream; its answer."""
-        assert self.host is not None
         with trio.fail_after(self.limits.rpc_timeout):
             stream = await self.host.new_stream(peer, [wire.PROTOCOL])
             try:
@@ -176,7 +173,6 @@ class KadPeerRouting(BaseService):
         """``target``'s addresses: from the peerstore if known, else by asking the peers nearest
         it, starting from those we are connected to. Raises HivemindError when no one knows."""
         host = self.host
-        assert host is not None
         known = host.peerstore.addrs(target)
         if known:
             return known
@@ -216,7 +212,6 @@ class KadPeerRouting(BaseService):
 
     async def connect(self, target: PeerID) -> None:
         """A connection to ``target`` by peer id alone (its addresses found through kad)."""
-        assert self.host is not None
         if not self.host.is_connected(target):
             await self.find_peer(target)
             await self.host.connect(target)

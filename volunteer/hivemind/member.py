@@ -21,6 +21,7 @@ import trio
 
 from ..errors import JoinError
 from ..net.multiaddr import Multiaddr
+from ..dht.status import DHTPanel
 from ..net.service import BaseService, HostAPI
 from .dht import HivemindDHT
 
@@ -54,7 +55,7 @@ class HivemindMember(BaseService):
                 )
         task_status.started()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> DHTPanel:
         """The DHT figures of ``volunteer status`` (our DHT's keys; what hivemind's DHT does not
         count is None, shown "–")."""
         experts = self.experts

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import trio
 
-from ..errors import VolunteerError
+from ..errors import ExpertUnavailableError, VolunteerError
 from ..experts.callstats import CallReport
 from ..experts.config import DEFAULT_FORWARD_TIMEOUT
 from ..experts.directory import ExpertHost
@@ -105,9 +105,12 @@ class HivemindDirectory:
         backward_follows: bool = False,
         kept: int | None = None,
         report: CallReport | None = None,
+        digest: bytes | None = None,
     ) -> Any:
         """``info`` gives hivemind's info dict, ``forward`` / ``backward`` the output /
-        input-gradient tensors."""
+        input-gradient tensors. Hivemind signs no receipts, so it serves no snapshots."""
+        if digest is not None or op == "snapshot":  # an audit then counts the snapshot missing
+            raise ExpertUnavailableError(f"hivemind experts serve no snapshots ({uid!r})")
         report = report if report is not None else CallReport()
         report.op, report.started = op, trio.current_time()
         result = await self._call(peer, uid, op, tensors, n_inputs, timeout, faults)

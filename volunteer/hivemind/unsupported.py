@@ -57,23 +57,23 @@ class HivemindRefusals(BaseService):
     def __init__(self, namespaces: Iterable[str] = ()) -> None:
         self.namespaces = list(namespaces)
         self.refused: Counter[str] = Counter()  # protocol → calls refused
-        self.host: HostAPI | None = None
+        self._host: HostAPI | None = None  # set once running: a namespace learnt before is ignored
 
     def handlers(self) -> Mapping[str, Handler]:
         names = averaging_protocols() + [p for ns in self.namespaces for p in averaging_protocols(ns)]
         return {name: self._refuse for name in names}
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.host = host
+        self._host = host
         task_status.started()
 
     def refuse_namespace(self, namespace: str) -> None:
         """Also refuse averaging under ``namespace`` (an averager prefix learnt later)."""
-        if self.host is None or namespace in self.namespaces:
+        if self._host is None or namespace in self.namespaces:
             return
         self.namespaces.append(namespace)
         for name in averaging_protocols(namespace):
-            self.host.set_handler(name, self._refuse)
+            self._host.set_handler(name, self._refuse)
 
     async def _refuse(self, stream: NetStream) -> None:
         protocol = stream.protocol or "?"

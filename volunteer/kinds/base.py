@@ -31,11 +31,15 @@ if TYPE_CHECKING:  # the experts, replicas and hivemind load only when a node ne
     from ..dht import DHTConfig
     from ..dht.declare import ExpertDeclarer
     from ..dht.node import DHTNode
+    from ..dht.status import DHTPanel
     from ..experts import ExpertsConfig
     from ..experts.backend import ExpertBackend
     from ..experts.directory import ExpertDirectory
     from ..experts.runtime import Runtime
+    from ..experts.server import ServerStatus
     from ..hivemind.dht import HivemindDHT
+    from ..hivemind.experts import HivemindServingStatus
+    from ..replicas.coverage import Coverage
     from ..replicas.manager import ReplicaManager
     from .hosting import Hosting
 
@@ -52,7 +56,7 @@ class ExpertServing(Protocol):
 
     async def wait_idle(self) -> None: ...
 
-    def snapshot(self) -> dict: ...
+    def snapshot(self) -> ServerStatus | HivemindServingStatus: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ class NodeParts:
     ``dht_status()`` is the DHT panel of ``volunteer status``."""
 
     services: list[Service]
-    dht_status: Callable[[], dict]
+    dht_status: Callable[[], DHTPanel]
     server: ExpertServing | None = None
     declarer: "ExpertDeclarer | None" = None
     replicas: "ReplicaManager | None" = None
@@ -105,7 +109,7 @@ class ExpertListing:
     rows: list[dict]
     title: str
     columns: tuple[str, ...]
-    coverage: dict | None = None
+    coverage: Coverage | None = None
     incomplete: str | None = None
 
 

@@ -34,6 +34,7 @@ from ..dht.grid import list_experts as list_grid
 from ..dht.lan import LanDiscovery
 from ..dht.node import DHTNode, open_dht
 from ..dht.profile import Profile
+from ..dht.status import DHTPanel
 from ..errors import ExpertConfigError, JoinError, VolunteerError
 from ..net.stack import open_stack
 from ..net.identity import KeyPair
@@ -49,6 +50,7 @@ from .options import VolunteerOptions
 if TYPE_CHECKING:
     from ..experts.backend import ExpertBackend
     from ..experts.runtime import Runtime
+    from ..replicas.coverage import Coverage
     from ..replicas.messages import StateHeader
 
 LOOKUP_TIMEOUT = 30.0  # ``volunteer experts``: the grid walk gives up after this long
@@ -107,12 +109,14 @@ class VolunteerKind:
             stats = runtime.stats().values()
             addrs = host.shareable_addrs()
             # how much of our peer traffic went direct (the NAT manager's counts): the page pools them
-            direct = nat.direct_view() if nat is not None else {}
+            direct = nat.direct_view() if nat is not None else None
             return Profile(name=options.public_name, calls=sum(s.requests for s in stats),
                            samples=sum(s.samples for s in stats), bytes_sent=server.bytes_out, experts=len(runtime.uids),
                            relayed=bool(addrs) and all(a.is_relayed() for a in addrs),
-                           peer_sessions=direct.get("peer_sessions", 0), peer_sessions_direct=direct.get("peer_sessions_direct", 0),
-                           bytes_direct=direct.get("bytes_direct", 0), bytes_relayed=direct.get("bytes_relayed", 0))
+                           peer_sessions=direct["peer_sessions"] if direct else 0,
+                           peer_sessions_direct=direct["peer_sessions_direct"] if direct else 0,
+                           bytes_direct=direct["bytes_direct"] if direct else 0,
+                           bytes_relayed=direct["bytes_relayed"] if direct else 0)
 
         versions = versions_of(runtime.backends)
         if not spec.grids or options.backends is not None:
@@ -214,18 +218,19 @@ class VolunteerKind:
         return []  # the netcheck says all there is: reach, AutoNAT, NAT type, relays, perf
 
 
-def dht_status(dht: DHTNode, declarer: ExpertDeclarer | None) -> dict:
+def dht_status(dht: DHTNode, declarer: ExpertDeclarer | None) -> DHTPanel:
     """The DHT panel of ``volunteer status``: the node's figures, and how fresh and how many our
     declarations are (none declared while paused)."""
-    view = dht.snapshot()
-    declared = declarer.snapshot() if declarer is not None else {"experts_declared": 0, "last_declared": None}
-    last = declared["last_declared"]
-    view["last_declared_age_s"] = round(dht.clock() - last, 1) if last else None
-    view["experts_declared"] = declared["experts_declared"]
-    return view
+    declared = declarer.snapshot() if declarer is not None else None
+    last = declared["last_declared"] if declared is not None else None
+    return {
+        **dht.snapshot(),
+        "last_declared_age_s": round(dht.clock() - last, 1) if last else None,
+        "experts_declared": declared["experts_declared"] if declared is not None else 0,
+    }
 
 
-def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> dict:
+def coverage_of(grids: Sequence[GridSpec], rows: list[dict]) -> Coverage:
     """The swarm's coverage of its declared grids, from the flat rows (one per expert and host)."""
     from ..replicas.coverage import coverage
 

@@ -46,19 +46,14 @@ from .events import (
     PeerDisconnected,
     RelayedConnectionUp,
 )
-from .identify import Identify, IdentifyInfo
 from .identity import KeyPair, PeerID
 from .dialing import dial_staggered
 from .multiaddr import Multiaddr
 from .peerstore import Peerstore
-from .perf import PerfServer
-from .ping import PING, Pinger
 from .resources import ResourceLimits, ResourceManager, StreamScope, address_key
 from .service import Handler, InboundClass, Service
 from .streams import close_quietly, reset_quietly
 from .transport.base import Direction, Path, RawConnection, Transport
-from .transport.memory import MemoryTransport
-from .transport.tcp import TcpTransport
 from .yamux import YamuxConnection, YamuxStream
 
 log = logging.getLogger(__name__)
@@ -425,35 +420,6 @@ class Host:
         budget = inner.budget
         return not isinstance(budget, StreamScope) or budget.set_protocol(protocol, now=trio.current_time())
 
-    # --- identify, ping, perf (services; these delegate) -------------------------------------
-    def _identify_service(self) -> Identify:
-        service = self.service(Identify)
-        if service is None:
-            raise RuntimeError("this host runs no Identify service")
-        return service
-
-    def identify_info(self, conn: Connection | None = None) -> IdentifyInfo:
-        """What we tell a peer about ourselves (its observed address taken from ``conn``)."""
-        return self._identify_service().info_for(conn)
-
-    async def identify(self, target: PeerID | Multiaddr | str) -> IdentifyInfo:
-        """Ask a peer who it is (and where it sees us); updates the peerstore."""
-        conn = await self.connect(target)
-        return await self._identify_service().identify(conn)
-
-    async def push_identify(self) -> None:
-        """Tell every connected peer our current addresses and protocols (identify push)."""
-        await self._identify_service().push()
-
-    @property
-    def perf(self) -> PerfServer | None:
-        """The perf server (None when the Host runs none)."""
-        return self.service(PerfServer)
-
-    async def open_pinger(self, target: PeerID | Multiaddr | str) -> Pinger:
-        """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
-        return Pinger(await self.new_stream(target, [PING]))
-
     # --- services and tasks ----------------------------------------------------------------------
     def _running_nursery(self) -> trio.Nursery:
         """The nursery ``open_host`` gave us; RuntimeError when the Host was built without one."""
@@ -508,25 +474,21 @@ class Host:
             self._nursery.cancel_scope.cancel()
 
 
-def default_transports() -> list[Transport]:
-    """What a Host dials and listens with unless told otherwise: TCP, and memory for tests."""
-    return [TcpTransport(), MemoryTransport()]
-
-
 @asynccontextmanager
 async def open_host(
     keypair: KeyPair | None = None,
     listen: Sequence[Multiaddr | str] = (),
     *,
-    transports: Sequence[Transport] | None = None,
+    transports: Sequence[Transport] = (),
     config: HostConfig | None = None,
     services: Sequence[Service] = (),
 ):
-    """Run a Host for the duration of the ``async with`` block with exactly ``services`` on it
-    (and a default ResourceManager unless one is among them). Nodes that want the standard
-    services open their Host with ``volunteer.net.stack.open_stack`` instead."""
+    """Run a Host for the duration of the ``async with`` block with exactly ``transports`` and
+    ``services`` on it (and a default ResourceManager unless one is among them). The Host builds
+    no transport of its own: nodes that want the standard ones (TCP, memory, QUIC) and the
+    standard services open their Host with ``volunteer.net.stack.open_stack`` instead."""
     config = config or HostConfig()
-    host = Host(keypair or KeyPair.generate(), transports or default_transports(), config, services)
+    host = Host(keypair or KeyPair.generate(), transports, config, services)
     async with trio.open_nursery() as nursery:
         host._nursery = nursery
         try:

@@ -200,6 +200,10 @@ class Identify(BaseService):
         info = await read_identify(stream)
         self._apply(stream.connection, info)
 
+    async def ask(self, target: PeerID | Multiaddr | str) -> IdentifyInfo:
+        """Connect to ``target`` (or reuse a connection) and ask who it is; updates the peerstore."""
+        return await self.identify(await self.host.connect(target))
+
     async def identify(self, conn: "Connection") -> IdentifyInfo:
         """Ask the peer on ``conn`` who it is (and where it sees us); updates the peerstore."""
         stream = await conn.new_stream([IDENTIFY])
@@ -248,3 +252,11 @@ class Identify(BaseService):
                 await close_quietly(stream)
         except (VolunteerError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push to %s failed: %s", conn.remote_peer.short(), describe(exc))
+
+
+def identify_of(host: HostAPI) -> Identify:
+    """The Host's identify service (one of the standard services of ``net.stack``)."""
+    identify = host.service(Identify)
+    if identify is None:
+        raise RuntimeError("this host runs no Identify service")
+    return identify

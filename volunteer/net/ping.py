@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..errors import RemoteProtocolError
 from .limits import PING_PAYLOAD
-from .service import BaseService, Handler
+from .service import BaseService, Handler, HostAPI
 from .streams import BufferedStream
+
+if TYPE_CHECKING:
+    from .identity import PeerID
+    from .multiaddr import Multiaddr
 
 PING = "/ipfs/ping/1.0.0"
 MAX_PINGS_PER_STREAM = 10_000  # a server answers this many pings on one stream, then closes it
@@ -53,3 +58,15 @@ class Ping(BaseService):
 
     def handlers(self) -> dict[str, Handler]:
         return {PING: serve_ping}
+
+    async def open(self, target: PeerID | Multiaddr | str) -> Pinger:
+        """A ping stream to ``target``: ``await pinger.ping()`` returns one RTT in seconds."""
+        return Pinger(await self.host.new_stream(target, [PING]))
+
+
+def ping_of(host: HostAPI) -> Ping:
+    """The Host's ping service (one of the standard services of ``net.stack``)."""
+    ping = host.service(Ping)
+    if ping is None:
+        raise RuntimeError("this host runs no Ping service")
+    return ping

@@ -5,6 +5,8 @@ The Host (``host.py``) runs exactly the services it is handed; this module, at t
 floor, is where they are chosen, the way rust-libp2p's dcutr example lists its behaviours in one
 struct:
 
+    TCP, memory    the transports the Host dials and listens with (``StackOptions.tcp``,
+                   ``StackOptions.memory``: the in-process network tests and benchmarks use)
     stream pool    pooled request/reply streams (the DHT, the experts)
     identify       who a peer is, and where it sees us
     ping           round-trip times
@@ -46,13 +48,19 @@ from .ping import Ping
 from .pool import StreamPool
 from .service import Service
 from .transport.base import Transport
+from .transport.memory import MemoryTransport
 from .transport.quic import QuicLimits, QuicTransport
+from .transport.tcp import TcpTransport
 
 
 @dataclass(frozen=True)
 class StackOptions:
     """Which of the optional standard services run, and with what options."""
 
+    # Dial and listen on /ip4|ip6/…/tcp/N addresses.
+    tcp: bool = True
+    # Dial and listen on /memory/N addresses of the process-wide in-memory network.
+    memory: bool = True
     # Ask every new connection's peer who it is (identify); off, a peer is identified on request.
     identify_on_connect: bool = True
     # Dial and listen on /udp/N/quic-v1 within these bounds (listen on such an address to serve
@@ -72,6 +80,18 @@ class StackOptions:
     # Open a QUIC connection (with repair datagrams) beside a TCP connection that loses packets,
     # and move new streams there (net/lossy_paths.py). Needs ``quic``.
     lossy_path_repair: bool = True
+
+
+def standard_transports(options: StackOptions | None = None) -> list[Transport]:
+    """The transports the Host is handed (new instances): TCP and memory as ``options`` enable
+    them. QUIC is a service (``standard_services``): it adds its transport once its socket runs."""
+    options = options or StackOptions()
+    transports: list[Transport] = []
+    if options.tcp:
+        transports.append(TcpTransport())
+    if options.memory:
+        transports.append(MemoryTransport())
+    return transports
 
 
 def standard_services(options: StackOptions | None = None) -> list[Service]:
@@ -105,11 +125,13 @@ async def open_stack(
 ) -> AsyncIterator[Host]:
     """Run a Host with the standard services (as ``options`` enable them) and ``services`` for the
     duration of the ``async with`` block. A service given here replaces the standard one of its
-    type (an ``Identify`` of your own, say); the rest go to ``open_host`` unchanged."""
+    type (an ``Identify`` of your own, say); the rest go to ``open_host`` unchanged. ``transports``
+    replaces the standard ones (TCP and memory, as ``options`` enable them)."""
     given = list(services)
     standard = [s for s in standard_services(options) if not any(isinstance(o, type(s)) for o in given)]
-    async with open_host(keypair, listen, transports=transports, config=config, services=standard + given) as host:
+    chosen = list(transports) if transports is not None else standard_transports(options)
+    async with open_host(keypair, listen, transports=chosen, config=config, services=standard + given) as host:
         yield host
 
 
-__all__ = ["StackOptions", "open_stack", "standard_services"]
+__all__ = ["StackOptions", "open_stack", "standard_services", "standard_transports"]

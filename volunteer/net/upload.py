@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypedDict
 
 import trio
 
@@ -23,6 +23,15 @@ HAND_OFF = "hand_off"  # sole copies pushed on leave
 PURPOSES = (REPLIES, SYNC, CATCH_UP, HAND_OFF)
 
 _BUCKET = "upload"  # the one key of the shared bucket
+
+
+
+class UploadStatus(TypedDict):
+    """``UploadMeter.snapshot()``: the cap (None: none) and the bytes sent, in all and by purpose."""
+
+    limit_bps: float | None
+    bytes_sent: int
+    by_purpose: dict[str, int]
 
 
 class UploadMeter:
@@ -54,7 +63,7 @@ class UploadMeter:
             self._bucket.spend(_BUCKET, now=self.clock(), cost=nbytes)
         self.sent[purpose] += nbytes
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> UploadStatus:
         """The cap and the bytes sent, in all and by purpose (``volunteer status``)."""
         return {"limit_bps": self.rate, "bytes_sent": self.total, "by_purpose": {p: self.sent[p] for p in PURPOSES}}
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from ..experts.comparison import distance
+from ..experts.distance import distance
 from ..experts.backend import ExpertBackend
 from .config import ReplicasConfig
 from .messages import StateHeader, split_payload

@@ -8,7 +8,7 @@ within a few seconds meet within the sync driver's ``stash_ttl`` without a messa
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NotRequired, Sequence, TypedDict
 
 from .grid import GridSpec, grid_of
 from .placement import Hosts, suspect_claims
@@ -22,7 +22,28 @@ def next_round_at(now: float, period: float) -> float:
     return at + period if at <= now else at
 
 
-def grid_coverage(grid: GridSpec, hosts: Hosts) -> dict:
+class GridCoverage(TypedDict):
+    """How the swarm covers one grid (``grid_coverage``)."""
+
+    prefix: str
+    size: list[int]
+    total: int
+    hosted: int
+    replicas_target: int
+    under_replicated: list[str]
+    unhosted: list[str]
+
+
+class Coverage(TypedDict):
+    """The swarm's coverage of its grids (``coverage``), with warnings; a replica manager adds
+    how old its survey is."""
+
+    grids: list[GridCoverage]
+    warnings: list[str]
+    surveyed_age_s: NotRequired[float | None]
+
+
+def grid_coverage(grid: GridSpec, hosts: Hosts) -> GridCoverage:
     """How the swarm covers one grid: experts hosted, replicas per expert, under-replicated and
     unhosted uids (the dashboard and ``volunteer experts`` show this)."""
     counts = {uid: len(hosts.get(uid, {})) for uid in grid.uids()}
@@ -39,7 +60,7 @@ def grid_coverage(grid: GridSpec, hosts: Hosts) -> dict:
     }
 
 
-def coverage(grids: Sequence[GridSpec], hosts: Hosts, *, mine: Sequence[str] = ()) -> dict:
+def coverage(grids: Sequence[GridSpec], hosts: Hosts, *, mine: Sequence[str] = ()) -> Coverage:
     """The swarm's coverage of every grid, plus warnings: experts with no host, and experts this
     volunteer (``mine``) hosts outside every declared grid."""
     rows = [grid_coverage(grid, hosts) for grid in grids]
@@ -63,7 +84,7 @@ def hosts_of(found: Mapping[str, Sequence[object]]) -> dict[str, dict[str, int]]
     }
 
 
-__all__ = ["coverage", "grid_coverage", "hosts_of", "next_round_at"]
+__all__ = ["Coverage", "GridCoverage", "coverage", "grid_coverage", "hosts_of", "next_round_at"]
 
 
 def claim_standings(hosts: Hosts, *, factor: float, margin: int) -> dict[str, dict[str, str]]:

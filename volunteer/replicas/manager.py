@@ -34,12 +34,12 @@ from ..dht.grid import Declaration, get_experts, get_hosts_and_leavers, survey_q
 from ..dht.node import DHTNode
 from ..errors import ExpertConfigError, JoinError, VolunteerError, describe
 from ..experts.backend import ExpertBackend
-from ..experts.trust import Standing
+from ..experts.standing import Standing
 from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
 from ..net.upload import UploadMeter
 from .config import DEFAULT_CONFIG, ReplicasConfig
-from .coverage import coverage, hosts_of, next_round_at
+from .coverage import Coverage, coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
@@ -50,6 +50,7 @@ from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
 from .catchup import race_for_state
 from .state import import_state
+from .status import ReplicasStatus
 from .transfer import PushClaim, StateService
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class ReplicaManager(BaseService):
         """``hosts`` without the hosts that do not answer (``survey.answering_only``)."""
         return await answering_only(self.host, hosts, me=self.me, config=self.config)
 
-    def coverage(self) -> dict:
+    def coverage(self) -> Coverage:
         """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
         view = coverage(self.grids, self.hosts, mine=list(self.store.backends))
         view["surveyed_age_s"] = (
@@ -163,7 +164,7 @@ class ReplicaManager(BaseService):
         )
         return view
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> ReplicasStatus:
         """The grids' coverage as last surveyed, and what this volunteer did about it: experts
         moved by re-checks, caught up before declaring, sync rounds that failed, state transfers,
         and the peers' claims refused, by reason (``sync_outlier``, ``unsolicited_push``, ...)."""

@@ -26,7 +26,7 @@ import torch
 import trio
 
 from ..errors import VolunteerError, describe
-from ..experts.trust import Standing
+from ..experts.standing import Standing
 from ..net.events import PeerDisconnected
 from ..net.identity import PeerID
 from ..net.multiaddr import Multiaddr

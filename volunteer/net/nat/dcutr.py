@@ -22,7 +22,7 @@ import random
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeGuard
+from typing import TypedDict, TypeGuard
 
 import trio
 
@@ -58,6 +58,21 @@ async def read(stream: BufferedStream, expected: int) -> PunchMessage:
     """Read one HolePunch of type ``expected`` (RemoteProtocolError otherwise, or at EOF)."""
     body = await stream.receive_length_prefixed(limits.DCUTR_MAX_MESSAGE, "dcutr message")
     return messages.decode(body, expected)
+
+
+
+class PunchingStatus(TypedDict):
+    """``HolePuncher.snapshot()``: attempts by transport and result, and how punches ended."""
+
+    attempts: dict[str, dict[str, int]]
+    punches: int
+    direct: int
+    by_transport: dict[str, int]
+    reversed: int
+    failed: int
+    first_attempt: int
+    time_to_direct_ms_p50: float | None
+    in_progress: int
 
 
 class HolePuncher(BaseService):
@@ -154,7 +169,7 @@ class HolePuncher(BaseService):
         guessed = port_kept_guess(observed, self.host.listen_addrs)
         return punch_candidates(for_peer([*lan, *mapped, *ipv6, *observed, *guessed], via))
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> PunchingStatus:
         """Punch attempts by transport and result, and how punches ended (for status and metrics)."""
         finished = self.outcomes
         times = sorted(o.seconds for o in finished if o.success)

@@ -30,7 +30,8 @@ from .dcutr import HolePuncher
 from .observed import MappingType
 from .observer import AddressObserver
 from .relay_client import ReservationManager
-from .share import DirectShare
+from .share import DirectShare, DirectView
+from .status import NatStatus
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class NatManager(BaseService):
             return True
         return self.reservations is not None and any(r.reservation is not None for r in self.reservations.relays)
 
-    def direct_view(self) -> dict:
+    def direct_view(self) -> DirectView:
         """The shares of peer sessions and bytes that went direct (``share.DirectShare``)."""
         live = [(c.remote_peer, c.path is not Path.RELAYED, c.bytes_sent + c.bytes_received)
                 for c in self.host.connections() if not c.is_closed]
@@ -205,7 +206,7 @@ class NatManager(BaseService):
         elif self.reservations.want != self.config.want_reservations:
             self.reservations.set_want(self.config.want_reservations)  # private again after public
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> NatStatus:
         """What the dashboard and ``volunteer doctor`` show."""
         yes, no = self.tracker.evidence
         puncher = self.host.service(HolePuncher)

@@ -21,6 +21,7 @@ from ..events import PeerDisconnected, RelayReservationsChanged, Subscription
 from ..identity import PeerID
 from ..multiaddr import Multiaddr
 from ..streams import BufferedStream, close_quietly, reset_quietly
+from ..identify import identify_of
 from ..service import BaseService, Handler, HostAPI
 from ..transport.base import InboundHandler, Path, RawConnection
 from . import circuit
@@ -232,7 +233,7 @@ class ReservationManager(BaseService):
 
     async def _announce(self) -> None:
         try:
-            await self.host.push_identify()
+            await identify_of(self.host).push()
         except (VolunteerError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push failed: %s", describe(exc))
 

@@ -14,8 +14,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from ..identity import PeerID
+
+
+
+class DirectView(TypedDict):
+    """``DirectShare.view()``: the shares of peer sessions and bytes that went direct."""
+
+    direct_connection_share: float | None
+    direct_data_share: float | None
+    peer_sessions: int
+    peer_sessions_direct: int
+    bytes_direct: int
+    bytes_relayed: int
 
 
 @dataclass
@@ -47,7 +60,7 @@ class DirectShare:
             self.sessions += 1
             self.ended_direct += int(self._open.pop(peer))
 
-    def view(self, live: Iterable[tuple[PeerID, bool, int]]) -> dict:
+    def view(self, live: Iterable[tuple[PeerID, bool, int]]) -> DirectView:
         """The shares, counting the connections open now (``live``: peer, direct, bytes so far,
         one row per connection): ``direct_connection_share`` and ``direct_data_share`` (None
         before there is anything to count), with the counts they come from."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TypedDict
 
 import trio
 
@@ -21,6 +22,7 @@ from ... import limits
 from ...events import ListenAddrsChanged, ObservedAddrChanged, PeerIdentified, PortMappingChanged, ReachabilityChanged
 from ...identity import PeerID
 from ...multiaddr import Multiaddr
+from ...identify import identify_of
 from ...service import BaseService, HostAPI
 from ...transport.base import Path
 from ..autonat import AUTONAT, probe
@@ -30,6 +32,30 @@ from .plan import PROTOCOLS, Lease, PortMapPlan, Wanted, settled, wanted_ports
 from .upnp import UpnpGateway
 
 log = logging.getLogger(__name__)
+
+
+
+class MappingView(TypedDict):
+    """One lease the router granted (or was asked for), and what became of it."""
+
+    addr: str
+    internal_port: int
+    protocol: str
+    confirmed: bool
+    refused: bool
+    unchecked: bool
+    renew_in_s: float
+
+
+class PortMapStatus(TypedDict):
+    """``PortMapper.snapshot()``: the protocol the router speaks, our leases, errors by protocol."""
+
+    protocol: str | None
+    gateway: str | None
+    external_ip: str | None
+    mappings: list[MappingView]
+    error: str
+    errors: dict[str, str]
 
 
 class PortMapper(BaseService):
@@ -288,11 +314,11 @@ class PortMapper(BaseService):
 
     async def _push_identify(self) -> None:
         try:
-            await self.host.push_identify()
+            await identify_of(self.host).push()
         except (VolunteerError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             log.debug("identify push failed: %s", describe(exc))
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> PortMapStatus:
         """The protocol the router speaks, our leases and what became of them (status, doctor)."""
         now = trio.current_time()
         return {
