@@ -48,6 +48,7 @@ from .swarmfile import SwarmSpec
 
 if TYPE_CHECKING:  # the experts (and torch) load only when a node hosts experts
     from .dht.declare import ExpertDeclarer
+    from .experts.judge import TrainersStatus
     from .dht.node import DHTNode
     from .experts import ExpertsConfig
     from .experts.runtime import Runtime
@@ -277,7 +278,7 @@ class VolunteerNode:
         backend = self.runtime.backends.get(uid) if self.runtime is not None else None
         return backend is not None and backend.device.type == "cuda"
 
-    def trainer_report(self) -> dict | None:
+    def trainer_report(self) -> "TrainersStatus | None":
         """Who trains our experts and how it went (the runtime's report); None without experts."""
         return self.runtime.trainer_report() if self.runtime is not None else None
 

@@ -19,6 +19,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -118,14 +119,14 @@ class DaemonLock:
 
 
 def _lock_exclusive(fd: int) -> None:
-    try:
-        import fcntl
-    except ImportError:  # Windows: a lock on the file's first byte
+    if sys.platform == "win32":  # a lock on the file's first byte
         import msvcrt
 
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 async def serve_control(

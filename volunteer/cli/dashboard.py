@@ -192,7 +192,7 @@ def _experts(experts: list[dict], rows: int, trainers: dict | None = None) -> Ta
         title += f" · +{len(experts) - len(shown)} more · {total} requests in all"
     table = section(title, header=header)
     for expert in shown:
-        cells = [Text(line(expert.get("uid") or "?")), num(expert.get("requests_per_s")), num(expert.get("mean_batch")),
+        cells: list[RenderableType] = [Text(line(expert.get("uid") or "?")), num(expert.get("requests_per_s")), num(expert.get("mean_batch")),
                  num(expert.get("p50_ms"), "{:.1f}ms"), num(expert.get("p95_ms"), "{:.1f}ms"), num(expert.get("errors"), "{}")]
         if versions:
             cells.append(num(expert.get("version"), "{:.0f}"))
@@ -340,8 +340,9 @@ def render_dashboard(snapshot: dict, *, width: int | None = None, height: int = 
         # lines are the longest: a column would cut them)
         log_wanted = min(max(1, len(entries)), LOG_ROWS_WIDE)
         expert_rows, conn_rows = allocate(height - 2 * LIST_OVERHEAD - PLAIN_OVERHEAD - log_wanted, [len(experts), len(conns)])
-        right = Group(_connections(conns, conn_rows), _experts(experts, expert_rows, as_dict(s.get("trainers"))))
-        top_lines = max(fixed_lines, sum(_lines(t) for t in right.renderables))
+        lists = (_connections(conns, conn_rows), _experts(experts, expert_rows, as_dict(s.get("trainers"))))
+        right = Group(*lists)
+        top_lines = max(fixed_lines, sum(_lines(t) for t in lists))
         (log_rows,) = allocate(height - top_lines - PLAIN_OVERHEAD, [len(entries)])
         grid = Table.grid(expand=True, padding=(0, 2))
         grid.add_column(ratio=1)
@@ -392,10 +393,11 @@ async def log_summaries(get_snapshot: Callable[[], dict], write: Callable[[str],
 
 def render_text(snapshot: dict, width: int = 80, height: int = 24) -> str:
     """The dashboard as plain text (no colours), for tests and ``volunteer status`` in a pipe."""
-    console = Console(file=io.StringIO(), width=width, height=height, color_system=None, force_terminal=False,
+    out = io.StringIO()
+    console = Console(file=out, width=width, height=height, color_system=None, force_terminal=False,
                       legacy_windows=False, record=False)
     console.print(render_dashboard(snapshot, width=width, height=height))
-    return console.file.getvalue()
+    return out.getvalue()
 
 
 class _BelowWarning(logging.Filter):

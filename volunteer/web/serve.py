@@ -80,7 +80,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def serve_app(app, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_app(app, sock: socket.socket, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` (ASGI) on the bound ``sock`` until cancelled; the socket is closed after."""
     from hypercorn.config import Config, Sockets
     from hypercorn.trio.run import worker_serve
