@@ -56,7 +56,7 @@ class Client:
         from volunteer.experts.callstats import CallStats
         from volunteer.experts.guard import ReplyGuard
         from volunteer.experts.trust import TrustLedger
-        from volunteer.experts.vouches import VouchBook
+        from volunteer.dht.vouches import VouchBook
         from volunteer.net.identity import KeyPair
 
         self.loop = BackgroundLoop().start()

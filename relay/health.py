@@ -3,7 +3,7 @@ figures out. No trio, no clock: ``now`` is passed in.
 
 ``SwarmObservation`` is one background refresh's catch for one swarm: the live declarations of
 each grid's experts, the volunteers' public profiles (``volunteer.dht.profile``), the trainers'
-vouches (``volunteer.experts.vouches``: the contributors' credit) and which entry points
+vouches (``volunteer.dht.vouches``: the contributors' credit) and which entry points
 (relays, bootstrap peers) answered. ``swarm_model`` turns it into the dict that the
 HTML page, the JSON endpoint and the Prometheus collector all show, so the three never disagree.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from volunteer.dht.grid import Declaration
 from volunteer.dht.profile import Profile
-from volunteer.experts.vouches import HALF_LIFE, Ledger, Vouch
+from volunteer.dht.vouches import HALF_LIFE, Ledger, Vouch
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import GridSpec
 
@@ -176,7 +176,7 @@ def direct_model(profiles: Sequence[Profile]) -> dict:
 
 
 def contributors_model(ledger: Ledger, obs: SwarmObservation, up: set[str], now: float) -> dict:
-    """The swarm's contributors by what trainers vouched for (``volunteer.experts.vouches``), not
+    """The swarm's contributors by what trainers vouched for (``volunteer.dht.vouches``), not
     by what volunteers report of themselves: cumulative, so a paused or departed donor keeps its
     place, with the recent average beside the total. Names come from the profiles of donors who
     chose one (else the short peer id); ``up`` says who is seen right now."""

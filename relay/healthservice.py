@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from volunteer.errors import VolunteerError, describe
-from volunteer.experts.vouches import CONTRIBUTIONS_KEY, Ledger, Vouch
+from volunteer.dht.vouches import CONTRIBUTIONS_KEY, Ledger, Vouch
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.service import BaseService, HostAPI
 from volunteer.swarmfile import GridSpec

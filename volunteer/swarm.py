@@ -59,7 +59,7 @@ class Swarm:
                  trust: TrustPolicy = DEFAULT_POLICY, trainer_cert: str | os.PathLike | None = None) -> None:
         from .experts.callstats import CallStats
         from .experts.loop import BackgroundLoop
-        from .experts.vouches import VouchBook
+        from .dht.vouches import VouchBook
 
         # what this trainer has seen of each volunteer (standings, streaks, exclusions) and the
         # guard every mixture on this swarm checks replies with (experts/trust.py, guard.py)
@@ -158,7 +158,7 @@ class Swarm:
             await self._store_vouches(self.vouches.due(now, everyone=everyone))
 
     async def _store_vouches(self, vouches: list) -> None:
-        from .experts.vouches import vouch_item
+        from .dht.vouches import vouch_item
 
         dht = self._joined.dht if self._joined is not None else None
         # vouches live in our kind's DHT (the relay's health page reads it); another kind's has no reader

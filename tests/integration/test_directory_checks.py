@@ -18,7 +18,7 @@ from volunteer.experts.callstats import CallStats
 from volunteer.experts.guard import ReplyGuard
 from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
-from volunteer.experts.vouches import VouchBook
+from volunteer.dht.vouches import VouchBook
 from volunteer.net.identity import KeyPair
 
 FEATURES = 8

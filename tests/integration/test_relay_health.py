@@ -14,7 +14,7 @@ from relay.node import open_relay_node
 from relay.healthservice import WatchedSwarm
 from volunteer.dht import DHTConfig
 from volunteer.experts import ExpertsConfig
-from volunteer.experts.vouches import VouchBook, vouch_item
+from volunteer.dht.vouches import VouchBook, vouch_item
 from volunteer.net.identity import KeyPair
 from volunteer.net.stack import StackOptions
 from volunteer.node import VolunteerOptions, open_volunteer

@@ -23,7 +23,7 @@ from volunteer.experts.loop import BackgroundLoop
 from volunteer.experts.client import DHTDirectory
 from volunteer.experts.protocol import protocol_id
 from volunteer.experts.server import ExpertServer
-from volunteer.experts.vouches import Ledger, VouchBook
+from volunteer.dht.vouches import Ledger, VouchBook
 from volunteer.net.identity import KeyPair
 from volunteer.net.stack import StackOptions, open_stack
 from volunteer.net.transport.memory import MemoryNetwork, MemoryTransport

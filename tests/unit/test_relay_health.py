@@ -21,7 +21,7 @@ from relay.healthpage import HealthCollector, coverage_map, render_page
 from volunteer.dht.grid import Declaration
 from volunteer.dht.profile import MAX_NAME_LENGTH, Profile, check_public_name, profile_item
 from volunteer.errors import DHTRecordError
-from volunteer.experts.vouches import Ledger, Vouch, VouchBook
+from volunteer.dht.vouches import Ledger, Vouch, VouchBook
 from volunteer.net.identity import KeyPair
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.swarmfile import GridSpec

@@ -1,4 +1,4 @@
-"""Vouches (``volunteer.experts.vouches``): what a trainer signs for the hosts it called, and
+"""Vouches (``volunteer.dht.vouches``): what a trainer signs for the hosts it called, and
 how a reader's ledger merges and ranks them."""
 
 from dataclasses import replace
@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from volunteer.errors import ExpertProtocolError
-from volunteer.experts.vouches import HALF_LIFE, Ledger, Vouch, VouchBook, vouch_item
+from volunteer.dht.vouches import HALF_LIFE, Ledger, Vouch, VouchBook, vouch_item
 from volunteer.net.identity import KeyPair, PeerID
 
 SWARM = "test-swarm"

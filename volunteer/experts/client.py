@@ -47,7 +47,7 @@ from .guard import ReplyGuard
 from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
 from .receipts import PayloadDigest, Receipt, check_reply
-from .vouches import VouchBook
+from ..dht.vouches import VouchBook
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
 PEER_IDS_REMEMBERED = 1024  # multiaddrs whose parsed PeerID call_expert keeps

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .faults import FaultInjection
     from .guard import ReplyGuard
     from .loop import BackgroundLoop
-    from .vouches import VouchBook
+    from ..dht.vouches import VouchBook
 
 
 class ExpertHost(Protocol):
