@@ -65,3 +65,16 @@ def test_perf_command_imports_neither_dht_nor_node_nor_torch_nor_rich():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_relay_with_its_health_page_loads_neither_torch_nor_the_experts():
+    # A relay runs on a small public box: its health page reads trainers' vouches (dht/vouches.py),
+    # which must not drag in the experts' package and torch with it.
+    code = (
+        "import sys\n"
+        "import relay.node, relay.healthservice, relay.healthpage, volunteer.cli.relaycmd\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.startswith('volunteer.experts')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
