@@ -33,8 +33,8 @@ JOIN_EXAMPLES = """\
 examples:
   volunteer join demo                                   host what the swarm's [[grid]] needs most (else serve the DHT only)
   volunteer join demo --max-experts 4                   the same, at most 4 experts
-  volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
-  volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
+  volunteer join demo --experts 'ffn:expert.[0:4].[0:8]'  host 32 experts of a 4x8 grid
+  volunteer join ./myswarm.toml --experts 'transformer:block.[0:2]' --hidden-dim 1024 --device cuda:0
   volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
   volunteer join demo --web 127.0.0.1:7396              a local web page: live state, plots, fold/pause/finish
   volunteer join demo --when-idle 3 --pause-while steam --compute-hours 22:00-07:00
@@ -83,7 +83,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         epilog=JOIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
-    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm "
+    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. 'ffn:expert.[0:4].[0:8]' (default: the swarm "
                    "file's [experts].experts, else automatic placement on its [[grid]], else none)")
     p.add_argument("--max-experts", type=_setting("max_experts"), metavar="N", help="automatic placement hosts at most N experts "
                    "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU; 0: route the DHT only)")

@@ -253,7 +253,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "testnet", help="start a local swarm (a relay and N volunteers) on this machine",
         description="Start a whole swarm on loopback: a relay and N volunteer daemons sharing a grid of "
         "experts. Writes a swarm file trainers can join. Ctrl-C stops every process it started.",
-        epilog="examples:\n  volunteer testnet -n 4\n  volunteer testnet -n 20 --experts ffn:expert.[0:8].[0:8] --hidden-dim 256\n"
+        epilog="examples:\n  volunteer testnet -n 4\n  volunteer testnet -n 20 --experts 'ffn:expert.[0:8].[0:8]' --hidden-dim 256\n"
         "  volunteer testnet -n 4 --name mynet   # then: volunteer experts mynet; Swarm.join('mynet')\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
