@@ -179,3 +179,19 @@ async def test_a_relay_that_died_is_said_in_status_not_left_green():
                 daemon.leave()
                 await daemon.wait_left()
             nursery.cancel_scope.cancel()
+
+
+async def test_status_splits_the_upload_by_purpose():
+    """status --json counts each kind of upload apart, as the README says: replies to trainers,
+    replica sync, catch-up served and hand-off, beside their total."""
+    from volunteer.net.upload import PURPOSES
+
+    daemon = ffn_daemon(Machine(battery=False))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            upload = daemon.snapshot()["upload"]
+            assert set(upload["by_purpose"]) == set(PURPOSES)
+            assert sum(upload["by_purpose"].values()) == upload["bytes_sent"]
+            daemon.leave()
+            await daemon.wait_left()

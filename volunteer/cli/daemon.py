@@ -425,13 +425,18 @@ class Daemon:
         return rows
 
     def _upload(self, now: float) -> dict:
-        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``."""
+        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``,
+        and the bytes sent by purpose (``by_purpose``: replies, sync, catch_up, hand_off)."""
         node = self.node
         sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)
         rate = self.window.rate(UPLOAD_KEY)
         limit = node.options.max_upload if node is not None else None
-        return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent}
+        # the README's promise: status --json counts each kind of upload apart (replies, sync, catch-up, hand-off)
+        meter = node.server.snapshot().get("upload") if node is not None and node.server is not None else None
+        by_purpose = dict(meter.get("by_purpose") or {}) if isinstance(meter, dict) else {}
+        return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent,
+                "by_purpose": by_purpose}
 
     def _checkpoint_view(self, directory: Path | None, now: float) -> dict:
         """Where checkpoints go, whether that is writable and how long since the last save."""
