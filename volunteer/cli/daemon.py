@@ -20,6 +20,7 @@ from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..net.nat.manager import NatManager
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
+from ..widgets import short
 from . import contributions as contrib
 from . import history as hist
 from . import views
@@ -50,7 +51,7 @@ def reachable_how(view: dict | None) -> str:
         return "public"
     for relay in view.get("relays", []):
         if relay.get("reserved"):
-            return f"reserved on relay …{relay.get('peer_id', '')[-6:]}"
+            return f"reserved on relay {short(relay.get('peer_id', ''))}"
     return ""
 
 

@@ -385,16 +385,32 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
             await daemon.wait_left()
             nursery.cancel_scope.cancel()
     handed = daemon.node.handed_off if daemon.node is not None else None
-    if handed is not None:
-        for uid, (peer, version) in sorted(handed.done.items()):
-            print(f"  handed off {uid} (version {version}) to {peer[-10:]}", flush=True)
-        for uid, why in sorted(handed.failed.items()):
-            print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
-    if daemon.node is None:
-        print("stopped: never joined the swarm (no consent given)", flush=True)
-    else:
-        print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
+    for line in farewell_lines(handed, daemon.snapshot(), joined=daemon.node is not None):
+        print(line, flush=True)
     return 0
+
+
+def farewell_lines(handed, snapshot: dict, *, joined: bool) -> list[str]:
+    """What ``join`` prints as it exits: each expert handed off (to whom, in the one short form of
+    a peer ID) or not, how it left, and what this session gave: calls, samples, uptime, bytes."""
+    from ..sizes import format_size
+    from ..widgets import duration, short
+
+    lines = []
+    if handed is not None:
+        lines += [f"  handed off {uid} (version {version}) to {short(peer)}" for uid, (peer, version) in sorted(handed.done.items())]
+        lines += [f"  could not hand off {uid}: {why} (its checkpoint keeps it)" for uid, why in sorted(handed.failed.items())]
+    if not joined:
+        return lines + ["stopped: never joined the swarm (no consent given)"]
+    lines.append("left the swarm: experts withdrawn, checkpoints saved")
+    session = (snapshot.get("contributions") or {}).get("session") or {}
+    trainers = int(session.get("trainers") or 0)
+    lines.append(
+        f"this session: {duration(snapshot.get('uptime_s'))} up, {int(session.get('requests') or 0):,} calls, "
+        f"{int(session.get('samples') or 0):,} samples for {trainers} trainer{'' if trainers == 1 else 's'}, "
+        f"{format_size(int(session.get('bytes_sent') or 0))} sent"
+    )
+    return lines
 
 
 def check_before_consent(node) -> None:

@@ -401,7 +401,7 @@ def testnet_table(net: Testnet, statuses: list[dict | None]):
 
     from ..widgets import short
 
-    table = Table(title=f"testnet · relay {net.relay_addr[-20:]}", expand=False)
+    table = Table(title=f"testnet · relay {short(net.relay_addr)}", expand=False)
     for column in ("#", "peer", "reach", "experts", "requests", "DHT peers", "paused"):
         table.add_column(column)
     for i, status in enumerate(statuses):
