@@ -195,3 +195,9 @@ async def test_status_splits_the_upload_by_purpose():
             assert sum(upload["by_purpose"].values()) == upload["bytes_sent"]
             daemon.leave()
             await daemon.wait_left()
+
+
+async def test_status_names_the_event_log(tmp_path):
+    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False, log_file=tmp_path / "logs" / "volunteer.log"))
+    assert daemon.snapshot()["log_file"] == str(tmp_path / "logs" / "volunteer.log")
+    assert "log_file" not in Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False)).snapshot()

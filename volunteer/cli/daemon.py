@@ -63,6 +63,7 @@ class DaemonOptions:
     node: VolunteerOptions
     control_path: Path | None = None
     state_dir: Path | None = None  # where contributions are kept across restarts (None: not kept)
+    log_file: Path | None = None  # the event log `join` keeps (status shows where; None: none)
     policy: PolicySettings = field(default_factory=PolicySettings)  # the run-when policies
     folding: bool = True  # start serving (consent given), else start paused until `volunteer fold`
     start_reason: str = ""  # why it starts as it does (the first event of the log)
@@ -402,6 +403,8 @@ class Daemon:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.contributions.view()
         snap.update(self.steward.snapshot())
+        if self.options.log_file is not None:
+            snap["log_file"] = str(self.options.log_file)
         if self.web_url is not None:  # the control socket is the user's alone: the login link may go there
             snap["web"] = {"url": self.web_url, "login": self.web_login}
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]

@@ -255,6 +255,8 @@ def _compute(s: dict, compact: bool) -> Table:
     else:
         table.add_row(_upload(s))
         table.add_row(_checkpoints(s))
+    if s.get("log_file"):  # the event log join keeps in the state dir
+        table.add_row(f"event log {text(s.get('log_file'))}")
     return table
 
 

@@ -300,6 +300,10 @@ def run_join(args: argparse.Namespace) -> int:
     # second `join` says so in one line and touches nothing of the first one's
     lock = DaemonLock(options.control_path).acquire() if options.control_path is not None else None
     settle_consent(args, options)
+    from .eventlog import event_log_path, open_event_log
+
+    if options.state_dir is not None and open_event_log(event_log_path(options.state_dir)) is not None:
+        options.log_file = event_log_path(options.state_dir)
     metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
@@ -371,6 +375,8 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                     where = f" (from the LAN: {', '.join(f'http://{n}:{web_sock.getsockname()[1]}/' for n in lan[:3])})" if lan else ""
                     print(f"  note: the web page listens beyond this machine{where}; only the token keeps others out",
                           flush=True)
+            if options.log_file is not None:
+                print(f"  event log {options.log_file}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
