@@ -98,6 +98,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
+    p.add_argument("--max-ram", type=_setting("max_ram"), metavar="SIZE",
+                   help="on the CPU, cap the memory the experts take, e.g. 8GiB: placement hosts what fits, and named "
+                        "experts that do not fit are refused (default: what is available)")
     p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap everything this volunteer uploads (expert replies, replica sync, catch-up, hand-off), bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
                    "and the same on /ip6/:: with a global IPv6 address)")
@@ -205,6 +208,7 @@ def build_options(args: argparse.Namespace):
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
+        max_ram=JOIN_CHECKS["max_ram"](ram) if (ram := pick(args.max_ram, "max_ram", None)) is not None else None,
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
