@@ -72,3 +72,42 @@ def test_status_and_doctor_say_where_the_event_log_is(tmp_path):
     path.write_text("x" * 2048)
     check = event_log_check(path)
     assert check.status == "OK" and check.detail.startswith(f"{path} (2.0 KiB")
+
+
+def test_the_terminal_still_shows_notices_of_loggers_set_lower_and_the_dashboard_no_info(tmp_path):
+    """join without the dashboard prints the steward's notices at INFO (its logger is set to
+    INFO); the event log lowering the root must not hide them, nor let every INFO line through
+    the live dashboard's log handler."""
+    import io
+
+    from rich.console import Console
+
+    from volunteer.cli.dashboard import logging_through
+
+    root = logging.getLogger()
+    before_level, before_handlers = root.level, list(root.handlers)
+    out = io.StringIO()
+    terminal = logging.StreamHandler(out)
+    terminal.stream = out
+    notices = logging.getLogger("test-event-log.notices")
+    notices.setLevel(logging.INFO)
+    handler = None
+    try:
+        root.handlers = [terminal]
+        root.setLevel(logging.WARNING)
+        handler = open_event_log(tmp_path / "logs" / "volunteer.log")
+        logging.getLogger("test-event-log.chatter").info("a library's info line")
+        notices.info("paused (policy)")
+        assert "paused (policy)" in out.getvalue() and "a library's info line" not in out.getvalue()
+        screen = io.StringIO()
+        terminal.stream = __import__("sys").stderr  # the dashboard takes the stderr handler off
+        with logging_through(Console(file=screen, width=120)):
+            logging.getLogger("test-event-log.chatter").info("another info line")
+        assert "another info line" not in screen.getvalue()
+        handler.flush()
+        assert "another info line" in (tmp_path / "logs" / "volunteer.log").read_text()  # the file keeps it
+    finally:
+        root.handlers = before_handlers
+        root.setLevel(before_level)
+        if handler is not None:
+            handler.close()

@@ -421,6 +421,9 @@ def logging_through(console: Console) -> Iterator[None]:
         root.removeHandler(handler)
     chatty = RichHandler(console=console, show_path=False, rich_tracebacks=False)
     chatty.addFilter(_BelowWarning())  # WARNING and up: the Log panel shows them, once
+    for handler in terminal:  # what those handlers let through, chatty does too (the event log lowers the root's level)
+        for kept in handler.filters:
+            chatty.addFilter(kept)
     root.addHandler(chatty)
     try:
         yield

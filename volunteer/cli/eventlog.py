@@ -19,6 +19,25 @@ EVENT_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger(__name__)
 
 
+class AsBefore(logging.Filter):
+    """What a terminal handler showed before the root logger went down to INFO for the file:
+    records at the old root ``level``, and those of loggers set lower on purpose (the steward's
+    notices, which ``join`` without the dashboard prints at INFO)."""
+
+    def __init__(self, level: int, root: logging.Logger) -> None:
+        super().__init__()
+        self.level = level
+        self.root = root  # the logger whose level went down: its own level no longer says what to show
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level:
+            return True
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None and logger.level == logging.NOTSET:
+            logger = logger.parent
+        return logger is not None and logger is not self.root and record.levelno >= logger.level
+
+
 def event_log_path(state_dir: Path) -> Path:
     """Where the event log of the daemons run with this state dir goes."""
     return state_dir / "logs" / "volunteer.log"
@@ -40,11 +59,10 @@ def open_event_log(path: Path, root: logging.Logger | None = None) -> logging.Ha
     handler.setFormatter(logging.Formatter(EVENT_LOG_FORMAT))
     if root.getEffectiveLevel() > logging.INFO:
         for existing in root.handlers:
-            if existing.level == logging.NOTSET:
-                existing.setLevel(root.getEffectiveLevel())
+            existing.addFilter(AsBefore(root.getEffectiveLevel(), root))
         root.setLevel(logging.INFO)
     root.addHandler(handler)
     return handler
 
 
-__all__ = ["EVENT_LOG_BACKUPS", "EVENT_LOG_BYTES", "event_log_path", "open_event_log"]
+__all__ = ["EVENT_LOG_BACKUPS", "EVENT_LOG_BYTES", "AsBefore", "event_log_path", "open_event_log"]
