@@ -201,3 +201,15 @@ async def test_status_names_the_event_log(tmp_path):
     daemon = Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False, log_file=tmp_path / "logs" / "volunteer.log"))
     assert daemon.snapshot()["log_file"] == str(tmp_path / "logs" / "volunteer.log")
     assert "log_file" not in Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False)).snapshot()
+
+
+def test_a_paused_volunteer_pings_no_relay(monkeypatch):
+    """The relay watch pings the relays the node holds reservations on, except while paused."""
+    from types import SimpleNamespace
+
+    from volunteer.cli import views
+
+    peer = "12D3KooWRelayRelayRelay"
+    monkeypatch.setattr(views, "reachability_view", lambda node: {"relays": [{"peer_id": peer, "reserved": True}]})
+    assert daemon_module.relays_to_ping(SimpleNamespace(paused=False)) == [peer]
+    assert daemon_module.relays_to_ping(SimpleNamespace(paused=True)) == []

@@ -298,8 +298,7 @@ class Daemon:
             return
 
         def reserved() -> list[str]:
-            view = views.reachability_view(node) or {}
-            return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
+            return relays_to_ping(node)
 
         def connection_to(peer: str):
             for conn in node.host.connections():
@@ -454,6 +453,16 @@ class Daemon:
         return view
 
 
+def relays_to_ping(node) -> list[str]:
+    """The relays the node holds a reservation on, whose answers the relay watch checks; none
+    while the node is paused: a paused volunteer uses no network it can do without (BOINC stops
+    all network use outside network hours), and its relay pings are one such use."""
+    if node.paused:
+        return []
+    view = views.reachability_view(node) or {}
+    return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
+
+
 def checkpoint_view(directory: Path | None) -> dict:
     """``{"dir", "writable", "last_save"}`` of a checkpoint directory (``last_save``: the newest
     file's mtime, None when it holds none; a directory not made yet is writable if its parent is)."""
@@ -476,4 +485,4 @@ def checkpoint_view(directory: Path | None) -> dict:
     return {"dir": str(directory), "writable": os.access(existing, os.W_OK | os.X_OK), "last_save": newest}
 
 
-__all__ = ["Daemon", "DaemonOptions", "JoinError", "LogBuffer", "check_device"]
+__all__ = ["Daemon", "DaemonOptions", "JoinError", "LogBuffer", "check_device", "relays_to_ping"]
