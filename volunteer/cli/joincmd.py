@@ -304,10 +304,6 @@ def run_join(args: argparse.Namespace) -> int:
     # second `join` says so in one line and touches nothing of the first one's
     lock = DaemonLock(options.control_path).acquire() if options.control_path is not None else None
     settle_consent(args, options)
-    from .eventlog import event_log_path, open_event_log
-
-    if options.state_dir is not None and open_event_log(event_log_path(options.state_dir)) is not None:
-        options.log_file = event_log_path(options.state_dir)
     metrics = getattr(args, "metrics", None)
     if options.node.uids or options.node.place:
         from ..experts.checkpoints import check_checkpoint_dir  # torch: only when hosting experts
@@ -318,6 +314,12 @@ def run_join(args: argparse.Namespace) -> int:
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     if not dashboard:
         show_notices()
+    # after show_notices: the event log lowers the root logger to INFO, and the terminal keeps
+    # showing what it showed then (the notices' own level included)
+    from .eventlog import event_log_path, open_event_log
+
+    if options.state_dir is not None and open_event_log(event_log_path(options.state_dir)) is not None:
+        options.log_file = event_log_path(options.state_dir)
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
 
