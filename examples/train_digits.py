@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -55,6 +56,20 @@ from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
 
 ALTERNATE_EVERY = 10  # --audits alternate: steps with audits on, then as many with them off
+COLUMNS = 80  # the widest line printed when the terminal does not say (a pipe, the README's demo)
+FRESH_SURVEY_WAIT = 40.0  # --show-status: seconds to wait for a coverage survey made after the testnet was up
+
+
+def columns() -> int:
+    """The terminal's width, at most COLUMNS when it is not a terminal."""
+    return shutil.get_terminal_size((COLUMNS, 24)).columns
+
+
+def say(text: str, indent: str = "") -> None:
+    """Print ``text`` wrapped to the terminal (80 columns in a pipe): long words such as
+    multiaddrs stay whole, the lines after the first are indented two more."""
+    print(textwrap.fill(text, columns(), initial_indent=indent, subsequent_indent=indent + "  ",
+                        break_long_words=False, break_on_hyphens=False), flush=True)
 
 
 def load_digits_split(seed: int = 0):
@@ -91,6 +106,14 @@ class Testnet:
 
     def __init__(self, n: int, grid: tuple[int, int], hidden: int, trainers: list[str] = ()) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="digits-testnet-"))
+        self.proc: subprocess.Popen | None = None
+        try:
+            self._start(n, grid, hidden, trainers)
+        except BaseException:  # Ctrl-C or a failed start: no process and no private key is left behind
+            self.stop()
+            raise
+
+    def _start(self, n: int, grid: tuple[int, int], hidden: int, trainers: list[str]) -> None:
         experts = f"ffn:expert.[0:{grid[0]}].[0:{grid[1]}]"
         env = dict(os.environ, VOLUNTEER_CONFIG_DIR=str(self.dir / "config"), PYTHONUNBUFFERED="1")
         listed = [arg for peer in trainers for arg in ("--trainer", peer)]  # the swarm file's trainers
@@ -104,8 +127,9 @@ class Testnet:
         lines = []
         for line in self.proc.stdout:
             lines.append(line)
-            print("  " + line.rstrip(), flush=True)
+            say(line.strip(), "  " * (1 + (len(line) - len(line.lstrip())) // 2))
             if "volunteers ready" in line:
+                self.ready_at = time.monotonic()
                 return
         raise SystemExit("testnet did not start:\n" + "".join(lines))
 
@@ -120,7 +144,7 @@ class Testnet:
         return pid
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trainer-cert", metavar="FILE",
                         help="present this trainer certificate (volunteer trainer-cert) to the swarm's volunteers")
     args = parser.parse_args(argv)
+    # SIGTERM ends the run as Ctrl-C does: through the finally blocks that stop the testnet and remove its keys
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     grid = tuple(int(g) for g in args.grid.lower().split("x"))
     epochs = args.epochs or (2000 if args.churn else 30)
     torch.manual_seed(args.seed)
@@ -337,12 +363,12 @@ def main(argv: list[str] | None = None) -> int:
                 if acc >= args.target and (churn is None or churn.started >= args.churn_processes):
                     break
             mixture = model.moe.stats
-            print(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed ({mixture['failed_over']} "
-                  f"retried on another replica), {mixture['rerouted']} samples re-routed to a second round, "
-                  f"{mixture['samples_short']} short of k_min (zero output)", flush=True)
-            print(f"checks: {mixture['rejected']} replies rejected by the guard, {mixture['audits']} audits, "
-                  f"{mixture['disagreements']} disagreements, {mixture['outvoted']} replicas outvoted on an expert, "
-                  f"{mixture['stale']} stale, {mixture['exclusions']} volunteers excluded", flush=True)
+            say(f"mixture: {mixture['calls']} expert calls, {mixture['failures']} failed ({mixture['failed_over']} "
+                f"retried on another replica), {mixture['rerouted']} samples re-routed to a second round, "
+                f"{mixture['samples_short']} short of k_min (zero output)")
+            say(f"checks: {mixture['rejected']} replies rejected by the guard, {mixture['audits']} audits, "
+                f"{mixture['disagreements']} disagreements, {mixture['outvoted']} replicas outvoted on an expert, "
+                f"{mixture['stale']} stale, {mixture['exclusions']} volunteers excluded")
             if replicated is not None:
                 replicated.report(swarm.trust_report(), best, step_times, mixture)
             if churn is not None:
@@ -365,13 +391,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_status(testnet: Testnet) -> None:
+    """A volunteer's dashboard, at the terminal's width, once its view of the grid's coverage
+    comes from a survey made after every volunteer was up (one from the start said most experts
+    had no host right after training had called all of them)."""
     import trio
 
     from volunteer.cli.control import request
     from volunteer.cli.dashboard import render_text
 
-    snapshot = trio.run(request, testnet.controls[0], "status")["status"]
-    print(render_text(snapshot, width=100, height=60))
+    deadline = time.monotonic() + FRESH_SURVEY_WAIT
+    while True:
+        snapshot = trio.run(request, testnet.controls[0], "status")["status"]
+        age = (snapshot.get("coverage") or {}).get("surveyed_age_s")
+        if age is None or age <= time.monotonic() - testnet.ready_at or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    screen = render_text(snapshot, width=columns(), height=60)
+    print("\n".join(line.rstrip() for line in screen.splitlines()))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ volunteers), the calls' network and volunteer time, and each volunteer's compute
 ``final: step N validation bpb X`` (``--compare``: both, and the swarm's over the local's).
 
 --swarm: the swarm must host ``ffn`` experts of hidden dim ``width`` named ``lm0.[0:E]``,
-``lm1.[0:E]``, ... (``volunteer join SWARM --experts ffn:lm0.[0:4],lm1.[0:4] --hidden-dim 64``),
+``lm1.[0:E]``, ... (``volunteer join SWARM --experts 'ffn:lm0.[0:4],lm1.[0:4]' --hidden-dim 64``),
 or declare one ``[[grid]]`` per layer (used in order).
 """
 

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # --demo: only what the demo swarm runs (the venv with the examples' packages): no browser, no NAT
-# rig packages, no real libp2p peers (those are for the tests: chromium alone is some 300 MB)
+# rig packages, no real libp2p peers, no test packages (those are for the tests: chromium alone is
+# some 300 MB, the peers' hivemind venv 1.2 GB)
 DEMO=0
 [ "${1:-}" = "--demo" ] && DEMO=1
 
@@ -38,7 +39,10 @@ PYTHON=${PYTHON:-python3}
 retry .venv/bin/pip install -q --upgrade pip
 # torch first, pinned, so pip takes the CPU build that lies on this machine's disk.
 .venv/bin/python -c "import torch" 2>/dev/null || retry .venv/bin/pip install -q torch==2.13.0
-retry .venv/bin/pip install -q -e ".[test,examples]"
+# the demo needs the examples' packages only (scikit-learn's digits); the tests need their own too
+EXTRAS="test,examples"
+[ "$DEMO" = 1 ] && EXTRAS="examples"
+retry .venv/bin/pip install -q -e ".[$EXTRAS]"
 
 # Real libp2p peers (py-libp2p 0.8.1 in its own venv, go-libp2p's p2pd from hivemind's wheel).
 if [ "$DEMO" = 0 ] && [ -f .ci/install_peers.sh ]; then

@@ -94,6 +94,21 @@ def rate(value: object) -> float:
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 
 
+def size(value: object) -> int:
+    """A check: bytes above zero, a number or a size such as 8GiB."""
+    from .sizes import parse_size
+
+    if isinstance(value, str):
+        try:
+            value = parse_size(value.strip())
+        except ValueError:
+            raise ValueError(f"not a size: {value!r} (e.g. 8GiB)") from None
+    number = _number(value, False)
+    if not number > 0:
+        raise ValueError(f"expected bytes above 0 (e.g. 8GiB), got {value!r}")
+    return int(number)
+
+
 def device_name(value: object) -> str:
     """A check: a device experts can run on."""
     if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
@@ -112,7 +127,7 @@ def one_of(*choices: str) -> "Callable[[object], str]":
 
 JOIN_CHECKS: dict = {  # [join] / [experts] values, and the flags of the same names
     "hidden_dim": at_least(1, example="64"), "max_batch": at_least(1, example="1024"),
-    "max_gpu_memory": fraction, "max_upload": rate, "max_experts": at_least(0, example="8"),
+    "max_gpu_memory": fraction, "max_upload": rate, "max_experts": at_least(0, example="8"), "max_ram": size,
     "device": device_name, "share_tracebacks": one_of("full", "redacted", "none"), "cpu_threads": at_least(1, example="4"),
 }
 
@@ -120,7 +135,7 @@ JOIN_SETTINGS = {  # config.toml's [join] keys and a swarm file's [experts] keys
     "experts": str, "hidden_dim": int, "device": str, "max_batch": int, "listen": list,
     "max_gpu_memory": (int, float), "max_upload": Typed((int, float, str), "a number or a size such as 5MiB"),
     "expert_file": str, "mdns": bool, "share_tracebacks": str, "max_experts": int, "port_mapping": bool,
-    "cpu_threads": int,
+    "cpu_threads": int, "max_ram": Typed((int, str), "a number of bytes or a size such as 8GiB"),
 }
 
 # config.toml's [limits]: the resource manager's bounds (volunteer.net.resources.ResourceLimits,

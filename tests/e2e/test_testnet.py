@@ -59,6 +59,10 @@ def test_testnet_leaves_no_process_behind(tmp_path, cli_env, how):
     try:
         listed = json.loads(run_cli("experts", "t", "--json", env=env).stdout)  # the swarm file was written
         assert sorted({row["uid"] for row in listed}) == ["expert.0.0", "expert.0.1", "expert.1.0", "expert.1.1"]
+        # each volunteer keeps its state (its event log, contributions, history) in the testnet's
+        # directory, not in the user's state dir, nor in one another's
+        status = json.loads(run_cli("status", "--json", "--control", str(tmp_path / "net" / "v1.sock"), env=env).stdout)
+        assert status["log_file"] == str(tmp_path / "net" / "state-v1" / "logs" / "volunteer.log")
         if how == "ctrl-c":
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 0

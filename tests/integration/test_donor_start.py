@@ -179,3 +179,37 @@ async def test_a_relay_that_died_is_said_in_status_not_left_green():
                 daemon.leave()
                 await daemon.wait_left()
             nursery.cancel_scope.cancel()
+
+
+async def test_status_splits_the_upload_by_purpose():
+    """status --json counts each kind of upload apart, as the README says: replies to trainers,
+    replica sync, catch-up served and hand-off, beside their total."""
+    from volunteer.net.upload import PURPOSES
+
+    daemon = ffn_daemon(Machine(battery=False))
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(daemon.run)
+            upload = daemon.snapshot()["upload"]
+            assert set(upload["by_purpose"]) == set(PURPOSES)
+            assert sum(upload["by_purpose"].values()) == upload["bytes_sent"]
+            daemon.leave()
+            await daemon.wait_left()
+
+
+async def test_status_names_the_event_log(tmp_path):
+    daemon = Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False, log_file=tmp_path / "logs" / "volunteer.log"))
+    assert daemon.snapshot()["log_file"] == str(tmp_path / "logs" / "volunteer.log")
+    assert "log_file" not in Daemon(DaemonOptions(swarm=spec(), node=options(), folding=False)).snapshot()
+
+
+def test_a_paused_volunteer_pings_no_relay(monkeypatch):
+    """The relay watch pings the relays the node holds reservations on, except while paused."""
+    from types import SimpleNamespace
+
+    from volunteer.cli import views
+
+    peer = "12D3KooWRelayRelayRelay"
+    monkeypatch.setattr(views, "reachability_view", lambda node: {"relays": [{"peer_id": peer, "reserved": True}]})
+    assert daemon_module.relays_to_ping(SimpleNamespace(paused=False)) == [peer]
+    assert daemon_module.relays_to_ping(SimpleNamespace(paused=True)) == []

@@ -76,3 +76,29 @@ def test_ipv6_missing_present_and_unanswered():
     assert ipv6_check(["2001:db8::5"], True).status == "OK"
     silent = ipv6_check(["2001:db8::5"], False, "timed out")
     assert silent.status == "WARN" and "2001:db8::5" in silent.detail and "timed out" in silent.detail
+
+
+def test_a_router_that_refused_is_not_said_to_speak_none_of_the_protocols():
+    """The router answered PCP and NAT-PMP with a refusal: it speaks them; the line used to say it
+    spoke none of them, in a sentence that quoted its answers ("PCP: PCP: not authorized")."""
+    check = port_mapping_check(snapshot(None, error="no router answered",
+                                        errors={"pcp": "PCP: not authorized", "natpmp": "NAT-PMP: not authorized or refused",
+                                                "upnp": "no UPnP device answered"}))
+    assert check.status == "WARN" and "speaks none" not in check.detail
+    assert check.detail.startswith("the router answered PCP, NAT-PMP but refused a mapping")
+    assert "PCP: not authorized" in check.detail and "PCP: PCP:" not in check.detail
+    assert "allow port mapping" in check.fix and "turn on" not in check.fix
+    natpmp_only = port_mapping_check(snapshot(None, errors={"pcp": "the gateway speaks NAT-PMP, not PCP",
+                                                            "natpmp": "NAT-PMP: out of resources"}))
+    assert "answered PCP, NAT-PMP" in natpmp_only.detail
+
+
+def test_silence_still_says_the_router_speaks_none_and_no_gateway_says_there_is_no_router():
+    silent = port_mapping_check(snapshot(None, errors={"pcp": "the gateway did not answer on port 5351",
+                                                       "natpmp": "the gateway did not answer on port 5351",
+                                                       "upnp": "no UPnP device answered"}))
+    assert "speaks none of PCP, NAT-PMP, UPnP IGD" in silent.detail
+    alone = port_mapping_check(snapshot(None, errors={"pcp": "no IPv4 default gateway to ask",
+                                                      "natpmp": "no IPv4 default gateway to ask",
+                                                      "upnp": "no UPnP device answered"}))
+    assert alone.detail.startswith("no router to ask") and "speaks" not in alone.detail

@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from ..sizes import format_size
+
 log = logging.getLogger(__name__)
 
 CONSENT_LINE = "consent = true  # you agreed to donate this machine (`volunteer join` asked, or --yes)"
@@ -37,6 +39,8 @@ def summary_lines(node, *, policy_lines: list[str], web: str | None) -> list[str
     lines = [
         f"device:        {device}",
         f"GPU memory:    {memory}",
+        *([f"RAM:           at most {format_size(node.max_ram)} for the experts on the CPU (--max-ram)"]
+          if getattr(node, "max_ram", None) else []),
         (f"CPU threads:   {node.cpu_threads} of {os.cpu_count() or 1} cores" if node.cpu_threads
          else f"CPU threads:   torch's default ({os.cpu_count() or 1} cores on this machine; --cpu-threads N caps it)"),
         f"upload:        {upload}",

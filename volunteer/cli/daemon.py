@@ -20,6 +20,7 @@ from ..net.events import ReachabilityChanged, RelayReservationsChanged
 from ..net.nat.manager import NatManager
 from ..node import JoinError, VolunteerNode, VolunteerOptions, check_device, open_volunteer
 from ..swarmfile import SwarmSpec
+from ..widgets import short
 from ..donor import contributions as contrib
 from ..donor import history as hist
 from . import views
@@ -50,7 +51,7 @@ def reachable_how(view: dict | None) -> str:
         return "public"
     for relay in view.get("relays", []):
         if relay.get("reserved"):
-            return f"reserved on relay …{relay.get('peer_id', '')[-6:]}"
+            return f"reserved on relay {short(relay.get('peer_id', ''))}"
     return ""
 
 
@@ -62,6 +63,7 @@ class DaemonOptions:
     node: VolunteerOptions
     control_path: Path | None = None
     state_dir: Path | None = None  # where contributions are kept across restarts (None: not kept)
+    log_file: Path | None = None  # the event log `join` keeps (status shows where; None: none)
     policy: PolicySettings = field(default_factory=PolicySettings)  # the run-when policies
     folding: bool = True  # start serving (consent given), else start paused until `volunteer fold`
     start_reason: str = ""  # why it starts as it does (the first event of the log)
@@ -282,8 +284,7 @@ class Daemon:
             return
 
         def reserved() -> list[str]:
-            view = views.reachability_view(node) or {}
-            return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
+            return relays_to_ping(node)
 
         def connection_to(peer: str):
             for conn in node.host.connections():
@@ -388,6 +389,8 @@ class Daemon:
                 snap["checkpoints"] = self._checkpoint_view(node.options.checkpoint_dir, now)
         snap["contributions"] = self.history.contributions_view()
         snap.update(self.steward.snapshot())
+        if self.options.log_file is not None:
+            snap["log_file"] = str(self.options.log_file)
         if self.web_url is not None:  # the control socket is the user's alone: the login link may go there
             snap["web"] = {"url": self.web_url, "login": self.web_login}
         snap["log"] = list(self.logs.records)[-SNAPSHOT_LOG_LINES:]
@@ -412,13 +415,18 @@ class Daemon:
         return rows
 
     def _upload(self, now: float) -> dict:
-        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``."""
+        """Upload bytes per second over the window (replies and replica traffic), against ``--max-upload``,
+        and the bytes sent by purpose (``by_purpose``: replies, sync, catch_up, hand_off)."""
         node = self.node
         sent = views.bytes_served(node) if node is not None else 0
         self.window.observe(UPLOAD_KEY, now, sent)
         rate = self.window.rate(UPLOAD_KEY)
         limit = node.options.max_upload if node is not None else None
-        return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent}
+        # the README's promise: status --json counts each kind of upload apart (replies, sync, catch-up, hand-off)
+        meter = node.server.snapshot().get("upload") if node is not None and node.server is not None else None
+        by_purpose = dict(meter.get("by_purpose") or {}) if isinstance(meter, dict) else {}
+        return {"rate_bps": round(rate, 1) if rate is not None else 0.0, "limit_bps": limit, "bytes_sent": sent,
+                "by_purpose": by_purpose}
 
     def _checkpoint_view(self, directory: Path | None, now: float) -> dict:
         """Where checkpoints go, whether that is writable and how long since the last save."""
@@ -430,6 +438,16 @@ class Daemon:
         if view.get("last_save") is not None:
             view["last_save_age_s"] = round(max(0.0, time.time() - view["last_save"]), 1)
         return view
+
+
+def relays_to_ping(node) -> list[str]:
+    """The relays the node holds a reservation on, whose answers the relay watch checks; none
+    while the node is paused: a paused volunteer uses no network it can do without (BOINC stops
+    all network use outside network hours), and its relay pings are one such use."""
+    if node.paused:
+        return []
+    view = views.reachability_view(node) or {}
+    return [r["peer_id"] for r in view.get("relays", []) if r.get("reserved") and r.get("peer_id")]
 
 
 def checkpoint_view(directory: Path | None) -> dict:
@@ -454,4 +472,4 @@ def checkpoint_view(directory: Path | None) -> dict:
     return {"dir": str(directory), "writable": os.access(existing, os.W_OK | os.X_OK), "last_save": newest}
 
 
-__all__ = ["Daemon", "DaemonOptions", "JoinError", "LogBuffer", "check_device"]
+__all__ = ["Daemon", "DaemonOptions", "JoinError", "LogBuffer", "check_device", "relays_to_ping"]

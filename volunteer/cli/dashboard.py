@@ -255,6 +255,8 @@ def _compute(s: dict, compact: bool) -> Table:
     else:
         table.add_row(_upload(s))
         table.add_row(_checkpoints(s))
+    if s.get("log_file"):  # the event log join keeps in the state dir
+        table.add_row(f"event log {text(s.get('log_file'))}")
     return table
 
 
@@ -421,6 +423,9 @@ def logging_through(console: Console) -> Iterator[None]:
         root.removeHandler(handler)
     chatty = RichHandler(console=console, show_path=False, rich_tracebacks=False)
     chatty.addFilter(_BelowWarning())  # WARNING and up: the Log panel shows them, once
+    for handler in terminal:  # what those handlers let through, chatty does too (the event log lowers the root's level)
+        for kept in handler.filters:
+            chatty.addFilter(kept)
     root.addHandler(chatty)
     try:
         yield

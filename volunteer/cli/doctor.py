@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -113,9 +114,23 @@ def run_doctor(args: argparse.Namespace) -> int:
                                 sources=sources)
         for kind, its_peers in kinds:
             checks += await kind.check_peers(its_peers)
-        return checks
+        from ..paths import state_dir
+        from .eventlog import event_log_path
+
+        return checks + [event_log_check(event_log_path(state_dir()))]
 
     return report(trio.run(all_checks), as_json=args.json)
+
+
+def event_log_check(path: Path) -> Check:
+    """Where ``volunteer join`` keeps its event log, and whether it has written one yet."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return Check("OK", "event log", f"none yet: `volunteer join` keeps it at {path}")
+    except OSError as exc:
+        return Check("WARN", "event log", f"cannot read {path}: {exc.strerror}", "check the state dir's permissions")
+    return Check("OK", "event log", f"{path} ({format_size(size)}; older ones beside it as .1 .. .3)")
 
 
 def listen_addrs(args: argparse.Namespace) -> list[Multiaddr]:

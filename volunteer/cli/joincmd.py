@@ -33,8 +33,8 @@ JOIN_EXAMPLES = """\
 examples:
   volunteer join demo                                   host what the swarm's [[grid]] needs most (else serve the DHT only)
   volunteer join demo --max-experts 4                   the same, at most 4 experts
-  volunteer join demo --experts ffn:expert.[0:4].[0:8]  host 32 experts of a 4x8 grid
-  volunteer join ./myswarm.toml --experts transformer:block.[0:2] --hidden-dim 1024 --device cuda:0
+  volunteer join demo --experts 'ffn:expert.[0:4].[0:8]'  host 32 experts of a 4x8 grid
+  volunteer join ./myswarm.toml --experts 'transformer:block.[0:2]' --hidden-dim 1024 --device cuda:0
   volunteer join /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW... --swarm-id demo --no-dashboard
   volunteer join demo --web 127.0.0.1:7396              a local web page: live state, plots, fold/pause/finish
   volunteer join demo --when-idle 3 --pause-while steam --compute-hours 22:00-07:00
@@ -83,7 +83,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         epilog=JOIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("swarm", metavar="SWARM", help="swarm name, swarm file, or bootstrap multiaddr")
-    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. ffn:expert.[0:4].[0:8] (default: the swarm "
+    p.add_argument("--experts", metavar="CLASS:PATTERN", help="experts to host, e.g. 'ffn:expert.[0:4].[0:8]' (default: the swarm "
                    "file's [experts].experts, else automatic placement on its [[grid]], else none)")
     p.add_argument("--max-experts", type=_setting("max_experts"), metavar="N", help="automatic placement hosts at most N experts "
                    "(default: what fits in --max-gpu-memory of the GPU, else 8 without a GPU; 0: route the DHT only)")
@@ -98,6 +98,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, metavar="FILE",
                    help="settings file (default ~/.config/volunteer/config.toml): [join] device = \"cuda:0\", max_batch = 256, …")
     p.add_argument("--max-gpu-memory", type=_setting("max_gpu_memory"), metavar="FRACTION", help="cap torch's share of GPU memory, e.g. 0.5")
+    p.add_argument("--max-ram", type=_setting("max_ram"), metavar="SIZE",
+                   help="on the CPU, cap the memory the experts take, e.g. 8GiB: placement hosts what fits, and named "
+                        "experts that do not fit are refused (default: what is available)")
     p.add_argument("--max-upload", type=_setting("max_upload"), metavar="RATE", help="cap everything this volunteer uploads (expert replies, replica sync, catch-up, hand-off), bytes/s (e.g. 5MiB)")
     p.add_argument("--listen", action="append", metavar="MULTIADDR", help="listen address (repeatable; default /ip4/0.0.0.0/tcp/0 and /ip4/0.0.0.0/udp/0/quic-v1, "
                    "and the same on /ip6/:: with a global IPv6 address)")
@@ -205,6 +208,7 @@ def build_options(args: argparse.Namespace):
         max_batch=int(pick(args.max_batch, "max_batch", 1024)),
         checkpoint_dir=args.checkpoints or state_dir() / "checkpoints" / spec.id,
         max_gpu_memory=pick(args.max_gpu_memory, "max_gpu_memory", None),
+        max_ram=JOIN_CHECKS["max_ram"](ram) if (ram := pick(args.max_ram, "max_ram", None)) is not None else None,
         max_upload=pick(args.max_upload, "max_upload", None),
         expert_file=pick(args.expert_file, "expert_file", None),
         mdns=not args.no_mdns and settings.get("mdns", True) and os.environ.get("VOLUNTEER_NO_MDNS") != "1",
@@ -310,6 +314,12 @@ def run_join(args: argparse.Namespace) -> int:
     dashboard = sys.stdout.isatty() and not args.no_dashboard
     if not dashboard:
         show_notices()
+    # after show_notices: the event log lowers the root logger to INFO, and the terminal keeps
+    # showing what it showed then (the notices' own level included)
+    from .eventlog import event_log_path, open_event_log
+
+    if options.state_dir is not None and open_event_log(event_log_path(options.state_dir)) is not None:
+        options.log_file = event_log_path(options.state_dir)
     return trio.run(join, options, dashboard, metrics, getattr(args, "web", None), lock)
 
 
@@ -371,6 +381,8 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
                     where = f" (from the LAN: {', '.join(f'http://{n}:{web_sock.getsockname()[1]}/' for n in lan[:3])})" if lan else ""
                     print(f"  note: the web page listens beyond this machine{where}; only the token keeps others out",
                           flush=True)
+            if options.log_file is not None:
+                print(f"  event log {options.log_file}", flush=True)
             print(f"  control socket {options.control_path}", flush=True)  # the last line of the start
             if not dashboard:
                 nursery.start_soon(_report_reachable, daemon)
@@ -385,16 +397,32 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
             await daemon.wait_left()
             nursery.cancel_scope.cancel()
     handed = daemon.node.handed_off if daemon.node is not None else None
-    if handed is not None:
-        for uid, (peer, version) in sorted(handed.done.items()):
-            print(f"  handed off {uid} (version {version}) to {peer[-10:]}", flush=True)
-        for uid, why in sorted(handed.failed.items()):
-            print(f"  could not hand off {uid}: {why} (its checkpoint keeps it)", flush=True)
-    if daemon.node is None:
-        print("stopped: never joined the swarm (no consent given)", flush=True)
-    else:
-        print("left the swarm: experts withdrawn, checkpoints saved", flush=True)
+    for line in farewell_lines(handed, daemon.snapshot(), joined=daemon.node is not None):
+        print(line, flush=True)
     return 0
+
+
+def farewell_lines(handed, snapshot: dict, *, joined: bool) -> list[str]:
+    """What ``join`` prints as it exits: each expert handed off (to whom, in the one short form of
+    a peer ID) or not, how it left, and what this session gave: calls, samples, uptime, bytes."""
+    from ..sizes import format_size
+    from ..widgets import duration, short
+
+    lines = []
+    if handed is not None:
+        lines += [f"  handed off {uid} (version {version}) to {short(peer)}" for uid, (peer, version) in sorted(handed.done.items())]
+        lines += [f"  could not hand off {uid}: {why} (its checkpoint keeps it)" for uid, why in sorted(handed.failed.items())]
+    if not joined:
+        return lines + ["stopped: never joined the swarm (no consent given)"]
+    lines.append("left the swarm: experts withdrawn, checkpoints saved")
+    session = (snapshot.get("contributions") or {}).get("session") or {}
+    trainers = int(session.get("trainers") or 0)
+    lines.append(
+        f"this session: {duration(snapshot.get('uptime_s'))} up, {int(session.get('requests') or 0):,} calls, "
+        f"{int(session.get('samples') or 0):,} samples for {trainers} trainer{'' if trainers == 1 else 's'}, "
+        f"{format_size(int(session.get('bytes_sent') or 0))} sent"
+    )
+    return lines
 
 
 def check_before_consent(node) -> None:

@@ -20,7 +20,7 @@ BROKEN_PIPE_EXIT = 141  # what a shell reports for a program ended by SIGPIPE: `
 
 EXAMPLES = """\
 examples:
-  volunteer join ./demo.toml --experts ffn:expert.[0:4].[0:8]   donate: join the swarm whose file you were given
+  volunteer join ./demo.toml --experts 'ffn:expert.[0:4].[0:8]' donate: join the swarm whose file you were given
   volunteer join demo --web 127.0.0.1:7396      the same, with a local web page (live state, plots, buttons)
   volunteer status                              the running daemon's dashboard (--json for scripts)
   volunteer fold / pause / finish               serve / stop serving / finish what runs, then idle

@@ -72,9 +72,11 @@ def bytes_per_expert(expert_class: str, hidden_dim: int) -> int:
     return int(expert_memory_bytes(parameters) * ACTIVATION_MARGIN)
 
 
-def allowed_memory(device: "torch.device", max_gpu_memory: float | None) -> tuple[int | None, str]:
+def allowed_memory(device: "torch.device", max_gpu_memory: float | None,
+                   max_ram: int | None = None) -> tuple[int | None, str]:
     """Bytes the experts may take on ``device`` (a torch.device) and where that bound comes
-    from: ``--max-gpu-memory`` of a GPU's memory, else what the GPU or the machine has free."""
+    from: ``--max-gpu-memory`` of a GPU's memory, ``--max-ram`` on the CPU, else what the GPU
+    or the machine has free."""
     if device.type == "cuda":
         import torch
 
@@ -87,7 +89,10 @@ def allowed_memory(device: "torch.device", max_gpu_memory: float | None) -> tupl
     if device.type == "cpu":
         import psutil
 
-        return int(psutil.virtual_memory().available), "available"
+        available = int(psutil.virtual_memory().available)
+        if max_ram and max_ram < available:
+            return int(max_ram), f"allowed by --max-ram {format_size(int(max_ram))}"
+        return available, "available"
     return None, ""  # mps, xpu: torch does not say how much is free
 
 
@@ -112,7 +117,8 @@ def estimate_for(options: "VolunteerOptions", grids: Sequence["GridSpec"]) -> Me
         count = len(o.uids)
     elif o.place and grids:
         kinds = [(g.expert_class, g.hidden_dim) for g in grids]
-        count = placement_capacity(grids, device, max_experts=o.max_experts, max_gpu_memory=o.max_gpu_memory)
+        count = placement_capacity(grids, device, max_experts=o.max_experts, max_gpu_memory=o.max_gpu_memory,
+                                   max_ram=o.max_ram)
     else:
         return None
     for name, _ in kinds:
@@ -121,7 +127,7 @@ def estimate_for(options: "VolunteerOptions", grids: Sequence["GridSpec"]) -> Me
         except VolunteerError:
             return None  # a class of --expert-file: registered when the node loads the file
     per_expert = max(bytes_per_expert(name, hidden) for name, hidden in kinds)
-    allowed, allowed_by = allowed_memory(device, o.max_gpu_memory)
+    allowed, allowed_by = allowed_memory(device, o.max_gpu_memory, o.max_ram)
     return MemoryEstimate(count, per_expert, str(device), allowed, allowed_by)
 
 

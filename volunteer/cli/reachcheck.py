@@ -7,6 +7,7 @@ WARN or FAIL, what was found, and what to do about it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,18 @@ MAPPING_FIX = ("turn on UPnP IGD, NAT-PMP or PCP in your router's settings, or f
                "and hole punching")
 
 
+NO_GATEWAY = "no IPv4 default gateway to ask"  # the port mapper's words when there is no router to ask
+# a router's own answer: a PCP or NAT-PMP result code ("PCP: not authorized"), or PCP's version
+# error from a NAT-PMP router; silence, a closed port or no UPnP device are not answers
+_ANSWER = re.compile(r"^(?:PCP|NAT-PMP): |\bspeaks NAT-PMP, not PCP\b")
+
+
+def _without_name(protocol: str, error: str) -> str:
+    """``error`` without the protocol's name in front when it already says it ("PCP: PCP: …")."""
+    name = PROTOCOL_NAMES.get(protocol, protocol).split()[0]
+    return error[len(name) + 2:] if error.startswith(f"{name}: ") else error
+
+
 def port_mapping_check(snapshot: PortMapStatus | None, off_reason: str = "") -> Check:
     """The router port mapping: which protocol the router speaks, the mapping it gave and whether
     a peer reached it from outside, or why there is none. ``snapshot`` is ``PortMapper.snapshot()``
@@ -32,8 +45,20 @@ def port_mapping_check(snapshot: PortMapStatus | None, off_reason: str = "") -> 
                      f"{undo} to let the router forward your ports")
     protocol = snapshot.get("protocol")
     if protocol is None:
-        errors = snapshot.get("errors") or {}
-        why = "; ".join(f"{PROTOCOL_NAMES.get(p, p)}: {e}" for p, e in errors.items()) or snapshot.get("error") or "no answer"
+        raw = {p: str(e) for p, e in (snapshot.get("errors") or {}).items()}
+        why = "; ".join(f"{PROTOCOL_NAMES.get(p, p)}: {_without_name(p, e)}" for p, e in raw.items()) \
+            or snapshot.get("error") or "no answer"
+        answered = [p for p, e in raw.items() if _ANSWER.search(e)]
+        gateway_asks = [e for p, e in raw.items() if p != "upnp"]  # PCP and NAT-PMP ask the default gateway
+        if gateway_asks and all(e == NO_GATEWAY for e in gateway_asks) and not _ANSWER.search(raw.get("upnp", "")):
+            return Check("WARN", "port mapping", f"no router to ask ({why})",
+                         "this machine has no IPv4 default route; port mapping needs a router on the way out")
+        if answered:  # it speaks the protocol and said no: "speaks none" would contradict its answer
+            names = ", ".join(PROTOCOL_NAMES.get(p, p) for p in answered)
+            return Check("WARN", "port mapping", f"the router answered {names} but refused a mapping ({why})",
+                         "allow port mapping for this machine in your router's settings (UPnP IGD, NAT-PMP or PCP), "
+                         "or forward the listen ports by hand; without it you still connect, through relays and "
+                         "hole punching")
         return Check("WARN", "port mapping", f"the router speaks none of PCP, NAT-PMP, UPnP IGD ({why})", MAPPING_FIX)
     name = PROTOCOL_NAMES.get(protocol, protocol)
     mappings = snapshot.get("mappings") or []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from ..errors import VolunteerError
+from ..widgets import short
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def silent_text(relays: list[dict]) -> str | None:
     silent = [r for r in relays if r.get("reserved") and r.get("answering") is False]
     if not silent:
         return None
-    parts = [f"relay …{str(r.get('peer_id', ''))[-6:]} not answering for {r.get('silent_s', 0):.0f} s" for r in silent]
+    parts = [f"relay {short(r.get('peer_id', ''))} not answering for {r.get('silent_s', 0):.0f} s" for r in silent]
     alive = any(r.get("reserved") and r.get("answering") is not False for r in relays)
     tail = "" if alive else " (nobody can reach this node through a relay)"
     return "; ".join(parts) + tail
@@ -107,13 +108,13 @@ async def watch_relays(reserved: Callable[[], list[str]], connection_to: Callabl
         for peer in peers:
             rtt = await _ping(connection_to(peer), timeout)
             now = trio.current_time()
-            short = peer[-6:]
+            shown = short(peer)
             if rtt is None:
                 if watch.missed(peer, now):
-                    log.warning("relay …%s stopped answering: its reservation no longer makes this node reachable "
-                                "(status shows it; the swarm's other relays are tried as usual)", short)
+                    log.warning("relay %s stopped answering: its reservation no longer makes this node reachable "
+                                "(status shows it; the swarm's other relays are tried as usual)", shown)
             elif watch.answered(peer, now, rtt):
-                log.info("relay …%s answers again", short)
+                log.info("relay %s answers again", shown)
 
 
 async def _ping(conn, timeout: float) -> float | None:

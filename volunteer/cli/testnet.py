@@ -31,6 +31,7 @@ from .control import ControlError, request
 
 START_TIMEOUT = 60.0
 STOP_DEADLINE = 15.0
+LOG_TAIL = 2000  # characters of a failed process's log shown in the error
 
 
 async def exit_with_parent(leave) -> None:
@@ -64,6 +65,7 @@ class Testnet:
     controls: list[Path] = field(default_factory=list)
     processes: list = field(default_factory=list)
     assignments: list[list[str]] = field(default_factory=list)
+    kept: bool = True  # the directory outlives the testnet (--dir, VOLUNTEER_KEEP_TESTNET=1)
 
     async def statuses(self) -> list[dict | None]:
         """Each volunteer's status snapshot (None for one that does not answer)."""
@@ -85,13 +87,27 @@ def _python() -> list[str]:
     return [sys.executable, "-m", "volunteer"]
 
 
-async def _read_relay_addr(proc, log_path: Path) -> str:
+def logs_shown(log_path: Path, kept: bool) -> str:
+    """Where to read why a testnet process failed: the log's path when the directory stays, else
+    its last lines (a temporary directory is removed as the testnet stops: a path would point at
+    nothing)."""
+    if kept:
+        return f"see {log_path}"
+    try:
+        tail = log_path.read_text(errors="replace").strip()[-LOG_TAIL:]
+    except OSError:
+        tail = ""
+    shown = f"its log ended:\n{tail}" if tail else "its log was empty"
+    return f"{shown}\n(the testnet's temporary directory is removed; --dir DIR or VOLUNTEER_KEEP_TESTNET=1 keeps the logs)"
+
+
+async def _read_relay_addr(proc, log_path: Path, kept: bool = True) -> str:
     buffer = b""
     with trio.fail_after(START_TIMEOUT):
         while True:
             chunk = await proc.stdout.receive_some(4096)
             if not chunk:
-                raise VolunteerError(f"the testnet relay exited early; see {log_path}")
+                raise VolunteerError(f"the testnet relay exited early; {logs_shown(log_path, kept)}")
             buffer += chunk
             with open(log_path, "ab") as log:
                 log.write(chunk)
@@ -129,6 +145,7 @@ async def open_testnet(
         raise VolunteerError("testnet: -n must be between 1 and 64")
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
     own_dir = workdir is None
+    kept = not own_dir or os.environ.get("VOLUNTEER_KEEP_TESTNET") == "1"  # else removed when the testnet stops
     workdir = Path(workdir or tempfile.mkdtemp(prefix="volunteer-testnet-"))
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +168,7 @@ async def open_testnet(
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
             )
             processes.append(relay)
-            relay_addr = await _read_relay_addr(relay, workdir / "relay.log")
+            relay_addr = await _read_relay_addr(relay, workdir / "relay.log", kept)
             nursery.start_soon(_drain, relay.stdout, workdir / "relay.log")
             spec = SwarmSpec(swarm_id, swarm_id, [], [_addr(relay_addr)], testnet_pid=os.getpid(),
                              trainers=list(trainers) if trainers else "open")
@@ -161,7 +178,7 @@ async def open_testnet(
                 spec.grids = [grid]
             swarm_file = workdir / "swarm.toml"
             swarm_file.write_text(spec.to_toml())
-            net = Testnet(workdir, swarm_file, relay_addr, processes=processes)
+            net = Testnet(workdir, swarm_file, relay_addr, processes=processes, kept=kept)
             for i in range(n):
                 mine = uids[i::n]
                 net.assignments.append(mine)
@@ -174,7 +191,11 @@ async def open_testnet(
                 if mine:
                     args += ["--experts", f"{expert_class}:{','.join(mine)}"]
                 log = open(workdir / f"v{i}.log", "wb")
-                proc = await trio.lowlevel.open_process(args, stdout=log, stderr=subprocess.STDOUT, env=env)
+                # each volunteer keeps its contributions and history in the testnet's directory: not
+                # in this user's state dir (where a demo's counts would pile up across runs), nor
+                # shared by the testnet's volunteers
+                own = dict(env, VOLUNTEER_STATE_DIR=str(workdir / f"state-v{i}"))
+                proc = await trio.lowlevel.open_process(args, stdout=log, stderr=subprocess.STDOUT, env=own)
                 log.close()
                 processes.append(proc)
                 net.controls.append(control)
@@ -186,7 +207,7 @@ async def open_testnet(
     finally:
         with trio.CancelScope(shield=True):
             await stop_processes(processes)
-        if own_dir and os.environ.get("VOLUNTEER_KEEP_TESTNET") != "1":
+        if not kept:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -220,14 +241,16 @@ async def _wait_ready(net: Testnet) -> None:
             for i, proc in enumerate(net.processes):
                 if proc.poll() is not None:
                     name = "relay" if i == 0 else f"v{i - 1}"
-                    tail = (net.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                    tail = (net.workdir / f"{name}.log").read_text(errors="replace")[-LOG_TAIL:]
                     raise VolunteerError(f"testnet: {name} exited with status {proc.returncode}:\n{tail}")
             statuses = await net.statuses()
             if all(s is not None for s in statuses):
                 return
             await trio.sleep(0.2)
     if scope.cancelled_caught:
-        raise VolunteerError(f"testnet: volunteers not ready after {START_TIMEOUT:.0f} s; logs in {net.workdir}")
+        late = [i for i, status in enumerate(await net.statuses()) if status is None] or [0]
+        raise VolunteerError(f"testnet: volunteers not ready after {START_TIMEOUT:.0f} s (v{late[0]}: "
+                             f"{logs_shown(net.workdir / f'v{late[0]}.log', net.kept)})")
 
 
 async def stop_processes(processes: list, deadline: float = STOP_DEADLINE) -> None:
@@ -253,7 +276,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "testnet", help="start a local swarm (a relay and N volunteers) on this machine",
         description="Start a whole swarm on loopback: a relay and N volunteer daemons sharing a grid of "
         "experts. Writes a swarm file trainers can join. Ctrl-C stops every process it started.",
-        epilog="examples:\n  volunteer testnet -n 4\n  volunteer testnet -n 20 --experts ffn:expert.[0:8].[0:8] --hidden-dim 256\n"
+        epilog="examples:\n  volunteer testnet -n 4\n  volunteer testnet -n 20 --experts 'ffn:expert.[0:8].[0:8]' --hidden-dim 256\n"
         "  volunteer testnet -n 4 --name mynet   # then: volunteer experts mynet; Swarm.join('mynet')\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -378,7 +401,7 @@ def testnet_table(net: Testnet, statuses: list[dict | None]):
 
     from ..widgets import short
 
-    table = Table(title=f"testnet · relay {net.relay_addr[-20:]}", expand=False)
+    table = Table(title=f"testnet · relay {short(net.relay_addr)}", expand=False)
     for column in ("#", "peer", "reach", "experts", "requests", "DHT peers", "paused"):
         table.add_column(column)
     for i, status in enumerate(statuses):

@@ -51,6 +51,7 @@ class VolunteerOptions:
     max_batch: int = 1024
     checkpoint_dir: Path | None = None
     max_gpu_memory: float | None = None  # fraction of the GPU's memory torch may take
+    max_ram: int | None = None  # bytes of this machine's memory the experts may take on the CPU (--max-ram)
     max_upload: float | None = None  # bytes per second of all this volunteer uploads (replies and replica traffic)
     expert_file: str | None = None  # a Python file defining custom expert classes
     share_tracebacks: str = "redacted"  # what our expert errors show trainers: full, redacted, none

@@ -135,7 +135,7 @@ class VolunteerKind:
             from ..experts.backend import resolve_device
 
             capacity = placement_capacity(grids, resolve_device(node.device), max_experts=options.max_experts,
-                                          max_gpu_memory=options.max_gpu_memory, config=config)
+                                          max_gpu_memory=options.max_gpu_memory, max_ram=options.max_ram, config=config)
         else:
             capacity = options.max_experts if options.max_experts is not None else len(options.uids)
 

@@ -27,21 +27,26 @@ def placement_capacity(
     *,
     max_experts: int | None = None,
     max_gpu_memory: float | None = None,
+    max_ram: int | None = None,
     config: ReplicasConfig = DEFAULT_CONFIG,
 ) -> int:
     """How many grid experts automatic placement hosts: ``--max-experts``; else what fits in the
-    allowed share of a CUDA device's memory (the grids' largest expert); else (no GPU) 8."""
-    if max_experts is not None or device is None or device.type != "cuda" or not grids:
+    allowed share of a CUDA device's memory (the grids' largest expert); else, on the CPU, what
+    fits in ``--max-ram`` (at most the default 8); else (no GPU, no cap) 8."""
+    on_cpu = device is None or device.type != "cuda"
+    if max_experts is not None or not grids or on_cpu and not max_ram:
         return capacity(max_experts=max_experts, config=config)
-    import torch
-
     from ..experts.layers import get_expert_class
 
-    total = torch.cuda.get_device_properties(device.index or 0).total_memory
     largest = max(
         sum(p.numel() for p in get_expert_class(grid.expert_class).build(grid.hidden_dim).parameters()) for grid in grids
     )
     per_expert = int(expert_memory_bytes(largest) * ACTIVATION_MARGIN)
+    if device is None or on_cpu:  # the RAM cap bounds what placement takes, as the GPU's share does on a GPU
+        return min(config.default_capacity, capacity(gpu_memory_bytes=max_ram, bytes_per_expert=per_expert, config=config))
+    import torch
+
+    total = torch.cuda.get_device_properties(device.index or 0).total_memory
     return capacity(gpu_memory_bytes=int(total * (max_gpu_memory or GPU_SHARE)), bytes_per_expert=per_expert, config=config)
 
 
