@@ -335,7 +335,7 @@ class VolunteerNode:
                 log.warning("withdrawing experts failed: %s", describe(exc))
 
     def __repr__(self) -> str:
-        return f"<VolunteerNode {self.spec.name!r} as {self.host.peer_id.short()}>"
+        return f"VolunteerNode({self.spec.name!r} as {self.host.peer_id.short()})"
 
 
 @asynccontextmanager

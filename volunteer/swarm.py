@@ -227,7 +227,7 @@ class Swarm:
 
     def __repr__(self) -> str:
         peer = self._host.peer_id.short() if self._host is not None else "not joined"
-        return f"<Swarm {self.spec.name!r} as {peer}>"
+        return f"Swarm({self.spec.name!r} as {peer})"
 
 
 def _credential(cert: str | os.PathLike, keypair: KeyPair) -> bytes:

@@ -23,12 +23,13 @@ from ..swarmfile import SwarmSpec
 from ..widgets import short
 from ..donor import contributions as contrib
 from ..donor import history as hist
-from . import views
-from .control import DaemonLock, serve_control
 from ..donor.fold import Conduct, choice_path, load_choice, save_choice
 from ..donor.policy import PolicySettings
 from ..donor.probes import SystemProbe
+from ..donor.status import AskReply
 from ..donor.steward import POLICY_PERIOD, Steward, TrafficMeter
+from . import views
+from .control import DaemonLock, serve_control
 from .gpu import GpuMonitor
 from .rates import Window
 from .relaywatch import RELAY_CHECK_PERIOD, RelayWatch, silent_text, watch_relays
@@ -224,7 +225,7 @@ class Daemon:
                 counters[f"{'gpu' if on_gpu else 'cpu'}_s {uid}"] = s.compute_s
             counters["bytes_sent"] = views.bytes_served(node)
         grown = self._history_deltas.step(counters)
-        figures = {"traffic": self.traffic.step(node.host.connections())}
+        figures: dict[str, float] = {"traffic": self.traffic.step(node.host.connections())}
         for key, value in grown.items():
             name = key.split(" ", 1)[0]
             if name != "traffic" and value > 0:
@@ -312,13 +313,13 @@ class Daemon:
         if cmd == "status":
             return {"ok": True, "status": self.snapshot()}
         if cmd in ("fold", "resume", "pause", "finish"):
-            return await self.ask("fold" if cmd == "resume" else cmd, "cli")
+            return dict(await self.ask("fold" if cmd == "resume" else cmd, "cli"))
         if cmd == "leave":
             self.leave()
             return {"ok": True}
         return {"ok": False, "error": f"unknown command {str(cmd)[:32]!r}"}
 
-    async def ask(self, action: str, origin: str) -> dict:
+    async def ask(self, action: str, origin: str) -> "dict | AskReply":
         """fold / pause / finish from ``origin`` (cli, web). Before the donor's consent only a fold
         does anything: it records the consent and joins the swarm (the reply comes at once, the
         join goes on); pause and finish leave a daemon that joined nothing as it is."""
@@ -402,7 +403,8 @@ class Daemon:
         node = self.node
         stats = node.expert_stats() if node is not None else {}
         for row in rows:
-            s = stats.get(row.get("uid"))
+            uid = row.get("uid")
+            s = stats.get(uid) if isinstance(uid, str) else None
             if s is None:
                 continue
             self.window.observe(s.uid, now, s.requests, s.samples, s.batches)

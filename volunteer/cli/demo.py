@@ -12,6 +12,7 @@ import sys
 import trio
 
 from relay.node import open_relay_node
+from volunteer.errors import ConnectionLost
 from volunteer.net.stack import open_stack
 from volunteer.net.identify import identify_of
 from volunteer.net.identity import KeyPair
@@ -20,6 +21,14 @@ from volunteer.net.perf import PERF, perf_stream
 from volunteer.net.ping import PING, Pinger
 
 LOCALHOST = "/ip4/127.0.0.1/tcp/0"
+
+
+def _best_connection(trainer, peer):
+    """The trainer's best open connection to ``peer``; the demo cannot go on without one."""
+    best = trainer.connection_to(peer)
+    if best is None:
+        raise ConnectionLost(f"the trainer lost every connection to {peer}")
+    return best
 
 
 async def run_demo(size: int = 32 * 1024 * 1024) -> None:
@@ -39,15 +48,16 @@ async def run_demo(size: int = 32 * 1024 * 1024) -> None:
         conn = await trainer.connect(circuit)
         print(f"trainer    connected in {(trio.current_time() - started) * 1000:.1f} ms, path: {conn.describe_path()}")
         await identify_of(trainer).ask(relay.host.peer_id)
-        pinger, pinger_conn = None, None
+        pinger: Pinger | None = None
+        pinger_conn = None
         for seq in range(1, 7):
-            best = trainer.connection_to(volunteer.peer_id)
-            if best is not pinger_conn:
+            best = _best_connection(trainer, volunteer.peer_id)
+            if pinger is None or best is not pinger_conn:
                 pinger, pinger_conn = Pinger(await best.new_stream([PING])), best
             rtt = await pinger.ping()
             print(f"trainer    ping seq={seq} rtt={rtt * 1000:.2f} ms path={best.describe_path()}")
             await trio.sleep(0.2)
-        best = trainer.connection_to(volunteer.peer_id)
+        best = _best_connection(trainer, volunteer.peer_id)
         up, down = await perf_stream(await best.new_stream([PERF]), size, size)
         print(f"trainer    perf over {best.describe_path()}: {size / up / 1e6:.0f} MB/s up, {size / down / 1e6:.0f} MB/s down")
         print(f"relay      carried {relay.hop.resources.bytes_relayed} bytes (the rest went direct)")

@@ -172,7 +172,8 @@ def build_options(args: argparse.Namespace):
         return flag if flag is not None else settings.get(key, default)
 
     experts = pick(args.experts, "experts", None)
-    expert_class, uids = (None, [])
+    expert_class: str | None = None
+    uids: list[str] = []
     if experts:
         expert_class, uids = parse_experts_spec(experts)
     max_experts = pick(getattr(args, "max_experts", None), "max_experts", None)
@@ -348,7 +349,7 @@ async def join(options, dashboard: bool, metrics: tuple[str, int] | None = None,
     metrics_sock = web_sock = None
     if metrics is not None:  # busy ports: one line each, before joining
         metrics_sock = open_web_socket(*metrics, flag="--metrics", what="metrics")
-    token = None
+    token = ""
     if web is not None:
         from .webserve import web_token
 

@@ -164,12 +164,11 @@ async def _ping(target: Multiaddr, keypair: KeyPair, args: argparse.Namespace) -
         pinger: Pinger | None = None
         pinger_conn: Connection | None = None
         for seq in range(1, args.count + 1):
-            conn = host.connection_to(peer)
+            best = host.connection_to(peer)
             try:
                 with trio.fail_after(args.timeout):
-                    if conn is None:
-                        conn = await host.connect(peer)
-                    if conn is not pinger_conn:
+                    conn = best if best is not None else await host.connect(peer)
+                    if pinger is None or conn is not pinger_conn:
                         # The best connection changed (relayed → direct, say): ping on the new one.
                         if pinger is not None:
                             with trio.move_on_after(1):

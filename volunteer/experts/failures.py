@@ -68,7 +68,7 @@ def _text(exc: BaseException) -> str:
     try:
         return str(exc)
     except Exception:  # a broken __str__ must not break the error reply
-        return f"<{type(exc).__name__} whose str() failed>"
+        return f"({type(exc).__name__} whose str() failed)"
 
 
 def type_name(exc: BaseException) -> str:

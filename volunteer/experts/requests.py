@@ -70,7 +70,7 @@ class Request:
         self.stamp: Any = None  # computed: (snapshots.Stamp of the state, rows computed together)
 
     def __repr__(self) -> str:
-        return f"<Request {self.kind.value} {self.uid!r} batch={self.batch}>"
+        return f"Request({self.kind.value} {self.uid!r} batch={self.batch})"
 
     def gradients(self) -> list[torch.Tensor]:
         """A backward's output gradients (every backward carries them)."""

@@ -210,7 +210,7 @@ class Connection:
         return self.path.value
 
     def __repr__(self) -> str:
-        return f"<Connection #{self.id} {self.direction.value} {self.remote_peer.short()} {self.describe_path()} {self.remote_addr}>"
+        return f"Connection(#{self.id} {self.direction.value} {self.remote_peer.short()} {self.describe_path()} {self.remote_addr})"
 
 
 

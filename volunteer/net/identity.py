@@ -81,7 +81,7 @@ class PublicKey:
         return hash((self.key_type, self.raw))
 
     def __repr__(self) -> str:
-        return f"<PublicKey {KEY_TYPE_NAMES[self.key_type]} {self.raw[:8].hex()}…>"
+        return f"PublicKey({KEY_TYPE_NAMES[self.key_type]} {self.raw[:8].hex()}…)"
 
 
 def _load_verifier(key_type: int, raw: bytes):
@@ -152,7 +152,7 @@ class KeyPair:
         return keypair
 
     def __repr__(self) -> str:
-        return f"<KeyPair {self.peer_id}>"
+        return f"KeyPair({self.peer_id})"
 
 
 @total_ordering
@@ -258,7 +258,7 @@ class PeerID:
         return self.to_base58()
 
     def __repr__(self) -> str:
-        return f"<PeerID {self.short()}>"
+        return f"PeerID({self.short()})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PeerID) and self._bytes == other._bytes

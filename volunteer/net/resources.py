@@ -154,7 +154,7 @@ class Scope:
             parent.refs += 1
 
     def __repr__(self) -> str:
-        return f"<Scope {self.kind}:{self.name} {self.used}>"
+        return f"Scope({self.kind}:{self.name} {self.used})"
 
     def chain(self) -> list["Scope"]:
         """This scope and all its ancestors, each once, nearest first (parents never change: cached)."""

@@ -104,7 +104,7 @@ class RawConnection:
             await trio.aclose_forcefully(self.stream)
 
     def __repr__(self) -> str:
-        return f"<RawConnection {self.local_addr} -> {self.remote_addr}>"
+        return f"RawConnection({self.local_addr} -> {self.remote_addr})"
 
 
 InboundHandler = Callable[[RawConnection], Awaitable[None]]

@@ -530,7 +530,7 @@ class QuicSession:
 
     def __repr__(self) -> str:
         who = self._remote_peer.short() if self._remote_peer else "?"
-        return f"<QuicSession {who} at {self.remote[0]}:{self.remote[1]}>"
+        return f"QuicSession({who} at {self.remote[0]}:{self.remote[1]})"
 
 
 __all__ = ["QuicSession"]
