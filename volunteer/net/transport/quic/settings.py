@@ -26,9 +26,10 @@ class QuicLimits:
     max_datagram: int = limits.QUIC_MAX_DATAGRAM
     loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
     repairs: bool = True  # offer repair datagrams to peers that speak them (repair.py)
-    # congestion control (congestion.py): "cubic", aioquic's own, or "ours" (RepairAwareReno);
-    # VOLUNTEER_QUIC_CONGESTION chooses for a whole process (benchmarks/wan.py --quic-congestion)
-    congestion: str = field(default_factory=lambda: os.environ.get("VOLUNTEER_QUIC_CONGESTION", "cubic"))
+    # congestion control (congestion.py): "ours" (RepairAwareReno: measured faster on lossy long
+    # paths, docs/ARCHITECTURE.md) or "cubic" (aioquic's own); VOLUNTEER_QUIC_CONGESTION chooses
+    # for a whole process (benchmarks/wan.py --quic-congestion)
+    congestion: str = field(default_factory=lambda: os.environ.get("VOLUNTEER_QUIC_CONGESTION", "ours"))
 
     def __post_init__(self) -> None:
         if self.congestion not in CONGESTION_CONTROLS:
