@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python benchmarks/wan.py [--quick] [--profiles cable,dsl,...] [--steps 50]
                                             [--warmup 5] [--skip-hivemind] [--json FILE]
+                                            [--quic-congestion ours|cubic]
 
 One trainer and four volunteers, each in its own home behind its own NAT router on the same
 kind of line (tests/nat/lines.py: ``cable`` 50/10 Mbit/s 20 ms one way, ``dsl`` 16/2 35 ms,
@@ -88,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=HIDDEN, help="the experts' width (smaller only for smoke runs)")
     p.add_argument("--compute-repeats", type=int, default=8, help="rounds of the local compute measurement")
     p.add_argument("--json", help="also write every figure to this file")
+    p.add_argument("--quic-congestion", choices=("ours", "cubic"),
+                   help="our QUIC congestion control for every process (QuicLimits.congestion; default: the library's)")
     a = p.parse_args(argv)
     if a.quick:
         a.profiles, a.steps, a.warmup, a.compute_repeats = ",".join(QUICK_PROFILES), 20, 2, 4
@@ -382,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wan: cannot run: {reason}", file=sys.stderr)
         return 2
     rigmod.cleanup_stale()
+    if args.quic_congestion:
+        os.environ["VOLUNTEER_QUIC_CONGESTION"] = args.quic_congestion  # _env() hands it to every process
+    print(f"QUIC congestion control: {os.environ.get('VOLUNTEER_QUIC_CONGESTION', 'the default')}", flush=True)
     samples = BATCH * K_BEST // (VOLUNTEERS * EXPERTS_PER_VOLUNTEER)
     alone = measure_compute(1, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
     together = measure_compute(VOLUNTEERS, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)

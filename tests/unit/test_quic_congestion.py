@@ -1,9 +1,13 @@
-"""Our congestion control, pacer and loss detection over aioquic's (transport/quic/engine.py),
+"""Our congestion control, pacer and loss detection over aioquic's (transport/quic/congestion.py),
 without sockets: sparse loss is noise only while repairs are on, a repaired loss keeps them on,
 a rebuilt packet is not given up for lost before its block's repairs could arrive, and pacing
 sends a window in half a round trip during slow start."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
 
 from aioquic.quic.congestion.base import K_INITIAL_WINDOW
 from aioquic.quic.packet import QuicPacketType
@@ -11,9 +15,10 @@ from aioquic.quic.packet_builder import QuicSentPacket
 from aioquic.tls import Epoch
 
 from volunteer.net import limits
-from volunteer.net.transport.quic.engine import LinuxLikePacer, RepairAwareReno
+from volunteer.net.transport.quic.congestion import AccountedCubic, LinuxLikePacer, RepairAwareReno
+from volunteer.net.transport.quic.settings import CONGESTION_CONTROLS, QuicLimits
 
-from .test_quic_core import CLIENT_ADDR, SERVER_ADDR, engines, exchange
+from .test_quic_core import CLIENT_ADDR, LIMITS, SERVER_ADDR, engines, exchange
 
 SIZE = 1400
 
@@ -85,16 +90,16 @@ def test_pacing_sends_twice_the_window_per_round_trip_in_slow_start():
     assert abs(pacer.packet_time - 0.2 / 120) < 1e-9
 
 
-def lost_after_a_gap(tolerant: bool) -> int:
+def lost_after_a_gap(tolerant: bool, congestion: str = "ours") -> int:
     """Packets the client declares lost when the first of its next 10 datagrams never arrives
     (all sent and acknowledged well within a round trip: only the count can declare it lost)."""
-    client, server = engines()
+    client, server = engines(quic_limits=replace(LIMITS, congestion=congestion))
     exchange(client, server, step=0.05)  # a 100 ms round trip
     client.congestion.tolerate(tolerant)
     stream_id = client.get_next_available_stream_id()
     client.send_stream_data(stream_id, bytes(12 * 1500))
     datagrams, now = [], 2.0
-    while len(datagrams) < 10 and now < 2.01:  # the pacer lets a few out at a time
+    while len(datagrams) < 10 and now < 2.04:  # the pacer lets a few out at a time
         datagrams += [data for data, _ in client.datagrams_to_send(now=now)]
         now += 0.0002
     assert len(datagrams) >= 10
@@ -106,9 +111,36 @@ def lost_after_a_gap(tolerant: bool) -> int:
     return client.congestion.lost_total
 
 
-def test_with_repairs_a_gap_is_not_given_up_before_a_block_of_later_packets_is_acknowledged():
-    assert lost_after_a_gap(tolerant=False) >= 1  # three later packets acknowledged: lost
-    assert lost_after_a_gap(tolerant=True) == 0  # nine are not a block and three
+@pytest.mark.parametrize("congestion", CONGESTION_CONTROLS)
+def test_with_repairs_a_gap_is_not_given_up_before_a_block_of_later_packets_is_acknowledged(congestion):
+    assert lost_after_a_gap(tolerant=False, congestion=congestion) >= 1  # three later packets acknowledged: lost
+    assert lost_after_a_gap(tolerant=True, congestion=congestion) == 0  # nine are not a block and three
+
+
+def test_cubic_takes_every_declared_loss_for_congestion_even_with_repairs():
+    """RFC 9265: loss that repairs hide is still a congestion signal; cubic counts as ours does."""
+    cc = AccountedCubic(max_datagram_size=SIZE)
+    cc.tolerate(True)
+    packets = sent(cc, 400)
+    assert cc.in_slow_start
+    cc.on_packets_lost(now=1.0, packets=packets[:2])  # 0.5 %: what ours would tolerate
+    assert not cc.in_slow_start and cc.cuts == {"loss": 1, "persistent": 0}
+    assert cc.congestion_window == int(398 * SIZE * 0.7)  # RFC 9438: 0.7 of the flight
+    assert cc.lost_total == 2 and cc.bytes_lost == 2 * SIZE and cc.loss_rate() == 2 / 400
+    cc.note_repaired(3)
+    assert cc.losing and cc.bytes_repaired == 3 * SIZE
+
+
+def test_the_setting_chooses_the_controller_and_the_pacer():
+    for congestion, kind in (("cubic", AccountedCubic), ("ours", RepairAwareReno)):
+        client, server = engines(quic_limits=replace(LIMITS, congestion=congestion))
+        assert type(client.congestion) is kind and type(server.congestion) is kind
+        assert isinstance(client.congestion_controller, kind)
+    ours, _ = engines(quic_limits=replace(LIMITS, congestion="ours"))
+    cubic, _ = engines(quic_limits=replace(LIMITS, congestion="cubic"))
+    assert isinstance(ours._loss._pacer, LinuxLikePacer) and not isinstance(cubic._loss._pacer, LinuxLikePacer)
+    with pytest.raises(ValueError, match="one of cubic, ours"):
+        QuicLimits(congestion="bbr")
 
 
 def test_a_window_the_calls_do_not_fill_does_not_grow():
@@ -147,3 +179,13 @@ def test_what_the_peer_rebuilt_is_counted_in_bytes():
     cc.note_repaired(2)
     cc.note_repaired(1)
     assert cc.bytes_repaired == 3 * SIZE
+
+
+def test_the_environment_chooses_for_a_whole_process(monkeypatch):
+    """benchmarks/wan.py --quic-congestion reaches every process it starts this way."""
+    monkeypatch.setenv("VOLUNTEER_QUIC_CONGESTION", "ours")
+    assert QuicLimits().congestion == "ours"
+    monkeypatch.setenv("VOLUNTEER_QUIC_CONGESTION", "cubic")
+    assert QuicLimits().congestion == "cubic"
+    monkeypatch.delenv("VOLUNTEER_QUIC_CONGESTION")
+    assert QuicLimits().congestion == "ours"  # measured the faster on lossy long paths

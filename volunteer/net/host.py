@@ -79,7 +79,7 @@ class Host:
         self._pending_dials: dict[PeerID, trio.Event] = {}
         self._nursery: trio.Nursery | None = None
         self._services: list[Service] = list(services)
-        self.resources: ResourceManager = _install_resource_manager(self._services, config)
+        self.resources: ResourceManager = install_resource_manager(self._services, config)
         self._closed = False
 
     # --- handlers -------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ async def open_host(
             await host.aclose()
 
 
-def _install_resource_manager(services: list[Service], config: HostConfig) -> ResourceManager:
+def install_resource_manager(services: list[Service], config: HostConfig) -> ResourceManager:
     """The ResourceManager among ``services``, or a default one added to them (its connection
     and handshake caps taken from ``config``, so HostConfig's limits keep their meaning)."""
     for service in services:

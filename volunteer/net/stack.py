@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass, field
 
 from .config import HostConfig
-from .host import Host, open_host
+from .host import Host, install_resource_manager, open_host
 from .identify import Identify
 from .identity import KeyPair
 from .lossy_paths import LossyPathRepair
@@ -46,6 +46,7 @@ from .nat.relay_client import RelayClient
 from .perf import PerfLimits, PerfServer
 from .ping import Ping
 from .pool import StreamPool
+from .resources import ResourceManager
 from .service import Service
 from .transport.base import Transport
 from .transport.memory import MemoryTransport
@@ -94,12 +95,13 @@ def standard_transports(options: StackOptions | None = None) -> list[Transport]:
     return transports
 
 
-def standard_services(options: StackOptions | None = None) -> list[Service]:
-    """The standard services, new instances, as ``options`` (default: all of them) enable them."""
+def standard_services(options: StackOptions | None = None, resources: ResourceManager | None = None) -> list[Service]:
+    """The standard services, new instances, as ``options`` (default: all of them) enable them;
+    ``resources`` is handed to those that account with it (QUIC's handshake slots)."""
     options = options or StackOptions()
     services: list[Service] = [StreamPool(), Identify(identify_on_connect=options.identify_on_connect), Ping()]
     if options.quic is not None:
-        services.append(QuicTransport(options.quic))
+        services.append(QuicTransport(options.quic, handshakes=resources))
         if options.lossy_path_repair:
             services.append(LossyPathRepair())
     if options.perf is not None:
@@ -128,7 +130,8 @@ async def open_stack(
     type (an ``Identify`` of your own, say); the rest go to ``open_host`` unchanged. ``transports``
     replaces the standard ones (TCP and memory, as ``options`` enable them)."""
     given = list(services)
-    standard = [s for s in standard_services(options) if not any(isinstance(o, type(s)) for o in given)]
+    resources = install_resource_manager(given, config or HostConfig())  # the given one, or the Host's default
+    standard = [s for s in standard_services(options, resources) if not any(isinstance(o, type(s)) for o in given)]
     chosen = list(transports) if transports is not None else standard_transports(options)
     async with open_host(keypair, listen, transports=chosen, config=config, services=standard + given) as host:
         yield host

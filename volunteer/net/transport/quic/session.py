@@ -29,7 +29,7 @@ from .repair import RepairDecoder, RepairEncoder
 from .stream import QuicStream
 
 if TYPE_CHECKING:
-    from ...resources import ConnectionScope
+    from .budget import ConnectionBudget
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class QuicSession:
         # stream we already forgot. At most max_streams of them: the peer's own limit.
         self._peer_stream_high = -1
         self._peer_streams_implied: set[int] = set()
-        self._scope: "ConnectionScope | None" = None
+        self._scope: "ConnectionBudget | None" = None
         self._accept_send, self._accept_receive = trio.open_memory_channel[QuicStream](quic_limits.accept_backlog)
         self._timer_changed = trio.Event()
         self._timer_at: float | None = None
@@ -103,9 +103,9 @@ class QuicSession:
         """Call ``callback(self, cid, issued)`` when we issue or retire one of our connection IDs."""
         self._on_route.append(callback)
 
-    def attach_scope(self, scope: "ConnectionScope") -> None:
-        """The resource manager's scope of this connection: streams and buffered bytes count there
-        from now on; it is closed when the connection ends."""
+    def attach_scope(self, scope: "ConnectionBudget") -> None:
+        """This connection's budget (the Host hands in the resource manager's scope): streams and
+        buffered bytes count there from now on; it is closed when the connection ends."""
         self._scope = scope
         if self.closed.is_set():
             scope.close()

@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from ... import limits
+
+
+CONGESTION_CONTROLS = ("cubic", "ours")
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,14 @@ class QuicLimits:
     max_datagram: int = limits.QUIC_MAX_DATAGRAM
     loopback_datagram: int = limits.QUIC_LOOPBACK_DATAGRAM
     repairs: bool = True  # offer repair datagrams to peers that speak them (repair.py)
+    # congestion control (congestion.py): "ours" (RepairAwareReno: measured faster on lossy long
+    # paths, docs/ARCHITECTURE.md) or "cubic" (aioquic's own); VOLUNTEER_QUIC_CONGESTION chooses
+    # for a whole process (benchmarks/wan.py --quic-congestion)
+    congestion: str = field(default_factory=lambda: os.environ.get("VOLUNTEER_QUIC_CONGESTION", "ours"))
+
+    def __post_init__(self) -> None:
+        if self.congestion not in CONGESTION_CONTROLS:
+            raise ValueError(f"QUIC congestion control {self.congestion!r}: one of {', '.join(CONGESTION_CONTROLS)}")
 
 
-__all__ = ["QuicLimits"]
+__all__ = ["CONGESTION_CONTROLS", "QuicLimits"]

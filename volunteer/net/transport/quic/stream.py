@@ -1,6 +1,6 @@
 """A QUIC stream as a trio ``HalfCloseableStream``: what the Host negotiates protocols on.
 
-Received bytes wait in the stream until read, charged to the stream's resource scope; reading
+Received bytes wait in the stream until read, charged to the stream's budget (``budget.StreamBudget``); reading
 them is what earns the peer more credit (``Engine.consumed``). Writes are queued in pieces and
 wait while the peer has not acknowledged ``send_buffer`` bytes, so a peer that never reads holds
 at most that much of ours.
@@ -8,7 +8,7 @@ at most that much of ours.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -16,6 +16,9 @@ from ....errors import StreamReset
 from ... import limits
 from ...sendlock import SendLock
 from ...streams import check_max_bytes
+
+if TYPE_CHECKING:
+    from .budget import StreamBudget
 
 # Application error codes on RESET_STREAM / STOP_SENDING (libp2p uses 0 for a plain reset).
 RESET = 0
@@ -40,10 +43,10 @@ class StreamOwner(Protocol):
 class QuicStream(trio.abc.HalfCloseableStream):
     """One bidirectional QUIC stream (see the module docstring)."""
 
-    def __init__(self, session: StreamOwner, stream_id: int, scope=None) -> None:
+    def __init__(self, session: StreamOwner, stream_id: int, scope: "StreamBudget | None" = None) -> None:
         self._session = session
         self.stream_id = stream_id
-        self._scope = scope  # the resource manager's StreamScope, or None when unaccounted
+        self._scope = scope  # None when unaccounted
         self._buffer = bytearray()
         self._held = 0  # bytes reserved from the scope for the buffer
         self._eof = False
@@ -99,8 +102,8 @@ class QuicStream(trio.abc.HalfCloseableStream):
         return reading_done and writing_done
 
     @property
-    def budget(self):
-        """This stream's scope in the resource manager: its memory budget (None when unaccounted or closed)."""
+    def budget(self) -> "StreamBudget | None":
+        """This stream's memory budget (None when unaccounted or closed)."""
         return self._scope
 
     # --- HalfCloseableStream ---------------------------------------------------------------

@@ -22,14 +22,14 @@ import time
 
 import trio
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ....errors import MultiaddrError
 from ... import limits
 from ...multiaddr import Multiaddr
-from ...resources import ResourceManager
 from ...service import BaseService, HostAPI
 from ..base import InboundHandler, RawConnection
+from .budget import HandshakeSlots
 from .demux import Admission
 from .endpoint import Address, UdpEndpoint, open_udp_socket
 from .settings import QuicLimits
@@ -70,9 +70,13 @@ def quic_multiaddr(sockaddr: Address) -> Multiaddr:
 class QuicTransport(BaseService):
     """Dial and listen on QUIC v1 multiaddrs; a Host service that adds itself as a transport."""
 
-    def __init__(self, quic_limits: QuicLimits | None = None, handshake_timeout: float | None = None) -> None:
-        """``handshake_timeout``: None takes the Host's (``HostConfig.handshake_timeout``)."""
+    def __init__(self, quic_limits: QuicLimits | None = None, handshake_timeout: float | None = None,
+                 handshakes: "HandshakeSlots[Any] | None" = None) -> None:
+        """``handshake_timeout``: None takes the Host's (``HostConfig.handshake_timeout``).
+        ``handshakes``: the pending-handshake slots inbound handshakes take (the Host's resource
+        manager, which ``open_stack`` hands in); None accounts for none beyond ``Admission``'s."""
         self.quic_limits = quic_limits or QuicLimits()
+        self.handshakes = handshakes
         self.handshake_timeout = handshake_timeout if handshake_timeout is not None else limits.HANDSHAKE_TIMEOUT
         self._own_timeout = handshake_timeout is not None
         self.shared: dict[int, UdpEndpoint] = {}  # address family -> the listening endpoint
@@ -127,15 +131,15 @@ class QuicTransport(BaseService):
         await self._loaded.wait()
 
     def _handshake_slot(self, remote: Address):
-        """The resource manager's pending-handshake slot for ``remote`` (shared per source address
-        with TCP's), as a release function; None when refused (the manager counts the refusal)."""
-        manager = self.host.service(ResourceManager)
-        if manager is None:
+        """A pending-handshake slot for ``remote`` (shared per source address with TCP's), as a
+        release function; None when refused (whoever keeps the slots counts the refusal)."""
+        handshakes = self.handshakes
+        if handshakes is None:
             return lambda: None
-        scope = manager.open_handshake(quic_multiaddr(remote), now=trio.current_time())
-        if scope is None:
+        slot = handshakes.open_handshake(quic_multiaddr(remote), now=trio.current_time())
+        if slot is None:
             return None
-        return lambda: manager.close_handshake(scope)
+        return lambda: handshakes.close_handshake(slot)
 
     def _running_nursery(self) -> trio.Nursery:
         if self._nursery is None:
