@@ -33,11 +33,33 @@ MISSING, UNDER, COVERED = "missing", "under-replicated", "covered"
 class PeerCheck:
     """One entry point of the swarm (a relay or a bootstrap peer) and whether it answered."""
 
-    role: str  # "relay" or "bootstrap"
+    role: str  # "relay", "bootstrap", or both ("relay, bootstrap")
     addr: str
     up: bool
     last_seen: float | None = None  # wall clock of its last answer
     is_self: bool = False  # the relay serving this page
+
+
+def entry_point_checks(roles: Sequence[tuple[str, Sequence[Multiaddr]]], own: object, answered: Mapping[str, bool],
+                       last_seen: Mapping[str, float]) -> list[PeerCheck]:
+    """One row per entry point *peer*, in the swarm file's order: a peer named as relay and as
+    bootstrap (or at several addresses) is one entry point, with its roles joined, up when any of
+    its addresses answered, and the latest answer of them. ``own``: this relay's peer ID."""
+    rows: dict[object, list] = {}  # peer (or the address, without one) -> [roles, first addr, up, seen, self]
+    for role, addrs in roles:
+        for addr in addrs:
+            text = str(addr)
+            peer = addr.peer_id
+            is_self = peer is not None and peer == own
+            up = is_self or answered.get(text, False)
+            seen = last_seen.get(text)
+            row = rows.setdefault(peer if peer is not None else text, [[], text, False, None, is_self])
+            if role not in row[0]:
+                row[0].append(role)
+            row[2] = row[2] or up
+            if seen is not None and (row[3] is None or seen > row[3]):
+                row[3] = seen
+    return [PeerCheck(", ".join(r[0]), r[1], r[2], r[3], r[4]) for r in rows.values()]
 
 
 @dataclass(frozen=True)
@@ -239,4 +261,4 @@ def health_model(observations: Sequence[SwarmObservation], relay: Mapping[str, o
 
 
 __all__ = ["COVERED", "HALF_LIFE", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "contributors_model", "direct_model",
-           "expert_cell", "grid_model", "health_model", "is_relayed", "swarm_model", "volunteers_model"]
+           "entry_point_checks", "expert_cell", "grid_model", "health_model", "is_relayed", "swarm_model", "volunteers_model"]

@@ -26,7 +26,7 @@ from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.service import BaseService, HostAPI
 from volunteer.swarmfile import GridSpec
 
-from .health import PeerCheck, SwarmObservation, health_model
+from .health import PeerCheck, SwarmObservation, entry_point_checks, health_model
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +145,8 @@ class HealthService(BaseService):
                                                complete=complete)
 
     def _points(self, swarm: WatchedSwarm, answered: dict[str, bool]) -> list[PeerCheck]:
-        own = self.host.peer_id
-        points = []
-        for role, addrs in (("relay", swarm.relays), ("bootstrap", swarm.bootstrap)):
-            for addr in addrs[:MAX_ENTRY_POINTS]:
-                text = str(addr)
-                is_self = addr.peer_id == own
-                up = is_self or answered.get(text, False)
-                points.append(PeerCheck(role, text, up, self.last_seen.get(text), is_self))
+        roles = (("relay", swarm.relays[:MAX_ENTRY_POINTS]), ("bootstrap", swarm.bootstrap[:MAX_ENTRY_POINTS]))
+        points = entry_point_checks(roles, self.host.peer_id, answered, self.last_seen)
         if not any(p.is_self for p in points):  # this relay serves the swarm's DHT: an entry point too
             announced = self.host.full_addrs()
             if announced:

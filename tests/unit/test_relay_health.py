@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from dataclasses import replace
 
-from relay.health import PeerCheck, SwarmObservation, expert_cell, health_model, is_relayed, swarm_model
+from relay.health import PeerCheck, SwarmObservation, entry_point_checks, expert_cell, health_model, is_relayed, swarm_model
 from markupsafe import escape
 
 from relay.healthpage import HealthCollector, coverage_map, render_page
@@ -318,3 +318,16 @@ def test_per_expert_series_are_bounded_per_scrape():
     text = generate_latest(registry).decode()
     assert text.count("volunteer_swarm_expert_replicas{") == MAX_UID_SERIES
     assert 'volunteer_swarm_experts{grid="big",status="missing",swarm="demo"} 8192.0' in text
+
+
+def test_an_entry_point_named_as_relay_and_bootstrap_is_one_row():
+    own, other = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+    relay_tcp = Multiaddr(f"/ip4/203.0.113.1/tcp/4001/p2p/{other}")
+    relay_quic = Multiaddr(f"/ip4/203.0.113.1/udp/4001/quic-v1/p2p/{other}")
+    me = Multiaddr(f"/ip4/203.0.113.2/tcp/4001/p2p/{own}")
+    rows = entry_point_checks((("relay", [relay_tcp, me]), ("bootstrap", [relay_quic, me])), own,
+                              answered={str(relay_quic): True}, last_seen={str(relay_tcp): NOW - 60, str(relay_quic): NOW - 5})
+    assert [(r.role, r.addr, r.up, r.last_seen, r.is_self) for r in rows] == [
+        ("relay, bootstrap", str(relay_tcp), True, NOW - 5, False),  # up: its QUIC address answered
+        ("relay, bootstrap", str(me), True, None, True),
+    ]
