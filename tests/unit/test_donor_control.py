@@ -252,3 +252,23 @@ async def test_cut_off_from_every_peer_redials_unless_there_is_no_one_to_dial(au
         assert ("redial" in node.verbs()) is redials
         assert steward.contact.view(0)["cut_off"] is redials
         nursery.cancel_scope.cancel()
+
+
+async def test_the_transfer_cap_pauses_before_the_next_period_would_cross_it(autojump_clock):
+    # 100 bytes a second against a 1000-byte cap, looked at every second: the pause comes before
+    # the cap is reached (the next second would cross it), not after it was overshot.
+    class Streaming(Machine):
+        def now(self) -> float:
+            return self.wall + trio.current_time()
+
+    node, machine = FakeNode(), Streaming()
+    start = trio.current_time()
+    conduct = Conduct(now=machine.now())
+    steward = Steward(conduct, settings_from({"daily_transfer": 1000}), machine, period=1.0,
+                      transferred_today=lambda now: int(100 * (trio.current_time() - start)))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(steward.run, node)
+        await until(lambda: node.paused, timeout=30)
+        assert 100 * (trio.current_time() - start) < 1000
+        assert conduct.verdict.code == "transfer" and "before the next look" in conduct.verdict.reason
+        nursery.cancel_scope.cancel()

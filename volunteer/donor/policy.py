@@ -231,6 +231,9 @@ class Observations:
     programs: frozenset[str] = frozenset()  # names of running programs (lower case)
     input_idle_s: float | None = None  # seconds since the last keyboard or mouse input
     transferred_today: int = 0  # bytes in and out since local midnight
+    # bytes the last sample period's rate moves before the next sample: the cap pauses when that
+    # would cross it, so the donor's cap is not overshot by a period of traffic before the pause
+    transfer_ahead: int = 0
     gpu_users: frozenset[str] | None = None  # other programs using a GPU (None: nothing tells)
 
 
@@ -293,9 +296,10 @@ class RunPolicy:
                 opens = min(windows, key=lambda w: w.minutes_until_start(minute))
                 until = now + opens.minutes_until_start(minute) * 60
                 return Verdict("paused", f"outside {what} hours, resumes at {_clock(until)}", code, until)
-        if s.daily_transfer and seen.transferred_today >= s.daily_transfer:
+        if s.daily_transfer and seen.transferred_today + seen.transfer_ahead >= s.daily_transfer:
             until = _next_local_midnight(now)
-            return Verdict("paused", f"daily transfer cap of {format_size(s.daily_transfer)} reached, resumes at midnight",
+            reached = "reached" if seen.transferred_today >= s.daily_transfer else "reached at this rate before the next look"
+            return Verdict("paused", f"daily transfer cap of {format_size(s.daily_transfer)} {reached}, resumes at midnight",
                            "transfer", until)
         if self._load_paused:
             load = seen.other_load if seen.other_load is not None else 0.0

@@ -96,6 +96,7 @@ class Steward:
         self._nursery: trio.Nursery | None = None  # runs the set-asides ``outcome`` asks for
         self.last_observations: Observations | None = None
         self._cpu: CpuSample | None = None
+        self._last_transfer: tuple[float, int] | None = None  # (when, transferred today) at the last sample
         self._changed = trio.Event()
         self._lock = trio.Lock()  # one change of the node's state at a time
 
@@ -156,17 +157,31 @@ class Steward:
             if cpu is not None:
                 load = other_load(self._cpu, cpu)
                 self._cpu = cpu
+        transferred, ahead = self._transfer_figures(now)
         seen = Observations(
             on_battery=probe.on_battery(),
             other_load=load,
             programs=probe.programs() if self.settings.pause_programs else frozenset(),
             input_idle_s=probe.input_idle_s() if self.settings.when_idle else None,
-            transferred_today=self.transferred_today(now) if self.settings.daily_transfer else 0,
+            transferred_today=transferred,
+            transfer_ahead=ahead,
             gpu_users=probe.gpu_users() if self.settings.pause_on_gpu_use else None,
         )
         self.last_observations = seen
         self._note(self.conduct.set_verdict(self.policy.decide(seen, now), now))
         return seen
+
+    def _transfer_figures(self, now: float) -> tuple[int, int]:
+        """Bytes moved today, and what the rate since the last sample moves in one more period
+        (0 without a cap, or at the day's first sample, or when the count went down at midnight)."""
+        if not self.settings.daily_transfer:
+            return 0, 0
+        moved = self.transferred_today(now)
+        last, self._last_transfer = self._last_transfer, (now, moved)
+        if last is None or now <= last[0] or moved < last[1]:
+            return moved, 0
+        rate = (moved - last[1]) / (now - last[0])
+        return moved, int(rate * self.period)
 
     async def _sample_loop(self) -> None:
         while True:
