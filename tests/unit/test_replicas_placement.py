@@ -186,29 +186,3 @@ def test_only_proven_hosts_make_a_hosted_copy_droppable():
     proven = {"rep.0": {"me": 2, "s1": 10, "s2": 10}}
     moved = place([grid], hosts, me="me", capacity=1, hosting=["rep.0"], proven=proven)
     assert moved.drop == ("rep.0",) and moved.add == ("rep.1",)
-
-
-def test_two_donors_started_together_spread_apart_at_their_first_recheck():
-    # one replica each of 16 experts; two fresh donors of capacity 8 pick from the same empty
-    # view, so their picks overlap and some experts have no host. Neither has proved anything to
-    # the other (proven is empty), but neither copy ever took an update (version 0): the first
-    # re-checks, made at once from the same view, move exactly one of each duplicate.
-    grid = GridSpec("g", (16,), "ffn", 16, replicas=1)
-    uids = list(grid.uids())
-    donors = ["donor-a", "donor-b"]
-    assignment = {d: set(place([grid], {}, me=d, capacity=8).host) for d in donors}
-    assert assignment["donor-a"] & assignment["donor-b"]  # the duplicate placement
-    for _round in range(4):  # bounded: max_moves per re-check
-        view = hosts_of(assignment)
-        assignment = {d: set(place([grid], view, me=d, capacity=8, hosting=assignment[d], proven={}).host)
-                      for d in donors}
-        assert all(any(uid in a for a in assignment.values()) for uid in view)  # never both dropped
-    assert assignment["donor-a"] | assignment["donor-b"] == set(uids)
-
-
-def test_a_trained_copy_still_needs_proven_holders_to_move():
-    grid = GridSpec("g", (2,), "ffn", 8, replicas=1)
-    # our copy took updates (version 3); an unproven host at version 0 declares it too
-    hosts = {"g.0": {"me": 3, "fresh": 0}}
-    kept = place([grid], hosts, me="me", capacity=1, hosting=["g.0"], proven={})
-    assert kept.drop == () and kept.host == ("g.0",)

@@ -12,11 +12,6 @@ volunteer's peer id, its capacity and what it hosts now, and says what to host:
   over different experts instead of all picking the first ones. When an expert has k hosts too
   many, only the k holders ranked first (stalest version, then that hash) may drop it, so holders
   re-checking at once never drop it below its target together.
-- Only holders that proved they hold the state (``proven``) make a copy spare, except a copy we
-  declared at version 0 (no update ever reached it): any declared holder may make that one spare,
-  so donors that started together with the same view undo their duplicates at the first re-check.
-  A squatter can thus move an untrained copy away, which it could already do by declaring before
-  the donor's first placement; a trained copy stays until proven holders make it spare.
 """
 
 from __future__ import annotations
@@ -66,8 +61,7 @@ def place(
     """Decide what to host (see the module docstring). ``hosting`` empty: a first placement.
     ``proven``: the hosts among ``hosts`` that proved they hold the state (default: all). Only
     they make a hosted copy droppable: a declaration and a dial are anyone's to give, and a copy
-    dropped for squatters is lost; what to add still reads every declared host. A copy we declared
-    at version 0 is the exception: it holds no update, so nothing is lost if it moves."""
+    dropped for squatters is lost; what to add still reads every declared host."""
     vouched = hosts if proven is None else proven
     target: dict[str, int] = {}
     for grid in grids:
@@ -92,15 +86,9 @@ def place(
     if kept:
         chosen = kept | set(add)
         under = sorted((uid for uid in target if uid not in chosen and others[uid] < target[uid]), key=want_key)
-        def witnesses(uid: str) -> Hosts:
-            # a copy of ours that no update ever reached (declared at version 0) holds no training
-            # to lose: every declared holder may make it spare, so two donors that started
-            # together and picked the same experts spread apart at their first re-check
-            return hosts if hosts.get(uid, {}).get(me) == 0 else vouched
-
         over = sorted(
-            (uid for uid in kept if uid in target and _may_drop(witnesses(uid), uid, me, target[uid])),
-            key=lambda uid: (-(len(_others(witnesses(uid), uid, me)) + 1 - target[uid]), tie_break(me, uid)),
+            (uid for uid in kept if uid in target and _may_drop(vouched, uid, me, target[uid])),
+            key=lambda uid: (-(len(_others(vouched, uid, me)) + 1 - target[uid]), tie_break(me, uid)),
         )
         for new, old in list(zip(under, over))[: max(0, max_moves)]:
             add.append(new)
