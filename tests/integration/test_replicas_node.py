@@ -282,3 +282,43 @@ async def test_a_paused_volunteer_runs_no_sync_rounds():
                 first.resume()
                 while first.replicas.sync.rounds == paused_at:
                     await trio.sleep(0.05)
+
+
+async def _placing_donor(entry, grid, config, go, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    await go.wait()
+    async with open_volunteer(spec(entry, grids=(grid,)), options(place=True, max_experts=8, replicas_config=config)) as node:
+        task_status.started(node)
+        await trio.sleep_forever()
+
+
+async def test_two_donors_started_together_undo_their_duplicate_picks():
+    """Two donors placing from the same empty view picked about a quarter of their experts twice
+    and left as many unhosted, for good: neither copy could be dropped until proven, and their
+    re-checks ran in step and moved one expert each to the same place. The re-check period here
+    is far beyond the test's bound: only the early re-checks, after the rounds that prove the
+    copies, can spread them in time."""
+    wide = GridSpec("dup", (16,), "ffn", HIDDEN, replicas=1, sync_period=0.5)
+    quick = ReplicasConfig(sync_timeout=5.0, recheck_period=600.0, early_recheck_spread=1.0, handoff_timeout=60.0)
+    everything = set(wide.uids())
+    with trio.fail_after(60):
+        async with open_volunteer(spec(grids=(wide,)), options()) as seed:
+            entry = seed.host.full_addrs()[0]
+            async with trio.open_nursery() as nursery:
+                go, donors = trio.Event(), []
+
+                async def start() -> None:
+                    donors.append(await nursery.start(_placing_donor, entry, wide, quick, go))
+
+                async with trio.open_nursery() as starting:
+                    starting.start_soon(start)
+                    starting.start_soon(start)
+                    go.set()  # both survey an empty grid: their picks overlap
+                a, b = donors
+
+                def spread() -> bool:
+                    mine, theirs = set(a.runtime.uids), set(b.runtime.uids)
+                    return mine | theirs == everything and not mine & theirs
+
+                while not spread():
+                    await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()

@@ -217,3 +217,21 @@ async def test_one_round_per_expert_at_a_time():
             with pytest.raises(SyncError, match="already running"):
                 await sync_a.average(UID, [host_b.full_addrs()[0]])
             nursery.cancel_scope.cancel()
+
+
+async def test_an_expert_dropped_during_its_round_ends_the_round_with_a_sync_error(autojump_clock):
+    # a re-check moved the expert away while its round waited for a silent peer: the merge finds
+    # no backend, and the caller must see a SyncError (it crashed the node as an exception group)
+    network = MemoryNetwork()
+    a = replica(1, 2)
+    async with volunteer(network, a, ReplicasConfig(sync_timeout=10)) as (host_a, sync_a), \
+            volunteer(network, replica(2, 1)) as (host_b, _):
+        async with trio.open_nursery() as nursery:
+            async def drop_meanwhile():
+                while UID not in sync_a._rounds:
+                    await trio.sleep(0.01)
+                sync_a.store.remove(UID)
+            nursery.start_soon(drop_meanwhile)
+            with pytest.raises(SyncError, match="dropped during its sync round"):
+                await sync_a.average(UID, [host_b.full_addrs()[0]])
+    assert sync_a.rounds == 0

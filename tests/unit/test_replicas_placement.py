@@ -12,6 +12,7 @@ from volunteer.replicas.placement import (
     catch_up_source,
     expert_memory_bytes,
     place,
+    recheck_delay,
     tie_break,
 )
 
@@ -111,7 +112,8 @@ def test_experts_outside_every_grid_are_kept_and_reported():
 
 def test_moves_per_recheck_are_bounded():
     mine = set(UIDS[:6])
-    hosts = hosts_of({"me": mine, "b": mine, "c": mine})  # 3 replicas each, the rest unhosted
+    trained = {(peer, uid): 5 for peer in ("me", "b", "c") for uid in mine}  # updates reached every copy
+    hosts = hosts_of({"me": mine, "b": mine, "c": mine}, trained)  # 3 replicas each, the rest unhosted
     for moves in (0, 1, 3):
         # me ranks first (by hash) on some of them; never more than `moves` change
         result = place([GRID], hosts, me="me", capacity=6, hosting=mine, max_moves=moves)
@@ -186,3 +188,44 @@ def test_only_proven_hosts_make_a_hosted_copy_droppable():
     proven = {"rep.0": {"me": 2, "s1": 10, "s2": 10}}
     moved = place([grid], hosts, me="me", capacity=1, hosting=["rep.0"], proven=proven)
     assert moved.drop == ("rep.0",) and moved.add == ("rep.1",)
+
+
+def test_untrained_duplicates_all_move_to_unhosted_experts_in_one_recheck():
+    # two donors started together picked from the same empty view: about a quarter of their picks
+    # overlap and as many experts have no host. No update reached any copy (version 0) and the
+    # other donor proved its copies (a first sync round merged them): moving a duplicate to an
+    # unhosted expert loses no training and downloads nothing, so max_moves does not hold it back
+    grid = GridSpec("g", (16,), "ffn", 16, replicas=1)
+    donors = ["donor-a", "donor-b"]
+    assignment = {d: set(place([grid], {}, me=d, capacity=8).host) for d in donors}
+    duplicates = assignment["donor-a"] & assignment["donor-b"]
+    assert len(duplicates) >= 2
+    for first, second in (donors, donors[::-1]):  # one re-checks, then the other, seeing the first's moves
+        view = hosts_of(assignment)
+        result = place([grid], view, me=first, capacity=8, hosting=assignment[first], proven=view, max_moves=1)
+        assignment[first] = set(result.host)
+    assert assignment["donor-a"] | assignment["donor-b"] == set(grid.uids())
+    assert not assignment["donor-a"] & assignment["donor-b"]
+
+
+def test_a_trained_duplicate_still_moves_at_most_max_moves_per_recheck():
+    grid = GridSpec("g", (16,), "ffn", 16, replicas=1)
+    mine = {f"g.{n}" for n in range(4)}
+    trained = {(p, uid): 3 for p in ("me", "b") for uid in mine}
+    view = hosts_of({"me": mine, "b": mine}, trained)
+    result = place([grid], view, me="me", capacity=4, hosting=mine, proven=view, max_moves=1)
+    assert len(result.drop) <= 1
+    # nor does an untrained copy move for free to an expert someone hosts (it would download it)
+    pairs = GridSpec("p", (16,), "ffn", 16, replicas=2)
+    mine = {f"p.{n}" for n in range(4)}
+    view = hosts_of({"me": mine, "b": mine, "c": mine, "d": {f"p.{n}" for n in range(4, 16)}})
+    result = place([pairs], view, me="me", capacity=4, hosting=mine, proven=view, max_moves=1)
+    assert len(result.drop) == 1 and result.add[0] not in mine
+
+
+def test_recheck_delays_are_spread_per_volunteer_within_the_jitter():
+    delays = {peer: recheck_delay(peer, 1, 120.0, 0.25) for peer in (f"peer-{n}" for n in range(50))}
+    assert all(90.0 <= d <= 150.0 for d in delays.values())
+    assert len({round(d, 3) for d in delays.values()}) == len(delays)  # not in step
+    assert recheck_delay("peer-1", 1, 120.0, 0.25) == delays["peer-1"]  # stable per (peer, count)
+    assert recheck_delay("peer-1", 2, 120.0, 0.25) != delays["peer-1"]

@@ -42,7 +42,9 @@ from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import Coverage, coverage, hosts_of, next_round_at
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
+from .placement import (
+    VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place, recheck_delay, tie_break,
+)
 from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versions_of
 from .store import BackendStore
 from .survey import answering_only, declared_hosts, remember_addrs
@@ -127,6 +129,7 @@ class ReplicaManager(BaseService):
         self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
         self.sync_failures = 0
         self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
+        self._proved_someone = trio.Event()  # a sync round merged a co-holder: the first re-check may follow
         self.refusals: Counter[str] = Counter()  # claims refused by catch-up, by reason
         # (uid, peer) → how that replica stands with us, from catch-up; sync's verdicts in ``sync``
         self._standings: dict[tuple[str, str], Standing] = {}
@@ -202,6 +205,11 @@ class ReplicaManager(BaseService):
         """What placement says this volunteer should host, given ``hosts``; only the hosts
         ``proven`` to us (``standings``) may make it drop a copy."""
         standings = self.standings()
+        # our own copies at the version they hold now (the declared one may lag a heartbeat): a
+        # copy counts as untrained only when no update reached it
+        hosts = {uid: dict(holders) for uid, holders in hosts.items()}
+        for uid, backend in self.store.backends.items():
+            hosts.setdefault(uid, {})[self.me] = backend.updates
         proven = {
             uid: {peer: v for peer, v in holders.items() if standings.get(uid, {}).get(peer) == Standing.PROVEN.value}
             for uid, holders in hosts.items()
@@ -499,14 +507,29 @@ class ReplicaManager(BaseService):
         self.paused = False
 
     async def _recheck_loop(self) -> None:
+        # volunteers started together picked from the same view, and a re-check that moved copies
+        # may have moved two to the same expert: the next sync round proves the co-holders to each
+        # other, and a re-check right after it (spread per volunteer, so they move one after the
+        # other) undoes the duplicates, minutes before the period would. Once a re-check moves
+        # nothing, they come every period (jittered: volunteers do not re-check in step)
+        early, count = True, 0
         while True:
-            await trio.sleep(self.config.recheck_period)
+            count += 1
+            with trio.move_on_after(recheck_delay(self.me, count, self.config.recheck_period, self.config.recheck_jitter)):
+                if not early:
+                    await trio.sleep_forever()
+                await self._proved_someone.wait()
+                await trio.sleep(self.config.early_recheck_spread * tie_break(self.me, f"early-{count}") / 2**64)
+            self._proved_someone = trio.Event()  # what proves the copies this re-check leaves comes after it
             if self.paused:
+                early = False
                 continue
             try:
-                await self.recheck()
+                decision = await self.recheck()
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.warning("placement re-check failed: %s", describe(exc))
+                decision = None
+            early = decision is not None and bool(decision.add or decision.drop)
 
     async def _survey_loop(self) -> None:
         """Named experts place nothing, but the coverage view must not stay the start's, taken
@@ -563,6 +586,8 @@ class ReplicaManager(BaseService):
             log.debug("sync of %s failed: %s", uid, describe(exc))
             return
         self.outcomes[uid] = outcome
+        if outcome.contributors:
+            self._proved_someone.set()
         if first:
             # its first sync age: declared now, not a heartbeat period later (until a trainer
             # reads one, no audit can compare this replica with another)

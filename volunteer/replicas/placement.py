@@ -12,6 +12,11 @@ volunteer's peer id, its capacity and what it hosts now, and says what to host:
   over different experts instead of all picking the first ones. When an expert has k hosts too
   many, only the k holders ranked first (stalest version, then that hash) may drop it, so holders
   re-checking at once never drop it below its target together.
+- A move of a copy no update ever reached (version 0) to an expert nobody hosts costs nothing (no
+  training is lost, nothing is downloaded) and is not counted against ``max_moves``: donors that
+  started together with the same view undo all their duplicate picks at their first re-check.
+- Re-checks are spread (``recheck_delay``): volunteers started together re-check one after the
+  other, each seeing what the one before moved, instead of all moving to the same experts at once.
 """
 
 from __future__ import annotations
@@ -90,7 +95,14 @@ def place(
             (uid for uid in kept if uid in target and _may_drop(vouched, uid, me, target[uid])),
             key=lambda uid: (-(len(_others(vouched, uid, me)) + 1 - target[uid]), tie_break(me, uid)),
         )
-        for new, old in list(zip(under, over))[: max(0, max_moves)]:
+        mine = {uid: hosts.get(uid, {}).get(me, 0) for uid in kept}
+        moves = 0
+        for new, old in zip(under, over):
+            free = mine[old] == 0 and others[new] == 0  # an untrained copy to an unhosted expert
+            if not free:
+                if moves >= max(0, max_moves):
+                    continue
+                moves += 1
             add.append(new)
             drop.append(old)
 
@@ -108,6 +120,14 @@ def _may_drop(hosts: Hosts, uid: str, me: str, replicas: int) -> bool:
         return False
     ranked = sorted(holders, key=lambda peer: (holders[peer], tie_break(peer, uid)))
     return me in ranked[:excess]
+
+
+def recheck_delay(me: str, count: int, period: float, jitter: float) -> float:
+    """How long volunteer ``me`` waits before its re-check number ``count``: ``period`` times a
+    factor in [1 - jitter, 1 + jitter], pseudo-random but stable per (peer, count), so volunteers
+    started together drift apart instead of re-checking in step."""
+    share = tie_break(me, f"recheck-{count}") / 2**64
+    return period * (1.0 - jitter + 2.0 * jitter * share)
 
 
 def make_room_for(incoming: str, hosts: Hosts, *, me: str, hosting: Collection[str]) -> str | None:
@@ -193,6 +213,7 @@ __all__ = [
     "expert_memory_bytes",
     "make_room_for",
     "place",
+    "recheck_delay",
     "suspect_claims",
     "tie_break",
 ]

@@ -36,7 +36,7 @@ from ..net.upload import SYNC, UploadMeter
 from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
-from .guard import NONFINITE, SyncGuard
+from .guard import NONFINITE, SyncGuard, Verdict
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
 from .store import BackendStore
 from .sync import SyncOutcome, SyncRound
@@ -204,6 +204,7 @@ class ReplicaSync(BaseService):
         now = trio.current_time()
         core = SyncRound(uid, me, targets, version, params, now=now, timeout=timeout or self.config.sync_timeout)
         open_round = self._rounds[uid] = _OpenRound(core)
+        dropped: VolunteerError | None = None
         try:
             self._expire_stash(now)
             for peer, early in list(self._stash.get(uid, {}).items()):
@@ -227,28 +228,38 @@ class ReplicaSync(BaseService):
                         open_round.changed = trio.Event()
                 outcome = core.finish()
                 self._rounds.pop(uid, None)
-                verdict = await self.store.merge(uid, core.params, core.contributions, self.guard, self.aggregate)
-                for peer, reason in sorted(verdict.refused.items()):
-                    self.refusals[reason] += 1
-                    self._stand(uid, peer, Standing.EXCLUDED if reason == NONFINITE else Standing.SUSPECT)
-                    log.warning("sync of %s: %s's contribution refused (%s)", uid, peer[-10:], reason)
-                for peer in verdict.accepted:
-                    self._stand(uid, peer, Standing.PROVEN)
-                outcome = replace(
-                    outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items()))
-                )
-                if verdict.accepted or verdict.probation:
-                    # a round that merged nobody and found nobody within the drift (every peer
-                    # late, gone or refused) left our state where it was: declaring it freshly
-                    # synced would have audits compare it with a tolerance its drift may exceed.
-                    # Peers on probation were within it: we are aligned with them
-                    self.aligned(uid)
+                try:
+                    verdict = await self.store.merge(uid, core.params, core.contributions, self.guard, self.aggregate)
+                except StateRefusedError as exc:
+                    # dropped (a re-check moved it, a hand-off took it) while its round ran: raised
+                    # past the nursery, where the caller sees a plain error, not an exception group
+                    dropped = exc
+                else:
+                    outcome = self._settle(uid, outcome, verdict)
                 # the nursery now waits for our sends still under way: the peers' rounds need our
                 # parameters even when theirs all reached us first (each send ends at the deadline)
         finally:
             self._rounds.pop(uid, None)
+        if dropped is not None:
+            raise SyncError(f"{uid!r} was dropped during its sync round: {describe(dropped)}")
         self.rounds += 1
         return outcome
+
+    def _settle(self, uid: str, outcome: SyncOutcome, verdict: Verdict) -> SyncOutcome:
+        """What a merged round teaches: refused peers' and accepted peers' standings, our alignment."""
+        for peer, reason in sorted(verdict.refused.items()):
+            self.refusals[reason] += 1
+            self._stand(uid, peer, Standing.EXCLUDED if reason == NONFINITE else Standing.SUSPECT)
+            log.warning("sync of %s: %s's contribution refused (%s)", uid, peer[-10:], reason)
+        for peer in verdict.accepted:
+            self._stand(uid, peer, Standing.PROVEN)
+        if verdict.accepted or verdict.probation:
+            # a round that merged nobody and found nobody within the drift (every peer late, gone
+            # or refused) left our state where it was: declaring it freshly synced would have
+            # audits compare it with a tolerance its drift may exceed. Peers on probation were
+            # within it: we are aligned with them
+            self.aligned(uid)
+        return replace(outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items())))
 
     def aligned(self, uid: str) -> None:
         """``uid``'s state matches its replicas' as of now: a round finished, or it was just
