@@ -3,7 +3,7 @@
 A step makes every volunteer compute at once: each runs its experts' forward on its samples,
 then (after the trainer's turn) their backward, and the four volunteers of the benchmark share
 this machine's cores. So the compute is measured that way: one fresh process per volunteer,
-each with one torch thread (as every volunteer of the benchmark runs), its experts (ffn, fused
+each with one torch thread (as every volunteer of the benchmark runs), its experts (the run's class, fused
 Adam as our server's) forward, then backward (the graph kept, as our server keeps it), every
 phase begun by all of them together. A phase lasts until the slowest volunteer's share is done;
 the step's compute is the forward phase plus the backward phase. Each expert's optimizer step
@@ -30,21 +30,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _volunteer_share(experts: int, samples: int, hidden: int, rounds: int, start, results) -> None:
+def _volunteer_share(experts: int, samples: int, hidden: int, rounds: int, start, results,
+                     expert_class: str = "ffn", seq: int = 0) -> None:
     """One volunteer's rounds of forward and backward, each phase begun at ``start`` (a barrier
     of all volunteers); puts ``[(forward s, backward s), ...]`` (after a warm-up round)."""
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # before torch is imported here
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from volunteer.experts.layers import FeedForward
+    from volunteer.experts.layers import get_expert_class
 
     torch.set_num_threads(1)
-    modules = [FeedForward(hidden) for _ in range(experts)]
+    modules = [get_expert_class(expert_class).build(hidden) for _ in range(experts)]
     optimizers = [torch.optim.Adam(m.parameters(), lr=1e-3, fused=True) for m in modules]
     times = []
     for i in range(rounds + 1):  # the first round warms up allocators and is not kept
-        xs = [torch.randn(samples, hidden, requires_grad=True) for _ in modules]
+        xs = [torch.randn(samples, *((seq,) if seq else ()), hidden, requires_grad=True) for _ in modules]
         start.wait()
         t0 = time.perf_counter()
         outs = [m(x) for m, x in zip(modules, xs)]
@@ -74,11 +75,14 @@ def phases(shares: list[list[tuple[float, float]]]) -> dict:
             "step": statistics.median(f + b for f, b in zip(forward, backward))}
 
 
-def measure(volunteers: int, experts: int, samples: int, hidden: int, rounds: int) -> dict:
-    """``phases`` of ``volunteers`` shares computed at once, each in a fresh process."""
+def measure(volunteers: int, experts: int, samples: int, hidden: int, rounds: int,
+            expert_class: str = "ffn", seq: int = 0) -> dict:
+    """``phases`` of ``volunteers`` shares computed at once, each in a fresh process (``seq``:
+    samples are sequences of that many positions, for sequence experts)."""
     context = multiprocessing.get_context("spawn")
     start, results = context.Barrier(volunteers), context.Queue()
-    procs = [context.Process(target=_volunteer_share, args=(experts, samples, hidden, rounds, start, results))
+    procs = [context.Process(target=_volunteer_share, args=(experts, samples, hidden, rounds, start, results,
+                                                                               expert_class, seq))
              for _ in range(volunteers)]
     for proc in procs:
         proc.start()

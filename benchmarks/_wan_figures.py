@@ -165,7 +165,7 @@ def row_from_steps(profile: str, system: str, steps: Sequence[dict], batch: int,
     )
 
 
-HEADER = (f"{'profile':8} {'trainer':9} {'median':>8} {'p95':>8} {'samples/s':>9} {'up/step':>9} "
+HEADER = (f"{'profile':11} {'trainer':9} {'median':>8} {'p95':>8} {'samples/s':>9} {'up/step':>9} "
           f"{'down/step':>9} {'RTs':>5} {'limit':>7} {'ratio':>6} {'vs hm':>6} {'vs tcp':>6}")
 
 
@@ -182,7 +182,7 @@ def format_row(row: Row, hivemind: Row | None = None, floor: float | None = None
     over_tcp = f"{row.step_median / floor:5.2f}x" if floor else "     -"
     if row.system != "ours":
         versus = over_tcp = "      "
-    return (f"{row.profile:8} {row.system:9} {row.step_median:7.3f}s {row.step_p95:7.3f}s {row.samples_per_s:9.1f} "
+    return (f"{row.profile:11} {row.system:9} {row.step_median:7.3f}s {row.step_p95:7.3f}s {row.samples_per_s:9.1f} "
             f"{row.bytes_up / 1e6:7.2f}MB {row.bytes_down / 1e6:7.2f}MB {row.round_trips:5.1f} "
             f"{row.limit:6.3f}s {row.ratio:5.2f}x {versus} {over_tcp}").rstrip()
 

@@ -5,8 +5,10 @@
                                                                    # a hivemind.moe.Server; READY
     python _wan_hivemind.py train --peer MADDR [--peer MADDR ...] --steps N --warmup W
                                                                    # one JSON line, as _wan_ours
+    (serve and train: [--hidden H] [--expert-class ffn|transformer]; train: [--seq L --batch B])
 
-Everything is hivemind's own: its DHT, its Server (ffn experts, Adam, as benchmarks/experts.py
+Everything is hivemind's own: its DHT, its Server (ffn experts, or its ``transformer``, which
+takes a padding mask beside the sequence: the trainer passes one that masks nothing; Adam, as benchmarks/experts.py
 runs it, with 2 connection handlers instead of 8 per expert, which would be 32 processes per
 volunteer on a 2-core machine), its RemoteMixtureOfExperts with default settings, and p2pd over
 TCP with its defaults. The trainer's initial peers are the bootstrap node and every server
@@ -48,12 +50,23 @@ def serve(args) -> None:
     from hivemind.moe.server import Server
 
     options = {"host_maddrs": [LISTEN], "announce_maddrs": [args.announce]}
-    server = Server.create(expert_uids=args.uids.split(","), expert_cls="ffn", hidden_dim=args.hidden, device="cpu",
+    server = Server.create(expert_uids=args.uids.split(","), expert_cls=args.expert_class, hidden_dim=args.hidden, device="cpu",
                            num_handlers=2, optim_cls=torch.optim.Adam, initial_peers=[args.peer], start=True,
                            **options)
     print("READY", server.dht.peer_id, flush=True)
     sys.stdin.read()
     server.shutdown()
+
+
+class _Unmasked(torch.nn.Module):
+    """hivemind's ``transformer`` expert takes a padding mask beside the sequence: none here."""
+
+    def __init__(self, moe: torch.nn.Module) -> None:
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x, torch.zeros(x.shape[:2], dtype=torch.bool))
 
 
 def train_mixture(args) -> int:
@@ -70,10 +83,12 @@ def train_mixture(args) -> int:
         time.sleep(1.0)
     torch.manual_seed(0)
     moe = hivemind.RemoteMixtureOfExperts(in_features=args.hidden, grid_size=GRID, dht=dht, uid_prefix="expert.", k_best=K_BEST)
+    if args.seq:
+        moe = _Unmasked(moe)
     ifname = default_ifname()
     for i in range(args.warmup):
-        train(moe, hidden=args.hidden, batch=BATCH, steps=1, ifname=ifname, seed=1000 + i)
-    steps = train(moe, hidden=args.hidden, batch=BATCH, steps=args.steps, ifname=ifname)
+        train(moe, hidden=args.hidden, batch=args.batch, steps=1, ifname=ifname, seed=1000 + i, seq=args.seq)
+    steps = train(moe, hidden=args.hidden, batch=args.batch, steps=args.steps, ifname=ifname, seq=args.seq)
     print(json.dumps({"steps": steps, "warmup": args.warmup}), flush=True)
     return 0
 
@@ -93,6 +108,9 @@ def main() -> int:
     t.add_argument("--warmup", type=int, default=5)
     for command in (s, t):
         command.add_argument("--hidden", type=int, default=1024, help="the experts' width")
+        command.add_argument("--expert-class", default="ffn", help="ffn or transformer")
+    t.add_argument("--seq", type=int, default=0, help="positions per sample (sequence experts); 0: vectors")
+    t.add_argument("--batch", type=int, default=BATCH, help="samples per step")
     args = parser.parse_args()
     if args.cmd == "bootstrap":
         bootstrap(args)

@@ -1,9 +1,11 @@
 """Our trainer of benchmarks/wan.py; runs in the trainer's home of the rig with this checkout.
 
     python _wan_ours.py SWARM_FILE --steps N --warmup W --volunteers V [--relayed] [--hidden H]
+                        [--expert-class ffn|transformer --seq L --batch B]
 
 Joins the swarm with default settings, waits until the grid's experts are declared by all V
-volunteers, then trains a RemoteMixtureOfExperts (grid 4x4, k_best 4, defaults otherwise).
+volunteers, then trains a RemoteMixtureOfExperts (grid 4x4, k_best 4, defaults otherwise; for
+``transformer`` experts a per-sample one: whole sequences to the experts, as hivemind's).
 Warm-up steps run until every volunteer's connection has the path the profile means (direct,
 or relayed) and at least W steps ran; then N measured steps. Prints one JSON line: the steps
 (see _wan_train.train), the connection path per volunteer, the mixture's stats, the tensor
@@ -105,11 +107,15 @@ def main() -> int:
     parser.add_argument("--relayed", action="store_true", help="volunteers are reached through a relay only")
     parser.add_argument("--hidden", type=int, default=1024, help="the experts' width")
     parser.add_argument("--controls", nargs="*", default=[], help="the volunteers' control sockets")
+    parser.add_argument("--expert-class", default="ffn", help="the volunteers' expert class")
+    parser.add_argument("--seq", type=int, default=0, help="positions per sample (sequence experts); 0: vectors")
+    parser.add_argument("--batch", type=int, default=BATCH, help="samples per step")
     args = parser.parse_args()
     torch.manual_seed(0)
     ifname = default_ifname()
     with Swarm.join(args.swarm_file) as swarm:
-        moe = RemoteMixtureOfExperts(swarm, in_features=args.hidden, grid_size=GRID, uid_prefix="expert", k_best=K_BEST)
+        moe = RemoteMixtureOfExperts(swarm, in_features=args.hidden, grid_size=GRID, uid_prefix="expert", k_best=K_BEST,
+                                     per_sample=args.seq > 0)
         deadline = time.monotonic() + DISCOVERY_TIMEOUT
         while True:
             live = moe.live_experts(refresh=True)
@@ -124,7 +130,7 @@ def main() -> int:
         warm = 0
         deadline = time.monotonic() + WARMUP_TIMEOUT
         while True:
-            train(moe, hidden=args.hidden, batch=BATCH, steps=1, ifname=ifname, seed=1000 + warm)
+            train(moe, hidden=args.hidden, batch=args.batch, steps=1, ifname=ifname, seed=1000 + warm, seq=args.seq)
             warm += 1
             paths = swarm.loop.run(_paths, swarm.host, peers)
             settled = all(p.startswith("relayed") == args.relayed and p != "none" for p in paths.values())
@@ -135,7 +141,7 @@ def main() -> int:
                 return 1
         before = _payload(swarm)
         compute_before, wall_before = _compute_seconds(args.controls), time.monotonic()
-        steps = train(moe, hidden=args.hidden, batch=BATCH, steps=args.steps, ifname=ifname)
+        steps = train(moe, hidden=args.hidden, batch=args.batch, steps=args.steps, ifname=ifname, seq=args.seq)
         compute_after, wall = _compute_seconds(args.controls), time.monotonic() - wall_before
         after = _payload(swarm)
         paths = swarm.loop.run(_paths, swarm.host, peers)

@@ -39,9 +39,11 @@ def default_ifname() -> str:
 
 
 def train(moe: torch.nn.Module, *, hidden: int, batch: int, steps: int, ifname: str,
-          before_step: Callable[[int], None] | None = None, seed: int = 0) -> list[dict]:
+          before_step: Callable[[int], None] | None = None, seed: int = 0, seq: int = 0) -> list[dict]:
     """``steps`` training steps of ``moe`` on a regression task; per step: ``t0``/``t1``
-    (time.monotonic), ``tx0``/``rx0`` and ``tx``/``rx`` (line bytes before and after), ``loss``."""
+    (time.monotonic), ``tx0``/``rx0`` and ``tx``/``rx`` (line bytes before and after), ``loss``.
+    ``seq``: samples are sequences of this many positions (``[batch, seq, hidden]``, for
+    sequence experts such as ``transformer``); 0: vectors (``[batch, hidden]``)."""
     generator = torch.Generator().manual_seed(seed)
     mixing = torch.randn(hidden, hidden, generator=generator) / hidden ** 0.5
     optimizer = torch.optim.Adam(moe.parameters(), lr=LR)
@@ -49,7 +51,7 @@ def train(moe: torch.nn.Module, *, hidden: int, batch: int, steps: int, ifname: 
     for i in range(steps):
         if before_step is not None:
             before_step(i)
-        x = torch.randn(batch, hidden, generator=generator)
+        x = torch.randn(batch, *((seq,) if seq else ()), hidden, generator=generator)
         target = torch.tanh(x @ mixing)
         tx0, rx0 = line_bytes(ifname)
         t0 = time.monotonic()

@@ -3,6 +3,7 @@
     sudo .venv/bin/python benchmarks/wan.py [--quick] [--profiles cable,dsl,...] [--steps 50]
                                             [--warmup 5] [--skip-hivemind] [--json FILE]
                                             [--quic-congestion ours|cubic]
+                                            [--expert-class ffn|transformer]
 
 One trainer and four volunteers, each in its own home behind its own NAT router on the same
 kind of line (tests/nat/lines.py: ``cable`` 50/10 Mbit/s 20 ms one way, ``dsl`` 16/2 35 ms,
@@ -11,7 +12,11 @@ volunteer behind a symmetric NAT and reached only through a relay in a datacente
 internet). The volunteers of the direct profiles have forwarded port 4001 (TCP and UDP) on their routers.
 Volunteer i hosts the ffn experts ``expert.i.0`` to ``expert.i.3`` (hidden 1024); the trainer
 trains a RemoteMixtureOfExperts over the 4x4 grid with k_best 4 on batches of 64, default
-settings otherwise. Then hivemind 1.1.12 does the same in the same homes over the same links:
+settings otherwise. ``--expert-class transformer``: the volunteers host ``transformer`` blocks
+(hidden 256, 4x wide feed-forward) and the trainer sends them batches of 8 sequences of 128
+positions, whole (a per-sample mixture, gated on each sequence's mean, as hivemind's is);
+hivemind's side serves its own ``transformer`` (its TransformerEncoderLayer, 16 heads); the rows
+are labelled ``<profile>/tfm``. Then hivemind 1.1.12 does the same in the same homes over the same links:
 its own Servers, DHT, p2pd (TCP, defaults) and RemoteMixtureOfExperts (benchmarks/setup_hivemind.sh);
 not on ``relayed``, where its p2pd would not take a relay slot (HIVEMIND_NOT_RELAYED).
 
@@ -62,6 +67,9 @@ QUICK_PROFILES = ("cable", "fibre")
 VOLUNTEERS = 4
 EXPERTS_PER_VOLUNTEER = 4
 HIDDEN, BATCH, K_BEST = 1024, 64, 4
+# per expert class: (hidden, samples per step, positions per sample; 0: vectors); hivemind's
+# transformer expert declares sequences of 128
+CLASSES = {"ffn": (HIDDEN, BATCH, 0), "transformer": (256, 8, 128)}
 HIVEMIND_STEPS = 20  # hivemind's steps take ten times ours: this many are measured unless asked
 PORT = 4001
 RAW_TCP_PORT = 4002  # benchmarks/_wan_rawtcp.py's volunteers (forwarded like PORT)
@@ -86,7 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-hivemind", action="store_true")
     p.add_argument("--hivemind-steps", type=int, help=f"measured steps of hivemind's trainer (default: "
                    f"--steps, at most {HIVEMIND_STEPS}; --quick: 3 after 1 warm-up): its steps take ten times ours")
-    p.add_argument("--hidden", type=int, default=HIDDEN, help="the experts' width (smaller only for smoke runs)")
+    p.add_argument("--expert-class", choices=sorted(CLASSES), default="ffn",
+                   help="what the volunteers host: ffn (vectors) or transformer (sequences)")
+    p.add_argument("--hidden", type=int, help="the experts' width (default: the class's; smaller only for smoke runs)")
     p.add_argument("--compute-repeats", type=int, default=8, help="rounds of the local compute measurement")
     p.add_argument("--json", help="also write every figure to this file")
     p.add_argument("--quic-congestion", choices=("ours", "cubic"),
@@ -97,6 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.hivemind_steps = a.hivemind_steps or 3
     a.hivemind_warmup = 1 if a.quick else a.warmup
     a.hivemind_steps = a.hivemind_steps or min(a.steps, HIVEMIND_STEPS)
+    hidden, a.batch, a.seq = CLASSES[a.expert_class]
+    a.hidden = hidden if a.hidden is None else a.hidden
+    a.label = "" if a.expert_class == "ffn" else "/tfm"  # on the rows' profile names
     a.profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
     unknown = [x for x in a.profiles if x not in PROFILES]
     if unknown or not a.profiles:
@@ -224,13 +237,15 @@ def run_ours(rig: rigmod.Rig, args, relayed: bool, workdir: Path) -> tuple[dict,
             home = workdir / f"vol{i}"
             volunteers.append(procs.launch(f"vol{i}", [
                 PY, "-m", "volunteer", "join", str(swarm), "--yes", "--no-dashboard", "--no-mdns",
-                "--experts", f"ffn:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]", "--hidden-dim", str(args.hidden),
+                "--experts", f"{args.expert_class}:expert.[{i}:{i + 1}].[0:{EXPERTS_PER_VOLUNTEER}]",
+                "--hidden-dim", str(args.hidden),
                 "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--listen", f"/ip4/0.0.0.0/udp/{PORT}/quic-v1", "--identity", str(home / "id.key"),
                 "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
         for handle in volunteers:
             procs.wait(handle, "control socket")
         argv = [PY, str(ROOT / "benchmarks" / "_wan_ours.py"), str(swarm), "--steps", str(args.steps),
                 "--warmup", str(args.warmup), "--volunteers", str(VOLUNTEERS), "--hidden", str(args.hidden),
+                "--expert-class", args.expert_class, "--seq", str(args.seq), "--batch", str(args.batch),
                 "--controls", *(str(workdir / f"vol{i}" / "ctl.sock") for i in range(VOLUNTEERS))]
         argv += ["--relayed"] if relayed else []
         return _trainer(rig, argv, timeout=_trainer_timeout(args))
@@ -269,11 +284,13 @@ def run_hivemind(rig: rigmod.Rig, args, workdir: Path) -> tuple[dict, list] | No
             public = f"/ip4/{rig.addr(f'nat_vol{i}')}/tcp/{PORT}"
             servers.append((public, procs.launch(f"vol{i}", [str(python), script, "serve", "--uids", uids,
                                                              "--peer", peer, "--hidden", str(args.hidden),
+                                                             "--expert-class", args.expert_class,
                                                              "--announce", public])))
         for public, handle in servers:
             known += ["--peer", f"{public}/p2p/{procs.wait(handle, 'READY').split()[1]}"]
         argv = [str(python), script, "train", *known, "--steps", str(args.hivemind_steps),
-                "--warmup", str(args.hivemind_warmup), "--hidden", str(args.hidden)]
+                "--warmup", str(args.hivemind_warmup), "--hidden", str(args.hidden),
+                "--expert-class", args.expert_class, "--seq", str(args.seq), "--batch", str(args.batch)]
         return _trainer(rig, argv, timeout=START_TIMEOUT + 60.0 * (args.hivemind_steps + args.hivemind_warmup) + 300.0)
     finally:
         procs.stop()
@@ -333,14 +350,15 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
         limit = limit_seconds(line, need, compute, VOLUNTEERS)
         result.update(limit=limit, paths=ours.get("paths"), stats=ours.get("stats"), need=need, loss=line.loss,
                       recovery=loss_recovery_seconds(line, need, VOLUNTEERS), utilisation=ours.get("utilisation"))
-        result["ours"] = row_from_steps(profile, "ours", ours["steps"], BATCH, limit, sends, line.rtt)
+        label = profile + args.label
+        result["ours"] = row_from_steps(label, "ours", ours["steps"], args.batch, limit, sends, line.rtt)
         if relayed:
             print(f"raw tcp on {profile}: n/a (the volunteers take no direct connection; a relay is no raw TCP)",
                   flush=True)
         else:
             (workdir / "rawtcp").mkdir()
             raw, raw_sends = run_raw_tcp(rig, args, need, workdir / "rawtcp")
-            result["rawtcp"] = row_from_steps(profile, "raw tcp", raw["steps"], BATCH, limit, raw_sends, line.rtt)
+            result["rawtcp"] = row_from_steps(label, "raw tcp", raw["steps"], args.batch, limit, raw_sends, line.rtt)
             result["floor"] = tcp_floor(result["rawtcp"], compute)
         if relayed and not args.skip_hivemind:
             print(f"hivemind on {profile}: n/a ({HIVEMIND_NOT_RELAYED})", flush=True)
@@ -352,7 +370,7 @@ def run_profile(profile: str, args, compute: float, workdir: Path) -> dict:
                 print(f"hivemind on {profile}: failed: {str(exc)[-1500:]}", flush=True)
                 theirs = None
             if theirs is not None:
-                result["hivemind"] = row_from_steps(profile, "hivemind", theirs[0]["steps"], BATCH, limit,
+                result["hivemind"] = row_from_steps(label, "hivemind", theirs[0]["steps"], args.batch, limit,
                                                     theirs[1], line.rtt)
     return result
 
@@ -388,9 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quic_congestion:
         os.environ["VOLUNTEER_QUIC_CONGESTION"] = args.quic_congestion  # _env() hands it to every process
     print(f"QUIC congestion control: {os.environ.get('VOLUNTEER_QUIC_CONGESTION', 'the default')}", flush=True)
-    samples = BATCH * K_BEST // (VOLUNTEERS * EXPERTS_PER_VOLUNTEER)
-    alone = measure_compute(1, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
-    together = measure_compute(VOLUNTEERS, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats)
+    samples = max(1, args.batch * K_BEST // (VOLUNTEERS * EXPERTS_PER_VOLUNTEER))
+    alone = measure_compute(1, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats,
+                            args.expert_class, args.seq)
+    together = measure_compute(VOLUNTEERS, EXPERTS_PER_VOLUNTEER, samples, args.hidden, args.compute_repeats,
+                               args.expert_class, args.seq)
     compute = together["step"]
     print(f"experts' compute, measured locally: one volunteer's share ({EXPERTS_PER_VOLUNTEER} experts x {samples} "
           f"samples) alone: forward {alone['forward'] * 1e3:.0f} ms + backward {alone['backward'] * 1e3:.0f} ms; "

@@ -76,7 +76,7 @@ def test_rows_and_the_last_line_read_as_a_script_expects():
     assert re.fullmatch(r"wan: limit ratio worst \d+\.\d\d, vs hivemind worst \d+\.\d\d×", line)
     assert line == f"wan: limit ratio worst 2.00, vs hivemind worst {ours.samples_per_s / 32:.2f}×"
     assert figures.last_line([ours], []) == "wan: limit ratio worst 1.25, vs hivemind worst n/a"
-    assert "x" in figures.format_row(ours, theirs) and figures.format_row(theirs).startswith("cable    hivemind")
+    assert "x" in figures.format_row(ours, theirs) and figures.format_row(theirs).split()[:2] == ["cable", "hivemind"]
 
 
 def test_the_tcp_column_compares_our_step_with_raw_tcp_plus_the_compute():
@@ -110,7 +110,11 @@ def test_options():
     assert full.profiles == list(wan.PROFILES) and full.steps >= 50 and full.hivemind_steps == wan.HIVEMIND_STEPS
     assert wan.parse_args(["--profiles", "dsl, far"]).profiles == ["dsl", "far"]
     assert wan.parse_args(["--steps", "5"]).hivemind_steps == 5
-    for bad in (["--profiles", "moon"], ["--steps", "0"], ["--profiles", ","], ["--hidden", "0"]):
+    assert (full.expert_class, full.hidden, full.batch, full.seq, full.label) == ("ffn", wan.HIDDEN, wan.BATCH, 0, "")
+    tfm = wan.parse_args(["--expert-class", "transformer"])
+    assert (tfm.hidden, tfm.batch, tfm.seq, tfm.label) == (*wan.CLASSES["transformer"], "/tfm")
+    assert wan.parse_args(["--expert-class", "transformer", "--hidden", "64"]).hidden == 64
+    for bad in (["--profiles", "moon"], ["--steps", "0"], ["--profiles", ","], ["--hidden", "0"], ["--expert-class", "moe"]):
         with pytest.raises(SystemExit):
             wan.parse_args(bad)
 

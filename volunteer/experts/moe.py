@@ -201,7 +201,12 @@ class RemoteMixtureOfExperts(nn.Module):
     ``grid``: a swarm file's ``[[grid]]`` (``swarm.spec.grids[0]``) instead of ``grid_size`` and
     ``uid_prefix``, so trainers address what volunteers place themselves on. An expert with
     several replicas gets each call from one of them, drawn by load and measured latency; the
-    backward of a call goes to the replica that ran its forward."""
+    backward of a call goes to the replica that ran its forward.
+
+    ``per_sample``: an input ``[batch, ..., in_features]`` goes to the experts sample by sample,
+    each whole, gated by its mean over the middle dims (as hivemind's mixture does), for experts
+    that take sequences (``transformer``); by default every position is a token of its own,
+    routed alone (feed-forward experts such as ``ffn``)."""
 
     def __init__(
         self,
@@ -222,12 +227,14 @@ class RemoteMixtureOfExperts(nn.Module):
         guard: ReplyGuard | None = None,
         audits: bool = True,
         audit_config: AuditConfig = DEFAULT_AUDITS,
+        per_sample: bool = False,
     ) -> None:
         super().__init__()
         if k_min < 1 or k_best < k_min:
             raise ValueError("need 1 <= k_min <= k_best")
         self.swarm = swarm
         self.in_features = in_features
+        self.per_sample = per_sample
         if grid is not None:  # a swarm file's [[grid]] (swarmfile.GridSpec): what volunteers host
             grid_size, uid_prefix = grid.size, grid.prefix
         if grid_size is None:
@@ -447,15 +454,18 @@ class RemoteMixtureOfExperts(nn.Module):
 
     # --- forward -----------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        flat = x.reshape(-1, self.in_features)
+        if self.per_sample:
+            # whole samples to the experts; the gate reads each one's mean over its middle dims
+            rows, gating = x, x.mean(dim=tuple(range(1, x.dim() - 1))) if x.dim() > 2 else x
+        else:
+            rows = gating = x.reshape(-1, self.in_features)
         self._failed_now.clear()
         self._auditor.begin_forward()
         try:
-            result = self._forward(flat)
+            result = self._forward(rows, gating)
         finally:
             self._failed_now.clear()
-        return result.reshape(*lead, *result.shape[1:])
+        return result if self.per_sample else result.reshape(*x.shape[:-1], *result.shape[1:])
 
     def _choices(self) -> list:
         """(uid, declaration) of every live expert not backed off, sorted by uid."""
@@ -482,9 +492,11 @@ class RemoteMixtureOfExperts(nn.Module):
             raise ExpertUnavailableError(f"no live experts under {self.uid_prefix!r} in swarm {self.swarm.swarm_id!r}")
         return chosen
 
-    def _forward(self, flat: torch.Tensor) -> torch.Tensor:
+    def _forward(self, flat: torch.Tensor, gating: torch.Tensor) -> torch.Tensor:
+        """``flat``: what the experts get, one row per routed item; ``gating``: what the gate
+        reads of each row ([rows, in_features])."""
         batch = flat.shape[0]
-        scores = self.gate(flat).split(self.grid_size, dim=-1)
+        scores = self.gate(gating).split(self.grid_size, dim=-1)
         choices = self._choices()
         coords = torch.tensor([parse_uid(uid)[1] for uid, _ in choices], device=flat.device)
         expert_scores = sum(dim_scores[:, coords[:, d]] for d, dim_scores in enumerate(scores))  # [batch, experts]
