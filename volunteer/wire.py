@@ -32,6 +32,6 @@ def unpack_bounded(data: bytes, limit: int, what: str, error: Callable[[str], Ex
     return item
 
 
-_KINDS = {list: "array", dict: "map"}
+_KINDS: dict[type, str] = {list: "array", dict: "map"}
 
 __all__ = ["unpack_bounded"]
