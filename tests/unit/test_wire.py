@@ -93,3 +93,36 @@ def test_random_bytes_raise_nothing_but_a_refused_record_from_the_vouch_decoder(
         Vouch.decode(data)
     except DHTRecordError:
         pass
+
+
+class _Record:
+    def __init__(self, value: bytes, signer) -> None:
+        self.value, self.expiration, self.signer = value, NOW + 60, signer
+
+
+class _DHT:
+    """The two things the health service's vouch reader asks of a DHT node."""
+
+    def __init__(self, records: dict) -> None:
+        self.records = records
+
+    def clock(self) -> float:
+        return NOW
+
+    async def get(self, key: bytes) -> dict:
+        return self.records
+
+
+async def test_the_health_page_skips_a_malformed_vouch_and_keeps_the_good_one():
+    import trio
+
+    from relay.healthservice import HealthService
+
+    trainer = KeyPair.generate()
+    book = VouchBook(trainer, "swarm", NOW)
+    book.accept(KeyPair.generate().peer_id.to_bytes(), 3)
+    [vouch] = book.due(NOW)
+    dht = _DHT({b"bad": _Record(b"\xc1 not msgpack", trainer.peer_id),
+                b"good": _Record(vouch.encode(), trainer.peer_id)})
+    with trio.fail_after(5):
+        assert await HealthService._vouches(dht) == [vouch]
