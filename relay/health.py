@@ -40,26 +40,41 @@ class PeerCheck:
     is_self: bool = False  # the relay serving this page
 
 
+@dataclass
+class _EntryPoint:
+    """One entry point peer while its addresses are merged into a ``PeerCheck``."""
+
+    addr: str  # the first of its addresses, in the swarm file's order
+    is_self: bool
+    roles: list[str] = field(default_factory=list)
+    up: bool = False  # any of its addresses answered
+    last_seen: float | None = None  # the latest of their answers
+
+    def add(self, role: str, up: bool, seen: float | None) -> None:
+        if role not in self.roles:
+            self.roles.append(role)
+        self.up = self.up or up
+        if seen is not None and (self.last_seen is None or seen > self.last_seen):
+            self.last_seen = seen
+
+    def check(self) -> PeerCheck:
+        return PeerCheck(", ".join(self.roles), self.addr, self.up, self.last_seen, self.is_self)
+
+
 def entry_point_checks(roles: Sequence[tuple[str, Sequence[Multiaddr]]], own: object, answered: Mapping[str, bool],
                        last_seen: Mapping[str, float]) -> list[PeerCheck]:
     """One row per entry point *peer*, in the swarm file's order: a peer named as relay and as
     bootstrap (or at several addresses) is one entry point, with its roles joined, up when any of
     its addresses answered, and the latest answer of them. ``own``: this relay's peer ID."""
-    rows: dict[object, list] = {}  # peer (or the address, without one) -> [roles, first addr, up, seen, self]
+    points: dict[object, _EntryPoint] = {}  # peer (or the address, without one) -> its merged row
     for role, addrs in roles:
         for addr in addrs:
             text = str(addr)
             peer = addr.peer_id
             is_self = peer is not None and peer == own
-            up = is_self or answered.get(text, False)
-            seen = last_seen.get(text)
-            row = rows.setdefault(peer if peer is not None else text, [[], text, False, None, is_self])
-            if role not in row[0]:
-                row[0].append(role)
-            row[2] = row[2] or up
-            if seen is not None and (row[3] is None or seen > row[3]):
-                row[3] = seen
-    return [PeerCheck(", ".join(r[0]), r[1], r[2], r[3], r[4]) for r in rows.values()]
+            point = points.setdefault(peer if peer is not None else text, _EntryPoint(text, is_self))
+            point.add(role, is_self or answered.get(text, False), last_seen.get(text))
+    return [point.check() for point in points.values()]
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ class HealthService(BaseService):
     @staticmethod
     async def _vouches(dht) -> list:
         """The vouches stored under the swarm's contributions key (the ledger checks each one)."""
-        from volunteer.errors import ExpertProtocolError
+        from volunteer.errors import DHTRecordError
 
         found = []
         now = dht.clock()
@@ -219,7 +219,7 @@ class HealthService(BaseService):
                 continue
             try:
                 vouch = Vouch.decode(record.value)
-            except ExpertProtocolError:
+            except DHTRecordError:
                 continue  # a malformed vouch counts for nobody
             if vouch.trainer == record.signer.to_bytes():  # stored by the trainer that signed it
                 found.append(vouch)

@@ -16,6 +16,7 @@ from typing import Callable
 
 from .errors import VolunteerError
 from .net.resources import ResourceLimits
+from .sizes import parse_size
 
 
 class SwarmFileError(VolunteerError):
@@ -70,23 +71,31 @@ def fraction(value: object) -> float:
     return float(number)
 
 
-def rate(value: object) -> float:
-    """A check: bytes per second above zero, a number or a size such as 5MiB."""
-    from .sizes import parse_size
-
+def _positive_size(value: object, example: str, *, quantity: str = "bytes", reading: str = "",
+                   whole: bool = False) -> float:
+    """``value`` (a number, or text: a plain number or a size such as ``example``) above zero,
+    whole bytes if ``whole``; ValueError in words that give ``example`` (``reading`` says what it
+    means). A negative number is refused as one below zero, not as text that is not a size."""
     if isinstance(value, str):
         text = value
         try:
-            value = float(text)  # a plain number (a negative one is refused below, in words)
+            value = float(text)
         except ValueError:
             try:
                 value = parse_size(text.strip())
             except ValueError:
-                raise ValueError(f"not a size: {text!r} (e.g. 5MiB for 5 MiB/s)") from None
+                raise ValueError(f"not a size: {text!r} (e.g. {example}{reading})") from None
     number = _number(value, False)
+    if whole:
+        number = int(number)  # a fraction of a byte is no byte
     if not number > 0:
-        raise ValueError(f"expected bytes per second above 0 (e.g. 5MiB), got {value!r}")
-    return float(number)
+        raise ValueError(f"expected {quantity} above 0 (e.g. {example}), got {value!r}")
+    return number
+
+
+def rate(value: object) -> float:
+    """A check: bytes per second above zero, a number or a size such as 5MiB."""
+    return float(_positive_size(value, "5MiB", quantity="bytes per second", reading=" for 5 MiB/s"))
 
 
 # device names torch takes that make sense for experts; anything else is refused in one line
@@ -96,17 +105,7 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|mps|(cuda|xpu)(:\d+)?")
 
 def size(value: object) -> int:
     """A check: bytes above zero, a number or a size such as 8GiB."""
-    from .sizes import parse_size
-
-    if isinstance(value, str):
-        try:
-            value = parse_size(value.strip())
-        except ValueError:
-            raise ValueError(f"not a size: {value!r} (e.g. 8GiB)") from None
-    number = _number(value, False)
-    if not number > 0:
-        raise ValueError(f"expected bytes above 0 (e.g. 8GiB), got {value!r}")
-    return int(number)
+    return int(_positive_size(value, "8GiB", whole=True))
 
 
 def device_name(value: object) -> str:

@@ -23,7 +23,7 @@ def test_a_refused_trainer_is_told_once_per_volunteer_and_changes_nothing(caplog
             moe = RemoteMixtureOfExperts(swarm, in_features=HIDDEN, grid_size=(1, 2), uid_prefix="expert", k_best=2,
                                          forward_timeout=5, backward_timeout=5)
             assert sorted(moe.live_experts(refresh=True)) == GRID
-            with caplog.at_level(logging.INFO, logger="volunteer.experts.moe"):
+            with caplog.at_level(logging.INFO, logger="volunteer.experts"):
                 for _ in range(3):
                     x = torch.randn(4, HIDDEN, requires_grad=True)
                     moe(x).pow(2).sum().backward()  # forwards answered, backwards refused: no raise

@@ -22,6 +22,10 @@ BAD = [
     ("cpu_threads", "0", "0", "a whole number of 1 or more"),
     ("max_upload", '"lots"', "lots", "not a size"),
     ("max_upload", "-5", "-5", "above 0"),
+    ("max_upload", '"0.0"', "0", "expected bytes per second above 0 (e.g. 5MiB)"),
+    ("max_ram", '"lots"', "lots", "not a size: 'lots' (e.g. 8GiB)"),
+    ("max_ram", "-5", "-5", "expected bytes above 0 (e.g. 8GiB)"),  # a negative number, not text that is no size
+    ("max_ram", '"0.5"', "0.5", "expected bytes above 0"),  # half a byte is no byte
     ("share_tracebacks", '"some"', "some", "expected one of full, redacted, none"),
 ]
 GOOD = [
@@ -31,6 +35,10 @@ GOOD = [
     ("cpu_threads", "2", "2", 2),
     ("max_upload", '"5MiB"', "5MiB", 5 * 2**20),
     ("max_upload", "1000", "1000", 1000.0),
+    ("max_upload", '"1.5k"', "1.5k", 1500.0),
+    ("max_ram", '"8GiB"', "8GiB", 8 << 30),
+    ("max_ram", "4096", "4096", 4096),
+    ("max_ram", '"1e9"', "1e9", 10**9),
 ]
 
 

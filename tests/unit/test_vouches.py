@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from volunteer.errors import ExpertProtocolError
+from volunteer.errors import DHTRecordError
 from volunteer.dht.vouches import HALF_LIFE, Ledger, Vouch, VouchBook, vouch_item
 from volunteer.net.identity import KeyPair, PeerID
 
@@ -43,7 +43,7 @@ def test_a_vouch_round_trips_and_a_malformed_one_is_refused():
     key, subkey, value, _ = vouch_item(vouch, NOW + 60)
     assert subkey == vouch.trainer + vouch.host and Vouch.decode(value) == vouch
     for bad in (b"", b"\xc1", b"\x93\x01\x02\x03", b"x" * 5000):
-        with pytest.raises(ExpertProtocolError):
+        with pytest.raises(DHTRecordError):
             Vouch.decode(bad)
 
 

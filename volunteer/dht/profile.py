@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import msgpack
 
 from ..errors import DHTRecordError
+from ..wire import unpack_bounded
 
 PROFILES_KEY = b"volunteer-profiles"
 MAX_NAME_LENGTH = 40  # characters of a public name
@@ -43,6 +44,10 @@ def check_public_name(name: str) -> str:
     if not _is_name(name):
         raise ValueError(f"a public name is 1 to {MAX_NAME_LENGTH} printable characters, got {name!r}")
     return name
+
+
+def _refused(message: str) -> DHTRecordError:
+    return DHTRecordError(message, "bad-profile")
 
 
 def _counter(value: object) -> bool:
@@ -81,14 +86,7 @@ class Profile:
     @classmethod
     def decode(cls, data: bytes, max_size: int = 1024) -> "Profile":
         """Parse a value; raises DHTRecordError (code ``bad-profile``) for anything malformed."""
-        if len(data) > max_size:
-            raise DHTRecordError("profile too large", "bad-profile")
-        try:
-            msg = msgpack.unpackb(data, raw=False, strict_map_key=False, max_ext_len=0)
-        except Exception:  # msgpack raises several unrelated types
-            raise DHTRecordError("profile is not msgpack", "bad-profile") from None
-        if not isinstance(msg, dict):
-            raise DHTRecordError("profile is not a map", "bad-profile")
+        msg = unpack_bounded(data, max_size, "profile", _refused, dict)
         name = msg.get("n")
         counters = [msg.get(k, 0) for k in ("c", "s", "b", "x", "ps", "pd", "bd", "br")]
         relayed = msg.get("r", 0)

@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 
 import msgpack
 
-from ..errors import ExpertProtocolError
+from ..errors import DHTRecordError
 from ..net.identity import KeyPair, PeerID
+from ..wire import unpack_bounded
 
 CONTRIBUTIONS_KEY = b"volunteer-vouches"  # DHT key; sub-key: the host's PeerID bytes (after the trainer's)
 SIGNED = b"volunteer/vouch/1\n"  # domain of the signature: no other signed message reads as a vouch
@@ -78,26 +79,21 @@ class Vouch:
 
     @classmethod
     def decode(cls, data: bytes) -> "Vouch":
-        """Parse an untrusted vouch (signature unchecked: ``verify``); ExpertProtocolError if malformed."""
-        if len(data) > MAX_VOUCH:
-            raise ExpertProtocolError(f"vouch of {len(data)} bytes exceeds {MAX_VOUCH}")
-        try:
-            item = msgpack.unpackb(data, raw=False, max_ext_len=0)
-        except Exception:  # msgpack raises several unrelated types for bad bytes
-            raise ExpertProtocolError("vouch is not valid msgpack") from None
-        if not isinstance(item, list) or len(item) != 9:
-            raise ExpertProtocolError("a vouch is a list of 9 fields")
+        """Parse an untrusted vouch (signature unchecked: ``verify``); DHTRecordError (code ``bad-vouch``) if malformed."""
+        item = unpack_bounded(data, MAX_VOUCH, "vouch", _refused, list)
+        if len(item) != 9:
+            raise _refused("a vouch is a list of 9 fields")
         swarm, trainer, host, epoch, seq, at, calls, samples, signature = item
         if not isinstance(swarm, str) or len(swarm) > 256:
-            raise ExpertProtocolError("vouch's swarm is malformed")
+            raise _refused("vouch's swarm is malformed")
         for value in (trainer, host, signature):
             if not isinstance(value, bytes) or not 0 < len(value) <= 128:
-                raise ExpertProtocolError("vouch's trainer, host or signature is malformed")
+                raise _refused("vouch's trainer, host or signature is malformed")
         for value in (epoch, seq, calls, samples):
             if type(value) is not int or not 0 <= value <= MAX_COUNT:
-                raise ExpertProtocolError("vouch's counts are malformed")
+                raise _refused("vouch's counts are malformed")
         if not isinstance(at, float) or not math.isfinite(at):
-            raise ExpertProtocolError("vouch's time is malformed")
+            raise _refused("vouch's time is malformed")
         return cls(swarm, trainer, host, epoch, seq, at, calls, samples, signature)
 
 
@@ -198,6 +194,11 @@ class Ledger:
         return [{"peer": peer, "calls": c.calls, "samples": c.samples,
                  "recent_per_day": round(self._decayed(c, now) * rate, 4), "trainers": len(c.trainers or ())}
                 for peer, c in ranked]
+
+
+def _refused(message: str) -> DHTRecordError:
+    """A malformed vouch is a refused DHT record, as a malformed profile is."""
+    return DHTRecordError(message, "bad-vouch")
 
 
 def _is_peer(data: bytes) -> bool:

@@ -8,7 +8,7 @@ For a batch ``x`` of shape ``[batch, in_features]``:
    ``refresh_period`` seconds, so no forward waits for a lookup but the first; each sample picks
    its ``k_best`` highest-scoring live experts, skipping experts that failed recently (``backoff``);
 3. each chosen expert gets one call with all the samples that chose it, all calls in parallel
-   (tensors as float16, or 8-bit on a link measured slow: ``compression="auto"``); once every
+   (``rounds.py``: a round of calls as one autograd node; tensors as float16, or 8-bit on a link measured slow: ``compression="auto"``); once every
    sample has ``k_min`` answers, stragglers get ``timeout_after_k_min`` more;
 4. samples still short of ``k_min`` go to their next-best live experts by gate score (not tried
    yet in this forward, not failed) in a second round, bounded like the first;
@@ -37,162 +37,30 @@ import time
 from typing import Any, Sequence
 
 import torch
-import trio
 from torch import nn
 
 from ..errors import (
-    ExpertBackwardRefusedError,
     ExpertError,
-    ExpertExcludedError,
     ExpertPeerUnreachableError,
     ExpertReplyRejected,
-    ExpertTimeoutError,
     ExpertUnavailableError,
-    RemoteExpertError,
     describe,
 )
 from ..dht.grid import parse_uid
 from .audit import Auditor
 from .callstats import AUTO, CallReport
-from .client import DUMMY, _Call, detached_cpu, fetch_snapshot
+from .client import DUMMY, _Call, fetch_snapshot
 from .comparison import DEFAULT_AUDITS, AuditConfig, aligned
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
 from .guard import ReplyGuard
+from .rounds import NothingAnswered, ParallelCalls, Round, worst_error
 from .trust import Standing, TrustLedger
 
 log = logging.getLogger(__name__)
 
 STALE_AFTER = 10  # refresh periods: a grid cache this old is looked up again before a forward uses it
-
-
 GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward that needed it
-
-
-class _NothingAnswered(Exception):
-    """Internal: no call of a round answered (the mixture decides whether that is fatal)."""
-
-
-def _worst(errors: list[BaseException]) -> BaseException:
-    """The error that explains most: a remote exception, then a timeout, then unreachable."""
-    for kind in (RemoteExpertError, ExpertTimeoutError, ExpertError):
-        for error in errors:
-            if isinstance(error, kind):
-                return error
-    return errors[0]
-
-
-class _Plan:
-    """One batch's expert calls: who gets which samples; runs them in the background loop."""
-
-    def __init__(self, moe: "RemoteMixtureOfExperts", calls: list[_Call], samples: list[torch.Tensor], batch: int, need: list[int]) -> None:
-        self.moe, self.calls, self.samples, self.batch, self.need = moe, calls, samples, batch, need
-        self.errors: list[BaseException] = []
-        self.reports = [CallReport() for _ in calls]  # forward: each keeps the key of its kept inputs
-        self.audits: dict[int, Any] = {}  # call index -> its audit case, which needs its backward
-
-    async def forward_all(self, inputs: list[torch.Tensor]) -> list[list[torch.Tensor] | None]:
-        # one hop to the trio thread for the whole round; each call records its host's declared
-        # addresses there before it dials
-        results: list[list[torch.Tensor] | None] = [None] * len(self.calls)
-        answers = [0] * self.batch
-        satisfied = trio.Event()
-        finished = 0
-
-        async with trio.open_nursery() as nursery:
-
-            async def one(i: int) -> None:
-                nonlocal finished
-                try:
-                    started = time.monotonic()
-                    outputs = results[i] = await self.calls[i].forward([inputs[i]], self.reports[i])
-                    self.moe._answered(self.calls[i], time.monotonic() - started)
-                    self.audits[i] = self.moe._auditor.answered(
-                        self.calls[i], inputs[i], outputs, self.reports[i].compression, self.reports[i].receipt)
-                    for b in self.samples[i].tolist():
-                        answers[b] += 1
-                    if all(a >= n for a, n in zip(answers, self.need)):
-                        satisfied.set()
-                except ExpertError as exc:
-                    self.errors.append(exc)
-                    self.moe._failed(self.calls[i], exc)
-                    if isinstance(exc, ExpertReplyRejected):
-                        self.moe._rejected(self.calls[i], inputs[i], exc, self.reports[i].receipt)
-                finally:
-                    finished += 1
-                    if finished == len(self.calls):
-                        nursery.cancel_scope.cancel()  # every call ended: nothing left to wait for
-
-            async def cutoff() -> None:
-                await satisfied.wait()
-                await trio.sleep(self.moe.timeout_after_k_min)
-                nursery.cancel_scope.cancel()  # k_min answered for every sample: drop the stragglers
-
-            for i in range(len(self.calls)):
-                nursery.start_soon(one, i)
-            nursery.start_soon(cutoff)
-        return results
-
-    async def backward_all(self, inputs: list[torch.Tensor], grads: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        out: list[torch.Tensor | None] = [None] * len(self.calls)
-
-        async def one(i: int, grad: torch.Tensor) -> None:
-            report = CallReport()
-            rejected = False
-            try:
-                out[i] = (await self.calls[i].backward([inputs[i]], [grad], self.reports[i].kept, report))[0]
-            except ExpertError as exc:
-                # a lie seen in this reply, or in another of its host's since its forward
-                rejected = isinstance(exc, (ExpertReplyRejected, ExpertExcludedError))
-                if isinstance(exc, ExpertBackwardRefusedError) and str(self.calls[i].peer) not in self.moe._refused_by:
-                    # a volunteer that does not take our gradients (not admitted, or refused for
-                    # them): one line per volunteer, the rest at info like any dropped gradient
-                    self.moe._refused_by.add(str(self.calls[i].peer))
-                    log.warning("volunteer %s refuses our backwards: %s", str(self.calls[i].peer)[-8:], describe(exc))
-                log.info("backward to %s failed, its gradient is dropped: %s", self.calls[i].uid, describe(exc))
-                self.moe._failed(self.calls[i], exc)
-                if isinstance(exc, ExpertReplyRejected):
-                    self.moe._rejected(self.calls[i], None, exc)
-            finally:
-                self.moe._auditor.backward_sent(self.audits.pop(i, None), grad, out[i], report.compression,
-                                                report.receipt)
-            if rejected:  # a lie in the gradient costs the step nothing while another replica serves
-                out[i] = await self.moe._backward_elsewhere(self.calls[i], inputs[i], grad)
-
-        async with trio.open_nursery() as nursery:
-            for i, grad in enumerate(grads):
-                if grad is not None:
-                    nursery.start_soon(one, i, grad)
-        for case in self.audits.values():  # audited calls that got no gradient: no backward
-            self.moe._auditor.backward_sent(case, None, None)
-        self.audits.clear()
-        return out
-
-
-class _ParallelCalls(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, dummy: torch.Tensor, plan: _Plan, *xs: torch.Tensor):
-        results = plan.moe.swarm.loop.run(plan.forward_all, detached_cpu(xs))
-        answered = [r is not None for r in results]
-        ctx.plan, ctx.answered, ctx.device = plan, answered, xs[0].device
-        template = next((r[0] for r in results if r is not None), None)
-        if template is None:
-            raise _NothingAnswered()
-        outs = [
-            (r[0] if r is not None else torch.zeros((len(plan.samples[i]), *template.shape[1:]), dtype=template.dtype)).to(ctx.device)
-            for i, r in enumerate(results)
-        ]
-        ctx.save_for_backward(*xs)
-        mask = torch.tensor(answered, dtype=torch.bool)
-        ctx.mark_non_differentiable(mask)
-        return (*outs, mask)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        xs = ctx.saved_tensors
-        grads = [g.detach().cpu().contiguous() if (g is not None and ok) else None for g, ok in zip(grads[:-1], ctx.answered)]
-        got = ctx.plan.moe.swarm.loop.run(ctx.plan.backward_all, detached_cpu(xs), grads)
-        return (None, None, *((g.to(ctx.device) if g is not None else torch.zeros_like(x)) for g, x in zip(got, xs)))
 
 
 class RemoteMixtureOfExperts(nn.Module):
@@ -531,7 +399,7 @@ class RemoteMixtureOfExperts(nn.Module):
                 parts += self._round(flat, choices, second, deficits, answered, failed_experts, errors)
 
         if not answered.any():
-            raise _worst(errors) if errors else ExpertUnavailableError("no expert answered")
+            raise worst_error(errors) if errors else ExpertUnavailableError("no expert answered")
         complete = answered.sum(-1) >= need  # samples with k_min answers; the others output zero
         self._counts["samples_short"] += int((~complete).sum())
         keep = (answered & complete[:, None]).to(flat.device)
@@ -564,11 +432,11 @@ class RemoteMixtureOfExperts(nn.Module):
                 vouches=self.swarm.vouches,
             ))
             samples.append(assign[:, e].nonzero().flatten())
-        plan = _Plan(self, calls, samples, flat.shape[0], need)
+        plan = Round(self, calls, samples, flat.shape[0], need)
         self._counts["calls"] += len(calls)
         try:
-            *outs, ok = _ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
-        except _NothingAnswered:
+            *outs, ok = ParallelCalls.apply(DUMMY, plan, *(flat[idx.to(flat.device)] for idx in samples))
+        except NothingAnswered:
             ok, outs = torch.zeros(len(calls), dtype=torch.bool), []
         finally:
             errors.extend(plan.errors)

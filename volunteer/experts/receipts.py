@@ -29,6 +29,7 @@ import torch
 from ..errors import ExpertProtocolError
 from ..net.identity import KeyPair, PeerID
 from ..net.multiaddr import Multiaddr
+from ..wire import unpack_bounded
 
 DIGEST = 32  # bytes of every digest (sha256)
 SIGNED = b"volunteer/receipt/1\n"  # domain of the signature: no other signed message reads as a receipt
@@ -154,12 +155,8 @@ class Receipt:
 
     @classmethod
     def decode(cls, data: bytes) -> "Receipt":
-        if len(data) > MAX_RECEIPT:
-            raise ExpertProtocolError(f"receipt of {len(data)} bytes exceeds {MAX_RECEIPT}")
-        try:
-            item = msgpack.unpackb(data, raw=False, max_ext_len=0)
-        except Exception:  # msgpack raises several unrelated types for bad bytes
-            raise ExpertProtocolError("receipt is not valid msgpack") from None
+        """Parse an untrusted receipt from its own bytes; ExpertProtocolError on anything malformed."""
+        item = unpack_bounded(data, MAX_RECEIPT, "receipt", ExpertProtocolError, list)
         return cls.from_wire(item)
 
 

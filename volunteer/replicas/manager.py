@@ -12,8 +12,9 @@ answers through the store (the runtime's experts), the declarer and the two repl
   freshest believable claim first, raced and paced, checked before it is loaded; an expert whose
   replicas all refuse, stall or send implausible states is not hosted, so a volunteer never serves
   random (or a liar's) weights for an expert the swarm has trained.
-- then it re-checks placement every ``recheck_period`` (automatic placement only) and opens a
-  sync round of every hosted grid expert at each wall-clock multiple of its grid's
+- then its ``schedule`` (``schedule.py``) re-checks placement (automatic placement only: early
+  after a sync round that proves a co-holder, then every ``recheck_period``, jittered) and opens
+  a sync round of every hosted grid expert at each wall-clock multiple of its grid's
   ``sync_period`` with the other live replicas.
 - ``hand_off_all`` (a graceful leave) pushes the experts no other live replica holds to
   volunteers with room, within ``handoff_timeout``.
@@ -39,26 +40,23 @@ from ..net.identity import PeerID
 from ..net.service import BaseService, HostAPI
 from ..net.upload import UploadMeter
 from .config import DEFAULT_CONFIG, ReplicasConfig
-from .coverage import Coverage, coverage, hosts_of, next_round_at
+from .coverage import Coverage, coverage, hosts_of
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
-from .placement import (
-    VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place, recheck_delay, tie_break,
-)
+from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
 from .providers import ACTIVATION_MARGIN, placement_capacity, synced_ages, versions_of
 from .store import BackendStore
 from .survey import answering_only, declared_hosts, remember_addrs
 from .sync import SyncOutcome
 from .syncdriver import MAX_STANDINGS, ReplicaSync
 from .catchup import race_for_state
+from .schedule import SURVEY_TIMEOUT, Schedule
 from .state import import_state
 from .status import ReplicasStatus
 from .transfer import PushClaim, StateService
 
 log = logging.getLogger(__name__)
 
-SURVEY_TIMEOUT = 30.0  # a DHT survey of the grids that takes longer is abandoned for this re-check
-EARLY_SURVEY = 15.0  # seconds after the start a volunteer of named experts surveys the grids again
 IMPLAUSIBLE_STATE = "implausible_state"  # a fetched state that is not finite or not at a trained scale
 UNCORROBORATED_STATE = "uncorroborated_state"  # a fetched state no other source's state agreed with
 
@@ -124,18 +122,19 @@ class ReplicaManager(BaseService):
         )
         self.hosts: dict[str, dict[str, int]] = {}  # the last survey: uid → {peer: version}
         self.surveyed_at: float | None = None  # trio time of the last survey
-        self.paused = False  # no sync, survey or re-check while set (``pause``)
         self.moves = 0  # experts added or dropped by re-checks
         self.caught_up: dict[str, int] = {}  # uid → version downloaded before declaring it
-        self.sync_failures = 0
-        self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
-        self._proved_someone = trio.Event()  # a sync round merged a co-holder: the first re-check may follow
         self.refusals: Counter[str] = Counter()  # claims refused by catch-up, by reason
         # (uid, peer) → how that replica stands with us, from catch-up; sync's verdicts in ``sync``
         self._standings: dict[tuple[str, str], Standing] = {}
         # uid -> the backend self-care set aside (``set_aside``): counted as hosted by placement
         # (no other expert takes its place), neither served, synced nor declared until taken back
         self.aside: dict[str, ExpertBackend] = {}
+        # when re-checks, surveys and sync rounds happen (what a re-check or survey does is ours)
+        self.schedule = Schedule(
+            host=host, dht=dht, store=store, sync=sync, declarer=declarer, grids=self.grids, config=config,
+            clock=clock, recheck=self.recheck, survey=self.survey,
+        )
 
     @property
     def me(self) -> str:
@@ -176,7 +175,7 @@ class ReplicaManager(BaseService):
             "coverage": self.coverage(),
             "moves": self.moves,
             "caught_up": len(self.caught_up),
-            "sync_failures": self.sync_failures,
+            "sync_failures": self.schedule.failures,
             "transfers": {"served": state.served, "received": state.received, "refused": state.refused},
             "refusals": dict(sorted((self.sync.refusals + state.refusals + self.refusals).items())),
             "standings": self.standings(),
@@ -207,15 +206,15 @@ class ReplicaManager(BaseService):
         standings = self.standings()
         # our own copies at the version they hold now (the declared one may lag a heartbeat): a
         # copy counts as untrained only when no update reached it
-        hosts = {uid: dict(holders) for uid, holders in hosts.items()}
+        held = {uid: dict(holders) for uid, holders in hosts.items()}
         for uid, backend in self.store.backends.items():
-            hosts.setdefault(uid, {})[self.me] = backend.updates
+            held.setdefault(uid, {})[self.me] = backend.updates
         proven = {
             uid: {peer: v for peer, v in holders.items() if standings.get(uid, {}).get(peer) == Standing.PROVEN.value}
-            for uid, holders in hosts.items()
+            for uid, holders in held.items()
         }
         return place(
-            self.grids, hosts, me=self.me, capacity=self.capacity, hosting=[*self.store.backends, *self.aside],
+            self.grids, held, me=self.me, capacity=self.capacity, hosting=[*self.store.backends, *self.aside],
             max_moves=self.config.max_moves_per_recheck, proven=proven,
         )
 
@@ -437,16 +436,18 @@ class ReplicaManager(BaseService):
     # --- the schedule ------------------------------------------------------------------------------
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Choose and catch up what to host (``start_hosting``), report started, then re-check
-        placement (automatic placement only) and sync every grid, until cancelled."""
+        placement (automatic placement only) and sync every grid (``schedule``), until cancelled."""
         await self.start_hosting()
-        async with trio.open_nursery() as nursery:
-            if self.auto_place:
-                nursery.start_soon(self._recheck_loop)
-            elif self.grids:
-                nursery.start_soon(self._survey_loop)
-            for grid in self.grids:
-                nursery.start_soon(self._sync_loop, grid)
-            task_status.started()
+        await self.schedule.run(auto_place=self.auto_place, task_status=task_status)
+
+    async def sync_grid(self, grid: GridSpec) -> int:
+        """One sync round of every hosted expert of ``grid`` now (``Schedule.sync_grid``)."""
+        return await self.schedule.sync_grid(grid)
+
+    @property
+    def outcomes(self) -> dict[str, SyncOutcome]:
+        """uid → its last finished sync round."""
+        return self.schedule.outcomes
 
     async def start_hosting(self) -> list[str]:
         """What to host when the node starts: placement's choice (``auto_place``) or the uids
@@ -500,100 +501,11 @@ class ReplicaManager(BaseService):
         """Run no sync round, survey or re-check until ``resume()``: a paused volunteer uses no
         network for its replicas (one that paused outside its network hours still synced every
         round, and overshot a daily transfer cap)."""
-        self.paused = True
+        self.schedule.pause()
 
     def resume(self) -> None:
         """Sync, survey and re-check again (the next period's round; a missed one is not made up)."""
-        self.paused = False
-
-    async def _recheck_loop(self) -> None:
-        # volunteers started together picked from the same view, and a re-check that moved copies
-        # may have moved two to the same expert: the next sync round proves the co-holders to each
-        # other, and a re-check right after it (spread per volunteer, so they move one after the
-        # other) undoes the duplicates, minutes before the period would. Once a re-check moves
-        # nothing, they come every period (jittered: volunteers do not re-check in step)
-        early, count = True, 0
-        while True:
-            count += 1
-            with trio.move_on_after(recheck_delay(self.me, count, self.config.recheck_period, self.config.recheck_jitter)):
-                if not early:
-                    await trio.sleep_forever()
-                await self._proved_someone.wait()
-                await trio.sleep(self.config.early_recheck_spread * tie_break(self.me, f"early-{count}") / 2**64)
-            self._proved_someone = trio.Event()  # what proves the copies this re-check leaves comes after it
-            if self.paused:
-                early = False
-                continue
-            try:
-                decision = await self.recheck()
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.warning("placement re-check failed: %s", describe(exc))
-                decision = None
-            early = decision is not None and bool(decision.add or decision.drop)
-
-    async def _survey_loop(self) -> None:
-        """Named experts place nothing, but the coverage view must not stay the start's, taken
-        before the peers were up: surveyed again soon after the start, then every re-check period."""
-        await trio.sleep(min(EARLY_SURVEY, self.config.recheck_period))
-        while True:
-            with trio.move_on_after(SURVEY_TIMEOUT):
-                try:
-                    if not self.paused:
-                        await self.survey()
-                except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                    log.info("coverage survey failed: %s", describe(exc))
-            await trio.sleep(self.config.recheck_period)
-
-    async def _sync_loop(self, grid: GridSpec) -> None:
-        while True:
-            now = self.clock()
-            await trio.sleep(max(0.0, next_round_at(now, grid.sync_period) - now))
-            await self.sync_grid(grid)
-
-    async def sync_grid(self, grid: GridSpec) -> int:
-        """One sync round of every hosted expert of ``grid`` with its other live replicas (from a
-        fresh DHT lookup), all in parallel, each bounded by ``sync_timeout``; rounds run."""
-        mine = [uid for uid in self.store.backends if grid.contains(uid)]
-        if not mine or self.paused:
-            return 0
-        try:
-            with trio.fail_after(self.config.sync_timeout):
-                found = await get_experts(self.dht, mine, quorum=survey_quorum(self.dht))
-        except (VolunteerError, OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
-            log.debug("sync of grid %s: lookup failed: %s", grid.prefix, describe(exc))
-            return 0
-        rounds = 0
-        self._remember_hosts(found)
-        async with trio.open_nursery() as nursery:
-            for uid in mine:
-                peers = [d.peer for d in found.get(uid, []) if d.peer != self.host.peer_id]
-                if peers:
-                    rounds += 1
-                    nursery.start_soon(self._one_round, uid, peers)
-        return rounds
-
-    async def _one_round(self, uid: str, peers: list[PeerID]) -> None:
-        first = uid not in self.sync.last_sync
-        if self.store.suspect(uid):
-            # it took gradients past its bound lately: until its trainer is cleared or refused
-            # (and the expert rolled back), it is no reference for the others; it sits out
-            log.info("sync of %s skipped: it took gradients past its bound lately", uid)
-            return
-        try:
-            outcome = await self.sync.average(uid, peers)
-        except VolunteerError as exc:  # e.g. the expert was dropped or handed over meanwhile
-            self.sync_failures += 1
-            log.debug("sync of %s failed: %s", uid, describe(exc))
-            return
-        self.outcomes[uid] = outcome
-        if outcome.contributors:
-            self._proved_someone.set()
-        if first:
-            # its first sync age: declared now, not a heartbeat period later (until a trainer
-            # reads one, no audit can compare this replica with another)
-            self.declarer.refresh()
-        if outcome.missing:
-            log.debug("sync of %s finished without %d replica(s)", uid, len(outcome.missing))
+        self.schedule.resume()
 
     # --- leaving -------------------------------------------------------------------------------------
     async def hand_off_all(self, timeout: float | None = None) -> HandOffResult:
