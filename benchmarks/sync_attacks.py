@@ -244,8 +244,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--only", default="", help="attacks whose name contains this")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a guard setting of ReplicasConfig")
     args = parser.parse_args()
-    config = ReplicasConfig()
+    config = ReplicasConfig(**{k: float(v) for k, v in (item.split("=", 1) for item in args.set)})
     seeds = range(args.seeds)
     print(f"two colluders, {args.rounds} rounds, median of {args.seeds} seeds: how far the honest replicas moved "
           "in the attack's plane, in honest drifts [the bound at the end, in drifts]")
