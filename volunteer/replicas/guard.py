@@ -15,7 +15,9 @@ parameters and a version:
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
   replicas drift apart in a round, learned per expert: ``drift_slack`` times the larger of our
   own change since our last round (training and the last merge) and the median of the distances
-  we merged in past rounds. A peer not merged last round (on probation, or clipped) is held to
+  we merged in past rounds, each teaching at most ``sync_drift_own_share`` of our own typical
+  training step when we train (peers that sit at the bound would otherwise teach that the drift
+  is the bound, and it would ratchet up round by round). A peer not merged last round (on probation, or clipped) is held to
   twice that plus ``drift_slack`` times how far we moved since (unmerged, two honest replicas
   drift apart by what each moves). Only when nothing is learned yet (a first round) is the bound
   a share of our own parameters' norm (``sync_bootstrap_share``: wide enough for two
