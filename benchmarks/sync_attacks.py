@@ -18,8 +18,8 @@ brackets the bound the honest replica applies at the end, in drifts (it must not
 
 The honest control: honest groups of 2, 3 and 4 with no colluder (vouched for each other, or
 fresh; with momentum or not; one replica training ten times the others) and how far apart they
-are after each round (the largest pairwise distance, in drifts; fresh groups after their
-probation); a newcomer joining two or three replicas, the round it is first merged and the
+are after each round (the largest pairwise distance, in drifts; fresh groups, which merge nobody
+while on probation, at the end); a newcomer joining two or three replicas, the round it is first merged and the
 rounds merged after it.
 """
 
@@ -266,17 +266,17 @@ def main() -> None:
     if args.only:
         return
     print()
-    print("honest control: the largest pairwise distance after a round, in drifts (worst round, worst seed)")
-    probation = config.sync_probation_rounds
+    print("honest control: the largest pairwise distance after a round, in drifts (worst seed; vouched: worst "
+          "round, fresh: the last round)")
     for mode, momentum in MODES.items():
         cells = []
         for size in (2, 3, 4):
             vouched = max(max(honest_group(size, momentum, s, args.rounds, config, True)) for s in seeds)
-            fresh = max(max(honest_group(size, momentum, s, args.rounds, config, False)[probation + 1 :]) for s in seeds)
+            fresh = max(honest_group(size, momentum, s, args.rounds, config, False)[-1] for s in seeds)
             cells.append(f"{size}: {vouched:.2f} vouched, {fresh:.2f} fresh")
         fast = max(max(honest_group(3, momentum, s, args.rounds, config, True, fast=True)) for s in seeds)
         print(f"  {mode:13} " + "; ".join(cells) + f"; 3, one training 10x: {fast:.2f}")
-    print(f"newcomer joining established replicas (probation {probation} rounds): first round merged by all, "
+    print(f"newcomer joining established replicas (probation {config.sync_probation_rounds} rounds): first round merged by all, "
           "rounds merged after it")
     for mode, momentum in MODES.items():
         cells = []
