@@ -79,7 +79,7 @@ class ReplicasConfig:
     sync_bias_ratio: float = 4.0
     sync_bias_rounds: int = 4
     # ... and past this many times our own training steps' ratio (momentum makes honest steps,
-    # and so honest replicas' differences, add up alike)
+    # and so honest replicas' differences, add up alike); the pull budget below widens the same way
     sync_bias_own_margin: float = 1.5
     # identities are free: a peer new to one of our experts' rounds carries no weight (nothing
     # merged, nothing learned from it) until its contributions were within the drift we learned
@@ -87,16 +87,14 @@ class ReplicasConfig:
     # that the bias test has judged it)
     sync_probation_rounds: int = 5  # 0: every peer has standing at once (a swarm of known peers)
     # when we train, a round's merge moves us at most sync_pull_cap of our own typical training
-    # step; with momentum a step repeats a share of the last one (learned from our own steps, at
-    # most sync_momentum_most), and honest pulls repeat the same share, so what is new in each
-    # pull (at most sqrt(1 - share^2) of the cap) is about as independent from round to round as
-    # our own steps' news: the steady part of it (the forgotten sum's squared norm less the sum of
-    # squared norms, at sync_pull_decay a round, negative cross terms of neighbouring rounds left
-    # out) is held to (1 - share) * sync_steady_budget steps, squared
+    # step; honest merges pull us in directions about as independent from round to round as our
+    # own steps, so the steady part of what merges moved us (the forgotten sum's squared norm less
+    # the sum of squared norms, at sync_pull_decay a round) is held to sync_steady_budget steps
+    # (squared) plus sync_pull_steadiness of the excess our own steps' ratio shows (momentum)
     sync_pull_cap: float = 1.0
     sync_pull_decay: float = 0.98
     sync_steady_budget: float = 1.0
-    sync_momentum_most: float = 0.9
+    sync_pull_steadiness: float = 0.5
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does

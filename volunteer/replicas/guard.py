@@ -49,20 +49,14 @@ parameters and a version:
 - **pull**: a push too patient for the bias test still has to move us, so when we train, the
   aggregate's result is held to what honest merges do, on the scale of our own typical training
   step (no peer sets it): a round moves us at most ``sync_pull_cap`` of it, and the steady part of
-  what merges moved us is budgeted. With momentum every honest pull repeats a share of the last
-  one, as our own steps do (the share is learned from our own steps, at most
-  ``sync_momentum_most``), so what is judged is what is new in each pull (at most
-  ``sqrt(1 - share^2)`` of the cap): honest news is independent from round to round, so the
-  squared norm of its forgotten sum (at ``sync_pull_decay``) exceeds the forgotten sum of its
-  squared norms by little; a push, at any rate, split over any identities, turning slowly or not,
-  makes the excess grow with the square of how far it carried us. The part of the news along
-  their past sum that would take the excess past ``(1 - share) * sync_steady_budget`` steps
-  squared is dropped (what is repeated carries it ``1 / (1 - share)`` as far). Noise is
-  anticorrelated with the round before once its repeated share is taken out; those negative
-  cross terms of neighbouring rounds are left out of the excess, so a liar's noise buys no room
-  for its push. Exempt: a pull back against our own steady training, up to our own steady rate
-  (a replica that trains more than the others is brought back to them; a liar doing so only
-  undoes our own steps);
+  what merges moved us is budgeted. Honest pulls add up no more steadily than our own steps, so
+  the squared norm of their forgotten sum (at ``sync_pull_decay``) exceeds the forgotten sum of
+  their squared norms by little (momentum allowed for: ``sync_pull_steadiness`` of the excess our
+  own steps show); a push, at any rate, split over any identities, turning slowly or not, makes
+  the excess grow with the square of how far it carried us. The part of a pull along the sum of past pulls that would take the excess past
+  ``sync_steady_budget`` steps squared is dropped. Exempt: a pull back against our own steady
+  training, up to our own steady rate (a replica that trains more than the others is brought
+  back to them; a liar doing so only undoes our own steps);
 - **version**: the lower median of the accepted inputs' versions (ours counts), never below our
   own: one peer's claim alone never raises it.
 """
@@ -141,28 +135,6 @@ class _Sums:
 
 
 @dataclass
-class _Lag:
-    """How much of the previous term of a series the next one repeats, forgotten at ``decay`` a
-    round: an optimizer with momentum makes each training step repeat a share of the last one
-    (0.7 of it with momentum 0.7), so every honest replica's steps, and the pulls they cause, add
-    up steadily over a few rounds; that share is learned from our own steps (no peer sets it)."""
-
-    last: torch.Tensor | None = None
-    cross: float = 0.0  # forgotten sum of a term's dot product with the one before it
-    norm: float = 0.0  # forgotten sum of the earlier one's squared norm
-
-    def add(self, value: torch.Tensor, decay: float) -> None:
-        if self.last is not None and self.last.shape == value.shape:
-            self.cross = self.cross * decay + float(value @ self.last)
-            self.norm = self.norm * decay + float(self.last @ self.last)
-        self.last = value
-
-    def share(self, most: float) -> float:
-        """The share of the last term the next repeats, in [0, ``most``]."""
-        return min(max(self.cross / self.norm, 0.0), most) if self.norm > 0 else 0.0
-
-
-@dataclass
 class _PeerRecord:
     steps: _Sums = field(default_factory=_Sums)  # its innovations: what it did since we last met
     left: torch.Tensor | None = None  # what of its difference from us our last round left standing
@@ -177,11 +149,7 @@ class _ExpertRecord:
     previous: torch.Tensor | None = None  # our parameters when our last round opened
     result: torch.Tensor | None = None  # the parameters our last round decided
     own: _Sums = field(default_factory=_Sums)  # our own steps since each round (training)
-    momentum: _Lag = field(default_factory=_Lag)  # how much of our last step our next one repeats
-    pulls: _Sums = field(default_factory=_Sums)  # how each round's merge moved us, whitened
-    pull: torch.Tensor | None = None  # how our last round's merge moved us, less the exempt part
-    fresh: torch.Tensor | None = None  # what was new in it (whitened): the last term of pulls
-    neighbours: float = 0.0  # the pulls' forgotten sum's cross terms of neighbouring rounds
+    pulls: _Sums = field(default_factory=_Sums)  # how each round's merge moved us
     peers: dict[str, _PeerRecord] = field(default_factory=dict)
 
 
@@ -285,7 +253,6 @@ class SyncGuard:
                 refused[contribution.peer] = OUTLIER
         if record.result is not None and record.result.shape == mine.shape:
             record.own.add(mine - record.result, self.config.sync_bias_decay)
-            record.momentum.add(mine - record.result, self.config.sync_bias_decay)
         witness = self._trains(record)
         if len(candidates) + 1 >= 3:  # peers on probation too: a steady pusher never earns standing
             biased = [c.peer for c, _, _ in within if self._biased(record, c.peer)]
@@ -407,17 +374,22 @@ class SyncGuard:
         """Our parameters after this round's merge ``pull``, held to what honest merges do; None:
         the pull stands (it is followed either way).
 
-        Only when we ``trains`` (our own typical step is then a scale no peer sets); the rule is
-        the module docstring's **pull**: the cap, then the budget on what is new in the pull once
-        the share our own steps repeat (momentum) is taken out. A pull back against our own
-        steady training by up to our own steady rate is exempt (a replica that trains more than
-        the others is brought back to them; a liar doing so only undoes our own steps)."""
+        Only when we ``trains`` (our own typical step is then a scale no peer sets). A round's
+        pull is at most ``sync_pull_cap`` of that step. Honest pulls add up about as steadily as
+        our own steps: the forgotten sum of them has a squared norm near the forgotten sum of their
+        squared norms, more with momentum (``sync_pull_steadiness`` of our own steps' excess ratio
+        is allowed). A patient push, at any rate,
+        turning slowly or not, makes the excess grow with the square of how far it carried us;
+        held to ``sync_steady_budget`` of our step, it carries us about that far, however its
+        steps are split across rounds and identities. Exempt: a pull back against our own steady
+        training by up to our own steady rate (a replica that trains more than the others is
+        brought back to them; a liar doing so only undoes our own steps)."""
         trained = record.own.total
         if not trains or trained is None or trained.shape != pull.shape or record.own.weight <= 0:
             record.pulls.add(pull, self.config.sync_pull_decay)
-            record.pull = pull
             return None
         step = (record.own.energy / record.own.weight) ** 0.5  # our typical training step
+        own_ratio = max(1.0, record.own.ratio(self.config.sync_bias_rounds))
         size = float(trained.norm())  # our forgotten steps' sum: (1 - decay) of it, our steady rate
         back = torch.zeros_like(pull)
         along = float(pull @ trained) / size if size > 0 else 0.0
@@ -428,34 +400,18 @@ class SyncGuard:
         size = float(rest.norm())
         if size > self.config.sync_pull_cap * step:
             rest, changed = rest * (self.config.sync_pull_cap * step / size), True
-        # momentum: honest pulls repeat a share of the last one, as our own steps do; what is
-        # new in each pull is judged (a push's steady part is then that share smaller, and its
-        # budget with it). What is new in independent noise (a liar's too) is anticorrelated with
-        # what was new the round before: cross terms of neighbouring rounds are left out of the
-        # excess, so that noise buys no room for a push
-        repeats = record.momentum.share(self.config.sync_momentum_most)
-        last = record.pull if record.pull is not None and record.pull.shape == rest.shape else torch.zeros_like(rest)
-        before = record.fresh if record.fresh is not None and record.fresh.shape == rest.shape else torch.zeros_like(rest)
-        new = rest - repeats * last
-        limit = (1 - repeats * repeats) ** 0.5 * self.config.sync_pull_cap * step
-        size = float(new.norm())
-        if size > limit:  # what is new in an honest pull is that much smaller than the pull
-            new, changed = new * (limit / size), True
         pulls, decay = record.pulls, self.config.sync_pull_decay
-        if pulls.total is not None and pulls.total.shape == new.shape:
-            excess = float(pulls.total.norm()) ** 2 - pulls.energy - record.neighbours
-            allowed = ((1 - repeats) * self.config.sync_steady_budget * step) ** 2
+        if pulls.total is not None and pulls.total.shape == rest.shape:
+            total = float(pulls.total.norm())
+            excess = total ** 2 - pulls.energy
+            # a share of what our own steps' steadiness (momentum) lets honest pulls add up to
+            steadiness = self.config.sync_pull_steadiness * (own_ratio - 1.0) * pulls.energy
+            allowed = steadiness + (self.config.sync_steady_budget * step) ** 2
             room = max(0.0, allowed - decay * decay * excess)
-            for towards in (pulls.total, pulls.total - before):
-                size = float(towards.norm())
-                along = float(new @ towards) / size if size > 0 else 0.0
-                if size > 0 and 2 * decay * size * along > room:
-                    new, changed = new - (along - room / (2 * decay * size)) * (towards / size), True
-        record.neighbours = decay * decay * record.neighbours + 2 * decay * min(0.0, float(new @ before))
-        pulls.add(new, decay)
-        record.fresh = new
-        rest = new + repeats * last
-        record.pull = rest  # what the budget judged (the pull back is exempt)
+            along = float(rest @ pulls.total) / total if total > 0 else 0.0
+            if total > 0 and 2 * decay * total * along > room:
+                rest, changed = rest - (along - room / (2 * decay * total)) * (pulls.total / total), True
+        pulls.add(rest, decay)
         return mine + back + rest if changed else None
 
 
