@@ -239,3 +239,37 @@ def test_an_honest_newcomer_graduates_even_under_a_strict_bias_test():
     for config in (ReplicasConfig(), ReplicasConfig(sync_bias_ratio=2.0)):
         merged = _newcomer_rounds(config)
         assert not any(merged[:probation]) and all(merged[probation + 1 :])
+
+
+def _ratchet(rounds: int = 30, seed: int = 8) -> tuple[float, float]:
+    """A lone honest replica (steps of DRIFT) and two colluders that offer, each round, its own
+    parameters moved just inside the bound it will apply (read from ``SyncGuard.bound``), in a
+    random direction (no steady push for the bias test to see). The bound after ``rounds``
+    rounds, and the bound of a twin whose two peers are honest, both in drifts."""
+    generator = torch.Generator().manual_seed(seed)
+    guard, twin = SyncGuard(), SyncGuard()
+    for peer in ("h1", "h2"):
+        twin.vouch("e", peer)
+    mine = mine_twin = start(seed)
+    bound = twin_bound = 0.0
+    for _ in range(rounds):
+        move = step(generator)
+        mine, mine_twin = mine + move, mine_twin + move
+        reach = guard.bound("e", flat(vec(mine))) * 0.95
+        lies = [Contributed(f"l{i}", 1, vec(mine + step(generator, min(reach, 20 * DRIFT)))) for i in range(2)]
+        verdict = guard.decide("e", vec(mine), 1, lies)
+        mine, bound = flat(verdict.parameters), verdict.bound
+        peers = [Contributed(p, 1, vec(mine_twin + step(generator) + step(generator))) for p in ("h1", "h2")]
+        verdict = twin.decide("e", vec(mine_twin), 1, peers)
+        mine_twin, twin_bound = flat(verdict.parameters), verdict.bound
+    return bound / DRIFT, twin_bound / DRIFT
+
+
+def test_colluders_at_the_bound_do_not_widen_it():
+    """Distances merged from peers teach the drift; two colluders that graduate and then sit just
+    inside the bound, each round, would teach it that the drift is the bound, and it would
+    ratchet up (from 3 to 8 drifts, and more). A merged distance teaches at most what our own
+    training steps allow (two honest replicas drift apart by about sqrt(2) of a step), so the
+    bound stays near what honest peers teach."""
+    bound, honest = _ratchet()
+    assert bound < 1.3 * honest, (bound, honest)

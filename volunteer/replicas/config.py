@@ -67,6 +67,10 @@ class ReplicasConfig:
     sync_drift_slack: float = 3.0
     sync_drift_history: int = 16
     sync_bootstrap_share: float = 2.0
+    # when we train, a merged distance teaches the drift at most this many of our own typical
+    # training steps (honest replicas that train alike are about sqrt(2) steps apart after a
+    # round): peers sitting at the bound cannot teach a wider one
+    sync_drift_own_share: float = 1.5
     # a peer whose innovations (what it added since we last met: its difference from us, or the
     # change of it while unmerged) add up like a fixed push (forgotten at this rate a round; ratio
     # of |sum|^2 to the sum of squared norms past this after this many rounds: near 1 for honest

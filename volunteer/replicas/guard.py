@@ -15,7 +15,9 @@ parameters and a version:
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
   replicas drift apart in a round, learned per expert: ``drift_slack`` times the larger of our
   own change since our last round (training and the last merge) and the median of the distances
-  we merged in past rounds. A peer not merged last round (on probation, or clipped) is held to
+  we merged in past rounds, each teaching at most ``sync_drift_own_share`` of our own typical
+  training step when we train (peers that sit at the bound would otherwise teach that the drift
+  is the bound, and it would ratchet up round by round). A peer not merged last round (on probation, or clipped) is held to
   twice that plus ``drift_slack`` times how far we moved since (unmerged, two honest replicas
   drift apart by what each moves). Only when nothing is learned yet (a first round) is the bound
   a share of our own parameters' norm (``sync_bootstrap_share``: wide enough for two
@@ -296,8 +298,11 @@ class SyncGuard:
         followed = [(c.peer, flat) for c, flat in candidates if c.peer not in refused or refused[c.peer] == BIAS]
         if len(candidates) + 1 < 3:
             followed = []
-        # a bootstrap distance is no drift, and a clipped pull teaches no more than the bound
-        learned = [] if first_pair else [min(d, bound) for _, _, d in accepted]
+        # a bootstrap distance is no drift, and a clipped pull teaches no more than the bound;
+        # when we train, no more than our own steps show either (peers at the bound would
+        # otherwise teach that the drift is the bound, and it would ratchet up round by round)
+        teach = self._teachable(record, bound)
+        learned = [] if first_pair else [min(d, teach) for _, _, d in accepted]
         self._learn(record, mine, learned, followed, contributions, pulled)
         record.result = result
         versions = sorted([own_version] + [c.version for c, _, _ in accepted])
@@ -345,6 +350,16 @@ class SyncGuard:
         own = record.own.ratio(self.config.sync_bias_rounds)
         limit = max(self.config.sync_bias_ratio, self.config.sync_bias_own_margin * own)
         return stats.steps.ratio(self.config.sync_bias_rounds) > limit
+
+    def _teachable(self, record: _ExpertRecord, bound: float) -> float:
+        """The most a merged distance may teach the drift: ``sync_drift_own_share`` of our own
+        typical training step when we train (two honest replicas that train alike drift apart
+        by about sqrt(2) of a step; a peer that trains more than we do is still merged, it only
+        teaches no wider bound), else the bound (an idle replica has no step of its own)."""
+        if record.own.weight <= 0 or record.own.energy <= 0:
+            return bound
+        step = (record.own.energy / record.own.weight) ** 0.5
+        return min(bound, self.config.sync_drift_own_share * step)
 
     def _trains(self, record: _ExpertRecord) -> bool:
         """Whether we take steps of our own between rounds (training, not merges): then a peer
