@@ -61,6 +61,7 @@ from volunteer.experts.config import DEFAULT_CONFIG  # noqa: E402
 from volunteer.experts.tensors import COMPRESSIONS  # noqa: E402
 
 EXPERT_CLASS = "ffn"
+EXPERTS_TIMEOUT = 120.0  # a swarm's experts must all be live within this before the first step
 CALL_TIMEOUT = 60.0  # per expert call: generous, since k_min = k waits for every chosen expert
 EXPERTS_SEED_OFFSET = 1000  # the experts' first weights come from seed + this, apart from the trainer's
 PROMPT = b"def "
@@ -190,6 +191,21 @@ def build(size: Size, swarm, args) -> ByteLM:
     return ByteLM(size, mixture).to(args.device)
 
 
+def wait_for_experts(model: ByteLM, size: Size, timeout: float = EXPERTS_TIMEOUT) -> None:
+    """Until every layer's experts are live in the swarm: a first step that found only some would
+    route its tokens elsewhere than the local run does (a swarm whose volunteers are still joining)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        missing = sum(size.experts - len(m.live_experts(refresh=True)) for m in model.mixtures)
+        if missing <= 0:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{missing} of the model's {size.layers * size.experts} experts are not live in the swarm "
+                             f"after {timeout:.0f} s")
+        print(f"  waiting for {missing} expert(s) to be live in the swarm", flush=True)
+        time.sleep(1.0)
+
+
 def train(size: Size, corpus: Corpus, swarm, args, label: str, losses_out: list | None = None) -> tuple[Curve, ByteLM, dict]:
     """Train for ``size.steps`` steps, printing validation bits per byte every ``eval_every``;
     returns the curve, the model and where the time went (``losses_out``: each step's loss appended)."""
@@ -197,6 +213,8 @@ def train(size: Size, corpus: Corpus, swarm, args, label: str, losses_out: list 
     local = swarm is None
     optimizer = torch.optim.Adam(model.trainer_parameters(), lr=size.lr)
     clock = MixtureClock(model.mixtures)
+    if not local:
+        wait_for_experts(model, size)
     val_x, val_y = (t.to(args.device) for t in corpus.validation(size.val_windows, size.context))
     curve = Curve(label, [], [], {"size": args.size, "seed": args.seed, "compression": None if local else args.compression,
                                   "steps": size.steps, "mode": "local" if local else "swarm"})
