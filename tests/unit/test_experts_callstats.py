@@ -148,3 +148,77 @@ def test_auto_never_goes_lossy_to_this_machine_or_its_lan():
     for ip in ("203.0.113.7", "198.51.100.2", "192.0.2.9", "100.64.0.1", "8.8.8.8", "2001:db8::1", "junk"):
         assert not is_local_address(ip), ip
     assert choose_compression("float16", None, local=True) == "float16"  # a setting is a setting
+
+
+def test_the_path_a_call_takes_decides_whether_it_is_local():
+    from volunteer.experts.callstats import is_local_path
+    from volunteer.net.identity import KeyPair
+    from volunteer.net.multiaddr import Multiaddr
+
+    relay, target = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+    local = [
+        "/ip4/127.0.0.1/tcp/4001", "/ip4/192.168.1.20/udp/4001/quic-v1", "/ip6/fd00::5/tcp/1", "/memory/7",
+        "/dns4/localhost/tcp/4001", "/dns/nas.local/tcp/4001",
+        # a circuit through a relay on this machine or its LAN: every byte we send stays here
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{target}",
+        f"/ip4/10.0.0.2/tcp/4001/p2p/{relay}/p2p-circuit",
+    ]
+    wan = [
+        "/ip4/203.0.113.7/tcp/4001", "/ip6/2001:db8::1/tcp/4001", "/dns4/example.com/tcp/4001", "/dns4/localhost.example.com/tcp/1",
+        # a LAN peer reached through a relay on the internet: the bytes cross the internet twice
+        f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{target}",
+        f"/p2p/{relay}/p2p-circuit/p2p/{target}",
+    ]
+    for addr in local:
+        assert is_local_path(Multiaddr(addr)), addr
+    for addr in wan:
+        assert not is_local_path(Multiaddr(addr)), addr
+
+
+class _Conn:
+    def __init__(self, remote_addr) -> None:
+        self.remote_addr = remote_addr
+
+
+class _Host:
+    """What a trainer's ``_Call`` asks of its host to choose an encoding: its connection to the
+    expert's host and the addresses its peerstore knows."""
+
+    def __init__(self, conn=None, addrs=()) -> None:
+        from volunteer.net.peerstore import Peerstore
+
+        self.conn = conn
+        self.peerstore = Peerstore()
+        self.addrs = list(addrs)
+
+    def connection_to(self, peer):
+        return self.conn
+
+
+def test_auto_is_exact_on_the_path_a_call_takes_whatever_the_figures_say():
+    from types import SimpleNamespace
+
+    from volunteer.experts.client import _Call
+    from volunteer.net.identity import KeyPair
+    from volunteer.net.multiaddr import Multiaddr
+
+    relay, target = KeyPair.generate().peer_id, KeyPair.generate().peer_id
+    stats = CallStats()  # a loaded machine: 50 ms round trips, bytes that outweigh them
+    stats.record("e.0", str(target), report(bytes_out=10**6, bytes_in=10**6, done=12.0), rtt=0.05)
+
+    def encoding(conn_addr=None, known=(), peer=target) -> str:
+        host = _Host(_Conn(Multiaddr(conn_addr)) if conn_addr else None)
+        if known:
+            host.peerstore.add_addrs(target, [Multiaddr(a) for a in known])
+        call = _Call(SimpleNamespace(host=host), "e.0", peer, 5.0, 5.0, AUTO, stats=stats)
+        return call._encoding()
+
+    assert encoding("/ip4/203.0.113.7/tcp/4001") == BLOCKWISE8_64  # the figures speak on the internet
+    assert encoding("/ip4/127.0.0.1/tcp/4001") == NONE
+    assert encoding("/ip4/192.168.1.5/udp/4001/quic-v1") == NONE
+    assert encoding(f"/ip4/10.0.0.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{target}") == NONE  # a LAN relay
+    assert encoding(f"/ip4/198.51.100.2/tcp/4001/p2p/{relay}/p2p-circuit/p2p/{target}") == BLOCKWISE8_64
+    # not connected yet: where it will dial
+    assert encoding(known=["/ip4/127.0.0.1/tcp/4001", "/ip4/192.168.1.5/tcp/4001"]) == NONE
+    assert encoding(known=["/ip4/192.168.1.5/tcp/4001", "/ip4/203.0.113.7/tcp/4001"]) == BLOCKWISE8_64
+    assert encoding(peer=Multiaddr(f"/ip4/127.0.0.1/tcp/4001/p2p/{target}")) == NONE

@@ -16,7 +16,7 @@ from volunteer.errors import (
 )
 from volunteer.experts import ExpertsConfig
 from volunteer.experts.requests import Kind, Request
-from volunteer.experts.scheduler import QUEUED, Busy, Cost, CostKey, Inline, Job, Scheduler
+from volunteer.experts.scheduler import COSTS_REMEMBERED, QUEUED, Busy, Cost, CostKey, Inline, Job, Scheduler
 
 LIMIT = 0.001
 CONFIG = ExpertsConfig(inline_compute_limit=LIMIT, batch_window=0.002, max_queue=3, max_batch_size=8)
@@ -164,10 +164,11 @@ def test_a_job_on_an_expert_runs_inline_under_the_same_cost_rule():
     assert sched.submit(job("e.0", Kind.AVERAGE), 0.0) is QUEUED
     sched.finished(sched.next_job(0.0), 0.0003)
     assert sched.cost(CostKey("e.0", Kind.AVERAGE)) == Cost(0.0003, 1)
-    decision = sched.submit(job("e.0", Kind.AVERAGE), 1.0)
-    assert isinstance(decision, Inline)
-    sched.finished(decision.job, 0.005)  # it grew dear: the next goes to the worker
-    assert sched.submit(job("e.0", Kind.AVERAGE), 2.0) is QUEUED
+    for _ in range(COSTS_REMEMBERED):
+        decision = sched.submit(job("e.0", Kind.AVERAGE), 1.0)
+        assert isinstance(decision, Inline)
+        sched.finished(decision.job, 0.005)  # it grew dear: once every remembered run was, ...
+    assert sched.submit(job("e.0", Kind.AVERAGE), 2.0) is QUEUED  # ... the next goes to the worker
 
 
 def test_min_batch_size_keeps_a_small_request_off_the_inline_path():
@@ -192,10 +193,32 @@ def test_an_owed_step_runs_inline_only_when_cheap_and_idle():
     step = sched.step_inline()
     assert step.kind is Kind.STEP and step.inline and sched.owed == []
     assert sched.step_inline() is None and sched.next_job(2.0) is None
-    sched.finished(step, 0.01)  # dear now
-    decision = sched.submit(backward(settle_later=True), 3.0)
+    sched.finished(step, 0.01)  # dear now: once may be a preempted run, the cheap one still counts
+    for _ in range(COSTS_REMEMBERED - 1):
+        decision = sched.submit(backward(settle_later=True), 3.0)
+        sched.finished(decision.job, 0.0002, step_owed=True)
+        step = sched.step_inline()
+        assert step is not None
+        sched.finished(step, 0.01)
+    decision = sched.submit(backward(settle_later=True), 3.0)  # every remembered step dear: the worker's
     sched.finished(decision.job, 0.0002, step_owed=True)
     assert sched.step_inline() is None and sched.next_job(3.0).kind is Kind.STEP
+
+
+def test_one_slow_run_does_not_send_the_calls_after_it_to_the_worker():
+    """A busy machine preempts a cheap forward now and then: the inline rule goes by the cheapest
+    of the last few runs, so the next call still runs inline (on the worker it would pay two
+    thread hand-offs on that same busy machine); a cost that truly rose shows within them."""
+    sched = core()
+    teach(sched, "e.0", Kind.FORWARD, seconds=0.0004)
+    for index in range(COSTS_REMEMBERED):  # preempted once, then the expert truly is dearer
+        decision = sched.submit(forward(batch=1), 1.0 + index)
+        assert isinstance(decision, Inline), index  # the cheap run is still remembered
+        sched.finished(decision.job, 0.005)
+        if index == 0:
+            assert sched.cost(CostKey("e.0", Kind.FORWARD)) == Cost(0.005, 1)
+            assert sched.estimate(CostKey("e.0", Kind.FORWARD)) == 0.0004
+    assert sched.submit(forward(batch=1), 4.0) is QUEUED
 
 
 def test_a_finished_job_leaves_the_runtime_idle_before_its_caller_is_woken():

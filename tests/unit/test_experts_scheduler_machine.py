@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from volunteer.errors import ExpertConfigError, ExpertPausedError, ExpertUnavailableError, UnknownExpertError
 from volunteer.experts import ExpertsConfig
 from volunteer.experts.requests import BATCH_KINDS, Kind, Request
-from volunteer.experts.scheduler import QUEUED, Busy, Inline, Job, Scheduler
+from volunteer.experts.scheduler import COSTS_REMEMBERED, QUEUED, Busy, Inline, Job, Scheduler
 
 UIDS = ("e.0", "e.1", "e.2")
 CONFIG = ExpertsConfig(
@@ -36,7 +36,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.handed: set[Request] = set()  # given to a runner: ran (or runs) exactly once
         self.ended: set[Request] = set()  # stranded or cancelled
         self.owed: list[str] = []
-        self.costs: dict[tuple[str, Kind], tuple[float, int]] = {}
+        self.costs: dict[tuple[str, Kind], list[tuple[float, int]]] = {}  # the last runs, newest last
         self.running: Job | None = None
         self.paused = False
         self.closed = False
@@ -50,14 +50,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         due = bool(queue) and self.now >= queue[0].submitted + CONFIG.batch_window
         return bool(queue) and (samples >= CONFIG.min_batch_size or due)
 
+    def estimate(self, key: tuple[str, Kind], samples: int = 1) -> float | None:
+        """The cheapest of the key's remembered runs, scaled up to ``samples``."""
+        runs = self.costs.get(key, [])[-COSTS_REMEMBERED:]
+        return min((seconds * max(1.0, samples / max(n, 1)) for seconds, n in runs), default=None)
+
     def inline_expected(self, request: Request) -> bool:
-        cost = self.costs.get((request.uid, request.kind))
-        if not request.uid or self.running is not None or self.waiting() or self.owed or cost is None:
+        if not request.uid or self.running is not None or self.waiting() or self.owed:
             return False
         if request.kind not in BATCH_KINDS:
-            return cost[0] <= CONFIG.inline_compute_limit
-        scale = max(1.0, request.batch / max(cost[1], 1))
-        return request.batch >= CONFIG.min_batch_size and cost[0] * scale <= CONFIG.inline_compute_limit
+            seconds = self.estimate((request.uid, request.kind))
+            return seconds is not None and seconds <= CONFIG.inline_compute_limit
+        seconds = self.estimate((request.uid, request.kind), request.batch)
+        return request.batch >= CONFIG.min_batch_size and seconds is not None and seconds <= CONFIG.inline_compute_limit
 
     def hand_out(self, job: Job) -> None:
         assert self.running is None, "two jobs at once"
@@ -180,7 +185,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         hosted = job.uid in self.hosted
         if hosted and seconds is not None:
             samples = sum(r.batch for r in job.requests) if job.kind in BATCH_KINDS else 1
-            self.costs[job.uid, job.kind] = (seconds, samples)
+            self.costs.setdefault((job.uid, job.kind), []).append((seconds, samples))
         if hosted and step_owed and job.kind is Kind.BACKWARD:
             if job.inline:
                 assert follow is None
@@ -210,8 +215,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule()
     def step_inline(self) -> None:
         job = self.core.step_inline()
-        cost = self.costs.get((self.owed[0], Kind.STEP)) if self.owed else None
-        expected = self.running is None and cost is not None and cost[0] <= CONFIG.inline_compute_limit
+        seconds = self.estimate((self.owed[0], Kind.STEP)) if self.owed else None
+        expected = self.running is None and seconds is not None and seconds <= CONFIG.inline_compute_limit
         assert (job is not None) == expected
         if job is not None:
             assert job.inline

@@ -14,11 +14,13 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING, TypedDict
 
 from .tensors import BLOCKWISE8_64, BLOCKWISE8_256, FLOAT16, NONE
 
 if TYPE_CHECKING:
+    from ..net.multiaddr import Multiaddr
     from .receipts import Receipt
 
 AUTO = "auto"  # a trainer's compression setting: the encoding each call's link calls for
@@ -224,6 +226,14 @@ LOCAL_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
 ))
 
 
+# Host names that are this machine (RFC 6761 ``localhost``) or its LAN (mDNS ``.local``): a
+# multiaddr not dialled yet may name its host so.
+LOCAL_NAMES = ("localhost",)
+LOCAL_NAME_SUFFIXES = (".localhost", ".local")
+PATHS_REMEMBERED = 4096  # addresses whose verdict is_local_path keeps (it runs on every auto call)
+
+
+@lru_cache(maxsize=PATHS_REMEMBERED)
 def is_local_address(ip: str) -> bool:
     """Whether ``ip`` (an IPv4 or IPv6 literal) is this machine or its LAN (``LOCAL_NETWORKS``)."""
     try:
@@ -231,6 +241,31 @@ def is_local_address(ip: str) -> bool:
     except ValueError:
         return False
     return any(address in network for network in LOCAL_NETWORKS if network.version == address.version)
+
+
+@lru_cache(maxsize=PATHS_REMEMBERED)
+def is_local_path(addr: Multiaddr) -> bool:
+    """Whether a connection to ``addr`` stays on this machine or its LAN: the in-memory transport,
+    an IP address in ``LOCAL_NETWORKS`` or a local host name. A relayed circuit
+    (``R_ADDR/p2p/R/p2p-circuit/...``) is judged by ``R_ADDR``, the hop we send on: through a
+    relay on this machine or its LAN it counts as local (the relay's other leg is out of sight;
+    exact tensors there cost bytes, never a result), through a relay on the internet it is an
+    internet path, whatever the target's own addresses say. What a path is, not how fast a
+    loaded machine made it look (cached: a trainer asks it on every call)."""
+    components = addr.components
+    if not components:
+        return False
+    name, value = components[0]
+    if name == "memory":
+        return True  # the in-memory transport: this very process
+    if value is None:
+        return False
+    if name in ("ip4", "ip6"):
+        return is_local_address(value)
+    if name in ("dns", "dns4", "dns6", "dnsaddr"):
+        host = value.lower().rstrip(".")
+        return host in LOCAL_NAMES or host.endswith(LOCAL_NAME_SUFFIXES)
+    return False
 
 
 def choose_compression(
@@ -260,4 +295,4 @@ def choose_compression(
     return BLOCKWISE8_64
 
 
-__all__ = ["AUTO", "FAST_LINK_RTT_S", "LOCAL_NETWORKS", "is_local_address", "MIN_HALF_SAVING_S", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]
+__all__ = ["AUTO", "FAST_LINK_RTT_S", "LOCAL_NETWORKS", "is_local_address", "is_local_path", "MIN_HALF_SAVING_S", "MIN_RATE_SAMPLE_BYTES", "MIN_WIRE_SAVING_S", "CallReport", "CallStats", "HostSummary", "choose_compression"]

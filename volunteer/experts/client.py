@@ -38,7 +38,7 @@ from ..net.multiaddr import Multiaddr
 from ..net.pool import pool_of
 from ..net.service import HostAPI
 
-from .callstats import AUTO, CallReport, CallStats, choose_compression, is_local_address
+from .callstats import AUTO, CallReport, CallStats, choose_compression, is_local_path
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_CONFIG, DEFAULT_FORWARD_TIMEOUT, ExpertsConfig
 from .directory import ExpertDirectory, ExpertHost, TrainerSwarm
 from .faults import FaultInjection
@@ -360,27 +360,30 @@ class _Call:
         ), check, _rows(inputs))
 
     def _encoding(self) -> str:
-        local = self.compression == AUTO and self._on_local_path()
+        if self.compression != AUTO:
+            return self.compression
+        if self._on_local_path():
+            return choose_compression(AUTO, None, local=True)  # before any figure: none is read
         if self.stats is None:
-            return choose_compression(self.compression, None, local=local)
+            return choose_compression(AUTO, None)
         return choose_compression(
-            self.compression, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key),
-            self.stats.rtt(self.peer_key), local=local)
+            AUTO, self.stats.bytes_cost(self.peer_key), self.stats.wire_seconds(self.peer_key),
+            self.stats.rtt(self.peer_key))
 
     def _on_local_path(self) -> bool:
-        """Whether our connection to the host goes directly to this machine or its LAN (what a
-        path is, not how fast a loaded machine made it look: auto never goes lossy there)."""
+        """Whether the call goes directly to this machine or its LAN (``is_local_path``): over
+        our connection to the host, or, not connected yet, to where we will dial (every address
+        known of it local). What a path is, not how fast a loaded machine made it look: auto
+        never goes lossy there."""
         peer = _peer_id_in(self.peer) if isinstance(self.peer, Multiaddr) else self.peer
-        conn = self.swarm.host.connection_to(peer) if peer is not None else None
-        if conn is None:
-            addr = self.peer if isinstance(self.peer, Multiaddr) else None  # not connected yet: where we will dial
-        else:
-            addr = conn.remote_addr
-        if addr is None or addr.is_relayed() or not addr.components:
-            return False
-        if addr.components[0][0] == "memory":
-            return True  # the in-memory transport: this very process
-        return addr.components[0][0] in ("ip4", "ip6") and is_local_address(addr.value_at(0))
+        host = self.swarm.host
+        conn = host.connection_to(peer) if peer is not None else None
+        if conn is not None:
+            return is_local_path(conn.remote_addr)
+        if isinstance(self.peer, Multiaddr):
+            return is_local_path(self.peer)
+        dial = host.peerstore.addrs(self.peer)  # the host's declared addresses are there (_remember_host)
+        return bool(dial) and all(is_local_path(addr) for addr in dial)
 
     async def _recorded(self, report: CallReport, call, check, rows: int) -> list[torch.Tensor]:
         # a reply the guard rejects counts as a failed call in the host's record

@@ -34,7 +34,8 @@ class ExpertsConfig:
     max_queue_bytes: int = 1024 * MiB  # input bytes queued in the whole runtime; more → BUSY
     latency_window: int = 1024  # recent latencies kept per expert for p50/p95
     # A request the worker would take at once (idle runtime, nothing queued) whose kind of
-    # call on that expert last took at most this long (seconds) runs right on the event loop:
+    # call on that expert took at most this long (seconds; the cheapest of its last few runs,
+    # scheduler.COSTS_REMEMBERED) runs right on the event loop:
     # two thread hand-offs cost more than a tiny batch (0 turns this off). It blocks the loop
     # that long at most, and only when there was nothing else to compute anyway.
     inline_compute_limit: float = 0.001

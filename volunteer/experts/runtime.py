@@ -154,9 +154,9 @@ class Runtime:
             return self.judge.book.open_strikes(uid, time.perf_counter())
 
     def apply_owed_steps(self) -> None:
-        """A backward's result is sent: apply the optimizer steps owed now. A cheap step (the
-        expert's last took at most ``inline_compute_limit``) runs right here on the event loop,
-        while the caller reads its reply: the next forward then finds the runtime idle and runs
+        """A backward's result is sent: apply the optimizer steps owed now. A cheap step (one of
+        the expert's recent steps took at most ``inline_compute_limit``) runs right here on the
+        event loop, while the caller reads its reply: the next forward then finds the runtime idle and runs
         inline too, with no hand-off to the worker and back. Others go to the worker."""
         with self._cond:
             job = self._core.step_inline()
@@ -174,7 +174,7 @@ class Runtime:
     async def run_on(self, uid: str, fn: Callable[..., Any], *args: Any, kind: Kind = Kind.JOB) -> Any:
         """Run ``fn(*args)``, work on expert ``uid``'s state (a sync round's average: ``kind``
         ``Kind.AVERAGE``), between its batches and after any step it owes. It runs on the event
-        loop when a forward would (the runtime idle, the last ``kind`` job on ``uid`` took at most
+        loop when a forward would (the runtime idle, a recent ``kind`` job on ``uid`` took at most
         ``inline_compute_limit``), else on the worker. UnknownExpertError if ``uid`` is not served;
         ExpertUnavailableError if it is removed before the job runs."""
         if kind not in JOB_KINDS:

@@ -24,11 +24,14 @@ and ``finished(job, seconds)`` ends it.
 **Inline** (``submit`` answers ``Inline``): a request runs on the event loop, without the two
 thread hand-offs, when the worker would take it at once and alone (nothing runs, nothing is
 queued or owed) and it is cheap: its last like call on that expert (its cost key: uid and kind)
-took at most ``inline_compute_limit``, scaled by its samples. An owed step runs inline the same
-way (``step_inline``). A job on no expert (``run_sync``) always goes to the worker.
+took at most ``inline_compute_limit``, scaled by its samples: the cheapest of its last
+``COSTS_REMEMBERED`` runs, so that one run a busy machine preempted does not send the calls after
+it to the worker (two thread hand-offs each, on that same busy machine) until one of them runs
+fast again. An owed step runs inline the same way (``step_inline``). A job on no expert
+(``run_sync``) always goes to the worker.
 
 **Costs** are learnt from finished jobs that ran whole (one call for the whole batch), per
-``CostKey`` (expert, kind); an expert's costs leave with it.
+``CostKey`` (expert, kind), the last ``COSTS_REMEMBERED`` of each; an expert's costs leave with it.
 
 **Bounds** (``submit`` answers ``Busy``): ``max_queue`` requests per expert and kind,
 ``max_queue_bytes`` of queued inputs in all, ``max_queue`` jobs. ``pause()`` refuses new
@@ -52,6 +55,11 @@ from ..errors import (
 from .config import DEFAULT_CONFIG, ExpertsConfig
 from .requests import BATCH_KINDS, JOB_KINDS, Kind, Request
 
+# Runs per cost key whose cheapest the inline rule goes by: a true rise in an expert's cost shows
+# within this many runs, a preempted run's does not (each call it sent to the worker cost two
+# thread hand-offs, 0.1-1 ms on a loaded machine, more than the inline run it stood for)
+COSTS_REMEMBERED = 4
+
 
 class CostKey(NamedTuple):
     """What a learnt cost is kept under: an expert and a kind of work on it."""
@@ -61,7 +69,7 @@ class CostKey(NamedTuple):
 
 
 class Cost(NamedTuple):
-    """How long the last whole run of one cost key took, and for how many samples."""
+    """How long a whole run of one cost key took, and for how many samples."""
 
     seconds: float
     samples: int
@@ -128,7 +136,7 @@ class Scheduler:
         self._queues: dict[tuple[str, Kind], _Queue] = {}
         self._jobs: deque[Request] = deque()
         self._owed: dict[str, None] = {}  # experts owing a step, in the order they came to owe it
-        self._costs: dict[CostKey, Cost] = {}
+        self._costs: dict[CostKey, deque[Cost]] = {}  # the last COSTS_REMEMBERED runs, newest last
         self._queued = 0  # requests in all queues
         for uid in uids:
             self.add(uid)
@@ -170,8 +178,18 @@ class Scheduler:
         return sum(len(self._queues[uid, kind].requests) for kind in (Kind.FORWARD, Kind.BACKWARD))
 
     def cost(self, key: CostKey) -> Cost | None:
-        """The learnt cost of ``key`` (None: not learnt yet)."""
-        return self._costs.get(key)
+        """The last learnt cost of ``key`` (None: not learnt yet)."""
+        costs = self._costs.get(key)
+        return costs[-1] if costs else None
+
+    def estimate(self, key: CostKey, samples: int = 1) -> float | None:
+        """Seconds a run of ``key`` on ``samples`` samples takes, by the cheapest of its last
+        ``COSTS_REMEMBERED`` runs (each scaled up to ``samples``, never down: a run has fixed
+        costs); None while none is learnt."""
+        costs = self._costs.get(key)
+        if not costs:
+            return None
+        return min(cost.seconds * max(1.0, samples / max(cost.samples, 1)) for cost in costs)
 
     @property
     def owed(self) -> list[str]:
@@ -236,14 +254,10 @@ class Scheduler:
         limit = self.config.inline_compute_limit
         if limit <= 0 or not request.uid or self.running is not None or self._queued or self._jobs or self._owed:
             return False
-        cost = self._costs.get(CostKey(request.uid, request.kind))
-        if cost is None:
-            return False
-        if request.kind not in BATCH_KINDS:
-            return cost.seconds <= limit
-        if request.batch < self.config.min_batch_size:
+        if request.kind in BATCH_KINDS and request.batch < self.config.min_batch_size:
             return False  # the worker would wait for more samples: so would an inline run
-        return cost.seconds * max(1.0, request.batch / max(cost.samples, 1)) <= limit
+        seconds = self.estimate(CostKey(request.uid, request.kind), request.batch if request.kind in BATCH_KINDS else 1)
+        return seconds is not None and seconds <= limit
 
     def cancel(self, request: Request) -> bool:
         """The caller stopped waiting: take ``request`` out of its queue. False when it is not
@@ -269,8 +283,8 @@ class Scheduler:
         if not self._owed or self.running is not None or limit <= 0:
             return None
         uid = next(iter(self._owed))
-        cost = self._costs.get(CostKey(uid, Kind.STEP))
-        if cost is None or cost.seconds > limit:
+        seconds = self.estimate(CostKey(uid, Kind.STEP))
+        if seconds is None or seconds > limit:
             return None
         del self._owed[uid]
         self.running = Job(Kind.STEP, uid, inline=True)
@@ -345,7 +359,10 @@ class Scheduler:
             return None  # removed meanwhile: its costs went with it, a step it owes with its backend
         if seconds is not None:
             samples = sum(r.batch for r in job.requests) if job.kind in BATCH_KINDS else 1
-            self._costs[job.cost_key] = Cost(seconds, samples)
+            costs = self._costs.get(job.cost_key)
+            if costs is None:
+                costs = self._costs[job.cost_key] = deque(maxlen=COSTS_REMEMBERED)
+            costs.append(Cost(seconds, samples))
         if not step_owed or job.kind is not Kind.BACKWARD:
             return None
         if job.inline:
@@ -377,4 +394,4 @@ class Scheduler:
         return stranded
 
 
-__all__ = ["QUEUED", "Busy", "Cost", "CostKey", "Inline", "Job", "Queued", "Scheduler"]
+__all__ = ["COSTS_REMEMBERED", "QUEUED", "Busy", "Cost", "CostKey", "Inline", "Job", "Queued", "Scheduler"]
