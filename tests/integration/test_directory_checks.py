@@ -75,10 +75,22 @@ class ScriptedSwarm:
 
 
 class _NoConnections:
-    """The trainer's Host as the call records see it: no connection to measure a path or RTT on."""
+    """The trainer's Host as the call records see it: no connection to measure a path or RTT on,
+    and no address known of any host (the scripted hosts declare none)."""
+
+    def __init__(self) -> None:
+        self.peerstore = _NoAddresses()
 
     def connection_to(self, peer):
         return None
+
+
+class _NoAddresses:
+    def addrs(self, peer):
+        return []
+
+    def remember_addrs(self, peer, addrs):
+        pass
 
 
 def train(factors: list[float], steps: int, policy: TrustPolicy = EAGER, until=None):
