@@ -55,6 +55,12 @@ class DHTConfig:
     # between checks, and a reply of only k would often hide the k-th closest live peer (in a
     # simulation with 20% dead, recall of the true k closest went from ~98.5% to 100%).
     reply_contacts: int = 30
+    # ... of which at most this many never answered a request of ours (they only sent us one),
+    # unless proven contacts run short. A peer that looked something up and crashed is in every
+    # table it asked; handing it out unchecked made honest replies mostly dead contacts once such
+    # peers outnumbered the servers, and a censoring clique (whose contacts all answer) the only
+    # peers a fresh trainer heard from (benchmarks/scale.py --censor-server-trainers).
+    unproven_reply_contacts: int = 10
     value_quorum: int = 3  # a value lookup stops once this many peers returned records for the key
     # ... and once w of the w + 1 closest peers it knows answered, w = min(quorum + 1, this): any
     # peer can return valid records, so a quorum met by whoever answers first lets censors that
