@@ -182,3 +182,13 @@ def test_two_censors_among_ten_hide_a_host_from_fewer_than_1_in_200_lookups_at_q
     lookups = 200
     missed = misses(10, 2, behaviour, BEAM_QUORUM, lookups, seed=22)
     assert missed * 200 < lookups, f"{behaviour}: {missed} of {lookups} lookups missed the honest host"
+
+
+def test_trainers_that_ran_as_servers_and_crashed_leave_censors_no_opening() -> None:
+    """Fresh trainers run as DHT servers and crash after their lookup: every honest table they
+    asked keeps their dead contact, and honest replies, mostly such contacts, left a censoring
+    clique (all of whose contacts answer) most of a fresh trainer's routing table (before replies
+    gave contacts that never answered the replier a bounded share: 9 of 200 missed)."""
+    lookups = 200
+    missed = misses(50, 10, "clique", EXPERT_QUORUM, lookups, seed=37, client_mode=False)
+    assert missed * 200 < lookups, f"{missed} of {lookups} lookups missed the honest host"

@@ -185,14 +185,17 @@ def test_value_lookup_merges_newest_and_rejects_forgeries() -> None:
     seeds = contacts(5, rng)
     lookup = ValueLookup(key, seeds, CONFIG, 90.0, quorum=2)
     asked = lookup.next(90.0)
+    assert len(asked) == 5  # the witness window (5 of the 8 closest) at once, past alpha
     lookup.on_success(asked[0].peer, [], 90.1, [a_new, forged, other_key])
     assert lookup.rejected == 2 and not lookup.finished
     lookup.on_success(asked[1].peer, [], 90.2, [a_old, b_rec])
-    assert not lookup.finished  # a quorum of 2 peers with records, but 2 of the 4 closest heard
-    target = key_id(key)
-    assert lookup.next(90.2) == sorted(seeds, key=lambda c: c.id ^ target)[3:4]  # past the quorum: the closest few
-    lookup.on_success(asked[2].peer, [], 90.3)
-    assert lookup.finished  # quorum + 1 of the 4 closest heard
+    assert not lookup.finished  # a quorum of 2 peers with records, but 2 of the closest heard
+    assert lookup.next(90.2) == []  # all asked already
+    for contact in asked[2:4]:
+        lookup.on_success(contact.peer, [], 90.3)
+    assert not lookup.finished
+    lookup.on_success(asked[4].peer, [], 90.3)
+    assert lookup.finished  # five known: all five heard
     assert lookup.records[owned_subkey(alice.peer_id)].value == b"new"
     assert lookup.records[owned_subkey(bob.peer_id)].value == b"bob"
     assert set(lookup.live_records(106.0)) == {owned_subkey(alice.peer_id)}
@@ -510,15 +513,19 @@ def test_a_value_lookup_short_of_its_quorum_asks_past_a_stale_reporter() -> None
     record = sign(alice, key, owned_subkey(alice.peer_id), b"host", 105.0)
     target = key_id(key)
     entry = contacts(1, rng)[0]
-    reported = sorted(contacts(4, rng), key=lambda c: c.id ^ target)
-    dead, holder = reported[:3], reported[3]
+    reported = sorted(contacts(12, rng), key=lambda c: c.id ^ target)
+    dead, holder = reported[:11], reported[11]  # more dead than a witness window holds
     lookup = ValueLookup(key, [entry], CONFIG, 90.0, quorum=1)
     assert lookup.next(90.0) == [entry]
     lookup.on_success(entry.peer, reported, 90.1)
-    asked = lookup.next(90.1)
-    assert asked == dead  # alpha=3, closest first
-    for c in dead:
-        lookup.on_failure(c.peer, 90.2)
-    assert lookup.next(90.2) == [holder] and not lookup.finished
-    lookup.on_success(holder.peer, [], 90.3, [record])
+    now, asked = 90.1, []
+    while not lookup.finished and now < 100.0:
+        for c in lookup.next(now):
+            asked.append(c)
+            if c == holder:
+                lookup.on_success(c.peer, [], now + 0.1, [record])
+            else:
+                lookup.on_failure(c.peer, now + 0.1)
+        now += 0.1
+    assert asked[-1] == holder and set(asked) == set(reported)  # the dead first, closest first
     assert lookup.finished and set(lookup.live_records(95.0)) == {owned_subkey(alice.peer_id)}

@@ -243,3 +243,30 @@ def test_a_trainers_swarm_asks_for_wide_buckets() -> None:
 
     spec = SwarmSpec("t", "t")
     assert Swarm(spec).dht_config.bucket_capacity > DHTConfig().k
+
+
+def test_replies_give_contacts_that_never_answered_us_a_bounded_share() -> None:
+    """A peer that only sent us a request (a trainer that looked something up and crashed) is
+    handed to others in at most ``unproven_reply_contacts`` places while contacts that answered
+    one of ours are at hand; our own lookups still see it, and so do replies once proven peers
+    run short."""
+    rng = random.Random(7)
+    me = fake_peer()
+    config = DHTConfig(k=20, unproven_reply_contacts=3)
+    table = RoutingTable(me, config)
+    proven = [fake_peer() for _ in range(15)]
+    callers = [fake_peer() for _ in range(15)]
+    for peer in proven:
+        table.update(Contact(peer, (b"/x",)), 1.0, answered=True)
+    for peer in callers:
+        table.update(Contact(peer, (b"/x",)), 1.0)  # it asked us something
+    target = rng.getrandbits(256)
+    reply = table.closest(target, 10, 2.0, responsive_only=True)
+    assert len(reply) == 10 and sum(c.peer in set(callers) for c in reply) <= 3
+    assert {c.peer for c in reply} >= {c.peer for c in sorted((Contact(p) for p in proven), key=lambda c: c.id ^ target)[:7]}
+    ours = table.closest(target, 30, 2.0)
+    assert {c.peer for c in ours} == set(proven) | set(callers)  # our own lookups see everyone
+    wide = table.closest(target, 25, 2.0, responsive_only=True)
+    assert len(wide) == 25  # 15 proven, and the callers fill what is left
+    table.record_success(callers[0], 3.0)  # it answered a request of ours since: proven
+    assert table.get(callers[0]) is not None and table.get(callers[0]).answered

@@ -72,6 +72,7 @@ class Entry:
     last_seen: float  # last time it spoke to us or answered
     failures: int = 0  # consecutive failed requests
     backoff_until: float = 0.0  # do not prefer it for queries before this time
+    answered: bool = False  # it answered a request of ours (not merely sent us one)
 
     def backed_off(self, now: float) -> bool:
         """True while a recent failure makes this contact a poor choice to ask."""
@@ -156,7 +157,10 @@ class RoutingTable:
         spending their alpha slots on peers that just failed; those are still returned when
         nothing better is known, and are redeemed by any message from them or a liveness check.
         ``responsive_only`` leaves them out (replies to others: a requester sorts contacts by
-        distance, not by our preference, so a dead contact we hand out is one it will try).
+        distance, not by our preference, so a dead contact we hand out is one it will try), and
+        gives contacts that never answered a request of ours (they only sent us one) at most
+        ``unproven_reply_contacts`` places, or whatever proven contacts leave free: a peer that
+        asked us once and crashed is no better than a made-up contact to whoever we hand it to.
         """
         skip = set(exclude)
         # Buckets in order of distance to the target (Kademlia's XOR geometry): with t the highest
@@ -170,6 +174,7 @@ class RoutingTable:
         groups.extend([i] for i in sorted(self._buckets) if i > top)
         good: list[tuple[int, Contact]] = []
         failed: list[tuple[int, Contact]] = []
+        unproven: list[tuple[int, Contact]] = []
         for group in groups:
             for index in group:
                 bucket = self._buckets.get(index)
@@ -182,11 +187,18 @@ class RoutingTable:
                     if entry.failures > 0:
                         if not responsive_only:
                             failed.append((contact.id ^ target, contact))
+                    elif responsive_only and not entry.answered:
+                        unproven.append((contact.id ^ target, contact))
                     else:
                         good.append((contact.id ^ target, contact))
             if len(good) >= count:
                 break  # later groups are all farther than everything collected
         good.sort(key=lambda t: t[0])
+        if responsive_only:
+            unproven.sort(key=lambda t: t[0])
+            room = max(count - len(good), min(count, self.config.unproven_reply_contacts))
+            merged = sorted(good[:count] + unproven[:room], key=lambda t: t[0])
+            return [c for _, c in merged[:count]]
         if len(good) >= count:
             return [c for _, c in good[:count]]
         failed.sort(key=lambda t: t[0])
@@ -197,8 +209,9 @@ class RoutingTable:
         return self._buckets.get(self.bucket_index(node_id(peer)))
 
     # --- updates ---------------------------------------------------------------------------
-    def update(self, contact: Contact, now: float, *, client_mode: bool = False) -> PeerID | None:
-        """``contact`` spoke to us or answered us. Returns a peer the driver must ping, or None.
+    def update(self, contact: Contact, now: float, *, client_mode: bool = False, answered: bool = False) -> PeerID | None:
+        """``contact`` spoke to us or answered us (``answered``: a request of ours, which proves it
+        reachable). Returns a peer the driver must ping, or None.
 
         A full bucket does not evict on its own: the least-recently-seen entry is pinged first
         (Kademlia's preference for long-lived nodes) and the newcomer waits in the replacement
@@ -221,10 +234,11 @@ class RoutingTable:
             entry.last_seen = now
             entry.failures = 0
             entry.backoff_until = 0.0
+            entry.answered = entry.answered or answered
             bucket.entries.append(entry)
             return None
         if len(bucket.entries) < self.config.bucket_capacity:
-            bucket.entries.append(Entry(contact, now))
+            bucket.entries.append(Entry(contact, now, answered=answered))
             bucket.replacements.pop(peer, None)
             bucket.last_changed = now
             self._where[peer] = index
@@ -240,7 +254,7 @@ class RoutingTable:
         """A request to ``peer`` succeeded (when its contact is not at hand; else use ``update``)."""
         entry = self.get(peer)
         if entry is not None:
-            self.update(entry.contact, now)
+            self.update(entry.contact, now, answered=True)
 
     def record_failure(self, peer: PeerID, now: float) -> None:
         """A request to ``peer`` failed or timed out: back off, and evict after ``max_failures``."""

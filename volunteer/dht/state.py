@@ -263,7 +263,7 @@ class NodeState:
         check_reply(request, response)
         ping = []
         client_mode = getattr(response, "client_mode", False)
-        lru = self.table.update(contact, now, client_mode=client_mode)
+        lru = self.table.update(contact, now, client_mode=client_mode, answered=True)
         if lru is not None:
             ping.append(lru)
         if isinstance(response, ErrorReply):
