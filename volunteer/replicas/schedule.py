@@ -112,7 +112,6 @@ class Schedule:
                     await trio.sleep_forever()
                 await self._proved_someone.wait()
                 await trio.sleep(self.config.early_recheck_spread * tie_break(self.me, f"early-{count}") / 2**64)
-            self._proved_someone = trio.Event()  # what proves the copies this re-check leaves comes after it
             if self.paused:
                 early = False
                 continue
@@ -121,6 +120,8 @@ class Schedule:
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.warning("placement re-check failed: %s", describe(exc))
                 decision = None
+            # what proves the copies this re-check left is a round that ends after it
+            self._proved_someone = trio.Event()
             early = decision is not None and bool(decision.add or decision.drop)
 
     async def _survey_loop(self) -> None:
