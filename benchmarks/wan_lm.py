@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from lm_parts import SIZES, Curve, expert_uids, initial_experts, write_checkpoints  # noqa: E402
+from train_lm import EXPERT_CLASS, EXPERTS_SEED_OFFSET, all_uids, prefix  # noqa: E402
 from tests.nat import rig as rigmod  # noqa: E402
 from _wan_ours import _compute_seconds  # noqa: E402
 from wan import PORT, PY, RELAY_ADDR, Procs, _env, _relay_multiaddr  # noqa: E402
@@ -40,7 +41,6 @@ PROFILES = ("cable", "dsl", "fibre", "far")
 VOLUNTEERS = 4
 HOMES = ["trainer"] + [f"vol{i}" for i in range(VOLUNTEERS)]
 TRAIN_LM = ROOT / "examples" / "train_lm.py"
-EXPERTS_SEED_OFFSET = 1000  # train_lm's: the experts' first weights come from --seed + this
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def layer_uids(size, volunteer: int) -> list[str]:
     """The experts volunteer ``volunteer`` hosts: expert ``volunteer`` (mod the grid) of every layer."""
     out = []
     for layer in range(size.layers):
-        uids = expert_uids(f"lm{layer}", size.grid)
+        uids = expert_uids(prefix(layer), size.grid)
         out += [uid for i, uid in enumerate(uids) if i % VOLUNTEERS == volunteer]
     return out
 
@@ -78,8 +78,7 @@ def train_lm_argv(args, *extra: str) -> list[str]:
 def run_swarm(rig: rigmod.Rig, args, size, workdir: Path) -> tuple[Curve, str]:
     """The relay, four volunteers resuming from the local run's first experts, and train_lm
     joining them from the trainer's home; its curve and its output."""
-    every = [uid for layer in range(size.layers) for uid in expert_uids(f"lm{layer}", size.grid)]
-    first = initial_experts("ffn", size.width, every, args.seed + EXPERTS_SEED_OFFSET)
+    first = initial_experts(EXPERT_CLASS, size.width, all_uids(size), args.seed + EXPERTS_SEED_OFFSET)
     procs = Procs(rig, workdir)
     try:
         line = procs.start("relay", [PY, "-m", "volunteer", "relay", "--no-dashboard", "--identity",
@@ -90,10 +89,10 @@ def run_swarm(rig: rigmod.Rig, args, size, workdir: Path) -> tuple[Curve, str]:
         handles = []
         for i in range(VOLUNTEERS):
             home = workdir / f"vol{i}"
-            write_checkpoints(first, "ffn", size.width, home / "ckpt")
+            write_checkpoints(first, EXPERT_CLASS, size.width, home / "ckpt")
             handles.append(procs.launch(f"vol{i}", [
                 PY, "-m", "volunteer", "join", str(swarm), "--yes", "--no-dashboard", "--no-mdns",
-                "--experts", "ffn:" + ",".join(layer_uids(size, i)), "--hidden-dim", str(size.width),
+                "--experts", f"{EXPERT_CLASS}:" + ",".join(layer_uids(size, i)), "--hidden-dim", str(size.width),
                 "--device", "cpu", "--listen", f"/ip4/0.0.0.0/tcp/{PORT}", "--listen",
                 f"/ip4/0.0.0.0/udp/{PORT}/quic-v1", "--identity", str(home / "id.key"),
                 "--control", str(home / "ctl.sock"), "--checkpoints", str(home / "ckpt")]))
