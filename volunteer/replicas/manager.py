@@ -204,10 +204,10 @@ class ReplicaManager(BaseService):
         """What placement says this volunteer should host, given ``hosts``; only the hosts
         ``proven`` to us (``standings``) may make it drop a copy."""
         standings = self.standings()
-        # our own copies at the version they hold now (the declared one may lag a heartbeat): a
-        # copy counts as untrained only when no update reached it
+        # our own copies, served or set aside, at the version they hold now (the declared one may
+        # lag a heartbeat): a copy counts as untrained only when no update reached it
         held = {uid: dict(holders) for uid, holders in hosts.items()}
-        for uid, backend in self.store.backends.items():
+        for uid, backend in [*self.store.backends.items(), *self.aside.items()]:
             held.setdefault(uid, {})[self.me] = backend.updates
         proven = {
             uid: {peer: v for peer, v in holders.items() if standings.get(uid, {}).get(peer) == Standing.PROVEN.value}
