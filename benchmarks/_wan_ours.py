@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from _wan_train import default_ifname, train  # noqa: E402
 from volunteer import RemoteMixtureOfExperts, Swarm  # noqa: E402
+from volunteer.cli.control import compute_seconds  # noqa: E402
 from volunteer.net.addresses import is_loopback  # noqa: E402
 from volunteer.net.multiaddr import Multiaddr  # noqa: E402
 
@@ -83,21 +84,6 @@ async def _paths(host, peers) -> dict[str, str]:
     return out
 
 
-def _compute_seconds(controls: list[str]) -> list[float | None]:
-    """Each volunteer's compute seconds this session (its ``status``), None where unreachable."""
-    import trio
-
-    from volunteer.cli.control import request
-
-    out: list[float | None] = []
-    for control in controls:
-        try:
-            out.append(float(trio.run(request, Path(control), "status")["status"]["contributions"]["session"]["compute_s"]))
-        except Exception:
-            out.append(None)
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("swarm_file")
@@ -140,9 +126,9 @@ def main() -> int:
                 print(json.dumps({"error": f"paths did not settle after {warm} warm-up steps: {paths}"}))
                 return 1
         before = _payload(swarm)
-        compute_before, wall_before = _compute_seconds(args.controls), time.monotonic()
+        compute_before, wall_before = compute_seconds(args.controls), time.monotonic()
         steps = train(moe, hidden=args.hidden, batch=args.batch, steps=args.steps, ifname=ifname, seq=args.seq)
-        compute_after, wall = _compute_seconds(args.controls), time.monotonic() - wall_before
+        compute_after, wall = compute_seconds(args.controls), time.monotonic() - wall_before
         after = _payload(swarm)
         paths = swarm.loop.run(_paths, swarm.host, peers)
         utilisation = [None if a is None or b is None else (a - b) / wall for a, b in zip(compute_after, compute_before)]

@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from lm_parts import SIZES, Curve, expert_uids, initial_experts, write_checkpoints  # noqa: E402
 from train_lm import EXPERT_CLASS, EXPERTS_SEED_OFFSET, all_uids, prefix  # noqa: E402
 from tests.nat import rig as rigmod  # noqa: E402
-from _wan_ours import _compute_seconds  # noqa: E402
+from volunteer.cli.control import compute_seconds  # noqa: E402
 from wan import PORT, PY, RELAY_ADDR, Procs, _env, _relay_multiaddr  # noqa: E402
 
 PROFILES = ("cable", "dsl", "fibre", "far")
@@ -100,7 +100,7 @@ def run_swarm(rig: rigmod.Rig, args, size, workdir: Path) -> tuple[Curve, str]:
             procs.wait(handle, "control socket")
         curve_file = workdir / "swarm.json"
         controls = [str(workdir / f"vol{i}" / "ctl.sock") for i in range(VOLUNTEERS)]
-        before, started = _compute_seconds(controls), time.monotonic()
+        before, started = compute_seconds(controls), time.monotonic()
         result = rig.run("trainer", train_lm_argv(args, "--swarm", str(swarm), "--compression", "auto",
                                                   "--save-curve", str(curve_file)),
                          timeout=600 + 30 * args.steps, env=_env())
@@ -108,7 +108,7 @@ def run_swarm(rig: rigmod.Rig, args, size, workdir: Path) -> tuple[Curve, str]:
             raise RuntimeError(f"train_lm through the rig failed ({result.returncode}):\n"
                                f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
         wall = time.monotonic() - started
-        used = [None if a is None or b is None else (a - b) / wall for a, b in zip(_compute_seconds(controls), before)]
+        used = [None if a is None or b is None else (a - b) / wall for a, b in zip(compute_seconds(controls), before)]
         shown = ", ".join("?" if u is None else f"{u:.0%}" for u in used)
         return Curve.load(curve_file), result.stdout + (
             f"\nvolunteers' compute utilisation (runtime compute time over the trainer's wall time, {wall:.0f} s): "

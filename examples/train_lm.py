@@ -107,22 +107,9 @@ class Testnet:
 
     def compute_seconds(self) -> list[float | None]:
         """Each volunteer's compute seconds this session (its runtime's busy time), None if unreachable."""
-        import trio
+        from volunteer.cli.control import compute_seconds
 
-        from volunteer.cli.control import request
-
-        seconds: list[float | None] = []
-        for control in self.controls:
-            found = None
-            for _ in range(3):  # a loaded machine's daemon may miss the control socket's deadline once
-                try:
-                    status = trio.run(request, control, "status")["status"]
-                    found = float(status["contributions"]["session"]["compute_s"])
-                    break
-                except Exception as exc:
-                    print(f"  (volunteer status from {control.name}: {exc})", flush=True)
-            seconds.append(found)
-        return seconds
+        return compute_seconds(self.controls)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

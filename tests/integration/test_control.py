@@ -10,7 +10,7 @@ import stat
 import pytest
 import trio
 
-from volunteer.cli.control import ControlError, DaemonLock, request, serve_control
+from volunteer.cli.control import ControlError, DaemonLock, compute_seconds, request, serve_control
 from volunteer.cli.daemon import Daemon, DaemonOptions
 from volunteer.net.identity import KeyPair
 from volunteer.node import VolunteerOptions
@@ -115,3 +115,16 @@ async def test_a_leave_asked_while_starting_is_kept():
         await nursery.start(daemon.run)
         await daemon.wait_left()
     assert daemon.node is not None and daemon.node.leaving
+
+
+async def test_compute_seconds_reads_each_daemon_and_gives_none_for_one_that_does_not_answer(tmp_path):
+    async def busy(message: dict) -> dict:
+        return {"ok": True, "status": {"contributions": {"session": {"compute_s": 12.5}}}}
+
+    path = tmp_path / "run" / "daemon.sock"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, path, busy)
+        # the reader blocks (benchmarks call it between steps), so it runs on a thread with its own trio run
+        seconds = await trio.to_thread.run_sync(compute_seconds, [path, tmp_path / "gone" / "daemon.sock"])
+        nursery.cancel_scope.cancel()
+    assert seconds == [12.5, None]

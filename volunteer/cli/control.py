@@ -233,10 +233,29 @@ async def request(path: Path, cmd: str, **fields) -> dict:
     return reply
 
 
+def compute_seconds(controls, attempts: int = 3) -> list[float | None]:
+    """Each daemon's compute seconds this session (its runtime's busy time, from ``status``), for
+    benchmarks and examples that report a volunteer's utilisation; None where no answer came in
+    ``attempts`` tries (a loaded machine's daemon may miss the control deadline once). Blocking:
+    call it outside a trio run."""
+    seconds: list[float | None] = []
+    for control in controls:
+        found = None
+        for _ in range(attempts):
+            try:
+                status = trio.run(request, Path(control), "status")["status"]
+                found = float(status["contributions"]["session"]["compute_s"])
+                break
+            except (ControlError, KeyError, TypeError, ValueError):
+                continue
+        seconds.append(found)
+    return seconds
+
+
 def default_control_path() -> Path:
     from ..swarmfile import runtime_dir
 
     return runtime_dir() / "daemon.sock"
 
 
-__all__ = ["ControlError", "default_control_path", "request", "serve_control"]
+__all__ = ["ControlError", "compute_seconds", "default_control_path", "request", "serve_control"]
