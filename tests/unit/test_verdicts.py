@@ -173,7 +173,7 @@ def test_only_accusations_stored_by_their_author_for_this_swarm_and_accused_coun
     found, refused = accusations_of(accused, records, SWARM, now=10.0)
     assert found == [good] and refused == 4
     index = {items[1][1]: FakeRecord(items[1][2], 100.0, trainer.peer_id),
-             b"x" + accused: FakeRecord(accused, 100.0, other.peer_id)}  # a pointer not under its own name
+             accused + b"x": FakeRecord(accused, 100.0, other.peer_id)}  # a pointer not under its own name
     assert accused_in_index(index, now=10.0) == [accused]
 
 

@@ -6,8 +6,12 @@ time, and the **evidence** (opaque here: the accused's signed receipt, the call'
 reply as it travelled, encoded by ``experts/verdicts.py``), signed by the accuser. It is stored
 twice: under ``proof_key(accused)``, sub-key the accuser (one accusation per accuser and accused,
 a newer one replacing the older), where anyone who is about to deal with a host looks; and as a
-pointer under ``PROOFS_KEY``, sub-key accused + accuser, so a reader that knows no names (a
-trainer that never called the accused, the relay's health page) finds whom to look up.
+pointer under ``PROOFS_KEY``, sub-key accuser + accused (a sub-key begins with its signer's
+PeerID), so a reader that knows no names (a trainer that never called the accused, the relay's
+health page) finds whom to look up. The DHT keeps ``max_subkeys_per_signer_per_key`` (4) sub-keys
+of one signer under a key: an accuser points to at most 4 accused at once in the index (its
+further proofs are still stored under their accused's keys, where the hosts' co-replicas and the
+trainers that deal with them look).
 
 This module only stores and validates signatures: an accusation counts as *stored by its author*
 when its signature is the named accuser's and the DHT record's signer is that accuser. Whether
@@ -29,7 +33,7 @@ from ..errors import DHTRecordError
 from ..net.identity import KeyPair, PeerID
 from ..wire import unpack_bounded
 
-PROOFS_KEY = b"volunteer-proofs"  # the index: sub-key accused + accuser PeerID bytes, value the accused's
+PROOFS_KEY = b"volunteer-proofs"  # the index: sub-key accuser + accused PeerID bytes, value the accused's
 PROOF_KEY_PREFIX = b"volunteer-proof/"  # + the accused's PeerID bytes: its accusations, sub-key the accuser
 SIGNED = b"volunteer/accusation/1\n"  # domain of the signature: no other signed message reads as one
 # bytes of an encoded accusation: a DHT value (``DHTConfig.max_value_size``, 8 KiB) less room for
@@ -109,7 +113,7 @@ def accusation_items(accusation: Accusation, expiration: float) -> list[tuple[by
     accused's key, and its pointer in the index."""
     return [
         (proof_key(accusation.accused), accusation.accuser, accusation.encode(), float(expiration)),
-        (PROOFS_KEY, accusation.accused + accusation.accuser, accusation.accused, float(expiration)),
+        (PROOFS_KEY, accusation.accuser + accusation.accused, accusation.accused, float(expiration)),
     ]
 
 
@@ -121,7 +125,7 @@ def accused_in_index(records: Mapping[bytes, object], now: float) -> list[bytes]
         value = getattr(record, "value", None)
         if value is None or getattr(record, "expiration", 0.0) <= now or not isinstance(value, bytes):
             continue
-        if 0 < len(value) <= _MAX_ID and subkey.startswith(value) and _is_peer(value):
+        if 0 < len(value) <= _MAX_ID and len(subkey) > len(value) and subkey.endswith(value) and _is_peer(value):
             found[value] = None
     return list(found)
 
