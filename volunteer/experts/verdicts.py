@@ -269,26 +269,33 @@ class VerdictWatch(BaseService):
                  recomputer: Recomputer | None = None, peers: Callable[[], Iterable[str]] = lambda: (),
                  on_proven: Callable[[str, Proven], None] = lambda peer, proven: None,
                  period: float = PERIOD, clock: Callable[[], float] | None = None,
-                 config: ExpertsConfig = DEFAULT_CONFIG) -> None:
+                 config: ExpertsConfig = DEFAULT_CONFIG, first_read: float = 0.0) -> None:
         self.dht, self.keypair, self.swarm_id, self.fetch = dht, keypair, swarm_id, fetch
         self.recomputer = recomputer or Recomputer()
         self.peers, self.on_proven, self.period, self.config = peers, on_proven, period, config
         self.clock = clock or dht.clock
+        self.first_read = first_read  # seconds of a first read before reporting started (a joiner's)
         self.book = VerdictBook()
         self.published = 0
         self.unpublished = 0  # proofs whose evidence did not fit a record (or did not round-trip)
         self._wake = trio.Event()
 
     async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.first_read > 0:  # what a joiner learns before it chooses whom to catch up from
+            with trio.move_on_after(self.first_read):
+                await self._read_once()
         task_status.started()
         while True:
-            try:
-                await self.read()
-            except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
-                log.info("reading the swarm's proofs failed: %s", describe(exc))
+            await self._read_once()
             with trio.move_on_after(self.period):
                 await self._wake.wait()
             self._wake = trio.Event()
+
+    async def _read_once(self) -> None:
+        try:
+            await self.read()
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("reading the swarm's proofs failed: %s", describe(exc))
 
     def read_soon(self) -> None:
         """Read the DHT now rather than at the end of the period."""
