@@ -199,6 +199,7 @@ class VerdictBook:
         self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
         self._proven: OrderedDict[str, Proven] = OrderedDict()  # accused -> the first proof that checked
         self.refused: Counter[str] = Counter()  # accusations that changed nothing, by why
+        self._unproven: OrderedDict[str, str] = OrderedDict()  # accused -> why its last accusation changed nothing
         self.checks = 0  # recomputes run for others' accusations
 
     def due(self, accusation: Accusation, now: float) -> bool:
@@ -224,6 +225,11 @@ class VerdictBook:
         self.checks += 1
         if not checked.proven:
             self.refused["snapshot_gone" if not checked.final else "not_proven"] += 1
+            accused = str(PeerID.from_bytes(accusation.accused))
+            self._unproven.pop(accused, None)
+            self._unproven[accused] = checked.detail
+            while len(self._unproven) > MAX_PROVEN:
+                self._unproven.popitem(last=False)
             return None
         return self.prove(str(PeerID.from_bytes(accusation.accused)), Proven(
             str(PeerID.from_bytes(accusation.accuser)), accusation.uid, checked.detail))
@@ -244,6 +250,10 @@ class VerdictBook:
     def proven(self, peer: object) -> Proven | None:
         return self._proven.get(str(peer))
 
+    def unproven(self, peer: object) -> str | None:
+        """Why the last accusation against ``peer`` changed nothing (None: none did)."""
+        return self._unproven.get(str(peer))
+
     def exclusions(self) -> dict[str, Proven]:
         """Every peer a checked proof excludes, with that proof."""
         return dict(self._proven)
@@ -254,6 +264,7 @@ class VerdictBook:
         return {
             "excluded": {peer: {"accuser": p.accuser, "uid": p.uid, "reason": p.reason} for peer, p in sorted(self._proven.items())},
             "refused": dict(sorted(self.refused.items())),
+            "unproven": {peer: why for peer, why in sorted(self._unproven.items()) if peer not in self._proven},
             "checks": self.checks,
         }
 
