@@ -138,7 +138,7 @@ class Swarm:
                 self._host = host
                 self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config,
                                                             credential=self.credential)
-                if isinstance(self._joined.dht, DHTNode):
+                if isinstance(self._joined.dht, DHTNode) and self.spec.receipts:  # only exact audits prove
                     self.verdicts = self._watch_verdicts(self._joined.dht)
                     await host.add_service(self.verdicts)
                 self._ready.set()
