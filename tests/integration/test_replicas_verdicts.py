@@ -34,16 +34,17 @@ def spec(*bootstrap):
     return SwarmSpec(SWARM, SWARM, list(bootstrap), [], grids=[GRID], receipts=True)
 
 
-async def accuse(accuser, accused, uid: str, *, honest_reply: bool = False) -> None:
-    """``accuser`` calls ``accused`` for ``uid`` and publishes the signed reply as a proof."""
+async def accuse(accuser, accused, uid: str, *, swarm: str = SWARM) -> None:
+    """``accuser`` calls ``accused`` for ``uid`` and publishes the signed reply as a proof (a
+    true one when ``accused`` lies, a forged one when it does not)."""
     x = torch.randn(4, HIDDEN)
     report = CallReport()
-    outputs = await call_expert(accuser.host, accused.host.peer_id, uid, "forward", [x], swarm_id=SWARM, report=report)
+    outputs = await call_expert(accuser.host, accused.host.peer_id, uid, "forward", [x], swarm_id=swarm, report=report)
     assert report.receipt is not None
     evidence = evidence_of(report.receipt, [x], outputs)
     assert evidence is not None
     keys = accuser.host.keypair
-    accusation = Accusation(SWARM, keys.peer_id.to_bytes(), accused.host.peer_id.to_bytes(), uid, time.time(),
+    accusation = Accusation(swarm, keys.peer_id.to_bytes(), accused.host.peer_id.to_bytes(), uid, time.time(),
                             evidence.encode()).sign(keys)
     stored = await accuser.dht.store_many(accusation_items(accusation, time.time() + 600))
     assert all(stored), stored
