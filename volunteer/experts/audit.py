@@ -14,6 +14,9 @@ votes: one honest replica, or none, suffices. Which replies: at the ledger's ada
 (below), and every reply the guard rejected as implausible (the guard alone never excludes a
 receipted host: recompute settles it). The host sees a snapshot fetch only after its signed
 reply is gone, so knowing which replies are audited does not let it answer those honestly.
+A contradicted reply is also handed to ``on_proof`` (the swarm publishes it as a shared verdict,
+``verdicts.py``) with its evidence: the receipt, our inputs and the reply as it travelled, which
+any peer checks by its own recompute before it acts on it.
 
 What follows is the comparison audit, for hosts whose replies carry no receipt (hivemind's).
 
