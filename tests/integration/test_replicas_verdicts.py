@@ -13,6 +13,7 @@ import pytest
 import torch
 import trio
 
+from volunteer.cli.expertscmd import check_verdicts
 from volunteer.dht.verdicts import Accusation, accusation_items
 from volunteer.experts.callstats import CallReport
 from volunteer.experts.client import call_expert
@@ -78,6 +79,13 @@ async def test_a_proven_liar_is_no_catch_up_source_and_no_sync_partner(proven):
             await until(lambda: _has_version(seed.dht, uid, str(liar.host.peer_id), 3), "liar declared")
             # the seed (any peer) caught the liar; or, as a forger, accuses the honest host of its true reply
             await accuse(seed, liar if proven else honest, uid)
+            # what ``volunteer experts`` shows of the two hosts, checked by its own recompute
+            accused = liar if proven else honest
+            shown = await check_verdicts(spec(entry), [str(honest.host.peer_id), str(liar.host.peer_id)])
+            if proven:
+                assert list(shown["excluded"]) == [str(liar.host.peer_id)] and shown["unproven"] == {}, shown
+            else:
+                assert shown["excluded"] == {} and list(shown["unproven"]) == [str(accused.host.peer_id)], shown
             async with open_volunteer(spec(entry), options(uids=[uid])) as joiner:
                 snapshot = joiner.replicas.snapshot()
                 joined = state_digest(joiner.runtime.backends[uid])

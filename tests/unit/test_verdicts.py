@@ -203,3 +203,27 @@ def test_checked_is_never_proven_for_unparseable_evidence():
 def test_an_accusation_past_its_bound_is_refused_unread(size):
     with pytest.raises(DHTRecordError):
         Accusation.decode(b"\x00" * size)
+
+
+_HOST = None  # one liar for every example: building a backend per example is most of the test's time
+
+
+def _liar() -> Liar:
+    global _HOST
+    if _HOST is None:
+        _HOST = Liar()
+    return _HOST
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.sampled_from(["t", "n", "x"]), st.one_of(st.integers(-2**31, 2**40), st.text(max_size=4), st.lists(
+    st.dictionaries(st.sampled_from(["d", "s", "c", "n"]), st.one_of(st.integers(-2, 2**40), st.text(max_size=8),
+                                                                     st.lists(st.integers(-1, 2**31), max_size=3))),
+    max_size=2)), max_size=3), st.binary(max_size=64))
+def test_an_accusation_with_any_reply_header_never_crashes_its_reader(header, payload):
+    liar, trainer = _liar(), KeyPair.generate()
+    x = torch.randn(2, HIDDEN)
+    told, receipt = liar.forward(x)
+    evidence = replace(evidence_of(receipt, [x], told), reply_header=header, reply_payload=payload)
+    result = check(accuse(trainer, liar, evidence), liar)
+    assert not result.proven

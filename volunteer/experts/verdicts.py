@@ -151,12 +151,16 @@ async def check_accusation(accusation: Accusation, fetch: FetchSnapshot, recompu
         accused = PeerID.from_bytes(accusation.accused)
         evidence = Evidence.decode(accusation.evidence, config)
         replied = evidence.replied(config)
-    except (VolunteerError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a peer's bytes: whatever the parsers raise, it proves nothing
         return Checked(False, f"its evidence is malformed: {describe(exc)}")
     receipt = evidence.receipt
     if receipt.peer != accusation.accused or receipt.uid != accusation.uid or not receipt.verify(accused):
         return Checked(False, "its receipt is not one the accused signed for that expert")
-    if payload_digest(evidence.reply_header, [evidence.reply_payload]) != receipt.outputs:
+    try:
+        same_reply = payload_digest(evidence.reply_header, [evidence.reply_payload]) == receipt.outputs
+    except Exception:  # noqa: BLE001 - a header msgpack cannot pack again names no reply
+        same_reply = False
+    if not same_reply:
         return Checked(False, "its reply is not the one the receipt names")
     try:
         names, tensors = await fetch(accused, receipt.uid, receipt.state)
