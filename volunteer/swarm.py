@@ -4,6 +4,7 @@
     moe = RemoteMixtureOfExperts(swarm, in_features=64, grid_size=(4, 4), uid_prefix="expert", k_best=4)
     ...train as usual...
     swarm.trust_report()                            # what audits found, per volunteer
+    swarm.verdict_report()                          # proofs published, checked, and what they exclude
     swarm.close()
 
 A Swarm owns a background thread running trio with a Host joined to the swarm as its kind says

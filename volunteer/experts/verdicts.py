@@ -338,12 +338,14 @@ class VerdictWatch(BaseService):
         the peers newly excluded."""
         now = self.clock()
         index = await self.dht.get(PROOFS_KEY)
-        wanted = dict.fromkeys(accused_in_index(index, now))
+        # the peers we deal with first: pointers anyone can add must not crowd them out of a read
+        wanted: dict[bytes, None] = {}
         for peer in self.peers():
             try:
                 wanted[PeerID.from_string(str(peer)).to_bytes()] = None
             except (ValueError, VolunteerError):
                 continue
+        wanted.update(dict.fromkeys(accused_in_index(index, now)))
         accused = [a for a in wanted if not self.book.excluded(PeerID.from_bytes(a))][:MAX_ACCUSED_PER_READ]
         if not accused:
             return []
