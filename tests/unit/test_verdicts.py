@@ -227,3 +227,39 @@ def test_an_accusation_with_any_reply_header_never_crashes_its_reader(header, pa
     evidence = replace(evidence_of(receipt, [x], told), reply_header=header, reply_payload=payload)
     result = check(accuse(trainer, liar, evidence), liar)
     assert not result.proven
+
+
+class _Always(__import__("random").Random):
+    def random(self) -> float:  # every reply audited
+        return 0.0
+
+
+@dataclass
+class _Call:
+    uid: str
+    peer: PeerID
+    backward_follows: bool = False
+
+
+async def _audit_once(host: Liar, x: torch.Tensor) -> list:
+    from volunteer.experts.audit import Auditor
+    from volunteer.experts.trust import TrustLedger
+
+    found: list = []
+    auditor = Auditor(TrustLedger(), lambda uid: [], lambda *a: None, {}, rng=_Always(), fetch_snapshot=host.fetch,
+                      on_proof=found.append)
+    told, receipt = host.forward(x)
+    auditor.answered(_Call("ffn.0.0", host.keys.peer_id), x, told, receipt=receipt)
+    with trio.fail_after(30):
+        while auditor.pending:
+            await trio.sleep(0.01)
+    return found
+
+
+def test_an_audit_hands_its_proof_with_checkable_evidence_to_the_swarm_and_an_honest_reply_none():
+    liar, trainer = Liar(1.02), KeyPair.generate()
+    x = torch.randn(4, HIDDEN)
+    (proof,) = trio.run(_audit_once, liar, x)
+    assert proof.peer == str(liar.keys.peer_id) and proof.uid == "ffn.0.0" and "contradicted by recompute" in proof.reason
+    assert proof.evidence is not None and check(accuse(trainer, liar, proof.evidence), liar).proven
+    assert trio.run(_audit_once, Liar(1.0), x) == []
