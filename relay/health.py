@@ -87,6 +87,10 @@ class SwarmObservation:
     experts: Mapping[str, Sequence[Declaration]] = field(default_factory=dict)  # uid -> live hosts
     profiles: Mapping[str, Profile] = field(default_factory=dict)  # peer id (text) -> profile
     vouches: Sequence[Vouch] = ()  # trainers' vouches found this refresh (unchecked: the ledger checks)
+    # the swarm's shared verdicts as this relay checked them (``volunteer.experts.verdicts``):
+    # peer -> {"accuser", "uid", "reason"} of each peer a proof excludes, and accusations refused
+    excluded: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    accusations_refused: int = 0
     entry_points: Sequence[PeerCheck] = ()
     observed_at: float = 0.0
     complete: bool = True
@@ -227,6 +231,18 @@ def contributors_model(ledger: Ledger, obs: SwarmObservation, up: set[str], now:
             "refused": ledger.refused}
 
 
+def verdicts_model(obs: SwarmObservation, up: set[str]) -> dict:
+    """The peers a published proof excludes, as this relay checked each by recompute (an
+    accusation it could not check, or that a recompute did not bear out, is only counted)."""
+    rows = []
+    for peer, proof in sorted(obs.excluded.items()):
+        profile = obs.profiles.get(peer)
+        rows.append({"peer": peer, "short": peer[-8:], "name": profile.name if profile is not None else None,
+                     "uid": proof.get("uid", ""), "accuser": proof.get("accuser", ""),
+                     "accuser_short": proof.get("accuser", "")[-8:], "reason": proof.get("reason", ""), "up": peer in up})
+    return {"rows": rows, "count": len(rows), "refused": obs.accusations_refused}
+
+
 def swarm_model(obs: SwarmObservation, now: float, ledger: Ledger | None = None) -> dict:
     """Everything the health page shows of one swarm (``ledger``: the vouches merged so far; a
     fresh one holding only this observation's when None)."""
@@ -261,6 +277,7 @@ def swarm_model(obs: SwarmObservation, now: float, ledger: Ledger | None = None)
         },
         "direct": direct_model(list(obs.profiles.values())),
         "contributors": contributors_model(ledger, obs, {v["peer"] for v in volunteers}, now),
+        "verdicts": verdicts_model(obs, {v["peer"] for v in volunteers}),
     }
 
 
@@ -276,4 +293,4 @@ def health_model(observations: Sequence[SwarmObservation], relay: Mapping[str, o
 
 
 __all__ = ["COVERED", "HALF_LIFE", "MISSING", "PeerCheck", "SwarmObservation", "UNDER", "contributors_model", "direct_model",
-           "entry_point_checks", "expert_cell", "grid_model", "health_model", "is_relayed", "swarm_model", "volunteers_model"]
+           "entry_point_checks", "expert_cell", "grid_model", "health_model", "is_relayed", "swarm_model", "verdicts_model", "volunteers_model"]

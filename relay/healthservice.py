@@ -6,7 +6,9 @@ Every ``refresh_period`` the service reads, per swarm: each declared grid's live
 ``MAX_UID_LOOKUPS`` uids: versions, last sync, paths), the volunteers' public profiles (one key),
 the trainers' vouches (one key, merged into a ``Ledger`` per swarm that the service keeps for its
 lifetime: a donor that pauses or leaves keeps its credit; a relay restart begins it again from the
-vouches still in the DHT), and whether each entry point answers a DHT ping. The whole refresh runs under ``REFRESH_BOUND``
+vouches still in the DHT), the published proofs (``volunteer.experts.verdicts``: each new one
+checked once by recompute, from the first one published on; the page lists who they exclude), and
+whether each entry point answers a DHT ping. The whole refresh runs under ``REFRESH_BOUND``
 seconds; what it has not finished by then shows as partial. Requests only read the last model,
 so a flood of page views never turns into DHT traffic.
 """
@@ -17,16 +19,21 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
 from volunteer.errors import VolunteerError, describe
+from volunteer.dht.verdicts import PROOFS_KEY, accused_in_index
 from volunteer.dht.vouches import CONTRIBUTIONS_KEY, Ledger, Vouch
 from volunteer.net.multiaddr import Multiaddr
 from volunteer.net.service import BaseService, HostAPI
 from volunteer.swarmfile import GridSpec
 
 from .health import PeerCheck, SwarmObservation, entry_point_checks, health_model
+
+if TYPE_CHECKING:
+    from volunteer.experts.verdicts import VerdictWatch
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,8 @@ class HealthService(BaseService):
         self.addr: tuple[str, int] = listener_address(sock)
         self.refresh_period = refresh_period
         self.ledgers: dict[str, Ledger] = {}  # swarm id -> the vouches merged over every refresh
+        self.verdicts: dict[str, "VerdictWatch"] = {}  # swarm id -> its checker of proofs, kept across refreshes
+        self._listed: dict[str, list[str]] = {}  # swarm id -> the hosts its last refresh listed
         self.model: dict | None = None  # the last refresh's model; None until the first ends
         self.last_seen: dict[str, float] = {}  # entry point address -> wall clock of its last answer
         self.refreshes = 0
@@ -133,6 +142,9 @@ class HealthService(BaseService):
                 experts = await self._experts(dht, swarm.grids)
                 profiles = await self._profiles(dht)
                 vouches = await self._vouches(dht)
+                if swarm.swarm_id in self.verdicts or accused_in_index(await dht.get(PROOFS_KEY), dht.clock()):
+                    # each new proof checked once, by recompute (torch is loaded only once one is published)
+                    await self._verdict_watch(swarm.swarm_id, dht, experts).read()
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 complete = False
                 log.info("health refresh of swarm %s was partial: %s", swarm.swarm_id, describe(exc))
@@ -140,9 +152,28 @@ class HealthService(BaseService):
         ledger = self.ledgers.setdefault(swarm.swarm_id, Ledger(swarm.swarm_id))
         for vouch in vouches:
             ledger.merge(vouch, now)
+        checked = self.verdicts.get(swarm.swarm_id)
+        report = checked.book.report() if checked is not None else {"excluded": {}, "refused": {}}
         out[swarm.swarm_id] = SwarmObservation(swarm.swarm_id, swarm.grids, experts, profiles, vouches=vouches,
                                                entry_points=self._points(swarm, answered), observed_at=now,
-                                               complete=complete)
+                                               complete=complete, excluded=report["excluded"],
+                                               accusations_refused=sum(report["refused"].values()))
+
+    def _verdict_watch(self, swarm_id: str, dht, experts: dict) -> "VerdictWatch":
+        """This swarm's checker of published proofs (the hosts listed now looked up besides the
+        index), made at the first refresh: it loads the recompute (torch) only then."""
+        from functools import partial
+
+        from volunteer.experts.client import call_expert
+        from volunteer.experts.verdicts import VerdictWatch, snapshot_fetcher
+
+        self._listed[swarm_id] = sorted({str(decl.peer) for hosts in experts.values() for decl in hosts})
+        watch = self.verdicts.get(swarm_id)
+        if watch is None:
+            fetch = snapshot_fetcher(partial(call_expert, self.host, swarm_id=swarm_id, timeout=PING_TIMEOUT))
+            watch = self.verdicts[swarm_id] = VerdictWatch(dht, self.host.keypair, swarm_id, fetch,
+                                                           peers=lambda: self._listed.get(swarm_id, []))
+        return watch
 
     def _points(self, swarm: WatchedSwarm, answered: dict[str, bool]) -> list[PeerCheck]:
         roles = (("relay", swarm.relays[:MAX_ENTRY_POINTS]), ("bootstrap", swarm.bootstrap[:MAX_ENTRY_POINTS]))

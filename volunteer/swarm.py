@@ -4,6 +4,7 @@
     moe = RemoteMixtureOfExperts(swarm, in_features=64, grid_size=(4, 4), uid_prefix="expert", k_best=4)
     ...train as usual...
     swarm.trust_report()                            # what audits found, per volunteer
+    swarm.verdict_report()                          # proofs published, checked, and what they exclude
     swarm.close()
 
 A Swarm owns a background thread running trio with a Host joined to the swarm as its kind says
@@ -36,8 +37,10 @@ from .net.identity import KeyPair
 from .swarmfile import SwarmSpec, resolve_swarm
 
 if TYPE_CHECKING:
+    from .experts.audit import ProofFound
     from .experts.directory import ExpertDirectory
     from .experts.faults import FaultInjection
+    from .experts.verdicts import VerdictWatch
 
 JOIN_TIMEOUT = 30.0
 VOUCH_PERIOD = 60.0  # seconds between two rounds of vouches for the hosts this trainer called
@@ -80,6 +83,9 @@ class Swarm:
         self.vouches = VouchBook(self.keypair, spec.id, time.time())
         self._host: Host | None = None
         self._joined: TrainerParts | None = None
+        # our proofs published, and everyone's checked (ours kind only: its DHT holds them)
+        self.verdicts: "VerdictWatch | None" = None
+        self._nursery: trio.Nursery | None = None
         self._started = False
         self._ready, self._closing, self._done = trio.Event(), trio.Event(), trio.Event()
         self._error: BaseException | None = None
@@ -133,8 +139,12 @@ class Swarm:
                 self._host = host
                 self._joined = await self.kind.join_trainer(host, self.spec, dht_config=self.dht_config,
                                                             credential=self.credential)
+                if isinstance(self._joined.dht, DHTNode) and self.spec.receipts:  # only exact audits prove
+                    self.verdicts = self._watch_verdicts(self._joined.dht)
+                    await host.add_service(self.verdicts)
                 self._ready.set()
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     nursery.start_soon(self._publish_vouches)
                     await self._closing.wait()
                     nursery.cancel_scope.cancel()
@@ -145,6 +155,27 @@ class Swarm:
         finally:
             self._ready.set()
             self._done.set()
+
+    def _watch_verdicts(self, dht: DHTNode) -> "VerdictWatch":
+        """The watcher of shared verdicts: a proof another peer published and we checked by
+        recompute excludes its host from this trainer's calls (the ledger's exclusion)."""
+        from .experts.verdicts import VerdictWatch, snapshot_fetcher
+
+        def excluded(peer: str, proven) -> None:
+            self.trust.exclude(peer, proven.reason, proof=True)
+
+        def peers() -> list[str]:  # the hosts we deal with, besides those the index names
+            return [peer for peer, row in self.trust.report().items() if row["standing"] != "excluded"]
+
+        return VerdictWatch(dht, self.keypair, self.spec.id, snapshot_fetcher(self.directory.call_expert),
+                            peers=peers, on_proven=excluded)
+
+    def publish_proof(self, proof: "ProofFound") -> None:
+        """An exact audit of this trainer proved ``proof.peer`` a liar: publish the proof for
+        every other peer to check (``TrainerSwarm.publish_proof``; on the trio thread)."""
+        if self.verdicts is None or self._nursery is None:
+            return
+        self._nursery.start_soon(self.verdicts.publish, proof.peer, proof.uid, proof.evidence, proof.reason)
 
     async def _publish_vouches(self) -> None:
         """Every ``VOUCH_PERIOD`` seconds, sign and store a vouch for each host whose tally moved
@@ -198,11 +229,24 @@ class Swarm:
         return self.loop.run(_snapshot, self.calls, prefix)
 
     def trust_report(self) -> dict[str, dict]:
-        """Per volunteer this trainer called: its standing (unproven, proven, suspect, outvoted, stale, excluded),
-        its streak of audits passed, whether it is trusted, its audits passed and disagreed, its
-        replies the guard rejected, why it was excluded, and its standing per expert. Results
-        are audited (compared with other replicas), never verified."""
-        return self.loop.run(_report, self.trust) if self.loop.running else self.trust.report()
+        """Per volunteer this trainer called or a checked proof excludes: its standing (unproven,
+        proven, suspect, outvoted, stale, excluded), its streak of audits passed, whether it is
+        trusted, its audits passed and disagreed, its replies the guard rejected, why it was
+        excluded, its standing per expert, and ``proof``: the shared verdict against it (who
+        proved it, the expert, why; ``None``: none). Compared replies are audited, never
+        verified; a proof is a recompute that contradicted a reply the host signed."""
+        if self.loop.running:
+            return self.loop.run(_report, self.trust, self.verdicts)
+        return _with_proofs(self.trust.report(), self.verdicts)
+
+    def verdict_report(self) -> dict:
+        """The shared verdicts as this trainer sees them: peers excluded on a checked proof (by
+        whom, the expert, why), accusations that changed nothing by why (``not_proven``,
+        ``snapshot_gone``, ``unsigned``), recomputes run to check them, proofs we published and
+        proofs kept for want of room in a record."""
+        if self.verdicts is None:
+            return {"excluded": {}, "refused": {}, "checks": 0, "published": 0, "unpublished": 0}
+        return self.loop.run(_verdicts, self.verdicts) if self.loop.running else self.verdicts.snapshot()
 
     # --- lifetime ------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -252,8 +296,20 @@ async def _snapshot(calls, prefix: str | None) -> dict:
     return calls.snapshot(prefix)  # on the trio thread, which records the calls
 
 
-async def _report(trust: TrustLedger) -> dict[str, dict]:
-    return trust.report()  # read on the loop that updates it
+async def _report(trust: TrustLedger, verdicts: "VerdictWatch | None") -> dict[str, dict]:
+    return _with_proofs(trust.report(), verdicts)  # read on the loop that updates it
+
+
+async def _verdicts(verdicts: "VerdictWatch") -> dict:
+    return verdicts.snapshot()
+
+
+def _with_proofs(report: dict[str, dict], verdicts: "VerdictWatch | None") -> dict[str, dict]:
+    """The ledger's report with each peer's checked proof (``None``: none)."""
+    for peer, row in report.items():
+        proven = verdicts.book.proven(peer) if verdicts is not None else None
+        row["proof"] = None if proven is None else {"by": proven.accuser, "uid": proven.uid, "reason": proven.reason}
+    return report
 
 
 __all__ = ["Swarm"]

@@ -73,6 +73,9 @@ class ScriptedSwarm:
         self.calls = CallStats()
         self.vouches = VouchBook(KeyPair.generate(), "scripted", 0.0)
 
+    def publish_proof(self, proof) -> None:
+        """Proofs are the scripted hosts' (no receipts here): nothing to publish."""
+
 
 class _NoConnections:
     """The trainer's Host as the call records see it: no connection to measure a path or RTT on,

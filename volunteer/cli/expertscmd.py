@@ -43,6 +43,8 @@ def run_experts(args: argparse.Namespace) -> int:
     listing = trio.run(kind_of(spec).list_experts, spec, prefixes)
     if listing.incomplete is not None:
         print(f"listing incomplete: {listing.incomplete}", file=sys.stderr)
+    if spec.receipts and spec.kind == "volunteer" and listing.rows:  # only swarms of exact audits have proofs
+        listing = with_verdicts(listing, trio.run(check_verdicts, spec, sorted({r["peer_id"] for r in listing.rows})))
     if args.json:
         print(json.dumps(listing.rows, indent=2))
         return 0
@@ -55,6 +57,7 @@ def run_experts(args: argparse.Namespace) -> int:
         print(f"no live experts under {', '.join(map(repr, prefixes))} in {listing.title}")
         return 0
     console.print(experts_table(listing))
+    print_verdicts(console, listing.rows)
     return 0
 
 
@@ -77,6 +80,8 @@ def experts_table(listing: ExpertListing) -> "Table":
             return _shown(row.get("version"))
         if column == "claim":
             return _shown(row.get("claim"))
+        if column == "verdict":
+            return _shown(row.get("verdict"))
         if column == "heartbeat":
             age = row.get("heartbeat_age_s")
             return DASH if age is None else f"{duration(age)} ago"
@@ -90,6 +95,62 @@ def experts_table(listing: ExpertListing) -> "Table":
     for row in listing.rows:
         table.add_row(*(cell(row, column) for column in listing.columns))
     return table
+
+
+VERDICT_TIMEOUT = 60.0  # seconds ``volunteer experts`` gives the swarm's proofs (lookups and recomputes)
+
+
+async def check_verdicts(spec, peers: list[str]) -> dict:
+    """The swarm's shared verdicts as this command checks them now, by recompute
+    (``experts.verdicts``): the index and the keys of ``peers`` read, each accusation checked.
+    Returns the book's report (``excluded``, ``unproven``, ``refused``, ``checks``)."""
+    from functools import partial
+
+    from ..dht import DHTConfig
+    from ..dht.node import open_dht
+    from ..experts.client import call_expert
+    from ..experts.verdicts import VerdictWatch, snapshot_fetcher
+    from ..net.identity import KeyPair
+    from ..net.stack import open_stack
+
+    async with open_stack(KeyPair.generate()) as host:
+        async with open_dht(host, DHTConfig.for_trainer(spec.id), bootstrap=spec.entry_points, client_mode=True) as dht:
+            watch = VerdictWatch(dht, host.keypair, spec.id, snapshot_fetcher(partial(call_expert, host, swarm_id=spec.id)),
+                                 peers=lambda: peers)
+            with trio.move_on_after(VERDICT_TIMEOUT):
+                await watch.read()
+            return watch.book.report()
+
+
+def with_verdicts(listing: ExpertListing, report: dict) -> ExpertListing:
+    """``listing`` with each row's ``verdict``: ``excluded`` (a published proof checked out here:
+    its row also says by whom and why), ``accused`` (an accusation that did not check out: it
+    changes nothing), or None; and a ``verdict`` column."""
+    from dataclasses import replace
+
+    rows = []
+    for row in listing.rows:
+        peer = row["peer_id"]
+        proof = report["excluded"].get(peer)
+        verdict = "excluded" if proof is not None else "accused" if peer in report["unproven"] else None
+        rows.append({**row, "verdict": verdict, "verdict_reason": proof["reason"] if proof else report["unproven"].get(peer)})
+    return replace(listing, rows=rows, columns=(*listing.columns, "verdict"))
+
+
+def print_verdicts(console, rows: list[dict]) -> None:
+    """One line per host a verdict names: excluded on a checked proof (why), or accused without one."""
+    from rich.markup import escape
+
+    seen: dict[str, dict] = {}
+    for row in rows:
+        if row.get("verdict") is not None:
+            seen.setdefault(row["peer_id"], row)
+    for peer, row in sorted(seen.items()):
+        if row["verdict"] == "excluded":
+            console.print(f"[red]excluded[/] {peer}: {escape(str(row['verdict_reason']))}", markup=True, highlight=False)
+        else:
+            console.print(f"[yellow]accused, not proven[/] {peer}: {escape(str(row['verdict_reason']))} (changes nothing)",
+                          markup=True, highlight=False)
 
 
 def _shown(value, fmt: str = "{}") -> str:

@@ -14,6 +14,9 @@ votes: one honest replica, or none, suffices. Which replies: at the ledger's ada
 (below), and every reply the guard rejected as implausible (the guard alone never excludes a
 receipted host: recompute settles it). The host sees a snapshot fetch only after its signed
 reply is gone, so knowing which replies are audited does not let it answer those honestly.
+A contradicted reply is also handed to ``on_proof`` (the swarm publishes it as a shared verdict,
+``verdicts.py``) with its evidence: the receipt, our inputs and the reply as it travelled, which
+any peer checks by its own recompute before it acts on it.
 
 What follows is the comparison audit, for hosts whose replies carry no receipt (hivemind's).
 
@@ -67,6 +70,7 @@ from .guard import GRADIENTS, OUTPUTS
 from .receipts import Receipt
 from .recompute import Finding, Recomputer, Verdict
 from .trust import TrustLedger
+from .verdicts import Evidence, evidence_of
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,18 @@ class ExpertCall(Protocol):
 Replicas = Callable[[str], Sequence[tuple[Declared, float | None]]]  # uid -> (declaration, sync age) of usable hosts
 
 
+@dataclass(frozen=True)
+class ProofFound:
+    """What an exact audit proved, for the swarm to publish (``verdicts.VerdictWatch.publish``):
+    the accused, the expert, why, and the evidence a third party checks (None: it does not fit a
+    record, or the reply's encoding does not give back the bytes its receipt names)."""
+
+    peer: str
+    uid: str
+    reason: str
+    evidence: Evidence | None
+
+
 class Auditor:
     """A mixture's audits: started from its calls, run as background tasks on its event loop.
 
@@ -148,6 +164,7 @@ class Auditor:
         fetch_snapshot: FetchSnapshot | None = None,
         recomputer: Recomputer | None = None,
         missing_to_exclude: int = 3,
+        on_proof: Callable[[ProofFound], None] | None = None,
     ) -> None:
         self.ledger, self.replicas, self.make_call, self.stats = ledger, replicas, make_call, stats
         self.config, self.compression, self.backward_wait = config, compression, backward_wait
@@ -158,6 +175,7 @@ class Auditor:
         self.fetch_snapshot = fetch_snapshot
         self.recomputer = recomputer or Recomputer()
         self.missing_to_exclude = missing_to_exclude
+        self.on_proof = on_proof  # the swarm publishes what we prove (a shared verdict)
         self._missing: dict[str, int] = {}  # peer -> snapshots it did not serve since it last passed
         self._snapshots: dict[bytes, tuple] = {}  # a few fetched snapshots by digest (most recent last)
         self.proofs: list[dict] = []  # the last proofs found (receipt, inputs, recomputed), newest last
@@ -288,6 +306,11 @@ class Auditor:
             reason = f"its {kind} of expert {uid} were contradicted by recompute: {finding.detail}"
         self._snapshots.pop(receipt.state, None)
         self._prove(uid, peer, receipt, reason, finding, inputs, grad_outputs)
+        if finding.verdict is Verdict.CONTRADICTED and self.on_proof is not None:
+            # a false receipt convinces only us (it may name other inputs than ours); a contradicted
+            # reply convinces anyone who recomputes it while the host keeps the state it signed
+            evidence = evidence_of(receipt, inputs, replied, grad_outputs, input_compression)
+            self.on_proof(ProofFound(str(peer), uid, reason, evidence))
         return finding.verdict
 
     def _snapshot_missing(self, uid: str, peer, receipt: Receipt, why: str) -> None:
@@ -523,4 +546,4 @@ class Auditor:
             log.warning("excluding volunteer %s: %s", peer, reason)
 
 
-__all__ = ["Auditor", "Case", "Opinion"]
+__all__ = ["Auditor", "Case", "Opinion", "ProofFound"]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .config import DEFAULT_FORWARD_TIMEOUT
 
 if TYPE_CHECKING:
+    from .audit import ProofFound
     import torch
 
     from ..net.identity import PeerID
@@ -116,6 +117,11 @@ class TrainerSwarm(Protocol):
     def guard(self) -> "ReplyGuard":
         """The checks every reply passes (``guard.py``) with this trainer's trust ledger, shared
         by the swarm's mixtures so a host caught by one is excluded from all."""
+        ...
+
+    def publish_proof(self, proof: "ProofFound") -> None:
+        """An exact audit proved a host a liar: the swarm publishes the proof for every peer to
+        check (``verdicts.py``); called on the trio thread."""
         ...
 
 

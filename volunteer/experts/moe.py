@@ -134,7 +134,7 @@ class RemoteMixtureOfExperts(nn.Module):
         self._auditor = Auditor(
             self.trust, self._replicas_for_audit, self._audit_call, self._counts, config=audit_config,
             compression=compression, backward_wait=forward_timeout + backward_timeout, rng=self._random,
-            fetch_snapshot=self._fetch_snapshot,
+            fetch_snapshot=self._fetch_snapshot, on_proof=swarm.publish_proof if swarm is not None else None,
         )
         self._auditor.enabled = audits
 

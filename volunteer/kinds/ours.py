@@ -9,6 +9,7 @@ A volunteer's services, in start order (each starts once the one before it is re
     DHTNode          joins through the entry points; client mode follows the NAT manager's verdict
     LanDiscovery     mDNS: volunteers on the LAN join the DHT                  (options.mdns)
     ExpertServer     /volunteer/<swarm>/experts/1.0.0 over the runtime          (hosting experts)
+    VerdictWatch     the swarm's proofs, checked by recompute (experts/verdicts.py) (receipts and grids)
     StateService, ReplicaSync, ReplicaManager                                  (the swarm has grids)
                      the manager chooses and catches up what to host before it reports started
     ExpertDeclarer   heartbeats, last: nothing is declared before it can be served
@@ -50,11 +51,13 @@ from .options import VolunteerOptions
 if TYPE_CHECKING:
     from ..experts.backend import ExpertBackend
     from ..experts.runtime import Runtime
+    from ..experts.verdicts import VerdictWatch
     from ..replicas.coverage import Coverage
     from ..replicas.messages import StateHeader
 
 LOOKUP_TIMEOUT = 30.0  # ``volunteer experts``: the grid walk gives up after this long
 COLUMNS = ("uid", "host", "reached", "load", "version", "claim", "heartbeat")
+FIRST_VERDICT_READ = 10.0  # seconds a starting volunteer gives the swarm's proofs before its catch-up
 
 
 class VolunteerKind:
@@ -126,6 +129,7 @@ class VolunteerKind:
                              declarer=declarer, dht=dht, hosting=RuntimeHosting(runtime, declarer))
 
         from ..replicas import DEFAULT_CONFIG as REPLICAS, BackendStore, ReplicaSync, grid_of
+        from ..replicas.exclusions import NO_EXCLUSIONS
         from ..replicas.manager import ReplicaManager, StartHosting
         from ..replicas.providers import placement_capacity, synced_ages
 
@@ -147,14 +151,21 @@ class VolunteerKind:
             return build(header.uid, header.expert_class, header.hidden_dim)
 
         store = BackendStore(runtime.backends, runtime=runtime, capacity=capacity, factory=factory, config=config)
-        sync = ReplicaSync(spec.id, store, config, upload=upload)
+        managers: list[ReplicaManager] = []
+        watch = _verdict_watch(host, dht, spec.id, managers) if spec.receipts else None
+        exclusions = watch.book if watch is not None else NO_EXCLUSIONS
+        if watch is not None:
+            services.append(watch)  # before the replicas: a joiner checks the proofs it finds before any catch-up
+        sync = ReplicaSync(spec.id, store, config, upload=upload, exclusions=exclusions)
         declarer = ExpertDeclarer(dht, runtime.uids, loads=loads, versions=versions, synced_ages=synced_ages(sync),
                                   profile=profile)
         replicas = ReplicaManager(
             host=host, dht=dht, store=store, sync=sync, declarer=declarer, swarm_id=spec.id, grids=grids,
             build=build, capacity=capacity, auto_place=options.place, config=config,
             start=StartHosting(tuple(options.uids), options.expert_class, options.hidden_dim), upload=upload,
+            exclusions=exclusions,
         )
+        managers.append(replicas)
         services += [replicas.state, sync, replicas, declarer]
         return NodeParts(services, dht_status=lambda: dht_status(dht, declarer), server=server, declarer=declarer,
                          replicas=replicas, dht=dht, hosting=replicas)
@@ -216,6 +227,22 @@ class VolunteerKind:
 
     async def check_peers(self, peers: Sequence[Multiaddr]) -> list[Check]:
         return []  # the netcheck says all there is: reach, AutoNAT, NAT type, relays, perf
+
+
+def _verdict_watch(host: HostAPI, dht: DHTNode, swarm_id: str, managers: list) -> "VerdictWatch":
+    """A volunteer's watcher of shared verdicts (swarms with receipts: only they have proofs):
+    reads the index and the keys of the replicas its manager surveyed, checks new proofs by
+    recompute; its book is what the replicas ask (``replicas.exclusions.Exclusions``)."""
+    from functools import partial
+
+    from ..experts.client import call_expert
+    from ..experts.verdicts import VerdictWatch, snapshot_fetcher
+
+    def peers() -> list[str]:
+        return [peer for manager in managers for holders in manager.hosts.values() for peer in holders]
+
+    return VerdictWatch(dht, host.keypair, swarm_id, snapshot_fetcher(partial(call_expert, host, swarm_id=swarm_id)),
+                        peers=peers, first_read=FIRST_VERDICT_READ)
 
 
 def dht_status(dht: DHTNode, declarer: ExpertDeclarer | None) -> DHTPanel:

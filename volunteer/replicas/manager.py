@@ -41,6 +41,7 @@ from ..net.service import BaseService, HostAPI
 from ..net.upload import UploadMeter
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .coverage import Coverage, coverage, hosts_of
+from .exclusions import NO_EXCLUSIONS, PROVEN_LIAR, Exclusions, without_excluded
 from .grid import GridSpec, grid_of
 from .handoff import HandOffResult, hand_off, plan_handoff
 from .placement import VERSION_CLAIM, Hosts, Placement, catch_up_order, make_room_for, place
@@ -101,8 +102,13 @@ class ReplicaManager(BaseService):
         config: ReplicasConfig = DEFAULT_CONFIG,
         clock: Callable[[], float] = time.time,
         upload: UploadMeter | None = None,
+        exclusions: Exclusions = NO_EXCLUSIONS,
     ) -> None:
         self.host = host
+        # peers a checked proof excludes (experts/verdicts.py's book, through ``Exclusions``): no
+        # holder for placement, no catch-up source, no pusher; ``sync`` refuses them on its own
+        self.exclusions = exclusions
+        self.proven_liars: dict[str, None] = {}  # excluded peers that declared our grids' experts
         self.upload = upload  # the volunteer's shared upload cap: catch-up served and hand-off count
         self.dht = dht
         self.swarm_id = swarm_id
@@ -155,8 +161,22 @@ class ReplicaManager(BaseService):
         remember_addrs(self.host, found)
 
     async def alive_only(self, hosts: Hosts) -> dict[str, dict[str, int]]:
-        """``hosts`` without the hosts that do not answer (``survey.answering_only``)."""
-        return await answering_only(self.host, hosts, me=self.me, config=self.config)
+        """``hosts`` without the hosts that do not answer (``survey.answering_only``) and those a
+        checked proof excludes (their declarations count as nobody's copy)."""
+        return await answering_only(self.host, self._believed(hosts), me=self.me, config=self.config)
+
+    def _believed(self, hosts: Hosts) -> dict[str, dict[str, int]]:
+        """``hosts`` without the peers a checked proof excludes (remembered, and counted once each)."""
+        kept = without_excluded(hosts, self.exclusions)
+        for uid, holders in hosts.items():
+            for peer in holders:
+                if peer not in kept[uid] and peer not in self.proven_liars:
+                    self.proven_liars[peer] = None
+                    self.refusals[PROVEN_LIAR] += 1
+                    log.warning("not counting %s as a replica of anything: a checked proof excludes it", peer)
+        while len(self.proven_liars) > MAX_STANDINGS:
+            del self.proven_liars[next(iter(self.proven_liars))]
+        return kept
 
     def coverage(self) -> Coverage:
         """The swarm's coverage of its grids as last surveyed (the status snapshot's ``coverage``)."""
@@ -179,6 +199,7 @@ class ReplicaManager(BaseService):
             "transfers": {"served": state.served, "received": state.received, "refused": state.refused},
             "refusals": dict(sorted((self.sync.refusals + state.refusals + self.refusals).items())),
             "standings": self.standings(),
+            "proven_liars": sorted(self.proven_liars),
         }
 
     def standings(self) -> dict[str, dict[str, str]]:
@@ -228,7 +249,8 @@ class ReplicaManager(BaseService):
         Sources are tried freshest first, suspect version claims only if no other delivered a
         state (``catch_up_order``), raced by ``catchup.race_for_state``: the first plausible state
         that no other delivered state contradicts wins (a sole source's is taken as it is), or
-        the side our proven sources are on."""
+        the side our proven sources are on. A peer a checked proof excludes is no source."""
+        hosts = self._believed(hosts)
         order, suspects = catch_up_order(
             hosts, backend.uid, me=self.me, factor=self.config.version_claim_factor,
             margin=self.config.version_claim_margin,
@@ -368,7 +390,7 @@ class ReplicaManager(BaseService):
         experts before it hands them off), whether no other live host holds it, and the version the
         pusher declared (its record, or our last survey's once a tombstone replaced it). A uid
         outside every grid, or a lookup that fails, vouches for nothing."""
-        if grid_of(uid, self.grids) is None:
+        if grid_of(uid, self.grids) is None or self.exclusions.excluded(pusher):
             return PushClaim(declared=False, sole=False)
         with trio.move_on_after(self.config.request_timeout):
             try:

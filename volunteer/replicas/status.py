@@ -27,6 +27,7 @@ class ReplicasStatus(TypedDict):
     transfers: TransferCounts
     refusals: dict[str, int]  # peers' claims refused, by reason
     standings: dict[str, dict[str, str]]  # uid → {peer: standing} of the replicas dealt with
+    proven_liars: list[str]  # peers a checked proof excludes that declared our grids' experts
 
 
 __all__ = ["ReplicasStatus", "TransferCounts"]

@@ -36,6 +36,7 @@ from ..net.upload import SYNC, UploadMeter
 from .aggregate import Aggregate, robust
 from .config import DEFAULT_CONFIG, ReplicasConfig
 from .errors import StateMismatchError, StateProtocolError, StateRefusedError, SyncError
+from .exclusions import NO_EXCLUSIONS, PROVEN_LIAR, Exclusions
 from .guard import NONFINITE, SyncGuard, Verdict
 from .messages import Contribution, check_reply, chunked, encode_tensors, pack, refusal, split_payload, sync_protocol
 from .store import BackendStore
@@ -95,8 +96,11 @@ class ReplicaSync(BaseService):
         aggregate: Aggregate = robust,
         guard: SyncGuard | None = None,
         upload: UploadMeter | None = None,
+        exclusions: Exclusions = NO_EXCLUSIONS,
     ) -> None:
         self.protocol = sync_protocol(swarm_id)
+        # peers a checked proof excludes: never a partner, and their contributions are refused
+        self.exclusions = exclusions
         self.upload = upload  # the volunteer's shared upload cap: contributions count against it
         self.store = store
         self.config = config
@@ -130,6 +134,9 @@ class ReplicaSync(BaseService):
         reader = BufferedStream(stream)
         peer = str(stream.remote_peer)
         try:
+            if self.exclusions.excluded(peer):
+                self.refusals[PROVEN_LIAR] += 1
+                raise StateRefusedError("a checked proof excludes this peer", PROVEN_LIAR)
             with trio.fail_after(self.config.request_timeout):
                 header = Contribution.from_wire(await receive_message(reader, self.config, "sync contribution"), self.config)
             if set(header.tensors) != set(self.store.parameter_layout(header.uid)):
@@ -197,7 +204,7 @@ class ReplicaSync(BaseService):
         targets: dict[str, PeerID | Multiaddr | str] = {}
         for target in peers:
             target_id = str(peer_of(target))
-            if target_id != me:
+            if target_id != me and not self.exclusions.excluded(target_id):
                 targets.setdefault(target_id, target)
         targets = dict(list(targets.items())[: self.config.max_group - 1])
         version, params = await self.store.parameters(uid)

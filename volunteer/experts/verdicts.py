@@ -1,0 +1,395 @@
+"""Shared verdicts, the experts' half: the evidence a proof carries, how a peer checks it by
+recompute, and the watcher that publishes our proofs and checks everyone else's.
+
+**Evidence** (``Evidence``): what a third party needs to see the lie itself, and nothing it must
+believe: the accused's signed receipt (``receipts.py``), the inputs the auditor sent (and the
+output gradients, for a backward) raw, the encoding they travelled in, and the reply as it
+travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names). It
+rides in a ``dht.verdicts.Accusation``, which bounds it to ``MAX_EVIDENCE`` bytes (about 7 KiB):
+a proof of a call whose inputs, gradients and reply do not fit (more than about 1,700 float32
+values in all: 8 rows of a width-64 forward and its reply, say) stays the auditor's own (counted
+``proofs_unpublished``); splitting evidence over several records is what a swarm of wide experts
+needs next.
+
+**Checking** (``check_accusation``): the receipt is the accused's (its signature, and it names the
+accused and the expert accused of), the reply bytes are those the receipt names, the accused still
+serves the snapshot the receipt names (fetched from it by digest, the experts protocol's
+``snapshot`` op), and a recompute from that snapshot contradicts the reply (``Recomputer.check``
+says ``CONTRADICTED``). Anything else changes nothing: a snapshot that is gone or not served, a
+receipt that is not the accused's, inputs the receipt does not name, a reply that a recompute
+reproduces. So an accusation against an honest host is worth nothing, however many identities
+sign it, and a liar is proven only while the state it signed is kept (``SnapshotPolicy``: at
+least 120 s): a proof read later than that cannot be checked and excludes nobody new.
+
+``VerdictBook`` (pure, ``now`` passed in) keeps what was checked: one recompute per distinct
+evidence (``Accusation.digest``), an uncheckable one tried again at most ``MAX_TRIES`` times
+``RETRY_AFTER`` apart, and the peers a checked proof excludes, with the reason
+``proof published by <accuser>: ...``. ``VerdictWatch`` is the trio driver, a Host service: it
+publishes our own proofs (``publish``), and every ``period`` reads the index and the keys of the
+peers it is asked about, checks what is new, and tells ``on_proven`` (a trainer's ledger, a
+volunteer's replicas) about each peer a checked proof excludes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+import msgpack
+import torch
+import trio
+
+from ..dht.node import DHTNode
+from ..dht.verdicts import (
+    MAX_EVIDENCE, PROOFS_KEY, Accusation, accusation_items, accusations_of, accused_in_index, proof_key,
+)
+from ..errors import ExpertError, ExpertProtocolError, VolunteerError, describe
+from ..net.identity import KeyPair, PeerID
+from ..net.service import BaseService, HostAPI
+from ..wire import unpack_bounded
+from .config import DEFAULT_CONFIG, ExpertsConfig
+from .receipts import Receipt, payload_digest
+from .recompute import Recomputer, Verdict
+from .tensors import deserialize, serialize
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = 30.0  # seconds before an accusation that could not be checked is tried again
+MAX_TRIES = 3  # checks of one uncheckable accusation (its snapshot gone, its host unreachable)
+MAX_REMEMBERED = 4096  # distinct evidence digests a book remembers
+MAX_PROVEN = 16384  # peers a book remembers as excluded on a checked proof
+PERIOD = 10.0  # seconds between two reads of the DHT by a watcher
+MAX_ACCUSED_PER_READ = 64  # accused peers whose keys one read looks up
+PROOF_TTL = 3600.0  # seconds an accusation lives in the DHT (a snapshot outlives 120 s only)
+
+# (accused peer, uid, state digest) -> (names, tensors): the snapshot a receipt names, from its host
+FetchSnapshot = Callable[[PeerID, str, bytes], Awaitable[tuple[list[str], list[torch.Tensor]]]]
+
+
+def _encode_tensors(tensors: Sequence[torch.Tensor], config: ExpertsConfig) -> list:
+    header, chunks = serialize([t.detach().cpu().contiguous() for t in tensors], "none", config=config)
+    return [header, b"".join(bytes(c) for c in chunks)]
+
+
+def _decode_tensors(item: object, config: ExpertsConfig) -> list[torch.Tensor]:
+    if not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], bytes):
+        raise ExpertProtocolError("evidence tensors are malformed")
+    return deserialize(item[0], item[1], config=config)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A proof's self-contained half (see the module docstring)."""
+
+    receipt: Receipt
+    inputs: list[torch.Tensor]  # what the auditor sent, before any encoding
+    grad_outputs: list[torch.Tensor] | None  # a backward's output gradients
+    input_compression: str | None  # the inputs' encoding when not the receipt's (a backward's inputs)
+    reply_header: dict  # the reply as it travelled: tensors header ...
+    reply_payload: bytes  # ... and payload bytes (``receipt.outputs`` is their digest)
+
+    def encode(self, config: ExpertsConfig = DEFAULT_CONFIG) -> bytes:
+        grads = _encode_tensors(self.grad_outputs, config) if self.grad_outputs is not None else None
+        return msgpack.packb([self.receipt.to_wire(), _encode_tensors(self.inputs, config), grads,
+                              self.input_compression, self.reply_header, self.reply_payload], use_bin_type=True)
+
+    @classmethod
+    def decode(cls, data: bytes, config: ExpertsConfig = DEFAULT_CONFIG) -> "Evidence":
+        """Parse untrusted evidence; ExpertProtocolError on anything malformed."""
+        item = unpack_bounded(data, MAX_EVIDENCE, "evidence", ExpertProtocolError, list)
+        if len(item) != 6:
+            raise ExpertProtocolError("evidence is a list of 6 fields")
+        receipt, inputs, grads, input_compression, reply_header, reply_payload = item
+        if input_compression is not None and not isinstance(input_compression, str):
+            raise ExpertProtocolError("evidence's input encoding is malformed")
+        if not isinstance(reply_header, dict) or not isinstance(reply_payload, bytes):
+            raise ExpertProtocolError("evidence's reply is malformed")
+        return cls(Receipt.from_wire(receipt), _decode_tensors(inputs, config),
+                   _decode_tensors(grads, config) if grads is not None else None, input_compression,
+                   reply_header, reply_payload)
+
+    def replied(self, config: ExpertsConfig = DEFAULT_CONFIG) -> list[torch.Tensor]:
+        """The reply's tensors, as the auditor decoded them."""
+        return deserialize(self.reply_header, self.reply_payload, config=config)
+
+
+def evidence_of(receipt: Receipt, inputs: Sequence[torch.Tensor], replied: Sequence[torch.Tensor],
+                grad_outputs: Sequence[torch.Tensor] | None = None, input_compression: str | None = None,
+                config: ExpertsConfig = DEFAULT_CONFIG) -> Evidence | None:
+    """The evidence of an audit's proof, with the reply encoded again as it travelled; None when
+    that does not give the bytes the receipt names (an encoding that does not round-trip) or the
+    evidence exceeds ``MAX_EVIDENCE``: such a proof is the auditor's alone."""
+    try:
+        header, chunks = serialize([t.detach().cpu().contiguous() for t in replied], receipt.compression, config=config)
+    except VolunteerError:
+        return None
+    payload = b"".join(bytes(c) for c in chunks)
+    if payload_digest(header, [payload]) != receipt.outputs:
+        return None
+    evidence = Evidence(receipt, [t.detach().cpu() for t in inputs],
+                        [t.detach().cpu() for t in grad_outputs] if grad_outputs is not None else None,
+                        input_compression, header, payload)
+    return evidence if len(evidence.encode(config)) <= MAX_EVIDENCE else None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What checking one accusation found: ``proven`` (a recompute contradicted the reply the
+    accused signed) or not, and why, in words; ``final``: no later check can change it."""
+
+    proven: bool
+    detail: str
+    final: bool = True
+
+
+async def check_accusation(accusation: Accusation, fetch: FetchSnapshot, recomputer: Recomputer,
+                           config: ExpertsConfig = DEFAULT_CONFIG) -> Checked:
+    """Check ``accusation`` by recompute (see the module docstring); never raises for bad input."""
+    try:
+        accused = PeerID.from_bytes(accusation.accused)
+        evidence = Evidence.decode(accusation.evidence, config)
+        replied = evidence.replied(config)
+    except Exception as exc:  # noqa: BLE001 - a peer's bytes: whatever the parsers raise, it proves nothing
+        return Checked(False, f"its evidence is malformed: {describe(exc)}")
+    receipt = evidence.receipt
+    if receipt.peer != accusation.accused or receipt.uid != accusation.uid or not receipt.verify(accused):
+        return Checked(False, "its receipt is not one the accused signed for that expert")
+    try:
+        same_reply = payload_digest(evidence.reply_header, [evidence.reply_payload]) == receipt.outputs
+    except Exception:  # noqa: BLE001 - a header msgpack cannot pack again names no reply
+        same_reply = False
+    if not same_reply:
+        return Checked(False, "its reply is not the one the receipt names")
+    try:
+        names, tensors = await fetch(accused, receipt.uid, receipt.state)
+    except (ExpertError, VolunteerError, OSError, trio.BrokenResourceError) as exc:
+        return Checked(False, f"the accused did not serve the state its receipt names: {describe(exc)}", final=False)
+    finding = await trio.to_thread.run_sync(
+        recomputer.check, receipt, accused, names, tensors, evidence.inputs, replied, evidence.grad_outputs,
+        evidence.input_compression)
+    if finding.verdict is Verdict.CONTRADICTED:
+        return Checked(True, finding.detail)
+    if finding.verdict is Verdict.PASSED:
+        return Checked(False, f"a recompute reproduces the reply: {finding.detail}")
+    return Checked(False, f"not checkable: {finding.detail}")
+
+
+@dataclass(frozen=True)
+class Proven:
+    """A checked proof against a peer: who published it, the expert, and what the recompute found."""
+
+    accuser: str
+    uid: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return f"proof published by {self.accuser}: {self.detail}"
+
+
+@dataclass
+class _Seen:
+    checked: Checked | None = None
+    tries: int = 0
+    last_try: float = float("-inf")
+
+
+class VerdictBook:
+    """What one peer has checked of the swarm's accusations (see the module docstring). Pure."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict[bytes, _Seen] = OrderedDict()
+        self._proven: OrderedDict[str, Proven] = OrderedDict()  # accused -> the first proof that checked
+        self.refused: Counter[str] = Counter()  # accusations that changed nothing, by why
+        self._unproven: OrderedDict[str, str] = OrderedDict()  # accused -> why its last accusation changed nothing
+        self.checks = 0  # recomputes run for others' accusations
+
+    def due(self, accusation: Accusation, now: float) -> bool:
+        """Whether ``accusation`` should be checked now: new evidence, or an uncheckable one
+        whose next try is due; never once its accused is excluded."""
+        if str(PeerID.from_bytes(accusation.accused)) in self._proven:
+            return False
+        seen = self._seen.get(accusation.digest)
+        if seen is None:
+            return True
+        if seen.checked is not None and seen.checked.final:
+            return False
+        return seen.tries < MAX_TRIES and now - seen.last_try >= RETRY_AFTER
+
+    def record(self, accusation: Accusation, checked: Checked, now: float) -> Proven | None:
+        """The result of checking ``accusation``; the new exclusion, if it is one."""
+        seen = self._seen.setdefault(accusation.digest, _Seen())
+        self._seen.move_to_end(accusation.digest)
+        seen.checked, seen.last_try = checked, now
+        seen.tries += 1
+        while len(self._seen) > MAX_REMEMBERED:
+            self._seen.popitem(last=False)
+        self.checks += 1
+        if not checked.proven:
+            self.refused["snapshot_gone" if not checked.final else "not_proven"] += 1
+            accused = str(PeerID.from_bytes(accusation.accused))
+            self._unproven.pop(accused, None)
+            self._unproven[accused] = checked.detail
+            while len(self._unproven) > MAX_PROVEN:
+                self._unproven.popitem(last=False)
+            return None
+        return self.prove(str(PeerID.from_bytes(accusation.accused)), Proven(
+            str(PeerID.from_bytes(accusation.accuser)), accusation.uid, checked.detail))
+
+    def prove(self, accused: str, proven: Proven) -> Proven | None:
+        """``accused`` is excluded on ``proven`` (ours, or one we checked); None if it already was."""
+        if accused in self._proven:
+            return None
+        self._proven[accused] = proven
+        while len(self._proven) > MAX_PROVEN:
+            self._proven.popitem(last=False)
+        return proven
+
+    def excluded(self, peer: object) -> bool:
+        """Whether a checked proof excludes ``peer`` (a PeerID or its text)."""
+        return str(peer) in self._proven
+
+    def proven(self, peer: object) -> Proven | None:
+        return self._proven.get(str(peer))
+
+    def unproven(self, peer: object) -> str | None:
+        """Why the last accusation against ``peer`` changed nothing (None: none did)."""
+        return self._unproven.get(str(peer))
+
+    def exclusions(self) -> dict[str, Proven]:
+        """Every peer a checked proof excludes, with that proof."""
+        return dict(self._proven)
+
+    def report(self) -> dict:
+        """Excluded peers (accuser, expert, why), accusations that changed nothing by why, and
+        how many recomputes checking cost."""
+        return {
+            "excluded": {peer: {"accuser": p.accuser, "uid": p.uid, "reason": p.reason} for peer, p in sorted(self._proven.items())},
+            "refused": dict(sorted(self.refused.items())),
+            "unproven": {peer: why for peer, why in sorted(self._unproven.items()) if peer not in self._proven},
+            "checks": self.checks,
+        }
+
+
+class VerdictWatch(BaseService):
+    """Publishes this peer's proofs and checks the swarm's (see the module docstring).
+
+    Collaborators: the DHT node, the ``fetch`` of snapshots (over the experts protocol), the
+    ``recomputer``; ``peers()``: peers to look up besides the index (the hosts we deal with);
+    ``on_proven(peer, proven)``: a checked proof excludes ``peer``."""
+
+    def __init__(self, dht: DHTNode, keypair: KeyPair, swarm_id: str, fetch: FetchSnapshot, *,
+                 recomputer: Recomputer | None = None, peers: Callable[[], Iterable[str]] = lambda: (),
+                 on_proven: Callable[[str, Proven], None] = lambda peer, proven: None,
+                 period: float = PERIOD, clock: Callable[[], float] | None = None,
+                 config: ExpertsConfig = DEFAULT_CONFIG, first_read: float = 0.0) -> None:
+        self.dht, self.keypair, self.swarm_id, self.fetch = dht, keypair, swarm_id, fetch
+        self.recomputer = recomputer or Recomputer()
+        self.peers, self.on_proven, self.period, self.config = peers, on_proven, period, config
+        self.clock = clock or dht.clock
+        self.first_read = first_read  # seconds of a first read before reporting started (a joiner's)
+        self.book = VerdictBook()
+        self.published = 0
+        self.unpublished = 0  # proofs whose evidence did not fit a record (or did not round-trip)
+        self._wake = trio.Event()
+
+    async def run(self, host: HostAPI, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.first_read > 0:  # what a joiner learns before it chooses whom to catch up from
+            with trio.move_on_after(self.first_read):
+                await self._read_once()
+        task_status.started()
+        while True:
+            await self._read_once()
+            with trio.move_on_after(self.period):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def _read_once(self) -> None:
+        try:
+            await self.read()
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.info("reading the swarm's proofs failed: %s", describe(exc))
+
+    def read_soon(self) -> None:
+        """Read the DHT now rather than at the end of the period."""
+        self._wake.set()
+
+    async def publish(self, accused: str, uid: str, evidence: Evidence | None, detail: str) -> bool:
+        """Our own audit proved ``accused`` a liar: remember it, and store the accusation (if the
+        evidence fits) for everyone else to check. Whether it was stored."""
+        self.book.prove(accused, Proven(str(self.keypair.peer_id), uid, detail))
+        if evidence is None:
+            self.unpublished += 1
+            return False
+        accusation = Accusation(self.swarm_id, self.keypair.peer_id.to_bytes(), PeerID.from_string(accused).to_bytes(),
+                                uid, float(self.clock()), evidence.encode(self.config)).sign(self.keypair)
+        try:
+            stored = await self.dht.store_many(accusation_items(accusation, self.clock() + PROOF_TTL))
+        except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+            log.warning("the proof against %s was not stored: %s", accused, describe(exc))
+            return False
+        self.published += 1
+        return bool(stored and stored[0])
+
+    async def read(self) -> list[str]:
+        """One look: the index and the keys of ``peers()``, each new accusation checked. Returns
+        the peers newly excluded."""
+        now = self.clock()
+        index = await self.dht.get(PROOFS_KEY)
+        # the peers we deal with first: pointers anyone can add must not crowd them out of a read
+        wanted: dict[bytes, None] = {}
+        for peer in self.peers():
+            try:
+                wanted[PeerID.from_string(str(peer)).to_bytes()] = None
+            except (ValueError, VolunteerError):
+                continue
+        wanted.update(dict.fromkeys(accused_in_index(index, now)))
+        accused = [a for a in wanted if not self.book.excluded(PeerID.from_bytes(a))][:MAX_ACCUSED_PER_READ]
+        if not accused:
+            return []
+        found = await self.dht.get_many([proof_key(a) for a in accused])
+        newly = []
+        for who in accused:
+            accusations, refused = accusations_of(who, found.get(proof_key(who), {}), self.swarm_id, now)
+            self.book.refused["unsigned"] += refused
+            for accusation in accusations:
+                if not self.book.due(accusation, self.clock()):
+                    continue
+                checked = await check_accusation(accusation, self.fetch, self.recomputer, self.config)
+                proven = self.book.record(accusation, checked, self.clock())
+                if proven is None:
+                    log.info("an accusation against %s by %s changed nothing: %s", PeerID.from_bytes(who),
+                             PeerID.from_bytes(accusation.accuser), checked.detail)
+                    continue
+                peer = str(PeerID.from_bytes(who))
+                log.warning("excluding volunteer %s: %s", peer, proven.reason)
+                newly.append(peer)
+                self.on_proven(peer, proven)
+                break
+        return newly
+
+    def snapshot(self) -> dict:
+        """The book's report, with proofs published and kept for want of room."""
+        return {**self.book.report(), "published": self.published, "unpublished": self.unpublished}
+
+
+def snapshot_fetcher(call: Callable[..., Awaitable[Any]]) -> FetchSnapshot:
+    """A ``FetchSnapshot`` over an experts-protocol call (``client.call_expert`` bound to a host
+    and swarm, or a directory's ``call_expert``)."""
+
+    async def fetch(peer: PeerID, uid: str, digest: bytes) -> tuple[list[str], list[torch.Tensor]]:
+        meta, tensors = await call(peer, uid, "snapshot", digest=digest)
+        names = list(meta["n"])
+        if len(names) != len(tensors):
+            raise ExpertProtocolError(f"{peer} named {len(names)} tensors of a snapshot of {uid!r} and sent {len(tensors)}")
+        return names, tensors
+
+    return fetch
+
+
+__all__ = [
+    "Checked", "Evidence", "FetchSnapshot", "Proven", "VerdictBook", "VerdictWatch", "check_accusation", "evidence_of",
+    "snapshot_fetcher",
+]
