@@ -12,11 +12,15 @@ For ffn experts (hidden 64 / batch 32: the digits run's; 256 / 16; 1024 / 64), i
   Ed25519 signature; on the trainer, a digest of what arrived (signatures are verified only where
   a receipt is evidence, in an audit);
 - per state version (once per optimizer step while an expert trains, never per call): the copy
-  and digest of its module tensors, and the memory one snapshot holds;
-- per audit: verifying the receipt, checking the snapshot's digest and recomputing the forward
-  (and the backward of its input gradients);
+  of its module tensors (into an evicted snapshot's memory once the window is full), and the
+  memory one snapshot holds;
+- per snapshot served (an audit's fetch, a few in a hundred versions): the host's digest of it
+  (the binding it signs) and the auditor's, checking what came;
+- per audit: verifying the receipt and recomputing the forward (and the backward of its input
+  gradients);
 - the audit's share of a trainer's step at the trusted rate (2 %) and the untrusted one (20 %):
-  (recompute + the snapshot's transfer) x rate / (one remote forward+backward). On loopback the
+  (recompute + the auditor's digest + the snapshot's transfer) x rate / (one remote
+  forward+backward). On loopback the
   transfer is a memory copy of the snapshot (a lower bound) and the call ``--remote-overhead-ms``
   over the local compute; on the WAN rig's cable profile (20 ms one way, 10 Mbit/s up) the host
   uploads the snapshot in one round trip and the call takes two round trips and its tensors.
@@ -38,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from volunteer.experts.backend import make_backend  # noqa: E402
 from volunteer.experts.receipts import FORWARD, BACKWARD, Receipt, payload_digest, tensor_digest  # noqa: E402
 from volunteer.experts.recompute import Recomputer  # noqa: E402
-from volunteer.experts.snapshots import SnapshotStore  # noqa: E402
+from volunteer.experts.snapshots import SnapshotStore, state_digest  # noqa: E402
 from volunteer.experts.tensors import serialize  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
 
@@ -67,7 +71,7 @@ def measure(hidden: int, batch: int, repeats: int) -> dict:
     def receipt(op=FORWARD, inputs=(x,), reply=None) -> Receipt:
         reply_header, reply_chunks = (header, chunks) if reply is None else (lambda h, c: (h, list(c)))(*serialize(reply))
         return Receipt(keys.peer_id.to_bytes(), backend.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version,
-                       stamp.digest, tensor_digest(list(inputs)), payload_digest(reply_header, reply_chunks), batch,
+                       stamp.state, tensor_digest(list(inputs)), payload_digest(reply_header, reply_chunks), batch,
                        "torch.float32", stamp.device, stamp.threads, "none").sign(keys)
 
     signed = receipt()
@@ -82,7 +86,9 @@ def measure(hidden: int, batch: int, repeats: int) -> dict:
 
     version_ms = median_ms(new_version, max(5, repeats // 5))
     stamp = store.note(backend)
-    snapshot = store.get(stamp.digest)
+    snapshot = store.get(stamp.state)
+    named = list(zip(snapshot.names, snapshot.tensors))
+    digest_ms = median_ms(lambda: state_digest(named), max(5, repeats // 5))  # host when serving, auditor when fetched
     outputs = backend.forward([x])
     header, chunks = serialize(outputs, "none")
     chunks = list(chunks)
@@ -108,7 +114,7 @@ def measure(hidden: int, batch: int, repeats: int) -> dict:
     cable_call_ms = local_ms + 2 * rtt + 4 * x.nelement() * 4 * 8 / up * 1e3
     return {
         "receipt_bytes": len(signed.encode()), "host_us": host_ms * 1e3, "trainer_us": trainer_ms * 1e3,
-        "snapshot_bytes": snapshot.nbytes, "version_ms": version_ms, "recompute_fwd_ms": forward_ms,
+        "snapshot_bytes": snapshot.nbytes, "version_ms": version_ms, "digest_ms": digest_ms, "recompute_fwd_ms": forward_ms,
         "recompute_bwd_ms": backward_ms, "call_ms": local_ms, "loopback_ms": loopback_ms, "cable_ms": cable_ms,
         "cable_call_ms": cable_call_ms,
     }
@@ -124,19 +130,21 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     print(f"Exact audits (ffn experts, CPU, {args.torch_threads} torch thread(s), median of {args.repeats})")
     head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'per version ms':>15}"
-            f"{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
+            f"{'served ms':>10}{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
     print(head)
     for hidden, batch in CONFIGS:
         f = measure(hidden, batch, args.repeats)
-        recompute = f["recompute_fwd_ms"] + f["recompute_bwd_ms"]
+        recompute = f["recompute_fwd_ms"] + f["recompute_bwd_ms"] + f["digest_ms"]  # the auditor checks what came
         loopback_call = f["call_ms"] + args.remote_overhead_ms  # one remote forward+backward of this expert
         shares = [rate * (recompute + transfer) / call for rate in (0.02, 0.2)
                   for transfer, call in ((f["loopback_ms"], loopback_call), (f["cable_ms"], f["cable_call_ms"]))]
         print(f"{f'h{hidden} b{batch}':<12}{f['receipt_bytes']:>10}{f['host_us']:>9.0f}{f['trainer_us']:>11.0f}"
-              f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['version_ms']:>15.2f}{recompute:>13.2f}"
+              f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['version_ms']:>15.2f}{f['digest_ms']:>10.2f}{recompute:>13.2f}"
               f"{shares[0]:>12.1%}{shares[1]:>8.1%}{shares[2]:>13.1%}{shares[3]:>8.1%}")
-    print("(share: an audit's recompute and snapshot transfer, at that audit rate, over one remote fwd+bwd of the expert;"
-          " an audit fetches a snapshot once per state version it checks)")
+    print("(per version: the host's copy of a new state; served: its digest, once per snapshot an auditor fetches, and the"
+          " auditor's of what came; recompute: fwd + bwd + that digest)")
+    print("(share: an audit's recompute, digest and snapshot transfer, at that audit rate, over one remote fwd+bwd of the"
+          " expert; an audit fetches a snapshot once per state version it checks)")
 
 
 if __name__ == "__main__":
