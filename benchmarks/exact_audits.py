@@ -140,8 +140,11 @@ def main() -> None:
     head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'version ms':>11}"
             f"{'first':>7}{'served ms':>10}{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
     print(head)
+    kept = []
     for hidden, batch in CONFIGS:
         f = measure(hidden, batch, args.repeats)
+        policy = SnapshotPolicy()
+        kept.append(f"h{hidden} {min(policy.max_count, policy.max_bytes // f['snapshot_bytes'])}")
         recompute = f["recompute_fwd_ms"] + f["recompute_bwd_ms"]
         loopback_call = f["call_ms"] + args.remote_overhead_ms  # one remote forward+backward of this expert
         shares = [rate * (recompute + transfer) / call for rate in (0.02, 0.2)
@@ -154,6 +157,8 @@ def main() -> None:
           " memory, while the window fills; served: the host's digest, once per snapshot an auditor fetches)")
     print("(share: an audit's recompute and snapshot transfer, at that audit rate, over one remote fwd+bwd of the expert;"
           " an audit fetches a snapshot once per state version it checks)")
+    print(f"snapshot memory: at most {SnapshotPolicy().max_bytes // 2**20} MiB per host (SnapshotPolicy), the newest of each"
+          f" expert beyond it; versions of one expert that fit: {', '.join(kept)} (the window, at one version per step)")
 
 
 if __name__ == "__main__":

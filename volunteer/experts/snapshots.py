@@ -176,13 +176,14 @@ class SnapshotStore:
             spare = self._spare.pop(backend.uid, None)
         named = _copied(backend.module.state_dict(), spare)
         self.reused += spare is not None
-        state = hashlib.sha256(b"%s%d\0%d\0%s" % (self._epoch, next(self._ids), backend.updates, backend.uid.encode())).digest()
+        named_by = b"%s%d\0%d\0%s" % (self._epoch, next(self._ids), backend.updates, backend.uid.encode())
+        state = hashlib.sha256(named_by).digest()  # an id, not a digest of the state: that waits till served
         stamp = Stamp(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
                       backend.device.type, torch.get_num_threads())
         nbytes = sum(t.nelement() * t.element_size() for _, t in named)
         snapshot = Snapshot(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
-                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock())
-        snapshot.on_digest = self._digested
+                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock(),
+                            on_digest=self._digested)
         with self._lock:
             self._latest[backend.uid] = (fingerprint, stamp)
             self._kept[state] = snapshot
