@@ -1,9 +1,10 @@
 """Exact recompute: check one receipted reply against the state its host signed. No trio.
 
 Given a reply's receipt (``receipts.py``), the snapshot its host served for the receipt's state
-id (``snapshots.py``; its binding of that id to a digest is checked where it is fetched,
-``client.fetch_state``, or here when given), what the trainer sent and what it got back, ``Recomputer.check`` says
-one of:
+id (``snapshots.py``; the host's binding of that id to a digest is checked here when given, as
+for a proof read from another peer: an auditor that fetched the snapshot from the host itself
+judges what the host sent, ``client.fetch_snapshot``), what the trainer sent and what it got
+back, ``Recomputer.check`` says one of:
 
 - ``PASSED``: the snapshot is the state the receipt names, the receipt names the inputs we sent,
   and recomputing the call from them (same expert class, the reply's encoding applied to our
@@ -116,7 +117,7 @@ class Recomputer:
         ``inputs`` and ``grad_outputs``: what we sent; ``input_compression``: the encoding the
         inputs travelled in, when not the receipt's (a backward whose inputs the forward sent).
         ``binding``: the snapshot's, to check here (a proof read from another peer); without it,
-        the fetch checked it."""
+        the tensors are what the host itself sent under the receipt's id."""
         if not receipt.verify(peer):
             return Finding(Verdict.FALSE_RECEIPT, None, "its receipt's signature is not its own")
         if binding is not None and not self._bound(receipt, peer, binding, names, tensors):
