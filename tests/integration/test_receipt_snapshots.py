@@ -77,3 +77,19 @@ def test_a_host_serving_another_state_than_it_computed_from_is_caught(world):
         tensor.add_(0.5)
     with pytest.raises(ExpertProtocolError, match="not the state it signed"):
         fetch(volunteer, swarm, receipt.state)
+
+
+def test_the_state_a_step_makes_is_copied_right_after_the_step_not_before_the_next_reply(world):
+    volunteer, swarm = world
+    x, g = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN)
+
+    async def forward_and_backward():
+        await swarm.directory.call_expert(volunteer.addr, "ffn.0", "forward", [x], timeout=10)
+        await swarm.directory.call_expert(volunteer.addr, "ffn.0", "backward", [x, g], n_inputs=1, timeout=10)
+
+    swarm.loop.run(forward_and_backward, timeout=20)
+    volunteer.loop.run(volunteer.runtime.settled, timeout=10)  # the step the backward owed is applied
+    snapshots = volunteer.runtime.snapshots
+    assert volunteer.runtime.backends["ffn.0"].updates == 1
+    # the state before the step (which computed both replies) and the one after it, with no call since
+    assert snapshots.report()["taken"] == 2 and snapshots.report()["digested"] == 0
