@@ -14,8 +14,8 @@ back, ``Recomputer.check`` says one of:
 - ``CONTRADICTED``: all of that holds but the reply is off by more than the tolerance: a
   **proof** (signed receipt, our inputs, our recompute) that the host lied; one excludes it.
 - ``FALSE_RECEIPT``: the signature is not the host's, the snapshot (with its binding) is not the
-  state the receipt names, or the receipt names other inputs than those we sent (encoding is deterministic: an
-  honest host never signs other ones): treated as a lie for that reply.
+  state the receipt names, or the receipt names other inputs than those we sent (encoding is
+  deterministic: an honest host never signs other ones): treated as a lie for that reply.
 
 The tolerance is of the recompute, not of honest drift between replicas: it does not grow with
 sync ages, and it is the same for every host, proven or not.
