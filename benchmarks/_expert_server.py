@@ -1,6 +1,6 @@
 """Benchmark peer: a volunteer serving ffn experts (hidden 256 and 1024) on loopback TCP.
 
-    python benchmarks/_expert_server.py [--device cpu|cuda]
+    python benchmarks/_expert_server.py [--device cpu|cuda] [--receipts on|off]
 Prints `READY <multiaddr>` and serves until stdin closes.
 """
 
@@ -21,14 +21,14 @@ from volunteer.swarmfile import SwarmSpec  # noqa: E402
 SWARM = "bench"
 
 
-async def main(device: str) -> None:
+async def main(device: str, receipts: bool) -> None:
     config = ExpertsConfig(device=device, nan_check=False)
     backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
     options = VolunteerOptions(
         listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
         nat=False, mdns=False, experts_config=config, backends=backends,
     )
-    async with open_volunteer(SwarmSpec(SWARM, SWARM), options) as node:
+    async with open_volunteer(SwarmSpec(SWARM, SWARM, receipts=receipts), options) as node:
         print("READY", node.host.full_addrs()[0], flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 
@@ -36,4 +36,6 @@ async def main(device: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
-    trio.run(main, parser.parse_args().device)
+    parser.add_argument("--receipts", default="on", choices=["on", "off"])
+    args = parser.parse_args()
+    trio.run(main, args.device, args.receipts == "on")

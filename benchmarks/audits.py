@@ -17,8 +17,10 @@ replicas synced every 5 s).
    <= 5 %), at the policy's floor (2 % of every host's calls) and with the adaptive policy from a
    cold start (20 % of an untrusted host's calls until it has passed 10 audits in a row).
 
-Every process runs torch with one intra-op thread (as benchmarks/experts.py). On a shared machine
-step times are noisy: only figures of the same run are compared.
+Every swarm asks for receipts (exact audits: the default of our kind; ``--receipts off`` runs
+them with ``--no-receipts``, audits comparing replicas). Every process runs torch with one intra-op
+thread (as benchmarks/experts.py). On a shared machine step times are noisy: only figures of the
+same run are compared.
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RUN_LIMIT = 1200  # seconds one training run may take
 
 
+RECEIPTS: list[str] = []  # train_digits.py's receipts flag (none: the swarm's default, receipts on)
+
+
 def run(args: list[str]) -> dict:
     """One train_digits.py run; its summary line (or what went wrong)."""
+    args = [*args, *RECEIPTS]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     started = time.monotonic()
     try:
@@ -74,7 +80,11 @@ def main() -> None:
     parser.add_argument("--fixed-epochs", type=int, default=8,
                         help="epochs of every run without a liar and with the subtle one (their accuracies are compared)")
     parser.add_argument("--lies", default="zeros,times10,nan,random")
+    parser.add_argument("--receipts", choices=("on", "off"), default="on",
+                        help="exact audits on receipts (our kind's default) or, off, audits that compare replicas")
     args = parser.parse_args()
+    if args.receipts == "off":
+        RECEIPTS.append("--no-receipts")
 
     results: dict[str, list[dict]] = {}
     for kind in [k for k in args.lies.split(",") if k]:

@@ -12,9 +12,12 @@ For ffn experts (hidden 64 / batch 32: the digits run's; 256 / 16; 1024 / 64), i
   Ed25519 signature; on the trainer, a digest of what arrived (signatures are verified only where
   a receipt is evidence, in an audit);
 - per state version (once per optimizer step while an expert trains, never per call): the copy
-  and digest of its module tensors, and the memory one snapshot holds;
-- per audit: verifying the receipt, checking the snapshot's digest and recomputing the forward
-  (and the backward of its input gradients);
+  of its module tensors, into an evicted snapshot's memory once the window is full (steady) and
+  into fresh memory before (first), and the memory one snapshot holds;
+- per snapshot served (an audit's fetch, a few in a hundred versions): the host's digest of it,
+  for the binding it signs (a third party checking a proof hashes it too; an auditor does not);
+- per audit: verifying the receipt and recomputing the forward (and the backward of its input
+  gradients);
 - the audit's share of a trainer's step at the trusted rate (2 %) and the untrusted one (20 %):
   (recompute + the snapshot's transfer) x rate / (one remote forward+backward). On loopback the
   transfer is a memory copy of the snapshot (a lower bound) and the call ``--remote-overhead-ms``
@@ -38,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from volunteer.experts.backend import make_backend  # noqa: E402
 from volunteer.experts.receipts import FORWARD, BACKWARD, Receipt, payload_digest, tensor_digest  # noqa: E402
 from volunteer.experts.recompute import Recomputer  # noqa: E402
-from volunteer.experts.snapshots import SnapshotStore  # noqa: E402
+from volunteer.experts.snapshots import SnapshotPolicy, SnapshotStore, state_digest  # noqa: E402
 from volunteer.experts.tensors import serialize  # noqa: E402
 from volunteer.net.identity import KeyPair  # noqa: E402
 
@@ -67,22 +70,33 @@ def measure(hidden: int, batch: int, repeats: int) -> dict:
     def receipt(op=FORWARD, inputs=(x,), reply=None) -> Receipt:
         reply_header, reply_chunks = (header, chunks) if reply is None else (lambda h, c: (h, list(c)))(*serialize(reply))
         return Receipt(keys.peer_id.to_bytes(), backend.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version,
-                       stamp.digest, tensor_digest(list(inputs)), payload_digest(reply_header, reply_chunks), batch,
+                       stamp.state, tensor_digest(list(inputs)), payload_digest(reply_header, reply_chunks), batch,
                        "torch.float32", stamp.device, stamp.threads, "none").sign(keys)
 
     signed = receipt()
     host_ms = median_ms(receipt, repeats)
     trainer_ms = median_ms(lambda: payload_digest(header, chunks), repeats)
 
-    def new_version() -> None:
-        with torch.no_grad():
-            for p in backend.module.parameters():
-                p.add_(1e-6)  # a step: the fingerprint changes, the next note snapshots
-        store.note(backend)
+    def copy_ms(into: SnapshotStore, count: int, warm: int = 0) -> float:
+        """Median ms of ``into.note`` after a step (the fingerprint changes: it copies)."""
+        times = []
+        for index in range(warm + count):
+            with torch.no_grad():
+                for p in backend.module.parameters():
+                    p.add_(1e-6)  # a step, not timed
+            started = time.perf_counter()
+            into.note(backend)
+            if index >= warm:
+                times.append(time.perf_counter() - started)
+        return statistics.median(times) * 1e3
 
-    version_ms = median_ms(new_version, max(5, repeats // 5))
+    version_ms = copy_ms(store, max(5, repeats // 5))  # the window not yet full: fresh memory
+    full = SnapshotStore(SnapshotPolicy(max_count=2))  # a full window: each copy goes into evicted memory
+    steady_ms = copy_ms(full, max(5, repeats // 5), warm=3)
     stamp = store.note(backend)
-    snapshot = store.get(stamp.digest)
+    snapshot = store.get(stamp.state)
+    named = list(zip(snapshot.names, snapshot.tensors))
+    digest_ms = median_ms(lambda: state_digest(named), max(5, repeats // 5))  # host when serving, auditor when fetched
     outputs = backend.forward([x])
     header, chunks = serialize(outputs, "none")
     chunks = list(chunks)
@@ -108,7 +122,7 @@ def measure(hidden: int, batch: int, repeats: int) -> dict:
     cable_call_ms = local_ms + 2 * rtt + 4 * x.nelement() * 4 * 8 / up * 1e3
     return {
         "receipt_bytes": len(signed.encode()), "host_us": host_ms * 1e3, "trainer_us": trainer_ms * 1e3,
-        "snapshot_bytes": snapshot.nbytes, "version_ms": version_ms, "recompute_fwd_ms": forward_ms,
+        "snapshot_bytes": snapshot.nbytes, "version_ms": version_ms, "steady_ms": steady_ms, "digest_ms": digest_ms, "recompute_fwd_ms": forward_ms,
         "recompute_bwd_ms": backward_ms, "call_ms": local_ms, "loopback_ms": loopback_ms, "cable_ms": cable_ms,
         "cable_call_ms": cable_call_ms,
     }
@@ -123,20 +137,28 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
     print(f"Exact audits (ffn experts, CPU, {args.torch_threads} torch thread(s), median of {args.repeats})")
-    head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'per version ms':>15}"
-            f"{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
+    head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'version ms':>11}"
+            f"{'first':>7}{'served ms':>10}{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
     print(head)
+    kept = []
     for hidden, batch in CONFIGS:
         f = measure(hidden, batch, args.repeats)
+        policy = SnapshotPolicy()
+        kept.append(f"h{hidden} {min(policy.max_count, policy.max_bytes // f['snapshot_bytes'])}")
         recompute = f["recompute_fwd_ms"] + f["recompute_bwd_ms"]
         loopback_call = f["call_ms"] + args.remote_overhead_ms  # one remote forward+backward of this expert
         shares = [rate * (recompute + transfer) / call for rate in (0.02, 0.2)
                   for transfer, call in ((f["loopback_ms"], loopback_call), (f["cable_ms"], f["cable_call_ms"]))]
         print(f"{f'h{hidden} b{batch}':<12}{f['receipt_bytes']:>10}{f['host_us']:>9.0f}{f['trainer_us']:>11.0f}"
-              f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['version_ms']:>15.2f}{recompute:>13.2f}"
+              f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['steady_ms']:>11.2f}{f['version_ms']:>7.1f}{f['digest_ms']:>10.2f}"
+              f"{recompute:>13.2f}"
               f"{shares[0]:>12.1%}{shares[1]:>8.1%}{shares[2]:>13.1%}{shares[3]:>8.1%}")
+    print("(version: the host's copy of a new state into an evicted snapshot's memory, the steady state; first: into fresh"
+          " memory, while the window fills; served: the host's digest, once per snapshot an auditor fetches)")
     print("(share: an audit's recompute and snapshot transfer, at that audit rate, over one remote fwd+bwd of the expert;"
           " an audit fetches a snapshot once per state version it checks)")
+    print(f"snapshot memory: at most {SnapshotPolicy().max_bytes // 2**20} MiB per host (SnapshotPolicy), the newest of each"
+          f" expert beyond it; versions of one expert that fit: {', '.join(kept)} (the window, at one version per step)")
 
 
 if __name__ == "__main__":

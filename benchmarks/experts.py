@@ -1,6 +1,7 @@
 """Remote expert latency and server throughput: ours vs hivemind 1.1.12, side by side in one run.
 
     .venv/bin/python benchmarks/experts.py [--repeats 50] [--quick] [--skip-hivemind] [--device cuda]
+                                           [--receipts on|off]
 
 For ffn experts at hidden 256 / batch 16 and hidden 1024 / batch 64 on CPU over loopback (the
 server in a second process): median latency of a remote forward and of forward+backward, the
@@ -9,7 +10,8 @@ samples/s with 16 concurrent trainers doing forward+backward (hidden 1024, batch
 figures come from benchmarks/_hivemind_experts.py in its own venv (benchmarks/setup_hivemind.sh).
 The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's. Last, what
 the trainer's checks of every reply (experts/guard.py) cost: forward+backward with them and
-without, alternating call by call in the same run (the goal: at most 5 %).
+without, alternating call by call in the same run (the goal: at most 5 %). ``--receipts``: whether
+our server signs receipts and keeps snapshots (exact audits: on by default in a swarm of our kind).
 
 Every process (this one, our server, hivemind's) runs torch with ``--torch-threads`` intra-op
 threads, 1 by default: on a 2-core machine the client and the server share the cores, and a
@@ -89,8 +91,9 @@ class Client:
         self.loop.stop()
 
 
-def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu") -> dict:
-    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py"), "--device", device],
+def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", receipts: str = "on") -> dict:
+    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py"), "--device", device,
+                               "--receipts", receipts],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = server.stdout.readline()
     assert line.startswith("READY "), line
@@ -193,6 +196,8 @@ def main() -> None:
                         help="torch intra-op threads in every process, ours and hivemind's (default 1)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where our server's experts and the local baseline run (hivemind's stay on CPU)")
+    parser.add_argument("--receipts", default="on", choices=["on", "off"],
+                        help="our server signs receipts and keeps snapshots (default on, as a swarm of our kind)")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the server and hivemind's process inherit it
         os.environ[name] = str(args.torch_threads)
@@ -200,14 +205,14 @@ def main() -> None:
     if args.quick:
         args.repeats, args.throughput_seconds = 10, 4.0
 
-    ours = measure_ours(args.repeats, args.throughput_seconds, args.device)
+    ours = measure_ours(args.repeats, args.throughput_seconds, args.device, args.receipts)
     theirs = None
     if not args.skip_hivemind:
         from hivemind_runner import run_hivemind
 
         theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else [], timeout=1800)
     print(f"\nRemote ffn experts on {args.device}, loopback, server in another process (median of {args.repeats}, "
-          f"{args.torch_threads} torch thread(s) per process)")
+          f"{args.torch_threads} torch thread(s) per process, receipts {args.receipts})")
     print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}")
     for hidden, batch in CONFIGS:
         key = f"{hidden}x{batch}"

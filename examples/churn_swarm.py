@@ -40,7 +40,7 @@ class ChurnSwarm:
 
     def __init__(self, *, grid: tuple[int, ...], hidden: int, replicas: int, max_experts: int, sync_period: float,
                  life: tuple[float, float] = (15.0, 40.0), min_alive: int = 2, seed: int = 0, verbose: bool = True,
-                 receipts: bool = False) -> None:
+                 receipts: bool = True) -> None:
         from volunteer.net.identity import load_or_create_keypair
 
         self.dir = Path(tempfile.mkdtemp(prefix="churn-swarm-"))
@@ -57,7 +57,7 @@ class ChurnSwarm:
         size = ", ".join(map(str, grid))
         grid_table = (f'[[grid]]\nprefix = "expert"\nsize = [{size}]\nexpert = "ffn"\nhidden_dim = {hidden}\n'
                       f"replicas = {replicas}\nsync_period = {sync_period}\n")
-        wanted = "receipts = true\n" if receipts else ""  # exact audits: receipts on every reply
+        wanted = "" if receipts else "receipts = false\n"  # exact audits (receipts on every reply) unless opted out
         self.swarm_file.write_text(
             f'name = "churn"\nbootstrap = ["/ip4/127.0.0.1/tcp/{port}/p2p/{keypair.peer_id}"]\n' + wanted + grid_table
         )

@@ -160,7 +160,7 @@ class ReplicatedSwarm:
     ``sync_period`` s) and, with ``lie``, ``liars`` more whose experts lie (examples/lying_volunteer.py)."""
 
     def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int,
-                 liars: int = 1, receipts: bool = False) -> None:
+                 liars: int = 1, receipts: bool = True) -> None:
         from churn_swarm import ChurnSwarm
 
         experts = grid[0] * grid[1]
@@ -275,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
                         "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
                         "at least 2 %%)")
-    parser.add_argument("--receipts", action="store_true",
+    parser.add_argument("--receipts", action=argparse.BooleanOptionalAction, default=True,
                         help="--honest/--liar: the swarm asks for exact audits (receipts on every reply, disputes "
-                             "settled by recompute)")
+                             "settled by recompute; the default); --no-receipts: replicas' replies are compared")
     parser.add_argument("--listed-trainer", action="store_true",
                         help="the testnet's swarm file lists this trainer's key as its only trainer")
     parser.add_argument("--trainer-cert", metavar="FILE",

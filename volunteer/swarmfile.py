@@ -16,7 +16,9 @@ A swarm file (TOML)::
     trainers = "open"                   # who may train: "open" (default), or ["12D3KooW...", ...]
     organiser = "CAESIK..."             # optional: certificates this key signs admit trainers
     forwards = "everyone"               # or "trainers": forwards answered for admitted ones only
-    receipts = false                    # true: exact audits (signed receipts, snapshots, recompute)
+    receipts = true                     # exact audits (signed receipts, snapshots, recompute):
+                                        # the default for our kind; false opts out (a hivemind
+                                        # swarm has none)
     [experts]                           # defaults for `join` (flags win)
     experts = "ffn:expert.[0:4].[0:4]"
     hidden_dim = 64
@@ -208,8 +210,13 @@ class SwarmSpec:
     trainers: str | list = "open"
     organiser: str | None = None
     forwards: str = "everyone"
-    # exact audits: volunteers sign receipts and keep snapshots, trainers require receipts
-    receipts: bool = False
+    # exact audits: volunteers sign receipts and keep snapshots, trainers require receipts (on
+    # unless the file opts out; never for hivemind's kind, whose wire carries none)
+    receipts: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind != "volunteer":
+            self.receipts = False
 
     @property
     def entry_points(self) -> list[Multiaddr]:
@@ -240,8 +247,8 @@ class SwarmSpec:
             data["organiser"] = self.organiser
         if self.forwards != "everyone":
             data["forwards"] = self.forwards
-        if self.receipts:
-            data["receipts"] = True
+        if not self.receipts and self.kind == "volunteer":
+            data["receipts"] = False  # opted out
         if self.grids:  # [[grid]] tables, as parse_grid reads them back
             data["grid"] = [{"prefix": g.prefix, "size": list(g.size), "expert": g.expert_class, "hidden_dim": g.hidden_dim,
                              "replicas": g.replicas, "sync_period": g.sync_period} for g in self.grids]
@@ -293,6 +300,8 @@ def _trainer_settings(data: dict, path: Path) -> tuple[str | list, str | None, s
     if data.get("kind") == "hivemind" and (trainers != "open" or organiser is not None or forwards != "everyone"):
         raise SwarmFileError(f"swarm file {path}: a hivemind swarm is open (its trainers present no certificate): "
                              "drop trainers, organiser and forwards")
+    if data.get("kind") == "hivemind" and data.get("receipts"):
+        raise SwarmFileError(f"swarm file {path}: hivemind's replies carry no receipts: drop receipts")
     return trainers, organiser, forwards
 
 
@@ -351,7 +360,7 @@ def load_swarm_file(path: str | os.PathLike) -> SwarmSpec:
     testnet_pid = data.get("testnet", {}).get("pid")
     trainers, organiser, forwards = _trainer_settings(data, path)
     return SwarmSpec(name, swarm_id, addrs["bootstrap"], addrs["relays"], experts, path, kind, grids, testnet_pid,
-                     trainers, organiser, forwards, bool(data.get("receipts", False)))
+                     trainers, organiser, forwards, data.get("receipts", True))
 
 
 def _parse_grids(tables: object, path: Path) -> list[GridSpec]:

@@ -19,7 +19,8 @@ from volunteer.experts.receipts import (
     BACKWARD, FORWARD, PayloadDigest, Receipt, check_reply, payload_digest, tensor_digest,
 )
 from volunteer.experts.recompute import Recomputer, Verdict, as_received
-from volunteer.experts.snapshots import SnapshotPolicy, SnapshotStore
+from volunteer.experts.receipts import StateBinding
+from volunteer.experts.snapshots import SnapshotPolicy, SnapshotStore, state_digest
 from volunteer.experts.tensors import COMPRESSIONS, serialize
 from volunteer.net.identity import KeyPair
 
@@ -31,11 +32,12 @@ def backend(seed: int = 0):
     return make_backend("ffn.0", "ffn", HIDDEN)
 
 
-def receipt_for(keys: KeyPair, store: SnapshotStore, b, inputs, replied, op=FORWARD, grads=(), compression="none"):
-    stamp = store.note(b)
+def receipt_for(keys: KeyPair, store: SnapshotStore, b, inputs, replied, op=FORWARD, grads=(), compression="none",
+                stamp=None):
+    stamp = stamp or store.note(b)
     header, chunks = serialize(replied, compression)
     sent = [*as_received(inputs, compression), *as_received(list(grads), compression)] if grads else as_received(inputs, compression)
-    return Receipt(keys.peer_id.to_bytes(), b.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.digest,
+    return Receipt(keys.peer_id.to_bytes(), b.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.state,
                    tensor_digest(sent), payload_digest(header, list(chunks)), inputs[0].shape[0], "torch.float32",
                    stamp.device, stamp.threads, compression).sign(keys)
 
@@ -94,17 +96,31 @@ def test_a_reply_without_a_matching_receipt_fails_its_call():
         check_reply(receipt, uid="ffn.0", op="forward", outputs=receipt.outputs, peer=KeyPair.generate().peer_id)
 
 
-def test_a_snapshot_is_taken_once_per_state_version_and_matches_its_digest():
+def test_a_snapshot_is_taken_once_per_state_version_and_digested_only_when_served():
     store, b = SnapshotStore(), backend()
     first = store.note(b)
-    assert store.note(b) == first and store.taken == 1  # no new version: no copy, no hash
+    before = state_digest(list(b.module.state_dict().items()))
+    assert store.note(b) == first and store.taken == 1  # no new version: no copy
     x = torch.randn(4, HIDDEN)
     b.backward([x], [torch.randn(4, HIDDEN)])
     second = store.note(b)
-    assert second.version == first.version + 1 and second.digest != first.digest and store.taken == 2
-    kept = store.get(first.digest)
-    assert kept is not None and kept.matches() and kept.version == first.version
+    assert second.version == first.version + 1 and second.state != first.state and store.taken == 2
+    assert store.report()["digested"] == 0  # copies only: nothing hashed on the way to a reply
+    kept = store.get(first.state)
+    # digested after the step changed the module: the copy is the state that computed the reply
+    assert kept is not None and kept.digest() == before and kept.version == first.version
+    assert kept.digest() == before and store.report()["digested"] == 1  # once
     assert store.get(bytes(32)) is None and store.missed == 1
+
+
+def test_snapshot_ids_never_repeat_across_stores_or_versions():
+    b = backend()
+    ids = {SnapshotStore().note(b).state for _ in range(3)}  # a restarted host, the same state and version
+    store = SnapshotStore()
+    for _ in range(3):
+        ids.add(store.note(b).state)
+        b.backward([torch.randn(2, HIDDEN)], [torch.randn(2, HIDDEN)])
+    assert len(ids) == 6
 
 
 def test_snapshots_are_kept_within_time_bytes_and_count_and_the_newest_always():
@@ -114,7 +130,7 @@ def test_snapshots_are_kept_within_time_bytes_and_count_and_the_newest_always():
     store = SnapshotStore(SnapshotPolicy(keep_s=10.0, max_bytes=3 * size, max_count=100), clock=lambda: now[0])
     digests = []
     for _ in range(5):
-        digests.append(store.note(b).digest)
+        digests.append(store.note(b).state)
         b.backward([torch.randn(2, HIDDEN)], [torch.randn(2, HIDDEN)])
         now[0] += 1.0
     report = store.report()
@@ -122,6 +138,30 @@ def test_snapshots_are_kept_within_time_bytes_and_count_and_the_newest_always():
     assert store.get(digests[0]) is None and store.get(digests[-1]) is not None
     now[0] += 60.0  # past keep_s: all but the newest go
     assert store.get(digests[-2]) is None and store.get(digests[-1]) is not None
+
+
+def bound(keys: KeyPair, snapshot) -> StateBinding:
+    """The binding a host signs when it serves ``snapshot``."""
+    return StateBinding(keys.peer_id.to_bytes(), snapshot.uid, snapshot.state, snapshot.version,
+                        snapshot.digest()).sign(keys)
+
+
+def test_a_state_binding_verifies_for_its_signer_only_and_survives_the_wire():
+    keys, store, b = KeyPair.generate(), SnapshotStore(), backend()
+    binding = bound(keys, store.get(store.note(b).state))
+    wire = StateBinding.from_wire(msgpack.unpackb(msgpack.packb(binding.to_wire())))
+    assert wire == binding and wire.verify(keys.peer_id) and not wire.verify(KeyPair.generate().peer_id)
+    assert not replace(wire, digest=bytes(32)).verify() and not replace(wire, state=bytes(32)).verify()
+    assert not replace(wire, peer=KeyPair.generate().peer_id.to_bytes()).verify()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=40), st.integers(), st.text(max_size=5), st.none()), max_size=7))
+def test_malformed_bindings_are_refused_not_crashed_on(item):
+    try:
+        StateBinding.from_wire(item)
+    except ExpertProtocolError:
+        pass
 
 
 def _truth(b, x):
@@ -168,13 +208,13 @@ def test_input_gradients_are_recomputed_from_the_state_before_the_step():
     x, g = torch.randn(8, HIDDEN), torch.randn(8, HIDDEN)
     stamp_before = store.note(b)
     grads = b.backward([x], [g])  # takes its step: the state that computed it is the one before
-    honest = receipt_for(keys, SnapshotStore(), backend(), [x], grads, op=BACKWARD, grads=[g])
-    assert honest.state == stamp_before.digest
+    store.note(b)
+    honest = receipt_for(keys, store, b, [x], grads, op=BACKWARD, grads=[g], stamp=stamp_before)
     snapshot = store.get(honest.state)
     ok = Recomputer().check(honest, keys.peer_id, snapshot.names, snapshot.tensors, [x], grads, grad_outputs=[g])
     assert ok.verdict is Verdict.PASSED, ok
     lied = [grads[0] * 1.02]
-    receipt = receipt_for(keys, SnapshotStore(), backend(), [x], lied, op=BACKWARD, grads=[g])
+    receipt = receipt_for(keys, store, b, [x], lied, op=BACKWARD, grads=[g], stamp=stamp_before)
     bad = Recomputer().check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], lied, grad_outputs=[g])
     assert bad.verdict is Verdict.CONTRADICTED, bad
 
@@ -186,8 +226,14 @@ def test_a_false_receipt_is_caught_whatever_is_false_in_it():
     receipt = receipt_for(keys, store, b, [x], outputs)
     snapshot = store.get(receipt.state)
     check = Recomputer().check
-    other_state = [t + 0.01 for t in snapshot.tensors]  # another state served for that digest
-    assert check(receipt, keys.peer_id, snapshot.names, other_state, [x], outputs).verdict is Verdict.FALSE_RECEIPT
+    binding = bound(keys, snapshot)
+    assert check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs, binding=binding).verdict is Verdict.PASSED
+    other_state = [t + 0.01 for t in snapshot.tensors]  # another state served for that id
+    assert check(receipt, keys.peer_id, snapshot.names, other_state, [x], outputs, binding=binding).verdict is Verdict.FALSE_RECEIPT
+    for false in (replace(binding, state=bytes(32)), replace(binding, version=binding.version + 1),
+                  bound(KeyPair.generate(), snapshot)):  # another id, another version, another signer
+        assert check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs,
+                     binding=false.sign(keys) if false.peer == binding.peer else false).verdict is Verdict.FALSE_RECEIPT
     assert check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x + 1], outputs).verdict is Verdict.FALSE_RECEIPT
     unsigned = replace(receipt, signature=b"\0" * 64)
     assert check(unsigned, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs).verdict is Verdict.FALSE_RECEIPT
@@ -213,18 +259,20 @@ def test_an_evicted_snapshots_memory_is_reused_only_when_nothing_else_holds_it()
     b = backend()
     size = sum(t.nelement() * t.element_size() for t in b.module.state_dict().values())
     store = SnapshotStore(SnapshotPolicy(max_bytes=2 * size))
-    stamps = []
+    stamps, digests = [], []
     held = None
     for step in range(6):
         stamps.append(store.note(b))
         if step == 1:
-            held = store.get(stamps[-1].digest)  # being served: its memory is not to be written over
+            held = store.get(stamps[-1].state)  # being served: its memory is not to be written over
             held_values = [t.clone() for t in held.tensors]
+            held_digest = held.digest()
+        digests.append(state_digest(list(b.module.state_dict().items())))
         b.backward([torch.randn(2, HIDDEN)], [torch.randn(2, HIDDEN)])
-    assert all(torch.equal(a, c) for a, c in zip(held.tensors, held_values)) and held.matches()
-    for stamp in stamps[-2:]:  # the kept ones, some written into reused memory, match their digests
-        kept = store.get(stamp.digest)
-        assert kept is not None and kept.matches()
+    assert all(torch.equal(a, c) for a, c in zip(held.tensors, held_values)) and held.matches(held_digest)
+    for stamp, digest in zip(stamps[-2:], digests[-2:]):  # the kept ones, some written into reused memory
+        kept = store.get(stamp.state)
+        assert kept is not None and kept.digest() == digest
     assert store.report()["snapshots"] == 2 and store.reused >= 2
 
 
@@ -268,10 +316,10 @@ def test_a_receipt_naming_a_state_that_cannot_compute_the_call_is_false():
     outputs = [torch.randn(4, HIDDEN)]
     stamp = store.note(small)
     header, chunks = serialize(outputs)
-    receipt = Receipt(keys.peer_id.to_bytes(), "ffn.0", FORWARD, "ffn", 16, stamp.version, stamp.digest,
+    receipt = Receipt(keys.peer_id.to_bytes(), "ffn.0", FORWARD, "ffn", 16, stamp.version, stamp.state,
                       tensor_digest([x]), payload_digest(header, list(chunks)), 4, "torch.float32", "cpu", 1,
                       "none").sign(keys)
-    snapshot = store.get(stamp.digest)
+    snapshot = store.get(stamp.state)
     finding = Recomputer().check(receipt, keys.peer_id, snapshot.names, snapshot.tensors, [x], outputs)
     assert finding.verdict is Verdict.FALSE_RECEIPT, finding
 

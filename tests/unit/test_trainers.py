@@ -190,12 +190,12 @@ def test_fresh_identities_do_not_flush_a_refusal_from_the_book():
 def test_a_swarm_file_asks_for_exact_audits(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('name = "s"\n')
-    assert load_swarm_file(path).receipts is False  # a copy and a digest per version: the swarm's choice
-    path.write_text('name = "s"\nreceipts = true\n')
+    assert load_swarm_file(path).receipts is True  # exact audits: our kind's default
+    path.write_text('name = "s"\nreceipts = false\n')
     spec = load_swarm_file(path)
-    assert spec.receipts is True
+    assert spec.receipts is False  # a swarm may opt out
     path.write_text(spec.to_toml())
-    assert load_swarm_file(path).receipts is True
+    assert load_swarm_file(path).receipts is False
     path.write_text('name = "s"\nreceipts = "yes"\n')
     with pytest.raises(SwarmFileError, match="receipts"):
         load_swarm_file(path)

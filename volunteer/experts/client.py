@@ -11,7 +11,7 @@ Errors a trainer can act on, all ``ExpertError``s:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterable, Sequence
 
@@ -46,7 +46,8 @@ from .failures import raise_remote
 from .guard import ReplyGuard
 from .trust import TrustLedger
 from .protocol import MAX_HEADER, Reply, Request, protocol_id
-from .receipts import PayloadDigest, Receipt, check_reply
+from .receipts import PayloadDigest, Receipt, StateBinding, check_reply
+from .snapshots import state_digest
 from ..dht.vouches import VouchBook
 from .tensors import TensorReader, serialize, writes
 RECEIVE_CHUNK = 1024 * 1024
@@ -275,15 +276,44 @@ class DHTDirectory:
         )
 
 
-async def fetch_snapshot(directory: ExpertDirectory, peer: PeerID | Multiaddr, uid: str, digest: bytes,
-                         timeout: float = DEFAULT_FORWARD_TIMEOUT) -> tuple[list[str], list[torch.Tensor]]:
-    """The snapshot of ``uid`` with state ``digest`` (a receipt named it) from the host that
-    signed it: (tensor names, tensors). ExpertError when it is not served (``forgotten``: gone)."""
-    meta, tensors = await directory.call_expert(peer, uid, "snapshot", timeout=timeout, digest=digest)
+@dataclass(frozen=True)
+class FetchedState:
+    """A snapshot as an auditor fetched it: its tensors by name, and its host's signed binding of
+    the id a receipt named to their digest (checked: the evidence a proof can carry)."""
+
+    names: list[str]
+    tensors: list[torch.Tensor]
+    binding: StateBinding
+
+
+async def fetch_state(directory: ExpertDirectory, peer: PeerID | Multiaddr, uid: str, state: bytes,
+                      timeout: float = DEFAULT_FORWARD_TIMEOUT, *, check_digest: bool = True) -> FetchedState:
+    """The snapshot of ``uid`` with id ``state`` (a receipt named it) from the host that signed
+    it, with its binding checked: signed by that host, for this id and uid, and (``check_digest``)
+    the digest of the tensors that came (taken on a thread). ExpertError when it is not served
+    (``forgotten``: gone) or does not check out (ExpertProtocolError)."""
+    meta, tensors = await directory.call_expert(peer, uid, "snapshot", timeout=timeout, digest=state)
     names = list(meta["n"])
     if len(names) != len(tensors):
         raise ExpertProtocolError(f"{peer} named {len(names)} tensors of a snapshot of {uid!r} and sent {len(tensors)}")
-    return names, tensors
+    binding = StateBinding.from_wire(meta.get("b"))
+    signer = peer.peer_id if isinstance(peer, Multiaddr) else peer  # None: a test's bare address
+    if not binding.verify(signer) or binding.uid != uid or binding.state != state or binding.version != meta["v"]:
+        raise ExpertProtocolError(f"{peer} sent a snapshot of {uid!r} whose binding is not its own for that id")
+    if check_digest and await trio.to_thread.run_sync(state_digest, list(zip(names, tensors))) != binding.digest:
+        raise ExpertProtocolError(f"{peer} sent a snapshot of {uid!r} that is not the state it signed for that id")
+    return FetchedState(names, tensors, binding)
+
+
+async def fetch_snapshot(directory: ExpertDirectory, peer: PeerID | Multiaddr, uid: str, state: bytes,
+                         timeout: float = DEFAULT_FORWARD_TIMEOUT) -> tuple[list[str], list[torch.Tensor]]:
+    """An auditor's fetch: ``fetch_state``'s (tensor names, tensors), without hashing them. Over
+    the host's own stream, what it sent under that id is what it stands by: a reply those tensors
+    do not reproduce excludes it, a reply they do passes whatever their digest. The digest is
+    what lets a third party believe it (``fetch_state``, or ``Recomputer.check(binding=)``
+    before a proof is passed on): a 32 MB hash would cost an audit half again its recompute."""
+    fetched = await fetch_state(directory, peer, uid, state, timeout, check_digest=False)
+    return fetched.names, fetched.tensors
 
 
 class _Call:
@@ -540,4 +570,5 @@ class RemoteExpert(nn.Module):
         return f"uid={self.uid!r}, peer={self.peer}"
 
 
-__all__ = ["DHTDirectory", "RemoteExpert", "as_peer", "call_expert", "fetch_snapshot", "peer_key"]
+__all__ = ["DHTDirectory", "FetchedState", "RemoteExpert", "as_peer", "call_expert", "fetch_snapshot", "fetch_state",
+           "peer_key"]

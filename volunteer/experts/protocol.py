@@ -15,7 +15,7 @@ Request: a uvarint-length-prefixed msgpack header, then the tensors' payload byt
      "cr": bytes}                                      # optional: the caller's trainer
                                                        # certificate (trainers.TrainerCertificate),
                                                        # for swarms whose organiser admits trainers
-     "d": bytes}                                       # snapshot only: the state digest a receipt
+     "d": bytes}                                       # snapshot only: the state id a receipt
                                                        # named (snapshots.py)
 
 Reply: the same framing::
@@ -28,7 +28,8 @@ Reply: the same framing::
                                                        # (receipts.Receipt.to_wire); a trainer
                                                        # takes no reply without a valid one
     {"ok": true, "t": tensors header,                  # snapshot: the module tensors, then their
-     "sn": {"u": uid, "v": version, "n": [names]}}     # payload
+     "sn": {"u": uid, "v": version, "n": [names],      # payload; "b": the host's signed binding of
+            "b": binding}}                             # the id to their digest (receipts.StateBinding)
     {"ok": true, "info": {...}}                        # info
     {"ok": false, "e": failure dict}                   # failures.to_failure
 
@@ -124,7 +125,7 @@ class Request:
     keep_graph: bool = False  # forward: the caller will send the backward of these inputs
     kept: int | None = None  # backward: the inputs are those the server kept under this key
     credential: bytes | None = None  # forward/backward: the caller's trainer certificate
-    digest: bytes | None = None  # snapshot: the state digest a receipt named
+    digest: bytes | None = None  # snapshot: the state id a receipt named
 
     @property
     def payload_bytes(self) -> int:
@@ -170,7 +171,7 @@ class Request:
         if op == "snapshot":
             digest = message.get("d")
             if not isinstance(digest, bytes) or len(digest) != 32:
-                raise ExpertProtocolError("snapshot: 'd' must be a 32-byte state digest")
+                raise ExpertProtocolError("snapshot: 'd' must be a 32-byte state id")
             return cls(op, uid, compression, digest=digest)
         tensors = _field(message, "t", dict, "tensors header")
         count = len(tensors["t"]) if isinstance(tensors.get("t"), (list, tuple)) else 0

@@ -2,8 +2,8 @@
 
 Every forward and backward reply of our expert server carries a ``Receipt`` in its header (field
 ``"r"``), signed with the host's identity key: the expert's uid and class, the call (``f`` or
-``b``), the state that computed it (``version``, and ``state``: the digest of its module tensors,
-``snapshots.state_digest``), digests of the inputs the host computed from (``inputs``: the decoded
+``b``), the state that computed it (``version``, and ``state``: the id of the host's snapshot of
+it, ``snapshots.py``), digests of the inputs the host computed from (``inputs``: the decoded
 tensors, inputs then output gradients for a backward) and of the reply as it went on the wire
 (``outputs``: the tensors header and payload bytes), and what an exact recompute needs: the rows
 computed together (``batch``), the inputs' dtype, the device kind, the torch threads, the reply's
@@ -14,7 +14,15 @@ The trainer checks per call only what is cheap and local (``Receipt.from_wire`` 
 the bytes it read); a reply without one that passes is a failed call. The signature is checked
 where a receipt becomes evidence (an exact audit, a published proof: ``Receipt.verify``), because
 over an authenticated stream the bytes can only come from the host, and a signature is what lets
-another peer believe it too. Pure: no trio, no clock.
+another peer believe it too.
+
+A receipt names its state by an id, not by a digest of it: a digest of the module per state
+version (one per optimizer step while the expert trains) sat on the reply's path and cost more
+than the call (a 32 MB expert: 60 ms of sha256). The host copies the state once per version and
+digests it only when an auditor fetches it, then signs a ``StateBinding`` (this id is that digest)
+with the snapshot. Both are signed, so a host that served two states under one id has signed two
+bindings that contradict each other; and whatever state it serves, a reply it does not reproduce is
+a proof. Pure: no trio, no clock.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from ..wire import unpack_bounded
 
 DIGEST = 32  # bytes of every digest (sha256)
 SIGNED = b"volunteer/receipt/1\n"  # domain of the signature: no other signed message reads as a receipt
+BOUND = b"volunteer/state-binding/1\n"  # domain of a snapshot's binding of its id to its digest
 MAX_RECEIPT = 2048  # bytes of a receipt on the wire (msgpack), signature included
 FORWARD, BACKWARD = "f", "b"
 _MAX_TEXT = 256
@@ -82,7 +91,7 @@ class Receipt:
     expert_class: str
     hidden_dim: int | None
     version: int
-    state: bytes  # snapshots.state_digest of the module that computed the reply
+    state: bytes  # the id of the host's snapshot of the state that computed the reply (snapshots.py)
     inputs: bytes  # tensor_digest of the inputs (a backward: inputs, then output gradients)
     outputs: bytes  # payload_digest of the reply
     batch: int  # rows computed together (this call's and others' batched with it)
@@ -160,6 +169,56 @@ class Receipt:
         return cls.from_wire(item)
 
 
+@dataclass(frozen=True)
+class StateBinding:
+    """A host's signed word, sent with a snapshot it serves: the snapshot with id ``state`` (which
+    its receipts name) holds module tensors whose ``snapshots.state_digest`` is ``digest``."""
+
+    peer: bytes  # the signer's PeerID bytes
+    uid: str
+    state: bytes  # the snapshot's id, as receipts name it
+    version: int
+    digest: bytes  # snapshots.state_digest of its tensors
+    signature: bytes = b""
+
+    def signed_part(self) -> bytes:
+        return BOUND + msgpack.packb([self.peer, self.uid, self.state, self.version, self.digest], use_bin_type=True)
+
+    def sign(self, keypair: KeyPair) -> "StateBinding":
+        return replace(self, signature=keypair.sign(self.signed_part()))
+
+    def verify(self, peer: object | None = None) -> bool:
+        """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
+        if peer is not None and _peer_bytes(peer) != self.peer:
+            return False
+        try:
+            key = PeerID.from_bytes(self.peer).extract_public_key()
+        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad binding, whatever the parser raised
+            return False
+        return key is not None and key.verify(self.signed_part(), self.signature)
+
+    def to_wire(self) -> list:
+        return [self.peer, self.uid, self.state, self.version, self.digest, self.signature]
+
+    @classmethod
+    def from_wire(cls, item: object) -> "StateBinding":
+        """Parse an untrusted binding; ExpertProtocolError on anything malformed."""
+        if not isinstance(item, (list, tuple)) or len(item) != 6:
+            raise ExpertProtocolError("a snapshot's binding must be a list of 6 fields")
+        peer, uid, state, version, digest, signature = item
+        for value, what in ((peer, "peer"), (signature, "signature")):
+            if not isinstance(value, bytes) or not 0 < len(value) <= 128:
+                raise ExpertProtocolError(f"a snapshot's binding's {what} is malformed")
+        for value, what in ((state, "id"), (digest, "digest")):
+            if not isinstance(value, bytes) or len(value) != DIGEST:
+                raise ExpertProtocolError(f"a snapshot's binding's {what} is malformed")
+        if not isinstance(uid, str) or len(uid) > _MAX_TEXT:
+            raise ExpertProtocolError("a snapshot's binding's uid is malformed")
+        if type(version) is not int or not 0 <= version < 2**63:
+            raise ExpertProtocolError("a snapshot's binding's version is malformed")
+        return cls(peer, uid, state, version, digest, signature)
+
+
 def check_reply(receipt: Receipt | None, *, uid: str, op: str, outputs: bytes, peer: object) -> Receipt:
     """The per-call check of a reply's receipt (no signature: see the module docstring): it is
     there, names this call and this host, and its outputs digest is that of what arrived.
@@ -190,6 +249,6 @@ def _peer_bytes(peer: object) -> bytes | None:
 
 
 __all__ = [
-    "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "check_reply", "payload_digest",
-    "tensor_digest",
+    "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "StateBinding", "check_reply",
+    "payload_digest", "tensor_digest",
 ]

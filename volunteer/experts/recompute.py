@@ -1,8 +1,10 @@
 """Exact recompute: check one receipted reply against the state its host signed. No trio.
 
 Given a reply's receipt (``receipts.py``), the snapshot its host served for the receipt's state
-digest (``snapshots.py``), what the trainer sent and what it got back, ``Recomputer.check`` says
-one of:
+id (``snapshots.py``; the host's binding of that id to a digest is checked here when given, as
+for a proof read from another peer: an auditor that fetched the snapshot from the host itself
+judges what the host sent, ``client.fetch_snapshot``), what the trainer sent and what it got
+back, ``Recomputer.check`` says one of:
 
 - ``PASSED``: the snapshot is the state the receipt names, the receipt names the inputs we sent,
   and recomputing the call from them (same expert class, the reply's encoding applied to our
@@ -11,9 +13,9 @@ one of:
   thread counts about 5e-7 relative; a lie of 2 % is 2e-2.
 - ``CONTRADICTED``: all of that holds but the reply is off by more than the tolerance: a
   **proof** (signed receipt, our inputs, our recompute) that the host lied; one excludes it.
-- ``FALSE_RECEIPT``: the signature is not the host's, the snapshot is not the state the receipt
-  names, or the receipt names other inputs than those we sent (encoding is deterministic: an
-  honest host never signs other ones): treated as a lie for that reply.
+- ``FALSE_RECEIPT``: the signature is not the host's, the snapshot (with its binding) is not the
+  state the receipt names, or the receipt names other inputs than those we sent (encoding is
+  deterministic: an honest host never signs other ones): treated as a lie for that reply.
 
 The tolerance is of the recompute, not of honest drift between replicas: it does not grow with
 sync ages, and it is the same for every host, proven or not.
@@ -30,7 +32,7 @@ import torch
 
 from .distance import distance
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .receipts import BACKWARD, Receipt, tensor_digest
+from .receipts import BACKWARD, Receipt, StateBinding, tensor_digest
 from .snapshots import module_of, state_digest
 from .tensors import deserialize, serialize
 
@@ -101,21 +103,24 @@ class Recomputer:
         self.config = config
         self._modules: dict = {}
         self._loaded: dict = {}  # (class, hidden_dim) -> the snapshot tensors its module holds now
-        self._checked: dict[bytes, object] = {}  # state digest -> the tensors checked against it (held)
+        self._checked: dict[bytes, object] = {}  # a binding's digest -> the tensors that matched it (held)
         self._lock = threading.Lock()
 
     def check(
         self, receipt: Receipt, peer: object, names: Sequence[str], tensors: Sequence[torch.Tensor],
         inputs: Sequence[torch.Tensor], replied: Sequence[torch.Tensor],
         grad_outputs: Sequence[torch.Tensor] | None = None, input_compression: str | None = None,
+        binding: StateBinding | None = None,
     ) -> Finding:
         """Check ``replied`` (a forward's outputs; with ``grad_outputs``, a backward's input
         gradients) against ``receipt`` and the snapshot (``names``, ``tensors``) its host served.
         ``inputs`` and ``grad_outputs``: what we sent; ``input_compression``: the encoding the
-        inputs travelled in, when not the receipt's (a backward whose inputs the forward sent)."""
+        inputs travelled in, when not the receipt's (a backward whose inputs the forward sent).
+        ``binding``: the snapshot's, to check here (a proof read from another peer); without it,
+        the tensors are what the host itself sent under the receipt's id."""
         if not receipt.verify(peer):
             return Finding(Verdict.FALSE_RECEIPT, None, "its receipt's signature is not its own")
-        if self._checked.get(receipt.state) is not tensors and state_digest(list(zip(names, tensors))) != receipt.state:
+        if binding is not None and not self._bound(receipt, peer, binding, names, tensors):
             return Finding(Verdict.FALSE_RECEIPT, None, f"the state it served is not the one its receipt names "
                                                         f"(version {receipt.version})")
         backward = receipt.op == BACKWARD
@@ -126,10 +131,7 @@ class Recomputer:
             return Finding(Verdict.FALSE_RECEIPT, None, "its receipt names other inputs than those we sent")
         sent_inputs, sent_grads = sent
         with self._lock:
-            # the same fetched snapshot audited again (one per state version): digest and load once
-            self._checked[receipt.state] = tensors
-            while len(self._checked) > 4:
-                del self._checked[next(iter(self._checked))]
+            # the same fetched snapshot audited again (one per state version): load once
             key = (receipt.expert_class, receipt.hidden_dim)
             try:
                 if self._loaded.get(key) is not tensors:
@@ -154,6 +156,22 @@ class Recomputer:
         return Finding(Verdict.CONTRADICTED, error,
                        f"its {what} differ from a recompute from the state it signed (version {receipt.version}) by "
                        f"a relative {error:.3g}, at most {self.tolerance:g}", tuple(ours))
+
+    def _bound(self, receipt: Receipt, peer: object, binding: StateBinding, names, tensors) -> bool:
+        """Whether ``binding`` is the host's, names the receipt's state, and digests ``tensors``."""
+        if not binding.verify(peer) or binding.state != receipt.state or binding.version != receipt.version:
+            return False
+        if binding.uid != receipt.uid:
+            return False
+        if self._checked.get(binding.digest) is tensors:
+            return True  # the same fetched snapshot checked again (a forward and its backward): hashed once
+        if state_digest(list(zip(names, tensors))) != binding.digest:
+            return False
+        with self._lock:
+            self._checked[binding.digest] = tensors
+            while len(self._checked) > 4:
+                del self._checked[next(iter(self._checked))]
+        return True
 
     def _sent(self, receipt: Receipt, inputs, grad_outputs, input_compression):
         """Our inputs (and gradients) as the host decoded them, if the receipt names them."""

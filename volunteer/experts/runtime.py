@@ -374,6 +374,8 @@ class Runtime:
             log.exception("the optimizer step of expert %s failed", backend.uid)
             with self._cond:
                 self._ledger.failed(backend.uid, exc, time.time())
+        if self.config.receipts:  # the new version's copy: here, while the reply travels, not before the next batch
+            self.snapshots.note(backend)
         took = time.perf_counter() - started
         state = backend.state_fingerprint()
         with self._cond:

@@ -43,7 +43,7 @@ from .config import DEFAULT_CONFIG, ExpertsConfig
 from .failures import to_failure
 from .inflight import InFlight
 from .protocol import MAX_HEADER, Reply, Request, announced_payload, protocol_id, unpack
-from .receipts import BACKWARD, FORWARD, Receipt, payload_digest, tensor_digest
+from .receipts import BACKWARD, FORWARD, Receipt, StateBinding, payload_digest, tensor_digest
 from .trainers import TrainerCounts
 from .runtime import Runtime
 from .snapshots import SnapshotsReport
@@ -284,24 +284,29 @@ class ExpertServer(BaseService):
 
     def _receipt(self, request: Request, inputs, header: dict, chunks, stamps: list) -> list:
         """The signed receipt of a forward/backward reply (``receipts.py``): one hash of the
-        inputs, one of the reply's bytes, one signature; the state's digest was taken once per
-        version (``snapshots.py``); ``stamps`` holds the runtime's word on that state."""
+        inputs, one of the reply's bytes, one signature; the state is named by the id of its
+        snapshot, copied once per version (``snapshots.py``); ``stamps`` holds the runtime's word
+        on that state."""
         stamp, rows = stamps[0]
         receipt = Receipt(
             self.host.peer_id.to_bytes(), request.uid, FORWARD if request.op == "forward" else BACKWARD,
-            stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.digest, tensor_digest(inputs),
+            stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.state, tensor_digest(inputs),
             payload_digest(header, chunks), rows, str(inputs[0].dtype) if inputs else "", stamp.device,
             stamp.threads, request.compression,
         )
         return receipt.sign(self.host.keypair).to_wire()
 
-    async def _send_snapshot(self, reader: BufferedStream, uid: str, digest: bytes | None) -> None:
-        """Serve a kept state by the digest a receipt named; ``forgotten`` if it is not kept."""
-        snapshot = self.runtime.snapshots.get(digest) if digest is not None else None
+    async def _send_snapshot(self, reader: BufferedStream, uid: str, state: bytes | None) -> None:
+        """Serve a kept state by the id a receipt named, with its signed digest (taken here, on
+        a thread, the first time it is served); ``forgotten`` if it is not kept."""
+        snapshot = self.runtime.snapshots.get(state) if state is not None else None
         if snapshot is None or snapshot.uid != uid:
-            raise ExpertInputsForgottenError(f"no snapshot of {uid!r} with that digest is kept here")
+            raise ExpertInputsForgottenError(f"no snapshot of {uid!r} with that id is kept here")
+        digest = await trio.to_thread.run_sync(snapshot.digest)
+        binding = StateBinding(self.host.peer_id.to_bytes(), uid, snapshot.state, snapshot.version, digest)
         header, chunks = serialize(snapshot.tensors, "none", config=self.config)
-        head = Reply.of_snapshot(header, {"u": uid, "v": snapshot.version, "n": snapshot.names}).encode()
+        head = Reply.of_snapshot(header, {"u": uid, "v": snapshot.version, "n": snapshot.names,
+                                          "b": binding.sign(self.host.keypair).to_wire()}).encode()
         buffers = list(writes(head, chunks))
         for buffer in buffers:
             payload = 0 if buffer is head else len(buffer) - (len(head) if len(buffers) == 1 else 0)

@@ -1,15 +1,22 @@
 """Snapshots: the states a host answered from, kept a while so that an auditor can recompute.
 
 The runtime notes, on its worker thread, the state each batch is computed from (``note``): once
-per state version, not per call, the module's tensors (parameters and buffers, no optimizer
-state: recomputing a reply needs none) are copied and digested (``state_digest``); a receipt
-names that digest. A backend whose state did not change since its last note costs a comparison
-of its fingerprint (``ExpertBackend.state_fingerprint``).
+per state version, not per call (right after the optimizer step that made it, else before the
+first batch computed from it), the module's tensors (parameters and buffers, no optimizer state:
+recomputing a reply needs none) are copied and given an id, which a receipt names. A backend
+whose state did not change since its last note costs a comparison of its fingerprint
+(``ExpertBackend.state_fingerprint``).
+
+A snapshot is digested (``state_digest``) only when it is first served: a copy never changes
+once taken, so its digest is the same whenever it is taken, and the server signs it with the
+snapshot (``receipts.StateBinding``). A digest per version on the reply's path cost more than
+the call (a 32 MB expert: a 16 ms copy into reused memory, a 60 ms sha256); auditors fetch a
+few snapshots in a hundred.
 
 What is kept, ``SnapshotPolicy``: every snapshot younger than ``keep_s`` seconds, within
 ``max_bytes`` in all and ``max_count`` snapshots (oldest forgotten first), and always the newest of
 each expert; plus, per expert, the memory of its last evicted snapshot, which the next one is
-copied into (a copy into touched memory costs a fraction of a fresh allocation; only when nothing
+copied into (a copy into touched memory costs a third of a fresh allocation's; only when nothing
 is serving it). Large states are digested on two threads (hashlib releases the GIL). An auditor fetches a snapshot right after the reply it audits (the forward's at
 once, the backward's when the trainer's backward returns), well within the window; a snapshot
 asked for that is gone counts against its host (``audit.py``), so the budget a host states is a
@@ -20,6 +27,8 @@ window (one per optimizer step while it trains; ``benchmarks/audits.py`` measure
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import sys
 import threading
 import time
@@ -82,30 +91,42 @@ class Stamp:
 
     uid: str
     version: int
-    digest: bytes
+    state: bytes  # the snapshot's id (receipts name it)
     expert_class: str
     hidden_dim: int | None
     device: str
     threads: int
 
 
-@dataclass
+@dataclass(eq=False)
 class Snapshot:
-    """One kept state: its module tensors by name (CPU copies), as served to an auditor."""
+    """One kept state: its module tensors by name (CPU copies, never written while kept), as
+    served to an auditor."""
 
     uid: str
     version: int
-    digest: bytes
+    state: bytes  # its id
     expert_class: str
     hidden_dim: int | None
     names: list[str]
     tensors: list[torch.Tensor]
     nbytes: int
     taken: float  # the store's clock
+    _digest: bytes | None = None
+    on_digest: Callable[[], None] | None = None  # its store counts the snapshots it had to hash
 
-    def matches(self) -> bool:
+    def digest(self) -> bytes:
+        """``state_digest`` of its tensors, taken on the first call (off the event loop: 60 ms for
+        32 MB) and remembered."""
+        if self._digest is None:
+            self._digest = state_digest(list(zip(self.names, self.tensors)))
+            if self.on_digest is not None:
+                self.on_digest()
+        return self._digest
+
+    def matches(self, digest: bytes) -> bool:
         """Whether these tensors digest to ``digest`` (an auditor checks what it fetched)."""
-        return state_digest(list(zip(self.names, self.tensors))) == self.digest
+        return state_digest(list(zip(self.names, self.tensors))) == digest
 
 
 
@@ -120,6 +141,7 @@ class SnapshotsReport(TypedDict):
     served: int
     missed: int
     reused: int
+    digested: int  # snapshots hashed (when first served): a few in a hundred taken
 
 
 class SnapshotStore:
@@ -130,7 +152,7 @@ class SnapshotStore:
         self.policy = policy
         self.clock = clock
         self._lock = threading.Lock()
-        self._kept: OrderedDict[bytes, Snapshot] = OrderedDict()  # digest -> snapshot, oldest first
+        self._kept: OrderedDict[bytes, Snapshot] = OrderedDict()  # id -> snapshot, oldest first
         self._latest: dict[str, tuple[tuple, Stamp]] = {}  # uid -> (fingerprint, stamp)
         self._spare: dict[str, list[torch.Tensor]] = {}  # uid -> the tensors of its last evicted snapshot, reused
         self.bytes = 0
@@ -138,10 +160,14 @@ class SnapshotStore:
         self.served = 0
         self.missed = 0  # asked for and not (or no longer) kept
         self.reused = 0  # snapshots written into an evicted one's memory
+        self.digested = 0  # snapshots hashed (served)
+        self._epoch = os.urandom(16)  # ids never repeat across restarts, whatever the versions
+        self._ids = itertools.count()
 
     def note(self, backend) -> Stamp:
         """The stamp of ``backend``'s current state, snapshotting it if it changed since the last
-        note (call it where the backend is not training: the runtime's worker, after ``settle``)."""
+        note (call it where the backend is not training: the runtime's worker, after ``settle``).
+        A copy, no digest: ``Snapshot.digest`` is taken when it is served."""
         fingerprint = backend.state_fingerprint()
         found = self._latest.get(backend.uid)
         if found is not None and found[0] == fingerprint:
@@ -150,28 +176,31 @@ class SnapshotStore:
             spare = self._spare.pop(backend.uid, None)
         named = _copied(backend.module.state_dict(), spare)
         self.reused += spare is not None
-        digest = state_digest(named)
-        stamp = Stamp(backend.uid, backend.updates, digest, backend.expert_class, backend.hidden_dim,
+        named_by = b"%s%d\0%d\0%s" % (self._epoch, next(self._ids), backend.updates, backend.uid.encode())
+        state = hashlib.sha256(named_by).digest()  # an id, not a digest of the state: that waits till served
+        stamp = Stamp(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
                       backend.device.type, torch.get_num_threads())
         nbytes = sum(t.nelement() * t.element_size() for _, t in named)
-        snapshot = Snapshot(backend.uid, backend.updates, digest, backend.expert_class, backend.hidden_dim,
-                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock())
+        snapshot = Snapshot(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
+                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock(),
+                            on_digest=self._digested)
         with self._lock:
             self._latest[backend.uid] = (fingerprint, stamp)
-            if digest not in self._kept:
-                self._kept[digest] = snapshot
-                self.bytes += nbytes
-                self.taken += 1
-            else:
-                self._kept.move_to_end(digest)
+            self._kept[state] = snapshot
+            self.bytes += nbytes
+            self.taken += 1
             self._evict()
         return stamp
 
-    def get(self, digest: bytes) -> Snapshot | None:
-        """The kept snapshot with ``digest`` (None: never taken, or forgotten)."""
+    def _digested(self) -> None:
+        with self._lock:
+            self.digested += 1
+
+    def get(self, state: bytes) -> Snapshot | None:
+        """The kept snapshot with id ``state`` (None: never taken, or forgotten)."""
         with self._lock:
             self._evict()
-            found = self._kept.get(digest)
+            found = self._kept.get(state)
             if found is None:
                 self.missed += 1
             else:
@@ -181,28 +210,29 @@ class SnapshotStore:
     def forget(self, uid: str) -> None:
         """Drop ``uid``'s snapshots (the expert left this host)."""
         with self._lock:
-            for digest in [d for d, s in self._kept.items() if s.uid == uid]:
-                self.bytes -= self._kept.pop(digest).nbytes
+            for state in [d for d, s in self._kept.items() if s.uid == uid]:
+                self.bytes -= self._kept.pop(state).nbytes
             self._latest.pop(uid, None)
 
     def report(self) -> SnapshotsReport:
         """Kept snapshots and bytes, the budget, and counts (``volunteer status``)."""
         with self._lock:
             return {"snapshots": len(self._kept), "bytes": self.bytes, "budget_bytes": self.policy.max_bytes,
-                    "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed, "reused": self.reused}
+                    "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed, "reused": self.reused,
+                    "digested": self.digested}
 
     def _evict(self) -> None:
         # under the lock: too old, too many or too big, oldest first; the newest of an expert stays
         policy, now = self.policy, self.clock()
-        newest = {stamp.digest for _, stamp in self._latest.values()}
-        for digest in list(self._kept):
-            snapshot = self._kept[digest]
+        newest = {stamp.state for _, stamp in self._latest.values()}
+        for state in list(self._kept):
+            snapshot = self._kept[state]
             over = self.bytes > policy.max_bytes or len(self._kept) > policy.max_count
             if not over and now - snapshot.taken <= policy.keep_s:
                 break
-            if digest in newest:
+            if state in newest:
                 continue
-            del self._kept[digest]
+            del self._kept[state]
             self.bytes -= snapshot.nbytes
             if snapshot.uid not in self._spare and _unshared(snapshot):
                 self._spare[snapshot.uid] = snapshot.tensors
