@@ -38,7 +38,7 @@ def receipt_for(keys: KeyPair, store: SnapshotStore, b, inputs, replied, op=FORW
     stamp = store.note(b)
     header, chunks = serialize(replied, "none")
     sent = [*inputs, *grads]
-    return Receipt(keys.peer_id.to_bytes(), b.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.digest,
+    return Receipt(keys.peer_id.to_bytes(), b.uid, op, stamp.expert_class, stamp.hidden_dim, stamp.version, stamp.state,
                    tensor_digest(as_received(sent, "none")), payload_digest(header, list(chunks)), inputs[0].shape[0],
                    "torch.float32", stamp.device, stamp.threads, "none").sign(keys)
 
@@ -97,7 +97,7 @@ def test_a_backward_lie_checks_out_too():
     grads = [t * 1.05 for t in liar.backend.backward([x], [g])]
     header, chunks = serialize(grads, "none")
     receipt = Receipt(liar.keys.peer_id.to_bytes(), "ffn.0.0", BACKWARD, before.expert_class, before.hidden_dim,
-                      before.version, before.digest, tensor_digest([x, g]), payload_digest(header, list(chunks)), 4,
+                      before.version, before.state, tensor_digest([x, g]), payload_digest(header, list(chunks)), 4,
                       "torch.float32", before.device, before.threads, "none").sign(liar.keys)
     evidence = evidence_of(receipt, [x], grads, grad_outputs=[g])
     assert evidence is not None
