@@ -142,7 +142,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
     wall = time.perf_counter()
     async with open_testnet(n, f"ffn:ffn.[0:{rows}].[0:{cols}]", hidden_dim=HIDDEN_DIM, swarm_id="scale-processes",
                             workdir=workdir, listen_host=alias, max_volunteers=MAX_DAEMONS,
-                            start_timeout=60.0 + 3.0 * n) as net:
+                            start_timeout=120.0 + 30.0 * n, starting=args.starting) as net:
         out["start_s"] = time.perf_counter() - wall
         statuses = await net.statuses()
         host_of: dict[str, str] = {}  # uid -> the peer expected to host it now (absent: none)
@@ -305,6 +305,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=2.0, help="minutes of lookups (with the kills and joiners)")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="window for idle CPU and traffic")
     parser.add_argument("--kills", type=int, default=3, help="daemons killed (and as many joiners)")
+    parser.add_argument("--starting", type=int, default=max(1, (os.cpu_count() or 1)), metavar="K",
+                        help="daemons starting at once (default: one per core; each imports torch)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-sim", action="store_true", help="only the real processes")
     parser.add_argument("--dir", type=Path, help="keep the testnet's keys and logs here (default: a temporary directory)")

@@ -70,6 +70,7 @@ class Testnet:
     env: dict[str, str] = field(default_factory=dict)  # every process's environment
     join_args: list[str] = field(default_factory=list)  # what every volunteer's command line shares
     expert_class: str | None = None
+    _answered: set[Path] = field(default_factory=set)  # control sockets that answered once
 
     async def start_volunteer(self, uids: list[str], *, listen: str = "/ip4/127.0.0.1/tcp/0"):
         """Start one more volunteer hosting ``uids`` (none: the swarm file's placement decides),
@@ -92,6 +93,22 @@ class Testnet:
         self.controls.append(control)
         self.assignments.append(list(uids))
         return proc
+
+    async def not_answering(self) -> int:
+        """How many volunteers have never answered on their control sockets (asks only those)."""
+        waiting = [path for path in self.controls if path not in self._answered]
+
+        async def one(path: Path) -> None:
+            try:
+                await request(path, "status")
+            except ControlError:
+                return
+            self._answered.add(path)
+
+        async with trio.open_nursery() as nursery:
+            for path in waiting:
+                nursery.start_soon(one, path)
+        return sum(path not in self._answered for path in self.controls)
 
     async def statuses(self) -> list[dict | None]:
         """Each volunteer's status snapshot (None for one that does not answer)."""
@@ -166,12 +183,16 @@ async def open_testnet(
     listen_host: Callable[[int], str] = lambda i: "127.0.0.1",
     max_volunteers: int = 64,
     start_timeout: float = START_TIMEOUT,
+    starting: int | None = None,
 ):
     """Start a relay and ``n`` volunteers; stop them all when the block ends. ``web``
     (``HOST:PORT``): the relay serves the swarm's public health page there. ``trainers``: the
     peer IDs the swarm file lists as its trainers (None: open to anyone). ``listen_host(i)``:
     the IP volunteer ``i`` listens and dials from (a loopback alias each, so that per-address
-    limits see one household per volunteer: ``benchmarks/scale_processes.py``)."""
+    limits see one household per volunteer: ``benchmarks/scale_processes.py``). ``starting``: at
+    most this many volunteers start at once (each imports torch: dozens at once on a few cores
+    all take minutes), the next when one answers on its control socket; ``start_timeout`` bounds
+    the whole start."""
     if n < 1 or n > max_volunteers:
         raise VolunteerError(f"testnet: -n must be between 1 and {max_volunteers}")
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
@@ -213,9 +234,12 @@ async def open_testnet(
             net = Testnet(workdir, swarm_file, relay_addr, processes=processes, kept=kept, env=env,
                           join_args=["--no-mdns", "--hidden-dim", str(hidden_dim), *(extra_join_args or [])],
                           expert_class=expert_class)
+            deadline = trio.current_time() + start_timeout
             for i in range(n):
+                if starting is not None:
+                    await _wait_ready(net, deadline - trio.current_time(), pending=starting - 1)
                 await net.start_volunteer(uids[i::n], listen=f"/ip4/{listen_host(i)}/tcp/0")
-            await _wait_ready(net, start_timeout)
+            await _wait_ready(net, deadline - trio.current_time())
             try:
                 yield net
             finally:
@@ -251,7 +275,9 @@ def _addr(text: str):
     return Multiaddr(text)
 
 
-async def _wait_ready(net: Testnet, timeout: float = START_TIMEOUT) -> None:
+async def _wait_ready(net: Testnet, timeout: float = START_TIMEOUT, *, pending: int = 0) -> None:
+    """Until at most ``pending`` volunteers have yet to answer on their control sockets; raises
+    if one exits or ``timeout`` passes."""
     with trio.move_on_after(timeout) as scope:
         while True:
             for i, proc in enumerate(net.processes):
@@ -259,8 +285,7 @@ async def _wait_ready(net: Testnet, timeout: float = START_TIMEOUT) -> None:
                     name = "relay" if i == 0 else f"v{i - 1}"
                     tail = (net.workdir / f"{name}.log").read_text(errors="replace")[-LOG_TAIL:]
                     raise VolunteerError(f"testnet: {name} exited with status {proc.returncode}:\n{tail}")
-            statuses = await net.statuses()
-            if all(s is not None for s in statuses):
+            if await net.not_answering() <= pending:
                 return
             await trio.sleep(0.2)
     if scope.cancelled_caught:
