@@ -113,20 +113,36 @@ def memory_mib(pid: int) -> tuple[float, float] | None:
     return got.get("Pss", float("nan")), got.get("Rss", float("nan"))
 
 
-def traffic(statuses: list[dict | None]) -> dict[str, tuple[int, int]]:
+async def statuses(net, attempts: int = 5) -> list[dict | None]:
+    """Every volunteer's status, asking again those that did not answer (a loaded machine makes
+    a control request run out now and then); None stays for one that is gone."""
+    got = await net.statuses()
+    for _ in range(attempts):
+        if all(status is not None for status in got):
+            break
+        await trio.sleep(1.0)
+        again = await net.statuses()
+        got = [old if old is not None else new for old, new in zip(got, again)] + again[len(got):]
+    return got
+
+
+def traffic(snapshot: list[dict | None]) -> dict[str, tuple[int, int]]:
     """peer -> (DHT messages sent: requests and answers, bytes sent) from ``volunteer status``."""
     out = {}
-    for status in statuses:
+    for status in snapshot:
         if status and status.get("dht"):
             dht = status["dht"]
             out[status["peer_id"]] = ((dht.get("requests") or 0) + (dht.get("answered") or 0), dht.get("bytes_out") or 0)
     return out
 
 
-def traffic_per_minute(before: dict, after: dict, extra: list[tuple[int, int]], seconds: float) -> tuple[float, float, float, float]:
+def traffic_per_minute(before: dict, after: dict, extra: list[tuple[int, int]], seconds: float,
+                       joiners: frozenset[str] = frozenset()) -> tuple[float, float, float, float]:
     """(mean msgs, mean bytes, busiest msgs, busiest bytes) per peer per minute over the peers seen
-    at the end (a joiner's counts start at zero; ``extra``: the trainer's)."""
-    rows = [(m - before.get(p, (0, 0))[0], b - before.get(p, (0, 0))[1]) for p, (m, b) in after.items()] + extra
+    at both ends, and the ``joiners`` seen at the end (their counts start at zero); ``extra``:
+    the trainer's."""
+    rows = [(m - before[p][0], b - before[p][1]) if p in before else (m, b)
+            for p, (m, b) in after.items() if p in before or p in joiners] + extra
     per_min = 60.0 / seconds
     msgs = [m * per_min for m, _ in rows]
     byts = [b * per_min for _, b in rows]
@@ -142,13 +158,14 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
     wall = time.perf_counter()
     async with open_testnet(n, f"ffn:ffn.[0:{rows}].[0:{cols}]", hidden_dim=HIDDEN_DIM, swarm_id="scale-processes",
                             workdir=workdir, listen_host=alias, max_volunteers=MAX_DAEMONS,
-                            start_timeout=120.0 + 30.0 * n, starting=args.starting) as net:
+                            start_timeout=120.0 + 90.0 * n, starting=args.starting) as net:
         out["start_s"] = time.perf_counter() - wall
-        statuses = await net.statuses()
+        started = await statuses(net)
         host_of: dict[str, str] = {}  # uid -> the peer expected to host it now (absent: none)
         pid_of: dict[str, int] = {}
-        for i, status in enumerate(statuses):
-            assert status is not None
+        for i, status in enumerate(started):
+            if status is None:
+                raise SystemExit(f"scale_processes: v{i} stopped answering on its control socket (see {workdir}/v{i}.log)")
             for uid in net.assignments[i]:
                 host_of[uid] = status["peer_id"]
             pid_of[status["peer_id"]] = net.processes[i + 1].pid
@@ -179,11 +196,11 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 # --- idle: CPU, memory, heartbeat traffic --------------------------------------------
                 pids = list(pid_of.values())
                 cpu0 = {pid: cpu_seconds(pid) for pid in [*pids, relay_pid]}
-                traffic0 = traffic(await net.statuses())
+                traffic0 = traffic(await statuses(net))
                 t0 = time.perf_counter()
                 await trio.sleep(args.idle_seconds)
                 idle = time.perf_counter() - t0
-                traffic1 = traffic(await net.statuses())
+                traffic1 = traffic(await statuses(net))
                 cpu1 = {pid: cpu_seconds(pid) for pid in [*pids, relay_pid]}
                 share = {pid: (cpu1[pid] - cpu0[pid]) / idle for pid in cpu0 if cpu0[pid] is not None and cpu1[pid] is not None}
                 memory = {pid: memory_mib(pid) for pid in pids}
@@ -204,9 +221,11 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 # --- lookups, kills and joiners ------------------------------------------------------
                 duration = args.minutes * 60.0
                 trainer0 = (dht.stats["requests"] + dht.stats["answered"], dht.stats["bytes_out"])
-                traffic0 = traffic(await net.statuses())
+                traffic0 = traffic(await statuses(net))
                 start = time.perf_counter()
                 finish = start + duration
+
+                joiners: set[str] = set()
 
                 def live() -> list[str]:
                     return sorted(uid for uid, peer in host_of.items() if peer)
@@ -266,6 +285,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                     keypair = KeyPair.generate()
                     index = len(net.controls)
                     save_keypair(net.workdir / f"v{index}.key", keypair)
+                    joiners.add(str(keypair.peer_id))
                     since = time.perf_counter()
                     await net.start_volunteer([uid], listen=f"/ip4/{alias(index)}/tcp/0")
                     async with trio.open_nursery() as both:
@@ -281,10 +301,10 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                     for uid in rng.sample(live(), args.kills):
                         nursery.start_soon(kill_and_replace, uid)
                 elapsed = time.perf_counter() - start
-                traffic1 = traffic(await net.statuses())
+                traffic1 = traffic(await statuses(net))
                 trainer1 = (dht.stats["requests"] + dht.stats["answered"], dht.stats["bytes_out"])
                 out["msgs"], out["bytes"], out["busiest_msgs"], out["busiest_bytes"] = traffic_per_minute(
-                    traffic0, traffic1, [(trainer1[0] - trainer0[0], trainer1[1] - trainer0[1])], elapsed)
+                    traffic0, traffic1, [(trainer1[0] - trainer0[0], trainer1[1] - trainer0[1])], elapsed, frozenset(joiners))
                 out["elapsed"] = elapsed
     return out
 
