@@ -60,17 +60,19 @@ def pct(values: list[float], q: float) -> float:
 class Swarm:
     """A Net with relays, volunteers and trainers."""
 
-    def __init__(self, size: int, seed: int, nat_share: float, trainers: int) -> None:
-        self.net = Net(CONFIG, seed)
+    def __init__(self, size: int, seed: int, nat_share: float, trainers: int, *, wire: str = "internet",
+                 relays: int = RELAYS, client_trainers: bool = False) -> None:
+        self.net = Net(CONFIG, seed, wire=wire)
         self.rng = random.Random(seed + 1)
         self.nat_share = nat_share
-        self.relays = [SimNode(self.net, KeyPair.generate(), region=r) for r in ("na", "eu", "asia")][:RELAYS]
+        self.relays = [SimNode(self.net, KeyPair.generate(), region=r) for r in ("na", "eu", "asia")][:relays]
         self.entry = [r.contact for r in self.relays]
         self.trainers: list[SimNode] = []
         self.volunteers: list[SimNode] = []
         self.size = size
         self.n_trainers = trainers
         self.uid_of: dict = {}
+        self.client_trainers = client_trainers  # the cold start's trainers in client mode
 
     def new_peer(self, *, trainer: bool = False, client: bool = False) -> SimNode:
         """A volunteer (behind a NAT at ``nat_share``) or a trainer (``client``: in client mode, as
@@ -86,8 +88,9 @@ class Swarm:
         for relay in self.relays:
             others = [r.contact for r in self.relays if r is not relay]
             self.net.after(0.0, relay.join, others)
-        for i in range(self.size - RELAYS):
-            node = self.new_peer(trainer=i < self.n_trainers)
+        for i in range(self.size - len(self.relays)):
+            trainer = i < self.n_trainers
+            node = self.new_peer(trainer=trainer, client=trainer and self.client_trainers)
             self.net.after(self.rng.uniform(0.1, window), node.join, self.entry)
 
     def servers(self) -> list[SimNode]:
@@ -151,16 +154,28 @@ def cold_runs(size: int, runs: int, seed: int, nat_share: float) -> list[tuple[i
     return out
 
 
-def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int, churn_per_hour: float) -> dict:
-    swarm = Swarm(size, seed, nat_share, trainers)
+def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int, churn_per_hour: float, *,
+           grid: tuple[int, int] = (GRID, GRID), probes: int = 10, wire: str = "internet", relays: int = RELAYS,
+           client_trainers: bool = False, one_per_cell: bool = False, silent_crashes: bool = True) -> dict:
+    """The steady state (see the module's docstring); ``grid`` the volunteers' experts are drawn
+    from, ``probes`` crashed volunteers and joiners timed, ``wire`` (``_netsim.WIRES``), ``relays``
+    as entry points, ``client_trainers``: trainers in client mode (as ``Swarm.join``'s).
+    ``one_per_cell``: the volunteers take the grid's uids in turn (not at random) and a probe's
+    joiner takes over the uid of a crashed probe; ``silent_crashes=False``: a probe's crash is
+    a killed process whose machine resets its connections (``SimNode.crash``)."""
+    swarm = Swarm(size, seed, nat_share, trainers, wire=wire, relays=relays, client_trainers=client_trainers)
     net = swarm.net
     rng = swarm.rng
     swarm.cold_start()
     net.run_until(15.0)
     splits_cold = swarm.splits()
     # every volunteer hosts one expert of the grid
-    for node in swarm.volunteers:
-        uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+    cells = [f"ffn.{i}.{j}" for i in range(grid[0]) for j in range(grid[1])]
+    if one_per_cell:
+        rng.shuffle(cells)
+    vacant: list[str] = []  # uids of crashed probes (one_per_cell: a probe's joiner takes one over)
+    for n, node in enumerate(swarm.volunteers):
+        uid = cells[n % len(cells)] if one_per_cell else f"ffn.{rng.randrange(grid[0])}.{rng.randrange(grid[1])}"
         swarm.uid_of[node.peer] = uid
         net.after(rng.uniform(0, CONFIG.expert_update_period), node.declare, [uid])
     net.run_until(net.now + 15.0)  # every host heartbeated twice or more
@@ -189,7 +204,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         joiner = swarm.new_peer()
 
         def joined() -> None:
-            uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+            uid = f"ffn.{rng.randrange(grid[0])}.{rng.randrange(grid[1])}"
             swarm.uid_of[joiner.peer] = uid
             born[joiner.peer] = net.now
             joiner.declare([uid])
@@ -197,7 +212,8 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         joiner.join(swarm.entry, joined)
         net.after(rng.expovariate(rate), churn_event)
 
-    net.after(rng.expovariate(rate), churn_event)
+    if rate > 0:
+        net.after(rng.expovariate(rate), churn_event)
 
     # --- trainers' lookups ------------------------------------------------------------------
     def grid_prefix(uid: str) -> str:
@@ -219,15 +235,20 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
             trainer.get_many([key], EXPERT_QUORUM, done)
         net.after(rng.uniform(*gap), periodic_lookup, trainer, kind, key_of, gap)
 
+    def full_beam(found: int) -> bool:
+        if not one_per_cell:
+            return found == 4
+        return found >= min(4, len({swarm.uid_of[n.peer] for n in live_hosts()}))
+
     def beam(trainer: SimNode) -> None:
-        scores = [[rng.gauss(0, 1) for _ in range(GRID)] for _ in range(2)]
+        scores = [[rng.gauss(0, 1) for _ in range(side)] for side in grid]
         search = BeamSearch("ffn", scores, 4, net.now, CONFIG)
         t0 = net.now
 
         def round_() -> None:
             keys = search.wanted()
             if not keys:
-                results["beam"].append((net.now - t0, len(search.result()) == 4))
+                results["beam"].append((net.now - t0, full_beam(len(search.result()))))
                 net.after(rng.uniform(2.0, 6.0), beam, trainer)
                 return
 
@@ -259,13 +280,14 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
 
     def probe_crash() -> None:
         host = rng.choice(live_hosts())
-        host.crash()
+        host.crash(silent=silent_crashes)
+        vacant.append(swarm.uid_of[host.peer])
         churn["crash"] += 1
         poll(swarm.uid_of[host.peer], host.peer, net.now, False, "vanish")
 
     def probe_join() -> None:
         joiner = swarm.new_peer()
-        uid = f"ffn.{rng.randrange(GRID)}.{rng.randrange(GRID)}"
+        uid = vacant.pop(0) if one_per_cell and vacant else f"ffn.{rng.randrange(grid[0])}.{rng.randrange(grid[1])}"
         swarm.uid_of[joiner.peer] = uid
         t0 = net.now
 
@@ -277,9 +299,9 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         net.after(0.5, poll, uid, joiner.peer, t0, True, "appear")
 
     duration = minutes * 60.0
-    for i in range(10):  # early enough to be settled within the window
-        net.at(start + 1.0 + i * min(3.0, duration / 20), probe_crash)
-        net.at(start + 2.5 + i * min(3.0, duration / 20), probe_join)
+    for i in range(probes):  # early enough to be settled within the window
+        net.at(start + 1.0 + i * min(3.0, duration / (2 * probes)), probe_crash)
+        net.at(start + 2.5 + i * min(3.0, duration / (2 * probes)), probe_join)
     net.run_until(start + duration)
     elapsed = net.now - start
     peers = [n for n in net.nodes.values()]
@@ -298,6 +320,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         "busiest_msgs": net.msgs[busiest] * per_min,
         "busiest_bytes": net.bytes[busiest] * per_min,
         "elapsed": elapsed,
+        "probes": probes,
     }
 
 
@@ -399,6 +422,31 @@ def summary(rows: list[tuple[float, bool]]) -> tuple[float, float, float, int]:
     return pct(times, 0.5), pct(times, 0.99), 100.0 * ok / max(1, len(rows)), len(rows)
 
 
+def steady_lines(out: dict, label: str = "") -> list[str]:
+    """The steady state's figures, one per line (``label`` in front of each: ``sim``, ``real``),
+    in the one format that ``benchmarks/scale_processes.py`` prints its real processes' in."""
+    r = out["results"]
+    e, g, b = summary(r["expert"]), summary(r["grid"]), summary(r["beam"])
+    v, a = r["vanish"], r["appear"]
+    probes = out["probes"]
+    tag = f"{label:>5} " if label else "  "
+    lines = [
+        f"{tag}expert lookups (quorum {EXPERT_QUORUM}): p50 {e[0]:.0f} ms, p99 {e[1]:.0f} ms, success {e[2]:.2f} % of {e[3]}",
+        f"{tag}grid lookups (ffn.i.):     p50 {g[0]:.0f} ms, p99 {g[1]:.0f} ms, success {g[2]:.2f} % of {g[3]}",
+    ]
+    if r["beam"]:
+        lines.append(f"{tag}beam search beam 4, no cache: p50 {b[0]:.0f} ms, p99 {b[1]:.0f} ms, full beam {b[2]:.2f} % of {b[3]}")
+    lines += [
+        f"{tag}crashed volunteer's experts vanish after: median {statistics.median(v) if v else float('nan'):.1f} s, "
+        f"max {max(v) if v else float('nan'):.1f} s ({len(v)}/{probes}; expiration {CONFIG.expert_expiration:g} s)",
+        f"{tag}joiner's experts appear after: median {statistics.median(a) if a else float('nan'):.1f} s, "
+        f"max {max(a) if a else float('nan'):.1f} s ({len(a)}/{probes}, from the joiner's start)",
+        f"{tag}traffic per peer per minute: {out['msgs']:.0f} msgs, {out['bytes'] / 1024:.0f} KiB "
+        f"(busiest peer {out['busiest_msgs']:.0f} msgs, {out['busiest_bytes'] / 1024:.0f} KiB)",
+    ]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="none: only the censor scenario")
@@ -440,24 +488,13 @@ def main() -> None:
             continue
         wall = time.perf_counter()
         out = steady(size, args.seed, args.nat_share, args.minutes, args.trainers, args.churn)
-        r = out["results"]
-        e = summary(r["expert"])
-        g = summary(r["grid"])
-        b = summary(r["beam"])
+        e = summary(out["results"]["expert"])
         splits = max(splits, out["splits_cold"][0], out["splits_end"][0])
         print(f"[{size} peers] {args.minutes:g} virtual min, {args.nat_share:.0%} behind NAT (DHT clients, via relays), "
               f"churn {args.churn:.0%}/h ({out['churn']['crash']} crashes, {out['churn']['leave']} leaves incl. probes), "
               f"{args.trainers} trainers  [{time.perf_counter() - wall:.0f} s wall]")
-        print(f"  expert lookups (quorum {EXPERT_QUORUM}): p50 {e[0]:.0f} ms, p99 {e[1]:.0f} ms, success {e[2]:.2f} % of {e[3]}")
-        print(f"  grid lookups (ffn.i.):     p50 {g[0]:.0f} ms, p99 {g[1]:.0f} ms, success {g[2]:.2f} % of {g[3]}")
-        print(f"  beam search 64x64 beam 4, no cache: p50 {b[0]:.0f} ms, p99 {b[1]:.0f} ms, full beam {b[2]:.2f} % of {b[3]}")
-        v, a = r["vanish"], r["appear"]
-        print(f"  crashed volunteer's experts vanish after: median {statistics.median(v) if v else float('nan'):.1f} s, "
-              f"max {max(v) if v else float('nan'):.1f} s ({len(v)}/10; expiration {CONFIG.expert_expiration:g} s)")
-        print(f"  joiner's experts appear after: median {statistics.median(a) if a else float('nan'):.1f} s, "
-              f"max {max(a) if a else float('nan'):.1f} s ({len(a)}/10, from the joiner's start)")
-        print(f"  traffic per peer per minute: {out['msgs']:.0f} msgs, {out['bytes'] / 1024:.0f} KiB "
-              f"(busiest peer {out['busiest_msgs']:.0f} msgs, {out['busiest_bytes'] / 1024:.0f} KiB)")
+        for line in steady_lines(out):
+            print(line)
         print(f"  routing-table graph after the cold start / at the end: splits {out['splits_cold'][0]} / {out['splits_end'][0]}, "
               f"strongly connected {out['splits_cold'][1]:.1%} / {out['splits_end'][1]:.1%}", flush=True)
         last = (size, e, splits, out["msgs"])

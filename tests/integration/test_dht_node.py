@@ -72,6 +72,15 @@ async def test_get_many_batches_keys_per_peer():
         assert b.stats["requests"] - before == 1  # one FIND_VALUE carried all 40 keys
 
 
+async def test_requests_answered_are_counted_beside_those_sent():
+    async with AsyncExitStack() as stack:
+        a, b = await swarm(stack, 2)
+        sent, answered = b.stats["requests"], a.snapshot()["answered"]
+        await b.get_many([b"anything"])
+        # what b sent, a answered: messages sent per peer are requests plus answers
+        assert b.stats["requests"] - sent == a.snapshot()["answered"] - answered == 1
+
+
 async def test_declared_experts_are_found_and_vanish_on_withdraw():
     async with AsyncExitStack() as stack:
         nodes = await swarm(stack, 5)

@@ -22,6 +22,7 @@ import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import trio
 
@@ -66,6 +67,48 @@ class Testnet:
     processes: list = field(default_factory=list)
     assignments: list[list[str]] = field(default_factory=list)
     kept: bool = True  # the directory outlives the testnet (--dir, VOLUNTEER_KEEP_TESTNET=1)
+    env: dict[str, str] = field(default_factory=dict)  # every process's environment
+    join_args: list[str] = field(default_factory=list)  # what every volunteer's command line shares
+    expert_class: str | None = None
+    _answered: set[Path] = field(default_factory=set)  # control sockets that answered once
+
+    async def start_volunteer(self, uids: list[str], *, listen: str = "/ip4/127.0.0.1/tcp/0"):
+        """Start one more volunteer hosting ``uids`` (none: the swarm file's placement decides),
+        listening on ``listen``; its process, control socket and uids are appended here."""
+        i = len(self.controls)
+        control = self.workdir / f"v{i}.sock"
+        args = [*_python(), "join", str(self.swarm_file), "--yes", "--listen", listen, "--no-dashboard",
+                "--identity", str(self.workdir / f"v{i}.key"), "--control", str(control),
+                "--checkpoints", str(self.workdir / f"checkpoints-v{i}"), *self.join_args]
+        if uids:
+            args += ["--experts", f"{self.expert_class}:{','.join(uids)}"]
+        log = open(self.workdir / f"v{i}.log", "wb")
+        # each volunteer keeps its contributions and history in the testnet's directory: not
+        # in this user's state dir (where a demo's counts would pile up across runs), nor
+        # shared by the testnet's volunteers
+        own = dict(self.env, VOLUNTEER_STATE_DIR=str(self.workdir / f"state-v{i}"))
+        proc = await trio.lowlevel.open_process(args, stdout=log, stderr=subprocess.STDOUT, env=own)
+        log.close()
+        self.processes.append(proc)
+        self.controls.append(control)
+        self.assignments.append(list(uids))
+        return proc
+
+    async def not_answering(self) -> int:
+        """How many volunteers have never answered on their control sockets (asks only those)."""
+        waiting = [path for path in self.controls if path not in self._answered]
+
+        async def one(path: Path) -> None:
+            try:
+                await request(path, "status")
+            except ControlError:
+                return
+            self._answered.add(path)
+
+        async with trio.open_nursery() as nursery:
+            for path in waiting:
+                nursery.start_soon(one, path)
+        return sum(path not in self._answered for path in self.controls)
 
     async def statuses(self) -> list[dict | None]:
         """Each volunteer's status snapshot (None for one that does not answer)."""
@@ -137,12 +180,21 @@ async def open_testnet(
     extra_join_args: list[str] | None = None,
     web: str | None = None,
     trainers: list[str] | None = None,
+    listen_host: Callable[[int], str] = lambda i: "127.0.0.1",
+    max_volunteers: int = 64,
+    start_timeout: float = START_TIMEOUT,
+    starting: int | None = None,
 ):
     """Start a relay and ``n`` volunteers; stop them all when the block ends. ``web``
     (``HOST:PORT``): the relay serves the swarm's public health page there. ``trainers``: the
-    peer IDs the swarm file lists as its trainers (None: open to anyone)."""
-    if n < 1 or n > 64:
-        raise VolunteerError("testnet: -n must be between 1 and 64")
+    peer IDs the swarm file lists as its trainers (None: open to anyone). ``listen_host(i)``:
+    the IP volunteer ``i`` listens and dials from (a loopback alias each, so that per-address
+    limits see one household per volunteer: ``benchmarks/scale_processes.py``). ``starting``: at
+    most this many volunteers start at once (each imports torch: dozens at once on a few cores
+    all take minutes), the next when one answers on its control socket; ``start_timeout`` bounds
+    the whole start."""
+    if n < 1 or n > max_volunteers:
+        raise VolunteerError(f"testnet: -n must be between 1 and {max_volunteers}")
     expert_class, uids = parse_experts_spec(experts) if experts else (None, [])
     own_dir = workdir is None
     kept = not own_dir or os.environ.get("VOLUNTEER_KEEP_TESTNET") == "1"  # else removed when the testnet stops
@@ -178,28 +230,16 @@ async def open_testnet(
                 spec.grids = [grid]
             swarm_file = workdir / "swarm.toml"
             swarm_file.write_text(spec.to_toml())
-            net = Testnet(workdir, swarm_file, relay_addr, processes=processes, kept=kept)
+            # loopback volunteers find each other through the relay: no mDNS on the real LAN
+            net = Testnet(workdir, swarm_file, relay_addr, processes=processes, kept=kept, env=env,
+                          join_args=["--no-mdns", "--hidden-dim", str(hidden_dim), *(extra_join_args or [])],
+                          expert_class=expert_class)
+            deadline = trio.current_time() + start_timeout
             for i in range(n):
-                mine = uids[i::n]
-                net.assignments.append(mine)
-                control = workdir / f"v{i}.sock"
-                # loopback volunteers find each other through the relay: no mDNS on the real LAN
-                args = [*_python(), "join", str(swarm_file), "--yes", "--listen", "/ip4/127.0.0.1/tcp/0", "--no-dashboard", "--no-mdns",
-                        "--identity", str(workdir / f"v{i}.key"), "--control", str(control),
-                        "--checkpoints", str(workdir / f"checkpoints-v{i}"), "--hidden-dim", str(hidden_dim),
-                        *(extra_join_args or [])]
-                if mine:
-                    args += ["--experts", f"{expert_class}:{','.join(mine)}"]
-                log = open(workdir / f"v{i}.log", "wb")
-                # each volunteer keeps its contributions and history in the testnet's directory: not
-                # in this user's state dir (where a demo's counts would pile up across runs), nor
-                # shared by the testnet's volunteers
-                own = dict(env, VOLUNTEER_STATE_DIR=str(workdir / f"state-v{i}"))
-                proc = await trio.lowlevel.open_process(args, stdout=log, stderr=subprocess.STDOUT, env=own)
-                log.close()
-                processes.append(proc)
-                net.controls.append(control)
-            await _wait_ready(net)
+                if starting is not None:
+                    await _wait_ready(net, deadline - trio.current_time(), pending=starting - 1)
+                await net.start_volunteer(uids[i::n], listen=f"/ip4/{listen_host(i)}/tcp/0")
+            await _wait_ready(net, deadline - trio.current_time())
             try:
                 yield net
             finally:
@@ -235,21 +275,22 @@ def _addr(text: str):
     return Multiaddr(text)
 
 
-async def _wait_ready(net: Testnet) -> None:
-    with trio.move_on_after(START_TIMEOUT) as scope:
+async def _wait_ready(net: Testnet, timeout: float = START_TIMEOUT, *, pending: int = 0) -> None:
+    """Until at most ``pending`` volunteers have yet to answer on their control sockets; raises
+    if one exits or ``timeout`` passes."""
+    with trio.move_on_after(timeout) as scope:
         while True:
             for i, proc in enumerate(net.processes):
                 if proc.poll() is not None:
                     name = "relay" if i == 0 else f"v{i - 1}"
                     tail = (net.workdir / f"{name}.log").read_text(errors="replace")[-LOG_TAIL:]
                     raise VolunteerError(f"testnet: {name} exited with status {proc.returncode}:\n{tail}")
-            statuses = await net.statuses()
-            if all(s is not None for s in statuses):
+            if await net.not_answering() <= pending:
                 return
             await trio.sleep(0.2)
     if scope.cancelled_caught:
         late = [i for i, status in enumerate(await net.statuses()) if status is None] or [0]
-        raise VolunteerError(f"testnet: volunteers not ready after {START_TIMEOUT:.0f} s (v{late[0]}: "
+        raise VolunteerError(f"testnet: volunteers not ready after {timeout:.0f} s (v{late[0]}: "
                              f"{logs_shown(net.workdir / f'v{late[0]}.log', net.kept)})")
 
 

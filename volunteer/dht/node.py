@@ -93,7 +93,8 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         self.follow_reachability = follow_reachability
         self._current_reachability = reachability  # the verdict so far, read once we follow changes
         self.protocol = config.protocol_id
-        # requests, failures, bytes in and out; inbound refusals are the core's (``state.rejected``)
+        # requests sent, failures, requests answered, bytes in and out; inbound refusals are the
+        # core's (``state.rejected``)
         self.stats: dict[str, int] = defaultdict(int)
         self.last_bootstrap_ok: float | None = None
         self.closest_peers = ClosestPeers()
@@ -153,6 +154,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             if handled.forward:
                 await self._forward(handled.forward)
             self.stats["bytes_out"] += len(handled.reply)
+            self.stats["answered"] += 1
             await reader.send_all(handled.reply)
 
     async def _forward(self, forward: Sequence[tuple[Contact, Sequence[Record]]]) -> None:
@@ -420,6 +422,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             "client_mode": self.client_mode,
             "requests": self.stats["requests"],
             "failures": self.stats["failures"],
+            "answered": self.stats["answered"],
             "bytes_in": self.stats["bytes_in"],
             "bytes_out": self.stats["bytes_out"],
             "rejected": dict(self.state.rejected),

@@ -8,14 +8,15 @@ from typing import NotRequired, TypedDict
 
 
 class DHTStatus(TypedDict):
-    """``DHTNode.snapshot()``: the routing table, records held, requests and their bytes, and
-    records refused by reason."""
+    """``DHTNode.snapshot()``: the routing table, records held, requests sent and answered and
+    their bytes, and records refused by reason."""
 
     routing_table: int
     records: int
     client_mode: bool
     requests: int | None
     failures: int | None
+    answered: NotRequired[int]  # inbound requests answered (a kind that does not count them leaves it out)
     bytes_in: int | None
     bytes_out: int | None
     rejected: dict[str, int]

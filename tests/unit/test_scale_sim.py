@@ -1,0 +1,48 @@
+"""The simulator behind ``benchmarks/scale.py`` in the shape ``benchmarks/scale_processes.py``
+holds beside real processes: a loopback wire, crashes of a process whose machine lives on, one
+expert per grid cell. Virtual time only (seeded, no trio, no wall clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._netsim import LOOPBACK_ONE_WAY, Net, SimNode
+from benchmarks.scale import CONFIG, steady, steady_lines
+from volunteer.dht.messages import Ping
+from volunteer.net.identity import KeyPair
+
+
+def test_the_loopback_wire_loses_nothing_and_takes_about_a_millisecond():
+    net = Net(CONFIG, seed=3, loss=0.5, wire="loopback")
+    a, b = SimNode(net, KeyPair.generate()), SimNode(net, KeyPair.generate())
+    delays = [net.delay(a, b) for _ in range(200)]
+    assert max(delays) <= 2 * LOOPBACK_ONE_WAY and min(delays) > 0
+    with pytest.raises(ValueError):
+        Net(CONFIG, seed=3, wire="carrier pigeon")
+
+
+@pytest.mark.parametrize("silent", [True, False])
+def test_a_killed_process_on_a_live_machine_fails_requests_at_once(silent):
+    net = Net(CONFIG, seed=4, wire="loopback")
+    a, b = SimNode(net, KeyPair.generate()), SimNode(net, KeyPair.generate())
+    b.crash(silent=silent)
+    failed_at = []
+    net.request(a, b.contact, Ping(), lambda response: None, lambda: failed_at.append(net.now))
+    net.run_until(2 * CONFIG.request_timeout)
+    assert len(failed_at) == 1
+    # a silent crash runs the request out; a reset connection fails it within a round trip
+    assert failed_at[0] == CONFIG.request_timeout if silent else failed_at[0] <= 4 * LOOPBACK_ONE_WAY
+
+
+def test_a_small_loopback_swarm_finds_every_live_host_and_sees_crashes_and_joiners():
+    out = steady(6, 1, 0.0, 1.0, 1, 0.0, grid=(2, 2), probes=2, wire="loopback", relays=1,
+                 client_trainers=True, one_per_cell=True, silent_crashes=False)
+    results = out["results"]
+    for kind in ("expert", "grid", "beam"):
+        assert results[kind] and all(found for _, found in results[kind]), kind
+    # every crashed probe's declarations are gone within one expiration and a poll, and every
+    # joiner (taking the crashed one's uid) is found
+    assert len(results["vanish"]) == 2 and max(results["vanish"]) <= CONFIG.expert_expiration + 1.5
+    assert len(results["appear"]) == 2
+    lines = steady_lines(out, "sim lo")
+    assert len(lines) == 6 and all(line.startswith("sim lo ") for line in lines)
