@@ -231,6 +231,51 @@ def test_honest_replicas_are_never_excluded_and_audits_add_no_calls():
         world.close()
 
 
+IDENTITIES = 4  # keys the rotating liar goes through
+FRESH_BUDGET = 4  # replies an identity of it may serve (its first forward and backward, and one more call)
+
+
+@pytest.mark.slow
+def test_a_liar_that_rejoins_under_a_fresh_key_is_caught_on_its_first_replies_each_time():
+    # an identity costs nothing: a negating liar that joins again under a new key each time it is
+    # excluded starts with no record each time. A fresh key's every reply is audited and it is
+    # picked sparingly, so each one is caught on its first lie (an unproven host was picked at 0.5
+    # and audited at 20 %: about 10 replies per key)
+    world = Replicated(3, receipts=True)
+    uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+    liars: list[Volunteer] = []
+    try:
+        honest = [v.peer for v in world.honest]
+        # the honest hosts are proven on every expert first (past their own fresh start)
+        world.train_until(lambda: all(world.moe.trust.standing(uid, p) is Standing.PROVEN for uid in uids for p in honest),
+                          steps=200)
+        spec = grid(4)
+        served = []
+        for _ in range(IDENTITIES):
+            liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[world.honest[0].addr], replicas_config=REPLICAS,
+                             dht_config=DHT, receipts=True)  # a fresh key, caught up from an honest replica
+            liars.append(liar)
+            liar.lie(Lie("negate", seed=len(liars)))
+            deadline = time.monotonic() + 20
+            while not all(any(str(d.peer) == liar.peer for d in world.moe.live_experts(refresh=True).get(uid, []))
+                          for uid in uids):
+                assert time.monotonic() < deadline, "the new identity is not on every expert"
+                time.sleep(0.2)
+            world.train_until(lambda: world.moe.trust.excluded(liar.peer), steps=400)
+            settle_audits(world)
+            record = world.trust()[liar.peer]
+            assert record["standing"] == "excluded" and record["excluded_on_proof"], record
+            served.append(record["replies"])
+            liar.stop()
+        assert max(served) <= FRESH_BUDGET, served
+        trust = world.trust()
+        assert all(trust[p]["standing"] != "excluded" for p in honest), trust
+    finally:
+        for liar in liars:
+            liar.stop()
+        world.close()
+
+
 # --- without receipts (the default): audits compare replicas, as hivemind's hosts are audited ---
 
 @pytest.mark.slow
