@@ -276,6 +276,38 @@ def test_a_liar_that_rejoins_under_a_fresh_key_is_caught_on_its_first_replies_ea
         world.close()
 
 
+@pytest.mark.slow
+def test_an_honest_joiner_among_proven_replicas_is_proven_within_a_few_of_its_replies():
+    # picked sparingly while fresh, but every reply audited: three passed audits end its fresh start
+    world = Replicated(2, receipts=True)
+    uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+    joiner: Volunteer | None = None
+    try:
+        honest = [v.peer for v in world.honest]
+        world.train_until(lambda: all(world.moe.trust.standing(uid, p) is Standing.PROVEN for uid in uids for p in honest),
+                          steps=200)
+        joiner = Volunteer([], hidden=HIDDEN, grid=grid(3), bootstrap=[world.honest[0].addr], replicas_config=REPLICAS,
+                           dht_config=DHT, receipts=True)
+        deadline = time.monotonic() + 20
+        while not all(any(str(d.peer) == joiner.peer for d in world.moe.live_experts(refresh=True).get(uid, []))
+                      for uid in uids):
+            assert time.monotonic() < deadline, "the joiner is not on every expert"
+            time.sleep(0.2)
+        world.train_until(lambda: not world.trust().get(joiner.peer, {"fresh": True})["fresh"], steps=300)
+        settle_audits(world)
+        record = world.trust()[joiner.peer]
+        assert not record["fresh"] and record["standing"] == "proven", record
+        assert record["audits_passed"] >= world.moe.trust.policy.prove_after
+        assert world.moe.stats["exclusions"] == 0 and world.moe.stats["proofs"] == 0, world.moe.stats
+        served = record["replies"]
+        world.train_until(lambda: False, steps=30)  # weighed as a proven host from then on
+        assert world.trust()[joiner.peer]["replies"] - served >= 10, world.trust()[joiner.peer]
+    finally:
+        if joiner is not None:
+            joiner.stop()
+        world.close()
+
+
 # --- without receipts (the default): audits compare replicas, as hivemind's hosts are audited ---
 
 @pytest.mark.slow
