@@ -19,6 +19,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,22 +36,31 @@ def spin() -> None:
         x = (x * 1103515245 + 12345) % (1 << 31)
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def run(seed: int, epochs: int) -> dict:
     """One honest run; its summary line (or what went wrong)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     args = ["--honest", "3", "--receipts", "--epochs", str(epochs), "--target", "1.01", "--seed", str(seed)]
     started = time.monotonic()
+    child = subprocess.Popen([sys.executable, str(ROOT / "examples" / "train_digits.py"), *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
     try:
-        done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_digits.py"), *args], capture_output=True,
-                              text=True, timeout=RUN_LIMIT, cwd=ROOT, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no result within {RUN_LIMIT} s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("summary: ")]
+        out, _ = child.communicate(timeout=RUN_LIMIT)
+    except BaseException as exc:  # out of time, or stopped: SIGTERM lets it stop its volunteers and remove their keys
+        child.terminate()
+        child.communicate()
+        if isinstance(exc, subprocess.TimeoutExpired):
+            return {"error": f"no result within {RUN_LIMIT} s"}
+        raise
+    lines = [line for line in out.splitlines() if line.startswith("summary: ")]
     if not lines:
-        return {"error": f"exit {done.returncode}: {(done.stdout + done.stderr)[-1500:]}"}
+        return {"error": f"exit {child.returncode}: {out[-1500:]}"}
     summary = json.loads(lines[-1].removeprefix("summary: "))
     summary["seconds"] = round(time.monotonic() - started, 1)
-    summary["why"] = [line for line in done.stdout.splitlines() if line.startswith("HONEST volunteer")]
+    summary["why"] = [line for line in out.splitlines() if line.startswith("HONEST volunteer")]
     return summary
 
 
@@ -62,13 +72,20 @@ def main() -> int:
     parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args()
 
+    # SIGTERM stops early as Ctrl-C does: the runs done so far are still counted
+    signal.signal(signal.SIGTERM, _interrupt)
     burners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.load)]
     for burner in burners:
         burner.start()
-    excluded = outvoted = failed = audits = 0
+    excluded = outvoted = failed = audits = done = 0
     try:
         for i in range(args.runs):
-            summary = run(args.first_seed + i, args.epochs)
+            try:
+                summary = run(args.first_seed + i, args.epochs)
+            except KeyboardInterrupt:
+                print(f"stopped during run {i + 1}", flush=True)
+                break
+            done += 1
             if "error" in summary:
                 failed += 1
                 print(f"run {i + 1}: {summary['error']}", flush=True)
@@ -84,7 +101,7 @@ def main() -> int:
     finally:
         for burner in burners:
             burner.kill()
-    print(f"{args.runs} honest runs ({args.epochs} epochs, {args.load} busy processes beside): {excluded} honest "
+    print(f"{done} honest runs ({args.epochs} epochs, {args.load} busy processes beside): {excluded} honest "
           f"volunteers excluded, {outvoted} outvoted on an expert, {audits} audits, {failed} runs without a result",
           flush=True)
     return 1 if excluded or failed else 0

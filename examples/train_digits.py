@@ -318,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--audits", choices=("on", "off", "alternate"), default="on",
                         help="audit calls (alternate: on and off every 10 steps, to compare step times)")
     parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
-                        "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
-                        "at least 2 %%)")
+                        "(default: the adaptive policy: every reply of a new host until it has passed 3 audits, 20 %% until "
+                        "it has passed 10 in a row, then 1/streak, at least 2 %%)")
     parser.add_argument("--receipts", action="store_true",
                         help="--honest/--liar: the swarm asks for exact audits (receipts on every reply, disputes "
                              "settled by recompute)")
@@ -363,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         from volunteer.experts.faults import FaultInjection
 
         swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
-        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher)
-        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30)
+        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher;
+        # no fresh start, audited at every reply)
+        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30,
+                           prove_after=0)
         trust = {"trust": flat} if args.audit_rate else {}
 
         faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
