@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
         swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
         # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher;
-        # no fresh start, audited at every reply)
+        # and no new host has its first replies all audited)
         flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30,
                            prove_after=0)
         trust = {"trust": flat} if args.audit_rate else {}
