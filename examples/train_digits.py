@@ -8,6 +8,7 @@
     python examples/train_digits.py --churn              # volunteers join and leave all through training
     python examples/train_digits.py --churn --replicas 1 # the same without replicas, for comparison
     python examples/train_digits.py --liar times10       # 3 honest replicas of every expert and one that lies
+    python examples/train_digits.py --liar negate --rotate  # a liar that rejoins under a fresh key when caught
 
 --churn: the swarm file declares the grid ([[grid]], --replicas, --sync-period); volunteers run
 `volunteer join SWARM` with no --experts (automatic placement), each living a random
@@ -20,6 +21,9 @@ synced every --sync-period seconds; --honest volunteers and one liar (examples/l
 a `volunteer join` whose ffn experts lie) each host the whole grid. The trainer's guard and audits
 should exclude the liar; it prints when (after how many of the liar's replies) and why, and
 whether any honest volunteer was excluded. --honest N alone runs the same swarm without a liar.
+--rotate: a liar the trainer excluded leaves and joins again at once under a fresh key (a new
+identity with a clean record), as often as it is caught; the summary gives the share of all replies
+its identities served (`liar_share`) and how many it used.
 --audits alternate switches audits on and off every 10 steps (an audit runs in the background, so
 its cost lands on the steps after it: blocks keep it in its own) and prints the median step time
 of each.
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -160,7 +165,7 @@ class ReplicatedSwarm:
     ``sync_period`` s) and, with ``lie``, ``liars`` more whose experts lie (examples/lying_volunteer.py)."""
 
     def __init__(self, grid: tuple[int, int], hidden: int, honest: int, lie: str | None, sync_period: float, seed: int,
-                 liars: int = 1, receipts: bool = True) -> None:
+                 liars: int = 1, receipts: bool = True, rotate: bool = False) -> None:
         from churn_swarm import ChurnSwarm
 
         experts = grid[0] * grid[1]
@@ -171,7 +176,10 @@ class ReplicatedSwarm:
         self.honest = honest
         self.honest_peers: list[str] = []
         self.liar_peer: str | None = None
-        self.liar_peers: list[str] = []
+        self.liar_peers: list[str] = []  # every identity a liar used, first first
+        self.rotate = rotate
+        self._serving: dict[str, subprocess.Popen] = {}  # the liars' identities still up -> their process
+        self._rejoining: threading.Thread | None = None
 
     def start(self):
         """Start the volunteers (the liar last: it catches up from an honest replica, as a real
@@ -179,10 +187,39 @@ class ReplicatedSwarm:
         for _ in range(self.honest):
             self.honest_peers.append(self.swarm.peer_id(self.swarm.start_volunteer()))
         for _ in range(self.liars):
-            self.liar_peers.append(self.swarm.peer_id(self.swarm.start_volunteer(lie=self.lie)))
-            print(f"liar: {self.liar_peers[-1]} ({self.lie})", flush=True)
+            self._start_liar()
         self.liar_peer = self.liar_peers[0] if self.liar_peers else None
         return self.swarm.swarm_file
+
+    def _start_liar(self) -> None:
+        peer = self.swarm.peer_id(self.swarm.start_volunteer(lie=self.lie))  # a fresh key each time
+        self._serving[peer] = self.swarm.alive[-1][0]
+        self.liar_peers.append(peer)
+        print(f"liar: {peer} ({self.lie})", flush=True)
+
+    def rotate_caught(self, trust: dict) -> None:
+        """--rotate: each liar identity ``trust`` (the trainer's report) shows excluded leaves and
+        its liar joins again under a fresh key, as an attacker that notices it is no longer called
+        would (this one is told at once: the worst case). The new one joins in the background, so
+        training goes on meanwhile."""
+        if not self.rotate or (self._rejoining is not None and self._rejoining.is_alive()):
+            return
+        caught = [peer for peer in self._serving if trust.get(peer, {}).get("standing") == "excluded"]
+        if not caught:
+            return
+
+        def rejoin() -> None:
+            for peer in caught:
+                process = self._serving.pop(peer)
+                process.kill()
+                print(f"liar {peer} was excluded: it joins again under a fresh key", flush=True)
+                try:
+                    self._start_liar()
+                except RuntimeError as exc:
+                    print(f"liar failed to join again: {exc}", flush=True)
+
+        self._rejoining = threading.Thread(target=rejoin, daemon=True)
+        self._rejoining.start()
 
     def report(self, trust: dict, best: float, step_times: dict[bool, list[tuple[float, float]]], mixture: dict) -> None:
         """What the trainer's checks did to the liar and to the honest volunteers, and a summary
@@ -190,6 +227,8 @@ class ReplicatedSwarm:
         import json
         import statistics
 
+        if self._rejoining is not None:
+            self._rejoining.join()  # every identity it used is listed before the count
         honest_excluded = [p for p in self.honest_peers if trust.get(p, {}).get("standing") == "excluded"]
         for peer in honest_excluded:
             print(f"HONEST volunteer {peer} excluded: {trust[peer]['excluded_because']}", flush=True)
@@ -213,6 +252,10 @@ class ReplicatedSwarm:
             "liar_audits_disagreed": liar.get("audits_disagreed", 0),
             "liars": len(self.liar_peers), "liars_excluded": sum(r.get("standing") == "excluded" for r in liars),
             "liars_replies": sum(r.get("replies", 0) for r in liars),
+            # --rotate: the identities the liars used, and the share of every checked reply theirs served
+            "liar_identities": len(self.liar_peers),
+            "liar_share": round(sum(r.get("replies", 0) for r in liars)
+                                / max(1, sum(r.get("replies", 0) for r in trust.values())), 4),
             "honest_excluded": len(honest_excluded),
             # an honest replica of one expert whose syncs lagged, outvoted on it: not called for it
             "honest_outvoted_on": sum(len(trust.get(p, {}).get("outvoted_on", [])) for p in self.honest_peers),
@@ -269,12 +312,14 @@ def main(argv: list[str] | None = None) -> int:
                                            "gradients"),
                         help="one volunteer (--liars of them) among honest replicas of every expert lies this way")
     parser.add_argument("--liars", type=int, default=1, help="--liar: volunteers that lie, each a replica of every expert")
+    parser.add_argument("--rotate", action="store_true",
+                        help="--liar: a liar the trainer excluded joins again at once under a fresh key")
     parser.add_argument("--honest", type=int, help="honest replicas of every expert (default 3 with --liar)")
     parser.add_argument("--audits", choices=("on", "off", "alternate"), default="on",
                         help="audit calls (alternate: on and off every 10 steps, to compare step times)")
     parser.add_argument("--audit-rate", type=float, help="audit every host's calls at this rate, trusted or not "
-                        "(default: the adaptive policy, 20 %% until a host has passed 10 audits in a row, then 1/streak, "
-                        "at least 2 %%)")
+                        "(default: the adaptive policy: every reply of a new host until it has passed 3 audits, 20 %% until "
+                        "it has passed 10 in a row, then 1/streak, at least 2 %%)")
     parser.add_argument("--receipts", action=argparse.BooleanOptionalAction, default=True,
                         help="--honest/--liar: the swarm asks for exact audits (receipts on every reply, disputes "
                              "settled by recompute; the default); --no-receipts: replicas' replies are compared")
@@ -297,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         logging.getLogger("volunteer.experts.audit").setLevel(logging.INFO)
         replicated = ReplicatedSwarm(grid, args.hidden, args.honest or 3, args.liar, args.sync_period, args.seed,
-                                     liars=args.liars, receipts=args.receipts)
+                                     liars=args.liars, receipts=args.receipts, rotate=args.rotate)
     elif args.churn:
         from churn_swarm import ChurnSwarm, ExpertLedger
 
@@ -318,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         from volunteer.experts.faults import FaultInjection
 
         swarm_file = replicated.start() if replicated else churn.swarm_file if churn else testnet.swarm_file
-        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher)
-        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30)
+        # --audit-rate: that rate for everyone (nobody earns the 1/streak rate: it would be higher;
+        # and no new host has its first replies all audited)
+        flat = TrustPolicy(audit_rate=args.audit_rate or 0.0, untrusted_rate=args.audit_rate or 0.0, trust_after=1 << 30,
+                           prove_after=0)
         trust = {"trust": flat} if args.audit_rate else {}
 
         faults = FaultInjection(fail_rate=args.fail_rate, latency=args.latency_ms / 1000, seed=args.seed)
@@ -353,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                     optimizer.step()
                     step_times[model.moe.audits].append((time.perf_counter() - step_started, time.process_time() - cpu_started))
                     losses.append(loss.item())
+                    if replicated is not None and replicated.rotate:
+                        replicated.rotate_caught(swarm.trust_report())
                     if ledger is not None and (i // args.batch_size) % 5 == 0:
                         ledger.watch(swarm, [f"expert.{a}.{b}" for a in range(grid[0]) for b in range(grid[1])])
                 acc = accuracy(model, x_test, y_test)

@@ -3,8 +3,10 @@ processes and one whose ffn experts answer ten times their output (examples/lyin
 each hosting the whole grid, replicas synced every 5 s. The trainer's audits exclude the liar
 within 200 of its replies, naming it and why, no honest volunteer is excluded, and training
 reaches 95 %; and two liars of three replicas (negated outputs) are excluded on recompute's
-proof while the one honest replica trains to 95 % (a vote would have excluded it). The example runs in its own process group: whatever happens, every process it
-started is killed when the test ends."""
+proof while the one honest replica trains to 95 % (a vote would have excluded it); and a liar that
+joins again under a fresh key each time it is excluded serves under 5 % of the replies. The example
+runs in its own process group: whatever happens, every process it started is killed when the test
+ends."""
 
 from __future__ import annotations
 
@@ -67,3 +69,19 @@ def test_a_lie_inside_honest_drift_is_excluded_within_500_replies_on_a_real_join
     assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, out[-4000:]
     assert f"excluding volunteer {liar}: its {kind} of expert" in out and "contradicted by recompute" in out
     assert "reached 95% test accuracy" in out and summary["best"] >= 0.95
+
+
+@pytest.mark.slow
+def test_a_liar_that_rejoins_under_a_fresh_key_each_time_it_is_caught_serves_under_5_percent_of_replies():
+    # a negating `volunteer join` that, excluded, leaves and joins again at once under a new key
+    # (told of its exclusion at once: the worst case), over 8 fixed epochs (the target is out of
+    # reach on purpose: the run is as long whatever the accuracy, so it exits 1)
+    code, out = run_example("--liar", "negate", "--rotate", "--honest", "3", "--receipts", "--epochs", "8",
+                            "--target", "1.01")
+    assert "summary: " in out, out[-4000:]
+    summary = json.loads(next(line for line in out.splitlines() if line.startswith("summary: ")).removeprefix("summary: "))
+    assert summary["liar_identities"] >= 2 and summary["liars_excluded"] >= 1, summary  # it did come back
+    assert summary["liar_share"] < 0.05, summary
+    assert summary["honest_excluded"] == 0 and "HONEST volunteer" not in out, out[-4000:]
+    assert "contradicted by recompute" in out and "joins again under a fresh key" in out
+    assert summary["best"] >= 0.95, summary

@@ -231,6 +231,83 @@ def test_honest_replicas_are_never_excluded_and_audits_add_no_calls():
         world.close()
 
 
+IDENTITIES = 4  # keys the rotating liar goes through
+FRESH_BUDGET = 4  # replies an identity of it may serve (its first forward and backward, and one more call)
+
+
+@pytest.mark.slow
+def test_a_liar_that_rejoins_under_a_fresh_key_is_caught_on_its_first_replies_each_time():
+    # an identity costs nothing: a negating liar that joins again under a new key each time it is
+    # excluded starts with no record each time. A fresh key's every reply is audited and it is
+    # picked sparingly, so each one is caught on its first lie (an unproven host was picked at 0.5
+    # and audited at 20 %: about 10 replies per key)
+    world = Replicated(3, receipts=True)
+    uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+    liars: list[Volunteer] = []
+    try:
+        honest = [v.peer for v in world.honest]
+        # the honest hosts are proven on every expert first (past their own fresh start)
+        world.train_until(lambda: all(world.moe.trust.standing(uid, p) is Standing.PROVEN for uid in uids for p in honest),
+                          steps=200)
+        spec = grid(4)
+        served = []
+        for _ in range(IDENTITIES):
+            liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[world.honest[0].addr], replicas_config=REPLICAS,
+                             dht_config=DHT, receipts=True)  # a fresh key, caught up from an honest replica
+            liars.append(liar)
+            liar.lie(Lie("negate", seed=len(liars)))
+            deadline = time.monotonic() + 20
+            while not all(any(str(d.peer) == liar.peer for d in world.moe.live_experts(refresh=True).get(uid, []))
+                          for uid in uids):
+                assert time.monotonic() < deadline, "the new identity is not on every expert"
+                time.sleep(0.2)
+            world.train_until(lambda: world.moe.trust.excluded(liar.peer), steps=400)
+            settle_audits(world)
+            record = world.trust()[liar.peer]
+            assert record["standing"] == "excluded" and record["excluded_on_proof"], record
+            served.append(record["replies"])
+            liar.stop()
+        assert max(served) <= FRESH_BUDGET, served
+        trust = world.trust()
+        assert all(trust[p]["standing"] != "excluded" for p in honest), trust
+    finally:
+        for liar in liars:
+            liar.stop()
+        world.close()
+
+
+@pytest.mark.slow
+def test_an_honest_joiner_among_proven_replicas_is_proven_within_a_few_of_its_replies():
+    # picked sparingly while fresh, but every reply audited: three passed audits end its fresh start
+    world = Replicated(2, receipts=True)
+    uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
+    joiner: Volunteer | None = None
+    try:
+        honest = [v.peer for v in world.honest]
+        world.train_until(lambda: all(world.moe.trust.standing(uid, p) is Standing.PROVEN for uid in uids for p in honest),
+                          steps=200)
+        joiner = Volunteer([], hidden=HIDDEN, grid=grid(3), bootstrap=[world.honest[0].addr], replicas_config=REPLICAS,
+                           dht_config=DHT, receipts=True)
+        deadline = time.monotonic() + 20
+        while not all(any(str(d.peer) == joiner.peer for d in world.moe.live_experts(refresh=True).get(uid, []))
+                      for uid in uids):
+            assert time.monotonic() < deadline, "the joiner is not on every expert"
+            time.sleep(0.2)
+        world.train_until(lambda: not world.trust().get(joiner.peer, {"fresh": True})["fresh"], steps=300)
+        settle_audits(world)
+        record = world.trust()[joiner.peer]
+        assert not record["fresh"] and record["standing"] == "proven", record
+        assert record["audits_passed"] >= world.moe.trust.policy.prove_after
+        assert world.moe.stats["exclusions"] == 0 and world.moe.stats["proofs"] == 0, world.moe.stats
+        served = record["replies"]
+        world.train_until(lambda: False, steps=30)  # weighed as a proven host from then on
+        assert world.trust()[joiner.peer]["replies"] - served >= 10, world.trust()[joiner.peer]
+    finally:
+        if joiner is not None:
+            joiner.stop()
+        world.close()
+
+
 # --- without receipts (the default): audits compare replicas, as hivemind's hosts are audited ---
 
 @pytest.mark.slow

@@ -13,12 +13,39 @@ from volunteer.experts.trust import Standing, TrustLedger, TrustPolicy
 POLICY = TrustPolicy(audit_rate=0.02, untrusted_rate=0.2, suspect_rate=0.5, trust_after=10, guard_strikes=3)
 
 
-def test_a_new_host_is_unproven_and_audited_at_the_untrusted_rate():
+def prove(ledger: TrustLedger, peer: str, uid: str = "e.proof") -> None:
+    """``peer`` passes the audits that end its fresh start (on an expert the test does not look at)."""
+    for _ in range(ledger.policy.prove_after):
+        ledger.passed(uid, peer)
+
+
+def test_a_new_identity_is_fresh_every_reply_audited_and_picked_least_until_it_passed_a_few_audits():
     ledger = TrustLedger(POLICY)
     assert ledger.standing("e.0", "a") is Standing.UNPROVEN and ledger.peer_standing("a") is Standing.UNPROVEN
-    assert ledger.audit_probability("e.0", "a") == 0.2
-    assert ledger.pick_weight("e.0", "a") == POLICY.unproven_weight
+    assert ledger.audit_probability("e.0", "a") == 1.0 and ledger.pick_weight("e.0", "a") == POLICY.fresh_weight
+    ledger.replied("a")
+    for _ in range(POLICY.prove_after):
+        assert ledger.report()["a"]["fresh"] and ledger.audit_probability("e.1", "a") == 1.0
+        # proven on an expert after its first audit, yet weighed as fresh until it passed enough
+        assert ledger.pick_weight("e.1", "a") == POLICY.fresh_weight
+        ledger.passed("e.1", "a")
+    assert not ledger.report()["a"]["fresh"] and ledger.pick_weight("e.1", "a") == POLICY.proven_weight
+    # past its fresh start, an expert it was not audited on yet is unproven: the usual rate and weight
+    assert ledger.audit_probability("e.0", "a") == 0.2 and ledger.pick_weight("e.0", "a") == POLICY.unproven_weight
     assert not ledger.trusted("a") and not ledger.excluded("a")
+    # a policy without a fresh start (prove_after 0) weighs a new identity as any unproven host
+    bare = TrustLedger(TrustPolicy(prove_after=0))
+    assert bare.audit_probability("e.0", "b") == bare.policy.untrusted_rate
+    assert bare.pick_weight("e.0", "b") == bare.policy.unproven_weight
+
+
+def test_a_fresh_identity_caught_is_excluded_as_any_other():
+    ledger = TrustLedger(POLICY)
+    ledger.disagreed("e.0", "a")  # a fresh suspect: still every reply audited, and picked least
+    assert ledger.audit_probability("e.0", "a") == 1.0 and ledger.pick_weight("e.0", "a") == POLICY.fresh_weight
+    ledger.exclude("a", "a proof", proof=True)
+    assert ledger.audit_probability("e.0", "a") == 0.0 and ledger.pick_weight("e.0", "a") == 0.0
+    assert not ledger.report()["a"]["fresh"] and ledger.report()["a"]["excluded_on_proof"]
 
 
 def test_ten_valid_results_in_a_row_make_a_peer_trusted_then_it_is_rechecked_with_probability_one_over_streak():
@@ -135,6 +162,7 @@ def test_any_sequence_of_observations_keeps_the_ledger_coherent(events):
 
 def test_a_peer_outvoted_on_two_different_experts_is_excluded_and_one_expert_twice_is_not():
     ledger = TrustLedger()
+    prove(ledger, "p")
     assert not ledger.outvoted("e.0", "p") and not ledger.outvoted("e.0", "p")  # one expert, twice
     assert ledger.standing("e.0", "p") is Standing.OUTVOTED and ledger.pick_weight("e.0", "p") == 0.0
     ledger.disagreed("e.0", "p")
@@ -151,6 +179,7 @@ def test_a_peer_outvoted_on_two_different_experts_is_excluded_and_one_expert_twi
 
 def test_an_outvoted_peer_that_passes_trust_after_audits_in_a_row_is_no_longer_suspected():
     ledger = TrustLedger(TrustPolicy(trust_after=3))
+    prove(ledger, "p")
     ledger.outvoted("e.0", "p")
     for _ in range(3):
         assert ledger.audit_probability("e.1", "p") == ledger.policy.suspect_rate

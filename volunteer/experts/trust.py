@@ -25,6 +25,13 @@ probability ``1/streak``, never below ``audit_rate``; an untrusted peer, a pair 
 proven and a suspect pair are checked at the higher ``untrusted_rate`` / ``suspect_rate``. A failed
 check (a reply the guard rejected, a disagreement) ends the streak.
 
+A new identity costs an attacker nothing, so a peer's record starts empty, not clean: a **fresh**
+peer (fewer than ``prove_after`` audits passed, on any of its experts) has every reply audited
+(``fresh_rate``) and is picked with ``fresh_weight`` only, a tenth of a proven host's. A liar that
+rejoins under a fresh key each time it is excluded is caught on its first audited lie, which is
+its first reply, and meanwhile it is called sparingly; an honest joiner passes its first few audits
+in as many replies and is weighed as usual from then on.
+
 ``TrustLedger`` is pure: no clock, no trio, no torch. Callers report what they observed and read
 back standings, audit probabilities and pick weights. Its tables are bounded (least recently seen
 forgotten first; an exclusion is remembered longest).
@@ -46,11 +53,14 @@ class TrustPolicy:
     audit_rate: float = 0.02  # the floor of a trusted peer's re-check probability
     untrusted_rate: float = 0.2  # a peer short of ``trust_after``, or a pair not yet proven
     suspect_rate: float = 0.5  # a pair whose last check failed and was not settled
+    fresh_rate: float = 1.0  # a peer that has passed fewer than ``prove_after`` audits
     trust_after: int = 10  # valid results in a row that make a peer trusted
+    prove_after: int = 3  # audits a peer passes (any expert) before it weighs more than ``fresh_weight``
     # weights a mixture multiplies into its choice among an expert's replicas
     proven_weight: float = 1.0
     unproven_weight: float = 0.5
     suspect_weight: float = 0.2
+    fresh_weight: float = 0.1  # a fresh peer's, on any expert (identities are free)
     # replies of one peer in a row that the guard rejected as implausible (no accepted reply of
     # it in between) that exclude it: an honest host's reply is out of range rarely, never 8 in a row
     guard_strikes: int = 8
@@ -65,7 +75,7 @@ class TrustPolicy:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ExpertConfigError(f"TrustPolicy.{f.name} must be a non-negative number, got {value!r}")
-        for name in ("audit_rate", "untrusted_rate", "suspect_rate"):
+        for name in ("audit_rate", "untrusted_rate", "suspect_rate", "fresh_rate"):
             if getattr(self, name) > 1:
                 raise ExpertConfigError(f"TrustPolicy.{name} is a probability, got {getattr(self, name)!r}")
         if min(self.trust_after, self.guard_strikes, self.outvotes_to_exclude, self.max_pairs, self.max_peers) < 1:
@@ -107,6 +117,11 @@ class PeerRecord:
     def trusted(self, policy: TrustPolicy) -> bool:
         """Whether the peer has earned the low re-check rate."""
         return self.streak >= policy.trust_after
+
+    def fresh(self, policy: TrustPolicy) -> bool:
+        """Whether the peer has passed fewer than ``prove_after`` audits: a new identity, which
+        costs nothing to make, and weighs (almost) nothing until proven."""
+        return self.passed < policy.prove_after
 
     def under_suspicion(self, policy: TrustPolicy) -> bool:
         """Outvoted on an expert and not trusted again since (``trust_after`` audits passed in a
@@ -157,6 +172,14 @@ class TrustLedger:
             return 0.0
         pair = self._pairs.get((uid, peer))
         record = self._peers.get(peer)
+        rate = self._audit_rate(pair, record)
+        if self._fresh(record):
+            # every reply of a new identity until it has passed a few: a rejoined liar's first lie is caught
+            return max(rate, policy.fresh_rate)
+        return rate
+
+    def _audit_rate(self, pair: PairRecord | None, record: PeerRecord | None) -> float:
+        policy = self.policy
         suspicious = record is not None and record.under_suspicion(policy)
         if suspicious or (pair is not None and pair.standing is Standing.SUSPECT):
             # a peer outvoted on one expert is checked as a suspect on all the others until it is
@@ -168,13 +191,13 @@ class TrustLedger:
 
     def pick_weight(self, uid: str, peer: str) -> float:
         """A factor for choosing ``peer`` among ``uid``'s replicas: 0 once excluded or stale,
-        less for unproven and suspect hosts than for proven ones."""
+        less for unproven and suspect hosts than for proven ones, and least for a fresh peer."""
         standing = self.standing(uid, peer)
         record = self._peers.get(peer)
         suspicious = record is not None and record.under_suspicion(self.policy)
         if standing in (Standing.UNPROVEN, Standing.PROVEN) and suspicious:
             standing = Standing.SUSPECT  # outvoted on another expert: picked as a suspect here
-        return {
+        weight = {
             Standing.EXCLUDED: 0.0,
             Standing.OUTVOTED: 0.0,
             Standing.STALE: 0.0,
@@ -182,6 +205,9 @@ class TrustLedger:
             Standing.UNPROVEN: self.policy.unproven_weight,
             Standing.PROVEN: self.policy.proven_weight,
         }[standing]
+        if weight > 0.0 and self._fresh(record):
+            return min(weight, self.policy.fresh_weight)
+        return weight
 
     # --- what was observed -------------------------------------------------------------------
     def passed(self, uid: str, peer: str, *, exact: bool = False) -> None:
@@ -302,6 +328,7 @@ class TrustLedger:
                 "excluded_after_replies": record.excluded_after,
                 "streak": record.streak,
                 "trusted": record.trusted(self.policy),
+                "fresh": peer not in self._excluded and record.fresh(self.policy),
                 "audits_passed": record.passed,
                 "exact_audits_passed": record.exact,
                 "audits_disagreed": record.disagreed,
@@ -319,6 +346,9 @@ class TrustLedger:
 
     def _peer(self, peer: str) -> PeerRecord:
         return _touch(self._peers, peer, PeerRecord, self.policy.max_peers)
+
+    def _fresh(self, record: PeerRecord | None) -> bool:
+        return (record or PeerRecord()).fresh(self.policy)
 
     def _failed_check(self, uid: str, peer: str) -> tuple[PairRecord, PeerRecord]:
         """Count a check ``peer``'s reply for ``uid`` failed (on the pair and the peer; its
