@@ -138,3 +138,14 @@ def test_key_file_roundtrip_and_permissions(tmp_path):
     other = KeyPair.generate()
     save_keypair(path, other)
     assert load_keypair(path).peer_id == other.peer_id
+
+
+def test_signed_by_holds_only_for_the_named_key_and_message_and_refuses_malformed_peer_ids():
+    from volunteer.net.identity import KeyPair, signed_by
+
+    alice, bob = KeyPair.generate(), KeyPair.generate()
+    signature = alice.sign(b"record")
+    assert signed_by(alice.peer_id.to_bytes(), b"record", signature)
+    assert not signed_by(bob.peer_id.to_bytes(), b"record", signature)
+    assert not signed_by(alice.peer_id.to_bytes(), b"other record", signature)
+    assert not signed_by(b"\x00\x01not a peer id", b"record", signature)

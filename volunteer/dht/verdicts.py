@@ -30,7 +30,7 @@ from typing import Mapping
 import msgpack
 
 from ..errors import DHTRecordError
-from ..net.identity import KeyPair, PeerID
+from ..net.identity import KeyPair, PeerID, signed_by
 from ..wire import unpack_bounded
 
 PROOFS_KEY = b"volunteer-proofs"  # the index: sub-key accuser + accused PeerID bytes, value the accused's
@@ -73,11 +73,7 @@ class Accusation:
 
     def verify(self) -> bool:
         """Whether the signature is the named accuser's."""
-        try:
-            key = PeerID.from_bytes(self.accuser).extract_public_key()
-        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad accusation, whatever the parser raised
-            return False
-        return key is not None and key.verify(self.signed_part(), self.signature)
+        return signed_by(self.accuser, self.signed_part(), self.signature)
 
     @property
     def digest(self) -> bytes:

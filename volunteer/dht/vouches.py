@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import msgpack
 
 from ..errors import DHTRecordError
-from ..net.identity import KeyPair, PeerID
+from ..net.identity import KeyPair, PeerID, signed_by
 from ..wire import unpack_bounded
 
 CONTRIBUTIONS_KEY = b"volunteer-vouches"  # DHT key; sub-key: the host's PeerID bytes (after the trainer's)
@@ -68,11 +68,7 @@ class Vouch:
 
     def verify(self) -> bool:
         """Whether the signature is the named trainer's."""
-        try:
-            key = PeerID.from_bytes(self.trainer).extract_public_key()
-        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad vouch, whatever the parser raised
-            return False
-        return key is not None and key.verify(self.signed_part(), self.signature)
+        return signed_by(self.trainer, self.signed_part(), self.signature)
 
     def encode(self) -> bytes:
         return msgpack.packb([*self._fields(), self.signature], use_bin_type=True)

@@ -35,7 +35,7 @@ import msgpack
 import torch
 
 from ..errors import ExpertProtocolError
-from ..net.identity import KeyPair, PeerID
+from ..net.identity import KeyPair, PeerID, signed_by
 from ..net.multiaddr import Multiaddr
 from ..wire import unpack_bounded
 
@@ -119,14 +119,9 @@ class Receipt:
 
     def verify(self, peer: object | None = None) -> bool:
         """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
-        try:
-            signer = self.signer
-        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad receipt, whatever the parser raised
-            return False
         if peer is not None and _peer_bytes(peer) != self.peer:
             return False
-        key = signer.extract_public_key()
-        return key is not None and key.verify(self.signed_part(), self.signature)
+        return signed_by(self.peer, self.signed_part(), self.signature)
 
     def to_wire(self) -> list:
         """The msgpack array in a reply header."""
@@ -191,11 +186,7 @@ class StateBinding:
         """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
         if peer is not None and _peer_bytes(peer) != self.peer:
             return False
-        try:
-            key = PeerID.from_bytes(self.peer).extract_public_key()
-        except Exception:  # noqa: BLE001 - a malformed PeerID is a bad binding, whatever the parser raised
-            return False
-        return key is not None and key.verify(self.signed_part(), self.signature)
+        return signed_by(self.peer, self.signed_part(), self.signature)
 
     def to_wire(self) -> list:
         return [self.peer, self.uid, self.state, self.version, self.digest, self.signature]

@@ -273,6 +273,17 @@ class PeerID:
 # --- key files -----------------------------------------------------------------------------
 
 
+def signed_by(peer: bytes, message: bytes, signature: bytes) -> bool:
+    """Whether ``signature`` over ``message`` is by the key of the PeerID whose bytes are ``peer``:
+    the check every signed record a peer hands us makes (a vouch, a receipt, an accusation). A
+    malformed PeerID, or one that embeds no key, is a bad record, not an error."""
+    try:
+        key = PeerID.from_bytes(peer).extract_public_key()
+    except Exception:  # noqa: BLE001 - whatever the parser raised, the record is bad
+        return False
+    return key is not None and key.verify(message, signature)
+
+
 def default_identity_path() -> Path:
     """$VOLUNTEER_IDENTITY, else the config dir's identity.key (see ``volunteer.paths``)."""
     return paths.identity_path()
