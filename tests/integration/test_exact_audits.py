@@ -49,24 +49,25 @@ class World:
     """``honest`` volunteers hosting the whole grid, then ``len(liars)`` more whose experts lie
     (each a patch of its modules), and a trainer."""
 
-    def __init__(self, honest: int, liars: list, *, trust: TrustPolicy | None = None) -> None:
-        spec = grid(honest + len(liars))
+    def __init__(self, honest: int, liars: list, *, trust: TrustPolicy | None = None, hidden: int = HIDDEN) -> None:
+        self.hidden = hidden
+        spec = grid(honest + len(liars), hidden)
         self.honest: list[Volunteer] = []
         self.liars: list[Volunteer] = []
         self.swarm = None
         try:
             for _ in range(honest):
                 bootstrap = [self.honest[0].addr] if self.honest else []
-                self.honest.append(Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=bootstrap,
+                self.honest.append(Volunteer([], hidden=hidden, grid=spec, bootstrap=bootstrap,
                                              replicas_config=REPLICAS, dht_config=DHT, receipts=True))
             for patch in liars:
-                liar = Volunteer([], hidden=HIDDEN, grid=spec, bootstrap=[self.honest[0].addr],
+                liar = Volunteer([], hidden=hidden, grid=spec, bootstrap=[self.honest[0].addr],
                                  replicas_config=REPLICAS, dht_config=DHT, receipts=True)
                 self.liars.append(liar)
                 liar.corrupt(patch)
             options = {"trust": trust} if trust is not None else {}
             self.swarm = Swarm.join(self.honest[0].spec(), dht_config=DHT, **options)
-            self.moe = RemoteMixtureOfExperts(self.swarm, in_features=HIDDEN, grid=spec, k_best=2, forward_timeout=5,
+            self.moe = RemoteMixtureOfExperts(self.swarm, in_features=hidden, grid=spec, k_best=2, forward_timeout=5,
                                               backward_timeout=5, timeout_after_k_min=1.0, refresh_period=0.5)
             self._wait(honest + len(liars))
         except BaseException:
@@ -84,7 +85,7 @@ class World:
 
     def train_until(self, done, *, steps: int) -> tuple[SumTask, list[float]]:
         torch.manual_seed(0)
-        task = SumTask(self.moe, HIDDEN, batch=32, lr=1e-2)
+        task = SumTask(self.moe, self.hidden, batch=32, lr=1e-2)
         losses = []
         for _ in range(steps):
             losses.append(task.step())

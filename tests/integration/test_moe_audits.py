@@ -35,8 +35,8 @@ DHT = replace(DHT_CONFIG, expert_expiration=60.0)
 LIAR_BUDGET = 200  # replies of the liar by which it must be excluded
 
 
-def grid(replicas: int) -> GridSpec:
-    return GridSpec("expert", (2, 2), "ffn", HIDDEN, replicas=replicas, sync_period=1.0)
+def grid(replicas: int, hidden: int = HIDDEN) -> GridSpec:
+    return GridSpec("expert", (2, 2), "ffn", hidden, replicas=replicas, sync_period=1.0)
 
 
 class Replicated:

@@ -1,7 +1,8 @@
 """Shared verdicts on real volunteers (in-process, loopback): a trainer that proved a liar publishes
 the proof, and another trainer that never called the liar checks it by recompute and refuses the
-liar too; an accusation against an honest host, stored as the real thing would be, changes
-nothing for anyone."""
+liar too, with evidence that fits one record or (wide experts) in pieces; an accusation against an
+honest host, stored as the real thing would be, or a liar's true proof whose pieces are missing or
+altered, changes nothing for anyone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 from volunteer import RemoteMixtureOfExperts, Swarm
-from volunteer.dht.verdicts import Accusation, accusation_items
+from volunteer.dht.verdicts import (
+    MAX_EVIDENCE, Accusation, EvidenceRef, accusation_items, chunk_items, proof_key, split_evidence,
+)
 from volunteer.experts.callstats import CallReport
 from volunteer.experts.verdicts import evidence_of
 from volunteer.net.identity import PeerID
@@ -20,6 +23,7 @@ from volunteer.net.identity import PeerID
 from .test_exact_audits import World, modules, times
 from .test_moe_audits import DHT, HIDDEN, grid
 
+WIDE = 64  # the digits run's width: a call of 32 rows is ~4 K float32 each way, evidence in pieces
 WAIT = 60.0  # seconds a second trainer has to read and check a proof (its watcher reads every 10 s)
 
 
@@ -94,4 +98,80 @@ def test_a_forged_accusation_against_an_honest_host_excludes_nobody():
     finally:
         if forger is not None:
             forger.close()
+        world.close()
+
+
+def stored_accusations(swarm: Swarm, accused: str) -> list[Accusation]:
+    records = swarm.loop.run(swarm.dht.get, proof_key(PeerID.from_string(accused).to_bytes()))
+    return [Accusation.decode(record.value) for record in records.values() if record.value is not None]
+
+
+@pytest.mark.slow
+def test_a_wide_experts_proof_is_published_in_pieces_and_another_trainer_that_never_called_the_liar_refuses_it():
+    world = World(1, [modules(times(1.02))], hidden=WIDE)
+    second = None
+    try:
+        liar = world.liars[0].peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=400)
+        world.settle()
+        assert world.swarm.trust_report()[liar]["excluded_on_proof"]
+        wait_for(lambda: world.swarm.verdict_report()["published"] >= 1, "the proof to be published", 20)
+        assert world.swarm.verdict_report()["unpublished"] == 0
+        (accusation,) = stored_accusations(world.swarm, liar)
+        assert isinstance(accusation.evidence, EvidenceRef) and accusation.evidence.chunks >= 2  # it did not fit one record
+
+        second = Swarm.join(world.honest[0].spec(), dht_config=DHT)
+        moe = RemoteMixtureOfExperts(second, in_features=WIDE, grid=grid(2, WIDE), k_best=2)
+        assert liar not in second.trust_report()  # never called it
+        wait_for(lambda: second.trust_report().get(liar, {}).get("standing") == "excluded", "the proof to be checked")
+        row = second.trust_report()[liar]
+        assert row["excluded_on_proof"] and row["replies"] == 0, row
+        assert row["excluded_because"].startswith(f"proof published by {world.swarm.host.peer_id}"), row
+        assert all(moe.trust.pick_weight(uid, liar) == 0.0 for uid in world.moe.live_experts())
+        assert second.trust_report().get(world.honest[0].peer, {}).get("standing") != "excluded"
+    finally:
+        if second is not None:
+            second.close()
+        world.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["missing", "altered"])
+def test_a_liars_true_proof_whose_pieces_are_missing_or_altered_excludes_nobody(damage):
+    world = World(1, [modules(times(1.02))], hidden=WIDE)
+    accuser = None
+    try:
+        liar = world.liars[0].peer
+        accuser = Swarm.join(world.honest[0].spec(), dht_config=DHT)
+        uid = sorted(world.moe.live_experts())[0]
+        x = torch.randn(32, WIDE)
+        report = CallReport()
+        told = accuser.loop.run(partial(accuser.directory.call_expert, PeerID.from_string(liar), uid, "forward", [x],
+                                        report=report))
+        assert report.receipt is not None
+        evidence = evidence_of(report.receipt, [x], told)  # the liar's signed lie: a true proof
+        assert evidence is not None
+        encoded = evidence.encode()
+        assert len(encoded) > MAX_EVIDENCE
+        ref, pieces = split_evidence(encoded)
+        expiration = time.time() + 600
+        items = chunk_items(ref, pieces, accuser.keypair.peer_id.to_bytes(), expiration)
+        if damage == "missing":
+            items = items[1:]
+        else:
+            key, subkey, piece, _ = items[0]
+            items[0] = (key, subkey, bytes([piece[0] ^ 1]) + piece[1:], expiration)
+        accusation = Accusation(accuser.spec.id, accuser.keypair.peer_id.to_bytes(), PeerID.from_string(liar).to_bytes(),
+                                uid, time.time(), ref).sign(accuser.keypair)
+        accuser.loop.run(accuser.dht.store_many, [*items, *accusation_items(accusation, expiration)])
+
+        # the trainer never called the liar; it reads the accusation and cannot assemble its evidence
+        wait_for(lambda: world.swarm.verdict_report()["refused"].get("evidence_unread", 0) >= 1,
+                 "the accusation to be read")
+        report_ = world.swarm.verdict_report()
+        assert report_["excluded"] == {} and report_["checks"] >= 1, report_
+        assert world.swarm.trust_report().get(liar, {}).get("standing") != "excluded"
+    finally:
+        if accuser is not None:
+            accuser.close()
         world.close()

@@ -46,10 +46,10 @@ def receipt_for(keys: KeyPair, store: SnapshotStore, b, inputs, replied, op=FORW
 class Liar:
     """A host built from our own modules that signs a reply scaled by ``scale``."""
 
-    def __init__(self, scale: float = 1.02) -> None:
+    def __init__(self, scale: float = 1.02, hidden: int = HIDDEN) -> None:
         torch.manual_seed(0)
         self.keys, self.store, self.scale = KeyPair.generate(), SnapshotStore(), scale
-        self.backend = make_backend("ffn.0.0", "ffn", HIDDEN)
+        self.backend = make_backend("ffn.0.0", "ffn", hidden)
         self.served = True
 
     def forward(self, x):
@@ -147,9 +147,9 @@ def test_a_proof_whose_snapshot_is_gone_changes_nothing_and_is_tried_again_a_few
     assert book.refused["snapshot_gone"] == 3
 
 
-def test_evidence_too_large_for_a_record_stays_the_auditors():
-    liar = Liar(1.02)
-    x = torch.randn(256, HIDDEN)
+def test_evidence_past_what_a_reader_fetches_stays_the_auditors():
+    liar = Liar(1.02, hidden=256)
+    x = torch.randn(1024, 256)  # 256 K float32 each way: over MAX_CHUNKED_EVIDENCE (~1 MiB)
     told, receipt = liar.forward(x)
     assert evidence_of(receipt, [x], told) is None
 

@@ -5,11 +5,13 @@ recompute, and the watcher that publishes our proofs and checks everyone else's.
 believe: the accused's signed receipt (``receipts.py``), the inputs the auditor sent (and the
 output gradients, for a backward) raw, the encoding they travelled in, and the reply as it
 travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names). It
-rides in a ``dht.verdicts.Accusation``, which bounds it to ``MAX_EVIDENCE`` bytes (about 7 KiB):
-a proof of a call whose inputs, gradients and reply do not fit (more than about 1,700 float32
-values in all: 8 rows of a width-64 forward and its reply, say) stays the auditor's own (counted
-``proofs_unpublished``); splitting evidence over several records is what a swarm of wide experts
-needs next.
+rides in a ``dht.verdicts.Accusation`` when it fits one record (``MAX_EVIDENCE``, about 7 KiB:
+some 1,700 float32 values), and otherwise in pieces under content-addressed keys that the signed
+accusation names by digest (``dht.verdicts``: chunked evidence), up to ``MAX_CHUNKED_EVIDENCE``
+(about 1 MiB: a width-1024 backward of 64 rows fits). Only a proof past that bound, or whose reply
+does not encode again to the bytes its receipt names, stays the auditor's own (counted
+``proofs_unpublished``). A reader fetches the pieces (``read_evidence``) and checks the whole
+against the digest before anything else; missing or altered pieces change nothing.
 
 **Checking** (``check_accusation``): the receipt is the accused's (its signature, and it names the
 accused and the expert accused of), the reply bytes are those the receipt names, the accused still
@@ -43,7 +45,8 @@ import trio
 
 from ..dht.node import DHTNode
 from ..dht.verdicts import (
-    MAX_EVIDENCE, PROOFS_KEY, Accusation, accusation_items, accusations_of, accused_in_index, proof_key,
+    MAX_CHUNKED_EVIDENCE, MAX_EVIDENCE, PROOFS_KEY, Accusation, EvidenceRef, accusation_items, accusations_of,
+    accused_in_index, assemble, chunk_items, chunk_key, proof_key, split_evidence,
 )
 from ..errors import ExpertError, ExpertProtocolError, VolunteerError, describe
 from ..net.identity import KeyPair, PeerID
@@ -63,6 +66,9 @@ MAX_PROVEN = 16384  # peers a book remembers as excluded on a checked proof
 PERIOD = 10.0  # seconds between two reads of the DHT by a watcher
 MAX_ACCUSED_PER_READ = 64  # accused peers whose keys one read looks up
 PROOF_TTL = 3600.0  # seconds an accusation lives in the DHT (a snapshot outlives 120 s only)
+# pieces of chunked evidence per DHT call: 16 of ~8 KiB keep a STORE or a FIND_VALUE reply far
+# under the DHT's 1 MiB message bound
+CHUNKS_PER_CALL = 16
 
 # (accused peer, uid, state digest) -> (names, tensors): the snapshot a receipt names, from its host
 FetchSnapshot = Callable[[PeerID, str, bytes], Awaitable[tuple[list[str], list[torch.Tensor]]]]
@@ -98,7 +104,7 @@ class Evidence:
     @classmethod
     def decode(cls, data: bytes, config: ExpertsConfig = DEFAULT_CONFIG) -> "Evidence":
         """Parse untrusted evidence; ExpertProtocolError on anything malformed."""
-        item = unpack_bounded(data, MAX_EVIDENCE, "evidence", ExpertProtocolError, list)
+        item = unpack_bounded(data, MAX_CHUNKED_EVIDENCE, "evidence", ExpertProtocolError, list)
         if len(item) != 6:
             raise ExpertProtocolError("evidence is a list of 6 fields")
         receipt, inputs, grads, input_compression, reply_header, reply_payload = item
@@ -120,7 +126,7 @@ def evidence_of(receipt: Receipt, inputs: Sequence[torch.Tensor], replied: Seque
                 config: ExpertsConfig = DEFAULT_CONFIG) -> Evidence | None:
     """The evidence of an audit's proof, with the reply encoded again as it travelled; None when
     that does not give the bytes the receipt names (an encoding that does not round-trip) or the
-    evidence exceeds ``MAX_EVIDENCE``: such a proof is the auditor's alone."""
+    evidence exceeds ``MAX_CHUNKED_EVIDENCE``: such a proof is the auditor's alone."""
     try:
         header, chunks = serialize([t.detach().cpu().contiguous() for t in replied], receipt.compression, config=config)
     except VolunteerError:
@@ -131,25 +137,54 @@ def evidence_of(receipt: Receipt, inputs: Sequence[torch.Tensor], replied: Seque
     evidence = Evidence(receipt, [t.detach().cpu() for t in inputs],
                         [t.detach().cpu() for t in grad_outputs] if grad_outputs is not None else None,
                         input_compression, header, payload)
-    return evidence if len(evidence.encode(config)) <= MAX_EVIDENCE else None
+    return evidence if len(evidence.encode(config)) <= MAX_CHUNKED_EVIDENCE else None
 
 
 @dataclass(frozen=True)
 class Checked:
     """What checking one accusation found: ``proven`` (a recompute contradicted the reply the
-    accused signed) or not, and why, in words; ``final``: no later check can change it."""
+    accused signed) or not, and why, in words; ``final``: no later check can change it;
+    ``refusal``: the counter it goes under when not proven (default: by ``final``)."""
 
     proven: bool
     detail: str
     final: bool = True
+    refusal: str = ""
+
+
+EVIDENCE_UNREAD = Checked(False, "its evidence's pieces are missing or do not hash to the digest it signed",
+                          final=False, refusal="evidence_unread")
+
+
+async def read_evidence(dht: DHTNode, accusation: Accusation) -> bytes | None:
+    """The evidence of ``accusation``: inline, or its pieces fetched from the DHT and checked
+    against the signed digest (None if any is missing or the whole does not match)."""
+    ref = accusation.evidence
+    if not isinstance(ref, EvidenceRef):
+        return ref
+    keys = [chunk_key(ref.digest, i) for i in range(ref.chunks)]
+    found: dict[bytes, dict] = {}
+    try:
+        for start in range(0, len(keys), CHUNKS_PER_CALL):
+            found.update(await dht.get_many(keys[start:start + CHUNKS_PER_CALL]))
+    except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
+        log.info("reading the pieces of a proof against %s failed: %s", PeerID.from_bytes(accusation.accused), describe(exc))
+        return None
+    return assemble(ref, accusation.accuser, found, dht.clock())
 
 
 async def check_accusation(accusation: Accusation, fetch: FetchSnapshot, recomputer: Recomputer,
-                           config: ExpertsConfig = DEFAULT_CONFIG) -> Checked:
-    """Check ``accusation`` by recompute (see the module docstring); never raises for bad input."""
+                           config: ExpertsConfig = DEFAULT_CONFIG, evidence_bytes: bytes | None = None) -> Checked:
+    """Check ``accusation`` by recompute (see the module docstring); never raises for bad input.
+    ``evidence_bytes``: chunked evidence as ``read_evidence`` assembled it (inline evidence is
+    the accusation's own)."""
+    if not isinstance(accusation.evidence, EvidenceRef):
+        evidence_bytes = accusation.evidence
+    if evidence_bytes is None:
+        return EVIDENCE_UNREAD
     try:
         accused = PeerID.from_bytes(accusation.accused)
-        evidence = Evidence.decode(accusation.evidence, config)
+        evidence = Evidence.decode(evidence_bytes, config)
         replied = evidence.replied(config)
     except Exception as exc:  # noqa: BLE001 - a peer's bytes: whatever the parsers raise, it proves nothing
         return Checked(False, f"its evidence is malformed: {describe(exc)}")
@@ -228,7 +263,7 @@ class VerdictBook:
             self._seen.popitem(last=False)
         self.checks += 1
         if not checked.proven:
-            self.refused["snapshot_gone" if not checked.final else "not_proven"] += 1
+            self.refused[checked.refusal or ("snapshot_gone" if not checked.final else "not_proven")] += 1
             accused = str(PeerID.from_bytes(accusation.accused))
             self._unproven.pop(accused, None)
             self._unproven[accused] = checked.detail
@@ -317,16 +352,27 @@ class VerdictWatch(BaseService):
         self._wake.set()
 
     async def publish(self, accused: str, uid: str, evidence: Evidence | None, detail: str) -> bool:
-        """Our own audit proved ``accused`` a liar: remember it, and store the accusation (if the
-        evidence fits) for everyone else to check. Whether it was stored."""
+        """Our own audit proved ``accused`` a liar: remember it, and store the accusation (its
+        evidence inline, or in pieces stored first) for everyone else to check. Whether it was stored."""
         self.book.prove(accused, Proven(str(self.keypair.peer_id), uid, detail))
-        if evidence is None:
+        encoded = evidence.encode(self.config) if evidence is not None else b""
+        if not 0 < len(encoded) <= MAX_CHUNKED_EVIDENCE:
             self.unpublished += 1
             return False
-        accusation = Accusation(self.swarm_id, self.keypair.peer_id.to_bytes(), PeerID.from_string(accused).to_bytes(),
-                                uid, float(self.clock()), evidence.encode(self.config)).sign(self.keypair)
+        me = self.keypair.peer_id.to_bytes()
+        expiration = self.clock() + PROOF_TTL
+        pieces: list = []
+        carried: bytes | EvidenceRef = encoded
+        if len(encoded) > MAX_EVIDENCE:
+            carried, parts = split_evidence(encoded)
+            pieces = chunk_items(carried, parts, me, expiration)
+        accusation = Accusation(self.swarm_id, me, PeerID.from_string(accused).to_bytes(),
+                                uid, float(self.clock()), carried).sign(self.keypair)
         try:
-            stored = await self.dht.store_many(accusation_items(accusation, self.clock() + PROOF_TTL))
+            # the pieces before the accusation that names them, so a reader that sees it finds them
+            for start in range(0, len(pieces), CHUNKS_PER_CALL):
+                await self.dht.store_many(pieces[start:start + CHUNKS_PER_CALL])
+            stored = await self.dht.store_many(accusation_items(accusation, expiration))
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             log.warning("the proof against %s was not stored: %s", accused, describe(exc))
             return False
@@ -357,7 +403,8 @@ class VerdictWatch(BaseService):
             for accusation in accusations:
                 if not self.book.due(accusation, self.clock()):
                     continue
-                checked = await check_accusation(accusation, self.fetch, self.recomputer, self.config)
+                evidence = await read_evidence(self.dht, accusation)
+                checked = await check_accusation(accusation, self.fetch, self.recomputer, self.config, evidence)
                 proven = self.book.record(accusation, checked, self.clock())
                 if proven is None:
                     log.info("an accusation against %s by %s changed nothing: %s", PeerID.from_bytes(who),
@@ -391,5 +438,5 @@ def snapshot_fetcher(call: Callable[..., Awaitable[Any]]) -> FetchSnapshot:
 
 __all__ = [
     "Checked", "Evidence", "FetchSnapshot", "Proven", "VerdictBook", "VerdictWatch", "check_accusation", "evidence_of",
-    "snapshot_fetcher",
+    "read_evidence", "snapshot_fetcher",
 ]
