@@ -109,6 +109,11 @@ def settle_audits(world: Replicated) -> None:
     assert world.moe._auditor.pending == 0
 
 
+def standing(report: dict, peer: str) -> str:
+    """A peer's standing in a trust report; a peer never called has no entry: it is unproven."""
+    return report.get(peer, {}).get("standing", "unproven")
+
+
 def assert_trained_finite(task: SumTask, losses: list[float]) -> None:
     assert all(math.isfinite(loss) for loss in losses), losses
     assert all(bool(torch.isfinite(p).all()) for p in [*task.moe.parameters(), *task.head.parameters()])
@@ -130,7 +135,8 @@ def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes
         after = world.trust()
         assert after[liar]["replies"] == trust[liar]["replies"]
         for volunteer in world.honest:
-            assert after[volunteer.peer]["standing"] != "excluded", after[volunteer.peer]
+            # a liar caught on its first replies leaves steps so few that an honest replica may not have been called yet
+            assert standing(after, volunteer.peer) != "excluded", after
         assert_trained_finite(task, losses + more)
     finally:
         world.close()
@@ -169,7 +175,7 @@ def test_a_liar_that_declares_no_sync_age_buys_nothing_from_exact_audits():
         world.train_until(lambda: False, steps=10)
         assert world.trust()[liar]["replies"] == replies  # called no more
         for volunteer in world.honest:
-            assert world.trust()[volunteer.peer]["standing"] not in ("excluded", "stale"), world.trust()
+            assert standing(world.trust(), volunteer.peer) not in ("excluded", "stale"), world.trust()
     finally:
         world.close()
 
@@ -269,7 +275,7 @@ def test_a_liar_that_rejoins_under_a_fresh_key_is_caught_on_its_first_replies_ea
             liar.stop()
         assert max(served) <= FRESH_BUDGET, served
         trust = world.trust()
-        assert all(trust[p]["standing"] != "excluded" for p in honest), trust
+        assert all(standing(trust, p) != "excluded" for p in honest), trust
     finally:
         for liar in liars:
             liar.stop()
@@ -350,7 +356,7 @@ def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
         world.train_until(lambda: False, steps=10)
         assert world.trust()[liar]["replies"] == replies  # called no more
         for volunteer in world.honest:
-            assert world.trust()[volunteer.peer]["standing"] not in ("excluded", "stale"), world.trust()
+            assert standing(world.trust(), volunteer.peer) not in ("excluded", "stale"), world.trust()
     finally:
         world.close()
 
