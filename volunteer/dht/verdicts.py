@@ -44,7 +44,7 @@ from typing import Mapping
 import msgpack
 
 from ..errors import DHTRecordError
-from ..net.identity import KeyPair, PeerID, signed_by
+from ..net.identity import KeyPair, names_a_peer, signed_by
 from ..wire import unpack_bounded
 
 PROOFS_KEY = b"volunteer-proofs"  # the index: sub-key accuser + accused PeerID bytes, value the accused's
@@ -209,7 +209,7 @@ def accused_in_index(records: Mapping[bytes, object], now: float) -> list[bytes]
         value = getattr(record, "value", None)
         if value is None or getattr(record, "expiration", 0.0) <= now or not isinstance(value, bytes):
             continue
-        if 0 < len(value) <= _MAX_ID and len(subkey) > len(value) and subkey.endswith(value) and _is_peer(value):
+        if 0 < len(value) <= _MAX_ID and len(subkey) > len(value) and subkey.endswith(value) and names_a_peer(value):
             found[value] = None
     return list(found)
 
@@ -240,14 +240,6 @@ def accusations_of(accused: bytes, records: Mapping[bytes, object], swarm: str, 
 def _refused(message: str) -> DHTRecordError:
     """A malformed accusation is a refused DHT record, as a malformed vouch is."""
     return DHTRecordError(message, "bad-accusation")
-
-
-def _is_peer(data: bytes) -> bool:
-    try:
-        PeerID.from_bytes(data)
-    except Exception:  # noqa: BLE001 - whatever the parser raised, it names nobody
-        return False
-    return True
 
 
 __all__ = [

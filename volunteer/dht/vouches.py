@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import msgpack
 
 from ..errors import DHTRecordError
-from ..net.identity import KeyPair, PeerID, signed_by
+from ..net.identity import KeyPair, PeerID, names_a_peer, signed_by
 from ..wire import unpack_bounded
 
 CONTRIBUTIONS_KEY = b"volunteer-vouches"  # DHT key; sub-key: the host's PeerID bytes (after the trainer's)
@@ -156,7 +156,7 @@ class Ledger:
 
     def merge(self, vouch: Vouch, now: float) -> bool:
         """Count ``vouch`` if it is valid and newer than what the ledger holds; whether it added."""
-        if vouch.swarm != self.swarm or vouch.trainer == vouch.host or not _is_peer(vouch.host) or not vouch.verify():
+        if vouch.swarm != self.swarm or vouch.trainer == vouch.host or not names_a_peer(vouch.host) or not vouch.verify():
             self.refused += 1
             return False
         key = (vouch.trainer, vouch.host, vouch.epoch)
@@ -195,14 +195,6 @@ class Ledger:
 def _refused(message: str) -> DHTRecordError:
     """A malformed vouch is a refused DHT record, as a malformed profile is."""
     return DHTRecordError(message, "bad-vouch")
-
-
-def _is_peer(data: bytes) -> bool:
-    try:
-        PeerID.from_bytes(data)
-    except Exception:  # noqa: BLE001 - whatever the parser raised, it names nobody
-        return False
-    return True
 
 
 def vouch_item(vouch: Vouch, expiration: float) -> tuple[bytes, bytes, bytes, float]:

@@ -273,6 +273,14 @@ class PeerID:
 # --- key files -----------------------------------------------------------------------------
 
 
+def names_a_peer(data: bytes) -> bool:
+    """Whether ``data`` (from an untrusted record) parses as a PeerID."""
+    try:
+        PeerID.from_bytes(data)
+    except Exception:  # noqa: BLE001 - whatever the parser raised, it names nobody
+        return False
+    return True
+
 def signed_by(peer: bytes, message: bytes, signature: bytes) -> bool:
     """Whether ``signature`` over ``message`` is by the key of the PeerID whose bytes are ``peer``:
     the check every signed record a peer hands us makes (a vouch, a receipt, an accusation). A
