@@ -14,20 +14,15 @@ from volunteer.experts.callstats import CallReport
 from volunteer.experts.client import fetch_state
 from volunteer.experts.recompute import Recomputer, Verdict
 
-from .volunteer_fixture import DHT_CONFIG, Volunteer
+from .volunteer_fixture import Volunteer, volunteer_and_trainer
 
 HIDDEN = 8
 
 
 @pytest.fixture
 def world():
-    volunteer = Volunteer(["ffn.0"], hidden=HIDDEN, receipts=True)
-    swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
-    try:
-        yield volunteer, swarm
-    finally:
-        swarm.close()
-        volunteer.stop()
+    with volunteer_and_trainer(["ffn.0"], hidden=HIDDEN, receipts=True) as pair:
+        yield pair
 
 
 def forward(volunteer: Volunteer, swarm: Swarm, x: torch.Tensor):

@@ -124,9 +124,9 @@ class Volunteer:
 
 
 @contextlib.contextmanager
-def volunteer_and_trainer(uids, *, hidden: int = 8) -> Iterator[tuple[Volunteer, Swarm]]:
+def volunteer_and_trainer(uids, *, hidden: int = 8, receipts: bool = False) -> Iterator[tuple[Volunteer, Swarm]]:
     """A volunteer serving ``uids`` and a trainer's ``Swarm`` joined through it; both stop after."""
-    volunteer = Volunteer(uids, hidden=hidden)
+    volunteer = Volunteer(uids, hidden=hidden, receipts=receipts)
     swarm = Swarm.join(volunteer.spec(), dht_config=DHT_CONFIG)
     try:
         yield volunteer, swarm
