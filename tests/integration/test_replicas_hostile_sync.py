@@ -68,6 +68,15 @@ async def sync_service(stack, network, store):
     return host, sync
 
 
+def lineage(members) -> None:
+    """The honest ``members`` (host, sync) caught up from one another: each has standing with the
+    others (the only way to it: a fresh identity never gets any)."""
+    for host, sync in members:
+        for other, _ in members:
+            if other is not host:
+                sync.guard.vouch(UID, str(other.peer_id))
+
+
 async def sync_rounds(members, honest, generator, version_limit):
     """ROUNDS rounds of every member's sync with all the others, the honest backends training
     before each; the largest step an honest replica took alone, and every (sync, outcome)."""
@@ -108,6 +117,7 @@ async def test_a_poisoning_liar_moves_no_honest_replica(poison, honest_count):
     transform, reason = POISONS[poison]  # the first round's refusal
     async with AsyncExitStack() as stack:
         members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
+        lineage(members)
         members.append(await sync_service(stack, network, PoisonedStore({UID: liar_backend}, transform)))
         honest_drift, outcomes = await sync_rounds(members, honest, generator, LIE)
         liar = str(members[-1][0].peer_id)
@@ -145,7 +155,7 @@ class ShiftingStore(BackendStore):
 async def test_two_colluding_fresh_identities_move_no_honest_replica(honest_count):
     """Identities are free: two colluders agree with each other, so a majority statistic or a
     vote sides with them when they are half the group or more. Nothing of a fresh identity is
-    merged until it has stayed within the drift learned without it, so they move nobody."""
+    ever merged (standing comes only from lineage), so they move nobody."""
     network = MemoryNetwork()
     generator = torch.Generator().manual_seed(5)
     torch.manual_seed(0)
@@ -156,13 +166,15 @@ async def test_two_colluding_fresh_identities_move_no_honest_replica(honest_coun
     honest, colluding = backends[:honest_count], backends[honest_count:]
     async with AsyncExitStack() as stack:
         members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
+        lineage(members)
         members += [await sync_service(stack, network, ShiftingStore({UID: b})) for b in colluding]
         colluders = {str(host.peer_id) for host, _ in members[honest_count:]}
         honest_drift, outcomes = await sync_rounds(members, honest, generator, LIE)
         for _, sync in members[:honest_count]:
             mine = [outcome for who, outcome in outcomes if who is sync]
             assert len(mine) == ROUNDS
-            # never merged: left out as outliers (or, in a first round, held on probation)
+            # never merged: left out as outliers (in a first round, within twice the bound, but
+            # never weighed: we loaded nothing of theirs)
             assert all(peer in dict(o.refused) for o in mine[1:] for peer in colluders)
             assert all(sync.standings.get((UID, peer)) != Standing.PROVEN for peer in colluders)
     start = flat(origin)
@@ -202,35 +214,44 @@ class PatientStore(BackendStore):
 
 @pytest.mark.slow
 @pytest.mark.trio_timeout(120)
-async def test_two_patient_colluders_do_not_carry_a_lone_honest_replica():
-    """Identities are free and patience is cheap: two colluders that offer the honest replica's
-    own parameters pushed half a training step further along one direction every round, with a
-    step of noise so that no single round looks steady, graduate from probation and are merged.
-    What merges move a replica that trains is held to its own step a round, and their steady part
-    to about what its own steps (Adam's, steadied by momentum) let honest pulls add up to: after
-    20 rounds it is about two steps along the push, not the ten it is pushed."""
+@pytest.mark.parametrize("honest_count", [1, 2], ids=["two-of-three", "two-of-four"])
+async def test_two_patient_colluders_leave_honest_replicas_within_their_drift(honest_count):
+    """Identities are free and patience is free: two colluders that offer the first honest
+    replica's own parameters pushed half a training step further along one direction every
+    round, with a step of noise so that no single round looks steady, and wait as long as it
+    takes. Standing bought with rounds of looking honest let them in after five rounds and carried
+    a lone honest replica about two steps along the push in 20 rounds; standing comes only from
+    lineage (whose state we loaded), so they are never weighed and every honest replica, alone or
+    with an honest partner it loaded from, ends within one honest step of where its own training
+    took it along the push."""
     network = MemoryNetwork()
     generator = torch.Generator().manual_seed(7)
     torch.manual_seed(0)
-    honest = make_backend(UID, "ffn", 8, config=EXPERTS)
+    honest = [make_backend(UID, "ffn", 8, config=EXPERTS) for _ in range(honest_count)]
     colluding = [make_backend(UID, "ffn", 8, config=EXPERTS) for _ in range(2)]
-    for backend in colluding:
-        backend.module.load_state_dict(honest.module.state_dict())
-    origin = flat(honest)
+    for backend in honest[1:] + colluding:
+        backend.module.load_state_dict(honest[0].module.state_dict())
+    origin = flat(honest[0])
     probe = make_backend(UID, "ffn", 8, config=EXPERTS)  # how far a round's training moves it
-    probe.module.load_state_dict(honest.module.state_dict())
+    probe.module.load_state_dict(honest[0].module.state_dict())
     train(probe, torch.Generator().manual_seed(99))
     step = float((flat(probe) - origin).norm())
     push = torch.randn(origin.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     push = push / push.norm()
     shared: dict[int, torch.Tensor] = {}
     async with AsyncExitStack() as stack:
-        members = [await sync_service(stack, network, BackendStore({UID: honest}))]
+        members = [await sync_service(stack, network, BackendStore({UID: b})) for b in honest]
+        lineage(members)
         members += [
-            await sync_service(stack, network, PatientStore({UID: b}, honest, origin, push, step, 0.5, shared))
+            await sync_service(stack, network, PatientStore({UID: b}, honest[0], origin, push, step, 0.5, shared))
             for b in colluding
         ]
-        honest_drift, outcomes = await sync_rounds(members, [honest], generator, LIE)
-    moved = float((flat(honest) - origin) @ push)
-    assert torch.isfinite(flat(honest)).all() and honest.updates == ROUNDS
-    assert moved < 3 * max(step, honest_drift)  # measured: 1.9 steps (before the pull budget: 9.9)
+        colluders = {str(host.peer_id) for host, _ in members[honest_count:]}
+        honest_drift, outcomes = await sync_rounds(members, honest, generator, LIE)
+    for _, sync in members[:honest_count]:  # never weighed in any round: never proven
+        assert len([o for who, o in outcomes if who is sync]) == ROUNDS
+        assert all(sync.standings.get((UID, peer)) != Standing.PROVEN for peer in colluders)
+    for backend in honest:
+        moved = float((flat(backend) - origin) @ push)
+        assert torch.isfinite(flat(backend)).all() and backend.updates == ROUNDS
+        assert abs(moved) < max(step, honest_drift)  # measured: 0.01-0.02 steps (before: 1.9 among three)

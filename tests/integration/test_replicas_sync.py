@@ -46,6 +46,15 @@ async def volunteer(network, backend, config=ReplicasConfig(), runtime=None, agg
         yield host, sync
 
 
+def lineage(*members) -> None:
+    """Each of ``members`` (host, sync) gives the others standing, as replicas that caught up
+    from one another would: only a peer whose state we loaded is weighed in our rounds."""
+    for _, sync in members:
+        for host, other in members:
+            if other is not sync:
+                sync.guard.vouch(UID, str(host.peer_id))
+
+
 def outputs(backend, x):
     return backend.forward([x])[0]
 
@@ -57,6 +66,7 @@ async def test_two_replicas_give_the_same_outputs_after_a_sync():
     assert not torch.allclose(outputs(a, x), outputs(b, x), atol=1e-3)
     async with open_runtime([a], EXPERTS) as runtime:  # one side through the runtime's worker
         async with volunteer(network, a, runtime=runtime) as (host_a, sync_a), volunteer(network, b) as (host_b, sync_b):
+            lineage((host_a, sync_a), (host_b, sync_b))
             results = {}
 
             async def run(name, sync, peer):
@@ -69,6 +79,34 @@ async def test_two_replicas_give_the_same_outputs_after_a_sync():
     assert (a.updates, b.updates) == (2, 6)  # in a pair each keeps its own: a claim is not evidence
     assert results["a"].contributors == (str(host_b.peer_id),) and results["b"].missing == ()
     assert UID in sync_a.last_sync and sync_b.rounds == 1
+
+
+async def test_a_follower_merges_its_lineage_and_the_lineage_does_not_weigh_it():
+    """Standing is not symmetric: b loaded a's state, so b merges a; a never loaded b's (anyone may
+    fetch ours), so a round leaves a's parameters as they were and only counts b as aligned."""
+    network = MemoryNetwork()
+    a, b = replica(1, steps=2), replica(2, steps=6)
+    before_a = {name: p.detach().clone() for name, p in a.module.named_parameters()}
+    before_b = {name: p.detach().clone() for name, p in b.module.named_parameters()}
+    config = ReplicasConfig(sync_bootstrap_share=1e6)  # a first round: within any bound
+    async with volunteer(network, a, config) as (host_a, sync_a), volunteer(network, b, config) as (host_b, sync_b):
+        sync_b.guard.vouch(UID, str(host_a.peer_id))  # b caught up from a
+        results = {}
+
+        async def run(name, sync, peer):
+            results[name] = await sync.average(UID, [peer])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, "a", sync_a, host_b.full_addrs()[0])
+            nursery.start_soon(run, "b", sync_b, host_a.full_addrs()[0])
+    for name, p in a.module.named_parameters():
+        assert torch.equal(p, before_a[name])
+    for name, p in b.module.named_parameters():
+        assert torch.allclose(p, (before_a[name] + before_b[name]) / 2, atol=1e-6)
+    assert results["a"].contributors == (str(host_b.peer_id),) and results["a"].refused == ()
+    assert UID in sync_a.last_sync and UID in sync_b.last_sync  # within the drift: aligned
+    assert (UID, str(host_b.peer_id)) not in sync_a.standings  # never weighed: not proven
+    assert sync_b.standings[(UID, str(host_a.peer_id))].value == "proven"
 
 
 async def test_the_runtime_aggregates_a_round_after_the_step_its_expert_owes():
@@ -100,6 +138,7 @@ async def test_the_runtime_aggregates_a_round_after_the_step_its_expert_owes():
             volunteer(network, a, threaded, runtime=runtime, aggregate=recording) as (host_a, sync_a),
             volunteer(network, b, threaded) as (host_b, sync_b),
         ):
+            lineage((host_a, sync_a), (host_b, sync_b))
             for _ in range(2):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(sync_a.average, UID, [host_b.full_addrs()[0]])
@@ -121,6 +160,7 @@ async def test_a_replica_killed_mid_round_does_not_stall_the_others():
     async with AsyncExitStack() as stack:
         host_a, sync_a = await stack.enter_async_context(volunteer(network, a, config))
         host_b, sync_b = await stack.enter_async_context(volunteer(network, b, config))
+        lineage((host_a, sync_a), (host_b, sync_b))
         async with trio.open_nursery() as outer:
             host_c = await outer.start(_doomed, network, c, config, killed)
             addrs = {name: h.full_addrs()[0] for name, h in (("a", host_a), ("b", host_b), ("c", host_c))}

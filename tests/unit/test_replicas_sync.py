@@ -137,7 +137,9 @@ def test_the_mean_of_nothing_is_our_own_and_a_round_applies_any_aggregate_as_its
     theirs = [{name: t + 2.0 for name, t in base.items()}, {name: t + 4.0 for name, t in base.items()}]
     claims = [Contributed("b", 7, theirs[0]), Contributed("c", 8, theirs[1])]
     # peers with standing, two steps apart at once: the mechanics alone, not what a round believes
-    guard = SyncGuard(ReplicasConfig(sync_probation_rounds=0, sync_bootstrap_share=1e6))
+    guard = SyncGuard(ReplicasConfig(sync_bootstrap_share=1e6))
+    guard.vouch("e.0", "b")
+    guard.vouch("e.0", "c")
     seen = []
 
     def first_only(mine, contributions):  # another aggregate: the seam a robust one plugs into

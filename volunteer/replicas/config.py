@@ -11,8 +11,6 @@ from .errors import ReplicaConfigError
 MiB = 1024 * 1024
 
 
-MAY_BE_ZERO = frozenset({"sync_probation_rounds"})  # settings where 0 means "none"
-
 
 @dataclass(frozen=True)
 class ReplicasConfig:
@@ -74,18 +72,13 @@ class ReplicasConfig:
     # a peer whose innovations (what it added since we last met: its difference from us, or the
     # change of it while unmerged) add up like a fixed push (forgotten at this rate a round; ratio
     # of |sum|^2 to the sum of squared norms past this after this many rounds: near 1 for honest
-    # replicas, up to 19 for a push) earns no standing and is left out of groups of 3+
+    # replicas, up to 19 for a push) is left out of groups of 3+ with standing
     sync_bias_decay: float = 0.9
     sync_bias_ratio: float = 4.0
     sync_bias_rounds: int = 4
     # ... and past this many times our own training steps' ratio (momentum makes honest steps,
     # and so honest replicas' differences, add up alike); the pull budget below widens the same way
     sync_bias_own_margin: float = 1.5
-    # identities are free: a peer new to one of our experts' rounds carries no weight (nothing
-    # merged, nothing learned from it) until its contributions were within the drift we learned
-    # without it, and showed no steady push, for this many rounds (more than sync_bias_rounds, so
-    # that the bias test has judged it)
-    sync_probation_rounds: int = 5  # 0: every peer has standing at once (a swarm of known peers)
     # when we train, a round's merge moves us at most sync_pull_cap of our own typical training
     # step; honest merges pull us in directions about as independent from round to round as our
     # own steps, so the steady part of what merges moved us (the forgotten sum's squared norm less
@@ -122,10 +115,8 @@ class ReplicasConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            zero_ok = f.name in MAY_BE_ZERO
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 if zero_ok else value > 0):
-                kind = "a number of 0 or more" if zero_ok else "a positive number"
-                raise ReplicaConfigError(f"ReplicasConfig.{f.name} must be {kind}, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ReplicaConfigError(f"ReplicasConfig.{f.name} must be a positive number, got {value!r}")
 
 
 DEFAULT_CONFIG = ReplicasConfig()

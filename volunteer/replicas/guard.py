@@ -6,28 +6,34 @@ fact. ``SyncGuard.decide`` screens a finished round's contributions and turns th
 parameters and a version:
 
 - **non-finite** values (NaN, ±inf) are refused outright (``sync_nonfinite``);
-- **standing**: identities are free, so a peer new to an expert's rounds carries no weight: for
-  its first ``sync_probation_rounds`` rounds within the bound and without a steady push (the bias
-  test below) it is on probation (``probation`` in the verdict): nothing of it is merged and its
-  distances teach nothing. Only we and established peers make the bound and the aggregate, so
-  fresh identities, however many agree with each other, neither pull us nor widen what we accept.
-  No majority statistic sets the bound either: two colluders are a majority of three;
+- **standing**: identities are free and so is patience, so standing is never bought with elapsed
+  rounds of looking honest, nor with agreement: only **lineage** gives it. A peer has standing
+  in an expert's rounds when we loaded its state (``vouch``: we caught up from it, or it
+  corroborated what we loaded), or when it and we founded the expert together (a pair's very
+  first round while our own copy is still an untrained initialisation, version 0: it becomes
+  half of our state, as a catch-up source would be all of it). A peer that loaded *our* state
+  proves nothing (anyone may fetch it), so standing is not symmetric. Any other peer, however
+  long it stays within the drift and however many agree with it, is never weighed, never
+  teaches the bound and is not followed (``unvouched`` in the verdict when within the bound);
+  it still merges ours if it vouches for us, so honest followers follow their lineage. The cost:
+  the training a follower receives reaches the replicas it loaded from only through the
+  trainers' calls to it, never through their rounds;
 - **distance**: each contribution's L2 distance from our own parameters is bounded by what honest
   replicas drift apart in a round, learned per expert: ``drift_slack`` times the larger of our
   own change since our last round (training and the last merge) and the median of the distances
   we merged in past rounds, each teaching at most ``sync_drift_own_share`` of our own typical
   training step when we train (peers that sit at the bound would otherwise teach that the drift
-  is the bound, and it would ratchet up round by round). A peer not merged last round (on probation, or clipped) is held to
-  twice that plus ``drift_slack`` times how far we moved since (unmerged, two honest replicas
-  drift apart by what each moves). Only when nothing is learned yet (a first round) is the bound
-  a share of our own parameters' norm (``sync_bootstrap_share``: wide enough for two
-  independent initialisations), and only a pair's first round merges on it: two volunteers that
-  built the same expert at once must become one, while in a larger first round nothing tells a
-  fresh liar from a fresh replica. A contribution past it is left out of the round
-  (``sync_outlier``); refused distances never teach the bound. An established peer farther than
-  the bound (back from probation, or from a refusal) pulls us by one honest drift toward it (the
+  is the bound, and it would ratchet up round by round). A peer with standing not merged last
+  round (refused, or clipped) is held to twice that plus ``drift_slack`` times how far we moved since (unmerged, two honest replicas
+  drift apart by what each moves); a peer without standing, never merged, is only labelled
+  against twice the bound. Only when nothing is learned yet (a first round) is the bound a share
+  of our own parameters' norm (``sync_bootstrap_share``: wide enough for two independent
+  initialisations), and only a founding pair merges on it (an untrained copy and one peer: two
+  volunteers that built the same expert at once must become one). A contribution past it is left
+  out of the round (``sync_outlier``); refused distances never teach the bound. A peer with
+  standing farther than the bound (back from a refusal) pulls us by one honest drift toward it (the
   bound over ``drift_slack``): standing never buys more than a round's honest drift;
-- **bias**: what an honest replica adds between two rounds (its training steps) adds up no more
+- **bias** (among peers with standing: a catch-up source may be a liar too): what an honest replica adds between two rounds (its training steps) adds up no more
   steadily than our own steps; a liar that pushes one way adds the same again and again. Per
   peer, the guard follows its *innovation*, what its contribution added since we last met: its
   difference from our parameters when our last round merged it (both started from that round's
@@ -37,9 +43,7 @@ parameters and a version:
   ``|sum|^2 / sum |x|^2`` stays near 1, for a fixed push it grows towards ``(1 + decay) / (1 -
   decay)``. A peer past ``sync_bias_ratio`` and past ``sync_bias_own_margin`` times the same
   ratio of our own steps (momentum makes every honest replica's steps add up alike), after
-  ``sync_bias_rounds`` rounds, earns no standing (probation does not end while it pushes) and is
-  left out of the round (``sync_bias``, its probation starting again, longer each time it is
-  caught) when there is a witness: another peer that is not, or we ourselves, when we train
+  ``sync_bias_rounds`` rounds, is left out of the round (``sync_bias``) when there is a witness: another peer that is not, or we ourselves, when we train
   between rounds. Only with three or more inputs, and its innovations are still followed, so a
   peer that stops pushing is taken back. A replica that alone receives all of an expert's
   training also moves steadily and may be left out the same way by the others: geometry alone
@@ -91,15 +95,15 @@ class Contributed:
 @dataclass
 class Verdict:
     """What a round decided: the new parameters, the version after it, whose contributions were
-    used, who was within the bound but is still on probation (nothing of it used) and who was
-    refused (peer → reason), with the distance bound the round applied to established peers."""
+    used, who was within the bound but has no standing with us (nothing of it used) and who was
+    refused (peer → reason), with the distance bound the round applied to peers with standing."""
 
     parameters: dict[str, torch.Tensor]
     version: int
     accepted: tuple[str, ...]
     refused: dict[str, str]
     bound: float
-    probation: tuple[str, ...] = ()
+    unvouched: tuple[str, ...] = ()
 
 
 def _median(values: Sequence[float]) -> float:
@@ -138,8 +142,8 @@ class _Sums:
 class _PeerRecord:
     steps: _Sums = field(default_factory=_Sums)  # its innovations: what it did since we last met
     left: torch.Tensor | None = None  # what of its difference from us our last round left standing
-    credit: int = 0  # rounds its contribution was within a learned bound: its standing
     strikes: int = 0  # times it was left out for a steady push
+    held: int = 0  # rounds within the bound and without a push it must still sit out after one
     apart: float = 0.0  # how far we moved (L2, summed) in the rounds since it was last merged
 
 
@@ -150,13 +154,15 @@ class _ExpertRecord:
     result: torch.Tensor | None = None  # the parameters our last round decided
     own: _Sums = field(default_factory=_Sums)  # our own steps since each round (training)
     pulls: _Sums = field(default_factory=_Sums)  # how each round's merge moved us
-    peers: dict[str, _PeerRecord] = field(default_factory=dict)
+    peers: dict[str, _PeerRecord] = field(default_factory=dict)  # peers with standing we follow
+    # peers with standing: whose state we loaded, oldest first (insertion order), bounded
+    vouched: dict[str, None] = field(default_factory=dict)
 
 
 class SyncGuard:
     """Per-expert memory of honest drift and of each peer's deviations; ``decide`` is the round's
-    verdict (see the module docstring). Bounded: ``max_group`` peers and ``drift_history``
-    distances per expert; ``forget`` drops an expert no longer hosted."""
+    verdict (see the module docstring). Bounded: ``max_group`` vouched and followed peers and
+    ``drift_history`` distances per expert; ``forget`` drops an expert no longer hosted."""
 
     def __init__(self, config: ReplicasConfig = DEFAULT_CONFIG) -> None:
         self.config = config
@@ -192,18 +198,20 @@ class SyncGuard:
         return max(moved, _median(list(record.distances)) if record is not None else 0.0)
 
     def vouch(self, uid: str, peer: str) -> None:
-        """Give ``peer`` standing in ``uid``'s rounds at once: we loaded its state (caught up
-        from it, or it corroborated what we loaded), so our lineage is its."""
-        record = self._experts.setdefault(uid, _ExpertRecord())
-        stats = record.peers.setdefault(peer, _PeerRecord())
-        stats.credit = max(stats.credit, self.config.sync_probation_rounds)
+        """Give ``peer`` standing in ``uid``'s rounds: we loaded its state (caught up from it, or
+        it corroborated what we loaded), so our lineage is its. The only way to standing besides
+        founding an expert together; the oldest of more than ``max_group`` is forgotten."""
+        vouched = self._experts.setdefault(uid, _ExpertRecord()).vouched
+        vouched.pop(peer, None)  # re-inserted: the newest lineage stays longest
+        vouched[peer] = None
+        while len(vouched) > self.config.max_group:
+            del vouched[next(iter(vouched))]
 
     def established(self, uid: str, peer: str) -> bool:
-        """Whether ``peer``'s contributions to ``uid`` carry weight: it has been within a learned
-        bound for ``sync_probation_rounds`` rounds."""
+        """Whether ``peer``'s contributions to ``uid`` carry weight: we loaded its state, or we
+        founded ``uid`` together (elapsed rounds and agreement never give standing)."""
         record = self._experts.get(uid)
-        stats = None if record is None else record.peers.get(peer)
-        return (0 if stats is None else stats.credit) >= self.config.sync_probation_rounds
+        return record is not None and peer in record.vouched
 
     def bias(self, uid: str, peer: str) -> float:
         """``|sum|^2 / sum of |.|^2`` of ``peer``'s innovations in ``uid``'s rounds (what its
@@ -238,46 +246,54 @@ class SyncGuard:
         moved = self._own_change(record, mine)
         drift = self._drift(record, moved)
         bound = self._bound_for(drift, mine)
-        first_pair = drift <= 0 and len(candidates) == 1  # two independent initialisations merge
+        # founders: an untrained copy's first round with a single peer (two volunteers that built
+        # the same expert at once must become one); the peer becomes half our state, so our lineage
+        founding = drift <= 0 and own_version == 0 and len(candidates) == 1 and not record.vouched
+        if founding:
+            self.vouch(uid, candidates[0][0].peer)
         within: list[tuple[Contributed, torch.Tensor, float]] = []
+        unvouched: list[str] = []
         for contribution, flat in candidates:
             distance = float((flat - mine).norm())
+            if not self.established(uid, contribution.peer):
+                # never weighed, only labelled: within what two unmerged honest replicas drift
+                if distance <= 2 * bound:
+                    unvouched.append(contribution.peer)
+                else:
+                    refused[contribution.peer] = OUTLIER
+                continue
             stats = record.peers.get(contribution.peer)
             allowed = bound
-            if not self.established(uid, contribution.peer) or (stats is not None and stats.apart > 0):
+            if stats is None or stats.apart > 0:
                 # not merged last round: two honest replicas drift apart by what each moved since
                 allowed = 2 * bound + self.config.sync_drift_slack * (stats.apart if stats is not None else 0.0)
             if distance <= allowed:
                 within.append((contribution, flat, distance))
             else:
                 refused[contribution.peer] = OUTLIER
+        standing = [c for c, _ in candidates if self.established(uid, c.peer)]
         if record.result is not None and record.result.shape == mine.shape:
             record.own.add(mine - record.result, self.config.sync_bias_decay)
         witness = self._trains(record)
-        if len(candidates) + 1 >= 3:  # peers on probation too: a steady pusher never earns standing
+        if len(standing) + 1 >= 3:
             biased = [c.peer for c, _, _ in within if self._biased(record, c.peer)]
             # a witness: some peer does not move steadily from us, or we train, and a difference
             # steadier than our own steps is the peers' push, not our training
             if len(biased) < len(within) or witness:
                 for peer in biased:
                     refused[peer] = BIAS
-                    stats = record.peers[peer]  # standing is earned again, each time for longer
+                    stats = record.peers.setdefault(peer, _PeerRecord())  # out for longer each time
                     stats.strikes = min(stats.strikes + 1, self.config.sync_bias_rounds)
-                    stats.credit = -stats.strikes * self.config.sync_probation_rounds
-                within = [w for w in within if w[0].peer not in refused]
-        accepted: list[tuple[Contributed, torch.Tensor, float]] = []
-        probation: list[str] = []
-        for contribution, flat, distance in within:
-            standing = self.established(uid, contribution.peer)
-            stats = record.peers.setdefault(contribution.peer, _PeerRecord())
-            if drift > 0 and not self._biased(record, contribution.peer):
-                stats.credit += 1  # within a learned bound and no steady push: standing grows
-            if standing or first_pair:
-                accepted.append((contribution, flat, distance))
-            else:
-                probation.append(contribution.peer)
-        # a peer back from probation or a refusal may be farther than the bound: its pull on us is
-        # clipped to one honest drift, so standing never buys more than a round's honest drift
+                    stats.held = (stats.strikes + 1) * self.config.sync_bias_rounds
+        for contribution, _, _ in within:  # caught pushing before: it sits its rounds out first
+            stats = record.peers.get(contribution.peer)
+            if contribution.peer not in refused and stats is not None and stats.held > 0:
+                stats.held -= 1
+                refused[contribution.peer] = BIAS
+                stats.apart += moved  # unmerged, it and we drift apart by what each moves
+        accepted = [w for w in within if w[0].peer not in refused]
+        # a peer back from a refusal may be farther than the bound: its pull on us is clipped to
+        # one honest drift, so standing never buys more than a round's honest drift
         reach = bound / self.config.sync_drift_slack  # one honest drift
         pulled = {c.peer: 1.0 if distance <= bound else reach / distance for c, _, distance in accepted}
         parameters = aggregate(own, [
@@ -290,25 +306,27 @@ class SyncGuard:
             result = steady
             parameters = unflatten(result, own, names)
         for contribution, _, distance in accepted:  # a clipped pull leaves the rest still apart
-            record.peers[contribution.peer].apart = max(0.0, distance - bound) / self.config.sync_drift_slack
-        for peer in probation:  # how far apart it and we may have drifted, unmerged (a refused
-            record.peers[peer].apart += moved  # peer earns no room: it would catch up with a drifting liar)
-        # differences are followed only where the bias test applies (three or more inputs): in a
-        # pair they would cost a copy of the parameters for nothing
-        followed = [(c.peer, flat) for c, flat in candidates if c.peer not in refused or refused[c.peer] == BIAS]
-        if len(candidates) + 1 < 3:
+            record.peers.setdefault(contribution.peer, _PeerRecord()).apart = (
+                max(0.0, distance - bound) / self.config.sync_drift_slack
+            )
+        # differences are followed only where the bias test applies (three or more inputs with
+        # standing) and only for peers with standing: in a pair, or for a peer never weighed,
+        # they would cost a copy of the parameters for nothing
+        followed = [(c.peer, flat) for c, flat in candidates
+                    if self.established(uid, c.peer) and refused.get(c.peer, BIAS) == BIAS]
+        if len(standing) + 1 < 3:
             followed = []
         # a bootstrap distance is no drift, and a clipped pull teaches no more than the bound;
         # when we train, no more than our own steps show either (peers at the bound would
         # otherwise teach that the drift is the bound, and it would ratchet up round by round)
         teach = self._teachable(record, bound)
-        learned = [] if first_pair else [min(d, teach) for _, _, d in accepted]
-        self._learn(record, mine, learned, followed, contributions, pulled)
+        learned = [] if founding else [min(d, teach) for _, _, d in accepted]
+        self._learn(record, mine, learned, followed, pulled)
         record.result = result
         versions = sorted([own_version] + [c.version for c, _, _ in accepted])
         version = max(own_version, versions[(len(versions) - 1) // 2])
         return Verdict(
-            dict(parameters), version, tuple(c.peer for c, _, _ in accepted), refused, bound, tuple(probation)
+            dict(parameters), version, tuple(c.peer for c, _, _ in accepted), refused, bound, tuple(unvouched)
         )
 
     def _learn(
@@ -317,7 +335,6 @@ class SyncGuard:
         mine: torch.Tensor,
         distances: Sequence[float],
         followed: Sequence[tuple[str, torch.Tensor]],
-        contributions: Sequence[Contributed],
         pulled: Mapping[str, float],
     ) -> None:
         record.previous = mine
@@ -334,9 +351,8 @@ class SyncGuard:
             stats.steps.add(difference if left is None else difference - left, self.config.sync_bias_decay)
             share = pulled.get(peer, 0.0)  # how much of the difference we merged (it did as much)
             stats.left = None if share >= 1.0 else difference * max(0.0, 1.0 - 2.0 * share)
-        present = {c.peer for c in contributions}
-        for peer in list(record.peers):
-            if peer not in present and len(record.peers) > self.config.max_group:
+        for peer in list(record.peers):  # only peers with standing are followed
+            if peer not in record.vouched:
                 del record.peers[peer]
 
     def _biased(self, record: _ExpertRecord, peer: str) -> bool:

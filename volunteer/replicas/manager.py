@@ -289,7 +289,7 @@ class ReplicaManager(BaseService):
         # swarm mid-training is called at once)
         self.sync.aligned(backend.uid)
         self._stand(backend.uid, source, Standing.PROVEN)
-        self.sync.guard.vouch(backend.uid, source)  # our lineage is its: no probation in our rounds
+        self.sync.guard.vouch(backend.uid, source)  # our lineage is its: standing in our rounds
         if race.corroborated_by is not None:
             self._stand(backend.uid, race.corroborated_by, Standing.PROVEN)
             self.sync.guard.vouch(backend.uid, race.corroborated_by)

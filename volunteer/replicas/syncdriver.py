@@ -206,7 +206,10 @@ class ReplicaSync(BaseService):
             target_id = str(peer_of(target))
             if target_id != me and not self.exclusions.excluded(target_id):
                 targets.setdefault(target_id, target)
-        targets = dict(list(targets.items())[: self.config.max_group - 1])
+        # our lineage first: identities are free, and a crowd of them must not push the peers
+        # we loaded from out of a group of max_group
+        ranked = sorted(targets.items(), key=lambda item: not self.guard.established(uid, item[0]))
+        targets = dict(ranked[: self.config.max_group - 1])
         version, params = await self.store.parameters(uid)
         now = trio.current_time()
         core = SyncRound(uid, me, targets, version, params, now=now, timeout=timeout or self.config.sync_timeout)
@@ -260,11 +263,11 @@ class ReplicaSync(BaseService):
             log.warning("sync of %s: %s's contribution refused (%s)", uid, peer[-10:], reason)
         for peer in verdict.accepted:
             self._stand(uid, peer, Standing.PROVEN)
-        if verdict.accepted or verdict.probation:
+        if verdict.accepted or verdict.unvouched:
             # a round that merged nobody and found nobody within the drift (every peer late, gone
             # or refused) left our state where it was: declaring it freshly synced would have
-            # audits compare it with a tolerance its drift may exceed. Peers on probation were
-            # within it: we are aligned with them
+            # audits compare it with a tolerance its drift may exceed. Peers without standing
+            # with us (they follow our lineage) were within it: we are aligned with them
             self.aligned(uid)
         return replace(outcome, version=verdict.version, refused=tuple(sorted(verdict.refused.items())))
 
