@@ -82,9 +82,12 @@ async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_
                 assert late.replicas.sync.rounds == 0 and "rep.0" in late.replicas.sync.last_sync
                 assert await _has_synced(seed.dht, "rep.0", mine)
 
-                # trained apart, then synced with no training in between: same outputs
+                # trained apart, then synced with no training in between: the joiner merges the
+                # replica it loaded from; that one never weighs the joiner (anyone may load a state)
                 await train(first, "rep.0", 2, seed=1)
                 await train(late, "rep.0", 1, seed=2)
+                source = {n: p.detach().clone() for n, p in first.runtime.backends["rep.0"].module.named_parameters()}
+                joiner = {n: p.detach().clone() for n, p in late.runtime.backends["rep.0"].module.named_parameters()}
                 seeded = str(first.host.peer_id)  # caught up from nobody: no sync age yet
                 assert not await _has_synced(seed.dht, "rep.0", seeded)
                 async with trio.open_nursery() as nursery:
@@ -92,10 +95,10 @@ async def test_late_joiner_catches_up_before_declaring_and_replicas_agree_after_
                     nursery.start_soon(late.replicas.sync_grid, GRID)
                 # its first round's age is declared at once, not a heartbeat period (here 600 s) later
                 await until(lambda: _has_synced(seed.dht, "rep.0", seeded), "first sync age declared")
-                x = torch.randn(3, HIDDEN)
-                a = first.runtime.backends["rep.0"].forward([x])[0]
-                b = late.runtime.backends["rep.0"].forward([x])[0]
-                assert torch.allclose(a, b, atol=1e-6)
+                for n, p in first.runtime.backends["rep.0"].module.named_parameters():
+                    assert torch.equal(p, source[n])
+                for n, p in late.runtime.backends["rep.0"].module.named_parameters():
+                    assert torch.allclose(p, (source[n] + joiner[n]) / 2, atol=1e-6)
                 # in a pair each keeps its own version: the other's claim alone is not evidence
                 assert (first.runtime.backends["rep.0"].updates, late.runtime.backends["rep.0"].updates) == (5, 4)
                 assert late.replicas.outcomes["rep.0"].contributors
