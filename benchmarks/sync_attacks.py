@@ -5,6 +5,10 @@ between rounds.
     python benchmarks/sync_attacks.py                 # 20 rounds, 3 seeds (about a minute)
     python benchmarks/sync_attacks.py --rounds 40
 
+The same attacks follow from two colluders the honest replicas loaded their state from (a
+catch-up source that lies, or copied the honest state to be one): they have standing, and only
+the bias test and the pull budgets hold them.
+
 Honest replicas take noisy steps of one honest drift (``DRIFT``, L2) a round: independent from
 round to round, or with momentum 0.7 (the velocity's noise scaled so a step is still about one
 drift). Groups: one honest replica among three (two colluders), two honest among four (the
@@ -16,11 +20,21 @@ steps; the figure is how far the attack moved it from its twin, in the attack's 
 honest drifts (the larger of the two honest replicas of four), the median over the seeds; in
 brackets the bound the honest replica applies at the end, in drifts (it must not ratchet up).
 
-The honest control: honest groups of 2, 3 and 4 with no colluder (vouched for each other, or
-fresh; with momentum or not; one replica training ten times the others) and how far apart they
-are after each round (the largest pairwise distance, in drifts; fresh groups, which merge nobody
-while on probation, at the end); a newcomer joining two or three replicas, the round it is first merged and the
-rounds merged after it.
+Standing comes from lineage only (``guard.py``): a peer is weighed when we loaded its state,
+never for rounds of looking honest, so the colluders, fresh, are never weighed; the figures
+show what is left (0.0: nothing).
+
+The honest control: honest groups of 2, 3 and 4 with no colluder and how far apart they are after
+each round (the largest pairwise distance, in drifts): *vouched*, each loaded the others' state
+(worst round); *lineage*, as catch-ups make them, the first replica is the root, each other one
+loaded the root's state, corroborated by the one before it (worst round); *fresh*, nobody loaded
+anyone's (they never merge: at the end); with momentum or not, and a vouched trio whose first
+replica trains ten times the others. What the lineage costs: the root never weighs its followers,
+so its own training noise is never averaged with theirs: how far the root ends from the mean of
+all the group's training (where a group that all merged would be), in drifts, at the end. A
+newcomer that caught up from the first of two or three replicas: the rounds it merged its source,
+the rounds the others merged it (never: it loaded ours, which anyone may), and how far it ends
+from its source, in drifts.
 """
 
 from __future__ import annotations
@@ -133,10 +147,12 @@ ATTACKS: dict[str, Attack] = {
 }
 
 
-def attacked(attack: Attack, honest: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig) -> tuple[float, float]:
+def attacked(attack: Attack, honest: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig,
+             lineage: bool = False) -> tuple[float, float]:
     """``honest`` replicas (vouched for each other) and two colluders for ``rounds`` rounds; how far
     the attack moved the honest replicas from their twins in its plane (the largest, in drifts)
-    and the bound the first applies at the end (in drifts)."""
+    and the bound the first applies at the end (in drifts). ``lineage``: the honest replicas
+    loaded the colluders' states (they have standing: a lying lineage)."""
     generator = torch.Generator().manual_seed(1000 + seed)
     u = noise(generator, 1.0)
     w = noise(generator, 1.0)
@@ -153,6 +169,9 @@ def attacked(attack: Attack, honest: int, momentum: float, seed: int, rounds: in
             for other in names:
                 if other != name:
                     world[name].vouch(UID, other)
+            if lineage and world is guards["attacked"]:
+                for i in range(2):
+                    world[name].vouch(UID, f"c{i}")
     origin = start.clone()
     bound = 0.0
     for round_ in range(rounds):
@@ -183,33 +202,40 @@ def spread(points: dict[str, torch.Tensor]) -> float:
     ) / DRIFT
 
 
-def honest_group(size: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig, vouched: bool, fast: bool = False) -> list[float]:
-    """An honest group's largest pairwise distance after each round, in drifts."""
+def honest_group(size: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig, standing: str,
+                 fast: bool = False) -> tuple[list[float], float]:
+    """An honest group's largest pairwise distance after each round, in drifts, and how far its
+    first replica ends from the mean of all the group's training (in drifts). ``standing``:
+    vouched (everyone loaded everyone's state), lineage (the others loaded the first's,
+    corroborated by the one before them) or fresh (nobody loaded anything)."""
     names = [f"h{i}" for i in range(size)]
     trainers = [Trainer(100 * seed + i, momentum, 10.0 if fast and i == 0 else 1.0) for i in range(size)]
     start = torch.randn(DIM, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     points = {n: start.clone() for n in names}
     guards = {n: SyncGuard(config) for n in names}
-    if vouched:
-        for name in names:
-            for other in names:
-                if other != name:
-                    guards[name].vouch(UID, other)
+    for i, name in enumerate(names):
+        for j, other in enumerate(names):
+            if other != name and (standing == "vouched" or (standing == "lineage" and i > 0 and j in (0, i - 1))):
+                guards[name].vouch(UID, other)
+    trained = start.clone()  # where the mean of everyone's training leads
     spreads = []
     for _ in range(rounds):
-        points = {n: p + t.step() for (n, p), t in zip(points.items(), trainers)}
+        steps = [t.step() for t in trainers]
+        points = {n: p + s for (n, p), s in zip(points.items(), steps)}
+        trained = trained + sum(steps) / size
         results = {}
         for name in names:
             claims = [Contributed(o, 1, vec(points[o])) for o in names if o != name]
             results[name] = flat(guards[name].decide(UID, vec(points[name]), 1, claims).parameters)
         points = results
         spreads.append(spread(points))
-    return spreads
+    return spreads, float((points[names[0]] - trained).norm()) / DRIFT
 
 
-def newcomer(established: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig) -> list[bool]:
-    """``established`` honest replicas and a newcomer that caught up from the first; for each round,
-    whether every established replica merged the newcomer."""
+def newcomer(established: int, momentum: float, seed: int, rounds: int, config: ReplicasConfig) -> tuple[int, int, float]:
+    """``established`` honest replicas (vouched for each other) and a newcomer that caught up
+    from the first: the rounds it merged its source, the rounds every other replica merged it,
+    and how far it ends from its source, in drifts."""
     names = [f"h{i}" for i in range(established)] + ["new"]
     trainers = [Trainer(100 * seed + i, momentum) for i in range(len(names))]
     guards = {n: SyncGuard(config) for n in names}
@@ -220,7 +246,7 @@ def newcomer(established: int, momentum: float, seed: int, rounds: int, config: 
     guards["new"].vouch(UID, names[0])
     start = torch.randn(DIM, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     points = {n: start.clone() for n in names}
-    merged = []
+    followed = merged = 0
     for _ in range(rounds):
         points = {n: p + t.step() for (n, p), t in zip(points.items(), trainers)}
         results = {}
@@ -229,11 +255,13 @@ def newcomer(established: int, momentum: float, seed: int, rounds: int, config: 
             claims = [Contributed(o, 1, vec(points[o])) for o in names if o != name]
             verdict = guards[name].decide(UID, vec(points[name]), 1, claims)
             results[name] = flat(verdict.parameters)
-            if name != "new":
+            if name == "new":
+                followed += names[0] in verdict.accepted
+            else:
                 everyone = everyone and "new" in verdict.accepted
         points = results
-        merged.append(everyone)
-    return merged
+        merged += everyone
+    return followed, merged, float((points["new"] - points[names[0]]).norm()) / DRIFT
 
 
 MODES = {"independent": 0.0, "momentum 0.7": MOMENTUM}
@@ -248,45 +276,51 @@ def main() -> None:
     args = parser.parse_args()
     config = ReplicasConfig(**{k: float(v) for k, v in (item.split("=", 1) for item in args.set)})
     seeds = range(args.seeds)
-    print(f"two colluders, {args.rounds} rounds, median of {args.seeds} seeds: how far the honest replicas moved "
-          "in the attack's plane, in honest drifts [the bound at the end, in drifts]")
     columns = [(mode, honest) for mode in MODES for honest in (1, 2)]
     header = " | ".join(f"{mode[:11]:>11} {h} of {h + 2}" for mode, h in columns)
-    print(f"{'attack':38} | {header}")
-    for name, attack in ATTACKS.items():
-        if args.only not in name:
-            continue
-        cells = []
-        for mode, honest in columns:
-            runs = [attacked(attack, honest, MODES[mode], seed, args.rounds, config) for seed in seeds]
-            moved = statistics.median(r[0] for r in runs)
-            bound = statistics.median(r[1] for r in runs)
-            cells.append(f"{moved:9.1f} [{bound:4.1f}]")
-        print(f"{name:38} | " + " | ".join(f"{c:>18}" for c in cells), flush=True)
+    for lineage in (False, True):
+        who = ("two colluders the honest replicas loaded their state from (a lying lineage: only the pull budgets hold it)"
+               if lineage else "two fresh colluders")
+        print(f"{who}, {args.rounds} rounds, median of {args.seeds} seeds: how far the honest replicas moved "
+              "in the attack's plane, in honest drifts [the bound at the end, in drifts]")
+        print(f"{'attack':38} | {header}")
+        for name, attack in ATTACKS.items():
+            if args.only not in name:
+                continue
+            cells = []
+            for mode, honest in columns:
+                runs = [attacked(attack, honest, MODES[mode], seed, args.rounds, config, lineage) for seed in seeds]
+                moved = statistics.median(r[0] for r in runs)
+                bound = statistics.median(r[1] for r in runs)
+                cells.append(f"{moved:9.1f} [{bound:4.1f}]")
+            print(f"{name:38} | " + " | ".join(f"{c:>18}" for c in cells), flush=True)
     if args.only:
         return
     print()
-    print("honest control: the largest pairwise distance after a round, in drifts (worst seed; vouched: worst "
-          "round, fresh: the last round)")
+    print("honest control: the largest pairwise distance after a round, in drifts (worst seed; vouched and "
+          "lineage: worst round, fresh: the last round); the root's distance from the group's mean training at the end")
     for mode, momentum in MODES.items():
         cells = []
         for size in (2, 3, 4):
-            vouched = max(max(honest_group(size, momentum, s, args.rounds, config, True)) for s in seeds)
-            fresh = max(honest_group(size, momentum, s, args.rounds, config, False)[-1] for s in seeds)
-            cells.append(f"{size}: {vouched:.2f} vouched, {fresh:.2f} fresh")
-        fast = max(max(honest_group(3, momentum, s, args.rounds, config, True, fast=True)) for s in seeds)
-        print(f"  {mode:13} " + "; ".join(cells) + f"; 3, one training 10x: {fast:.2f}")
-    print(f"newcomer joining established replicas (probation {config.sync_probation_rounds} rounds): first round merged by all, "
-          "rounds merged after it")
+            runs = {kind: [honest_group(size, momentum, s, args.rounds, config, kind) for s in seeds]
+                    for kind in ("vouched", "lineage", "fresh")}
+            vouched = max(max(r[0]) for r in runs["vouched"])
+            lineage = max(max(r[0]) for r in runs["lineage"])
+            fresh = max(r[0][-1] for r in runs["fresh"])
+            root = statistics.median(r[1] for r in runs["lineage"])
+            merged = statistics.median(r[1] for r in runs["vouched"])
+            cells.append(f"{size}: {vouched:.2f} vouched, {lineage:.2f} lineage, {fresh:.2f} fresh, "
+                         f"root {root:.1f} (vouched {merged:.1f})")
+        fast = max(max(honest_group(3, momentum, s, args.rounds, config, "vouched", fast=True)[0]) for s in seeds)
+        print(f"  {mode:13} " + "; ".join(cells) + f"; 3 vouched, one training 10x: {fast:.2f}")
+    print("newcomer that caught up from the first of the established replicas: rounds it merged its source, "
+          "rounds all others merged it, its distance from its source at the end (drifts)")
     for mode, momentum in MODES.items():
         cells = []
         for established in (2, 3):
             for seed in seeds:
-                merged = newcomer(established, momentum, seed, args.rounds, config)
-                first = merged.index(True) if True in merged else None
-                after = sum(merged[first:]) if first is not None else 0
-                total = args.rounds - first if first is not None else 0
-                cells.append(f"{established}+1 seed {seed}: {first} ({after}/{total})")
+                followed, merged, apart = newcomer(established, momentum, seed, args.rounds, config)
+                cells.append(f"{established}+1 seed {seed}: {followed}/{args.rounds}, {merged}, {apart:.1f}")
         print(f"  {mode:13} " + "; ".join(cells))
 
 

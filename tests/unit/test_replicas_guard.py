@@ -211,14 +211,14 @@ def test_a_patient_push_of_half_a_drift_a_round_does_not_carry_a_lone_honest_rep
     """Two colluders of a trio that we loaded our state from (so they have standing: fresh ones
     never do) stay within the drift and wander like honest replicas, so they merge. What the
     merges move us by is held: at most one of our own steps a round, and the steady part of it
-    (what adds up from round to round) to about one step in all, so a push that the bias test is
-    too slow to see carries us about three drifts in 20 rounds, not ten (measured 3.2 and 3.1
-    with standing from the first round; 4.5 in 30 rounds at twice the rate). A catch-up source
+    (what adds up from round to round) to about ``sync_steady_budget`` (3) steps in all, so a
+    push that the bias test is too slow to see carries us about four and a half drifts in 20
+    rounds, not ten (measured 4.5 and 4.4; 4.6 in 30 rounds at twice the rate). A catch-up source
     that lies could have handed us any state: standing is trust in our lineage, and these
     budgets are what is left when the lineage itself lies."""
     for seed in (3, 4):
-        assert _patient_pair(seed=seed) < 3.5
-    assert _patient_pair(rounds=30, rate=1.0) < 5.0  # a bolder one does not do much better
+        assert _patient_pair(seed=seed) < 5.0
+    assert _patient_pair(rounds=30, rate=1.0) < 5.0  # a bolder one does no better
 
 
 def _newcomer_rounds(config: ReplicasConfig, seed: int = 6, rounds: int = 20) -> tuple[list[bool], list[bool], float]:

@@ -83,11 +83,14 @@ class ReplicasConfig:
     # step; honest merges pull us in directions about as independent from round to round as our
     # own steps, so the steady part of what merges moved us (the forgotten sum's squared norm less
     # the sum of squared norms, at sync_pull_decay a round) is held to sync_steady_budget steps
-    # (squared) plus sync_pull_steadiness of the excess our own steps' ratio shows (momentum)
+    # (squared) plus sync_pull_steadiness of the excess our own steps' ratio shows (momentum).
+    # Only peers with standing (our lineage) pull us, and a follower's pulls toward a source that
+    # never weighs it close a lasting gap over several rounds: at 1 and 0.5 such followers could
+    # not follow (19 drifts apart in 40 rounds with momentum 0.7, benchmarks/sync_attacks.py)
     sync_pull_cap: float = 1.0
     sync_pull_decay: float = 0.98
-    sync_steady_budget: float = 1.0
-    sync_pull_steadiness: float = 0.5
+    sync_steady_budget: float = 3.0
+    sync_pull_steadiness: float = 2.0
     # parameters this large are hashed, encoded and decoded in a thread, off the event loop (an
     # 8 M-parameter expert takes ~100 ms); smaller ones right there: hashing 64 KiB costs about
     # what a thread hop does
