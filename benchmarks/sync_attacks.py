@@ -2,12 +2,8 @@
 pure guard (``volunteer/replicas/guard.py``, no network), against honest replicas that train
 between rounds.
 
-    python benchmarks/sync_attacks.py                 # 20 rounds, 3 seeds (about a minute)
+    python benchmarks/sync_attacks.py                 # 20 rounds, 3 seeds (about 15 s)
     python benchmarks/sync_attacks.py --rounds 40
-
-The same attacks follow from two colluders the honest replicas loaded their state from (a
-catch-up source that lies, or copied the honest state to be one): they have standing, and only
-the bias test and the pull budgets hold them.
 
 Honest replicas take noisy steps of one honest drift (``DRIFT``, L2) a round: independent from
 round to round, or with momentum 0.7 (the velocity's noise scaled so a step is still about one
@@ -22,7 +18,9 @@ brackets the bound the honest replica applies at the end, in drifts (it must not
 
 Standing comes from lineage only (``guard.py``): a peer is weighed when we loaded its state,
 never for rounds of looking honest, so the colluders, fresh, are never weighed; the figures
-show what is left (0.0: nothing).
+show what is left (0.0: nothing). The second table runs the same attacks by two colluders the
+honest replicas loaded their state from (a catch-up source that lies, or copied the honest state
+to be one): they have standing, and only the bias test and the pull budgets hold them.
 
 The honest control: honest groups of 2, 3 and 4 with no colluder and how far apart they are after
 each round (the largest pairwise distance, in drifts): *vouched*, each loaded the others' state
