@@ -173,7 +173,7 @@ class SyncGuard:
         self._experts.pop(uid, None)
 
     def bound(self, uid: str, own: torch.Tensor) -> float:
-        """How far an established peer's contribution may be from ``own`` (flattened) in this
+        """How far the contribution of a peer with standing may be from ``own`` (flattened) in this
         round of ``uid``."""
         record = self._experts.get(uid)
         return self._bound_for(self._drift(record, self._own_change(record, own)), own)
@@ -264,9 +264,9 @@ class SyncGuard:
                 continue
             stats = record.peers.get(contribution.peer)
             allowed = bound
-            if stats is None or stats.apart > 0:
+            if stats is not None and stats.apart > 0:
                 # not merged last round: two honest replicas drift apart by what each moved since
-                allowed = 2 * bound + self.config.sync_drift_slack * (stats.apart if stats is not None else 0.0)
+                allowed = 2 * bound + self.config.sync_drift_slack * stats.apart
             if distance <= allowed:
                 within.append((contribution, flat, distance))
             else:
