@@ -394,3 +394,15 @@ def test_two_patient_colluders_leave_honest_replicas_within_their_drift_among_th
                 for seed in (0, 1):
                     moved = _colluders_against(honest, momentum, alternate, seed)
                     assert moved <= 1.0, (honest, momentum, alternate, seed, moved)
+
+
+def test_a_source_we_just_loaded_is_held_to_the_bound_in_its_first_round():
+    """We loaded its state a moment ago (distance 0): its first contribution gets the bound, not
+    the twice-the-bound room of a peer that drifted apart unmerged. Before any drift is learned
+    the bound is a share of our norm (2), so three norms away is refused, not merged."""
+    own = start()
+    guard = SyncGuard()
+    guard.vouch("e", "source")
+    far = own + 3 * own.norm() * step(torch.Generator().manual_seed(12), 1.0)
+    verdict = guard.decide("e", vec(own), 5, [Contributed("source", 5, vec(far))])
+    assert verdict.refused == {"source": OUTLIER} and verdict.accepted == ()
