@@ -275,3 +275,20 @@ async def test_an_expert_dropped_during_its_round_ends_the_round_with_a_sync_err
             with pytest.raises(SyncError, match="dropped during its sync round"):
                 await sync_a.average(UID, [host_b.full_addrs()[0]])
     assert sync_a.rounds == 0
+
+
+async def test_a_crowd_of_fresh_identities_does_not_push_our_lineage_out_of_the_group():
+    """A group holds max_group members: a fresh identity listed first (the DHT's order is anyone's
+    to shape) must not take the place of the replica we loaded our state from."""
+    network = MemoryNetwork()
+    config = ReplicasConfig(max_group=2, sync_timeout=10_000)  # room for one partner
+    a, source, stranger = replica(1, 2), replica(2, 3), replica(3, 4)
+    async with AsyncExitStack() as stack:
+        host_a, sync_a = await stack.enter_async_context(volunteer(network, a, config))
+        host_s, sync_s = await stack.enter_async_context(volunteer(network, source, config))
+        host_x, _ = await stack.enter_async_context(volunteer(network, stranger, config))
+        sync_a.guard.vouch(UID, str(host_s.peer_id))  # a caught up from the source
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sync_s.average, UID, [host_a.full_addrs()[0]])
+            outcome = await sync_a.average(UID, [host_x.full_addrs()[0], host_s.full_addrs()[0]])
+    assert outcome.contributors == (str(host_s.peer_id),) and outcome.missing == ()
