@@ -2,7 +2,9 @@
 no training in between, replicas give the same outputs; a pair keeps its own versions (one peer's
 claim never raises ours); a
 replica killed mid-round does not stall the others; a silent one is left out at the deadline; the
-runtime aggregates a round, after the step its expert owes, on its worker or inline when cheap."""
+runtime aggregates a round, after the step its expert owes, on its worker or inline when cheap;
+only a replica whose state we loaded is weighed (a follower merges its source, never the reverse),
+and a crowd of fresh identities cannot push it out of a full group."""
 
 from __future__ import annotations
 
