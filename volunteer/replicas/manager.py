@@ -264,7 +264,9 @@ class ReplicaManager(BaseService):
             return True
         claims = hosts.get(backend.uid, {})
         if backend.updates > 0 and claims[order[0]] <= backend.updates:
-            return True  # our checkpoint is as fresh as any believable replica: the next sync merges them
+            # our checkpoint is as fresh as any believable replica: kept, a lineage of its own (sync
+            # weighs only replicas whose state we loaded, so it and they no longer merge)
+            return True
         believable = [p for p in order if p not in suspects]
         known = self.standings().get(backend.uid, {})
         race = await race_for_state(self.host, backend, [believable, [p for p in order if p in suspects]],
