@@ -111,7 +111,8 @@ class Receipt:
 
     def sign(self, keypair: KeyPair) -> "Receipt":
         """This receipt signed with ``keypair`` (whose PeerID it must name)."""
-        return replace(self, signature=keypair.sign(self.signed_part()))
+        fields = self._fields()  # built once, for the signature and the copy (a reply's path: no replace())
+        return Receipt(*fields, keypair.sign(SIGNED + msgpack.packb(fields, use_bin_type=True)))
 
     @property
     def signer(self) -> PeerID:
