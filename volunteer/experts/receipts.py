@@ -111,8 +111,10 @@ class Receipt:
 
     def sign(self, keypair: KeyPair) -> "Receipt":
         """This receipt signed with ``keypair`` (whose PeerID it must name)."""
-        fields = self._fields()  # built once, for the signature and the copy (a reply's path: no replace())
-        return Receipt(*fields, keypair.sign(SIGNED + msgpack.packb(fields, use_bin_type=True)))
+        signature = keypair.sign(self.signed_part())  # on a reply's path: no dataclasses.replace()
+        return Receipt(self.peer, self.uid, self.op, self.expert_class, self.hidden_dim, self.version, self.state,
+                       self.inputs, self.outputs, self.batch, self.dtype, self.device, self.threads, self.compression,
+                       signature)
 
     @property
     def signer(self) -> PeerID:
