@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import sys
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -190,7 +190,7 @@ class SnapshotStore:
         self.missed = 0  # asked for and not (or no longer) kept
         self.reused = 0  # snapshots written into an evicted one's memory
         self.digested = 0  # snapshots hashed (served)
-        self.torn = 0  # background copies a write raced (dropped)
+        self.torn = 0  # background copies that failed or a write raced (dropped)
         # one thread: copies run in the order noted, and a later one never waits behind a newer
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="volunteer-snapshot") if background else None
         self._copying: dict[str, Future] = {}  # uid -> its newest copy, until it is done
