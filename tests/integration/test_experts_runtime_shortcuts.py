@@ -318,3 +318,35 @@ async def test_a_forward_that_writes_buffers_waits_for_the_copy_of_the_state_it_
                 snapshot = runtime.snapshots.get(stamps[0][0].state)
                 assert snapshot is not None and snapshot.digest() == digest
             assert runtime.snapshots.report()["torn"] == 0
+
+
+async def test_a_roll_back_waits_for_the_copy_of_the_state_it_overwrites(slow_snapshot_copies):
+    # the step before the refused backward started a copy; the judge's roll-back must not write
+    # the state mid-copy (that copy would be torn: the reply it names could never be audited)
+    from volunteer.errors import TrainerRefusedError
+
+    config = ExpertsConfig(device="cpu", receipts=True)
+    torch.manual_seed(0)
+    backend = make_backend("ffn.0", "ffn", 8, config=config)
+
+    def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(4, 8, generator=generator), torch.randn(4, 8, generator=generator) * 0.01
+
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            for step in range(28):  # the bound warms up; "pusher" becomes a trainer it knows
+                x, g = batch(step)
+                await runtime.backward("ffn.0", [x], [g], trainer="honest" if step < 12 else "pusher")
+            await runtime.settled()
+            before = copy.deepcopy(backend.module.state_dict())
+            x, g = batch(99)
+            for _ in range(2):  # clipped, a strike each; the step's copy starts as it is applied, and
+                # nothing settles it before the next backward (``settled`` would: a job waits for copies)
+                await runtime.backward("ffn.0", [x], [g * 50], trainer="pusher")
+            with pytest.raises(TrainerRefusedError, match="undone"):
+                await runtime.backward("ffn.0", [x], [g * 50], trainer="pusher")
+            await runtime.settled()
+            assert all(torch.equal(v, before[k]) for k, v in backend.module.state_dict().items())
+            assert runtime.trainer_report()["rollbacks"] == 1
+            assert runtime.snapshots.report()["torn"] == 0
