@@ -246,3 +246,107 @@ async def test_a_step_owed_to_a_caller_that_never_applies_it_runs_before_the_nex
         assert not backend.step_owed
     for mine, theirs in zip(backend.module.parameters(), reference.module.parameters()):
         assert torch.equal(mine, theirs)
+
+
+
+@pytest.fixture
+def slow_snapshot_copies(monkeypatch):
+    """Snapshot copies that take 20 ms: a write the runtime did not hold back until the copy
+    ended would land mid-copy (a torn snapshot, dropped and counted: an audit would find nothing)."""
+    import time
+
+    import volunteer.experts.snapshots as snapshots
+
+    copy_state = snapshots._copied
+
+    def slow_copy(state, spare):
+        time.sleep(0.02)
+        return copy_state(state, spare)
+
+    monkeypatch.setattr(snapshots, "_copied", slow_copy)
+
+
+async def test_every_state_a_receipt_names_is_the_one_that_computed_it_while_snapshots_copy_in_the_background(
+        slow_snapshot_copies):
+    from volunteer.experts.snapshots import state_digest
+
+    config = ExpertsConfig(device="cpu", receipts=True)
+    backend = make_backend("ffn.0", "ffn", 16, config=config)
+    x = torch.randn(4, 16)
+    named: list[tuple[bytes, bytes | None]] = []  # (state id a reply named, digest of the state that computed it)
+
+    def nudge() -> None:  # a replica's average, written the moment a step's copy has started
+        with torch.no_grad():
+            for parameter in backend.module.parameters():
+                parameter.mul_(0.999)
+
+    async def train(settle_later: bool, digest: bytes | None) -> None:
+        stamps: list = []
+        await runtime.forward("ffn.0", [x], keep_graph=True, stamps=stamps)
+        named.append((stamps[0][0].state, digest))
+        stamps = []
+        await runtime.backward("ffn.0", [x], [torch.randn(4, 16)], settle_later=settle_later, stamps=stamps)
+        named.append((stamps[0][0].state, digest))  # the state before the step it owes
+
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            for _ in range(3):  # the server's way: each step owed until the next batch settles it, mid-copy
+                await train(settle_later=True, digest=None)
+            for _ in range(3):  # a step on the worker, then a job that writes while its copy runs
+                await runtime.settled()
+                await runtime.run_on("ffn.0", nudge)
+                await train(settle_later=False, digest=state_digest(list(backend.module.state_dict().items())))
+            await runtime.settled()
+            for state, digest in named:
+                snapshot = runtime.snapshots.get(state)
+                assert snapshot is not None and (digest is None or snapshot.digest() == digest)
+            assert runtime.snapshots.report()["torn"] == 0
+
+
+async def test_a_forward_that_writes_buffers_waits_for_the_copy_of_the_state_it_computes_from(slow_snapshot_copies):
+    from volunteer.experts.snapshots import state_digest
+
+    config = ExpertsConfig(device="cpu", receipts=True)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))  # running statistics: buffers
+    backend = ExpertBackend("bn.0", module, inputs=[TensorSpec((4,))], config=config)
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            for _ in range(3):
+                digest = state_digest(list(backend.module.state_dict().items()))
+                stamps: list = []
+                await runtime.forward("bn.0", [torch.randn(8, 4)], stamps=stamps)
+                snapshot = runtime.snapshots.get(stamps[0][0].state)
+                assert snapshot is not None and snapshot.digest() == digest
+            assert runtime.snapshots.report()["torn"] == 0
+
+
+async def test_a_roll_back_waits_for_the_copy_of_the_state_it_overwrites(slow_snapshot_copies):
+    # the step before the refused backward started a copy; the judge's roll-back must not write
+    # the state mid-copy (that copy would be torn: the reply it names could never be audited)
+    from volunteer.errors import TrainerRefusedError
+
+    config = ExpertsConfig(device="cpu", receipts=True)
+    torch.manual_seed(0)
+    backend = make_backend("ffn.0", "ffn", 8, config=config)
+
+    def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randn(4, 8, generator=generator), torch.randn(4, 8, generator=generator) * 0.01
+
+    with trio.fail_after(60):
+        async with open_runtime([backend], config) as runtime:
+            for step in range(28):  # the bound warms up; "pusher" becomes a trainer it knows
+                x, g = batch(step)
+                await runtime.backward("ffn.0", [x], [g], trainer="honest" if step < 12 else "pusher")
+            await runtime.settled()
+            before = copy.deepcopy(backend.module.state_dict())
+            x, g = batch(99)
+            for _ in range(2):  # clipped, a strike each; the step's copy starts as it is applied, and
+                # nothing settles it before the next backward (``settled`` would: a job waits for copies)
+                await runtime.backward("ffn.0", [x], [g * 50], trainer="pusher")
+            with pytest.raises(TrainerRefusedError, match="undone"):
+                await runtime.backward("ffn.0", [x], [g * 50], trainer="pusher")
+            await runtime.settled()
+            assert all(torch.equal(v, before[k]) for k, v in backend.module.state_dict().items())
+            assert runtime.trainer_report()["rollbacks"] == 1
+            assert runtime.snapshots.report()["torn"] == 0

@@ -88,3 +88,22 @@ def test_the_state_a_step_makes_is_copied_right_after_the_step_not_before_the_ne
     assert volunteer.runtime.backends["ffn.0"].updates == 1
     # the state before the step (which computed both replies) and the one after it, with no call since
     assert snapshots.report()["taken"] == 2 and snapshots.report()["digested"] == 0
+
+
+def test_a_large_calls_inputs_digest_taken_beside_the_compute_is_the_inputs_digest(world, monkeypatch):
+    import volunteer.experts.server as server
+    from volunteer.experts.receipts import tensor_digest
+
+    monkeypatch.setattr(server, "DIGEST_BESIDE_COMPUTE", 1024)  # these calls' digests run on the thread
+    volunteer, swarm = world
+    x, g = torch.randn(64, HIDDEN), torch.randn(64, HIDDEN)
+    _, receipt = forward(volunteer, swarm, x)
+    assert receipt.inputs == tensor_digest([x])
+
+    async def backward():
+        report = CallReport()
+        await swarm.directory.call_expert(volunteer.addr, "ffn.0", "backward", [x, g], n_inputs=1, report=report,
+                                          timeout=10)
+        return report.receipt
+
+    assert swarm.loop.run(backward, timeout=20).inputs == tensor_digest([x, g])

@@ -333,3 +333,42 @@ def test_a_host_named_by_its_multiaddr_is_its_peer_id():
     addr = Multiaddr(f"/ip4/127.0.0.1/tcp/4001/p2p/{keys.peer_id}")
     assert receipt.verify(addr) and receipt.verify(str(keys.peer_id))
     check_reply(receipt, uid="ffn.0", op="forward", outputs=receipt.outputs, peer=addr)
+
+
+def test_a_background_copy_is_the_state_noted_once_writers_settle_it_first():
+    store, b = SnapshotStore(background=True), backend()
+    try:
+        before = state_digest(list(b.module.state_dict().items()))
+        first = store.note(b)  # returns at once; the copy runs on the store's thread
+        store.settle_copies(b.uid)  # what a writer does first
+        b.backward([torch.randn(4, HIDDEN)], [torch.randn(4, HIDDEN)])
+        second = store.note(b)
+        kept = store.get(first.state)  # waits for a copy still running
+        assert kept is not None and kept.digest() == before and second.state != first.state
+        assert store.get(second.state).digest() == state_digest(list(b.module.state_dict().items()))
+        assert store.report()["torn"] == 0
+    finally:
+        store.close()
+
+
+def test_a_write_racing_a_background_copy_drops_that_snapshot_and_the_next_note_copies_again(monkeypatch):
+    import volunteer.experts.snapshots as snapshots
+
+    store, b = SnapshotStore(background=True), backend()
+    copy = snapshots._copied
+
+    def raced(state, spare):  # a writer that did not settle the copy first writes mid-copy
+        with torch.no_grad():
+            next(iter(state.values())).add_(1.0)
+        return copy(state, spare)
+
+    try:
+        monkeypatch.setattr(snapshots, "_copied", raced)
+        torn = store.note(b)
+        store.settle_copies()
+        assert store.get(torn.state) is None and store.report()["torn"] == 1  # never served
+        monkeypatch.setattr(snapshots, "_copied", copy)
+        again = store.note(b)  # same fingerprint as before the race, but the stamp it named was dropped
+        assert again.state != torn.state and store.get(again.state) is not None
+    finally:
+        store.close()

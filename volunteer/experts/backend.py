@@ -116,6 +116,10 @@ class ExpertBackend:
         self.hidden_dim = hidden_dim
         self.device = resolve_device(config.device)
         self.module = module.to(self.device)
+        # a forward in training mode may write buffers (BatchNorm's running statistics)
+        self.forward_writes_state = any(True for _ in self.module.buffers())
+        self._layout: list[tuple[dict, list[int], list]] | None = None  # state_fingerprint's view of the module's tables
+        self._state_tensors: list[torch.Tensor] = []
         self.inputs = list(inputs)
         if not self.inputs:
             raise ExpertConfigError(f"expert {uid!r} takes no inputs: give at least one TensorSpec")
@@ -210,9 +214,17 @@ class ExpertBackend:
         mode, and the identity and version counter of every parameter and buffer. Torch bumps a
         tensor's version on every in-place change (an optimizer step, ``load_state_dict``'s
         copy, a replica's import), and replacing a parameter changes its identity: an equal
-        fingerprint means the module computes what it computed when the fingerprint was taken."""
-        tensors = chain(self.module.parameters(), self.module.buffers())
-        return (self.updates, self._step_owed, self.module.training, *((id(t), t._version) for t in tensors))
+        fingerprint means the module computes what it computed when the fingerprint was taken.
+        (Taken several times a call: the module's tensors are listed once, and listed again only
+        when a submodule, parameter or buffer was added, removed or replaced.)"""
+        layout = self._layout
+        if layout is None or not all([*map(id, table.values())] == ids for table, ids, _ in layout):
+            # the values are held (third item) so that no id seen here is reused meanwhile
+            self._layout = [(table, [*map(id, table.values())], list(table.values()))
+                            for module in self.module.modules()
+                            for table in (module._modules, module._parameters, module._buffers)]
+            self._state_tensors = list(chain(self.module.parameters(), self.module.buffers()))
+        return (self.updates, self._step_owed, self.module.training, *((id(t), t._version) for t in self._state_tensors))
 
     def backward(
         self,

@@ -111,7 +111,10 @@ class Receipt:
 
     def sign(self, keypair: KeyPair) -> "Receipt":
         """This receipt signed with ``keypair`` (whose PeerID it must name)."""
-        return replace(self, signature=keypair.sign(self.signed_part()))
+        signature = keypair.sign(self.signed_part())  # on a reply's path: no dataclasses.replace()
+        return Receipt(self.peer, self.uid, self.op, self.expert_class, self.hidden_dim, self.version, self.state,
+                       self.inputs, self.outputs, self.batch, self.dtype, self.device, self.threads, self.compression,
+                       signature)
 
     @property
     def signer(self) -> PeerID:

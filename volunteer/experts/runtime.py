@@ -76,7 +76,9 @@ class Runtime:
             self.backends[backend.uid] = backend
         self._core = Scheduler(self.backends, config)
         self.judge = TrainerJudge(self.backends, config)  # trainers' strikes, refusals, rollbacks
-        self.snapshots = SnapshotStore()  # the states replies were computed from, for exact audits
+        # the states replies were computed from, for exact audits; copied on a thread of its own
+        # while replies travel: every write of an expert's state first settles its copies
+        self.snapshots = SnapshotStore(background=True)
         self._ledger = Ledger(config.latency_window)
         for uid in self.backends:
             self._ledger.add(uid)
@@ -351,6 +353,8 @@ class Runtime:
 
     def _perform(self, job: Job, backend: ExpertBackend | None) -> tuple[float | None, bool]:
         """Run a job on this thread: (seconds to learn as its cost, or None; whether a step is owed)."""
+        if job.kind not in BATCH_KINDS:
+            self.snapshots.settle_copies()  # a step or a job may write any expert's state
         if job.kind is Kind.STEP:
             return (None if backend is None else self._settle(backend)), False
         if job.kind in BATCH_KINDS:
@@ -400,6 +404,8 @@ class Runtime:
         elif live:
             runs = self._compute_alone(live[0], backend)
         done = time.perf_counter()
+        if batch[0].kind is Kind.BACKWARD:
+            self.snapshots.settle_copies()  # the judge may roll back any expert its trainer struck
         with self._cond:
             if batch[0].kind is Kind.BACKWARD:
                 self.judge.judge(backend.uid, live, done)
@@ -428,11 +434,15 @@ class Runtime:
         return True
 
     def _compute(self, batch: list[Request], backend: ExpertBackend) -> None:
+        if backend.step_owed:
+            self.snapshots.settle_copies(backend.uid)  # the step writes: only reads run beside a copy
         backend.settle()
         if self.config.receipts:  # the state that computes this batch, once per version (snapshots.py)
             stamp = (self.snapshots.note(backend), sum(r.batch for r in batch))
             for request in batch:
                 request.stamp = stamp
+            if backend.forward_writes_state:
+                self.snapshots.settle_copies(backend.uid)  # this batch writes buffers: copied first
         if len(batch) == 1 and self.activations.enabled and self._compute_with_graph(backend, batch[0]):
             return
         inputs = concat([r.inputs for r in batch])
@@ -503,6 +513,7 @@ class Runtime:
         wake(stranded)
         if self._thread is not None:
             await trio.to_thread.run_sync(self._thread.join)
+        await trio.to_thread.run_sync(self.snapshots.close)
         return await trio.to_thread.run_sync(self._save_all)
 
     def _save_all(self) -> list[BaseException]:

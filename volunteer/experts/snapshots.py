@@ -17,7 +17,18 @@ What is kept, ``SnapshotPolicy``: every snapshot younger than ``keep_s`` seconds
 ``max_bytes`` in all and ``max_count`` snapshots (oldest forgotten first), and always the newest of
 each expert; plus, per expert, the memory of its last evicted snapshot, which the next one is
 copied into (a copy into touched memory costs a third of a fresh allocation's; only when nothing
-is serving it). Large states are digested on two threads (hashlib releases the GIL). An auditor fetches a snapshot right after the reply it audits (the forward's at
+is serving it). Large states are digested on two threads (hashlib releases the GIL).
+
+A store made with ``background=True`` (the runtime's) copies on a thread of its own: ``note``
+returns the stamp at once, and the copy (torch releases the GIL) runs while the reply travels and
+the next forward computes from the same, unchanged tensors; a 32 MB expert's copy left the
+critical path of every forward+backward. The price is a rule: whatever writes an expert's state
+(an optimizer step, a roll-back, a replica's import) first calls ``settle_copies``, which waits
+for copies still running; the runtime does, before every job but a batch that only reads (see
+``Runtime._perform``). A copy checks afterwards that no tensor's version moved while it ran, and a
+torn copy is dropped and counted (``torn``), never served. ``get`` waits for a copy still running.
+
+An auditor fetches a snapshot right after the reply it audits (the forward's at
 once, the backward's when the trainer's backward returns), well within the window; a snapshot
 asked for that is gone counts against its host (``audit.py``), so the budget a host states is a
 promise: the memory it takes is the module's size times the versions it answered from in the
@@ -28,12 +39,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import sys
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Callable, Mapping, Sequence, TypedDict
 
@@ -41,6 +53,8 @@ import torch
 
 from ..errors import ExpertConfigError
 from .receipts import tensor_digest
+
+log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 
@@ -114,10 +128,21 @@ class Snapshot:
     taken: float  # the store's clock
     _digest: bytes | None = None
     on_digest: Callable[[], None] | None = None  # its store counts the snapshots it had to hash
+    copying: Future | None = None  # a background store's copy into ``tensors``, while it may run
+
+    def copied(self) -> bool:
+        """Whether ``tensors`` holds the whole copy (a background store fills it on its thread)."""
+        return self.copying is None or self.copying.done()
+
+    def wait_copied(self) -> None:
+        """Return once ``tensors`` holds the whole copy."""
+        if self.copying is not None:
+            self.copying.result()
 
     def digest(self) -> bytes:
         """``state_digest`` of its tensors, taken on the first call (off the event loop: 60 ms for
         32 MB) and remembered."""
+        self.wait_copied()
         if self._digest is None:
             self._digest = state_digest(list(zip(self.names, self.tensors)))
             if self.on_digest is not None:
@@ -126,6 +151,7 @@ class Snapshot:
 
     def matches(self, digest: bytes) -> bool:
         """Whether these tensors digest to ``digest`` (an auditor checks what it fetched)."""
+        self.wait_copied()
         return state_digest(list(zip(self.names, self.tensors))) == digest
 
 
@@ -142,13 +168,16 @@ class SnapshotsReport(TypedDict):
     missed: int
     reused: int
     digested: int  # snapshots hashed (when first served): a few in a hundred taken
+    torn: int  # background copies that failed or a write raced (dropped, never served): a bug if ever above 0
 
 
 class SnapshotStore:
-    """The snapshots of one runtime's experts (see the module docstring). ``note`` runs on the
-    runtime's worker thread, the rest on the event loop: a lock guards the tables."""
+    """The snapshots of one runtime's experts (see the module docstring). ``note`` runs where the
+    runtime computes (its worker, or the event loop), the rest on the event loop, copies on the
+    store's own thread (``background``): a lock guards the tables."""
 
-    def __init__(self, policy: SnapshotPolicy = DEFAULT_SNAPSHOTS, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, policy: SnapshotPolicy = DEFAULT_SNAPSHOTS, clock: Callable[[], float] = time.monotonic,
+                 *, background: bool = False) -> None:
         self.policy = policy
         self.clock = clock
         self._lock = threading.Lock()
@@ -161,36 +190,86 @@ class SnapshotStore:
         self.missed = 0  # asked for and not (or no longer) kept
         self.reused = 0  # snapshots written into an evicted one's memory
         self.digested = 0  # snapshots hashed (served)
+        self.torn = 0  # background copies that failed or a write raced (dropped)
+        # one thread: copies run in the order noted, and a later one never waits behind a newer
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="volunteer-snapshot") if background else None
+        self._copying: dict[str, Future] = {}  # uid -> its newest copy, until it is done
         self._epoch = os.urandom(16)  # ids never repeat across restarts, whatever the versions
         self._ids = itertools.count()
 
     def note(self, backend) -> Stamp:
         """The stamp of ``backend``'s current state, snapshotting it if it changed since the last
         note (call it where the backend is not training: the runtime's worker, after ``settle``).
-        A copy, no digest: ``Snapshot.digest`` is taken when it is served."""
+        A copy, no digest: ``Snapshot.digest`` is taken when it is served. A background store
+        starts the copy and returns: nothing may write the state before ``settle_copies``."""
         fingerprint = backend.state_fingerprint()
         found = self._latest.get(backend.uid)
         if found is not None and found[0] == fingerprint:
             return found[1]
+        self.settle_copies(backend.uid)  # its last copy's memory may be the spare of this one
         with self._lock:
             spare = self._spare.pop(backend.uid, None)
-        named = _copied(backend.module.state_dict(), spare)
+        state = backend.module.state_dict()
         self.reused += spare is not None
         named_by = b"%s%d\0%d\0%s" % (self._epoch, next(self._ids), backend.updates, backend.uid.encode())
-        state = hashlib.sha256(named_by).digest()  # an id, not a digest of the state: that waits till served
-        stamp = Stamp(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
+        state_id = hashlib.sha256(named_by).digest()  # an id, not a digest of the state: that waits till served
+        stamp = Stamp(backend.uid, backend.updates, state_id, backend.expert_class, backend.hidden_dim,
                       backend.device.type, torch.get_num_threads())
-        nbytes = sum(t.nelement() * t.element_size() for _, t in named)
-        snapshot = Snapshot(backend.uid, backend.updates, state, backend.expert_class, backend.hidden_dim,
-                            [n for n, _ in named], [t for _, t in named], nbytes, self.clock(),
-                            on_digest=self._digested)
-        with self._lock:
+        nbytes = sum(t.nelement() * t.element_size() for t in state.values())
+        snapshot = Snapshot(backend.uid, backend.updates, state_id, backend.expert_class, backend.hidden_dim,
+                            list(state), [], nbytes, self.clock(), on_digest=self._digested)
+        if self._copier is None:
+            snapshot.tensors = [t for _, t in _copied(state, spare)]
+        with self._lock:  # held: the copy's end (``_copy``) finds it registered
+            if self._copier is not None:
+                snapshot.copying = self._copier.submit(self._copy, snapshot, state, spare)
+                self._copying[backend.uid] = snapshot.copying
             self._latest[backend.uid] = (fingerprint, stamp)
-            self._kept[state] = snapshot
+            self._kept[state_id] = snapshot
             self.bytes += nbytes
             self.taken += 1
             self._evict()
         return stamp
+
+    def settle_copies(self, uid: str | None = None) -> None:
+        """Return once no copy of ``uid``'s state (of any expert's: None) is running: whatever
+        writes an expert's state calls this first. At once when none runs."""
+        if not self._copying:
+            return
+        with self._lock:
+            running = [f for u, f in self._copying.items() if uid is None or u == uid]
+        for future in running:
+            future.result()
+
+    def _copy(self, snapshot: Snapshot, state: Mapping[str, torch.Tensor], spare: list[torch.Tensor] | None) -> None:
+        """The store's thread: copy ``state`` into ``snapshot``; drop it if the copy failed or a
+        write raced it (never raises: a writer waits on it)."""
+        failure: str | None = None
+        try:
+            versions = [t._version for t in state.values()]
+            tensors = [t for _, t in _copied(state, spare)]
+            if versions != [t._version for t in state.values()]:
+                failure = "a write raced the copy"
+        except Exception as exc:  # noqa: BLE001 - out of memory, a device gone: this snapshot is lost, not the runtime
+            failure = f"the copy failed: {exc!r}"
+        with self._lock:
+            if self._copying.get(snapshot.uid) is snapshot.copying:
+                del self._copying[snapshot.uid]
+            if failure is None:
+                snapshot.tensors = tensors
+                return
+            self.torn += 1
+            if self._kept.pop(snapshot.state, None) is not None:
+                self.bytes -= snapshot.nbytes
+            latest = self._latest.get(snapshot.uid)
+            if latest is not None and latest[1].state == snapshot.state:
+                del self._latest[snapshot.uid]  # the next note copies the state again
+        log.error("snapshot %d of expert %s is dropped: %s", snapshot.version, snapshot.uid, failure)
+
+    def close(self) -> None:
+        """Wait for running copies and stop the copy thread (a background store)."""
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
 
     def _digested(self) -> None:
         with self._lock:
@@ -205,7 +284,11 @@ class SnapshotStore:
                 self.missed += 1
             else:
                 self.served += 1
-            return found
+        if found is not None:
+            found.wait_copied()  # a copy still running (rare: the reply it names came first)
+            if not found.tensors and found.nbytes:  # torn meanwhile: dropped, never served
+                return None
+        return found
 
     def forget(self, uid: str) -> None:
         """Drop ``uid``'s snapshots (the expert left this host)."""
@@ -219,7 +302,7 @@ class SnapshotStore:
         with self._lock:
             return {"snapshots": len(self._kept), "bytes": self.bytes, "budget_bytes": self.policy.max_bytes,
                     "keep_s": self.policy.keep_s, "taken": self.taken, "served": self.served, "missed": self.missed, "reused": self.reused,
-                    "digested": self.digested}
+                    "digested": self.digested, "torn": self.torn}
 
     def _evict(self) -> None:
         # under the lock: too old, too many or too big, oldest first; the newest of an expert stays
@@ -230,7 +313,7 @@ class SnapshotStore:
             over = self.bytes > policy.max_bytes or len(self._kept) > policy.max_count
             if not over and now - snapshot.taken <= policy.keep_s:
                 break
-            if state in newest:
+            if state in newest or not snapshot.copied():
                 continue
             del self._kept[state]
             self.bytes -= snapshot.nbytes
