@@ -27,14 +27,22 @@ os.environ["VOLUNTEER_NO_PORT_MAPPING"] = "1"
 # Whole floors of the suite that start processes, namespaces or external peers: each of their
 # tests takes seconds, so all of them are slow; unit and integration tests say so one by one.
 SLOW_FLOORS = ("e2e", "interop", "nat", "static")
+# Under pytest-xdist (`-n`, with `--dist loadgroup`, as pyproject's addopts ask) the floors whose
+# tests start swarms of processes or namespaces run one test at a time, each floor on one worker:
+# the NAT rig's namespaces on one, the process swarms on another, so at most two such tests share
+# the machine, and the in-process floors fill the workers around them.
+SERIAL_FLOORS = {"nat": "rig", "e2e": "processes", "interop": "processes"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests_root = os.path.dirname(__file__)
     for item in items:
         floor = os.path.relpath(str(item.path), tests_root).split(os.sep)[0]
         if floor in SLOW_FLOORS or item.get_closest_marker("heavy") is not None:
             item.add_marker(pytest.mark.slow)
+        if floor in SERIAL_FLOORS:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_FLOORS[floor]))
     # minutes of full CPU (the 200-node simulation) run after everything else: the load they leave
     # on a shared 2-core machine should not reach the timing-sensitive network tests
     items.sort(key=lambda item: item.get_closest_marker("heavy") is not None)

@@ -158,7 +158,9 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("data", BAD_REQUESTS)
+# numbered, not named by their bytes: some hold a key made at import, and every pytest-xdist
+# worker must collect the same names
+@pytest.mark.parametrize("data", BAD_REQUESTS, ids=range(len(BAD_REQUESTS)))
 def test_bad_requests_are_typed_errors(data: bytes) -> None:
     with pytest.raises(DHTMessageError) as info:
         decode_request(data, CONFIG)
@@ -177,7 +179,7 @@ BAD_RESPONSES = [
 ]
 
 
-@pytest.mark.parametrize("data", BAD_RESPONSES)
+@pytest.mark.parametrize("data", BAD_RESPONSES, ids=range(len(BAD_RESPONSES)))
 def test_bad_responses_are_typed_errors(data: bytes) -> None:
     with pytest.raises(DHTMessageError):
         decode_response(data, CONFIG)
