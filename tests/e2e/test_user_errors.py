@@ -34,10 +34,8 @@ def solo(tmp_path):
 def test_each_mistake_is_one_line(tmp_path, cli_env, solo):
     join = ["join", "--yes", solo, "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"]
     afile = tmp_path / "afile"
-    long_control = tmp_path / ("x" * 120) / "d.sock"
     cases = [
         ([*join, "--device", "mps", "--experts", "ffn:e.[0:2]"], 1, "no MPS device here"),
-        ([*join, "--control", str(long_control)], 1, "too long for a Unix socket"),
         ([*join, "--control", str(afile / "d.sock")], 1, f"cannot use control socket {afile / 'd.sock'}: {afile} is not a directory"),
         ([*join, "--control", "/proc/volunteer/d.sock"], 1, "cannot use control socket /proc/volunteer/d.sock"),
         ([*join, "--identity", str(afile / "id.key")], 1, f"cannot create identity key file {afile / 'id.key'}: {afile} is not a directory"),

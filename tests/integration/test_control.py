@@ -58,6 +58,20 @@ async def test_status_round_trip_and_permissions(tmp_path, monkeypatch, mode):
     DaemonLock(path).acquire().release()  # the first one's exit let the next daemon start
 
 
+async def test_a_control_socket_deeper_than_sun_path_holds_still_answers(tmp_path, monkeypatch):
+    """A deep temporary directory (pytest-xdist's, a long $TMPDIR) puts the socket's path past the
+    108 bytes a Unix socket address holds: the daemon must still listen there and be reached."""
+    monkeypatch.setenv("VOLUNTEER_CONTROL", "")
+    path = tmp_path / ("d" * 60) / ("e" * 60) / "daemon.sock"
+    assert len(str(path)) > 108
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_control, path, handler)
+        assert stat.S_ISSOCK(os.stat(path).st_mode) and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert (await request(path, "status"))["status"]["peer_id"] == "12D3KooWtest"
+        nursery.cancel_scope.cancel()
+    assert not path.exists()
+
+
 def test_one_lock_decides_whatever_the_channel(tmp_path):
     path = tmp_path / "run" / "daemon.sock"
     first = DaemonLock(path).acquire()

@@ -20,14 +20,16 @@ import secrets
 import socket
 import stat
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Iterator
 
 import trio
 
 from ..errors import VolunteerError
 
-MAX_UNIX_PATH = 107  # bytes of a Unix socket's path (sun_path is 108 on Linux, with its NUL)
+# bytes of a Unix socket's path: sun_path holds 108 on Linux (104 on BSD and macOS), its NUL included
+MAX_UNIX_PATH = 103 if sys.platform == "darwin" or "bsd" in sys.platform else 107
 MAX_REQUEST = 64 * 1024
 MAX_REPLY = 16 * 1024 * 1024
 REQUEST_TIMEOUT = 10.0
@@ -41,6 +43,27 @@ class ControlError(VolunteerError):
 
 def use_tcp() -> bool:
     return os.environ.get("VOLUNTEER_CONTROL") == "tcp" or not hasattr(socket, "AF_UNIX")
+
+
+def _unix_path_reachable(path: Path) -> bool:
+    """Whether a Unix socket can live at ``path``: it fits ``sun_path``, or (Linux) a longer one
+    is reached through its directory's descriptor (``_reachable_unix_path``)."""
+    return len(os.fsencode(str(path))) <= MAX_UNIX_PATH or os.path.isdir("/proc/self/fd")
+
+
+@contextmanager
+def _reachable_unix_path(path: Path) -> Iterator[str]:
+    """A name for the socket at ``path`` that fits ``sun_path``: ``path`` itself, or, when it is
+    longer (a deep temporary directory), the same file through an open descriptor of its
+    directory (``/proc/self/fd/N/name``, Linux)."""
+    if len(os.fsencode(str(path))) <= MAX_UNIX_PATH:
+        yield str(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 def _prepare_dir(path: Path) -> None:
@@ -82,7 +105,7 @@ class DaemonLock:
 
     def acquire(self) -> "DaemonLock":
         """Take the lock, or raise ControlError naming the running daemon's control path."""
-        if not use_tcp() and len(os.fsencode(self.path)) > MAX_UNIX_PATH:
+        if not use_tcp() and not _unix_path_reachable(self.path):
             raise ControlError(f"control socket path {self.path} is too long for a Unix socket "
                                f"({len(os.fsencode(self.path))} bytes, at most {MAX_UNIX_PATH}): give a shorter --control PATH")
         try:
@@ -165,7 +188,8 @@ async def _serve_locked(path: Path, handler: Handler, *, task_status) -> None:
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # the socket is created 0600: no window where others may connect
         try:
-            await sock.bind(str(path))
+            with _reachable_unix_path(path) as name:
+                await sock.bind(name)
         finally:
             os.umask(old)
     sock.listen(16)
@@ -216,7 +240,8 @@ async def request(path: Path, cmd: str, **fields) -> dict:
             else:
                 if not path.exists():
                     raise ControlError(f"no daemon running (no control socket {path}); start one with `volunteer join SWARM`")
-                stream = await trio.open_unix_socket(str(path))
+                with _reachable_unix_path(path) as name:
+                    stream = await trio.open_unix_socket(name)
             async with stream:
                 await stream.send_all(json.dumps(message).encode() + b"\n")
                 line = await _read_line(stream, MAX_REPLY)
