@@ -4,7 +4,9 @@ recompute, and the watcher that publishes our proofs and checks everyone else's.
 **Evidence** (``Evidence``): what a third party needs to see the lie itself, and nothing it must
 believe: the accused's signed receipt (``receipts.py``), the inputs the auditor sent (and the
 output gradients, for a backward) raw, the encoding they travelled in, and the reply as it
-travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names). It
+travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names), and
+the accused's signed ``StateBinding`` of the receipt's state id to the digest of the state the
+auditor recomputed from (which it checked before publishing; absent from older evidence). It
 rides in a ``dht.verdicts.Accusation`` when it fits one record (``MAX_EVIDENCE``, about 7 KiB:
 some 1,700 float32 values), and otherwise in pieces under content-addressed keys that the signed
 accusation names by digest (``dht.verdicts``: chunked evidence), up to ``MAX_CHUNKED_EVIDENCE``
@@ -17,9 +19,13 @@ against the digest before anything else; missing or altered pieces change nothin
 accused and the expert accused of), the reply bytes are those the receipt names, the accused still
 serves the snapshot the receipt names (fetched from it by digest, the experts protocol's
 ``snapshot`` op), and a recompute from that snapshot contradicts the reply (``Recomputer.check``
-says ``CONTRADICTED``). Anything else changes nothing: a snapshot that is gone or not served, a
-receipt that is not the accused's, inputs the receipt does not name, a reply that a recompute
-reproduces. So an accusation against an honest host is worth nothing, however many identities
+says ``CONTRADICTED``). With a binding in the evidence, the state served must hash to it; and a
+state served under the receipt's id with the accused's binding naming another digest is a proof
+by signatures alone, no recompute: the host signed two states for one id (equivocation: serving
+its auditor the state it computed from and checkers one made to reproduce the lie). Anything
+else changes nothing: a snapshot that is gone, not served or not the state its binding names, a
+receipt or binding that is not the accused's for that state, inputs the receipt does not name,
+a reply that a recompute reproduces. So an accusation against an honest host is worth nothing, however many identities
 sign it, and a liar is proven only while the state it signed is kept (``SnapshotPolicy``: at
 least 120 s): a proof read later than that cannot be checked and excludes nobody new.
 
