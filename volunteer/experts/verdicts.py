@@ -86,7 +86,7 @@ FetchSnapshot = Callable[[PeerID, str, bytes], Awaitable[Served]]
 def served_parts(served: Served) -> tuple[list[str], list[torch.Tensor], StateBinding | None]:
     """A fetch's (names, tensors, binding); binding None where the fetch gave none."""
     if len(served) == 3:
-        return served[0], served[1], served[2]  # type: ignore[misc]
+        return served[0], served[1], served[2]
     return served[0], served[1], None
 
 
