@@ -1,12 +1,14 @@
 """Shared verdicts on real volunteers (in-process, loopback): a trainer that proved a liar publishes
 the proof, and another trainer that never called the liar checks it by recompute and refuses the
-liar too, with evidence that fits one record or (wide experts) in pieces; an accusation against an
+liar too, with evidence that fits one record or (wide experts) in pieces, or by the two digests the
+liar signed for one id when it serves checkers another state than its auditor; an accusation against an
 honest host, stored as the real thing would be, or a liar's true proof whose pieces are missing or
 altered, changes nothing for anyone."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -49,7 +51,8 @@ def test_a_trainer_that_never_called_a_liar_refuses_it_once_another_published_a_
 
         second = Swarm.join(world.honest[0].spec(), dht_config=DHT)
         moe = RemoteMixtureOfExperts(second, in_features=HIDDEN, grid=grid(2), k_best=2)
-        assert liar not in second.trust_report()  # never called it
+        # it never calls the liar (its watcher may read and check the proof before this line: no
+        # check of the report here races it; ``replies == 0`` below says it never called it)
         wait_for(lambda: second.trust_report().get(liar, {}).get("standing") == "excluded", "the proof to be checked")
         row = second.trust_report()[liar]
         assert row["excluded_on_proof"] and row["replies"] == 0, row
@@ -59,6 +62,53 @@ def test_a_trainer_that_never_called_a_liar_refuses_it_once_another_published_a_
         # its mixture never picks the liar now, for any expert
         assert all(moe.trust.pick_weight(uid, liar) == 0.0 for uid in world.moe.live_experts())
         assert second.trust_report().get(honest, {}).get("standing") != "excluded"
+    finally:
+        if second is not None:
+            second.close()
+        world.close()
+
+
+def equivocate(liar, factor: float) -> None:
+    """From now on ``liar`` serves, under every kept state's id, that state with its output norm's
+    affine scaled by ``factor`` (which reproduces each reply it scaled by ``factor``), and signs
+    a binding of the id to that state's digest: two states signed for one id."""
+    store = liar.runtime.snapshots
+    kept = store.get
+
+    def made_up(state: bytes):
+        snapshot = kept(state)
+        if snapshot is None:
+            return None
+        tensors = [t * factor if name.startswith("norm.") else t for name, t in zip(snapshot.names, snapshot.tensors)]
+        return replace(snapshot, tensors=tensors, _digest=None, on_digest=None)
+
+    store.get = made_up
+
+
+@pytest.mark.slow
+def test_a_liar_that_serves_checkers_another_state_under_the_audited_id_is_still_refused_by_a_trainer_that_never_called_it():
+    world = World(1, [modules(times(1.02))])
+    second = None
+    try:
+        liar = world.liars[0].peer
+        world.train_until(lambda: world.moe.trust.excluded(liar), steps=400)
+        world.settle()
+        wait_for(lambda: world.swarm.verdict_report()["published"] >= 1, "the proof to be published", 20)
+        proof = world.moe._auditor.proofs[-1]
+        assert proof["peer"] == liar and proof["binding"] is not None and proof["binding"].verify(liar), proof
+        equivocate(world.liars[0], 1.02)
+
+        second = Swarm.join(world.honest[0].spec(), dht_config=DHT)
+        moe = RemoteMixtureOfExperts(second, in_features=HIDDEN, grid=grid(2), k_best=2)
+        # it never calls the liar (its watcher may read and check the proof before this line: no
+        # check of the report here races it; ``replies == 0`` below says it never called it)
+        wait_for(lambda: second.trust_report().get(liar, {}).get("standing") == "excluded", "the proof to be checked")
+        row = second.trust_report()[liar]
+        assert row["excluded_on_proof"] and row["replies"] == 0, row
+        assert "signed two states for one id" in row["proof"]["reason"], row
+        assert "signed two states for one id" in second.verdict_report()["excluded"][liar]["reason"]
+        assert all(moe.trust.pick_weight(uid, liar) == 0.0 for uid in world.moe.live_experts())
+        assert second.trust_report().get(world.honest[0].peer, {}).get("standing") != "excluded"
     finally:
         if second is not None:
             second.close()

@@ -15,8 +15,10 @@ votes: one honest replica, or none, suffices. Which replies: at the ledger's ada
 receipted host: recompute settles it). The host sees a snapshot fetch only after its signed
 reply is gone, so knowing which replies are audited does not let it answer those honestly.
 A contradicted reply is also handed to ``on_proof`` (the swarm publishes it as a shared verdict,
-``verdicts.py``) with its evidence: the receipt, our inputs and the reply as it travelled, which
-any peer checks by its own recompute before it acts on it.
+``verdicts.py``) with its evidence: the receipt, the host's signed binding of the state's id to
+its digest (checked against the state we recomputed from, on a thread, only once a proof is
+found), our inputs and the reply as it travelled, which any peer checks by its own recompute (or,
+served another state under that id, by the two signed digests) before it acts on it.
 
 What follows is the comparison audit, for hosts whose replies carry no receipt (hivemind's).
 
@@ -67,10 +69,11 @@ from .comparison import (
     DEFAULT_AUDITS, AuditConfig, Gap, Outcome, aligned, compare, judge, loose_tolerance, lossier, tolerance,
 )
 from .guard import GRADIENTS, OUTPUTS
-from .receipts import Receipt
+from .receipts import Receipt, StateBinding
 from .recompute import Finding, Recomputer, Verdict
+from .snapshots import state_digest
 from .trust import TrustLedger
-from .verdicts import Evidence, evidence_of
+from .verdicts import Evidence, binds, evidence_of, served_parts
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +109,8 @@ class Case:
 
 SNAPSHOTS_CACHED = 4  # fetched snapshots an auditor keeps (a forward and its backward often share one)
 
-# fetches the snapshot a receipt names from its host: (peer, uid, state digest) -> (names, tensors)
+# fetches the snapshot a receipt names from its host: (peer, uid, state id) -> (names, tensors), or
+# (names, tensors, the host's signed binding of that id to their digest: what a published proof carries)
 FetchSnapshot = Callable[[Any, str, bytes], Any]
 
 
@@ -178,7 +182,7 @@ class Auditor:
         self.on_proof = on_proof  # the swarm publishes what we prove (a shared verdict)
         self._missing: dict[str, int] = {}  # peer -> snapshots it did not serve since it last passed
         self._snapshots: dict[bytes, tuple] = {}  # a few fetched snapshots by digest (most recent last)
-        self.proofs: list[dict] = []  # the last proofs found (receipt, inputs, recomputed), newest last
+        self.proofs: list[dict] = []  # the last proofs found (receipt, binding, inputs, recomputed), newest last
         for key in ("audits", "disagreements", "outvoted", "exclusions", "stale", "unauditable", "audits_skipped",
                     "exact_audits", "proofs", "snapshots_missing", "false_receipts"):
             stats.setdefault(key, 0)
@@ -292,26 +296,40 @@ class Auditor:
             self._snapshots[receipt.state] = snapshot
             while len(self._snapshots) > SNAPSHOTS_CACHED:
                 del self._snapshots[next(iter(self._snapshots))]
-        names, tensors = snapshot
+        names, tensors, binding = served_parts(snapshot)
         finding: Finding = await trio.to_thread.run_sync(
             self.recomputer.check, receipt, peer, names, tensors, inputs, replied, grad_outputs, input_compression)
         if finding.verdict is Verdict.PASSED:
             self._missing.pop(name, None)
             self.ledger.passed(uid, name, exact=True)
             return finding.verdict
+        if finding.verdict is Verdict.CONTRADICTED and binding is not None and not await self._signed(
+                receipt, binding, names, tensors):
+            finding = Finding(Verdict.FALSE_RECEIPT, finding.error, "the state it served is not the one it signed for "
+                                                                    "that id", finding.recomputed)
         if finding.verdict is Verdict.FALSE_RECEIPT:
             self.stats["false_receipts"] += 1
             reason = f"its {kind} of expert {uid} came with a false receipt: {finding.detail}"
         else:
             reason = f"its {kind} of expert {uid} were contradicted by recompute: {finding.detail}"
         self._snapshots.pop(receipt.state, None)
-        self._prove(uid, peer, receipt, reason, finding, inputs, grad_outputs)
+        self._prove(uid, peer, receipt, reason, finding, inputs, grad_outputs, binding)
         if finding.verdict is Verdict.CONTRADICTED and self.on_proof is not None:
             # a false receipt convinces only us (it may name other inputs than ours); a contradicted
-            # reply convinces anyone who recomputes it while the host keeps the state it signed
-            evidence = evidence_of(receipt, inputs, replied, grad_outputs, input_compression)
+            # reply convinces anyone who recomputes it while the host keeps the state it signed, and
+            # its binding, whose digest we checked, shows anyone served another state for that id
+            # that the host signed two
+            evidence = evidence_of(receipt, inputs, replied, grad_outputs, input_compression, binding=binding)
             self.on_proof(ProofFound(str(peer), uid, reason, evidence))
         return finding.verdict
+
+    @staticmethod
+    async def _signed(receipt: Receipt, binding: StateBinding, names, tensors) -> bool:
+        """Whether the state we recomputed from is the one the host signed for the receipt's id:
+        hashed (on a thread) only once it contradicted a reply, so audits that pass stay cheap."""
+        if not binds(binding, receipt):
+            return False
+        return await trio.to_thread.run_sync(state_digest, list(zip(names, tensors))) == binding.digest
 
     def _snapshot_missing(self, uid: str, peer, receipt: Receipt, why: str) -> None:
         """The host did not serve the state a receipt of its named: a failed audit for that reply;
@@ -329,10 +347,12 @@ class Auditor:
             self.stats["exclusions"] += 1
             log.warning("excluding volunteer %s: it did not serve the states %d of its receipts named", peer, count)
 
-    def _prove(self, uid: str, peer, receipt: Receipt, reason: str, finding: Finding, inputs, grad_outputs) -> None:
+    def _prove(self, uid: str, peer, receipt: Receipt, reason: str, finding: Finding, inputs, grad_outputs,
+               binding: StateBinding | None = None) -> None:
         """A proof against ``peer``: excluded on it, whoever else agreed with its reply."""
         self.stats["proofs"] += 1
         self.proofs.append({"peer": str(peer), "uid": uid, "reason": reason, "receipt": receipt.encode(),
+                            "binding": binding,
                             "inputs": [t.detach().clone() for t in inputs],
                             "grad_outputs": [t.detach().clone() for t in grad_outputs] if grad_outputs else None,
                             "recomputed": list(finding.recomputed)})

@@ -49,7 +49,7 @@ from ..errors import (
 from ..dht.grid import parse_uid
 from .audit import Auditor
 from .callstats import AUTO, CallReport
-from .client import DUMMY, _Call, fetch_snapshot
+from .client import DUMMY, _Call, fetch_state
 from .comparison import DEFAULT_AUDITS, AuditConfig, aligned
 from .config import DEFAULT_BACKWARD_TIMEOUT, DEFAULT_FORWARD_TIMEOUT
 from .directory import TrainerSwarm
@@ -277,8 +277,10 @@ class RemoteMixtureOfExperts(nn.Module):
         self._auditor.rejected(call, inputs, error, receipt)
 
     async def _fetch_snapshot(self, peer, uid: str, digest: bytes):
-        """The snapshot a receipt of ``peer`` named, for an exact audit (``audit.py``)."""
-        return await fetch_snapshot(self.swarm.directory, peer, uid, digest, self.forward_timeout)
+        """The snapshot a receipt of ``peer`` named, for an exact audit (``audit.py``), with the
+        host's signed binding (its digest is checked only if a proof is found: it goes with it)."""
+        fetched = await fetch_state(self.swarm.directory, peer, uid, digest, self.forward_timeout, check_digest=False)
+        return fetched.names, fetched.tensors, fetched.binding
 
     def _replicas_for_audit(self, uid: str) -> list[tuple[Any, float | None]]:
         """(declaration, sync age) of the hosts of ``uid`` an audit may call now: neither

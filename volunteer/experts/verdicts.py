@@ -4,7 +4,9 @@ recompute, and the watcher that publishes our proofs and checks everyone else's.
 **Evidence** (``Evidence``): what a third party needs to see the lie itself, and nothing it must
 believe: the accused's signed receipt (``receipts.py``), the inputs the auditor sent (and the
 output gradients, for a backward) raw, the encoding they travelled in, and the reply as it
-travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names). It
+travelled (tensors header and payload bytes, which the receipt's ``outputs`` digest names), and
+the accused's signed ``StateBinding`` of the receipt's state id to the digest of the state the
+auditor recomputed from (which it checked before publishing; absent from older evidence). It
 rides in a ``dht.verdicts.Accusation`` when it fits one record (``MAX_EVIDENCE``, about 7 KiB:
 some 1,700 float32 values), and otherwise in pieces under content-addressed keys that the signed
 accusation names by digest (``dht.verdicts``: chunked evidence), up to ``MAX_CHUNKED_EVIDENCE``
@@ -17,9 +19,13 @@ against the digest before anything else; missing or altered pieces change nothin
 accused and the expert accused of), the reply bytes are those the receipt names, the accused still
 serves the snapshot the receipt names (fetched from it by digest, the experts protocol's
 ``snapshot`` op), and a recompute from that snapshot contradicts the reply (``Recomputer.check``
-says ``CONTRADICTED``). Anything else changes nothing: a snapshot that is gone or not served, a
-receipt that is not the accused's, inputs the receipt does not name, a reply that a recompute
-reproduces. So an accusation against an honest host is worth nothing, however many identities
+says ``CONTRADICTED``). With a binding in the evidence, the state served must hash to it; and a
+state served under the receipt's id with the accused's binding naming another digest is a proof
+by signatures alone, no recompute: the host signed two states for one id (equivocation: serving
+its auditor the state it computed from and checkers one made to reproduce the lie). Anything
+else changes nothing: a snapshot that is gone, not served or not the state its binding names, a
+receipt or binding that is not the accused's for that state, inputs the receipt does not name,
+a reply that a recompute reproduces. So an accusation against an honest host is worth nothing, however many identities
 sign it, and a liar is proven only while the state it signed is kept (``SnapshotPolicy``: at
 least 120 s): a proof read later than that cannot be checked and excludes nobody new.
 
@@ -53,8 +59,9 @@ from ..net.identity import KeyPair, PeerID
 from ..net.service import BaseService, HostAPI
 from ..wire import unpack_bounded
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .receipts import Receipt, payload_digest
+from .receipts import Receipt, StateBinding, payload_digest
 from .recompute import Recomputer, Verdict
+from .snapshots import state_digest
 from .tensors import deserialize, serialize
 
 log = logging.getLogger(__name__)
@@ -70,8 +77,24 @@ PROOF_TTL = 3600.0  # seconds an accusation lives in the DHT (a snapshot outlive
 # under the DHT's 1 MiB message bound
 CHUNKS_PER_CALL = 16
 
-# (accused peer, uid, state digest) -> (names, tensors): the snapshot a receipt names, from its host
-FetchSnapshot = Callable[[PeerID, str, bytes], Awaitable[tuple[list[str], list[torch.Tensor]]]]
+# a snapshot as its host served it: (names, tensors), or (names, tensors, the host's signed binding)
+Served = tuple[list[str], list[torch.Tensor]] | tuple[list[str], list[torch.Tensor], StateBinding | None]
+# (accused peer, uid, state id) -> the snapshot a receipt names, from its host
+FetchSnapshot = Callable[[PeerID, str, bytes], Awaitable[Served]]
+
+
+def served_parts(served: Served) -> tuple[list[str], list[torch.Tensor], StateBinding | None]:
+    """A fetch's (names, tensors, binding); binding None where the fetch gave none."""
+    if len(served) == 3:
+        return served[0], served[1], served[2]
+    return served[0], served[1], None
+
+
+def binds(binding: StateBinding, receipt: Receipt) -> bool:
+    """Whether ``binding`` is signed by the receipt's signer for the state the receipt names (its
+    id, uid and version): the word a digest of that state is checked against."""
+    return (binding.peer == receipt.peer and binding.uid == receipt.uid and binding.state == receipt.state
+            and binding.version == receipt.version and binding.verify())
 
 
 def _encode_tensors(tensors: Sequence[torch.Tensor], config: ExpertsConfig) -> list:
@@ -95,26 +118,33 @@ class Evidence:
     input_compression: str | None  # the inputs' encoding when not the receipt's (a backward's inputs)
     reply_header: dict  # the reply as it travelled: tensors header ...
     reply_payload: bytes  # ... and payload bytes (``receipt.outputs`` is their digest)
+    # the host's signed word on the digest of the state the auditor recomputed from (None: evidence
+    # from before bindings were carried, checked by recompute alone)
+    binding: StateBinding | None = None
 
     def encode(self, config: ExpertsConfig = DEFAULT_CONFIG) -> bytes:
         grads = _encode_tensors(self.grad_outputs, config) if self.grad_outputs is not None else None
-        return msgpack.packb([self.receipt.to_wire(), _encode_tensors(self.inputs, config), grads,
-                              self.input_compression, self.reply_header, self.reply_payload], use_bin_type=True)
+        fields = [self.receipt.to_wire(), _encode_tensors(self.inputs, config), grads, self.input_compression,
+                  self.reply_header, self.reply_payload]
+        if self.binding is not None:
+            fields.append(self.binding.to_wire())
+        return msgpack.packb(fields, use_bin_type=True)
 
     @classmethod
     def decode(cls, data: bytes, config: ExpertsConfig = DEFAULT_CONFIG) -> "Evidence":
         """Parse untrusted evidence; ExpertProtocolError on anything malformed."""
         item = unpack_bounded(data, MAX_CHUNKED_EVIDENCE, "evidence", ExpertProtocolError, list)
-        if len(item) != 6:
-            raise ExpertProtocolError("evidence is a list of 6 fields")
-        receipt, inputs, grads, input_compression, reply_header, reply_payload = item
+        if len(item) not in (6, 7):
+            raise ExpertProtocolError("evidence is a list of 6 fields, or 7 with the state's binding")
+        receipt, inputs, grads, input_compression, reply_header, reply_payload = item[:6]
+        binding = StateBinding.from_wire(item[6]) if len(item) == 7 else None
         if input_compression is not None and not isinstance(input_compression, str):
             raise ExpertProtocolError("evidence's input encoding is malformed")
         if not isinstance(reply_header, dict) or not isinstance(reply_payload, bytes):
             raise ExpertProtocolError("evidence's reply is malformed")
         return cls(Receipt.from_wire(receipt), _decode_tensors(inputs, config),
                    _decode_tensors(grads, config) if grads is not None else None, input_compression,
-                   reply_header, reply_payload)
+                   reply_header, reply_payload, binding)
 
     def replied(self, config: ExpertsConfig = DEFAULT_CONFIG) -> list[torch.Tensor]:
         """The reply's tensors, as the auditor decoded them."""
@@ -123,8 +153,9 @@ class Evidence:
 
 def evidence_of(receipt: Receipt, inputs: Sequence[torch.Tensor], replied: Sequence[torch.Tensor],
                 grad_outputs: Sequence[torch.Tensor] | None = None, input_compression: str | None = None,
-                config: ExpertsConfig = DEFAULT_CONFIG) -> Evidence | None:
-    """The evidence of an audit's proof, with the reply encoded again as it travelled; None when
+                config: ExpertsConfig = DEFAULT_CONFIG, binding: StateBinding | None = None) -> Evidence | None:
+    """The evidence of an audit's proof, with the reply encoded again as it travelled and
+    ``binding`` (the host's, for the state the auditor recomputed from, whose digest it checked); None when
     that does not give the bytes the receipt names (an encoding that does not round-trip) or the
     evidence exceeds ``MAX_CHUNKED_EVIDENCE``: such a proof is the auditor's alone."""
     try:
@@ -136,7 +167,7 @@ def evidence_of(receipt: Receipt, inputs: Sequence[torch.Tensor], replied: Seque
         return None
     evidence = Evidence(receipt, [t.detach().cpu() for t in inputs],
                         [t.detach().cpu() for t in grad_outputs] if grad_outputs is not None else None,
-                        input_compression, header, payload)
+                        input_compression, header, payload, binding)
     return evidence if len(evidence.encode(config)) <= MAX_CHUNKED_EVIDENCE else None
 
 
@@ -197,10 +228,23 @@ async def check_accusation(accusation: Accusation, fetch: FetchSnapshot, recompu
         same_reply = False
     if not same_reply:
         return Checked(False, "its reply is not the one the receipt names")
+    claimed = evidence.binding
+    if claimed is not None and not binds(claimed, receipt):
+        return Checked(False, "its state binding is not one the accused signed for the state its receipt names")
     try:
-        names, tensors = await fetch(accused, receipt.uid, receipt.state)
+        names, tensors, binding = served_parts(await fetch(accused, receipt.uid, receipt.state))
     except (ExpertError, VolunteerError, OSError, trio.BrokenResourceError) as exc:
         return Checked(False, f"the accused did not serve the state its receipt names: {describe(exc)}", final=False)
+    if binding is not None and not binds(binding, receipt):
+        return Checked(False, "the accused served the state its receipt names with a binding not its own", final=False)
+    if claimed is not None and binding is not None and binding.digest != claimed.digest:
+        # two signatures of the accused, one id, two digests: no recompute needed to see the lie
+        return Checked(True, f"it signed two states for one id (state {receipt.state.hex()[:16]} of {receipt.uid}, "
+                             f"version {receipt.version}): digests {claimed.digest.hex()[:16]} for the auditor and "
+                             f"{binding.digest.hex()[:16]} for us")
+    if claimed is not None and await trio.to_thread.run_sync(state_digest, list(zip(names, tensors))) != claimed.digest:
+        # a state that is not the one it signed: as good as none served (what was signed is not checkable)
+        return Checked(False, "the accused served, under that id, a state that is not the one it signed", final=False)
     finding = await trio.to_thread.run_sync(
         recomputer.check, receipt, accused, names, tensors, evidence.inputs, replied, evidence.grad_outputs,
         evidence.input_compression)
@@ -426,17 +470,18 @@ def snapshot_fetcher(call: Callable[..., Awaitable[Any]]) -> FetchSnapshot:
     """A ``FetchSnapshot`` over an experts-protocol call (``client.call_expert`` bound to a host
     and swarm, or a directory's ``call_expert``)."""
 
-    async def fetch(peer: PeerID, uid: str, digest: bytes) -> tuple[list[str], list[torch.Tensor]]:
+    async def fetch(peer: PeerID, uid: str, digest: bytes) -> Served:
         meta, tensors = await call(peer, uid, "snapshot", digest=digest)
         names = list(meta["n"])
         if len(names) != len(tensors):
             raise ExpertProtocolError(f"{peer} named {len(names)} tensors of a snapshot of {uid!r} and sent {len(tensors)}")
-        return names, tensors
+        binding = StateBinding.from_wire(meta["b"]) if meta.get("b") is not None else None
+        return names, tensors, binding
 
     return fetch
 
 
 __all__ = [
-    "Checked", "Evidence", "FetchSnapshot", "Proven", "VerdictBook", "VerdictWatch", "check_accusation", "evidence_of",
+    "Checked", "Evidence", "FetchSnapshot", "Proven", "Served", "binds", "served_parts", "VerdictBook", "VerdictWatch", "check_accusation", "evidence_of",
     "read_evidence", "snapshot_fetcher",
 ]
