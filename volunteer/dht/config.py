@@ -75,6 +75,12 @@ class DHTConfig:
     # query.ValueLookup.
     value_witnesses: int = 6
     witness_spares: int = 3
+    # A value lookup runs over this many disjoint paths (S/Kademlia): the table's closest peers
+    # are dealt out to them, each path learns only from the peers it asked, and no peer is asked
+    # by two. Censors then steer only the paths that asked them, and each path must hear its own
+    # window: a table that knows mostly censors no longer lets six of them end the lookup (see
+    # query.ValueLookup, benchmarks/scale.py --censor-server-trainers).
+    disjoint_paths: int = 2
 
     # --- timings (seconds) -------------------------------------------------------------
     request_timeout: float = 5.0  # one request/response round trip
