@@ -81,6 +81,14 @@ class DHTConfig:
     # window: a table that knows mostly censors no longer lets six of them end the lookup (see
     # query.ValueLookup, benchmarks/scale.py --censor-server-trainers).
     disjoint_paths: int = 2
+    # A joiner looks up this many random IDs after itself, one in each of the farthest buckets
+    # (half, a quarter, an eighth of the key space), started from the peers its table knows there.
+    # Its self-lookup alone fills the table with whoever answers near its own ID, and censors name
+    # only each other: a trainer that joined so knew all 20 censors of 100 servers and 20 honest
+    # peers, and its value lookups began among censors (benchmarks/scale.py
+    # --censor-server-trainers). Honest peers named by honest replies answer these lookups, so
+    # the table holds censors at about their share of the swarm.
+    join_lookups: int = 3
 
     # --- timings (seconds) -------------------------------------------------------------
     request_timeout: float = 5.0  # one request/response round trip
@@ -180,6 +188,8 @@ class DHTConfig:
             value = getattr(self, field.name)
             if isinstance(value, bool) or field.name == "swarm_id" or (field.name == "bucket_size" and value is None):
                 continue
+            if field.name == "join_lookups" and value == 0:
+                continue  # a joiner that only looks itself up (tests of the bare join)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"DHTConfig.{field.name} must be a positive number, not {value!r}")
         if self.expert_expiration <= self.expert_update_period:
