@@ -448,6 +448,7 @@ def steady_lines(out: dict, label: str = "") -> list[str]:
 
 
 def main() -> None:
+    global CONFIG
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="none: only the censor scenario")
     parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
@@ -465,7 +466,12 @@ def main() -> None:
     parser.add_argument("--censor-quorums", type=int, nargs="+", default=[2, EXPERT_QUORUM])
     parser.add_argument("--censor-server-trainers", action="store_true",
                         help="fresh trainers as DHT servers: crashed, they leave dead contacts in honest tables")
+    parser.add_argument("--disjoint-paths", type=int, default=CONFIG.disjoint_paths,
+                        help="paths of a value lookup (DHTConfig.disjoint_paths; 1: one path, as before)")
+    parser.add_argument("--join-lookups", type=int, default=CONFIG.join_lookups,
+                        help="random IDs a joiner looks up after itself (DHTConfig.join_lookups; 0: none, as before)")
     args = parser.parse_args()
+    CONFIG = dataclasses.replace(CONFIG, disjoint_paths=args.disjoint_paths, join_lookups=args.join_lookups)
     last = None
     if args.censor_lookups:
         wall = time.perf_counter()
