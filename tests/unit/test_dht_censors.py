@@ -118,6 +118,15 @@ class Swarm:
         state = self.nodes[src]
         return self.run(src, state.lookup(target, self.now), lambda: state.find_node_request(target))
 
+    def join(self, src: PeerID, entry: PeerID) -> None:
+        """As ``DHTNode.bootstrap``: ping the entry, look ourselves up, then ``join_lookups``
+        random IDs in the farthest buckets."""
+        state = self.nodes[src]
+        state.on_reply(Contact(entry, ADDRS), state.ping_request(), self.serve(src, entry, state.ping_request()), self.now)
+        self.find_node(src, node_id(src))
+        for target in state.table.join_targets(state.config.join_lookups, self.rng):
+            self.find_node(src, target)
+
     def get(self, src: PeerID, key: bytes, quorum: int):
         state = self.nodes[src]
         lookup = self.run(src, state.value_lookup(key, self.now, quorum=quorum), lambda: state.find_value_request([key]))
@@ -274,3 +283,27 @@ def test_a_censor_steers_only_the_path_that_asked_it() -> None:
     assert silent <= set(asked)  # the liar's path asked them all (they were closest) ...
     assert all(lookup._claimed[p] is first for p in silent)
     assert all(second.state_of(p) is None for p in silent)  # ... and the other path never heard of them
+
+
+
+def test_a_joiner_hears_peers_all_over_the_key_space() -> None:
+    """A joiner's self-lookup hears only whoever answers near its own ID: where censors were among
+    the first to answer (naming only each other), a fresh trainer's table held all 20 censors of
+    100 servers beside 20 honest peers, and its lookups began among them (benchmarks/scale.py
+    --censor-server-trainers). Its lookups of random IDs in the farthest buckets
+    (``join_lookups``, as ``DHTNode.bootstrap`` runs them) fill the half, quarter and eighth of
+    the key space farthest from it with peers that answered."""
+    import dataclasses
+
+    swarm = Swarm(150, 0, "clique", seed=44)
+
+    def spread(join_lookups: int) -> list[int]:
+        trainer = make_peer(swarm.rng)
+        swarm.nodes[trainer] = state = NodeState(trainer, dataclasses.replace(TRAINER, join_lookups=join_lookups), addrs=ADDRS)
+        swarm.join(trainer, swarm.rng.choice(swarm.honest))
+        table = state.table
+        return [sum(1 for e in table.entries() if table.bucket_index(e.contact.id) == b) for b in (255, 254, 253)]
+
+    bare, joined = spread(0), spread(TRAINER.join_lookups)
+    assert min(joined) >= 10, joined  # each far bucket heard a lookup's worth of peers
+    assert sum(bare) < sum(joined) / 2, (bare, joined)  # the self-lookup alone: few of them
