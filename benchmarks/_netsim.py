@@ -307,11 +307,26 @@ class SimNode:
         pending = [len(entry)]
         self._entry = entry
 
+        def refreshed(_closest) -> None:
+            # then random IDs far from ours (node.py's bootstrap: DHTConfig.join_lookups), together
+            targets = self.state.table.join_targets(self.state.config.join_lookups, self.net.rng)
+            left = [len(targets)]
+
+            def one_refreshed(_c) -> None:
+                left[0] -= 1
+                if left[0] == 0 and done:
+                    done()
+
+            for target in targets:
+                self.find_closest(target, one_refreshed)
+            if not targets and done:
+                done()
+
         def one_done() -> None:
             pending[0] -= 1
             if pending[0] == 0:
                 if len(self.state.table):
-                    self.find_closest(self.state.table.local_id, lambda _c: done and done())
+                    self.find_closest(self.state.table.local_id, refreshed)
                 elif done:
                     done()
 

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._netsim import Net, SimNode  # noqa: E402
 from volunteer.dht.beam import BeamSearch  # noqa: E402
-from volunteer.dht.config import TRAINER_BUCKET_SIZE, DHTConfig  # noqa: E402
+from volunteer.dht.config import TRAINER_BUCKET_SIZE, TRAINER_JOIN_LOOKUPS, DHTConfig  # noqa: E402
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
 from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
 from volunteer.dht.routing import key_id  # noqa: E402
@@ -48,6 +48,7 @@ from volunteer.net.identity import KeyPair  # noqa: E402
 GRID = 64
 RELAYS = 3
 CONFIG = DHTConfig(swarm_id="scale")
+JOIN_LOOKUPS = TRAINER_JOIN_LOOKUPS  # a trainer's (--join-lookups)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -78,8 +79,9 @@ class Swarm:
         """A volunteer (behind a NAT at ``nat_share``) or a trainer (``client``: in client mode, as
         Swarm.join's; the steady state's trainers are servers, as they were measured first)."""
         relayed = not trainer and self.rng.random() < self.nat_share
-        # a trainer's DHT node keeps wide buckets, as Swarm.join's does (DHTConfig.for_trainer)
-        config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE) if trainer else None
+        # a trainer's DHT node keeps wide buckets and looks all over the key space on joining, as
+        # Swarm.join's does (DHTConfig.for_trainer)
+        config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE, join_lookups=JOIN_LOOKUPS) if trainer else None
         node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config, client_mode=client or None)
         (self.trainers if trainer else self.volunteers).append(node)
         return node
@@ -448,6 +450,7 @@ def steady_lines(out: dict, label: str = "") -> list[str]:
 
 
 def main() -> None:
+    global CONFIG, JOIN_LOOKUPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="none: only the censor scenario")
     parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
@@ -465,7 +468,13 @@ def main() -> None:
     parser.add_argument("--censor-quorums", type=int, nargs="+", default=[2, EXPERT_QUORUM])
     parser.add_argument("--censor-server-trainers", action="store_true",
                         help="fresh trainers as DHT servers: crashed, they leave dead contacts in honest tables")
+    parser.add_argument("--disjoint-paths", type=int, default=CONFIG.disjoint_paths,
+                        help="paths of a value lookup (DHTConfig.disjoint_paths; 1: one path, as before)")
+    parser.add_argument("--join-lookups", type=int, default=JOIN_LOOKUPS,
+                        help="random IDs a trainer looks up after itself (DHTConfig.join_lookups; 0: none, as before)")
     args = parser.parse_args()
+    CONFIG = dataclasses.replace(CONFIG, disjoint_paths=args.disjoint_paths)
+    JOIN_LOOKUPS = args.join_lookups
     last = None
     if args.censor_lookups:
         wall = time.perf_counter()

@@ -18,7 +18,7 @@ import pytest
 from volunteer.dht.config import DHTConfig
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM
 from volunteer.dht.messages import FindValue, KeyResult, Nodes, Store, Values
-from volunteer.dht.query import Lookup
+from volunteer.dht.query import Lookup, ValueLookup
 from volunteer.dht.records import owned_subkey, sign
 from volunteer.dht.routing import Contact, key_id, node_id
 from volunteer.dht.state import NodeState
@@ -118,6 +118,15 @@ class Swarm:
         state = self.nodes[src]
         return self.run(src, state.lookup(target, self.now), lambda: state.find_node_request(target))
 
+    def join(self, src: PeerID, entry: PeerID) -> None:
+        """As ``DHTNode.bootstrap``: ping the entry, look ourselves up, then ``join_lookups``
+        random IDs in the farthest buckets."""
+        state = self.nodes[src]
+        state.on_reply(Contact(entry, ADDRS), state.ping_request(), self.serve(src, entry, state.ping_request()), self.now)
+        self.find_node(src, node_id(src))
+        for target in state.table.join_targets(state.config.join_lookups, self.rng):
+            self.find_node(src, target)
+
     def get(self, src: PeerID, key: bytes, quorum: int):
         state = self.nodes[src]
         lookup = self.run(src, state.value_lookup(key, self.now, quorum=quorum), lambda: state.find_value_request([key]))
@@ -192,3 +201,109 @@ def test_trainers_that_ran_as_servers_and_crashed_leave_censors_no_opening() -> 
     lookups = 200
     missed = misses(50, 10, "clique", EXPERT_QUORUM, lookups, seed=37, client_mode=False)
     assert missed * 200 < lookups, f"{missed} of {lookups} lookups missed the honest host"
+
+
+# --- disjoint paths, one lookup at a time -------------------------------------------------------
+def drive(lookup, answer, now: float = 0.0) -> list[PeerID]:
+    """Run a value lookup to its end: ``answer(peer)`` is ``(delay, closer, records)`` or None (it
+    never answers). Returns the peers asked, in order; none may be asked twice."""
+    events: list = []
+    seq = itertools.count()
+    asked: list[PeerID] = []
+    for _ in range(10_000):
+        for contact in lookup.next(now):
+            assert contact.peer not in asked, "a peer asked twice"
+            asked.append(contact.peer)
+            reply = answer(contact.peer)
+            if reply is not None:
+                heapq.heappush(events, (now + reply[0], next(seq), contact.peer, reply[1], reply[2]))
+        if lookup.finished:
+            return asked
+        deadline = lookup.next_deadline()
+        if events and events[0][0] <= deadline:
+            now, _, peer, closer, records = heapq.heappop(events)
+            lookup.on_success(peer, closer, now, records)
+        else:
+            now = deadline
+    raise AssertionError("lookup did not terminate")
+
+
+def test_a_table_of_mostly_censors_does_not_end_the_lookup_among_them() -> None:
+    """The key's 9 closest places hold 7 honest holders and 2 censors, but the trainer's table
+    knows six other censors nearer the key than the four honest peers it knows (a join that heard
+    mostly censors). The censors answer first, with their own records and each other. One path
+    asked its 9 closest at once, heard 6 censors and ended at their records (the miss of
+    ``benchmarks/scale.py --censor-server-trainers``). Over two disjoint paths each path holds
+    half those censors and must hear its honest peers too, which name the holders."""
+    rng = random.Random(41)
+    key = b"ffn.7.12"
+    target = key_id(key)
+    peers = sorted((make_peer(rng) for _ in range(300)), key=lambda p: node_id(p) ^ target)
+    holders, censors, far = peers[:7], peers[7:15], peers[40:44]
+    host, liar = KeyPair.from_seed(b"h" * 32), KeyPair.from_seed(b"c" * 32)
+    honest_record = sign(host, key, owned_subkey(host.peer_id), b"host", 3600.0)
+    censor_record = sign(liar, key, owned_subkey(liar.peer_id), b"liar", 3600.0)
+    fellows = [Contact(p, ADDRS) for p in censors]
+    neighbourhood = [Contact(p, ADDRS) for p in peers[:9]]
+
+    def answer(peer: PeerID):
+        if peer in censors:
+            return 0.05, fellows, [censor_record]  # quick, own record only, each other
+        if peer in far or peer in holders:
+            return 0.2, neighbourhood, [honest_record, censor_record] if peer in holders else []
+        return None
+
+    seeds = [Contact(p, ADDRS) for p in censors[2:] + far]
+
+    def found(paths: int) -> set[PeerID]:
+        lookup = ValueLookup(key, seeds, TRAINER, 0.0, quorum=EXPERT_QUORUM, paths=paths)
+        drive(lookup, answer)
+        return {record.signer for record in lookup.live_records(1.0).values()}
+
+    assert host.peer_id not in found(paths=1)  # the attack, on one path
+    assert TRAINER.disjoint_paths >= 2
+    assert host.peer_id in found(paths=TRAINER.disjoint_paths)
+
+
+def test_a_censor_steers_only_the_path_that_asked_it() -> None:
+    """Contacts a peer names join only the path that asked it, and a peer another path asked is
+    never asked again: the made-up contacts a liar names cost its own path alone."""
+    rng = random.Random(42)
+    key = b"ffn.1.2"
+    target = key_id(key)
+    peers = sorted((make_peer(rng) for _ in range(200)), key=lambda p: node_id(p) ^ target)
+    seeds = [Contact(p, ADDRS) for p in peers[20:24]]
+    liar = seeds[0].peer  # the closest seed: the first path's
+    made_up = [Contact(p, ADDRS) for p in peers[:8]]  # the closest places, and nobody answers there
+    silent = {c.peer for c in made_up}
+    lookup = ValueLookup(key, seeds, TRAINER, 0.0, quorum=1, paths=2)
+    first, second = lookup.paths
+    asked = drive(lookup, lambda p: None if p in silent else (0.1, made_up if p == liar else [], []))
+    assert set(asked) >= {c.peer for c in seeds}
+    assert silent <= set(asked)  # the liar's path asked them all (they were closest) ...
+    assert all(lookup._claimed[p] is first for p in silent)
+    assert all(second.state_of(p) is None for p in silent)  # ... and the other path never heard of them
+
+
+
+def test_a_joiner_hears_peers_all_over_the_key_space() -> None:
+    """A joiner's self-lookup hears only whoever answers near its own ID: where censors were among
+    the first to answer (naming only each other), a fresh trainer's table held all 20 censors of
+    100 servers beside 20 honest peers, and its lookups began among them (benchmarks/scale.py
+    --censor-server-trainers). Its lookups of random IDs in the farthest buckets
+    (``join_lookups``, as ``DHTNode.bootstrap`` runs them) fill the half, quarter and eighth of
+    the key space farthest from it with peers that answered."""
+    import dataclasses
+
+    swarm = Swarm(150, 0, "clique", seed=44)
+
+    def spread(join_lookups: int) -> list[int]:
+        trainer = make_peer(swarm.rng)
+        swarm.nodes[trainer] = state = NodeState(trainer, dataclasses.replace(TRAINER, join_lookups=join_lookups), addrs=ADDRS)
+        swarm.join(trainer, swarm.rng.choice(swarm.honest))
+        table = state.table
+        return [sum(1 for e in table.entries() if table.bucket_index(e.contact.id) == b) for b in (255, 254, 253)]
+
+    bare, joined = spread(0), spread(TRAINER.join_lookups)
+    assert min(joined) >= 10, joined  # each far bucket heard a lookup's worth of peers
+    assert sum(bare) < sum(joined) / 2, (bare, joined)  # the self-lookup alone: few of them

@@ -270,3 +270,13 @@ def test_replies_give_contacts_that_never_answered_us_a_bounded_share() -> None:
     assert len(wide) == 25  # 15 proven, and the callers fill what is left
     table.record_success(callers[0], 3.0)  # it answered a request of ours since: proven
     assert table.get(callers[0]) is not None and table.get(callers[0]).answered
+
+
+def test_join_targets_fall_in_the_farthest_buckets_one_each() -> None:
+    """A joiner looks up random IDs in the farthest buckets after itself (DHTConfig.join_lookups):
+    half the key space, a quarter, an eighth, so its table hears peers all over the space."""
+    rng = random.Random(3)
+    table = RoutingTable(PeerID(b"\x12\x20" + rng.randbytes(32)))
+    targets = table.join_targets(3, random.Random(4))
+    assert [table.bucket_index(t) for t in targets] == [255, 254, 253]
+    assert len(set(targets)) == 3 and table.join_targets(0) == []

@@ -23,6 +23,12 @@ MAX_SYNCED_AGE = 365 * 24 * 3600.0  # a declared "seconds since the replicas las
 
 
 TRAINER_BUCKET_SIZE = 512  # a trainer's buckets: up to ~7k contacts in a 10k-peer swarm, a few MB
+# A trainer's join looks up this many random far IDs after itself (DHTConfig.join_lookups). Its
+# self-lookup alone fills the table with whoever answers near its ID, and censors name only each
+# other: a fresh trainer so joined knew all 20 censors of 100 servers beside 20 honest peers, and
+# its lookups began among them (benchmarks/scale.py --censor-server-trainers: the table now holds
+# honest peers that honest replies named all over the key space).
+TRAINER_JOIN_LOOKUPS = 3
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,18 @@ class DHTConfig:
     # query.ValueLookup.
     value_witnesses: int = 6
     witness_spares: int = 3
+    # A value lookup runs over this many disjoint paths (S/Kademlia): the table's closest peers
+    # are dealt out to them, each path learns only from the peers it asked, and no peer is asked
+    # by two. Censors then steer only the paths that asked them, and each path must hear its own
+    # window: a table that knows mostly censors no longer lets six of them end the lookup (see
+    # query.ValueLookup, benchmarks/scale.py --censor-server-trainers).
+    disjoint_paths: int = 2
+    # A joiner looks up this many random IDs after itself, one in each of the farthest buckets
+    # (half, a quarter, an eighth of the key space). A trainer's node (client mode: nobody asks
+    # it, so its table holds only whoever answered it) does, TRAINER_JOIN_LOOKUPS; a server's
+    # table fills from those who ask it, and three more lookups for each of a thousand peers
+    # starting at once cost the cold start four times the work.
+    join_lookups: int = 0
 
     # --- timings (seconds) -------------------------------------------------------------
     request_timeout: float = 5.0  # one request/response round trip
@@ -159,8 +177,9 @@ class DHTConfig:
 
     @classmethod
     def for_trainer(cls, swarm_id: str, **options) -> "DHTConfig":
-        """The configuration of a trainer's DHT node: wide buckets (``TRAINER_BUCKET_SIZE``)."""
-        return cls(swarm_id=swarm_id, **{"bucket_size": TRAINER_BUCKET_SIZE, **options})
+        """The configuration of a trainer's DHT node: wide buckets (``TRAINER_BUCKET_SIZE``) and
+        lookups all over the key space on joining (``TRAINER_JOIN_LOOKUPS``)."""
+        return cls(swarm_id=swarm_id, **{"bucket_size": TRAINER_BUCKET_SIZE, "join_lookups": TRAINER_JOIN_LOOKUPS, **options})
 
     @property
     def bucket_capacity(self) -> int:
@@ -174,6 +193,8 @@ class DHTConfig:
             value = getattr(self, field.name)
             if isinstance(value, bool) or field.name == "swarm_id" or (field.name == "bucket_size" and value is None):
                 continue
+            if field.name == "join_lookups" and value == 0:
+                continue  # a joiner that only looks itself up (a server)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"DHTConfig.{field.name} must be a positive number, not {value!r}")
         if self.expert_expiration <= self.expert_update_period:

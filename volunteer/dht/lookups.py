@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# a lookup's kind (FIND_NODE or FIND_VALUE) carries through _drive to the dispatch that asks for it
-AnyLookup = TypeVar("AnyLookup", bound=Lookup)
+# a lookup's kind (FIND_NODE, or FIND_VALUE over its disjoint paths) carries through _drive to the
+# dispatch that asks for it
+AnyLookup = TypeVar("AnyLookup", bound=Lookup | ValueLookup)
 Asker = Callable[[Contact], Awaitable[None]]
 
 

@@ -287,6 +287,11 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 if len(self.state.table) > answered or self.stats["failures"] == failures:
                     break
                 await trio.sleep(0.2 * (attempt + 1))
+            # then a few random IDs far from ours, together: the table learns of peers all over
+            # the key space, not only of whoever answered near our ID (DHTConfig.join_lookups)
+            async with trio.open_nursery() as nursery:
+                for target in self.state.table.join_targets(self.config.join_lookups, self._rng):
+                    nursery.start_soon(self._quiet_lookup, target)
             self.last_bootstrap_ok = self.clock()
         return answered
 

@@ -101,6 +101,8 @@ class Lookup:
         fallback: list[_Candidate] = []  # not asked: only distrusted peers reported them
         for _, raw in self._order:
             cand = self._candidates[self._by_bytes[raw]]
+            if self._taken(cand):
+                continue
             if cand.state is State.SUCCEEDED:
                 succeeded += 1
                 if succeeded >= self.count:
@@ -151,6 +153,11 @@ class Lookup:
         cand.asked_at = now
         cand.deadline = now + min(self.config.slot_timeout, self.config.request_timeout)
         self.queried += 1
+
+    def _taken(self, cand: _Candidate) -> bool:
+        """Whether another path of a disjoint lookup asked this candidate (see ``ValueLookup``):
+        then it is theirs, never asked or counted here. A lone lookup has no other paths."""
+        return False
 
     def _short(self) -> bool:
         """Whether the lookup still lacks what it is for once only distrusted reporters' contacts
@@ -256,29 +263,40 @@ class Lookup:
             i -= 1
 
 
-class ValueLookup(Lookup):
-    """FIND_VALUE lookup of one key: merges the sub-keyed records several peers return.
+
+class ValueLookup:
+    """FIND_VALUE lookup of one key over ``disjoint_paths`` disjoint paths (S/Kademlia, section
+    4.4): merges the sub-keyed records the peers of every path return.
+
+    The k closest peers our table knows are dealt out to the paths in turn (closest to the first
+    path, second closest to the second, ...). Each path is a lookup of its own (``_ValuePath``):
+    it learns contacts only from the peers it asked, and asks a peer only if no other path did, so
+    a peer is asked once in all and its answer steers one path. The lookup finishes when every
+    path has.
 
     Records are checked (signature, ownership, bounds, expiry) before they count; per sub-key the
-    newest expiration wins. The lookup stops early once ``quorum`` peers returned valid records,
-    so sub-keys written by different publishers to slightly different peer sets are collected,
-    and once w of the w + s closest peers it knows have answered (records or not), s being
-    ``witness_spares`` (3) and w the quorum plus s, at most ``value_witnesses`` (6): those are
-    where publishers write (``expert_replicas``). The window's peers are asked all at once.
+    newest expiration wins, whichever path heard them. A path stops early once ``quorum`` peers (of
+    any path) returned valid records, so sub-keys written by different publishers to slightly
+    different peer sets are collected, and once w of the w + s closest peers it knows have
+    answered it (records or not), s being ``witness_spares`` (3) and w the quorum plus s, at most
+    ``value_witnesses`` (6): those are where publishers write (``expert_replicas``). The window's
+    peers are asked all at once.
 
-    The second condition is what keeps censors from eclipsing a record. Any peer can return
-    valid records (its own, or whatever it chooses to keep of others'), wherever it sits in the
-    key space: a quorum met by the first answers is met by whoever answers first, and one that
+    The window is what keeps censors from ending a lookup at their own records. Any peer can
+    return valid records (its own, or whatever it chooses to keep of others'), wherever it sits in
+    the key space: a quorum met by the first answers is met by whoever answers first, and one that
     censors (answers with its own records and leaves out the rest) ends the lookup before the
     honest holders are heard. A record's place is the key's neighbourhood, and a peer's place is
     sha256 of its PeerID, not its choice: hearing most of the closest peers means a record is
     hidden only if censors hold w of those w + s places (benchmarks/scale.py --censor-lookups;
-    see ``docs/ARCHITECTURE.md``). Spares make it faster, not weaker: an expert lookup waits for
-    6 of 9 round trips, not 4 of 5 (1,000 peers on the emulated internet), and a fifth of the
-    servers censoring holds 6 of a key's 9 closest places less often (0.31 % of keys) than 4 of
-    its 5 (0.67 %). A peer past ``slot_timeout`` leaves the window (the next closest takes its
-    place), so silent peers among the closest cost little. Once the quorum is met, only the
-    window's peers are asked.
+    see ``docs/ARCHITECTURE.md``).
+
+    The paths are what keeps censors from choosing which places a lookup knows of. A censor names
+    only its fellows, all live and quick to answer: in one path, a table that knows mostly censors
+    (a join that heard them first) fills the window with them, and six of them answer before the
+    honest peers farther out bring the holders' contacts. Split in two, each path's window holds
+    half of those censors and must hear honest peers too, whose answers bring the holders into
+    that path; the contacts censors name reach only the path that asked them.
     """
 
     def __init__(
@@ -291,21 +309,78 @@ class ValueLookup(Lookup):
         local: PeerID | None = None,
         quorum: int | None = None,
         count: int | None = None,
+        paths: int | None = None,
     ) -> None:
-        super().__init__(key_id(key), seeds, config, now, local=local, count=count)
         self.key = bytes(key)
+        self.target = key_id(self.key)
+        self.config = config
+        self.local = local
+        self.count = count or config.k
         self.quorum = quorum or config.value_quorum
         self.records: dict[bytes, Record] = {}
         self.found_on: list[PeerID] = []  # peers that returned valid records, in answer order
         self.rejected = 0  # invalid records seen (forgeries, expired, foreign keys)
+        self._claimed: dict[PeerID, _ValuePath] = {}  # who asked each peer: one path at most
+        unique = {c.peer: c for c in seeds if c.peer != local}
+        ordered = sorted(unique.values(), key=lambda c: c.id ^ self.target)
+        d = max(1, min(paths or config.disjoint_paths, len(ordered)))
+        self.paths = [_ValuePath(self, ordered[i::d], now) for i in range(d)]
+
+    # --- driver API (as Lookup's) ----------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return all(path.finished for path in self.paths)
+
+    @property
+    def queried(self) -> int:
+        """Requests started, all paths together."""
+        return sum(path.queried for path in self.paths)
+
+    def next(self, now: float) -> list[Contact]:
+        """Peers to ask now, every path's (see ``_ValuePath.next``); marks them in flight."""
+        return [contact for path in self.paths for contact in path.next(now)]
 
     def on_success(
         self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
     ) -> None:
         """``peer`` answered with ``closer`` contacts and its records for the key."""
-        cand = self._candidates.get(peer)
-        if cand is None or cand.state not in _ASKED:
-            return
+        path = self._claimed.get(peer)
+        if path is not None:
+            path.on_success(peer, closer, now, records)
+
+    def on_failure(self, peer: PeerID, now: float) -> None:
+        """The request to ``peer`` failed (error, reset, timeout, malformed reply)."""
+        path = self._claimed.get(peer)
+        if path is not None:
+            path.on_failure(peer, now)
+
+    def next_deadline(self) -> float | None:
+        """When ``next`` should be called again if no request ends first (None once finished)."""
+        deadlines = [d for d in (path.next_deadline() for path in self.paths) if d is not None]
+        return min(deadlines) if deadlines else None
+
+    def in_flight(self) -> list[PeerID]:
+        """Peers whose request is still counted against a path's alpha."""
+        return [peer for path in self.paths for peer in path.in_flight()]
+
+    def result(self) -> list[Contact]:
+        """The closest peers that answered, any path's, closest first (at most ``count``)."""
+        answered = {c.peer: c for path in self.paths for c in path.result()}
+        return sorted(answered.values(), key=lambda c: c.id ^ self.target)[: self.count]
+
+    def state_of(self, peer: PeerID) -> State | None:
+        """A candidate's state in the path that asked it, else in the first that knows it."""
+        path = self._claimed.get(peer)
+        if path is not None:
+            return path.state_of(peer)
+        return next((s for s in (p.state_of(peer) for p in self.paths) if s is not None), None)
+
+    def live_records(self, now: float) -> dict[bytes, Record]:
+        """Merged records not yet expired at ``now`` (tombstones included)."""
+        return {sub: rec for sub, rec in self.records.items() if rec.expiration > now}
+
+    # --- what the paths share -------------------------------------------------------------------
+    def _merge(self, peer: PeerID, records: Iterable[Record], now: float) -> None:
         valid = 0
         for record in records:
             if record.key != self.key:
@@ -320,15 +395,43 @@ class ValueLookup(Lookup):
             held = self.records.get(record.subkey)
             if held is None or record.supersedes(held):
                 self.records[record.subkey] = record
-        super().on_success(peer, closer, now)
         if valid:
             self.found_on.append(peer)
+
+
+class _ValuePath(Lookup):
+    """One path of a ``ValueLookup``: a FIND_NODE lookup over the peers no other path asked, with
+    the value lookup's window (see there). Records and the quorum are the whole lookup's."""
+
+    def __init__(self, owner: ValueLookup, seeds: list[Contact], now: float) -> None:
+        super().__init__(owner.target, seeds, owner.config, now, local=owner.local, count=owner.count)
+        self.owner = owner
+
+    def _taken(self, cand: _Candidate) -> bool:
+        path = self.owner._claimed.get(cand.contact.peer)
+        return path is not None and path is not self
+
+    def _ask(self, cand: _Candidate, now: float) -> None:
+        super()._ask(cand, now)
+        self.owner._claimed[cand.contact.peer] = self
+
+    def _met(self) -> bool:
+        return len(self.owner.found_on) >= self.owner.quorum
+
+    def on_success(
+        self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
+    ) -> None:
+        cand = self._candidates.get(peer)
+        if cand is None or cand.state not in _ASKED:
+            return
+        self.owner._merge(peer, records, now)
+        super().on_success(peer, closer, now)
         if not self.finished and self._enough():
             self.finished = True
 
     def next(self, now: float) -> list[Contact]:
         """Peers to ask now (see ``Lookup.next``); past the quorum, only the closest few."""
-        if self.finished or now >= self.deadline or len(self.found_on) < self.quorum:
+        if self.finished or now >= self.deadline or not self._met():
             to_ask = super().next(now)
             if not self.finished:
                 to_ask += self._ask_window(now)
@@ -340,10 +443,10 @@ class ValueLookup(Lookup):
         return self._ask_window(now)
 
     def _ask_window(self, now: float) -> list[Contact]:
-        """Ask the window's peers not asked yet, all at once (past ``alpha``: the lookup waits
-        for w of them anyway). Short of the quorum, those only distrusted peers reported wait,
-        as ``Lookup.next`` has them; past it, requests to peers past the window no longer matter."""
-        short = len(self.found_on) < self.quorum
+        """Ask the window's peers not asked yet, all at once (past ``alpha``: the path waits for
+        w of them anyway). Short of the quorum, those only distrusted peers reported wait, as
+        ``Lookup.next`` has them; past it, requests to peers past the window no longer matter."""
+        short = not self._met()
         to_ask = []
         for cand in self._window():
             if cand.state is State.NOT_CONTACTED and not (short and self._untrusted(cand)):
@@ -352,16 +455,16 @@ class ValueLookup(Lookup):
         return to_ask
 
     def _window(self) -> list[_Candidate]:
-        """The w + s closest candidates (see the class) that may still answer: not failed and
-        not past ``slot_timeout``. Those only distrusted peers reported count too: an honest
-        peer that hands out a contact that left since is distrusted as soon as a liar (censors
-        hand out only each other, all live), and a made-up contact leaves the window at its slot
-        timeout anyway."""
+        """The w + s closest candidates of this path (see ``ValueLookup``) that may still answer:
+        not failed, not past ``slot_timeout``, not asked by another path. Those only distrusted
+        peers reported count too: an honest peer that hands out a contact that left since is
+        distrusted as soon as a liar (censors hand out only each other, all live), and a made-up
+        contact leaves the window at its slot timeout anyway."""
         size = self._witnesses() + self.config.witness_spares
         out: list[_Candidate] = []
         for _, raw in self._order:
             cand = self._candidates[self._by_bytes[raw]]
-            if cand.state in (State.SUCCEEDED, State.WAITING, State.NOT_CONTACTED):
+            if cand.state in (State.SUCCEEDED, State.WAITING, State.NOT_CONTACTED) and not self._taken(cand):
                 out.append(cand)
                 if len(out) >= size:
                     break
@@ -370,11 +473,11 @@ class ValueLookup(Lookup):
     def _witnesses(self) -> int:
         # witness_spares more than the quorum, at most value_witnesses: an expert lookup (3) hears
         # 6 of the 9 closest, a beam search (2) 5 of 8
-        return min(self.config.value_witnesses, self.quorum + self.config.witness_spares)
+        return min(self.config.value_witnesses, self.owner.quorum + self.config.witness_spares)
 
     def _enough(self) -> bool:
-        """The quorum is met and enough of the closest peers were heard."""
-        if len(self.found_on) < self.quorum:
+        """The quorum is met and enough of this path's closest peers were heard."""
+        if not self._met():
             return False
         window = self._window()
         heard = sum(1 for cand in window if cand.state is State.SUCCEEDED)
@@ -383,8 +486,4 @@ class ValueLookup(Lookup):
     def _short(self) -> bool:
         # a value lookup short of its quorum asks distrusted reporters' contacts too (in distance
         # order, alpha at a time, until the deadline): a record only they lead to beats none
-        return len(self.found_on) < self.quorum
-
-    def live_records(self, now: float) -> dict[bytes, Record]:
-        """Merged records not yet expired at ``now`` (tombstones included)."""
-        return {sub: rec for sub, rec in self.records.items() if rec.expiration > now}
+        return not self._met()

@@ -333,6 +333,13 @@ class RoutingTable:
                 targets.append(self.local_id ^ ((1 << index) | rng.getrandbits(index)))
         return targets
 
+    def join_targets(self, count: int, rng: random.Random | None = None) -> list[int]:
+        """Random IDs in the ``count`` farthest buckets (half the key space, a quarter, ...): what a
+        joiner looks up after itself, so its table learns of peers all over the space and not only
+        of those that answered near its own ID."""
+        rng = rng or random.Random()
+        return [self.local_id ^ ((1 << index) | rng.getrandbits(index)) for index in range(ID_BITS - 1, ID_BITS - 1 - count, -1)]
+
     # --- internals ---------------------------------------------------------------------------
     def _remember(self, bucket: Bucket, contact: Contact, now: float) -> None:
         bucket.replacements.pop(contact.peer, None)
