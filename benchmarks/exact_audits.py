@@ -22,7 +22,10 @@ For ffn experts (hidden 64 / batch 32: the digits run's; 256 / 16; 1024 / 64), i
   (recompute + the snapshot's transfer) x rate / (one remote forward+backward). On loopback the
   transfer is a memory copy of the snapshot (a lower bound) and the call ``--remote-overhead-ms``
   over the local compute; on the WAN rig's cable profile (20 ms one way, 10 Mbit/s up) the host
-  uploads the snapshot in one round trip and the call takes two round trips and its tensors.
+  uploads the snapshot in one round trip and the call takes two round trips and its tensors;
+- the trusted floor the audits' cost budget leaves (``AuditConfig.cost_share``, 5 % of the
+  trainer's time): 2 % where audits are cheap, thinner where one snapshot costs more than the
+  calls it checks (the cable profile's large experts).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from volunteer.experts.backend import make_backend  # noqa: E402
+from volunteer.experts.comparison import AuditConfig  # noqa: E402
 from volunteer.experts.receipts import FORWARD, BACKWARD, Receipt, payload_digest, tensor_digest  # noqa: E402
 from volunteer.experts.recompute import Recomputer  # noqa: E402
 from volunteer.experts.snapshots import SnapshotPolicy, SnapshotStore, state_digest  # noqa: E402
@@ -140,7 +144,8 @@ def main() -> None:
     head = (f"{'expert':<12}{'receipt B':>10}{'host us':>9}{'trainer us':>11}{'snapshot MB':>12}{'version ms':>11}"
             f"{'first':>7}{'served ms':>10}{'recompute ms':>13}{'share@2% lo':>12}{'cable':>8}{'share@20% lo':>13}{'cable':>8}")
     print(head)
-    kept = []
+    kept, floors = [], []
+    budget = AuditConfig().cost_share
     for hidden, batch in CONFIGS:
         f = measure(hidden, batch, args.repeats)
         policy = SnapshotPolicy()
@@ -149,6 +154,9 @@ def main() -> None:
         loopback_call = f["call_ms"] + args.remote_overhead_ms  # one remote forward+backward of this expert
         shares = [rate * (recompute + transfer) / call for rate in (0.02, 0.2)
                   for transfer, call in ((f["loopback_ms"], loopback_call), (f["cable_ms"], f["cable_call_ms"]))]
+        floor = [min(0.02, budget * call / (recompute + transfer))
+                 for transfer, call in ((f["loopback_ms"], loopback_call), (f["cable_ms"], f["cable_call_ms"]))]
+        floors.append(f"h{hidden} {floor[0]:.2%} / {floor[1]:.2%}")
         print(f"{f'h{hidden} b{batch}':<12}{f['receipt_bytes']:>10}{f['host_us']:>9.0f}{f['trainer_us']:>11.0f}"
               f"{f['snapshot_bytes'] / 2**20:>12.2f}{f['steady_ms']:>11.2f}{f['version_ms']:>7.1f}{f['digest_ms']:>10.2f}"
               f"{recompute:>13.2f}"
@@ -157,6 +165,9 @@ def main() -> None:
           " memory, while the window fills; served: the host's digest, once per snapshot an auditor fetches)")
     print("(share: an audit's recompute and snapshot transfer, at that audit rate, over one remote fwd+bwd of the expert;"
           " an audit fetches a snapshot once per state version it checks)")
+    print(f"the trusted floor under the audits' cost budget ({budget:.0%} of the trainer's time, AuditConfig.cost_share): "
+          + ", ".join(floors) + " of a trusted host's calls audited (loopback / cable), so its share is at most "
+          f"{budget:.0%}; fresh, unproven and suspect hosts are audited at their rates whatever it costs")
     print(f"snapshot memory: at most {SnapshotPolicy().max_bytes // 2**20} MiB per host (SnapshotPolicy), the newest of each"
           f" expert beyond it; versions of one expert that fit: {', '.join(kept)} (the window, at one version per step)")
 

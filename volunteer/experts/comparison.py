@@ -51,6 +51,11 @@ class AuditConfig:
     max_sync_age: float = 60.0  # replicas whose sync ages sum beyond this are not compared
     heartbeat_slack: float = 5.0  # how much older a declared sync age may be when read
     max_pending: int = 32  # audits in flight; more are skipped (and counted)
+    # what exact audits at the trusted floor may cost: this share of the trainer's wall time
+    # (snapshot fetch + recompute, as measured), with up to ``cost_burst`` seconds saved while
+    # they cost less; over a slow uplink one snapshot outweighs the calls it checks
+    cost_share: float = 0.05
+    cost_burst: float = 10.0
 
     def __post_init__(self) -> None:
         for f in fields(self):

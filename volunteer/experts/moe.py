@@ -25,7 +25,8 @@ Every reply passes the swarm's guard first (``guard.py``: NaN, infinity or an im
 fail the call, which then fails over like any failure) and some are audited against a second
 replica (``audit.py``); hosts are chosen with the trust ledger's weights (``trust.py``) and an
 excluded host is never called. ``stats`` also counts ``rejected`` replies, ``audits``,
-``disagreements``, ``exclusions``, ``unauditable`` (no comparable replica) and ``audits_skipped``.
+``disagreements``, ``exclusions``, ``unauditable`` (no comparable replica), ``audits_skipped`` and
+``audits_deferred`` (floor audits past their cost budget, ``AuditConfig.cost_share``).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ class RemoteMixtureOfExperts(nn.Module):
         """The counters (``calls``, ``failures``, ``samples_short``, ``rerouted``, ``failed_over``,
         the checks' ``rejected`` and ``backward_retried`` (a rejected backward answered by another
         replica), ``audits``, ``disagreements``, ``outvoted``, ``exclusions``, ``stale``, ``unauditable``,
-        ``audits_skipped``) and ``experts``: where the calls to each of the grid's experts spend
+        ``audits_skipped``, ``audits_deferred``) and ``experts``: where the calls to each of the grid's experts spend
         their time, per host (``swarm.calls``, as ``Swarm.expert_stats``: path, round trip, bytes
         per call, network vs volunteer time)."""
         experts = self.swarm.calls.snapshot(self.uid_prefix) if self.swarm is not None else {}

@@ -178,6 +178,19 @@ class TrustLedger:
             return max(rate, policy.fresh_rate)
         return rate
 
+    def at_floor(self, uid: str, peer: str) -> bool:
+        """Whether audits of ``peer`` serving ``uid`` are at the trusted floor: a proven pair of a
+        trusted peer, neither fresh nor under suspicion. Only these may a cost budget thin out;
+        every audit that earns or questions a standing runs whatever it costs."""
+        policy = self.policy
+        pair = self._pairs.get((uid, peer))
+        record = self._peers.get(peer)
+        if peer in self._excluded or pair is None or record is None or self._fresh(record):
+            return False
+        if record.under_suspicion(policy) or pair.standing is not Standing.PROVEN:
+            return False
+        return record.trusted(policy)
+
     def _audit_rate(self, pair: PairRecord | None, record: PeerRecord | None) -> float:
         policy = self.policy
         suspicious = record is not None and record.under_suspicion(policy)
