@@ -61,6 +61,19 @@ def outputs(backend, x):
     return backend.forward([x])[0]
 
 
+async def one_round_each(a, b) -> dict:
+    """Both (host, sync) sides average ``UID`` with the other at once; their results as "a", "b"."""
+    results = {}
+
+    async def run(name, sync, peer):
+        results[name] = await sync.average(UID, [peer])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run, "a", a[1], b[0].full_addrs()[0])
+        nursery.start_soon(run, "b", b[1], a[0].full_addrs()[0])
+    return results
+
+
 async def test_two_replicas_give_the_same_outputs_after_a_sync():
     network = MemoryNetwork()
     a, b = replica(1, steps=2), replica(2, steps=6)
@@ -69,14 +82,7 @@ async def test_two_replicas_give_the_same_outputs_after_a_sync():
     async with open_runtime([a], EXPERTS) as runtime:  # one side through the runtime's worker
         async with volunteer(network, a, runtime=runtime) as (host_a, sync_a), volunteer(network, b) as (host_b, sync_b):
             lineage((host_a, sync_a), (host_b, sync_b))
-            results = {}
-
-            async def run(name, sync, peer):
-                results[name] = await sync.average(UID, [peer])
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(run, "a", sync_a, host_b.full_addrs()[0])
-                nursery.start_soon(run, "b", sync_b, host_a.full_addrs()[0])
+            results = await one_round_each((host_a, sync_a), (host_b, sync_b))
     assert torch.allclose(outputs(a, x), outputs(b, x), atol=1e-5)
     assert (a.updates, b.updates) == (2, 6)  # in a pair each keeps its own: a claim is not evidence
     assert results["a"].contributors == (str(host_b.peer_id),) and results["b"].missing == ()
@@ -93,14 +99,7 @@ async def test_a_follower_merges_its_lineage_and_the_lineage_does_not_weigh_it()
     config = ReplicasConfig(sync_bootstrap_share=1e6)  # a first round: within any bound
     async with volunteer(network, a, config) as (host_a, sync_a), volunteer(network, b, config) as (host_b, sync_b):
         sync_b.guard.vouch(UID, str(host_a.peer_id))  # b caught up from a
-        results = {}
-
-        async def run(name, sync, peer):
-            results[name] = await sync.average(UID, [peer])
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(run, "a", sync_a, host_b.full_addrs()[0])
-            nursery.start_soon(run, "b", sync_b, host_a.full_addrs()[0])
+        results = await one_round_each((host_a, sync_a), (host_b, sync_b))
     for name, p in a.module.named_parameters():
         assert torch.equal(p, before_a[name])
     for name, p in b.module.named_parameters():
