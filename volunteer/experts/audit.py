@@ -69,11 +69,11 @@ from .comparison import (
     DEFAULT_AUDITS, AuditConfig, Gap, Outcome, aligned, compare, judge, loose_tolerance, lossier, tolerance,
 )
 from .guard import GRADIENTS, OUTPUTS
-from .receipts import Receipt, StateBinding
+from .receipts import Receipt, StateBinding, binds
 from .recompute import Finding, Recomputer, Verdict
 from .snapshots import state_digest
 from .trust import TrustLedger
-from .verdicts import Evidence, binds, evidence_of, served_parts
+from .verdicts import Evidence, evidence_of, served_parts
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import torch
 
 from .distance import distance
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .receipts import BACKWARD, Receipt, StateBinding, tensor_digest
+from .receipts import BACKWARD, Receipt, StateBinding, binds, tensor_digest
 from .snapshots import module_of, state_digest
 from .tensors import deserialize, serialize
 
@@ -120,7 +120,7 @@ class Recomputer:
         the tensors are what the host itself sent under the receipt's id."""
         if not receipt.verify(peer):
             return Finding(Verdict.FALSE_RECEIPT, None, "its receipt's signature is not its own")
-        if binding is not None and not self._bound(receipt, peer, binding, names, tensors):
+        if binding is not None and not self._bound(receipt, binding, names, tensors):
             return Finding(Verdict.FALSE_RECEIPT, None, f"the state it served is not the one its receipt names "
                                                         f"(version {receipt.version})")
         backward = receipt.op == BACKWARD
@@ -157,11 +157,10 @@ class Recomputer:
                        f"its {what} differ from a recompute from the state it signed (version {receipt.version}) by "
                        f"a relative {error:.3g}, at most {self.tolerance:g}", tuple(ours))
 
-    def _bound(self, receipt: Receipt, peer: object, binding: StateBinding, names, tensors) -> bool:
-        """Whether ``binding`` is the host's, names the receipt's state, and digests ``tensors``."""
-        if not binding.verify(peer) or binding.state != receipt.state or binding.version != receipt.version:
-            return False
-        if binding.uid != receipt.uid:
+    def _bound(self, receipt: Receipt, binding: StateBinding, names, tensors) -> bool:
+        """Whether ``binding`` is the host's (``check`` verified the receipt is ``peer``'s), names
+        the receipt's state, and digests ``tensors``."""
+        if not binds(binding, receipt):
             return False
         if self._checked.get(binding.digest) is tensors:
             return True  # the same fetched snapshot checked again (a forward and its backward): hashed once

@@ -59,7 +59,7 @@ from ..net.identity import KeyPair, PeerID
 from ..net.service import BaseService, HostAPI
 from ..wire import unpack_bounded
 from .config import DEFAULT_CONFIG, ExpertsConfig
-from .receipts import Receipt, StateBinding, payload_digest
+from .receipts import Receipt, StateBinding, binds, payload_digest
 from .recompute import Recomputer, Verdict
 from .snapshots import state_digest
 from .tensors import deserialize, serialize
@@ -88,13 +88,6 @@ def served_parts(served: Served) -> tuple[list[str], list[torch.Tensor], StateBi
     if len(served) == 3:
         return served[0], served[1], served[2]
     return served[0], served[1], None
-
-
-def binds(binding: StateBinding, receipt: Receipt) -> bool:
-    """Whether ``binding`` is signed by the receipt's signer for the state the receipt names (its
-    id, uid and version): the word a digest of that state is checked against."""
-    return (binding.peer == receipt.peer and binding.uid == receipt.uid and binding.state == receipt.state
-            and binding.version == receipt.version and binding.verify())
 
 
 def _encode_tensors(tensors: Sequence[torch.Tensor], config: ExpertsConfig) -> list:
