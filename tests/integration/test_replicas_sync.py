@@ -293,3 +293,44 @@ async def test_a_crowd_of_fresh_identities_does_not_push_our_lineage_out_of_the_
             nursery.start_soon(sync_s.average, UID, [host_a.full_addrs()[0]])
             outcome = await sync_a.average(UID, [host_x.full_addrs()[0], host_s.full_addrs()[0]])
     assert outcome.contributors == (str(host_s.peer_id),) and outcome.missing == ()
+
+
+class _DroppedWhileQueued:
+    """A runtime whose expert a re-check drops while the round's merge waits in its queue."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime = runtime
+        self.backends = runtime.backends
+
+    async def run_sync(self, fn, *args):
+        return await self.runtime.run_sync(fn, *args)
+
+    async def run_on(self, uid, fn, *args, kind):
+        self.runtime.remove_backend(uid)
+        return await self.runtime.run_on(uid, fn, *args, kind=kind)
+
+    def add_backend(self, backend) -> None:
+        self.runtime.add_backend(backend)
+
+    def remove_backend(self, uid):
+        return self.runtime.remove_backend(uid)
+
+    def suspect(self, uid) -> bool:
+        return self.runtime.suspect(uid)
+
+
+async def test_an_expert_dropped_while_its_merge_waits_on_the_runtime_ends_the_round_with_a_sync_error():
+    # the runtime, not the store, found the expert gone: its error escaped the round's nursery as
+    # an exception group and took the node's replicas down (two donors undoing duplicate picks)
+    network = MemoryNetwork()
+    a, b = replica(1, 2), replica(2, 1)
+    async with open_runtime([a], EXPERTS) as runtime:
+        store = BackendStore(runtime.backends, runtime=_DroppedWhileQueued(runtime))
+        sync_a = ReplicaSync(SWARM, store, ReplicasConfig(sync_timeout=10), aggregate=mean)
+        async with open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET,
+                              services=[sync_a]), volunteer(network, b) as (host_b, sync_b):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sync_b.average, UID, [sync_a.host.full_addrs()[0]])
+                with pytest.raises(SyncError, match="dropped during its sync round"):
+                    await sync_a.average(UID, [host_b.full_addrs()[0]])
+    assert sync_a.rounds == 0

@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable, Mapping, MutableMapping, Protocol, 
 
 import torch
 
-from ..errors import ExpertConfigError
+from ..errors import ExpertConfigError, ExpertUnavailableError, UnknownExpertError
 from ..experts.backend import ExpertBackend
 from ..experts.requests import Kind
 from .aggregate import Aggregate, robust
@@ -188,9 +188,16 @@ class BackendStore:
         on the worker unless it is as cheap as an inline forward, never a big sum on the event loop."""
         backend = self._backend(uid)
         if self.runtime is not None:
-            verdict: Verdict = await self.runtime.run_on(
-                uid, merge_round, backend, own, contributions, guard, aggregate, kind=Kind.AVERAGE
-            )
+            try:
+                verdict: Verdict = await self.runtime.run_on(
+                    uid, merge_round, backend, own, contributions, guard, aggregate, kind=Kind.AVERAGE
+                )
+            except (ExpertUnavailableError, UnknownExpertError):
+                if uid in self.backends:
+                    raise  # the runtime itself failed
+                # a re-check or a hand-off dropped it while the job waited: the same refusal as
+                # a drop before the round's end (the sync driver expects it, not the runtime's)
+                raise StateRefusedError(f"this volunteer no longer hosts {uid!r}", "unknown") from None
             return verdict
         return merge_round(backend, own, contributions, guard, aggregate)
 
