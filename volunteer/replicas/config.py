@@ -101,9 +101,8 @@ class ReplicasConfig:
     # each wait is the period times a factor in [1 - jitter, 1 + jitter], different per volunteer:
     # volunteers started together re-check one after the other, not in step
     recheck_jitter: float = 0.25
-    # the first re-check, and one after a re-check that moved copies, follows the next sync round
-    # that proves a co-holder (what lets a duplicate pick move), within this many seconds, spread
-    # per volunteer; or a period later when no round proves anyone
+    # a re-check also follows each sync round that proves a co-holder not proven before (what
+    # lets a duplicate pick move), within this many seconds, spread per volunteer
     early_recheck_spread: float = 10.0
     max_moves_per_recheck: int = 1  # experts moved per re-check: a gentle rebalance, no thrash
     default_capacity: int = 8  # experts hosted on a machine without a GPU and no --max-experts

@@ -447,6 +447,9 @@ class ReplicaManager(BaseService):
             decision = self.placement(hosts)
             if decision.outside:
                 log.warning("hosting %s outside every grid the swarm declares", ", ".join(decision.outside))
+            if decision.add or decision.drop:
+                log.info("placement re-check: adding %s, dropping %s", ", ".join(decision.add) or "nothing",
+                         ", ".join(decision.drop) or "nothing")
             for uid in decision.add:
                 if await self.add(uid, hosts):
                     self.moves += 1

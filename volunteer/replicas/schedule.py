@@ -1,10 +1,10 @@
 """When a volunteer's replicas act, once it hosts what it chose at the start (``ReplicaManager.run``).
 
-- re-checks of placement (automatic placement only): the first, and one after a re-check that
-  moved copies, follows the next sync round that proves a co-holder (volunteers started together
-  picked from the same view; the round proves their duplicate copies to each other), spread per
-  volunteer; then every ``recheck_period``, jittered so volunteers do not re-check in step
-  (``placement.recheck_delay``);
+- re-checks of placement (automatic placement only): one follows each sync round that proves a
+  co-holder not proven before (volunteers started together picked from the same view; the round
+  proves their duplicate copies to each other, and only a proven co-holder lets a copy move),
+  spread per volunteer; besides, every ``recheck_period``, jittered so volunteers do not re-check
+  in step (``placement.recheck_delay``);
 - surveys of the grids (named experts place nothing, but the coverage view must follow the swarm):
   soon after the start, then every ``recheck_period``;
 - a sync round of every hosted grid expert at each wall-clock multiple of its grid's
@@ -25,6 +25,7 @@ from ..dht.declare import ExpertDeclarer
 from ..dht.grid import get_experts, survey_quorum
 from ..dht.node import DHTNode
 from ..errors import VolunteerError, describe
+from ..experts.standing import Standing
 from ..net.identity import PeerID
 from ..net.service import HostAPI
 from .config import ReplicasConfig
@@ -73,7 +74,8 @@ class Schedule:
         self.paused = False  # no sync, survey or re-check while set (``pause``)
         self.failures = 0  # sync rounds that failed
         self.outcomes: dict[str, SyncOutcome] = {}  # uid → its last finished sync round
-        self._proved_someone = trio.Event()  # a sync round merged a co-holder: the first re-check may follow
+        # a sync round proved a co-holder it had not proved before: a duplicate copy may now move
+        self._new_proof = trio.Event()
 
     @property
     def me(self) -> str:
@@ -100,29 +102,27 @@ class Schedule:
 
     async def _recheck_loop(self) -> None:
         # volunteers started together picked from the same view, and a re-check that moved copies
-        # may have moved two to the same expert: the next sync round proves the co-holders to each
-        # other, and a re-check right after it (spread per volunteer, so they move one after the
-        # other) undoes the duplicates, minutes before the period would. Once a re-check moves
-        # nothing, they come every period (jittered: volunteers do not re-check in step)
-        early, count = True, 0
+        # may have moved two to the same expert: a sync round proves the co-holders to each other,
+        # and a re-check right after it (spread per volunteer, so they move one after the other)
+        # undoes the duplicates, minutes before the period would. Every new proof calls for one:
+        # the rounds of a start's duplicates do not all prove in the same tick (a declaration not
+        # yet found, a round that ran out), and a re-check that ran before a proof could not move
+        # that copy; waiting a period for the next was the lost minutes the early re-check is for.
+        # Rounds that prove again whom they proved already call for none
+        count = 0
         while True:
             count += 1
             with trio.move_on_after(recheck_delay(self.me, count, self.config.recheck_period, self.config.recheck_jitter)):
-                if not early:
-                    await trio.sleep_forever()
-                await self._proved_someone.wait()
+                await self._new_proof.wait()
                 await trio.sleep(self.config.early_recheck_spread * tie_break(self.me, f"early-{count}") / 2**64)
+            # a proof from here on calls for the next re-check: this one's survey may precede it
+            self._new_proof = trio.Event()
             if self.paused:
-                early = False
                 continue
             try:
-                decision = await self.recheck()
+                await self.recheck()
             except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
                 log.warning("placement re-check failed: %s", describe(exc))
-                decision = None
-            # what proves the copies this re-check left is a round that ends after it
-            self._proved_someone = trio.Event()
-            early = decision is not None and bool(decision.add or decision.drop)
 
     async def _survey_loop(self) -> None:
         """Named experts place nothing, but the coverage view must not stay the start's, taken
@@ -173,6 +173,7 @@ class Schedule:
             # (and the expert rolled back), it is no reference for the others; it sits out
             log.info("sync of %s skipped: it took gradients past its bound lately", uid)
             return
+        proven_before = {str(peer) for peer in peers if self.sync.standings.get((uid, str(peer))) is Standing.PROVEN}
         try:
             outcome = await self.sync.average(uid, peers)
         except VolunteerError as exc:  # e.g. the expert was dropped or handed over meanwhile
@@ -180,8 +181,8 @@ class Schedule:
             log.debug("sync of %s failed: %s", uid, describe(exc))
             return
         self.outcomes[uid] = outcome
-        if outcome.contributors:
-            self._proved_someone.set()
+        if any(self.sync.standings.get((uid, peer)) is Standing.PROVEN for peer in set(outcome.contributors) - proven_before):
+            self._new_proof.set()
         if first:
             # its first sync age: declared now, not a heartbeat period later (until a trainer
             # reads one, no audit can compare this replica with another)
