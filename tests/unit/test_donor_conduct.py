@@ -93,6 +93,23 @@ def test_visibility_rejoins_after_two_missed_heartbeats():
     assert watch.view(25)["last_rejoin_age_s"] == 15
 
 
+def test_visibility_looks_up_less_often_while_seen_and_every_heartbeat_after_a_miss():
+    """A look-up of our own experts costs about what a heartbeat does: one a heartbeat doubled
+    a donor's DHT requests. While seen they thin out to one every max_quiet heartbeats."""
+    watch = VisibilityWatch(max_quiet=12)
+    assert watch.quiet == 1
+    gaps = []
+    for t in range(6):
+        watch.observe(True, t)
+        gaps.append(watch.quiet)
+    assert gaps == [2, 4, 8, 12, 12, 12]
+    assert not watch.observe(False, 100) and watch.quiet == 1  # a miss: looked at again next heartbeat
+    assert watch.observe(False, 105) and watch.rejoins == 1  # so two misses still take two heartbeats
+    watch.observe(True, 110)
+    watch.reset()  # paused: once serving again, the next look-up is a heartbeat later
+    assert watch.quiet == 1
+
+
 def test_swarm_contact_cut_off_after_the_grace_redials_each_period_and_comes_back():
     from volunteer.donor.selfcare import SwarmContact
 

@@ -4,10 +4,12 @@
   resource group after 5 failed work units) that expert is set aside and the reason said; once
   every hosted expert is set aside, the daemon holds itself out of the swarm. ``volunteer fold``
   takes them back.
-* ``VisibilityWatch``: a daemon that believes it serves experts looks itself up in the DHT every
-  heartbeat, as a trainer would; when it has not been seen for ``misses`` heartbeats in a row it
-  re-joins (re-dials its bootstrap peers and relays, declares at once) and says so. Petals
-  servers were known to vanish from the DHT after an outage while still running.
+* ``VisibilityWatch``: a daemon that believes it serves experts looks itself up in the DHT, as a
+  trainer would; when it has not been seen for ``misses`` heartbeats in a row it re-joins
+  (re-dials its bootstrap peers and relays, declares at once) and says so. Petals servers were
+  known to vanish from the DHT after an outage while still running. While it is seen, the look-ups
+  thin out to one every ``max_quiet`` heartbeats (a look-up costs about what a heartbeat does:
+  one every heartbeat doubled a donor's DHT requests); after a miss, every heartbeat again.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from .status import ContactView, VisibilityView
 
 DEFAULT_FAILURE_LIMIT = 5  # consecutive failed calls of one expert before it is set aside
 DEFAULT_MISSES = 2  # heartbeats without seeing our own experts before re-joining
+# heartbeats between two look-ups of our own experts while they are seen (doubling up to this):
+# a minute at the default 5 s heartbeat, so a donor that vanished re-joins within about a minute
+DEFAULT_MAX_QUIET = 12
 LAST_ERROR_CHARS = 160
 
 
@@ -65,17 +70,22 @@ class VisibilityWatch:
     """Whether our experts are visible to trainers, heartbeat after heartbeat."""
 
     misses_allowed: int = DEFAULT_MISSES
+    max_quiet: int = DEFAULT_MAX_QUIET
     misses: int = 0
     last_seen: float | None = None
     rejoins: int = 0
     last_rejoin: float | None = None
+    quiet: int = 1  # heartbeats until the next look-up
 
     def observe(self, seen: bool, now: float) -> bool:
         """One look-up of our own experts; True when it is time to re-join (the look-up missed
-        ``misses_allowed`` times in a row); the count starts over after each re-join."""
+        ``misses_allowed`` times in a row); the count starts over after each re-join. Sets
+        ``quiet``: doubled after a look-up that saw us (up to ``max_quiet``), one after a miss."""
         if seen:
             self.misses, self.last_seen = 0, now
+            self.quiet = min(max(1, self.max_quiet), self.quiet * 2)
             return False
+        self.quiet = 1
         self.misses += 1
         if self.misses < self.misses_allowed:
             return False
@@ -85,8 +95,10 @@ class VisibilityWatch:
         return True
 
     def reset(self) -> None:
-        """Not serving (paused): nothing should be visible, nothing is missed."""
+        """Not serving (paused): nothing should be visible, nothing is missed; once serving
+        again, the next look-up comes a heartbeat later."""
         self.misses = 0
+        self.quiet = 1
 
     @property
     def visible(self) -> bool | None:

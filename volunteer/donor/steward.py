@@ -270,7 +270,7 @@ class Steward:
         if node is None or period is None:
             return  # the kind cannot tell whether we are visible
         while True:
-            await trio.sleep(period)
+            await trio.sleep(period * self.visibility.quiet)
             if not self.conduct.serving or node.paused:
                 self.visibility.reset()
                 continue
