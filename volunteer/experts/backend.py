@@ -126,7 +126,11 @@ class ExpertBackend:
         self.outputs = list(outputs) if outputs is not None else self._infer_outputs()
         params = [p for p in self.module.parameters() if p.requires_grad]
         make = optimizer or (lambda ps: default_optimizer(ps, config.learning_rate))
-        self.optimizer: torch.optim.Optimizer | None = make(params) if params else None
+        # built at its first use: a torch optimizer imports torch._dynamo as it first takes
+        # parameters (about 1.2 s of CPU, a third of a daemon's start), which a donor nobody
+        # calls never needs. The runtime runs one job on an expert at a time: no two first uses
+        self._make_optimizer: OptimizerFactory | None = make if params else None
+        self._optimizer: torch.optim.Optimizer | None = None
         self.updates = 0  # optimizer steps taken, across restarts
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None
         self._saved_at = 0  # self.updates when the last checkpoint was written or loaded
@@ -142,6 +146,19 @@ class ExpertBackend:
         self.last_check: Check | None = None  # the bound's verdict on the last backward
         self._kept_state: dict | None = None
         self.suspect = False  # a clipped gradient was taken since the kept state: not a reference
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The expert's optimizer (None without trainable parameters), built at its first use."""
+        if self._optimizer is None and self._make_optimizer is not None:
+            # the parameters of this module: a deep copy of a backend builds its own
+            params = [p for p in self.module.parameters() if p.requires_grad]
+            self._optimizer, self._make_optimizer = self._make_optimizer(params), None
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer | None) -> None:
+        self._optimizer, self._make_optimizer = optimizer, None
 
     def _infer_outputs(self) -> list[TensorSpec]:
         if any(None in spec.shape for spec in self.inputs):
