@@ -1,7 +1,8 @@
 """Real processes beside the simulation: one relay and N ``volunteer join`` daemons on loopback.
 
     python benchmarks/scale_processes.py --quick          # 20 daemons, 1 minute of lookups
-    python benchmarks/scale_processes.py -n 50            # the full run (about 12 GiB of memory)
+    python benchmarks/scale_processes.py -n 50            # the full run (about 10 GiB of memory)
+    python benchmarks/scale_processes.py -n 50 --tally    # and the daemons' DHT requests by caller
     python benchmarks/scale_processes.py -n 4 --minutes 0.3 --kills 1 --json out.json
 
 The swarm is ``volunteer testnet``'s (``cli/testnet.open_testnet``): a relay (DHT bootstrap) and N
@@ -21,14 +22,16 @@ It measures, in this order:
   joiners start and host the same experts: how long the killed daemons' declarations take to
   vanish and the joiners' to appear (polled every second from here, as the simulation's
   trainer polls), and the DHT messages and bytes every peer sends per minute (``volunteer
-  status``: requests sent and answered, ``bytes_out``).
+  status``: requests sent and answered, ``bytes_out``); with ``--tally``, the requests each
+  daemon sends, by caller and kind (``dht_tally.py``), idle and under lookups, and the traffic
+  left once the callers the simulation does not model are taken out.
 
 Then ``benchmarks/scale.py``'s simulator runs the same swarm (N volunteers, one relay, one
 client-mode trainer, the same grid, kills and minutes; no churn, nobody behind NAT) twice: on a
 loopback wire (0.25-1 ms one way, nothing lost) and on its emulated internet, and every figure
 is printed three times in one format (``real``, ``sim lo``, ``sim wan``).
 
-The machine bounds N: an idle daemon holds about 250 MiB (PSS; torch is most of it), so the
+The machine bounds N: an idle daemon holds about 185 MiB (PSS; torch is most of it), so the
 benchmark refuses to start what the memory available would not hold with ``RESERVE_GIB`` to
 spare. Last line: ``scale_processes: N daemons, lookup p50 X ms p99 Y ms, success Z %,
 vanished K/K, appeared K/K, idle daemon CPU C % PSS M MiB``.
@@ -51,6 +54,7 @@ import trio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import dht_tally  # noqa: E402
 from benchmarks.scale import steady, steady_lines, summary  # noqa: E402
 from volunteer.cli.control import ControlError, request  # noqa: E402
 from volunteer.cli.testnet import open_testnet  # noqa: E402
@@ -62,7 +66,7 @@ from volunteer.net.identity import KeyPair, save_keypair  # noqa: E402
 from volunteer.net.stack import open_stack  # noqa: E402
 from volunteer.swarmfile import load_swarm_file  # noqa: E402
 
-DAEMON_MIB = 260  # PSS of one idle daemon (measured: 240-250 MiB; torch's import is most of it)
+DAEMON_MIB = 200  # PSS of one idle daemon (measured: 183 MiB with 4; torch's import is most of it)
 RESERVE_GIB = 3.0  # memory left to everything else on the machine
 MAX_DAEMONS = 200  # loopback aliases 127.0.0.2 .. 127.0.0.201
 HIDDEN_DIM = 8
@@ -155,6 +159,12 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
     rng = random.Random(args.seed)
     results: dict[str, list] = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": [], "ready": []}
     out: dict = {"results": results, "probes": args.kills, "n": n, "grid": (rows, cols)}
+    tally_dir = workdir / "dht-tally"
+    if args.tally:  # the daemons count their DHT requests by caller and kind (dht_tally.py)
+        hook = dht_tally.write_sitecustomize(workdir / "dht-tally-hook")
+        tally_dir.mkdir(exist_ok=True)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+        os.environ["VOLUNTEER_DHT_TALLY"] = str(tally_dir)
     wall = time.perf_counter()
     async with open_testnet(n, f"ffn:ffn.[0:{rows}].[0:{cols}]", hidden_dim=HIDDEN_DIM, swarm_id="scale-processes",
                             workdir=workdir, listen_host=alias, max_volunteers=MAX_DAEMONS,
@@ -197,10 +207,13 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 pids = list(pid_of.values())
                 cpu0 = {pid: cpu_seconds(pid) for pid in [*pids, relay_pid]}
                 traffic0 = traffic(await statuses(net))
+                tally0 = dht_tally.read(tally_dir) if args.tally else {}
                 t0 = time.perf_counter()
                 await trio.sleep(args.idle_seconds)
                 idle = time.perf_counter() - t0
                 traffic1 = traffic(await statuses(net))
+                if args.tally:
+                    out["idle_tally"] = dht_tally.rates(tally0, dht_tally.read(tally_dir), set(pids))
                 cpu1 = {pid: cpu_seconds(pid) for pid in [*pids, relay_pid]}
                 share = {pid: (cpu1[pid] - cpu0[pid]) / idle for pid in cpu0 if cpu0[pid] is not None and cpu1[pid] is not None}
                 memory = {pid: memory_mib(pid) for pid in pids}
@@ -222,6 +235,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 duration = args.minutes * 60.0
                 trainer0 = (dht.stats["requests"] + dht.stats["answered"], dht.stats["bytes_out"])
                 traffic0 = traffic(await statuses(net))
+                tally0 = dht_tally.read(tally_dir) if args.tally else {}
                 start = time.perf_counter()
                 finish = start + duration
 
@@ -302,6 +316,8 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                         nursery.start_soon(kill_and_replace, uid)
                 elapsed = time.perf_counter() - start
                 traffic1 = traffic(await statuses(net))
+                if args.tally:
+                    out["busy_tally"] = dht_tally.rates(tally0, dht_tally.read(tally_dir), set(pids))
                 trainer1 = (dht.stats["requests"] + dht.stats["answered"], dht.stats["bytes_out"])
                 out["msgs"], out["bytes"], out["busiest_msgs"], out["busiest_bytes"] = traffic_per_minute(
                     traffic0, traffic1, [(trainer1[0] - trainer0[0], trainer1[1] - trainer0[1])], elapsed, frozenset(joiners))
@@ -320,7 +336,7 @@ def run_sims(args: argparse.Namespace, rows: int, cols: int) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", type=int, default=50, help="daemons (default 50: about 12 GiB of memory)")
+    parser.add_argument("-n", type=int, default=50, help="daemons (default 50: about 10 GiB of memory)")
     parser.add_argument("--quick", action="store_true", help="20 daemons, 1 minute, 2 kills")
     parser.add_argument("--minutes", type=float, default=2.0, help="minutes of lookups (with the kills and joiners)")
     parser.add_argument("--idle-seconds", type=float, default=30.0, help="window for idle CPU and traffic")
@@ -331,6 +347,8 @@ def main() -> None:
     parser.add_argument("--no-sim", action="store_true", help="only the real processes")
     parser.add_argument("--dir", type=Path, help="keep the testnet's keys and logs here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--tally", action="store_true",
+                        help="the daemons count their DHT requests by caller and kind (benchmarks/dht_tally.py)")
     args = parser.parse_args()
     if args.quick:
         args.n, args.minutes, args.kills, args.idle_seconds = 20, 1.0, 2, 20.0
@@ -368,6 +386,20 @@ def main() -> None:
           f"{idle['pss_total'] / 1024:.1f} GiB for all {args.n}; relay CPU {idle['relay_cpu']:.2%}, PSS {idle['relay_pss']:.0f} MiB")
     print(f"  idle traffic per daemon per minute (heartbeats and upkeep): {idle['msgs']:.0f} msgs, {idle['bytes'] / 1024:.0f} KiB; "
           f"memory available after the start {idle['mem_available_gib']:.1f} GiB", flush=True)
+    for window in ("idle_tally", "busy_tally"):
+        if window in real:
+            total = sum(real[window].values())
+            print(f"  DHT requests sent per daemon per minute by caller and kind ({'idle' if window == 'idle_tally' else 'with lookups'}, "
+                  f"{total:.0f} in all; each is answered by another peer or the relay):")
+            for key, rate in real[window].items():
+                if rate >= 0.5:
+                    who, _, op = key.partition("|")
+                    print(f"    {rate:7.1f}  {op:<10} {who}")
+    if "busy_tally" in real:
+        # each request is two messages (sent, and answered by a daemon: the relay's share is 1/(N+1))
+        extra = 2 * dht_tally.unsimulated(real["busy_tally"]) * args.n / (args.n + 1)
+        print(f"  real traffic without the readers the simulation does not model ({extra:.0f} msgs per daemon per "
+              f"minute: self-care, proofs, replica sync): {real['msgs'] - extra:.0f} msgs per peer per minute")
     e = summary(real["results"]["expert"])
     r = real["results"]
     summary_line = (f"scale_processes: {args.n} daemons, lookup p50 {e[0]:.0f} ms p99 {e[1]:.0f} ms, success {e[2]:.1f} %, "
@@ -382,6 +414,7 @@ def main() -> None:
             "vanish_s": r["vanish"], "appear_s": r["appear"], "kills": args.kills,
             "warmup_missing": real["warmup_missing"], "idle": idle,
             "msgs_per_peer_min": real["msgs"], "bytes_per_peer_min": real["bytes"],
+            "idle_tally": real.get("idle_tally"), "busy_tally": real.get("busy_tally"),
         }
         args.json.write_text(json.dumps(figures, indent=1, default=float))
     print(summary_line)
