@@ -6,7 +6,9 @@ Wraps the call path's functions (encode, stream writes, Noise and yamux, decode,
 snapshots, runtime hand-offs, call statistics) in timers, in this process (the trainer) and in a
 volunteer started as a second process, runs ``--calls`` calls of each case (ffn h256 b16 and h1024
 b64, forward and forward+backward) and prints, per side, the microseconds per call each stage
-took (inclusive: a stage's time holds the stages it calls; ``calls/call``: how often it ran).
+took in wall time and in its thread's CPU time (inclusive: a stage's time holds the stages it
+calls; an async stage's CPU holds what other tasks of its thread ran while it waited; ``calls/call``:
+how often it ran).
 Timers add about a microsecond per wrapped call. Stages that wait (a receive, a send that wakes
 the other process) hold the other side's time too on a machine whose cores are busy: read the
 CPU-bound stages (digests, signatures, copies, encoding) as the costs, and compare runs of the
@@ -24,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TOTALS: collections.Counter = collections.Counter()  # label -> ns
+CPU: collections.Counter = collections.Counter()  # label -> ns of its thread's CPU time
 COUNTS: collections.Counter = collections.Counter()  # label -> calls
 
 _NET = [
@@ -59,6 +63,10 @@ TRAINER = [
     ("volunteer.experts.tensors", "TensorReader.finish", "TensorReader.finish"),
     ("volunteer.experts.guard", "ReplyGuard.check_outputs", "guard outputs"),
     ("volunteer.experts.guard", "ReplyGuard.check_gradients", "guard gradients"),
+    ("volunteer.experts.guard", "log_rms", "guard: reply's scale"),
+    ("volunteer.experts.guard", "RangeTracker.add", "guard: range learning"),
+    ("volunteer.experts.trust", "TrustLedger.replied", "guard: ledger (replied)"),
+    ("volunteer.experts.trust", "TrustLedger.accepted", "guard: ledger (accepted)"),
     ("volunteer.experts.callstats", "CallStats.record", "call statistics"),
     ("volunteer.dht.vouches", "VouchBook.accept", "vouches"),
     ("volunteer.net.pool", "StreamPool.lend", "stream pool"),
@@ -96,21 +104,23 @@ def _timed(fn, label: str):
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def timed_async(*args, **kwargs):
-            started = time.perf_counter_ns()
+            started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
             try:
                 return await fn(*args, **kwargs)
             finally:
                 TOTALS[label] += time.perf_counter_ns() - started
+                CPU[label] += time.thread_time_ns() - started_cpu  # other tasks' too, while it waited
                 COUNTS[label] += 1
         return timed_async
 
     @functools.wraps(fn)
     def timed(*args, **kwargs):
-        started = time.perf_counter_ns()
+        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         try:
             return fn(*args, **kwargs)
         finally:
             TOTALS[label] += time.perf_counter_ns() - started
+            CPU[label] += time.thread_time_ns() - started_cpu
             COUNTS[label] += 1
     return timed
 
@@ -131,10 +141,43 @@ def install(stages) -> None:
             setattr(owner, name, _timed(raw, label))
 
 
+def thread_cpu() -> collections.Counter:
+    """Nanoseconds each thread of this process has run, by thread name (Linux schedstat; empty
+    elsewhere). Threads of one name are summed; a thread that ended is gone from both readings."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    found: collections.Counter = collections.Counter()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as stat:
+                found[names.get(int(tid), "other")] += int(stat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def cpu_table(title: str, calls: int, before: collections.Counter, less: dict[str, int] | None = None) -> str:
+    """CPU microseconds per call of each thread since ``before`` (``less``: ns to take off a
+    thread, the trainer's local calls)."""
+    spent = thread_cpu()
+    spent.subtract(before)
+    for name, ns in (less or {}).items():
+        spent[name] -= ns
+    lines = [f"{title}: {sum(v for v in spent.values() if v > 0) / calls / 1000:.0f} us CPU per call"]
+    for name, ns in sorted(spent.items(), key=lambda item: -item[1]):
+        if ns > 0:
+            lines.append(f"  cpu {name:<36}{ns / calls / 1000:>10.1f} us")
+    return "\n".join(lines)
+
+
 def table(title: str, calls: int) -> str:
-    lines = [title]
-    for label, ns in sorted(TOTALS.items(), key=lambda item: -item[1]):
-        lines.append(f"  {label:<40}{ns / calls / 1000:>10.1f} us {COUNTS[label] / calls:>6.2f} calls/call")
+    lines = [f"{title}{'':<{max(0, 40 - len(title))}}{'wall':>13}{'CPU':>13}"]
+    for label, ns in sorted(TOTALS.items(), key=lambda item: -CPU[item[0]]):
+        lines.append(f"  {label:<40}{ns / calls / 1000:>10.1f} us{CPU[label] / calls / 1000:>10.1f} us "
+                     f"{COUNTS[label] / calls:>6.2f} calls/call")
     return "\n".join(lines)
 
 
@@ -155,13 +198,17 @@ async def serve(receipts: bool) -> None:
                                nat=False, mdns=False, experts_config=config, backends=backends)
     async with open_volunteer(SwarmSpec("bench", "bench", receipts=receipts), options) as node:
         print("READY", node.host.full_addrs()[0], flush=True)
+        cpu = thread_cpu()
         while line := await trio.to_thread.run_sync(sys.stdin.readline):
             if line.startswith("R"):
                 TOTALS.clear()
+                CPU.clear()
                 COUNTS.clear()
+                cpu = thread_cpu()
             elif line.startswith("D"):
                 _, calls, title = line.split(None, 2)
                 print(table(f"VOLUNTEER {title.strip()}", int(calls)), file=sys.stderr, flush=True)
+                print(cpu_table(f"VOLUNTEER {title.strip()}", int(calls), cpu), file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -200,21 +247,26 @@ def main() -> None:
                 for _ in range(30):  # warm-up: connection, ranges, kept graphs
                     call(expert, x)
                 TOTALS.clear()
+                CPU.clear()
                 COUNTS.clear()
                 server.stdin.write("R\n")
                 server.stdin.flush()
                 remote, here = [], []
+                local_cpu = 0  # ns of the main thread's local calls: not the remote call's cost
+                cpu = thread_cpu()
                 for _ in range(args.calls):
                     started = time.perf_counter()
                     call(expert, x)
                     remote.append(time.perf_counter() - started)
-                    started = time.perf_counter()
+                    started, started_cpu = time.perf_counter(), time.thread_time_ns()
                     call(local, x)
                     here.append(time.perf_counter() - started)
+                    local_cpu += time.thread_time_ns() - started_cpu
                 title = f"h{hidden} b{batch} {name}"
                 print(f"== {title}: remote median {statistics.median(remote) * 1e6:.0f} us, local "
                       f"{statistics.median(here) * 1e6:.0f} us", flush=True)
                 print(table(f"TRAINER {title}", args.calls), flush=True)
+                print(cpu_table(f"TRAINER {title}", args.calls, cpu, {threading.current_thread().name: local_cpu}), flush=True)
                 server.stdin.write(f"D {args.calls} {title}\n")
                 server.stdin.flush()
                 time.sleep(1.0)  # its table, printed to our stderr, before the next case's

@@ -113,8 +113,10 @@ async def call_expert(
         if faults is not None:
             await faults.before_call(uid)
         try:
-            # connected already: by PeerID, so the multiaddr is not parsed again
-            conn = await host.connect(peer_id if peer_id is not None and host.is_connected(peer_id) else peer)
+            # connected already: by PeerID, so the multiaddr is not parsed again (one lookup)
+            conn = host.connection_to(peer_id) if peer_id is not None else None
+            if conn is None:
+                conn = await host.connect(peer)
         except (VolunteerError, OSError, trio.BrokenResourceError) as exc:
             raise ExpertPeerUnreachableError(f"cannot reach {peer_name} for expert {uid!r}: {describe(exc)}") from None
         pool = pool_of(host)
