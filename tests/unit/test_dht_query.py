@@ -611,3 +611,29 @@ def test_a_censor_that_looks_dead_leaves_its_place_in_the_window_to_the_next_pee
         assert not lookup.finished, f"finished after {i} answers"
         lookup.on_success(contact.peer, [], 0.1, [rec])
     assert lookup.finished
+
+
+def test_a_path_waits_for_the_other_paths_answers_before_asking_a_known_unresponsive_peer() -> None:
+    """Five servers over two paths, one known unresponsive: the path whose two live peers answer
+    first (short of the quorum of 3) does not fall back on the dead one while the other path's
+    requests are out, and once their answers meet the quorum the dead one is not waited for."""
+    rng = random.Random(14)
+    owner = KeyPair.generate()
+    key = b"expert.3.1"
+    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
+    servers = sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+    dead = servers[0]
+    lookup = ValueLookup(key, servers, CONFIG, 0.0, quorum=EXPERT_QUORUM,
+                         suspect=lambda peer, now: peer == dead.peer)
+    first, second = (lookup.paths[0], lookup.paths[1])
+    asked = lookup.next(0.0)
+    assert dead not in asked and len(asked) == 4
+    mine = [c for c in asked if first.state_of(c.peer) is State.WAITING and lookup._claimed[c.peer] is first]
+    theirs = [c for c in asked if c not in mine]
+    for contact in mine:
+        lookup.on_success(contact.peer, [], 0.1, [record])
+    assert dead not in lookup.next(0.1) and not lookup.finished
+    for contact in theirs:
+        lookup.on_success(contact.peer, [], 0.2, [record])
+    assert lookup.next(0.2) == [] and lookup.finished
+    assert second.finished and dead.peer not in lookup._claimed

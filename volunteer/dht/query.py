@@ -135,10 +135,12 @@ class Lookup:
             # for (or nobody answered at all): a reporter distrusted for handing out dead
             # contacts may be honest with a stale table (a bootstrap peer after churn), the live
             # peers only it knew are all that is left, and a peer that timed out lately may be
-            # back (our own link was down).
-            for cand in fallback[: max(0, self.config.alpha - in_flight)]:
-                self._ask(cand, now)
-                to_ask.append(cand.contact)
+            # back (our own link was down). Not while another path's requests are out: their
+            # answers may meet the quorum, and then these are not needed at all.
+            if not self._others_busy():
+                for cand in fallback[: max(0, self.config.alpha - in_flight)]:
+                    self._ask(cand, now)
+                    to_ask.append(cand.contact)
             pending = True
         if not pending:
             # the closest peers all answered, or nobody is left to ask or wait for
@@ -171,6 +173,10 @@ class Lookup:
     def _taken(self, cand: _Candidate) -> bool:
         """Whether another path of a disjoint lookup asked this candidate (see ``ValueLookup``):
         then it is theirs, never asked or counted here. A lone lookup has no other paths."""
+        return False
+
+    def _others_busy(self) -> bool:
+        """Whether other paths of the same lookup have requests out (see ``ValueLookup``)."""
         return False
 
     def _short(self) -> bool:
@@ -450,6 +456,9 @@ class _ValuePath(Lookup):
     def _met(self) -> bool:
         return len(self.owner.found_on) >= self.owner.quorum
 
+    def _others_busy(self) -> bool:
+        return any(path is not self and path.in_flight() for path in self.owner.paths)
+
     def on_success(
         self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
     ) -> None:
@@ -488,7 +497,7 @@ class _ValuePath(Lookup):
 
     def _window(self, now: float) -> list[_Candidate]:
         """The w + s closest candidates of this path (see ``ValueLookup``) that may still answer:
-        not failed, not past ``slot_timeout``, not known unresponsive before it was asked, not
+        not failed, not past ``slot_timeout``, not known unresponsive (unless it answered), not
         asked by another path. Those only distrusted peers reported count too: an honest peer
         that hands out a contact that left since is distrusted as soon as a liar (censors hand
         out only each other, all live), and a made-up contact leaves the window at its slot
@@ -503,8 +512,8 @@ class _ValuePath(Lookup):
         for _, raw in self._order:
             cand = self._candidates[self._by_bytes[raw]]
             state = cand.state
-            if state is State.NOT_CONTACTED and self._known_silent(cand, now):
-                continue
+            if state in (State.NOT_CONTACTED, State.WAITING) and self._known_silent(cand, now):
+                continue  # asked only as a last resort (Lookup.next): not waited for here
             if state in (State.SUCCEEDED, State.WAITING, State.NOT_CONTACTED) and not self._taken(cand):
                 out.append(cand)
                 if len(out) >= size:
