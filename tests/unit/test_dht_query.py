@@ -637,3 +637,22 @@ def test_a_path_waits_for_the_other_paths_answers_before_asking_a_known_unrespon
         lookup.on_success(contact.peer, [], 0.2, [record])
     assert lookup.next(0.2) == [] and lookup.finished
     assert second.finished and dead.peer not in lookup._claimed
+
+
+def test_a_value_lookup_short_of_its_quorum_does_not_wait_past_a_slot_timeout() -> None:
+    """A crashed host's records expired: nobody holds the key, so the lookup hears the k closest,
+    and one of them crashed. Its window let it go at its slot timeout; now the lookup does too,
+    where it used to wait for request_timeout (a trainer's polls saw experts vanish up to 5 s
+    late). A FIND_NODE lookup still waits for a slow peer among the closest (its result)."""
+    rng = random.Random(15)
+    key = b"expert.9.9"
+    seeds = contacts(3, rng)
+    lookup = ValueLookup(key, seeds, CONFIG, 0.0, quorum=EXPERT_QUORUM, paths=1)
+    asked = lookup.next(0.0)
+    assert len(asked) == 3
+    for contact in asked[:2]:
+        lookup.on_success(contact.peer, [], 0.1, [])
+    assert lookup.next(0.1) == [] and not lookup.finished
+    lookup.next(CONFIG.slot_timeout)
+    assert lookup.finished and lookup.silent() == [asked[2].peer]
+    assert not lookup.live_records(CONFIG.slot_timeout)
