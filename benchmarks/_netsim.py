@@ -238,6 +238,8 @@ class SimNode:
                 return
             now = net.now
             asked = [(lookup, lookup.next(now)) for lookup in lookups]
+            for lookup in lookups:
+                self.state.on_silent(lookup.silent(), now)
             for contact, request, on_reply, on_fail in dispatch([p for p in asked if p[1]]):
                 self.send(contact, request, lambda r, f=on_reply: (f(r), step()), lambda f=on_fail: (f(), step()))
             if all(lookup.finished for lookup in lookups):
@@ -401,6 +403,13 @@ class SimNode:
                     ready.setdefault(c.peer, (c, []))[1].extend(recs)
             else:
                 missing.append(key)
+        # as storing.py's store_many: the closest peers the table knows get the records at once,
+        # while the lookups run, then the closer ones found (each peer each key's records once)
+        sent: set[tuple[PeerID, bytes]] = set()
+        for key in missing:
+            for c in self.state.table.closest(key_id(key), replicas, now):
+                sent.add((c.peer, key))
+                ready.setdefault(c.peer, (c, []))[1].extend(by_key[key])
         for contact, recs in ready.values():
             self._store_to(contact, recs)
         for key in missing:
@@ -408,13 +417,20 @@ class SimNode:
                 closest = [c for c in closest if c.peer != self.peer][:replicas]
                 self._closest[key] = (self.net.now, closest)
                 for c in closest:
-                    self._store_to(c, by_key[key])
+                    if (c.peer, key) not in sent:
+                        self._store_to(c, by_key[key])
             self.find_closest(key_id(key), found)
 
     def _store_to(self, contact: Contact, records: list) -> None:
         limit = self.net.config.max_records_per_request
+        keys = {r.key for r in records}
+
+        def failed() -> None:
+            for key in keys:
+                self._closest.pop(key, None)  # storing.py: a failed STORE makes the next one look again
+
         for i in range(0, len(records), limit):
-            self.send(contact, self.state.store_request(records[i : i + limit]), lambda _r: None, lambda: None)
+            self.send(contact, self.state.store_request(records[i : i + limit]), lambda _r: None, failed)
 
 
 __all__ = ["Net", "SimNode", "FindNode", "FindValue", "Ping", "Store", "expert_key"]

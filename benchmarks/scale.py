@@ -472,8 +472,10 @@ def main() -> None:
                         help="paths of a value lookup (DHTConfig.disjoint_paths; 1: one path, as before)")
     parser.add_argument("--join-lookups", type=int, default=JOIN_LOOKUPS,
                         help="random IDs a trainer looks up after itself (DHTConfig.join_lookups; 0: none, as before)")
+    parser.add_argument("--silent-memory", type=float, default=CONFIG.silent_memory,
+                        help="seconds a peer that timed out is routed around (DHTConfig.silent_memory; 1e-9: off, as before)")
     args = parser.parse_args()
-    CONFIG = dataclasses.replace(CONFIG, disjoint_paths=args.disjoint_paths)
+    CONFIG = dataclasses.replace(CONFIG, disjoint_paths=args.disjoint_paths, silent_memory=args.silent_memory)
     JOIN_LOOKUPS = args.join_lookups
     last = None
     if args.censor_lookups:

@@ -529,3 +529,130 @@ def test_a_value_lookup_short_of_its_quorum_asks_past_a_stale_reporter() -> None
         now += 0.1
     assert asked[-1] == holder and set(asked) == set(reported)  # the dead first, closest first
     assert lookup.finished and set(lookup.live_records(95.0)) == {owned_subkey(alice.peer_id)}
+
+
+# --- known-unresponsive peers: routed around after one timeout ------------------------------------
+def test_after_one_timeout_a_small_swarms_lookups_stop_waiting_on_a_crashed_peer() -> None:
+    """Five servers, the key's closest crashed silently: the first value lookup waits one slot
+    timeout for it and reports it (``silent``); the node marks it (``RoutingTable.suspect``) and
+    the next lookups finish on the four live peers' answers at once (they waited 2 s each until
+    three failures evicted it, about 12 s in a small swarm)."""
+    from volunteer.dht.routing import RoutingTable
+
+    rng = random.Random(11)
+    owner = KeyPair.generate()
+    key = b"expert.0.0"
+    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
+    servers = sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+    dead = servers[0]
+    table = RoutingTable(make_peer(rng), CONFIG)
+
+    def run(now: float) -> tuple[float, list[PeerID]]:
+        lookup = ValueLookup(key, servers, CONFIG, now, quorum=EXPERT_QUORUM, suspect=table.suspect)
+        asked: list[PeerID] = []
+        answered = False
+        while not lookup.finished:
+            for contact in lookup.next(now):
+                asked.append(contact.peer)
+            for peer in lookup.silent():
+                table.mark_silent(peer, now)
+            if not answered:
+                now += 0.1
+                for peer in asked:
+                    if peer != dead.peer:
+                        lookup.on_success(peer, servers, now, [record])
+                answered = True
+            elif not lookup.finished:
+                now = lookup.next_deadline()
+        assert set(lookup.live_records(now)) == {owned_subkey(owner.peer_id)}
+        return now, asked
+
+    ended, asked = run(0.0)
+    assert dead.peer in asked and ended >= CONFIG.slot_timeout  # waited once...
+    assert table.suspect(dead.peer, ended)
+    ended, asked = run(10.0)
+    assert dead.peer not in asked and ended == pytest.approx(10.1)  # ...and not again
+
+
+def test_a_known_unresponsive_peer_is_asked_only_when_nobody_else_answered() -> None:
+    rng = random.Random(12)
+    live, dead = contacts(2, rng)
+    silent = {dead.peer}
+
+    def suspect(peer: PeerID, now: float) -> bool:
+        return peer in silent
+
+    lookup = Lookup(0, [live, dead], CONFIG, 0.0, suspect=suspect)
+    assert lookup.next(0.0) == [live]
+    lookup.on_success(live.peer, [], 0.1)
+    assert lookup.next(0.1) == [] and lookup.finished and lookup.result() == [live]
+    # our own link was down and every contact failed: a lookup that hears nobody tries them again
+    lookup = Lookup(0, [live, dead], CONFIG, 0.0, suspect=suspect)
+    assert lookup.next(0.0) == [live]
+    lookup.on_failure(live.peer, 0.1)
+    assert lookup.next(0.1) == [dead]
+
+
+def test_a_censor_that_looks_dead_leaves_its_place_in_the_window_to_the_next_peer() -> None:
+    """The window is the w + s closest peers that may answer: one known unresponsive (a censor
+    that went silent to us, say) gives its place to the next peer out, and w are still heard."""
+    rng = random.Random(13)
+    key = b"expert.1.2"
+    seeds = sorted(contacts(12, rng), key=lambda c: c.id ^ key_id(key))
+    censor = seeds[0]
+    signer = KeyPair.generate()
+    rec = sign(signer, key, owned_subkey(signer.peer_id), b"v", 1000.0)
+    lookup = ValueLookup(key, seeds, CONFIG, 0.0, quorum=EXPERT_QUORUM, paths=1,
+                         suspect=lambda peer, now: peer == censor.peer)
+    witnesses = min(CONFIG.value_witnesses, EXPERT_QUORUM + CONFIG.witness_spares)
+    asked = lookup.next(0.0)
+    assert censor not in asked and asked == seeds[1 : 2 + witnesses + CONFIG.witness_spares - 1]
+    for i, contact in enumerate(asked[:witnesses]):
+        assert not lookup.finished, f"finished after {i} answers"
+        lookup.on_success(contact.peer, [], 0.1, [rec])
+    assert lookup.finished
+
+
+def test_a_path_waits_for_the_other_paths_answers_before_asking_a_known_unresponsive_peer() -> None:
+    """Five servers over two paths, one known unresponsive: the path whose two live peers answer
+    first (short of the quorum of 3) does not fall back on the dead one while the other path's
+    requests are out, and once their answers meet the quorum the dead one is not waited for."""
+    rng = random.Random(14)
+    owner = KeyPair.generate()
+    key = b"expert.3.1"
+    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
+    servers = sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+    dead = servers[0]
+    lookup = ValueLookup(key, servers, CONFIG, 0.0, quorum=EXPERT_QUORUM,
+                         suspect=lambda peer, now: peer == dead.peer)
+    first, second = (lookup.paths[0], lookup.paths[1])
+    asked = lookup.next(0.0)
+    assert dead not in asked and len(asked) == 4
+    mine = [c for c in asked if first.state_of(c.peer) is State.WAITING and lookup._claimed[c.peer] is first]
+    theirs = [c for c in asked if c not in mine]
+    for contact in mine:
+        lookup.on_success(contact.peer, [], 0.1, [record])
+    assert dead not in lookup.next(0.1) and not lookup.finished
+    for contact in theirs:
+        lookup.on_success(contact.peer, [], 0.2, [record])
+    assert lookup.next(0.2) == [] and lookup.finished
+    assert second.finished and dead.peer not in lookup._claimed
+
+
+def test_a_value_lookup_short_of_its_quorum_does_not_wait_past_a_slot_timeout() -> None:
+    """A crashed host's records expired: nobody holds the key, so the lookup hears the k closest,
+    and one of them crashed. Its window let it go at its slot timeout; now the lookup does too,
+    where it used to wait for request_timeout (a trainer's polls saw experts vanish up to 5 s
+    late). A FIND_NODE lookup still waits for a slow peer among the closest (its result)."""
+    rng = random.Random(15)
+    key = b"expert.9.9"
+    seeds = contacts(3, rng)
+    lookup = ValueLookup(key, seeds, CONFIG, 0.0, quorum=EXPERT_QUORUM, paths=1)
+    asked = lookup.next(0.0)
+    assert len(asked) == 3
+    for contact in asked[:2]:
+        lookup.on_success(contact.peer, [], 0.1, [])
+    assert lookup.next(0.1) == [] and not lookup.finished
+    lookup.next(CONFIG.slot_timeout)
+    assert lookup.finished and lookup.silent() == [asked[2].peer]
+    assert not lookup.live_records(CONFIG.slot_timeout)

@@ -280,3 +280,30 @@ def test_join_targets_fall_in_the_farthest_buckets_one_each() -> None:
     targets = table.join_targets(3, random.Random(4))
     assert [table.bucket_index(t) for t in targets] == [255, 254, 253]
     assert len(set(targets)) == 3 and table.join_targets(0) == []
+
+
+def test_a_peer_that_timed_out_is_suspect_until_heard_from_or_forgotten(table: RoutingTable) -> None:
+    """``suspect``: our own request to the peer ran past a lookup's slot timeout or failed, and it
+    has not spoken since; lookups route around it (query.Lookup). Entries and strangers alike (a
+    dead contact from someone's reply is in no table of ours)."""
+    member, stranger = fake_peer(), fake_peer()
+    table.update(Contact(member), 0.0, answered=True)
+    assert not table.suspect(member, 1.0)
+    table.mark_silent(member, 1.0)
+    table.record_failure(stranger, 1.0)  # not in the table: remembered all the same
+    assert table.suspect(member, 2.0) and table.suspect(stranger, 2.0)
+    assert member in table.to_check(2.0)  # pinged: an answer redeems it, a failure backs it off
+    table.update(Contact(member), 3.0, answered=True)
+    assert not table.suspect(member, 3.0)
+    memory = table.config.silent_memory
+    assert table.suspect(stranger, 1.0 + memory - 0.1) and not table.suspect(stranger, 1.0 + memory)
+    table.mark_silent(table.local, 0.0)
+    assert not table.suspect(table.local, 0.0)
+
+
+def test_the_memory_of_silent_peers_is_bounded() -> None:
+    table = RoutingTable(fake_peer(), DHTConfig(max_silent_peers=3))
+    peers = [fake_peer() for _ in range(5)]
+    for i, peer in enumerate(peers):
+        table.mark_silent(peer, float(i))
+    assert [table.suspect(p, 5.0) for p in peers] == [False, False, True, True, True]

@@ -46,3 +46,26 @@ def test_a_small_loopback_swarm_finds_every_live_host_and_sees_crashes_and_joine
     assert len(results["appear"]) == 2
     lines = steady_lines(out, "sim lo")
     assert len(lines) == 6 and all(line.startswith("sim lo ") for line in lines)
+
+
+def test_a_heartbeat_reaches_the_tables_closest_peers_while_its_lookup_waits_on_dead_ones():
+    """As storing.py's store_many: the closest peers the table knows get the records at once.
+    The simulator used to store only when the key's lookup ended, and a lookup that waited on
+    crashed contacts let a host's records expire at every live holder (the ten-server censor
+    scenario's misses)."""
+    from volunteer.dht.grid import expert_key
+
+    net = Net(CONFIG, seed=5, wire="loopback")
+    host = SimNode(net, KeyPair.generate())
+    live = [SimNode(net, KeyPair.generate()) for _ in range(3)]
+    dead = [SimNode(net, KeyPair.generate()) for _ in range(CONFIG.expert_replicas - 3)]
+    for node in live + dead:
+        host.state.table.update(node.contact, 0.0, answered=True)
+    for node in dead:
+        node.crash()
+    host.declare(["ffn.0.0"])
+    net.run_until(0.1)
+    key = expert_key("ffn.0.0")
+    assert all(node.state.storage.get(key, net.now) for node in live)
+    net.run_until(CONFIG.request_timeout + 1.0)
+    assert key not in host._closest or not any(c.peer in {d.peer for d in dead} for c in host._closest[key][1])

@@ -106,9 +106,16 @@ class DHTConfig:
     max_failure_backoff: float = 60.0
     max_failures: int = 3  # consecutive failures that evict a contact from the routing table
     liveness_check_age: float = 120.0  # ping contacts not heard from for this long (driver sweep)
+    # A peer whose request ran past slot_timeout or failed is routed around this long, unless it
+    # answers or speaks to us first: lookups neither ask it nor wait for it while others are left
+    # (a silently crashed peer cost every lookup whose window held it a slot timeout, 2 s, until
+    # three failures evicted it; crashed peers that asked honest servers once filled a ten-server
+    # swarm's replies). See query.Lookup and RoutingTable.suspect.
+    silent_memory: float = 60.0
 
     # --- routing table -------------------------------------------------------------------
     replacement_cache_size: int = 20  # per bucket: contacts waiting for a free slot
+    max_silent_peers: int = 4096  # peers remembered as unresponsive (silent_memory), oldest forgotten first
     lookup_max_peers: int = 200  # candidates one lookup tracks; farther ones are forgotten
 
     # --- messages ---------------------------------------------------------------------------

@@ -115,6 +115,9 @@ class LookupMixin:
             while True:
                 now = self.clock()
                 asked = [(lookup, lookup.next(now)) for lookup in lookups]
+                for lookup in lookups:
+                    # past their slot timeout: later lookups route around them (RoutingTable.suspect)
+                    self.state.on_silent(lookup.silent(), now)
                 for contact, ask in dispatch([pair for pair in asked if pair[1]]):
                     spawn(run, ask, contact)
                 if all(lookup.finished for lookup in lookups):

@@ -18,6 +18,12 @@ little. A reporter whose contacts fail or run out past ``request_timeout`` more 
 answer is distrusted (merely slow answers count for nothing: a loaded machine or a crowd joining
 at once is slow, not lying). Peers that return far or made-up contacts only cost the queries those contacts fail:
 contacts are placed by sha256 of their PeerID, never by what a peer claims.
+
+Peers the node knows to be unresponsive (``suspect``: a request of ours to them failed or ran past
+a slot timeout lately, and they have not spoken since; ``RoutingTable.suspect``) are routed
+around: not asked while others are left, not waited for, and outside a value lookup's window. A
+lookup reports the peers that ran past their slot timeout (``silent``) so the node can mark them:
+one timeout, not three, and the lookups after it stop waiting on a crashed peer.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import bisect
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..errors import DHTRecordError
 from ..net.identity import PeerID
@@ -46,6 +52,8 @@ class State(enum.Enum):
 
 
 _ASKED = (State.WAITING, State.SLOW, State.UNRESPONSIVE)
+
+Suspect = Callable[[PeerID, float], bool]  # (peer, now) -> known unresponsive: RoutingTable.suspect
 
 
 @dataclass
@@ -70,11 +78,14 @@ class Lookup:
         *,
         local: PeerID | None = None,
         count: int | None = None,
+        suspect: Suspect | None = None,
     ) -> None:
         self.target = target
         self.config = config
         self.count = count or config.k
         self.local = local
+        self._suspect = suspect
+        self._silent: list[PeerID] = []  # ran past their slot timeout since ``silent`` was last called
         self.deadline = now + config.lookup_deadline
         self.finished = False
         self.queried = 0  # requests started, for stats and tests
@@ -108,7 +119,7 @@ class Lookup:
                 if succeeded >= self.count:
                     break
             elif cand.state is State.NOT_CONTACTED:
-                if self._untrusted(cand):
+                if self._untrusted(cand) or self._known_silent(cand, now):
                     fallback.append(cand)
                     continue
                 pending = True
@@ -117,15 +128,21 @@ class Lookup:
                 self._ask(cand, now)
                 in_flight += 1
                 to_ask.append(cand.contact)
-            elif cand.state is State.WAITING or (cand.state is State.SLOW and not self._untrusted(cand)):
+            elif cand.state is State.WAITING or (
+                cand.state is State.SLOW and not self._untrusted(cand) and self._waits_for_slow()
+            ):
                 pending = True
-        if not pending and fallback and self._short():
-            # Nothing trusted left and the lookup is still short of what it is for: a reporter
-            # distrusted for handing out dead contacts may be honest with a stale table (a
-            # bootstrap peer after churn), and the live peers only it knew are all that is left.
-            for cand in fallback[: max(0, self.config.alpha - in_flight)]:
-                self._ask(cand, now)
-                to_ask.append(cand.contact)
+        if not pending and fallback and (self._short() or succeeded == 0):
+            # Nothing trusted and responsive left and the lookup is still short of what it is
+            # for (or nobody answered at all): a reporter distrusted for handing out dead
+            # contacts may be honest with a stale table (a bootstrap peer after churn), the live
+            # peers only it knew are all that is left, and a peer that timed out lately may be
+            # back (our own link was down). Not while another path's requests are out: their
+            # answers may meet the quorum, and then these are not needed at all.
+            if not self._others_busy():
+                for cand in fallback[: max(0, self.config.alpha - in_flight)]:
+                    self._ask(cand, now)
+                    to_ask.append(cand.contact)
             pending = True
         if not pending:
             # the closest peers all answered, or nobody is left to ask or wait for
@@ -141,6 +158,7 @@ class Lookup:
                 # so only a request that runs out (or fails) counts against who reported the peer
                 cand.state = State.SLOW
                 cand.deadline = cand.asked_at + self.config.request_timeout
+                self._silent.append(cand.contact.peer)  # ...but routed around until it answers
             if cand.state is State.SLOW and now >= cand.deadline:
                 cand.state = State.UNRESPONSIVE
                 self._judge(cand, ok=False)
@@ -158,6 +176,15 @@ class Lookup:
         """Whether another path of a disjoint lookup asked this candidate (see ``ValueLookup``):
         then it is theirs, never asked or counted here. A lone lookup has no other paths."""
         return False
+
+    def _others_busy(self) -> bool:
+        """Whether other paths of the same lookup have requests out (see ``ValueLookup``)."""
+        return False
+
+    def _waits_for_slow(self) -> bool:
+        """Whether a request past its slot timeout still holds the lookup (up to request_timeout)
+        while it is among the closest: a FIND_NODE lookup's result is those peers."""
+        return True
 
     def _short(self) -> bool:
         """Whether the lookup still lacks what it is for once only distrusted reporters' contacts
@@ -196,6 +223,12 @@ class Lookup:
         """Peers whose request is still counted against alpha."""
         return [p for p, c in self._candidates.items() if c.state is State.WAITING]
 
+    def silent(self) -> list[PeerID]:
+        """Peers whose request ran past its slot timeout since the last call: the driver tells
+        the node (``NodeState.on_silent``), which routes around them until they are heard from."""
+        out, self._silent = self._silent, []
+        return out
+
     def result(self) -> list[Contact]:
         """The closest peers that answered, closest first (at most ``count``)."""
         out = []
@@ -228,6 +261,11 @@ class Lookup:
 
     def _untrusted(self, cand: _Candidate) -> bool:
         return bool(cand.reporters) and cand.reporters <= self._distrusted
+
+    def _known_silent(self, cand: _Candidate, now: float) -> bool:
+        # only our own requests make a peer suspect (RoutingTable.suspect), never a reply: nobody
+        # can make an honest peer look dead to us by what it says
+        return self._suspect is not None and self._suspect(cand.contact.peer, now)
 
     def _add(self, contacts: Iterable[Contact], reporter: PeerID | None) -> None:
         for contact in contacts:
@@ -310,8 +348,10 @@ class ValueLookup:
         quorum: int | None = None,
         count: int | None = None,
         paths: int | None = None,
+        suspect: Suspect | None = None,
     ) -> None:
         self.key = bytes(key)
+        self.suspect = suspect
         self.target = key_id(self.key)
         self.config = config
         self.local = local
@@ -363,6 +403,10 @@ class ValueLookup:
         """Peers whose request is still counted against a path's alpha."""
         return [peer for path in self.paths for peer in path.in_flight()]
 
+    def silent(self) -> list[PeerID]:
+        """Peers that ran past their slot timeout since the last call, every path's."""
+        return [peer for path in self.paths for peer in path.silent()]
+
     def result(self) -> list[Contact]:
         """The closest peers that answered, any path's, closest first (at most ``count``)."""
         answered = {c.peer: c for path in self.paths for c in path.result()}
@@ -404,7 +448,8 @@ class _ValuePath(Lookup):
     the value lookup's window (see there). Records and the quorum are the whole lookup's."""
 
     def __init__(self, owner: ValueLookup, seeds: list[Contact], now: float) -> None:
-        super().__init__(owner.target, seeds, owner.config, now, local=owner.local, count=owner.count)
+        super().__init__(owner.target, seeds, owner.config, now, local=owner.local, count=owner.count,
+                         suspect=owner.suspect)
         self.owner = owner
 
     def _taken(self, cand: _Candidate) -> bool:
@@ -418,6 +463,18 @@ class _ValuePath(Lookup):
     def _met(self) -> bool:
         return len(self.owner.found_on) >= self.owner.quorum
 
+    def _others_busy(self) -> bool:
+        return any(path is not self and path.in_flight() for path in self.owner.paths)
+
+    def _waits_for_slow(self) -> bool:
+        # A value lookup's answer is the records, and its window already let a request past its
+        # slot timeout go: short of the quorum it no longer waits for one either. A key with no
+        # records (a crashed host's, expired) is looked for among all k closest, and a crashed
+        # peer among them held every such lookup for request_timeout: a crashed volunteer's
+        # experts vanished from a trainer's polls up to 5 s after they expired (scale.py, 1,000
+        # peers: 19.9 s for an expiration of 15). A late answer still counts while it runs.
+        return False
+
     def on_success(
         self, peer: PeerID, closer: Iterable[Contact], now: float, records: Iterable[Record] = ()
     ) -> None:
@@ -426,7 +483,7 @@ class _ValuePath(Lookup):
             return
         self.owner._merge(peer, records, now)
         super().on_success(peer, closer, now)
-        if not self.finished and self._enough():
+        if not self.finished and self._enough(now):
             self.finished = True
 
     def next(self, now: float) -> list[Contact]:
@@ -437,7 +494,7 @@ class _ValuePath(Lookup):
                 to_ask += self._ask_window(now)
             return to_ask
         self._tick(now)
-        if self._enough():
+        if self._enough(now):
             self.finished = True
             return []
         return self._ask_window(now)
@@ -448,23 +505,32 @@ class _ValuePath(Lookup):
         ``Lookup.next`` has them; past it, requests to peers past the window no longer matter."""
         short = not self._met()
         to_ask = []
-        for cand in self._window():
+        for cand in self._window(now):
             if cand.state is State.NOT_CONTACTED and not (short and self._untrusted(cand)):
                 self._ask(cand, now)
                 to_ask.append(cand.contact)
         return to_ask
 
-    def _window(self) -> list[_Candidate]:
+    def _window(self, now: float) -> list[_Candidate]:
         """The w + s closest candidates of this path (see ``ValueLookup``) that may still answer:
-        not failed, not past ``slot_timeout``, not asked by another path. Those only distrusted
-        peers reported count too: an honest peer that hands out a contact that left since is
-        distrusted as soon as a liar (censors hand out only each other, all live), and a made-up
-        contact leaves the window at its slot timeout anyway."""
+        not failed, not past ``slot_timeout``, not known unresponsive (unless it answered), not
+        asked by another path. Those only distrusted peers reported count too: an honest peer
+        that hands out a contact that left since is distrusted as soon as a liar (censors hand
+        out only each other, all live), and a made-up contact leaves the window at its slot
+        timeout anyway.
+
+        Leaving known-unresponsive peers out is what the window did already one slot timeout
+        later, so a censor gains nothing by looking dead: its place goes to the next peer out,
+        and w of the w + s are still to be heard; only our own timed-out requests mark a peer
+        (never a reply about it), so nobody can make honest peers look dead to shrink it."""
         size = self._witnesses() + self.config.witness_spares
         out: list[_Candidate] = []
         for _, raw in self._order:
             cand = self._candidates[self._by_bytes[raw]]
-            if cand.state in (State.SUCCEEDED, State.WAITING, State.NOT_CONTACTED) and not self._taken(cand):
+            state = cand.state
+            if state in (State.NOT_CONTACTED, State.WAITING) and self._known_silent(cand, now):
+                continue  # asked only as a last resort (Lookup.next): not waited for here
+            if state in (State.SUCCEEDED, State.WAITING, State.NOT_CONTACTED) and not self._taken(cand):
                 out.append(cand)
                 if len(out) >= size:
                     break
@@ -475,11 +541,11 @@ class _ValuePath(Lookup):
         # 6 of the 9 closest, a beam search (2) 5 of 8
         return min(self.config.value_witnesses, self.owner.quorum + self.config.witness_spares)
 
-    def _enough(self) -> bool:
+    def _enough(self, now: float) -> bool:
         """The quorum is met and enough of this path's closest peers were heard."""
         if not self._met():
             return False
-        window = self._window()
+        window = self._window(now)
         heard = sum(1 for cand in window if cand.state is State.SUCCEEDED)
         return heard >= min(self._witnesses(), len(window))
 

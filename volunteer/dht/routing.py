@@ -120,6 +120,9 @@ class RoutingTable:
         self.config = config or DHTConfig()
         self._buckets: dict[int, Bucket] = {}
         self._where: dict[PeerID, int] = {}  # peer -> bucket index, for entries only
+        # peer -> until when it is routed around: its request ran past a lookup's slot timeout
+        # or failed, and it has not spoken since (entries or not: a dead contact from a reply)
+        self._silent: OrderedDict[PeerID, float] = OrderedDict()
 
     # --- queries ---------------------------------------------------------------------------
     def bucket_index(self, ident: int) -> int:
@@ -204,6 +207,29 @@ class RoutingTable:
         failed.sort(key=lambda t: t[0])
         return [c for _, c in good] + [c for _, c in failed[: count - len(good)]]
 
+    def suspect(self, peer: PeerID, now: float) -> bool:
+        """Whether ``peer`` is known unresponsive: a request of ours to it failed or ran past a
+        lookup's slot timeout less than ``silent_memory`` ago, and it has not spoken to us or
+        answered since. Lookups route around such peers (``query.Lookup``). Only our own
+        requests put a peer here, never what others say of it."""
+        until = self._silent.get(peer)
+        if until is None:
+            return False
+        if now < until:
+            return True
+        del self._silent[peer]
+        return False
+
+    def mark_silent(self, peer: PeerID, now: float) -> None:
+        """A request to ``peer`` ran past a lookup's slot timeout (or failed): route around it
+        for ``silent_memory`` unless it is heard from first."""
+        if peer == self.local:
+            return
+        self._silent.pop(peer, None)
+        self._silent[peer] = now + self.config.silent_memory
+        while len(self._silent) > self.config.max_silent_peers:
+            self._silent.popitem(last=False)
+
     def bucket_for(self, peer: PeerID) -> Bucket | None:
         """The bucket ``peer`` belongs in (existing or not yet created: None)."""
         return self._buckets.get(self.bucket_index(node_id(peer)))
@@ -220,6 +246,7 @@ class RoutingTable:
         peer = contact.peer
         if peer == self.local:
             return None
+        self._silent.pop(peer, None)  # it spoke: no longer routed around
         if client_mode:
             # a peer that turned client (lost reachability) must not be handed to others
             self.remove(peer)
@@ -258,6 +285,7 @@ class RoutingTable:
 
     def record_failure(self, peer: PeerID, now: float) -> None:
         """A request to ``peer`` failed or timed out: back off, and evict after ``max_failures``."""
+        self.mark_silent(peer, now)
         index = self._where.get(peer)
         if index is None:
             self._forget_replacement(peer)
@@ -280,8 +308,10 @@ class RoutingTable:
                 bucket = self._buckets[index]
                 if bucket.pending is not None and bucket.pending.lru == peer:
                     bucket.pending = None
-        elif peer in self._where:
-            self._evict(self._where[peer], peer, now)
+        else:
+            self.mark_silent(peer, now)
+            if peer in self._where:
+                self._evict(self._where[peer], peer, now)
 
     def expire(self, now: float) -> list[PeerID]:
         """Settle ping-before-evict checks past their deadline; returns the peers evicted.
@@ -314,13 +344,16 @@ class RoutingTable:
 
     def to_check(self, now: float, max_age: float | None = None) -> list[PeerID]:
         """Contacts the driver should ping now: silent for ``max_age`` (default
-        ``liveness_check_age``), or failed once and out of their back-off. Pinging them redeems
-        or evicts them, so tables shed dead volunteers between lookups."""
+        ``liveness_check_age``), failed once and out of their back-off, or silent past a
+        lookup's slot timeout (``suspect``). Pinging them redeems or evicts them, so tables shed
+        dead volunteers between lookups."""
         max_age = self.config.liveness_check_age if max_age is None else max_age
         return [
             e.contact.peer
             for e in self.entries()
-            if now - e.last_seen >= max_age or (e.failures > 0 and not e.backed_off(now))
+            if now - e.last_seen >= max_age
+            or (e.failures > 0 and not e.backed_off(now))
+            or (e.failures == 0 and self.suspect(e.contact.peer, now))
         ]
 
     def refresh_targets(self, now: float, max_age: float, rng: random.Random | None = None) -> list[int]:

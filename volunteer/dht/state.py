@@ -274,6 +274,12 @@ class NodeState:
         """A request to ``peer`` failed: dial error, reset, timeout or malformed reply."""
         self.table.record_failure(peer, now)
 
+    def on_silent(self, peers: Iterable[PeerID], now: float) -> None:
+        """Requests to ``peers`` ran past a lookup's slot timeout (``Lookup.silent``): lookups
+        route around them until they answer or speak to us (``RoutingTable.suspect``)."""
+        for peer in peers:
+            self.table.mark_silent(peer, now)
+
     def on_ping_result(self, peer: PeerID, ok: bool, now: float) -> None:
         """Outcome of a ping-before-evict."""
         self.table.on_ping_result(peer, ok, now)
@@ -281,12 +287,12 @@ class NodeState:
     def lookup(self, target: int, now: float, *, count: int | None = None) -> Lookup:
         """A FIND_NODE lookup seeded from the routing table."""
         seeds = self.table.closest(target, self.config.k, now)
-        return Lookup(target, seeds, self.config, now, local=self.local, count=count)
+        return Lookup(target, seeds, self.config, now, local=self.local, count=count, suspect=self.table.suspect)
 
     def value_lookup(self, key: bytes, now: float, *, quorum: int | None = None) -> ValueLookup:
         """A FIND_VALUE lookup of ``key``, seeded from the routing table; our own records count too."""
         seeds = self.table.closest(key_id(key), self.config.k, now)
-        lookup = ValueLookup(key, seeds, self.config, now, local=self.local, quorum=quorum)
+        lookup = ValueLookup(key, seeds, self.config, now, local=self.local, quorum=quorum, suspect=self.table.suspect)
         for record in self.storage.get(key, now).values():
             held = lookup.records.get(record.subkey)
             if held is None or record.supersedes(held):
