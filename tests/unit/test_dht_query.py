@@ -13,7 +13,7 @@ from volunteer.dht.config import DHTConfig
 from volunteer.dht.grid import EXPERT_QUORUM
 from volunteer.dht.messages import FindValue, Nodes, Store, Values
 from volunteer.dht.query import Lookup, State, ValueLookup
-from volunteer.dht.records import owned_subkey, sign
+from volunteer.dht.records import Record, owned_subkey, sign
 from volunteer.dht.routing import Contact, key_id, node_id
 from volunteer.dht.state import NodeState
 from volunteer.net.identity import KeyPair, PeerID
@@ -532,6 +532,13 @@ def test_a_value_lookup_short_of_its_quorum_asks_past_a_stale_reporter() -> None
 
 
 # --- known-unresponsive peers: routed around after one timeout ------------------------------------
+def _five_servers_holding(key: bytes, rng: random.Random) -> tuple[Record, list[Contact]]:
+    """A host's signed record of ``key`` and five servers, closest to the key first."""
+    owner = KeyPair.generate()
+    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
+    return record, sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+
+
 def test_after_one_timeout_a_small_swarms_lookups_stop_waiting_on_a_crashed_peer() -> None:
     """Five servers, the key's closest crashed silently: the first value lookup waits one slot
     timeout for it and reports it (``silent``); the node marks it (``RoutingTable.suspect``) and
@@ -540,10 +547,8 @@ def test_after_one_timeout_a_small_swarms_lookups_stop_waiting_on_a_crashed_peer
     from volunteer.dht.routing import RoutingTable
 
     rng = random.Random(11)
-    owner = KeyPair.generate()
     key = b"expert.0.0"
-    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
-    servers = sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+    record, servers = _five_servers_holding(key, rng)
     dead = servers[0]
     table = RoutingTable(make_peer(rng), CONFIG)
 
@@ -564,7 +569,7 @@ def test_after_one_timeout_a_small_swarms_lookups_stop_waiting_on_a_crashed_peer
                 answered = True
             elif not lookup.finished:
                 now = lookup.next_deadline()
-        assert set(lookup.live_records(now)) == {owned_subkey(owner.peer_id)}
+        assert set(lookup.live_records(now)) == {record.subkey}
         return now, asked
 
     ended, asked = run(0.0)
@@ -618,10 +623,8 @@ def test_a_path_waits_for_the_other_paths_answers_before_asking_a_known_unrespon
     first (short of the quorum of 3) does not fall back on the dead one while the other path's
     requests are out, and once their answers meet the quorum the dead one is not waited for."""
     rng = random.Random(14)
-    owner = KeyPair.generate()
     key = b"expert.3.1"
-    record = sign(owner, key, owned_subkey(owner.peer_id), b"host", 1000.0)
-    servers = sorted(contacts(5, rng), key=lambda c: c.id ^ key_id(key))
+    record, servers = _five_servers_holding(key, rng)
     dead = servers[0]
     lookup = ValueLookup(key, servers, CONFIG, 0.0, quorum=EXPERT_QUORUM,
                          suspect=lambda peer, now: peer == dead.peer)
