@@ -184,9 +184,18 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     start = net.now
     net.msgs.clear()
     net.bytes.clear()
-    results = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": []}
+    results = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": [], "stale": []}
     churn = {"crash": 0, "leave": 0}
     born: dict = {}  # joiner -> when it started declaring
+    crashed_at: dict = {}  # crashed volunteer -> when it crashed
+
+    def note_stale(alive: list) -> None:
+        """A trainer's lookup just returned these live declarations: any of a crashed host counts
+        how long after its crash a trainer could still be sent to it (``select_alive`` drops a
+        record at its expiration, so never past one expiration: this shows it does)."""
+        for decl in alive:
+            if decl.peer in crashed_at:
+                results["stale"].append(net.now - crashed_at[decl.peer])
 
     def live_hosts() -> list[SimNode]:
         return [n for n in swarm.volunteers if n.alive and n.uids and net.now - born.get(n.peer, -1e9) > 2 * CONFIG.expert_update_period]
@@ -199,6 +208,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
         victim = rng.choice(alive)
         if rng.random() < 0.5:
             victim.crash()
+            crashed_at[victim.peer] = net.now
             churn["crash"] += 1
         else:
             victim.leave()
@@ -233,6 +243,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
             def done(found: dict) -> None:
                 alive = select_alive(found[key].values(), net.now, CONFIG)
                 results[kind].append((net.now - t0, any(d.peer == host.peer for d in alive)))
+                note_stale(alive)
 
             trainer.get_many([key], EXPERT_QUORUM, done)
         net.after(rng.uniform(*gap), periodic_lookup, trainer, kind, key_of, gap)
@@ -272,7 +283,9 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
 
     def poll(uid: str, peer, since: float, want: bool, key: str, tries: int = 0) -> None:
         def done(found: dict) -> None:
-            present = any(d.peer == peer for d in select_alive(found[expert_key(uid)].values(), net.now, CONFIG))
+            alive = select_alive(found[expert_key(uid)].values(), net.now, CONFIG)
+            note_stale(alive)
+            present = any(d.peer == peer for d in alive)
             if present == want:
                 results[key].append(net.now - since)
             elif tries < 60:
@@ -283,6 +296,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     def probe_crash() -> None:
         host = rng.choice(live_hosts())
         host.crash(silent=silent_crashes)
+        crashed_at[host.peer] = net.now
         vacant.append(swarm.uid_of[host.peer])
         churn["crash"] += 1
         poll(swarm.uid_of[host.peer], host.peer, net.now, False, "vanish")
@@ -440,7 +454,16 @@ def steady_lines(out: dict, label: str = "") -> list[str]:
         lines.append(f"{tag}beam search beam 4, no cache: p50 {b[0]:.0f} ms, p99 {b[1]:.0f} ms, full beam {b[2]:.2f} % of {b[3]}")
     lines += [
         f"{tag}crashed volunteer's experts vanish after: median {statistics.median(v) if v else float('nan'):.1f} s, "
-        f"max {max(v) if v else float('nan'):.1f} s ({len(v)}/{probes}; expiration {CONFIG.expert_expiration:g} s)",
+        f"max {max(v) if v else float('nan'):.1f} s ({len(v)}/{probes}; expiration {CONFIG.expert_expiration:g} s; "
+        "counted when a poll, every second after the last returned, comes back without them)",
+    ]
+    if "stale" in r:
+        stale = r["stale"]
+        lines.append(
+            f"{tag}a crashed volunteer's experts last returned to a trainer: "
+            f"{max(stale) if stale else float('nan'):.1f} s after its crash at most ({len(stale)} answers held one)"
+        )
+    lines += [
         f"{tag}joiner's experts appear after: median {statistics.median(a) if a else float('nan'):.1f} s, "
         f"max {max(a) if a else float('nan'):.1f} s ({len(a)}/{probes}, from the joiner's start)",
         f"{tag}traffic per peer per minute: {out['msgs']:.0f} msgs, {out['bytes'] / 1024:.0f} KiB "

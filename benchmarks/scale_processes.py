@@ -157,7 +157,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
     n = args.n
     rows, cols = grid_shape(n)
     rng = random.Random(args.seed)
-    results: dict[str, list] = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": [], "ready": []}
+    results: dict[str, list] = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": [], "ready": [], "stale": []}
     out: dict = {"results": results, "probes": args.kills, "n": n, "grid": (rows, cols)}
     tally_dir = workdir / "dht-tally"
     if args.tally:  # the daemons count their DHT requests by caller and kind (dht_tally.py)
@@ -240,6 +240,14 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 finish = start + duration
 
                 joiners: set[str] = set()
+                killed_at: dict[str, float] = {}  # killed daemon -> when
+
+                def note_stale(found: list[str]) -> None:
+                    """A lookup just returned these hosts: one killed counts how long after its
+                    kill a trainer could still be sent to it (scale.py's figure of the same name)."""
+                    for peer in found:
+                        if peer in killed_at:
+                            results["stale"].append(time.perf_counter() - killed_at[peer])
 
                 def live() -> list[str]:
                     return sorted(uid for uid, peer in host_of.items() if peer)
@@ -249,6 +257,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                         uid = rng.choice(live())
                         want, t = host_of[uid], time.perf_counter()
                         found = await hosts(uid)
+                        note_stale(found)
                         if host_of.get(uid) == want:  # not killed meanwhile
                             results["expert"].append((time.perf_counter() - t, want in found))
                         await trio.sleep(rng.uniform(0.5, 1.5))
@@ -258,6 +267,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                         uid = rng.choice(live())
                         want, t = host_of[uid], time.perf_counter()
                         found = await hosts(uid.rsplit(".", 1)[0] + ".")
+                        note_stale(found)
                         if host_of.get(uid) == want:
                             results["grid"].append((time.perf_counter() - t, want in found))
                         await trio.sleep(rng.uniform(1.0, 3.0))
@@ -274,7 +284,9 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                 async def poll(uid: str, peer: str, since: float, want: bool, kind: str) -> None:
                     """Every second, until ``peer`` is (``want``) or is not among ``uid``'s hosts."""
                     while time.perf_counter() - since < 120.0:
-                        if (peer in await hosts(uid)) == want:
+                        found = await hosts(uid)
+                        note_stale(found)
+                        if (peer in found) == want:
                             results[kind].append(time.perf_counter() - since)
                             return
                         await trio.sleep(1.0)
@@ -295,6 +307,7 @@ async def run_real(args: argparse.Namespace, workdir: Path) -> dict:
                     victim = host_of[uid]
                     host_of[uid] = ""  # no lookups of it while nobody hosts it
                     os.kill(pid_of[victim], 9)
+                    killed_at[victim] = time.perf_counter()
                     await poll(uid, victim, time.perf_counter(), False, "vanish")
                     keypair = KeyPair.generate()
                     index = len(net.controls)

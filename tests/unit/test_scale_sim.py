@@ -44,8 +44,10 @@ def test_a_small_loopback_swarm_finds_every_live_host_and_sees_crashes_and_joine
     # joiner (taking the crashed one's uid) is found
     assert len(results["vanish"]) == 2 and max(results["vanish"]) <= CONFIG.expert_expiration + 1.5
     assert len(results["appear"]) == 2
+    # until then trainers were still told of them (polls before the expiration), never after it
+    assert results["stale"] and max(results["stale"]) <= CONFIG.expert_expiration
     lines = steady_lines(out, "sim lo")
-    assert len(lines) == 6 and all(line.startswith("sim lo ") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("sim lo ") for line in lines)
 
 
 def test_a_heartbeat_reaches_the_tables_closest_peers_while_its_lookup_waits_on_dead_ones():
