@@ -13,7 +13,7 @@ import trio
 
 from volunteer.dht.verdicts import (
     CHUNK_SIZE, MAX_CHUNKED_EVIDENCE, MAX_CHUNKS, MAX_EVIDENCE, Accusation, EvidenceRef, assemble, chunk_items, chunk_key,
-    split_evidence,
+    proof_key, split_evidence,
 )
 from volunteer.errors import DHTRecordError
 from volunteer.experts.recompute import Recomputer
@@ -175,3 +175,46 @@ def test_an_honest_hosts_large_reply_accused_in_pieces_excludes_nobody():
     assert trio.run(publisher.publish, str(honest.keys.peer_id), "ffn.0.0", large_proof(honest), "made up")
     assert chunk_keys(dht) and trio.run(watcher.read) == [] and proven == []
     assert watcher.book.refused["not_proven"] == 1
+
+
+class CountingView(View):
+    """A view that remembers the keys each ``get_many`` asked for."""
+
+    def __init__(self, shared: SharedDHT, keys: KeyPair) -> None:
+        super().__init__(shared, keys)
+        self.asked: list[set[bytes]] = []
+
+    async def get_many(self, keys) -> dict:
+        keys = list(keys)
+        self.asked.append(set(keys))
+        return await super().get_many(keys)
+
+
+def test_a_watcher_reads_the_index_every_time_and_its_peers_keys_only_every_peers_period():
+    liar = Liar(1.02)
+    dht = SharedDHT()
+    auditor, reader = KeyPair.generate(), KeyPair.generate()
+    dealt_with = [str(KeyPair.generate().peer_id) for _ in range(3)]
+    view = CountingView(dht, reader)
+    watcher = VerdictWatch(view, reader, SWARM, liar.fetch, peers=lambda: dealt_with,  # type: ignore[arg-type]
+                           peers_period=60.0)
+    theirs = {proof_key(PeerID.from_string(peer).to_bytes()) for peer in dealt_with}
+
+    assert trio.run(watcher.read) == [] and view.asked == [theirs]  # the first read: their keys
+    dht.now = 20.0
+    assert trio.run(watcher.read) == [] and len(view.asked) == 1  # an empty index: nothing more
+    # an accusation the index names is read (and checked) on the next read, within a period
+    publisher = VerdictWatch(dht.view(auditor), auditor, SWARM, liar.fetch)  # type: ignore[arg-type]
+    assert trio.run(publisher.publish, str(liar.keys.peer_id), "ffn.0.0", large_proof(liar), "contradicted")
+    dht.now = 30.0
+    assert trio.run(watcher.read) == [str(liar.keys.peer_id)]
+    assert view.asked[1] == {proof_key(liar.keys.peer_id.to_bytes())}
+    dht.now = 70.0  # a period after the first read: their keys again
+    asked = len(view.asked)
+    trio.run(watcher.read)
+    assert view.asked[asked] == theirs
+    dht.now = 75.0
+    watcher.read_soon()  # asked to look now: their keys too
+    asked = len(view.asked)
+    trio.run(watcher.read)
+    assert view.asked[asked] == theirs

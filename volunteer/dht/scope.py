@@ -11,12 +11,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 from collections.abc import Iterable
+from functools import lru_cache
 
 from ..errors import VolunteerError
-from ..net.addresses import LOOPBACK, scope_of, usable_across
+from ..net.addresses import LOOPBACK, scope_of, scope_usable_across
 from ..net.multiaddr import Multiaddr
 from .messages import KeyResult, Nodes, Request, Response, Stored, Values
 from .routing import Contact
+
+
+_UNPARSABLE = "unparsable"  # a raw address that is no multiaddr (never usable)
+
+
+@lru_cache(maxsize=8192)
+def _scope_of_raw(raw: bytes) -> str | None:
+    # every contact of every DHT reply passes here: parsing its addresses and their IPs again each
+    # time was a tenth of a busy daemon's CPU, and a swarm's addresses repeat
+    try:
+        return scope_of(Multiaddr(raw))
+    except VolunteerError:
+        return _UNPARSABLE
 
 
 def usable_addrs(addrs: Iterable[bytes], via: Multiaddr | None) -> tuple[bytes, ...]:
@@ -24,12 +38,10 @@ def usable_addrs(addrs: Iterable[bytes], via: Multiaddr | None) -> tuple[bytes, 
     ``via`` (unparsable ones dropped too)."""
     kept = []
     for raw in addrs:
-        try:
-            addr = Multiaddr(bytes(raw))
-        except VolunteerError:
-            continue
-        if usable_across(addr, via):
-            kept.append(bytes(raw))
+        raw = bytes(raw)
+        scope = _scope_of_raw(raw)
+        if scope != _UNPARSABLE and scope_usable_across(scope, via):
+            kept.append(raw)
     return tuple(kept)
 
 

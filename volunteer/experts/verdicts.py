@@ -71,6 +71,11 @@ MAX_TRIES = 3  # checks of one uncheckable accusation (its snapshot gone, its ho
 MAX_REMEMBERED = 4096  # distinct evidence digests a book remembers
 MAX_PROVEN = 16384  # peers a book remembers as excluded on a checked proof
 PERIOD = 10.0  # seconds between two reads of the DHT by a watcher
+# seconds between two reads of the keys of the peers we deal with (besides the index, every read):
+# a key nobody wrote costs a whole lookup, and 64 of them every 10 s were over half of an idle
+# donor's DHT requests among 50; the index names a new accusation within a period, and these keys
+# only bound what flooding the index can delay
+PEERS_PERIOD = 60.0
 MAX_ACCUSED_PER_READ = 64  # accused peers whose keys one read looks up
 PROOF_TTL = 3600.0  # seconds an accusation lives in the DHT (a snapshot outlives 120 s only)
 # pieces of chunked evidence per DHT call: 16 of ~8 KiB keep a STORE or a FIND_VALUE reply far
@@ -356,12 +361,15 @@ class VerdictWatch(BaseService):
                  recomputer: Recomputer | None = None, peers: Callable[[], Iterable[str]] = lambda: (),
                  on_proven: Callable[[str, Proven], None] = lambda peer, proven: None,
                  period: float = PERIOD, clock: Callable[[], float] | None = None,
-                 config: ExpertsConfig = DEFAULT_CONFIG, first_read: float = 0.0) -> None:
+                 config: ExpertsConfig = DEFAULT_CONFIG, first_read: float = 0.0,
+                 peers_period: float = PEERS_PERIOD) -> None:
         self.dht, self.keypair, self.swarm_id, self.fetch = dht, keypair, swarm_id, fetch
         self.recomputer = recomputer or Recomputer()
         self.peers, self.on_proven, self.period, self.config = peers, on_proven, period, config
         self.clock = clock or dht.clock
         self.first_read = first_read  # seconds of a first read before reporting started (a joiner's)
+        self.peers_period = peers_period
+        self._peers_read_at: float | None = None  # when a read last looked up the keys of peers()
         self.book = VerdictBook()
         self.published = 0
         self.unpublished = 0  # proofs whose evidence did not fit a record (or did not round-trip)
@@ -385,7 +393,8 @@ class VerdictWatch(BaseService):
             log.info("reading the swarm's proofs failed: %s", describe(exc))
 
     def read_soon(self) -> None:
-        """Read the DHT now rather than at the end of the period."""
+        """Read the DHT now rather than at the end of the period (the keys of ``peers()`` too)."""
+        self._peers_read_at = None
         self._wake.set()
 
     async def publish(self, accused: str, uid: str, evidence: Evidence | None, detail: str) -> bool:
@@ -417,13 +426,18 @@ class VerdictWatch(BaseService):
         return bool(stored and stored[0])
 
     async def read(self) -> list[str]:
-        """One look: the index and the keys of ``peers()``, each new accusation checked. Returns
-        the peers newly excluded."""
+        """One look: the index, and (the first time, then every ``peers_period``) the keys of
+        ``peers()``, each new accusation checked. Returns the peers newly excluded."""
         now = self.clock()
         index = await self.dht.get(PROOFS_KEY)
         # the peers we deal with first: pointers anyone can add must not crowd them out of a read
         wanted: dict[bytes, None] = {}
-        for peer in self.peers():
+        dealt_with: list = []
+        if self._peers_read_at is None or now - self._peers_read_at >= self.peers_period:
+            dealt_with = list(self.peers())
+            if dealt_with:  # none yet (nothing surveyed, nobody called): the next read asks again
+                self._peers_read_at = now
+        for peer in dealt_with:
             try:
                 wanted[PeerID.from_string(str(peer)).to_bytes()] = None
             except (ValueError, VolunteerError):

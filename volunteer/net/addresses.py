@@ -83,7 +83,11 @@ def scope_of(addr: Multiaddr) -> str | None:
 def usable_across(addr: Multiaddr, via: Multiaddr | None) -> bool:
     """Whether ``addr`` means anything to the far end of a connection at ``via`` (our side's view
     of the peer's address; None: a peer we know nothing of, as anyone on the internet)."""
-    scope = scope_of(addr)
+    return scope_usable_across(scope_of(addr), via)
+
+
+def scope_usable_across(scope: str | None, via: Multiaddr | None) -> bool:
+    """``usable_across`` for an address whose scope (``scope_of``) is already known."""
     if scope == LINK_LOCAL:
         return False
     if scope == LOOPBACK:
@@ -129,4 +133,4 @@ def expand_unspecified(addr: Multiaddr) -> list[Multiaddr]:
 
 
 __all__ = ["LINK_LOCAL", "LOOPBACK", "PRIVATE", "PUBLIC", "advertised", "expand_unspecified", "for_peer",
-           "ip_scope", "is_loopback", "is_private", "scope_of", "shareable", "usable_across"]
+           "ip_scope", "is_loopback", "is_private", "scope_of", "scope_usable_across", "shareable", "usable_across"]
