@@ -124,12 +124,12 @@ class ExpertBackend:
         if not self.inputs:
             raise ExpertConfigError(f"expert {uid!r} takes no inputs: give at least one TensorSpec")
         self.outputs = list(outputs) if outputs is not None else self._infer_outputs()
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        trainable = any(p.requires_grad for p in self.module.parameters())
         make = optimizer or (lambda ps: default_optimizer(ps, config.learning_rate))
         # built at its first use: a torch optimizer imports torch._dynamo as it first takes
         # parameters (about 1.2 s of CPU, a third of a daemon's start), which a donor nobody
         # calls never needs. The runtime runs one job on an expert at a time: no two first uses
-        self._make_optimizer: OptimizerFactory | None = make if params else None
+        self._make_optimizer: OptimizerFactory | None = make if trainable else None
         self._optimizer: torch.optim.Optimizer | None = None
         self.updates = 0  # optimizer steps taken, across restarts
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path is not None else None

@@ -242,14 +242,15 @@ def _peer_bytes(peer: object) -> bytes | None:
         return None
 
 
-__all__ = [
-    "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "StateBinding", "check_reply",
-    "payload_digest", "tensor_digest",
-]
-
-
 def binds(binding: StateBinding, receipt: Receipt) -> bool:
     """Whether ``binding`` is signed by the receipt's signer for the state the receipt names (its
     id, uid and version): the word a digest of that state is checked against."""
     return (binding.peer == receipt.peer and binding.uid == receipt.uid and binding.state == receipt.state
             and binding.version == receipt.version and binding.verify())
+
+
+__all__ = [
+    "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "StateBinding", "binds", "check_reply",
+    "payload_digest", "tensor_digest",
+]
+
