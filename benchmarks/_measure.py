@@ -11,16 +11,6 @@ import time
 import torch
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up: connection, first batch
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
-
-
 def forward(module, x: torch.Tensor) -> None:
     with torch.no_grad():
         module(x)
@@ -34,9 +24,14 @@ def forward_backward(module, x: torch.Tensor) -> None:
     outputs.backward(torch.randn_like(outputs))
 
 
-def latency_figures(expert, local, x: torch.Tensor, repeats: int) -> dict[str, float]:
+def latency_figures(expert, local, x: torch.Tensor, repeats: int, warm_up: int = 10) -> dict[str, float]:
     """Median ms of a remote forward, remote forward+backward, and the same two done locally
-    (``local`` on the device its parameters are on; a GPU's queue is drained before the clock stops)."""
+    (``local`` on the device its parameters are on; a GPU's queue is drained before the clock stops).
+
+    The four cases alternate call by call after ``warm_up`` calls of each (connection, first
+    batches, a server's lazy imports), so that a drift of the machine's speed over the run (a
+    shared 2-core machine drifts by half within a minute) moves the remote and the local figures
+    alike, and their difference, the overhead, stays put."""
     device = next(local.parameters()).device
     x_local = x.to(device)
 
@@ -47,12 +42,22 @@ def latency_figures(expert, local, x: torch.Tensor, repeats: int) -> dict[str, f
                 torch.cuda.synchronize(device)
         return run
 
-    return {
-        "forward_ms": median_ms(lambda: forward(expert, x), repeats),
-        "forward_backward_ms": median_ms(lambda: forward_backward(expert, x), repeats),
-        "local_forward_ms": median_ms(settled(lambda: forward(local, x_local)), repeats),
-        "local_forward_backward_ms": median_ms(settled(lambda: forward_backward(local, x_local)), repeats),
+    cases = {
+        "forward_ms": lambda: forward(expert, x),
+        "forward_backward_ms": lambda: forward_backward(expert, x),
+        "local_forward_ms": settled(lambda: forward(local, x_local)),
+        "local_forward_backward_ms": settled(lambda: forward_backward(local, x_local)),
     }
+    for fn in cases.values():
+        for _ in range(warm_up):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            started = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(spent) * 1000 for name, spent in times.items()}
 
 
 def trainers_throughput(expert, seconds: float, trainers: int, hidden: int, batch: int) -> float:

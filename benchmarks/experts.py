@@ -1,14 +1,18 @@
 """Remote expert latency and server throughput: ours vs hivemind 1.1.12, side by side in one run.
 
-    .venv/bin/python benchmarks/experts.py [--repeats 50] [--quick] [--skip-hivemind] [--device cuda]
-                                           [--receipts on|off]
+    .venv/bin/python benchmarks/experts.py [--repeats 50] [--rounds 3] [--quick] [--skip-hivemind]
+                                           [--device cuda] [--receipts on|off]
 
 For ffn experts at hidden 256 / batch 16 and hidden 1024 / batch 64 on CPU over loopback (the
 server in a second process): median latency of a remote forward and of forward+backward, the
 same computation done locally, and the overhead (remote minus local). Then server throughput in
 samples/s with 16 concurrent trainers doing forward+backward (hidden 1024, batch 64). hivemind's
 figures come from benchmarks/_hivemind_experts.py in its own venv (benchmarks/setup_hivemind.sh).
-The goal: our overhead at most a quarter of hivemind's, throughput at least hivemind's. Last, what
+Each case's four figures (remote and local, forward and forward+backward) are timed call by call in
+turn (``_measure.latency_figures``), and ``--rounds`` rounds run ours and then hivemind's, so that
+each ratio compares two measurements minutes apart at most; the table gives the median ratio and
+every round's. The goal: our overhead at most a fifth of hivemind's, throughput at least
+hivemind's. Last, what
 the trainer's checks of every reply (experts/guard.py) cost: forward+backward with them and
 without, alternating call by call in the same run (the goal: at most 5 %). ``--receipts``: whether
 our server signs receipts and keeps snapshots (exact audits: on by default in a swarm of our kind).
@@ -186,9 +190,24 @@ def throughput(client: Client, addr: str, seconds: float, trainers: int = 16, hi
     return trainers_throughput(expert, seconds, trainers, hidden, batch)
 
 
+def _dig(found: dict | None, *path: str) -> float | None:
+    for key in path:
+        found = (found or {}).get(key)
+    return found
+
+
+def _over(figures: dict, remote: str, local: str) -> float | None:
+    """Remote minus local ms (0 when the remote median beat the local one), or None when a side
+    has no figure."""
+    if figures.get(remote) is None or figures.get(local) is None:
+        return None
+    return max(0.0, figures[remote] - figures[local])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3, help="ours then hivemind's, this many times (default 3)")
     parser.add_argument("--throughput-seconds", type=float, default=15.0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-hivemind", action="store_true")
@@ -203,32 +222,49 @@ def main() -> None:
         os.environ[name] = str(args.torch_threads)
     torch.set_num_threads(args.torch_threads)
     if args.quick:
-        args.repeats, args.throughput_seconds = 10, 4.0
+        args.repeats, args.throughput_seconds, args.rounds = 10, 4.0, 1
 
-    ours = measure_ours(args.repeats, args.throughput_seconds, args.device, args.receipts)
-    theirs = None
-    if not args.skip_hivemind:
-        from hivemind_runner import run_hivemind
+    rounds: list[tuple[dict, dict | None]] = []
+    for _ in range(args.rounds):  # ours then hivemind's, round after round: each ratio from one moment
+        ours = measure_ours(args.repeats, args.throughput_seconds, args.device, args.receipts)
+        theirs = None
+        if not args.skip_hivemind:
+            from hivemind_runner import run_hivemind
 
-        theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else [], timeout=1800)
-    print(f"\nRemote ffn experts on {args.device}, loopback, server in another process (median of {args.repeats}, "
-          f"{args.torch_threads} torch thread(s) per process, receipts {args.receipts})")
-    print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}")
+            theirs = run_hivemind("_hivemind_experts.py", ["--quick"] if args.quick else ["--repeats", str(args.repeats)],
+                                  timeout=1800)
+        rounds.append((ours, theirs))
+    print(f"\nRemote ffn experts on {args.device}, loopback, server in another process ({args.rounds} round(s) of "
+          f"{args.repeats} calls per case; figures: medians over rounds of each round's median; ratio: median of the "
+          f"rounds' ratios; {args.torch_threads} torch thread(s) per process, receipts {args.receipts})")
+    print(f"{'figure':<34}{'ours':>10}{'hivemind':>10}{'ratio':>8}   per round")
+
+    def across(side: int, *path: str) -> float | None:
+        values = [_dig(pair[side], *path) for pair in rounds]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
     for hidden, batch in CONFIGS:
         key = f"{hidden}x{batch}"
-        mine, other = ours[key], (theirs or {}).get(key, {})
         for figure in ("forward_ms", "forward_backward_ms", "local_forward_ms", "local_forward_backward_ms"):
-            o = other.get(figure)
-            print(f"{f'h{hidden} b{batch} {figure}':<34}{mine[figure]:>10.1f}{(f'{o:.1f}' if o else 'n/a'):>10}{'':>8}")
+            o = across(1, key, figure)
+            print(f"{f'h{hidden} b{batch} {figure}':<34}{across(0, key, figure):>10.1f}{(f'{o:.1f}' if o else 'n/a'):>10}")
         for name, remote, local in (("forward", "forward_ms", "local_forward_ms"), ("fwd+bwd", "forward_backward_ms", "local_forward_backward_ms")):
-            ours_over = mine[remote] - mine[local]
-            theirs_over = other[remote] - other[local] if other.get(remote) and other.get(local) else None
-            ratio = f"{ours_over / theirs_over:.2f}" if theirs_over else "n/a"
-            print(f"{f'h{hidden} b{batch} {name} overhead ms':<34}{ours_over:>10.1f}{(f'{theirs_over:.1f}' if theirs_over else 'n/a'):>10}{ratio:>8}")
-    o = (theirs or {}).get("throughput")
-    ratio = f"{ours['throughput'] / o:.2f}" if o else "n/a"
-    print(f"{'throughput samples/s (16 trainers)':<34}{ours['throughput']:>10.0f}{(f'{o:.0f}' if o else 'n/a'):>10}{ratio:>8}")
-    print("(overhead ratio: ours / hivemind, goal <= 0.25; throughput ratio: ours / hivemind, goal >= 1)")
+            overheads = [(_over(ours[key], remote, local), _over((theirs or {}).get(key, {}), remote, local)) for ours, theirs in rounds]
+            ratios = [mine / other for mine, other in overheads if other]  # theirs at or under 0: no ratio
+            ours_over = statistics.median(mine for mine, _ in overheads)
+            theirs_known = [other for _, other in overheads if other is not None]
+            theirs_over = statistics.median(theirs_known) if theirs_known else None
+            ratio = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+            print(f"{f'h{hidden} b{batch} {name} overhead ms':<34}{ours_over:>10.1f}"
+                  f"{(f'{theirs_over:.1f}' if theirs_over is not None else 'n/a'):>10}{ratio:>8}   "
+                  + " ".join(f"{r:.2f}" for r in ratios))
+    ours_tp, theirs_tp = across(0, "throughput"), across(1, "throughput")
+    ratios = [pair[0]["throughput"] / pair[1]["throughput"] for pair in rounds if (pair[1] or {}).get("throughput")]
+    ratio = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+    print(f"{'throughput samples/s (16 trainers)':<34}{ours_tp:>10.0f}{(f'{theirs_tp:.0f}' if theirs_tp else 'n/a'):>10}{ratio:>8}")
+    print("(overhead ratio: ours / hivemind, goal <= 0.2; throughput ratio: ours / hivemind, goal >= 1)")
+    ours = rounds[-1][0]
     print(f"\nThe trainer's reply checks, ours only (fwd+bwd, median of {args.repeats}, alternating call by call)")
     print(f"{'figure':<34}{'checks on':>10}{'off':>10}{'cost':>8}{'checks alone':>14}")
     for hidden, batch in CONFIGS:

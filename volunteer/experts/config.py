@@ -36,9 +36,11 @@ class ExpertsConfig:
     # A request the worker would take at once (idle runtime, nothing queued) whose kind of
     # call on that expert took at most this long (seconds; the cheapest of its last few runs,
     # scheduler.COSTS_REMEMBERED) runs right on the event loop:
-    # two thread hand-offs cost more than a tiny batch (0 turns this off). It blocks the loop
-    # that long at most, and only when there was nothing else to compute anyway.
-    inline_compute_limit: float = 0.001
+    # two thread hand-offs (and the worker's GIL beside the reply's serialization) cost more than
+    # a small batch (0 turns this off). It blocks the loop that long at most, and only when there
+    # was nothing else to compute anyway. 5 ms takes a h256 b16 backward (about 1.5 ms): one
+    # trainer's forward+backward overhead fell from 4.2 to 3.3 ms (benchmarks/experts.py rows).
+    inline_compute_limit: float = 0.005
 
     # --- kept forward graphs (activations.py): a backward of the same inputs skips the recompute
     activation_cache_entries: int = 16  # graphs kept in the whole runtime (0 turns this off)
