@@ -297,6 +297,9 @@ def test_a_peer_that_timed_out_is_suspect_until_heard_from_or_forgotten(table: R
     assert not table.suspect(member, 3.0)
     memory = table.config.silent_memory
     assert table.suspect(stranger, 1.0 + memory - 0.1) and not table.suspect(stranger, 1.0 + memory)
+    table.record_failure(stranger, 4.0)
+    table.on_ping_result(stranger, True, 5.0)  # a maintenance ping it answered, table member or not
+    assert not table.suspect(stranger, 5.0) and stranger not in table
     table.mark_silent(table.local, 0.0)
     assert not table.suspect(table.local, 0.0)
 

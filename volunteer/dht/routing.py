@@ -278,7 +278,10 @@ class RoutingTable:
         return None
 
     def record_success(self, peer: PeerID, now: float) -> None:
-        """A request to ``peer`` succeeded (when its contact is not at hand; else use ``update``)."""
+        """A request to ``peer`` succeeded (when its contact is not at hand; else use ``update``).
+        It is no longer silent, whether or not it is in the table (a stranger, or a member evicted
+        while our ping to it was on its way)."""
+        self._silent.pop(peer, None)
         entry = self.get(peer)
         if entry is not None:
             self.update(entry.contact, now, answered=True)
