@@ -122,9 +122,7 @@ class Receipt:
 
     def verify(self, peer: object | None = None) -> bool:
         """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
-        if peer is not None and _peer_bytes(peer) != self.peer:
-            return False
-        return signed_by(self.peer, self.signed_part(), self.signature)
+        return _signed_by_named(self.peer, self.signed_part(), self.signature, peer)
 
     def to_wire(self) -> list:
         """The msgpack array in a reply header."""
@@ -187,9 +185,7 @@ class StateBinding:
 
     def verify(self, peer: object | None = None) -> bool:
         """Whether the signature is the named signer's (and the signer is ``peer``, if given)."""
-        if peer is not None and _peer_bytes(peer) != self.peer:
-            return False
-        return signed_by(self.peer, self.signed_part(), self.signature)
+        return _signed_by_named(self.peer, self.signed_part(), self.signature, peer)
 
     def to_wire(self) -> list:
         return [self.peer, self.uid, self.state, self.version, self.digest, self.signature]
@@ -211,6 +207,13 @@ class StateBinding:
         if type(version) is not int or not 0 <= version < 2**63:
             raise ExpertProtocolError("a snapshot's binding's version is malformed")
         return cls(peer, uid, state, version, digest, signature)
+
+
+def _signed_by_named(signer: bytes, message: bytes, signature: bytes, peer: object | None) -> bool:
+    """``signature`` over ``message`` is by ``signer`` (PeerID bytes), and ``signer`` is ``peer`` if given."""
+    if peer is not None and _peer_bytes(peer) != signer:
+        return False
+    return signed_by(signer, message, signature)
 
 
 def check_reply(receipt: Receipt | None, *, uid: str, op: str, outputs: bytes, peer: object) -> Receipt:
