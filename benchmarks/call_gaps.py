@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,18 +39,13 @@ def main() -> None:
     import torch
 
     from _measure import forward, forward_backward
-    from experts import Client
+    from experts import served
     from volunteer import RemoteExpert
     from volunteer.experts.layers import FeedForward
 
     torch.set_num_threads(1)
-    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    line = server.stdout.readline()
-    assert line.startswith("READY "), line
-    client = Client()
-    try:
-        expert = RemoteExpert(f"ffn{args.hidden}.0", line.split()[1], client)
+    with served() as (addr, client):
+        expert = RemoteExpert(f"ffn{args.hidden}.0", addr, client)
         local = FeedForward(args.hidden)
         x = torch.randn(args.batch, args.hidden)
         for _ in range(50):  # warm-up: connection, first batches, the server's lazy imports
@@ -80,10 +74,6 @@ def main() -> None:
                 forward(expert, x)
                 times.append(time.perf_counter() - started)
             print(f"  {name:<26}{statistics.median(times) * 1e6:>8.0f} us")
-    finally:
-        client.close()
-        server.stdin.close()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

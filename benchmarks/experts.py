@@ -31,7 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -95,16 +97,28 @@ class Client:
         self.loop.stop()
 
 
-def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", receipts: str = "on") -> dict:
-    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py"), "--device", device,
-                               "--receipts", receipts],
+@contextmanager
+def served(*server_args: str) -> Iterator[tuple[str, Client]]:
+    """Our server (``_expert_server.py`` with ``server_args``) in a second process, and a trainer's
+    ``Client`` here: (the server's multiaddr, the client), both closed on exit."""
+    server = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "_expert_server.py"), *server_args],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = server.stdout.readline()
     assert line.startswith("READY "), line
-    addr = line.split()[1]
-    client = Client()
-    out: dict = {}
+    client = None
     try:
+        client = Client()
+        yield line.split()[1], client
+    finally:
+        if client is not None:
+            client.close()
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
+def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", receipts: str = "on") -> dict:
+    out: dict = {}
+    with served("--device", device, "--receipts", receipts) as (addr, client):
         for hidden, batch in CONFIGS:
             expert = RemoteExpert(f"ffn{hidden}.0", addr, client)
             local = FeedForward(hidden).to(device)
@@ -113,10 +127,6 @@ def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", r
             unchecked = RemoteExpert(f"ffn{hidden}.0", addr, client, check_replies=False)
             out[f"{hidden}x{batch}"].update(checks_cost(expert, unchecked, x, repeats))
         out["throughput"] = throughput(client, addr, throughput_seconds)
-    finally:
-        client.close()
-        server.stdin.close()
-        server.wait(timeout=30)
     return out
 
 
