@@ -1,10 +1,11 @@
 """Benchmark peer: a volunteer serving ffn experts (hidden 256 and 1024) on loopback TCP.
 
-    python benchmarks/_expert_server.py [--device cpu|cuda] [--receipts on|off]
+    python benchmarks/_expert_server.py [--device cpu|cuda] [--receipts on|off] [--inline-compute-limit S]
 Prints `READY <multiaddr>` and serves until stdin closes.
 """
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from volunteer.swarmfile import SwarmSpec  # noqa: E402
 SWARM = "bench"
 
 
-async def main(device: str, receipts: bool) -> None:
+async def main(device: str, receipts: bool, inline_compute_limit: float | None = None) -> None:
     config = ExpertsConfig(device=device, nan_check=False)
+    if inline_compute_limit is not None:
+        config = dataclasses.replace(config, inline_compute_limit=inline_compute_limit)
     backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
     options = VolunteerOptions(
         listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
@@ -37,5 +40,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--receipts", default="on", choices=["on", "off"])
+    parser.add_argument("--inline-compute-limit", type=float, help="ExpertsConfig.inline_compute_limit (its default if not given)")
     args = parser.parse_args()
-    trio.run(main, args.device, args.receipts == "on")
+    trio.run(main, args.device, args.receipts == "on", args.inline_compute_limit)

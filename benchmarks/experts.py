@@ -1,7 +1,7 @@
 """Remote expert latency and server throughput: ours vs hivemind 1.1.12, side by side in one run.
 
     .venv/bin/python benchmarks/experts.py [--repeats 50] [--rounds 3] [--quick] [--skip-hivemind]
-                                           [--device cuda] [--receipts on|off]
+                                           [--device cuda] [--receipts on|off] [--inline-compute-limit S]
 
 For ffn experts at hidden 256 / batch 16 and hidden 1024 / batch 64 on CPU over loopback (the
 server in a second process): median latency of a remote forward and of forward+backward, the
@@ -116,9 +116,10 @@ def served(*server_args: str) -> Iterator[tuple[str, Client]]:
         server.wait(timeout=30)
 
 
-def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", receipts: str = "on") -> dict:
+def measure_ours(repeats: int, throughput_seconds: float, device: str = "cpu", receipts: str = "on",
+                 server_args: tuple[str, ...] = ()) -> dict:
     out: dict = {}
-    with served("--device", device, "--receipts", receipts) as (addr, client):
+    with served("--device", device, "--receipts", receipts, *server_args) as (addr, client):
         for hidden, batch in CONFIGS:
             expert = RemoteExpert(f"ffn{hidden}.0", addr, client)
             local = FeedForward(hidden).to(device)
@@ -227,6 +228,8 @@ def main() -> None:
                         help="where our server's experts and the local baseline run (hivemind's stay on CPU)")
     parser.add_argument("--receipts", default="on", choices=["on", "off"],
                         help="our server signs receipts and keeps snapshots (default on, as a swarm of our kind)")
+    parser.add_argument("--inline-compute-limit", type=float,
+                        help="our server's ExpertsConfig.inline_compute_limit in seconds (its default if not given)")
     args = parser.parse_args()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the server and hivemind's process inherit it
         os.environ[name] = str(args.torch_threads)
@@ -236,7 +239,8 @@ def main() -> None:
 
     rounds: list[tuple[dict, dict | None]] = []
     for _ in range(args.rounds):  # ours then hivemind's, round after round: each ratio from one moment
-        ours = measure_ours(args.repeats, args.throughput_seconds, args.device, args.receipts)
+        ours = measure_ours(args.repeats, args.throughput_seconds, args.device, args.receipts,
+                            () if args.inline_compute_limit is None else ("--inline-compute-limit", str(args.inline_compute_limit)))
         theirs = None
         if not args.skip_hivemind:
             from hivemind_runner import run_hivemind

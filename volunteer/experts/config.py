@@ -39,7 +39,7 @@ class ExpertsConfig:
     # two thread hand-offs (and the worker's GIL beside the reply's serialization) cost more than
     # a small batch (0 turns this off). It blocks the loop that long at most, and only when there
     # was nothing else to compute anyway. 5 ms takes a h256 b16 backward (about 1.5 ms): one
-    # trainer's forward+backward overhead fell from 4.2 to 3.3 ms (benchmarks/experts.py rows).
+    # trainer's forward+backward overhead fell by a sixth to a fifth (benchmarks/server_ab.py).
     inline_compute_limit: float = 0.005
 
     # --- kept forward graphs (activations.py): a backward of the same inputs skips the recompute
