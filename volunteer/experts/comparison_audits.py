@@ -104,7 +104,6 @@ class ExpertCall(Protocol):
 Replicas = Callable[[str], Sequence[tuple[Declared, float | None]]]  # uid -> (declaration, sync age) of usable hosts
 
 
-
 class ComparisonAudits:
     """The comparison half of ``audit.Auditor`` (its mixin): what it reads of the auditor is
     declared here, and set by ``Auditor.__init__``."""

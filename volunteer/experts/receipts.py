@@ -256,4 +256,3 @@ __all__ = [
     "BACKWARD", "DIGEST", "FORWARD", "MAX_RECEIPT", "PayloadDigest", "Receipt", "StateBinding", "binds", "check_reply",
     "payload_digest", "tensor_digest",
 ]
-
