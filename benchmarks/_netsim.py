@@ -185,6 +185,7 @@ class SimNode:
         self._pinging: set[PeerID] = set()
         self._closest: dict[bytes, tuple[float, list[Contact]]] = {}
         self._boot_delay = 1.0
+        self._crawled = False  # a trainer's crawl started (DHTConfig.crawl_lookups)
         net.nodes[self.peer] = self
 
     @property
@@ -194,11 +195,12 @@ class SimNode:
     # --- requests ---------------------------------------------------------------------------
     def send(self, contact: Contact, request, on_reply: Callable, on_fail: Callable) -> None:
         self.requests += 1
+        sent = self.net.now
 
         def reply(response) -> None:
             now = self.net.now
             try:
-                pings = self.state.on_reply(contact, request, response, now)
+                pings = self.state.on_reply(contact, request, response, now, rtt=now - sent)
             except Exception:
                 self.state.on_failure(contact.peer, now)
                 on_fail()
@@ -323,6 +325,7 @@ class SimNode:
                 self.find_closest(target, one_refreshed)
             if not targets and done:
                 done()
+            self._crawl()
 
         def one_done() -> None:
             pending[0] -= 1
@@ -335,6 +338,22 @@ class SimNode:
         for contact in entry:
             self.send(contact, self.state.ping_request(), lambda _r: one_done(), one_done)
         self.net.after(MAINTENANCE_PERIOD * self.net.rng.random(), self._maintain)
+
+    def _crawl(self) -> None:
+        """node.py's crawl once joined (DHTConfig.crawl_lookups): ``crawl_parallel`` lookups at a
+        time, each started as another one ends."""
+        config = self.state.config
+        if self._crawled or not config.crawl_lookups:
+            return
+        self._crawled = True
+        targets = self.state.table.crawl_targets(config.crawl_lookups, self.net.rng)
+
+        def next_one(_closest=None) -> None:
+            if targets and self.alive:
+                self.find_closest(targets.pop(), next_one)
+
+        for _ in range(config.crawl_parallel):
+            next_one()
 
     def _maintain(self) -> None:
         if not self.alive:

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._netsim import Net, SimNode  # noqa: E402
 from volunteer.dht.beam import BeamSearch  # noqa: E402
-from volunteer.dht.config import TRAINER_BUCKET_SIZE, TRAINER_JOIN_LOOKUPS, DHTConfig  # noqa: E402
+from volunteer.dht.config import TRAINER_BUCKET_SIZE, TRAINER_CRAWL_LOOKUPS, TRAINER_JOIN_LOOKUPS, DHTConfig  # noqa: E402
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
 from volunteer.dht.messages import KeyResult, Nodes, Values  # noqa: E402
 from volunteer.dht.routing import key_id  # noqa: E402
@@ -49,6 +49,7 @@ GRID = 64
 RELAYS = 3
 CONFIG = DHTConfig(swarm_id="scale")
 JOIN_LOOKUPS = TRAINER_JOIN_LOOKUPS  # a trainer's (--join-lookups)
+CRAWL_LOOKUPS = TRAINER_CRAWL_LOOKUPS  # a trainer's, once joined (--crawl-lookups)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -81,7 +82,8 @@ class Swarm:
         relayed = not trainer and self.rng.random() < self.nat_share
         # a trainer's DHT node keeps wide buckets and looks all over the key space on joining, as
         # Swarm.join's does (DHTConfig.for_trainer)
-        config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE, join_lookups=JOIN_LOOKUPS) if trainer else None
+        config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE, join_lookups=JOIN_LOOKUPS,
+                                     crawl_lookups=CRAWL_LOOKUPS) if trainer else None
         node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config, client_mode=client or None)
         (self.trainers if trainer else self.volunteers).append(node)
         return node
@@ -473,7 +475,7 @@ def steady_lines(out: dict, label: str = "") -> list[str]:
 
 
 def main() -> None:
-    global CONFIG, JOIN_LOOKUPS
+    global CONFIG, JOIN_LOOKUPS, CRAWL_LOOKUPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="*", default=[1000], help="none: only the censor scenario")
     parser.add_argument("--minutes", type=float, default=1.0, help="virtual minutes of steady state per size")
@@ -495,11 +497,14 @@ def main() -> None:
                         help="paths of a value lookup (DHTConfig.disjoint_paths; 1: one path, as before)")
     parser.add_argument("--join-lookups", type=int, default=JOIN_LOOKUPS,
                         help="random IDs a trainer looks up after itself (DHTConfig.join_lookups; 0: none, as before)")
+    parser.add_argument("--crawl-lookups", type=int, default=CRAWL_LOOKUPS,
+                        help="IDs spread over the key space a trainer looks up once joined (DHTConfig.crawl_lookups; 0: none, as before)")
     parser.add_argument("--silent-memory", type=float, default=CONFIG.silent_memory,
                         help="seconds a peer that timed out is routed around (DHTConfig.silent_memory; 1e-9: off, as before)")
     args = parser.parse_args()
     CONFIG = dataclasses.replace(CONFIG, disjoint_paths=args.disjoint_paths, silent_memory=args.silent_memory)
     JOIN_LOOKUPS = args.join_lookups
+    CRAWL_LOOKUPS = args.crawl_lookups
     last = None
     if args.censor_lookups:
         wall = time.perf_counter()

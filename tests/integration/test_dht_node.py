@@ -266,3 +266,27 @@ async def test_a_store_asks_the_peers_it_stores_on_once():
         assert writer.stats["requests"] - before < replicas + writer.config.alpha
         holders = [n for n in nodes if n.state.storage.get(b"fresh-key", time.time())]
         assert len(holders) >= replicas
+
+
+@pytest.mark.parametrize("crawl", [0, 16])
+async def test_a_trainers_crawl_fills_its_wide_table_with_the_servers(crawl, autojump_clock):
+    """A trainer (client mode, wide buckets) joins through one server of 24 whose tables hold 4
+    contacts a bucket: its self-lookup alone meets few of them; its crawl (16 lookups spread over
+    the key space, 4 at a time) meets nearly all, each timed by its answer."""
+    servers_config = DHTConfig(swarm_id="test", k=4)
+    trainer_config = DHTConfig(swarm_id="test", k=4, bucket_size=64, crawl_lookups=crawl)
+    async with AsyncExitStack() as stack:
+        network = MemoryNetwork()
+        servers = await swarm(stack, 24, network=network, config=servers_config)
+        host = await stack.enter_async_context(
+            open_stack(listen=["/memory/0"], transports=[MemoryTransport(network)], options=QUIET))
+        trainer = await stack.enter_async_context(open_dht(
+            host, trainer_config, bootstrap=[servers[5].host.full_addrs()[0]], client_mode=True, clock=trio.current_time))
+        await trio.sleep(30)
+        known = {entry.contact.peer for entry in trainer.state.table.entries()}
+        everyone = {server.host.peer_id for server in servers}
+        if crawl:
+            assert len(known & everyone) >= 22
+            assert all(trainer.state.table.rtt(peer) is not None for peer in known - {servers[5].host.peer_id})
+        else:
+            assert len(known & everyone) < 22

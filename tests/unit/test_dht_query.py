@@ -12,7 +12,7 @@ import pytest
 from volunteer.dht.config import DHTConfig
 from volunteer.dht.grid import EXPERT_QUORUM
 from volunteer.dht.messages import FindValue, Nodes, Store, Values
-from volunteer.dht.query import Lookup, State, ValueLookup
+from volunteer.dht.query import Lookup, State, ValueLookup, deal
 from volunteer.dht.records import Record, owned_subkey, sign
 from volunteer.dht.routing import Contact, key_id, node_id
 from volunteer.dht.state import NodeState
@@ -659,3 +659,44 @@ def test_a_value_lookup_short_of_its_quorum_does_not_wait_past_a_slot_timeout() 
     lookup.next(CONFIG.slot_timeout)
     assert lookup.finished and lookup.silent() == [asked[2].peer]
     assert not lookup.live_records(CONFIG.slot_timeout)
+
+
+def test_seeds_are_dealt_one_of_each_group_and_the_quickest_to_the_slowest_path() -> None:
+    """Each path takes one of every two consecutive seeds (its share of the closest places), in
+    turn where a round trip is unknown; where both are known, the quicker goes to the path whose
+    seeds so far took longer."""
+    rng = random.Random(16)
+    seeds = contacts(7, rng)
+    assert deal(seeds, 2) == [seeds[0::2], seeds[1::2]]
+    assert deal(seeds, 2, lambda peer: None) == [seeds[0::2], seeds[1::2]]
+    rtts = {seeds[0].peer: 0.3, seeds[1].peer: 0.05, seeds[2].peer: 0.2, seeds[3].peer: 0.04,
+            seeds[5].peer: 0.1}  # seeds[4] never timed
+    first, second = deal(seeds, 2, rtts.get)
+    # group 1: the quicker (seeds[1]) to path 0 (both at 0 s, the first slowest); group 2: path 1
+    # now took 0.3 s, so it gets the quicker seeds[3]; group 3 has an untimed peer: in turn; the
+    # last seed, alone, goes to the first path
+    assert first == [seeds[1], seeds[2], seeds[4], seeds[6]]
+    assert second == [seeds[0], seeds[3], seeds[5]]
+
+
+def test_a_value_lookup_over_timed_peers_does_not_leave_one_path_all_the_far_ones() -> None:
+    """Dealt in turn, the four far peers among the closest would all fall to one path, whose
+    window then needs a far answer to reach w. Dealt by round trip, each path gets two, and both
+    reach w on near answers alone."""
+    rng = random.Random(17)
+    key = b"expert.4.4"
+    seeds = sorted(contacts(20, rng), key=lambda c: c.id ^ key_id(key))
+    far = {c.peer for c in seeds[0:8:2]}  # dealt in turn, all four go to the first path
+    rtt = {c.peer: (0.3 if c.peer in far else 0.05) for c in seeds}
+    signer = KeyPair.generate()
+    record = sign(signer, key, owned_subkey(signer.peer_id), b"v", 1000.0)
+    witnesses = min(CONFIG.value_witnesses, EXPERT_QUORUM + CONFIG.witness_spares)
+    window = witnesses + CONFIG.witness_spares
+    for timed, ends_on_near_answers in ((None, False), (rtt.get, True)):
+        lookup = ValueLookup(key, seeds, CONFIG, 0.0, quorum=EXPERT_QUORUM, rtt=timed)
+        asked = lookup.next(0.0)
+        assert len(asked) == 2 * window
+        for contact in asked:
+            if contact.peer not in far:
+                lookup.on_success(contact.peer, [], 0.05, [record])
+        assert lookup.finished is ends_on_near_answers

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from volunteer.dht.config import DHTConfig
-from volunteer.dht.routing import Contact, RoutingTable, key_id, node_id
+from volunteer.dht.routing import RTT_WEIGHT, Contact, RoutingTable, key_id, node_id
 from volunteer.net.identity import KeyPair, PeerID
 
 
@@ -310,3 +310,27 @@ def test_the_memory_of_silent_peers_is_bounded() -> None:
     for i, peer in enumerate(peers):
         table.mark_silent(peer, float(i))
     assert [table.suspect(p, 5.0) for p in peers] == [False, False, True, True, True]
+
+
+def test_a_contacts_round_trip_is_smoothed_from_timed_requests_only() -> None:
+    table = RoutingTable(fake_peer(), DHTConfig())
+    contact = Contact(fake_peer())
+    assert table.rtt(contact.peer) is None  # not in the table
+    table.update(contact, 1.0)
+    assert table.rtt(contact.peer) is None  # it spoke to us: nothing timed
+    table.update(contact, 2.0, answered=True, rtt=0.3)
+    assert table.rtt(contact.peer) == pytest.approx(0.3)  # the first one as it is
+    table.update(contact, 3.0, answered=True, rtt=0.06)
+    assert table.rtt(contact.peer) == pytest.approx(0.3 + (0.06 - 0.3) * RTT_WEIGHT)
+    table.update(contact, 4.0, answered=True)  # an untimed answer (over a fresh dial) moves nothing
+    assert table.rtt(contact.peer) == pytest.approx(0.3 + (0.06 - 0.3) * RTT_WEIGHT)
+
+
+def test_crawl_targets_fall_one_in_each_equal_slice_of_the_key_space() -> None:
+    """A trainer's crawl (DHTConfig.crawl_lookups) looks up one random ID in each of ``count``
+    equal slices of the key space by distance from it, so together they reach every region."""
+    table = RoutingTable(fake_peer(), DHTConfig())
+    targets = table.crawl_targets(32, random.Random(5))
+    width = (1 << 256) // 32
+    assert sorted((t ^ table.local_id) // width for t in targets) == list(range(32))
+    assert table.crawl_targets(0) == []

@@ -29,6 +29,10 @@ TRAINER_BUCKET_SIZE = 512  # a trainer's buckets: up to ~7k contacts in a 10k-pe
 # its lookups began among them (benchmarks/scale.py --censor-server-trainers: the table now holds
 # honest peers that honest replies named all over the key space).
 TRAINER_JOIN_LOOKUPS = 3
+# ... and, once joined, these spread over the whole key space (DHTConfig.crawl_lookups): about 20
+# servers each, so about 640 servers known at most from a crawl; past that a trainer's table
+# fills from its lookups' answers
+TRAINER_CRAWL_LOOKUPS = 32
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,14 @@ class DHTConfig:
     # first lets censors that leave out others' records end the lookup (benchmarks/scale.py
     # --censor-lookups). The closest places are where publishers write (expert_replicas), a
     # peer's place is sha256 of its PeerID, and censors answer first at best: a record is hidden
-    # only where censors hold w of those w + s places. 6 of 9 with a fifth of the servers
-    # censoring: 0.31 % of keys (binomial; 4 of 5 was 0.67 %), and a lookup waits for the 6th of
-    # 9 round trips, not the 4th of 5 (emulated internet: p50 180 ms, was 210). See
-    # query.ValueLookup.
-    value_witnesses: int = 6
+    # only where censors hold w of those w + s places on every path (disjoint_paths). 5 of 8 per
+    # path (an expert lookup's; a beam search's too): with a fifth of the servers censoring,
+    # 1.0 % of one path's windows by the binomial, about 0.01 % of keys over two (6 of 9: 0.31 %
+    # and 0.001 %). A path waits for the 5th of its 8 round trips rather than the 6th of 9: on the
+    # emulated internet expert lookups took p50 191 ms, not 230 (benchmarks/scale.py --seed 2,
+    # 1,000 peers). Each path still hears one of the key's 9 holders (expert_replicas): its 8
+    # places hold 4 or 5 of them, so 5 answers include one. See query.ValueLookup.
+    value_witnesses: int = 5
     witness_spares: int = 3
     # A value lookup runs over this many disjoint paths (S/Kademlia): the table's closest peers
     # are dealt out to them, each path learns only from the peers it asked, and no peer is asked
@@ -93,6 +100,14 @@ class DHTConfig:
     # table fills from those who ask it, and three more lookups for each of a thousand peers
     # starting at once cost the cold start four times the work.
     join_lookups: int = 0
+    # Once joined, a trainer looks up this many IDs spread evenly over the key space, a few at a
+    # time (crawl_parallel), in the background: its wide buckets then hold most servers, each
+    # timed by its answer, so a value lookup's windows are the key's true closest peers from its
+    # first round and deal() can balance its paths by round trip. A trainer held about half of
+    # the 606 servers of a 1,000-peer swarm after its join (benchmarks/scale.py), and its expert
+    # lookups asked again once replies named the closer peers it did not know.
+    crawl_lookups: int = 0
+    crawl_parallel: int = 4
 
     # --- timings (seconds) -------------------------------------------------------------
     request_timeout: float = 5.0  # one request/response round trip
@@ -186,7 +201,8 @@ class DHTConfig:
     def for_trainer(cls, swarm_id: str, **options) -> "DHTConfig":
         """The configuration of a trainer's DHT node: wide buckets (``TRAINER_BUCKET_SIZE``) and
         lookups all over the key space on joining (``TRAINER_JOIN_LOOKUPS``)."""
-        return cls(swarm_id=swarm_id, **{"bucket_size": TRAINER_BUCKET_SIZE, "join_lookups": TRAINER_JOIN_LOOKUPS, **options})
+        return cls(swarm_id=swarm_id, **{"bucket_size": TRAINER_BUCKET_SIZE, "join_lookups": TRAINER_JOIN_LOOKUPS,
+                                          "crawl_lookups": TRAINER_CRAWL_LOOKUPS, **options})
 
     @property
     def bucket_capacity(self) -> int:
@@ -200,7 +216,7 @@ class DHTConfig:
             value = getattr(self, field.name)
             if isinstance(value, bool) or field.name == "swarm_id" or (field.name == "bucket_size" and value is None):
                 continue
-            if field.name == "join_lookups" and value == 0:
+            if field.name in ("join_lookups", "crawl_lookups") and value == 0:
                 continue  # a joiner that only looks itself up (a server)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"DHTConfig.{field.name} must be a positive number, not {value!r}")

@@ -97,6 +97,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         # core's (``state.rejected``)
         self.stats: dict[str, int] = defaultdict(int)
         self.last_bootstrap_ok: float | None = None
+        self._crawled = False  # a trainer's crawl (DHTConfig.crawl_lookups) started, after the first join
         self.closest_peers = ClosestPeers()
         self.recent_values = RecentValues()
         self._pinging: set[PeerID] = set()
@@ -186,7 +187,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         self.stats["requests"] += 1
         try:
             with trio.fail_after(self.config.request_timeout):
-                reply, via = await self._exchange(contact, request)
+                reply, via, rtt = await self._exchange(contact, request)
             response = scoped_response(decode_response(reply, self.config, request), via)
         except (VolunteerError, OSError, trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self.stats["failures"] += 1
@@ -195,7 +196,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             if isinstance(exc, trio.TooSlowError):
                 raise DHTError(f"{peer.short()} did not answer within {self.config.request_timeout} s") from None
             raise
-        self._ping_soon(self.state.on_reply(contact, request, response, self.clock()))
+        self._ping_soon(self.state.on_reply(contact, request, response, self.clock(), rtt=rtt))
         return response
 
     def contact_addrs(self, via: Multiaddr | None) -> tuple[bytes, ...]:
@@ -203,7 +204,9 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
         (listen, observed and mapped, relay circuits), never fixed at start."""
         return own_contact_addrs(self.host.addrs_for(via), self.config.max_addrs)
 
-    async def _exchange(self, contact: Contact, request: Request) -> tuple[bytes, Multiaddr | None]:
+    async def _exchange(self, contact: Contact, request: Request) -> tuple[bytes, Multiaddr | None, float]:
+        """The reply, the address it came over, and the seconds from our request's first byte to
+        the reply (a dial's handshakes before it are no round trip of the peer's)."""
         peer = contact.peer
         if contact.addrs and not self.host.is_connected(peer):
             self.host.peerstore.add_addrs(peer, [a for a in map(_multiaddr, contact.addrs) if a])
@@ -222,6 +225,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             via = conn.remote_addr if conn is not None else None
             body = encode_request(replace(request, addrs=self.contact_addrs(via)), self.config)
             self.stats["bytes_out"] += len(body)
+            sent = self.clock()
             with trio.CancelScope(shield=True) as sending:
                 sending.deadline = trio.current_time() + self.config.request_timeout
                 await lease.stream.send_all(body)
@@ -229,7 +233,7 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 raise DHTError(f"{peer.short()} did not take a request within {self.config.request_timeout} s")
             reply = await lease.stream.receive_length_prefixed(self.config.max_message_size, "DHT reply")
             self.stats["bytes_in"] += len(reply)
-            return reply, via
+            return reply, via, self.clock() - sent
 
     async def ping(self, contact: Contact) -> bool:
         """PING ``contact``; True if it answered (the routing table learns either way)."""
@@ -319,6 +323,9 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
                 next_bootstrap = trio.current_time() + delay * (0.5 + self._rng.random())
             for target in self.state.table.refresh_targets(now, _BUCKET_REFRESH_AGE, self._rng)[:2]:
                 nursery.start_soon(self._quiet_lookup, target)
+            if not self._crawled and self.config.crawl_lookups and self.last_bootstrap_ok is not None:
+                self._crawled = True
+                nursery.start_soon(self._crawl)
             if self._own and now >= self._next_republish:
                 self._next_republish = now + _REPUBLISH_PERIOD
                 nursery.start_soon(self._republish, now)
@@ -328,6 +335,20 @@ class DHTNode(LookupMixin, StoreMixin, BaseService):
             await self.find_closest(target)
         except DHTError as exc:
             log.debug("refresh lookup failed: %s", describe(exc))
+
+    async def _crawl(self) -> None:
+        """A trainer's crawl (``DHTConfig.crawl_lookups``): lookups spread over the key space, a few
+        at a time, so that its table comes to hold most servers."""
+        limit = trio.CapacityLimiter(self.config.crawl_parallel)
+
+        async def one(target: int) -> None:
+            async with limit:
+                await self._quiet_lookup(target)
+
+        async with trio.open_nursery() as nursery:
+            for target in self.state.table.crawl_targets(self.config.crawl_lookups, self._rng):
+                nursery.start_soon(one, target)
+        log.info("crawled the DHT: %d peers in the table", len(self.state.table))
 
     async def _republish(self, now: float) -> None:
         # Re-publication (Kademlia): peers closest to our keys change as volunteers come and go,

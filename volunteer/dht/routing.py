@@ -22,6 +22,7 @@ from ..net.identity import PeerID
 from .config import DHTConfig
 
 ID_BITS = 256
+RTT_WEIGHT = 1 / 3  # how far one timed request moves a contact's round-trip estimate
 
 
 @functools.lru_cache(maxsize=16384)  # every contact in every reply asks again
@@ -73,6 +74,12 @@ class Entry:
     failures: int = 0  # consecutive failed requests
     backoff_until: float = 0.0  # do not prefer it for queries before this time
     answered: bool = False  # it answered a request of ours (not merely sent us one)
+    rtt: float | None = None  # smoothed seconds of our requests' round trips to it (None: not timed)
+
+    def heard_in(self, rtt: float) -> None:
+        """One of our requests came back after ``rtt`` seconds: the estimate moves a third of the way
+        (the first one is taken as it is)."""
+        self.rtt = rtt if self.rtt is None else self.rtt + (rtt - self.rtt) * RTT_WEIGHT
 
     def backed_off(self, now: float) -> bool:
         """True while a recent failure makes this contact a poor choice to ask."""
@@ -145,6 +152,12 @@ class RoutingTable:
             return None
         bucket = self._buckets[index]
         return bucket.entries[bucket.position(peer)]
+
+    def rtt(self, peer: PeerID) -> float | None:
+        """Our requests' smoothed round trip to ``peer`` in seconds, or None (not in the table, or
+        never timed)."""
+        entry = self.get(peer)
+        return None if entry is None else entry.rtt
 
     def entries(self) -> Iterator[Entry]:
         """Every entry, bucket by bucket."""
@@ -235,9 +248,12 @@ class RoutingTable:
         return self._buckets.get(self.bucket_index(node_id(peer)))
 
     # --- updates ---------------------------------------------------------------------------
-    def update(self, contact: Contact, now: float, *, client_mode: bool = False, answered: bool = False) -> PeerID | None:
+    def update(
+        self, contact: Contact, now: float, *, client_mode: bool = False, answered: bool = False, rtt: float | None = None,
+    ) -> PeerID | None:
         """``contact`` spoke to us or answered us (``answered``: a request of ours, which proves it
-        reachable). Returns a peer the driver must ping, or None.
+        reachable; ``rtt``: the seconds that request took, for ``rtt``). Returns a peer the driver
+        must ping, or None.
 
         A full bucket does not evict on its own: the least-recently-seen entry is pinged first
         (Kademlia's preference for long-lived nodes) and the newcomer waits in the replacement
@@ -262,10 +278,12 @@ class RoutingTable:
             entry.failures = 0
             entry.backoff_until = 0.0
             entry.answered = entry.answered or answered
+            if rtt is not None:
+                entry.heard_in(rtt)
             bucket.entries.append(entry)
             return None
         if len(bucket.entries) < self.config.bucket_capacity:
-            bucket.entries.append(Entry(contact, now, answered=answered))
+            bucket.entries.append(Entry(contact, now, answered=answered, rtt=rtt))
             bucket.replacements.pop(peer, None)
             bucket.last_changed = now
             self._where[peer] = index
@@ -375,6 +393,14 @@ class RoutingTable:
         of those that answered near its own ID."""
         rng = rng or random.Random()
         return [self.local_id ^ ((1 << index) | rng.getrandbits(index)) for index in range(ID_BITS - 1, ID_BITS - 1 - count, -1)]
+
+    def crawl_targets(self, count: int, rng: random.Random | None = None) -> list[int]:
+        """``count`` random IDs, one in each of ``count`` equal slices of the key space (by distance
+        from us): what a trainer looks up once it has joined, so that its wide table comes to hold
+        most servers, each one that answered it (``DHTConfig.crawl_lookups``)."""
+        rng = rng or random.Random()
+        width = (1 << ID_BITS) // max(1, count)
+        return [self.local_id ^ (slice_ * width + rng.randrange(width)) for slice_ in range(count)]
 
     # --- internals ---------------------------------------------------------------------------
     def _remember(self, bucket: Bucket, contact: Contact, now: float) -> None:

@@ -254,8 +254,11 @@ class NodeState:
         result, so holders forward us the keys' tombstones for a while."""
         return FindValue(tuple(keys), self.client_mode, self.addrs, watch)
 
-    def on_reply(self, contact: Contact, request: Request, response: Response, now: float) -> list[PeerID]:
-        """A well-formed reply came from ``contact``; returns peers to ping.
+    def on_reply(
+        self, contact: Contact, request: Request, response: Response, now: float, *, rtt: float | None = None,
+    ) -> list[PeerID]:
+        """A well-formed reply came from ``contact`` (``rtt`` seconds after the request left, where
+        the driver timed it: value lookups deal their peers to paths by it); returns peers to ping.
 
         Raises DHTMessageError if it does not answer ``request``, DHTRemoteError for an error reply
         (the peer is alive either way, so the routing table counts it as seen).
@@ -263,7 +266,7 @@ class NodeState:
         check_reply(request, response)
         ping = []
         client_mode = getattr(response, "client_mode", False)
-        lru = self.table.update(contact, now, client_mode=client_mode, answered=True)
+        lru = self.table.update(contact, now, client_mode=client_mode, answered=True, rtt=rtt)
         if lru is not None:
             ping.append(lru)
         if isinstance(response, ErrorReply):
@@ -292,7 +295,8 @@ class NodeState:
     def value_lookup(self, key: bytes, now: float, *, quorum: int | None = None) -> ValueLookup:
         """A FIND_VALUE lookup of ``key``, seeded from the routing table; our own records count too."""
         seeds = self.table.closest(key_id(key), self.config.k, now)
-        lookup = ValueLookup(key, seeds, self.config, now, local=self.local, quorum=quorum, suspect=self.table.suspect)
+        lookup = ValueLookup(key, seeds, self.config, now, local=self.local, quorum=quorum, suspect=self.table.suspect,
+                             rtt=self.table.rtt)
         for record in self.storage.get(key, now).values():
             held = lookup.records.get(record.subkey)
             if held is None or record.supersedes(held):
