@@ -199,8 +199,9 @@ class DHTConfig:
 
     @classmethod
     def for_trainer(cls, swarm_id: str, **options) -> "DHTConfig":
-        """The configuration of a trainer's DHT node: wide buckets (``TRAINER_BUCKET_SIZE``) and
-        lookups all over the key space on joining (``TRAINER_JOIN_LOOKUPS``)."""
+        """The configuration of a trainer's DHT node: wide buckets (``TRAINER_BUCKET_SIZE``),
+        lookups all over the key space on joining (``TRAINER_JOIN_LOOKUPS``), and a crawl once
+        joined (``TRAINER_CRAWL_LOOKUPS``)."""
         return cls(swarm_id=swarm_id, **{"bucket_size": TRAINER_BUCKET_SIZE, "join_lookups": TRAINER_JOIN_LOOKUPS,
                                           "crawl_lookups": TRAINER_CRAWL_LOOKUPS, **options})
 

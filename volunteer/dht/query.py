@@ -54,7 +54,7 @@ class State(enum.Enum):
 _ASKED = (State.WAITING, State.SLOW, State.UNRESPONSIVE)
 
 Suspect = Callable[[PeerID, float], bool]  # (peer, now) -> known unresponsive: RoutingTable.suspect
-RoundTrip = Callable[[PeerID], 'float | None']  # peer -> seconds our requests to it take: RoutingTable.rtt
+RoundTrip = Callable[[PeerID], float | None]  # peer -> seconds our requests to it take: RoutingTable.rtt
 
 
 @dataclass
@@ -453,9 +453,9 @@ def deal(ordered: list[Contact], paths: int, rtt: RoundTrip | None = None) -> li
     quickest goes to the path whose seeds so far took longest in all, the next quickest to the
     next, and so on; a group with an untimed peer is dealt in turn. Why: a path ends on its
     window's w-th answer and the lookup on its slowest path's, so paths dealt in turn waited, on
-    the emulated internet, for whichever path drew most of the far peers (benchmarks/scale.py,
-    1,000 peers: expert lookups p50 226 -> 190 ms at 6 of 9). A peer that answers slowly on
-    purpose only moves itself between two paths of the same places."""
+    the emulated internet, for whichever path drew most of the far peers (benchmarks/scale.py
+    --seed 2, 1,000 peers, at 6 of 9: expert lookups p50 242 -> 230 ms, p99 518 -> 397). A peer
+    that answers slowly on purpose only moves itself between two paths of the same places."""
     dealt: list[list[Contact]] = [[] for _ in range(paths)]
     took = [0.0] * paths  # seconds of round trips dealt to each path so far
     for start in range(0, len(ordered), paths):
