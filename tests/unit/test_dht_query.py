@@ -677,6 +677,13 @@ def test_seeds_are_dealt_one_of_each_group_and_the_quickest_to_the_slowest_path(
     # last seed, alone, goes to the first path
     assert first == [seeds[1], seeds[2], seeds[4], seeds[6]]
     assert second == [seeds[0], seeds[3], seeds[5]]
+    # whatever round trips peers show us (a censor can answer as slowly as it likes, or as fast as
+    # the network lets it), each path still holds exactly one of every pair: no timing puts two
+    # neighbouring places, or more than its share of the closest, on one path
+    for _ in range(50):
+        times = {c.peer: rng.random() for c in seeds}
+        for path in deal(seeds, 2, times.get):
+            assert sorted(seeds.index(c) // 2 for c in path) == list(range(len(path)))
 
 
 def test_a_value_lookup_over_timed_peers_does_not_leave_one_path_all_the_far_ones() -> None:

@@ -98,6 +98,9 @@ def test_full_bucket_pings_least_recently_seen(table: RoutingTable) -> None:
     assert members[1] not in table
     assert third in table  # most recently heard replacement promoted
     assert list(bucket.replacements) == [newcomer, other]
+    # the table's index of entries follows the bucket: the promoted one in, the evicted one out
+    assert table.get(members[1]) is None
+    assert all(table.get(entry.contact.peer) is entry for entry in bucket.entries)
 
 
 def test_replacement_cache_is_bounded(table: RoutingTable) -> None:
