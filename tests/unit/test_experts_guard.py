@@ -159,3 +159,15 @@ def test_every_range_contains_its_median_and_is_at_least_the_minimum_band_wide(v
     window = sorted(values[-CONFIG.window:])
     assert low <= window[len(window) // 2] <= high
     assert ranges.plausible("e", probe) == (low <= probe <= high)
+
+
+def test_the_guards_median_is_statistics_median():
+    import random
+    import statistics
+
+    from volunteer.experts.guard import _median
+
+    rng = random.Random(3)
+    for size in (1, 2, 3, 16, 255, 256):
+        values = [rng.gauss(0, 1) for _ in range(size)]
+        assert _median(sorted(values)) == statistics.median(values)

@@ -51,3 +51,39 @@ async def test_contended_writers_take_turns_in_arrival_order():
                 await trio.sleep(0)  # each parks on the lock before the next arrives
         # released: a, b, c in the order they queued
     assert order == ["a", "b", "c"]
+
+
+async def test_a_waiter_cancelled_in_the_queue_neither_takes_nor_keeps_the_lock():
+    lock = SendLock()
+    got = []
+
+    async def waiter(name: str, scope: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            task_status.started()
+            async with lock:
+                got.append(name)
+
+    async with trio.open_nursery() as nursery:
+        first, second = trio.CancelScope(), trio.CancelScope()
+        async with lock:
+            await nursery.start(waiter, "first", first)
+            await nursery.start(waiter, "second", second)
+            await trio.sleep(0)  # both parked
+            first.cancel()  # aborted in the queue; it resumes only after our release
+        await trio.sleep(0.01)
+        assert got == ["second"]
+        second.cancel()
+        # the cancelled one was counted as waiting when we released: the lock went to the
+        # second, then came free; it is not held by nobody
+        assert not lock.locked()
+
+    async with trio.open_nursery() as nursery:
+        only = trio.CancelScope()
+        async with lock:
+            await nursery.start(waiter, "only", only)
+            await trio.sleep(0)
+            only.cancel()  # its abort left the lot empty while it still counts as waiting
+        assert not lock.locked()  # released to nobody: free, not held forever
+    async with lock:
+        got.append("after")
+    assert got == ["second", "after"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 import os
 import re
 import time
@@ -38,6 +39,7 @@ from .layers import get_expert_class
 from .schema import TensorSpec, check_tensors
 
 CHECKPOINT_FORMAT = 1
+_VERSION = operator.attrgetter("_version")  # a tensor's in-place change counter
 _SAFE_UID = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,255}$")
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -118,8 +120,11 @@ class ExpertBackend:
         self.module = module.to(self.device)
         # a forward in training mode may write buffers (BatchNorm's running statistics)
         self.forward_writes_state = any(True for _ in self.module.buffers())
-        self._layout: list[tuple[dict, list[int], list]] | None = None  # state_fingerprint's view of the module's tables
-        self._state_tensors: list[torch.Tensor] = []
+        self._tables: list[dict] = []  # state_fingerprint's view of the module: its tables,
+        self._layout: list[list[int]] | None = None  # the ids of what they held,
+        self._state_tensors: list[torch.Tensor] = []  # and the parameters and buffers, held
+        self._state_ids: tuple[int, ...] = ()
+        self._held: list[list] = []
         self.inputs = list(inputs)
         if not self.inputs:
             raise ExpertConfigError(f"expert {uid!r} takes no inputs: give at least one TensorSpec")
@@ -235,13 +240,16 @@ class ExpertBackend:
         (Taken several times a call: the module's tensors are listed once, and listed again only
         when a submodule, parameter or buffer was added, removed or replaced.)"""
         layout = self._layout
-        if layout is None or not all([*map(id, table.values())] == ids for table, ids, _ in layout):
-            # the values are held (third item) so that no id seen here is reused meanwhile
-            self._layout = [(table, [*map(id, table.values())], list(table.values()))
-                            for module in self.module.modules()
+        # a listcomp and C maps, no generator: this runs a few times on every call's path
+        if layout is None or [[*map(id, table.values())] for table in self._tables] != layout:
+            self._tables = [table for module in self.module.modules()
                             for table in (module._modules, module._parameters, module._buffers)]
+            self._layout = [[*map(id, table.values())] for table in self._tables]
+            self._held = [list(table.values()) for table in self._tables]  # so that no id seen is reused meanwhile
             self._state_tensors = list(chain(self.module.parameters(), self.module.buffers()))
-        return (self.updates, self._step_owed, self.module.training, *((id(t), t._version) for t in self._state_tensors))
+            self._state_ids = tuple(map(id, self._state_tensors))
+        return (self.updates, self._step_owed, self.module.training, self._state_ids,
+                tuple(map(_VERSION, self._state_tensors)))
 
     def backward(
         self,

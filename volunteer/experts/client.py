@@ -156,7 +156,7 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
     chunks: Iterable[memoryview] = ()
     if op in ("forward", "backward"):
         header, chunks = serialize(list(tensors), request.compression, config=config)
-        request = replace(request, tensors=header)
+        request = request.with_tensors(header)
         report.bytes_out += header["n"]
     reply: Reply | None = None
     buffers = list(writes(request.encode(), chunks))

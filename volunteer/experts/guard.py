@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 from collections import OrderedDict, deque
 from dataclasses import dataclass, fields
 from typing import Sequence
@@ -126,8 +125,8 @@ class RangeTracker:
         found.since_refresh += 1
         if len(found.values) >= config.warmup and (found.bounds is None or found.since_refresh >= config.refresh_every):
             found.since_refresh = 0
-            middle = statistics.median(found.values)
-            mad = statistics.median(abs(v - middle) for v in found.values)
+            middle = _median(sorted(found.values))
+            mad = _median(sorted([abs(v - middle) for v in found.values]))  # a list, not a generator: no resume per value
             half = max(config.spread * MAD_TO_SIGMA * mad, config.min_band)
             found.bounds = (middle - half, middle + half)
 
@@ -191,6 +190,12 @@ class ReplyGuard:
             raise ImplausibleReplyError(f"{peer}: {detail}", outputs=list(tensors), excluded=excluded)
         self.ranges.add(key, scale)
         ledger.accepted(peer, kind)
+
+
+def _median(ordered: list[float]) -> float:
+    """``statistics.median`` of an already sorted list, without its checks and copies."""
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _exp(value: float) -> float:

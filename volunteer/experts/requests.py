@@ -21,6 +21,10 @@ class Kind(enum.Enum):
     JOB = "job"  # a function run between batches (``Runtime.run_sync``, ``Runtime.run_on``)
     AVERAGE = "average"  # a sync round's average written into an expert (``Runtime.run_on``)
 
+    # Members are singletons compared by identity: hashed by identity too, in C. Enum's own
+    # __hash__ is Python, and a call looks kinds up in sets and dicts about ten times.
+    __hash__ = object.__hash__
+
 
 BATCH_KINDS = frozenset({Kind.FORWARD, Kind.BACKWARD})  # requests that queue and batch per expert
 JOB_KINDS = frozenset({Kind.JOB, Kind.AVERAGE})  # functions that run one at a time, in arrival order

@@ -15,6 +15,7 @@ within ``backward_window``. Refusals are counted by reason in ``refusals``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -193,11 +194,14 @@ class ExpertServer(BaseService):
         """Calls on one stream, one after another: a caller reuses an idle stream for its next
         call. An error reply ends the stream (the caller may still be sending a bad payload)."""
         reader = BufferedStream(stream)
-        while await self._one_call(reader, stream):
-            with trio.move_on_after(SERVE_IDLE) as idle:
-                more = await _wait_readable(reader)
-            if idle.cancelled_caught or not more:
-                return
+        # One scope for the stream's life, its deadline moved for each wait between calls:
+        # entering and leaving a scope per call cost about 40 Python calls of trio's.
+        with trio.CancelScope() as idle:
+            while await self._one_call(reader, stream):
+                idle.deadline = trio.current_time() + SERVE_IDLE
+                if not await _wait_readable(reader):
+                    return
+                idle.deadline = math.inf  # a call is served to its end, however long it takes
 
     async def _one_call(self, reader: BufferedStream, stream) -> bool:
         """Serve one call; True if the stream may carry another."""
@@ -209,7 +213,9 @@ class ExpertServer(BaseService):
         self.in_flight.started()
         try:
             try:
-                with trio.fail_after(READ_TIMEOUT):
+                # a bare scope, not fail_after's context manager: about 30 fewer Python calls a call
+                reading = trio.CancelScope(deadline=trio.current_time() + READ_TIMEOUT)
+                with reading:
                     message = unpack(await reader.receive_length_prefixed(MAX_HEADER, "expert request header"))
                     uid = str(message.get("uid", ""))[:256]
                     pending = announced_payload(message)
@@ -233,6 +239,8 @@ class ExpertServer(BaseService):
                         pending = tensors.remaining
                     self.bytes_in += tensors.expected
                     inputs = tensors.finish()
+                if reading.cancelled_caught:
+                    raise trio.TooSlowError
                 n_inputs = request.n_inputs
                 kept = None
                 stamps: list = []  # the state that computed the reply, for its receipt

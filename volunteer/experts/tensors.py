@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence  # abc's, not typing's: isinstance in C
 
 import torch  # Tensor.numpy() (zero-copy byte views) also needs numpy installed
 

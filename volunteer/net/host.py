@@ -153,7 +153,12 @@ class Host:
         """The best open connection to ``peer``: direct before relayed, then one whose loss costs
         no round trips before one that loses packets unrepaired (see ``Connection.loses_packets``),
         then the oldest."""
-        live = [c for c in self._connections.get(peer, ()) if not c.is_closed]
+        found = self._connections.get(peer)
+        if not found:
+            return None
+        if len(found) == 1:  # the usual case, asked on every expert call: no list built
+            return None if found[0].is_closed else found[0]
+        live = [c for c in found if not c.is_closed]
         if not live:
             return None
         if len(live) == 1:

@@ -161,6 +161,13 @@ class LazyStream(trio.abc.HalfCloseableStream):
                 raise RemoteProtocolError(f"unexpected multistream answer {answer[:64]!r} to {self.protocol!r}")
             self._confirmed = True
 
+    def settled(self) -> trio.abc.HalfCloseableStream | None:
+        """The stream under the negotiation once it is over (confirmed, nothing pending or
+        buffered): calls to this one would only pass through to it. None before."""
+        if not self._confirmed or self._pending_request is not None:
+            return None
+        return self._stream.settled()
+
     async def send_all(self, data) -> None:
         if self._pending_request is not None:
             await self._flush_request(data)

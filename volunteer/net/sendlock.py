@@ -14,24 +14,38 @@ import trio
 
 
 class SendLock:
-    """``async with lock:`` a FIFO mutex whose uncontended acquire does not yield."""
+    """``async with lock:`` a FIFO mutex whose uncontended acquire does not yield.
+
+    A flag and a parking lot rather than ``trio.StrictFIFOLock``: its acquire and release each
+    look up the current task and check ownership in Python, and a write takes three of these
+    locks (the yamux stream's, the connection's, Noise's). A release hands the lock straight to
+    the first waiter, so the order stays FIFO."""
 
     def __init__(self) -> None:
-        self._lock = trio.StrictFIFOLock()
+        self._held = False
+        self._waiting = 0
+        self._lot = trio.lowlevel.ParkingLot()
 
     async def __aenter__(self) -> None:
         await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._held:
+            self._held = True
+            return
+        self._waiting += 1
         try:
-            self._lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._lock.acquire()
+            await self._lot.park()  # woken by a release that hands the lock over: held for us
+        finally:
+            self._waiting -= 1
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._lock.release()
+        # the first waiter owns it now (``_held`` stays set); a waiter cancelled but not yet
+        # resumed is counted in ``_waiting`` and no longer parked, so look at whom it woke
+        if not (self._waiting and self._lot.unpark()):
+            self._held = False
 
     def locked(self) -> bool:
         """Whether a writer holds it now."""
-        return self._lock.locked()
+        return self._held
 
 
 __all__ = ["SendLock"]

@@ -110,6 +110,11 @@ class BufferedStream(trio.abc.HalfCloseableStream):
                 return data
             self._buffer += chunk
 
+    def settled(self) -> trio.abc.HalfCloseableStream | None:
+        """The wrapped stream, when nothing is buffered here (reading it directly then loses
+        nothing); None while bytes are buffered."""
+        return None if self._buffer else cast(trio.abc.HalfCloseableStream, self.stream)
+
     @property
     def has_buffered_data(self) -> bool:
         """Bytes wait to be read, here or in the wrapped stream (False when the wrapped stream

@@ -18,6 +18,7 @@ from ...errors import MultiaddrError
 from .. import limits
 from ..multiaddr import Multiaddr
 from .base import InboundHandler, RawConnection
+from .tcpstream import stream_of
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,7 @@ class TcpTransport:
         sock: trio.socket.SocketType | None
         if local_host is not None:
             sock = await self._connect(family, sockaddr, (local_host, local_port or 0))
-            stream = trio.SocketStream(sock)
-            return RawConnection(stream, sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername()), self)
+            return self._connected(sock)
         bind = self._bind_endpoint(family, local_port)
         sock = None
         if bind is not None:
@@ -169,8 +169,11 @@ class TcpTransport:
             raise OSError(errno.EADDRNOTAVAIL, NO_LISTEN_PORT)
         if sock is None:
             sock = await self._connect(family, sockaddr, None)
-        stream = trio.SocketStream(sock)
-        return RawConnection(stream, sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername()), self)
+        return self._connected(sock)
+
+    def _connected(self, sock: trio.socket.SocketType) -> RawConnection:
+        local, remote = sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername())
+        return RawConnection(stream_of(sock), local, remote, self)
 
     def _bind_endpoint(self, family: int, local_port: int | None) -> tuple[str, int] | None:
         if not self.reuse_port or local_port == 0:  # 0: an ephemeral port on purpose (AutoNAT dial-back)
@@ -217,14 +220,14 @@ class TcpTransport:
         listener = trio.SocketListener(sock)
         local = sockaddr_to_multiaddr((bound_ip, bound_port))
 
-        async def serve_one(stream: trio.SocketStream) -> None:
+        async def serve_one(accepted: trio.SocketStream) -> None:
             try:
-                _tune_for_calls(stream.socket)
-                remote = sockaddr_to_multiaddr(stream.socket.getpeername())
+                _tune_for_calls(accepted.socket)
+                remote = sockaddr_to_multiaddr(accepted.socket.getpeername())
             except OSError:
-                await trio.aclose_forcefully(stream)
+                await trio.aclose_forcefully(accepted)
                 return
-            await handler(RawConnection(stream, local, remote, self))
+            await handler(RawConnection(stream_of(accepted.socket), local, remote, self))
 
         try:
             async with listener:
