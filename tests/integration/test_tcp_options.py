@@ -38,4 +38,5 @@ async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_i
         assert _options(dialed.stream.socket) == (1, 1)
         assert _options(accepted[0].stream.socket) == (1, 1)
         await dialed.stream.aclose()
+        await accepted[0].stream.aclose()
         nursery.cancel_scope.cancel()

@@ -82,7 +82,10 @@ class Runtime:
         self._ledger = Ledger(config.latency_window)
         for uid in self.backends:
             self._ledger.add(uid)
-        self._cond = threading.Condition()  # guards the core, the ledger and the activations
+        # guards the core, the ledger and the activations; taken as ``with self._lock`` (the lock's
+        # own C context manager: Condition's is Python, and a call takes it four times)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._crashed: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
@@ -136,14 +139,14 @@ class Runtime:
     def check_trainer(self, uid: str, trainer: object) -> None:
         """Raise TrainerRefusedError if ``trainer``'s backwards on ``uid`` are refused now (refused
         for cause, or past its share while others train the expert); counted per trainer."""
-        with self._cond:
+        with self._lock:
             refusal = self.judge.refusal(uid, trainer, time.perf_counter())
         if refusal is not None:
             raise refusal
 
     def trainer_report(self) -> TrainersStatus:
         """Per-trainer counts (applied, clipped, refused, seconds of refusal left) and rollbacks."""
-        with self._cond:
+        with self._lock:
             return self.judge.snapshot(time.perf_counter())
 
     def suspect(self, uid: str) -> bool:
@@ -152,7 +155,7 @@ class Runtime:
         backend = self.backends.get(uid)
         if backend is None or not backend.suspect:
             return False
-        with self._cond:  # once the strikes behind it expire, its next backward lets the kept state go
+        with self._lock:  # once the strikes behind it expire, its next backward lets the kept state go
             return self.judge.book.open_strikes(uid, time.perf_counter())
 
     def apply_owed_steps(self) -> None:
@@ -160,7 +163,7 @@ class Runtime:
         the expert's recent steps took at most ``inline_compute_limit``) runs right here on the
         event loop, while the caller reads its reply: the next forward then finds the runtime idle and runs
         inline too, with no hand-off to the worker and back. Others go to the worker."""
-        with self._cond:
+        with self._lock:
             job = self._core.step_inline()
             if job is None:
                 if self._core.pending:
@@ -200,12 +203,12 @@ class Runtime:
 
     def pause(self) -> None:
         """Refuse new requests with ExpertPausedError; queued ones still run."""
-        with self._cond:
+        with self._lock:
             self._core.pause()
 
     def resume(self) -> None:
         """Accept requests again after ``pause()``."""
-        with self._cond:
+        with self._lock:
             self._core.resume()
 
     @property
@@ -215,7 +218,7 @@ class Runtime:
 
     def stats(self) -> dict[str, ExpertStats]:
         """A snapshot of every expert's counters."""
-        with self._cond:
+        with self._lock:
             return {
                 uid: self._ledger.snapshot(uid, queued=self._core.queued(uid), updates=self.backends[uid].updates)
                 for uid in self._ledger.uids
@@ -224,7 +227,7 @@ class Runtime:
     # --- hosting changes while running (replicas: placement, hand-off receivers) ---------------
     def add_backend(self, backend: ExpertBackend) -> None:
         """Serve ``backend`` from now on (its state already loaded: a caught-up or pushed expert)."""
-        with self._cond:
+        with self._lock:
             self._core.add(backend.uid)  # ExpertConfigError if it is served already
             self._ledger.add(backend.uid)
             self.backends[backend.uid] = backend
@@ -233,7 +236,7 @@ class Runtime:
         """Stop serving ``uid`` and return its backend (the caller saves it if it wants to):
         requests and jobs still queued for it fail with ExpertUnavailableError; one being
         computed finishes."""
-        with self._cond:
+        with self._lock:
             backend = self.backends.pop(uid, None)
             if backend is None:
                 raise UnknownExpertError(f"no expert {uid!r} here")
@@ -262,7 +265,7 @@ class Runtime:
 
     async def _submit(self, request: Request) -> Any:
         self._check_open()
-        with self._cond:
+        with self._lock:
             decision = self._core.submit(request, time.perf_counter())
             if isinstance(decision, Busy):
                 if request.kind in BATCH_KINDS:
@@ -278,7 +281,7 @@ class Runtime:
             await request.waiter.wait()
         except BaseException:
             request.gone = True  # taken into a batch already: the worker skips it
-            with self._cond:
+            with self._lock:
                 self._core.cancel(request)
             raise
         return _outcome(request)
@@ -289,7 +292,7 @@ class Runtime:
         try:
             seconds, owed = self._perform(job, self.backends.get(job.uid))
         finally:
-            with self._cond:
+            with self._lock:
                 self._core.finished(job, seconds, step_owed=owed)  # an owed step waits for ...
                 if not owed and self._core.pending:
                     self._cond.notify()  # a wake-up for nothing costs the event loop the GIL
@@ -300,7 +303,7 @@ class Runtime:
             trio.lowlevel.current_trio_token().run_sync_soon(self._wake_worker)
 
     def _wake_worker(self) -> None:
-        with self._cond:
+        with self._lock:
             self._cond.notify()
 
     # --- worker thread ---------------------------------------------------------------------------
@@ -314,7 +317,7 @@ class Runtime:
         try:
             follow: Job | None = None  # what the last job handed on (the step its batch owes)
             while True:
-                with self._cond:
+                with self._lock:
                     job = follow or self._next_job()
                     if job is None:
                         return
@@ -323,7 +326,7 @@ class Runtime:
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("expert runtime worker crashed")
             self._crashed = exc
-            with self._cond:
+            with self._lock:
                 running = self._core.running
                 stranded = self._core.close()
                 if running is not None:
@@ -346,7 +349,7 @@ class Runtime:
         """Run ``job`` on the worker, tell the core, then wake its callers; returns the job the
         core hands on to the worker (the step a batch owes)."""
         seconds, owed = self._perform(job, backend)
-        with self._cond:
+        with self._lock:
             follow = self._core.finished(job, seconds, step_owed=owed)
         self._deliver(job.requests)
         return follow
@@ -376,13 +379,13 @@ class Runtime:
             backend.settle()
         except Exception as exc:  # the reply is gone: log it and count it on the expert
             log.exception("the optimizer step of expert %s failed", backend.uid)
-            with self._cond:
+            with self._lock:
                 self._ledger.failed(backend.uid, exc, time.time())
         if self.config.receipts:  # the new version's copy: here, while the reply travels, not before the next batch
             self.snapshots.note(backend)
         took = time.perf_counter() - started
         state = backend.state_fingerprint()
-        with self._cond:
+        with self._lock:
             self.activations.drop_stale(backend.uid, state)
         return took
 
@@ -406,7 +409,7 @@ class Runtime:
         done = time.perf_counter()
         if batch[0].kind is Kind.BACKWARD:
             self.snapshots.settle_copies()  # the judge may roll back any expert its trainer struck
-        with self._cond:
+        with self._lock:
             if batch[0].kind is Kind.BACKWARD:
                 self.judge.judge(backend.uid, live, done)
             samples = sum(r.batch for r in live if r.error is None)
@@ -470,11 +473,11 @@ class Runtime:
             if not request.keep_graph:
                 return False  # no backward announced: a graph would only hold memory
             request.result, graph = backend.forward_keeping_graph(request.inputs)
-            with self._cond:
+            with self._lock:
                 self.activations.put(request.uid, graph, now=time.perf_counter())
             return True
         state = backend.state_fingerprint()
-        with self._cond:
+        with self._lock:
             kept = self.activations.take(request.uid, request.inputs, state, now=time.perf_counter())
         if kept is None:
             return False
@@ -487,7 +490,7 @@ class Runtime:
     def _newcomer(self, trainer: object) -> bool:
         """Whether ``trainer`` is too new here for a clipped gradient of its to be applied (fresh
         identities cost nothing: each would bring its own strikes)."""
-        with self._cond:
+        with self._lock:
             return self.judge.newcomer(trainer)
 
     def _deliver(self, requests: list[Request]) -> None:
@@ -504,7 +507,7 @@ class Runtime:
 
     async def _aclose(self) -> list[BaseException]:
         """Stop the worker, fail what is still queued, save checkpoints; returns save failures."""
-        with self._cond:
+        with self._lock:
             stranded = self._core.close()
             self.activations.clear()
             self._cond.notify()

@@ -189,7 +189,7 @@ class Scheduler:
         costs = self._costs.get(key)
         if not costs:
             return None
-        return min(cost.seconds * max(1.0, samples / max(cost.samples, 1)) for cost in costs)
+        return min([cost.seconds * max(1.0, samples / max(cost.samples, 1)) for cost in costs])  # a list: no resume per cost
 
     @property
     def owed(self) -> list[str]:

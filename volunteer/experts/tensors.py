@@ -153,7 +153,7 @@ def _encode(tensor: torch.Tensor, compression: str) -> tuple[dict, list[memoryvi
     else:
         scales, codes = quantize_blockwise(tensor, _BLOCK[used])
         parts = [_as_bytes(scales), _as_bytes(codes)]
-    meta = {"d": name, "s": list(tensor.shape), "c": used, "n": sum(p.nbytes for p in parts)}
+    meta = {"d": name, "s": list(tensor.shape), "c": used, "n": sum([p.nbytes for p in parts])}
     return meta, parts
 
 
@@ -187,7 +187,7 @@ def serialize(
         meta, tensor_parts = _encode(tensor, compression)
         metas.append(meta)
         parts.extend(tensor_parts)
-    total = sum(meta["n"] for meta in metas)
+    total = sum([meta["n"] for meta in metas])
     if total > config.max_payload_bytes:
         raise LocalProtocolError(f"{total} payload bytes in one call; the limit is {config.max_payload_bytes}")
     return {"t": metas, "n": total}, _chunks(parts, config.chunk_size)
@@ -210,7 +210,7 @@ def writes(head: bytes, chunks: Iterable[memoryview], limit: int = COALESCE_LIMI
     """What to ``send_all`` for a header followed by payload chunks: all in one buffer when the
     whole call is at most ``limit`` bytes, else the header and then each chunk as it is."""
     chunks = list(chunks)
-    if len(head) + sum(chunk.nbytes for chunk in chunks) <= limit:
+    if len(head) + sum([chunk.nbytes for chunk in chunks]) <= limit:
         yield b"".join([head, *chunks])
         return
     yield head
@@ -251,7 +251,7 @@ def _check_header(header: object, config: ExpertsConfig) -> list[tuple[str, tupl
             raise TensorFormatError(f"tensor {index}: compression {compression} does not apply to {dtype}")
         if not isinstance(shape, (list, tuple)) or len(shape) > config.max_ndim:
             raise TensorFormatError(f"tensor {index}: shape must be a list of at most {config.max_ndim} sizes")
-        if not all(type(size) is int and 0 <= size <= config.max_payload_bytes for size in shape):
+        if not all([type(size) is int and 0 <= size <= config.max_payload_bytes for size in shape]):
             raise TensorFormatError(f"tensor {index}: bad shape {shape!r}")
         shape = tuple(shape)
         decoded += math.prod(shape) * DTYPES[dtype].itemsize
@@ -301,7 +301,7 @@ class TensorReader:
 
     def __init__(self, header: object, *, config: ExpertsConfig = DEFAULT_CONFIG) -> None:
         self._specs = _check_header(header, config)
-        self.expected = sum(spec[3] for spec in self._specs)  # total payload bytes announced
+        self.expected = sum([spec[3] for spec in self._specs])  # total payload bytes announced (lists, not generators, on a call's path)
         self.received = 0
         # Buffers grow as bytes arrive (bytearray's amortised growth: at most ~1/8 over what was
         # received), never to the announced size up front: a peer that announces 256 MiB and
