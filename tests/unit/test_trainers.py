@@ -199,3 +199,24 @@ def test_a_swarm_file_asks_for_exact_audits(tmp_path):
     path.write_text('name = "s"\nreceipts = "yes"\n')
     with pytest.raises(SwarmFileError, match="receipts"):
         load_swarm_file(path)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["e", "f"]), st.sampled_from("abcd")), max_size=200))
+def test_the_share_counts_kept_as_backwards_come_and_go_are_those_of_the_window(applied):
+    from collections import Counter
+
+    book = TrainerBook(share_window=16)
+    for uid, trainer in applied:
+        book.applied(uid, trainer, clipped=False)
+    for uid in ("e", "f"):
+        window = book._recent.get(uid, ())
+        assert book._recent_counts.get(uid, Counter()) == Counter(window)
+        for trainer in "abcd":
+            # the verdict from the kept counts is the one a fresh count of the window gives
+            fresh = Counter(window)
+            active = [t for t, n in fresh.items() if 8 * n >= len(window)]
+            expected = (len(window) >= 8 and len(active) >= 2 and trainer in active
+                        and fresh[trainer] > max(0.5, 1.5 / len(active)) * len(window))
+            assert book.share_exceeded(uid, trainer, now=0) == expected
+    book.forget_expert("e")
+    assert "e" not in book._recent_counts

@@ -216,7 +216,7 @@ class ExpertBackend:
         graph a backward of the same inputs can use instead of recomputing (``backward_from_graph``)."""
         self.settle()
         batch = inputs[0].shape[0]
-        parameters = {t.data_ptr() for t in chain(self.module.parameters(), self.module.buffers())}
+        parameters = {t.data_ptr() for t in self._state()}  # not module.parameters(): a walk of the module
         saved = [0]
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -239,6 +239,11 @@ class ExpertBackend:
         fingerprint means the module computes what it computed when the fingerprint was taken.
         (Taken several times a call: the module's tensors are listed once, and listed again only
         when a submodule, parameter or buffer was added, removed or replaced.)"""
+        tensors = self._state()
+        return (self.updates, self._step_owed, self.module.training, self._state_ids, tuple(map(_VERSION, tensors)))
+
+    def _state(self) -> list[torch.Tensor]:
+        """The module's parameters and buffers, listed again only when its layout changed."""
         layout = self._layout
         # a listcomp and C maps, no generator: this runs a few times on every call's path
         if layout is None or [[*map(id, table.values())] for table in self._tables] != layout:
@@ -248,8 +253,7 @@ class ExpertBackend:
             self._held = [list(table.values()) for table in self._tables]  # so that no id seen is reused meanwhile
             self._state_tensors = list(chain(self.module.parameters(), self.module.buffers()))
             self._state_ids = tuple(map(id, self._state_tensors))
-        return (self.updates, self._step_owed, self.module.training, self._state_ids,
-                tuple(map(_VERSION, self._state_tensors)))
+        return self._state_tensors
 
     def backward(
         self,

@@ -103,7 +103,8 @@ async def call_expert(
     peer_name = str(peer_id)
     protocol = protocol_id(swarm_id)
     report = report if report is not None else CallReport()
-    report.op, report.compression, report.started = op, compression, trio.current_time()
+    now = trio.lowlevel.current_clock().current_time  # trio.current_time without its two wrappers
+    report.op, report.compression, report.started = op, compression, now()
     request = Request(op, uid, compression, None, n_inputs or 0, backward_follows and op == "forward",
                       credential=credential, digest=digest)
     sending = list(tensors)
@@ -128,7 +129,7 @@ async def call_expert(
                 raise ExpertUnavailableError(f"{peer_name} does not take expert calls: {describe(exc)}") from None
             try:
                 async with lease:
-                    return await _exchange(lease, request, sending, peer_name, config, report, peer_id)
+                    return await _exchange(lease, request, sending, peer_name, config, report, peer_id, now)
             except _StaleStream as exc:
                 if lease.reused and not stale_retried:
                     stale_retried = True
@@ -150,7 +151,8 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id=None):
+async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id=None,
+                    now=trio.current_time):
     reader = lease.stream
     op, uid = request.op, request.uid
     chunks: Iterable[memoryview] = ()
@@ -165,14 +167,14 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
         try:
             for buffer in buffers:
                 await reader.send_all(buffer)
-            report.sent = trio.current_time()
+            report.sent = now()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the server stopped reading: its reply (an error, surely) tells why
 
     async def receive_reply(cancel_sending) -> tuple[Reply | None, BaseException | None]:
         try:
             body = await reader.receive_length_prefixed(MAX_HEADER, "expert reply header")
-            report.first_reply = trio.current_time()
+            report.first_reply = now()
         except (VolunteerError, trio.BrokenResourceError) as exc:
             cancel_sending()
             return None, _StaleStream(f"{peer_name} closed the call to {uid!r} without a reply: {describe(exc)}")
@@ -205,7 +207,7 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
         raise_remote(reply.failure, expert_uid=uid, peer_id=peer_name, config=config)
     report.server_s, report.kept = reply.server_s, reply.kept
     if op == "info":
-        report.done = trio.current_time()
+        report.done = now()
         return reply.info
     receipted = op in ("forward", "backward")
     receipt = None
@@ -225,7 +227,7 @@ async def _exchange(lease, request: Request, tensors, peer_name, config, report:
         if hashed is not None:
             hashed.update(chunk)
     report.bytes_in += outputs.expected
-    report.done = trio.current_time()
+    report.done = now()
     if receipted and (receipt is not None or config.receipts):  # unreceipted: audited by comparison
         report.receipt = check_reply(receipt, uid=uid, op=op, outputs=hashed.digest() if hashed else b"",
                                      peer=peer_id if peer_id is not None else peer_name)

@@ -275,6 +275,9 @@ class TrainerBook:
         self.capacity = capacity
         self._trainers: OrderedDict[Hashable, TrainerRecord] = OrderedDict()
         self._recent: dict[str, deque] = {}  # uid → trainers of its last share_window backwards
+        # uid → how many of those each trainer sent, kept as they come and go: counting the window
+        # afresh on every backward hashed its 256 peer IDs, a hundred Python calls a call
+        self._recent_counts: dict[str, Counter] = {}
 
     def _record(self, trainer: Hashable) -> TrainerRecord:
         record = self._trainers.get(trainer)
@@ -314,7 +317,7 @@ class TrainerBook:
         recent = self._recent.get(uid)
         if not recent or len(recent) < self.share_window // 2:
             return False
-        counts = Counter(recent)
+        counts = self._recent_counts[uid]
         active = [t for t, n in counts.items() if 8 * n >= len(recent) and self.refused_until(t, now) is None]
         if len(active) < 2 or trainer not in active:
             return False
@@ -332,8 +335,18 @@ class TrainerBook:
         record = self._record(trainer)
         record.applied += 1
         record.clipped += clipped
-        recent = self._recent.setdefault(uid, deque(maxlen=self.share_window))
+        recent = self._recent.get(uid)
+        if recent is None:
+            recent = self._recent[uid] = deque(maxlen=self.share_window)
+            self._recent_counts[uid] = Counter()
+        counts = self._recent_counts[uid]
+        if len(recent) == recent.maxlen:  # the oldest leaves the window as this one enters
+            oldest = recent[0]
+            counts[oldest] -= 1
+            if not counts[oldest]:
+                del counts[oldest]
         recent.append(trainer)
+        counts[trainer] += 1
 
     def strike(self, uid: str, trainer: Hashable, now: float) -> bool:
         """A gradient of ``trainer`` hit ``uid``'s bound at ``now``; True if that makes
@@ -378,6 +391,7 @@ class TrainerBook:
     def forget_expert(self, uid: str) -> None:
         """Drop what was kept of ``uid`` (no longer served)."""
         self._recent.pop(uid, None)
+        self._recent_counts.pop(uid, None)
         for record in self._trainers.values():
             record.strikes.pop(uid, None)
 
