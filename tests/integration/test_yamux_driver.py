@@ -136,3 +136,48 @@ async def test_an_unannounced_stream_sends_its_syn_with_its_first_write():
         inbound = await server.accept_stream()
         assert await inbound.receive_some() == b"proposal"
         nursery.cancel_scope.cancel()
+
+
+class _Steps(trio.abc.Instrument):
+    """Counts the steps a task is scheduled for."""
+
+    def __init__(self, task) -> None:
+        self.task, self.steps = task, 0
+
+    def before_task_step(self, task) -> None:
+        self.steps += task is self.task
+
+
+async def test_a_read_that_waited_for_data_is_not_rescheduled_again_before_it_returns():
+    """Woken by the reader task, a read returns in that step: a second pass through the
+    scheduler would cost every expert call a loop iteration. A read of data already buffered
+    still yields once (trio's checkpoint)."""
+    left, right = trio.testing.memory_stream_pair()
+    client, server = YamuxConnection(left, is_client=True), YamuxConnection(right, is_client=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(client.run)
+        await nursery.start(server.run)
+        outbound = await client.open_stream()
+        await outbound.send_all(b"first")
+        inbound = await server.accept_stream()
+        assert await inbound.receive_some() == b"first"
+        steps = _Steps(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(steps)
+        try:
+            async def later() -> None:
+                await trio.sleep(0.01)
+                await outbound.send_all(b"second")
+
+            nursery.start_soon(later)
+            assert await inbound.receive_some() == b"second"
+            assert steps.steps == 1  # woken once, and returned in that step
+            await outbound.send_all(b"third")
+            await trio.sleep(0.01)  # arrives and waits in the stream's buffer
+            steps.steps = 0
+            assert await inbound.receive_some() == b"third"
+            assert steps.steps == 1  # data at hand: one checkpoint
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        await inbound.aclose()
+        await outbound.aclose()
+        nursery.cancel_scope.cancel()

@@ -59,6 +59,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
             raise trio.BusyResourceError("another task is already receiving on this yamux stream")
         self._receiving = True
         try:
+            waited = False
             while not self._chunks:
                 if self._closed:  # closed by another task while we waited
                     raise trio.ClosedResourceError("this yamux stream was closed")
@@ -68,6 +69,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                     await trio.lowlevel.checkpoint()
                     return b""
                 await self._readable.park()
+                waited = True
             head = self._chunks[0]
             start = self._head_offset
             if max_bytes is not None and len(head) - start > max_bytes:
@@ -81,7 +83,8 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                 self._head_offset = 0
             self._buffered -= len(chunk)
             self._conn._consumed(self.stream_id, len(chunk))
-            await trio.lowlevel.checkpoint()
+            if not waited:  # a read that parked has been through the scheduler already: a second
+                await trio.lowlevel.checkpoint()  # pass would cost each expert call a loop iteration
             return chunk
         finally:
             self._receiving = False
