@@ -1,4 +1,4 @@
-"""The five stream classes against trio's own stream contract (trio.testing.check_*_stream).
+"""The six stream classes against trio's own stream contract (trio.testing.check_*_stream).
 
 Every class is a ``trio.abc.HalfCloseableStream``, so each must pass
 ``check_half_closeable_stream``: send/receive in both directions, ``send_eof``, ``aclose``
@@ -133,3 +133,32 @@ async def test_net_stream_and_lazy_stream_contract():
         await inbound.aclose()
         await trio.testing.check_half_closeable_stream(pair.make, None)
 
+
+
+# --- TcpStream: a real socket pair (the kernel's buffers are the flow control) ------------------
+async def tcp_pair() -> Pair:
+    import socket
+
+    from volunteer.net.transport.tcpstream import TcpStream
+
+    left, right = socket.socketpair()
+    # fair_turns=1: every operation yields, as the contract has it. The default yields only
+    # when it waited or after FAIR_TURNS ready ones (tests/unit/test_tcpstream.py checks that);
+    # everything else checked here is the same at any setting.
+    return TcpStream(left, fair_turns=1), TcpStream(right, fair_turns=1)
+
+
+async def clogged_tcp_pair() -> Pair:
+    # the kernel's buffers filled both ways, as trio's own SocketStream tests clog theirs
+    left, right = await tcp_pair()
+    for stream in (left, right):
+        try:
+            while True:
+                stream.socket.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+    return left, right
+
+
+async def test_tcp_stream_contract():
+    await trio.testing.check_half_closeable_stream(tcp_pair, clogged_tcp_pair)

@@ -40,3 +40,29 @@ async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_i
         await dialed.stream.aclose()
         await accepted[0].stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="TCP_NOTSENT_LOWAT is not on this platform")
+async def test_dialed_and_accepted_connections_hold_few_unsent_bytes_in_the_kernel():
+    """trio's SocketStream default, kept by our TcpStream: a bulk stream's writes wait once
+    16 KiB are queued unsent, instead of queueing seconds of a slow link ahead of a small reply."""
+    from volunteer.net.transport.tcpstream import NOTSENT_LOWAT
+
+    accepted: list = []
+    got = trio.Event()
+
+    async def keep(conn) -> None:
+        accepted.append(conn)
+        got.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        [listening] = await nursery.start(TcpTransport().listen, Multiaddr("/ip4/127.0.0.1/tcp/0"), keep)
+        dialed = await TcpTransport().dial(listening)
+        with trio.fail_after(10):
+            await got.wait()
+        for conn in (dialed, accepted[0]):
+            assert conn.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT
+        await dialed.stream.aclose()
+        await accepted[0].stream.aclose()
+        nursery.cancel_scope.cancel()

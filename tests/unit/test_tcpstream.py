@@ -22,6 +22,8 @@ async def test_bytes_go_through_and_a_half_close_reads_as_the_end():
     assert await b.receive_some(5) == b"hello"
     await a.send_eof()
     await a.send_eof()  # idempotent
+    with pytest.raises(trio.ClosedResourceError):
+        await a.send_all(b"late")  # as trio's stream says it
     assert await b.receive_some() == b""
     await b.send_all(b"back")  # the other direction still open
     assert await a.receive_some() == b"back"
