@@ -1,4 +1,6 @@
-"""A pass-through stream that keeps every write: tests count the socket writes a call costs."""
+"""What tests count a call's cost in: a pass-through stream that keeps every write (the socket
+writes a call costs), and an instrument that counts a task's steps (its passes through the
+scheduler)."""
 
 from __future__ import annotations
 
@@ -27,3 +29,14 @@ class RecordingStream(trio.abc.HalfCloseableStream):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the steps ``task`` is scheduled for: one more each time it yields (add it with
+    ``trio.lowlevel.add_instrument``)."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task, self.steps = task, 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += task is self.task

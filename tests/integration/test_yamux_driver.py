@@ -10,7 +10,7 @@ import trio.testing
 from volunteer.net.yamux import YamuxConnection
 from volunteer.net.yamux.frames import ACK, DATA, FIN, HEADER_SIZE, SYN, WINDOW_UPDATE, decode_header
 from volunteer.net.yamux.session import YamuxConfig
-from tests.recording import RecordingStream
+from tests.recording import RecordingStream, TaskSteps
 
 
 async def test_small_reads_from_a_big_chunk_return_every_byte_in_order_and_free_the_window():
@@ -138,22 +138,11 @@ async def test_an_unannounced_stream_sends_its_syn_with_its_first_write():
         nursery.cancel_scope.cancel()
 
 
-class _Steps(trio.abc.Instrument):
-    """Counts the steps a task is scheduled for."""
-
-    def __init__(self, task) -> None:
-        self.task, self.steps = task, 0
-
-    def before_task_step(self, task) -> None:
-        self.steps += task is self.task
-
-
 async def test_a_read_that_waited_for_data_is_not_rescheduled_again_before_it_returns():
     """Woken by the reader task, a read returns in that step: a second pass through the
     scheduler would cost every expert call a loop iteration. A read of data already buffered
     still yields once (trio's checkpoint)."""
-    left, right = trio.testing.memory_stream_pair()
-    client, server = YamuxConnection(left, is_client=True), YamuxConnection(right, is_client=False)
+    client, server, _ = await _pair()
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)
         await nursery.start(server.run)
@@ -161,7 +150,7 @@ async def test_a_read_that_waited_for_data_is_not_rescheduled_again_before_it_re
         await outbound.send_all(b"first")
         inbound = await server.accept_stream()
         assert await inbound.receive_some() == b"first"
-        steps = _Steps(trio.lowlevel.current_task())
+        steps = TaskSteps(trio.lowlevel.current_task())
         trio.lowlevel.add_instrument(steps)
         try:
             async def later() -> None:

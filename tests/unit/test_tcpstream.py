@@ -8,6 +8,7 @@ import socket
 import pytest
 import trio
 
+from tests.recording import TaskSteps
 from volunteer.net.transport.tcpstream import FAIR_TURNS, TcpStream
 
 
@@ -31,19 +32,9 @@ async def test_bytes_go_through_and_a_half_close_reads_as_the_end():
     await b.aclose()
 
 
-class _Steps(trio.abc.Instrument):
-    """Counts the steps a task is scheduled for: one more each time it yields."""
-
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task, self.steps = task, 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.steps += task is self.task
-
-
 async def test_ready_operations_yield_once_in_every_fair_turns():
     a, b = _pair()
-    steps = _Steps(trio.lowlevel.current_task())
+    steps = TaskSteps(trio.lowlevel.current_task())
     trio.lowlevel.add_instrument(steps)
     try:
         for _ in range(FAIR_TURNS - 1):

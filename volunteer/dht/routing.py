@@ -65,7 +65,7 @@ class Contact:
         return hash((self.peer, self.addrs))
 
 
-@dataclass
+@dataclass(eq=False)  # one per peer: compared by identity, so a bucket's remove() finds it in C
 class Entry:
     """A contact in a bucket, with its liveness bookkeeping."""
 
@@ -119,9 +119,9 @@ class RoutingTable:
         self.local_id = node_id(local)
         self.config = config or DHTConfig()
         self._buckets: dict[int, Bucket] = {}
-        self._where: dict[PeerID, int] = {}  # peer -> bucket index, for entries only
-        # peer -> its entry (the same object its bucket lists): a value lookup reads the round
-        # trips of its 20 seeds, and scanning 512-wide trainer buckets for each cost 3x the seeds
+        # peer -> its entry (the same object its bucket lists; its bucket is bucket_index of its
+        # ID): a value lookup reads the round trips of its 20 seeds, and scanning 512-wide trainer
+        # buckets for each cost 3x the seeds
         self._entries: dict[PeerID, Entry] = {}
         # peer -> until when it is routed around: its request ran past a lookup's slot timeout
         # or failed, and it has not spoken since (entries or not: a dead contact from a reply)
@@ -136,10 +136,10 @@ class RoutingTable:
         return distance.bit_length() - 1
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._entries)
 
     def __contains__(self, peer: object) -> bool:
-        return peer in self._where
+        return peer in self._entries
 
     def get(self, peer: PeerID) -> Entry | None:
         """The entry of ``peer``, or None."""
@@ -279,7 +279,6 @@ class RoutingTable:
             bucket.entries.append(entry)
             bucket.replacements.pop(peer, None)
             bucket.last_changed = now
-            self._where[peer] = index
             return None
         self._remember(bucket, contact, now)
         if bucket.pending is None:
@@ -300,12 +299,12 @@ class RoutingTable:
     def record_failure(self, peer: PeerID, now: float) -> None:
         """A request to ``peer`` failed or timed out: back off, and evict after ``max_failures``."""
         self.mark_silent(peer, now)
-        index = self._where.get(peer)
-        if index is None:
+        entry = self._entries.get(peer)
+        if entry is None:
             self._forget_replacement(peer)
             return
+        index = self.bucket_index(entry.contact.id)
         bucket = self._buckets[index]
-        entry = self._entries[peer]
         entry.failures += 1
         delay = self.config.failure_backoff * 2 ** min(entry.failures - 1, 32)
         entry.backoff_until = now + min(delay, self.config.max_failure_backoff)
@@ -317,15 +316,16 @@ class RoutingTable:
         """Outcome of a ping-before-evict asked for by ``update``."""
         if ok:
             self.record_success(peer, now)
-            index = self._where.get(peer)
-            if index is not None:
-                bucket = self._buckets[index]
+            entry = self._entries.get(peer)
+            if entry is not None:
+                bucket = self._buckets[self.bucket_index(entry.contact.id)]
                 if bucket.pending is not None and bucket.pending.lru == peer:
                     bucket.pending = None
         else:
             self.mark_silent(peer, now)
-            if peer in self._where:
-                self._evict(self._where[peer], peer, now)
+            entry = self._entries.get(peer)
+            if entry is not None:
+                self._evict(self.bucket_index(entry.contact.id), peer, now)
 
     def expire(self, now: float) -> list[PeerID]:
         """Settle ping-before-evict checks past their deadline; returns the peers evicted.
@@ -347,12 +347,12 @@ class RoutingTable:
 
     def remove(self, peer: PeerID) -> None:
         """Forget ``peer`` entirely (without promoting anyone)."""
-        index = self._where.pop(peer, None)
-        if index is None:
+        entry = self._entries.pop(peer, None)
+        if entry is None:
             self._forget_replacement(peer)
             return
-        bucket = self._buckets[index]
-        bucket.entries.remove(self._entries.pop(peer))
+        bucket = self._buckets[self.bucket_index(entry.contact.id)]
+        bucket.entries.remove(entry)
         if bucket.pending is not None and bucket.pending.lru == peer:
             bucket.pending = None
 
@@ -417,4 +417,3 @@ class RoutingTable:
             self._entries[new_peer] = entry = Entry(contact, seen)
             bucket.entries.append(entry)
             bucket.entries.sort(key=lambda e: e.last_seen)
-            self._where[new_peer] = index

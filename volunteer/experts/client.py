@@ -151,8 +151,7 @@ class _StaleStream(ExpertUnavailableError):
     """The stream ended before any reply byte: on a reused stream, worth one retry."""
 
 
-async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id=None,
-                    now=trio.current_time):
+async def _exchange(lease, request: Request, tensors, peer_name, config, report: CallReport, peer_id, now):
     reader = lease.stream
     op, uid = request.op, request.uid
     chunks: Iterable[memoryview] = ()

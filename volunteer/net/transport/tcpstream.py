@@ -28,6 +28,24 @@ FAIR_TURNS = 16  # reads and writes in a row that found the socket ready, before
 NOTSENT_LOWAT = 16 * 1024
 
 
+class _OneAtATime:
+    """``with``: BusyResourceError if another task is already inside (trio's conflict check)."""
+
+    __slots__ = ("_busy", "_message")
+
+    def __init__(self, message: str) -> None:
+        self._busy = False
+        self._message = message
+
+    def __enter__(self) -> None:
+        if self._busy:
+            raise trio.BusyResourceError(self._message)
+        self._busy = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._busy = False
+
+
 class TcpStream(trio.abc.HalfCloseableStream):
     """A connected stream socket (``socket``, non-blocking from here on) as a trio stream.
 
@@ -45,17 +63,14 @@ class TcpStream(trio.abc.HalfCloseableStream):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, NOTSENT_LOWAT)
         self.socket = sock
         self._closed = False
-        self._sending = False
-        self._receiving = False
+        self._sending = _OneAtATime("another task is already sending on this TCP stream")
+        self._receiving = _OneAtATime("another task is already receiving on this TCP stream")
         self._shut_write = False
         self._turns = 0  # operations in a row that did not yield
         self._fair_turns = fair_turns
 
     async def send_all(self, data) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is already sending on this TCP stream")
-        self._sending = True
-        try:
+        with self._sending:
             self._check_open()
             if self._shut_write:
                 raise trio.ClosedResourceError("cannot send data after sending EOF")
@@ -76,24 +91,14 @@ class TcpStream(trio.abc.HalfCloseableStream):
                     except OSError as exc:
                         raise _translated(exc) from exc
             await self._take_turn(waited)
-        finally:
-            self._sending = False
 
     async def wait_send_all_might_not_block(self) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is already sending on this TCP stream")
-        self._sending = True
-        try:
+        with self._sending:
             self._check_open()
             await trio.lowlevel.wait_writable(self.socket)
-        finally:
-            self._sending = False
 
     async def send_eof(self) -> None:
-        if self._sending:
-            raise trio.BusyResourceError("another task is already sending on this TCP stream")
-        self._sending = True
-        try:
+        with self._sending:
             self._check_open()
             await trio.lowlevel.checkpoint()
             if self._shut_write:
@@ -103,15 +108,10 @@ class TcpStream(trio.abc.HalfCloseableStream):
                 self.socket.shutdown(socket.SHUT_WR)
             except OSError as exc:
                 raise _translated(exc) from exc
-        finally:
-            self._sending = False
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         check_max_bytes(max_bytes)
-        if self._receiving:
-            raise trio.BusyResourceError("another task is already receiving on this TCP stream")
-        self._receiving = True
-        try:
+        with self._receiving:
             self._check_open()
             await trio.lowlevel.checkpoint_if_cancelled()
             size = RECEIVE_SIZE if max_bytes is None else max_bytes
@@ -128,8 +128,6 @@ class TcpStream(trio.abc.HalfCloseableStream):
                     raise _translated(exc) from exc
             await self._take_turn(waited)
             return data
-        finally:
-            self._receiving = False
 
     async def _take_turn(self, waited: bool) -> None:
         """Yield to the scheduler every ``FAIR_TURNS`` operations that did not wait (an operation
