@@ -12,9 +12,9 @@ from volunteer.dht.routing import RTT_WEIGHT, Contact, RoutingTable, key_id, nod
 from volunteer.net.identity import KeyPair, PeerID
 
 
-def fake_peer() -> PeerID:
+def fake_peer(rng: random.Random | None = None) -> PeerID:
     """A valid sha2-256 PeerID with no key behind it: cheap, and fine for routing."""
-    return PeerID(b"\x12\x20" + os.urandom(32))
+    return PeerID(b"\x12\x20" + (rng.randbytes(32) if rng else os.urandom(32)))
 
 
 def peers_in_bucket(table: RoutingTable, index: int, count: int) -> list[PeerID]:
@@ -254,15 +254,18 @@ def test_replies_give_contacts_that_never_answered_us_a_bounded_share() -> None:
     one of ours are at hand; our own lookups still see it, and so do replies once proven peers
     run short."""
     rng = random.Random(7)
-    me = fake_peer()
+    # Seeded peers: 30 random ones put more than k=20 in one bucket about one run in fifty, and a
+    # peer left in the replacement cache would be missing from every answer below.
+    me = fake_peer(rng)
     config = DHTConfig(k=20, unproven_reply_contacts=3)
     table = RoutingTable(me, config)
-    proven = [fake_peer() for _ in range(15)]
-    callers = [fake_peer() for _ in range(15)]
+    proven = [fake_peer(rng) for _ in range(15)]
+    callers = [fake_peer(rng) for _ in range(15)]
     for peer in proven:
         table.update(Contact(peer, (b"/x",)), 1.0, answered=True)
     for peer in callers:
         table.update(Contact(peer, (b"/x",)), 1.0)  # it asked us something
+    assert len(table) == 30
     target = rng.getrandbits(256)
     reply = table.closest(target, 10, 2.0, responsive_only=True)
     assert len(reply) == 10 and sum(c.peer in set(callers) for c in reply) <= 3
