@@ -11,7 +11,9 @@ RemoteMixtureOfExperts call through it.
 
 from __future__ import annotations
 
+import socket
 import threading
+from collections import deque
 from typing import Any, Awaitable, Callable
 
 import trio
@@ -38,13 +40,23 @@ class _Job:
         self.done.release()
 
 
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is trio's Cancelled, or a group of nothing else."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 class BackgroundLoop:
     """Owns a daemon thread running ``trio.run`` until ``stop``.
 
-    Calls are run by worker tasks that stay alive between calls and wait, parked, for the next
-    one: a call costs no task spawn, nursery or system-task wrapping, as ``trio.from_thread.run``
-    does for every call (about 90 Python calls of a small remote expert call's ~2,000). Calls from
-    several threads at once get a worker each."""
+    Calls are run by worker tasks that stay alive between calls. One of them, the listener,
+    waits on a bell (a socket pair) that ``run`` rings after queueing its call; the bell wakes
+    it, and it runs the call itself in that same loop pass, after handing the bell to an idle
+    worker (or a new one) so that calls from other threads are heard meanwhile. trio's own
+    ``from_thread`` and ``run_sync_soon`` wake its entry-queue task, which would then wake a
+    worker: a loop pass more before every call's first byte goes out, and a task spawned per
+    call on top for ``from_thread.run``. Calls from several threads at once get a worker each."""
 
     def __init__(self, name: str = "volunteer-trio") -> None:
         self.name = name
@@ -54,12 +66,18 @@ class BackgroundLoop:
         self._stop: trio.Event | None = None
         self._crash: BaseException | None = None
         self._workers: trio.Nursery | None = None
-        self._idle: list[trio.lowlevel.Task] = []  # workers parked until a call comes
-        self._handed: dict[trio.lowlevel.Task, _Job] = {}  # the call a parked worker was woken for
+        self._jobs: deque[_Job] = deque()  # queued by callers' threads, taken by the listener
+        self._bell: tuple[socket.socket, socket.socket] | None = None  # (the listener's end, callers')
+        self._listener: trio.lowlevel.Task | None = None
+        self._idle: list[trio.lowlevel.Task] = []  # workers parked until handed a call or the bell
+        self._handed: dict[trio.lowlevel.Task, _Job | None] = {}  # what woke a parked worker (None: the bell)
         self._closing = False
 
     def start(self) -> "BackgroundLoop":
         if self._thread is None:
+            self._bell = socket.socketpair()
+            for end in self._bell:
+                end.setblocking(False)
             self._thread = threading.Thread(target=self._thread_main, name=self.name, daemon=True)
             self._thread.start()
             self._started.wait()
@@ -74,16 +92,21 @@ class BackgroundLoop:
             self._crash = exc
         finally:
             self._closing = True
+            self._refuse_queued()
             self._started.set()
+            assert self._bell is not None
+            for end in self._bell:
+                end.close()
 
     async def _main(self) -> None:
         self._stop = trio.Event()
         self.token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as workers:
             self._workers = workers
+            workers.start_soon(self._work, None)  # the first listener
             self._started.set()
             await self._stop.wait()
-            self._closing = True  # calls dispatched from now on are refused, not started
+            self._closing = True  # calls queued from now on are refused, not started
             workers.cancel_scope.cancel()
 
     @property
@@ -92,11 +115,17 @@ class BackgroundLoop:
 
     def run(self, fn: Callable[..., Awaitable[Any]], *args: Any, timeout: float | None = None) -> Any:
         """Run ``await fn(*args)`` in the loop; raise ExpertTimeoutError after ``timeout`` seconds."""
-        token, thread = self.token, self._thread
-        if token is None or thread is None or not thread.is_alive() or self._closing:
+        thread, bell = self._thread, self._bell
+        if self.token is None or thread is None or bell is None or not thread.is_alive() or self._closing:
             raise VolunteerError("the background event loop is not running (call start(), or it was stopped)")
         job = _Job(fn, args, timeout)
-        token.run_sync_soon(self._dispatch, job)  # RunFinishedError if the loop just ended
+        self._jobs.append(job)
+        try:
+            bell[1].send(b"\0")
+        except BlockingIOError:
+            pass  # rings nobody has read yet: the listener wakes all the same, and takes every call
+        except OSError:
+            raise trio.RunFinishedError("the background event loop stopped before the call ran") from None
         while not job.done.acquire(timeout=WAKE_CHECK):
             if not thread.is_alive():  # ended before our call reached a worker
                 raise trio.RunFinishedError("the background event loop stopped before the call ran")
@@ -104,29 +133,69 @@ class BackgroundLoop:
             raise job.error
         return job.value
 
-    def _dispatch(self, job: _Job) -> None:
-        """On the loop's thread: hand ``job`` to a parked worker, or start one."""
-        if self._closing or self._workers is None:
-            job.finish(error=trio.RunFinishedError("the background event loop is stopping"))
-        elif self._idle:
-            worker = self._idle.pop()
-            self._handed[worker] = job
-            trio.lowlevel.reschedule(worker)
-        else:
-            self._workers.start_soon(self._work, job)
+    def _refuse_queued(self) -> None:
+        """Fail the calls nobody will take (the loop is ending)."""
+        while self._jobs:
+            self._jobs.popleft().finish(error=trio.RunFinishedError("the background event loop is stopping"))
 
-    async def _work(self, job: _Job) -> None:
+    async def _work(self, job: _Job | None) -> None:
         task = trio.lowlevel.current_task()
+        while True:
+            if job is not None:
+                await self._perform(job)
+            job = await self._next_job(task)
 
+    async def _next_job(self, task: trio.lowlevel.Task) -> _Job:
+        """The next call for this worker: it listens to the bell if nobody does, else it parks
+        until the listener hands it a call or the bell."""
         def abort(_: object) -> trio.lowlevel.Abort:
             self._idle.remove(task)  # cancelled while parked: the loop is stopping
             return trio.lowlevel.Abort.SUCCEEDED
 
         while True:
-            await self._perform(job)
+            if self._listener is None:
+                self._listener = task
+                try:
+                    jobs = await self._listen()
+                finally:
+                    self._listener = None
+                self._hand(None)  # somebody listens while this worker runs its call
+                for extra in jobs[1:]:
+                    self._hand(extra)
+                return jobs[0]
             self._idle.append(task)
             await trio.lowlevel.wait_task_rescheduled(abort)
             job = self._handed.pop(task)
+            if job is not None:
+                return job
+
+    async def _listen(self) -> list[_Job]:
+        """Wait for the bell; the calls queued by then. The bell is emptied before the queue is
+        read: a call queued after that rings it again, so none waits for the next one's ring."""
+        assert self._bell is not None
+        bell = self._bell[0]
+        while True:
+            try:
+                while bell.recv(4096):
+                    pass
+            except BlockingIOError:
+                pass
+            if self._jobs:
+                jobs = [self._jobs.popleft()]
+                while self._jobs:
+                    jobs.append(self._jobs.popleft())
+                return jobs
+            await trio.lowlevel.wait_readable(bell)
+
+    def _hand(self, job: _Job | None) -> None:
+        """Give ``job`` (None: the bell) to a parked worker, or to a new one."""
+        if self._idle:
+            worker = self._idle.pop()
+            self._handed[worker] = job
+            trio.lowlevel.reschedule(worker)
+        else:
+            assert self._workers is not None
+            self._workers.start_soon(self._work, job)
 
     @staticmethod
     async def _perform(job: _Job) -> None:
@@ -139,10 +208,10 @@ class BackgroundLoop:
                 if scope.cancelled_caught:
                     name = getattr(job.fn, "__name__", "call")
                     raise ExpertTimeoutError(f"{name} did not finish within {job.timeout} s")
-        except trio.Cancelled:
-            job.finish(error=trio.RunFinishedError("the background event loop stopped during the call"))
-            raise
         except BaseException as exc:  # noqa: BLE001 - the caller gets what the call raised, as it was raised
+            if _cancelled(exc):  # the loop is stopping: bare, or as a group from a nursery in the call
+                job.finish(error=trio.RunFinishedError("the background event loop stopped during the call"))
+                raise
             job.finish(error=exc)
         else:
             job.finish(value)
