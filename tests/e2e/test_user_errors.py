@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -52,33 +53,65 @@ def test_each_mistake_is_one_line(tmp_path, cli_env, solo):
         assert expected in line, (args, line)
 
 
-def _interpreter_start() -> float:
-    """Seconds Python takes to start and import the bare package: a Ctrl-C before that is the
-    interpreter's own (its startup prints the traceback, before any of our code runs)."""
-    began = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import volunteer"], check=True)
-    return time.monotonic() - began
+# The module whose import ends just before `volunteer`'s entry point takes over Ctrl-C: until
+# then a Ctrl-C is the interpreter's own (its startup prints a traceback before any of our code
+# runs), so a test may only send one after it.
+ENTRY_MODULE = "volunteer.cli.entry"
+
+
+class _ImportWatch:
+    """Reads a ``python -X importtime`` child's stderr: ``entered`` is set once the entry module
+    finished importing; the other lines are kept (the import timings are left out)."""
+
+    def __init__(self, stream) -> None:
+        self.entered = threading.Event()
+        self.lines: list[str] = []
+        self._stream = stream
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            if line.startswith("import time:"):
+                if line.rstrip().endswith(f"| {ENTRY_MODULE}"):
+                    self.entered.set()
+                continue
+            self.lines.append(line)
+        self.entered.set()  # ended before it: let the test see why
+
+    def stderr(self, timeout: float) -> str:
+        """What the child wrote besides import timings, once it closed its stderr."""
+        self._thread.join(timeout)
+        self._stream.close()
+        return "".join(self.lines)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("after", [0.02, 0.1, 0.3, 0.6])
 def test_ctrl_c_while_starting_is_no_traceback(tmp_path, cli_env, solo, after):
-    delay = _interpreter_start() + after
+    """Ctrl-C ``after`` seconds into our code's start (the entry module imported, the command's
+    own modules still importing or the node starting): no traceback, one line at most. Timed
+    from the child's own word (``-X importtime``), not from a guess at the interpreter's start,
+    which a loaded machine overran."""
 
     def as_a_terminal() -> None:  # a shell's background job would ignore SIGINT; a terminal's does not
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    proc = subprocess.Popen([sys.executable, "-m", "volunteer", "join", "--yes", solo, "--no-dashboard",
-                             "--listen", "/ip4/127.0.0.1/tcp/0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **cli_env}, preexec_fn=as_a_terminal)
-    time.sleep(delay)
-    proc.send_signal(signal.SIGINT)
+    proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "volunteer", "join", "--yes", solo,
+                             "--no-dashboard", "--listen", "/ip4/127.0.0.1/tcp/0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **cli_env}, preexec_fn=as_a_terminal)
+    watch = _ImportWatch(proc.stderr)
     try:
-        _out, err = proc.communicate(timeout=60)
+        assert watch.entered.wait(60), "the entry module was never imported"
+        time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _out, err = proc.communicate()
-        pytest.fail(f"join did not end on Ctrl-C:\n{err}")
+        proc.wait()
+        pytest.fail(f"join did not end on Ctrl-C:\n{watch.stderr(10)}")
+    err = watch.stderr(10)
     assert "Traceback" not in err, err
     assert proc.returncode in (0, 130, -signal.SIGINT), err  # left gracefully, interrupted, or not yet Python
     assert len([line for line in err.splitlines() if line]) <= 1, err

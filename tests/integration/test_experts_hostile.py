@@ -63,6 +63,11 @@ async def test_announce_and_stall_holds_only_the_attackers_share_and_the_honest_
             server = ExpertServer(server_host, runtime, "s", config)
             await server_host.add_service(server)
             target = server_host.full_addrs()[0]
+            # One honest forward and backward first: run first in a process, the test measured
+            # torch's and the runtime's first-use allocations along with the attack.
+            x = torch.randn(3, 8, requires_grad=False)
+            await call_expert(honest, target, "expert.0", "forward", [x], swarm_id="s")
+            await call_expert(honest, target, "expert.0", "backward", [x, torch.ones(3, 8)], n_inputs=1, swarm_id="s")
             before = rss()
 
             streams = []
@@ -80,7 +85,6 @@ async def test_announce_and_stall_holds_only_the_attackers_share_and_the_honest_
             assert server.budget.held_by(attacker.peer_id) == config.max_request_bytes_per_peer
 
             # the honest trainer, from 127.0.0.2, is served while the two stalled calls hang
-            x = torch.randn(3, 8, requires_grad=False)
             out = await call_expert(honest, target, "expert.0", "forward", [x], swarm_id="s")
             grads = await call_expert(honest, target, "expert.0", "backward", [x, torch.ones(3, 8)], n_inputs=1, swarm_id="s")
             assert out[0].shape == (3, 8) and grads[0].shape == (3, 8)
