@@ -176,8 +176,7 @@ class BackgroundLoop:
         bell = self._bell[0]
         while True:
             try:
-                while bell.recv(4096):
-                    pass
+                bell.recv(4096)  # one read: rings left over (more than 4096) wake the next wait at once
             except BlockingIOError:
                 pass
             if self._jobs:
