@@ -35,6 +35,14 @@ DHT = replace(DHT_CONFIG, expert_expiration=60.0)
 LIAR_BUDGET = 200  # replies of the liar by which it must be excluded
 
 
+def three_times(output: torch.Tensor) -> torch.Tensor:
+    """The lie the guard cannot see: outputs x3, inside its plausible range (a factor of 4 either
+    way), with honest input gradients. ``output * 3`` tripled the expert's gain too, and a gain
+    drifting up a third over training put that at the range's edge: one run in thirty under load,
+    the guard rejected a backward, and the liar was no longer one it cannot see."""
+    return output + 2.0 * output.detach()
+
+
 def grid(replicas: int, hidden: int = HIDDEN) -> GridSpec:
     return GridSpec("expert", (2, 2), "ffn", hidden, replicas=replicas, sync_period=1.0)
 
@@ -146,7 +154,7 @@ def test_a_lying_replica_is_excluded_within_200_of_its_replies_and_training_goes
 def test_a_liar_the_guard_cannot_see_is_excluded_on_one_proof_by_recompute():
     # outputs x3: within the guard's plausible range (a factor of 4); an exact audit recomputes
     # the reply from the state its receipt names and excludes it on that proof (no vote)
-    world = Replicated(2, lambda output: output * 3.0, receipts=True)
+    world = Replicated(2, three_times, receipts=True)
     try:
         liar = world.liar.peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -163,7 +171,7 @@ def test_a_liar_the_guard_cannot_see_is_excluded_on_one_proof_by_recompute():
 @pytest.mark.slow
 def test_a_liar_that_declares_no_sync_age_buys_nothing_from_exact_audits():
     # a sync age changed how loosely replies were compared; a recompute does not read it
-    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True, receipts=True)
+    world = Replicated(2, three_times, liar_claims_no_sync=True, receipts=True)
     try:
         liar = world.liar.peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -203,7 +211,7 @@ def test_a_liar_in_backward_only_is_outvoted_on_its_input_gradients():
 @pytest.mark.slow
 def test_with_one_honest_replica_recompute_excludes_the_liar_and_clears_the_honest_host():
     # a vote between two replicas decides nothing; a recompute needs no second opinion
-    world = Replicated(1, lambda output: output * 3.0, receipts=True)
+    world = Replicated(1, three_times, receipts=True)
     try:
         liar, honest = world.liar.peer, world.honest[0].peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -320,7 +328,7 @@ def test_an_honest_joiner_among_proven_replicas_is_proven_within_a_few_of_its_re
 def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
     # outputs x3: within the guard's plausible range (a factor of 4), a relative gap of 0.67 to the
     # honest replies, beyond the audits' tolerance
-    world = Replicated(2, lambda output: output * 3.0)
+    world = Replicated(2, three_times)
     try:
         liar = world.liar.peer
         world.train_until(lambda: world.moe.trust.excluded(liar), steps=300)
@@ -338,7 +346,7 @@ def test_a_liar_the_guard_cannot_see_is_outvoted_by_two_replicas_in_an_audit():
 def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
     # declaring no sync age would make it incomparable under strict tolerances: it is compared
     # loosely with the replicas that declare one, and outvoted, it is stale for that expert
-    world = Replicated(2, lambda output: output * 3.0, liar_claims_no_sync=True)
+    world = Replicated(2, three_times, liar_claims_no_sync=True)
     try:
         liar = world.liar.peer
         uids = [f"expert.{a}.{b}" for a in range(2) for b in range(2)]
@@ -363,7 +371,7 @@ def test_a_liar_that_declares_no_sync_age_is_still_audited_and_called_no_more():
 
 @pytest.mark.slow
 def test_with_one_honest_replica_a_disagreement_leaves_both_suspect_and_excludes_nobody():
-    world = Replicated(1, lambda output: output * 3.0)
+    world = Replicated(1, three_times)
     try:
         liar, honest = world.liar.peer, world.honest[0].peer
         world.train_until(lambda: world.moe.stats["disagreements"] >= 1, steps=300)
