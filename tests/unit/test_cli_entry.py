@@ -1,0 +1,48 @@
+"""The CLI's entry point: a Ctrl-C that Python swallowed in a finalizer still ends the command."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from volunteer.cli.entry import _raise_swallowed_interrupts
+
+
+class _InterruptedWhileCollected:
+    """What an import lock's weakref callback did when the Ctrl-C landed in it (seen in CI: the
+    interrupt was printed as "Exception ignored" and ``join`` ran on)."""
+
+    def __del__(self) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_is_raised_again_in_the_main_thread() -> None:
+    others: list = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = _raise_swallowed_interrupts(others.append)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            _InterruptedWhileCollected()  # collected at once: its __del__ raises, Python swallows it
+            while time.monotonic() - started < 10:  # the main thread runs on; the interrupt comes back
+                pass
+        assert others == []  # not printed as "Exception ignored"
+    finally:
+        sys.unraisablehook = previous
+
+
+def test_other_unraisable_exceptions_go_to_the_previous_hook() -> None:
+    others: list = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = _raise_swallowed_interrupts(others.append)
+    try:
+        class Broken:
+            def __del__(self) -> None:
+                raise ValueError("in a finalizer")
+
+        Broken()
+        assert len(others) == 1 and isinstance(others[0].exc_value, ValueError)
+    finally:
+        sys.unraisablehook = previous
