@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -18,8 +19,10 @@ def _options(sock) -> tuple[int, int]:
             sock.getsockopt(socket.IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_THIN_LINEAR_TIMEOUTS is a Linux option")
-async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_intervals():
+@asynccontextmanager
+async def _both_ends():
+    """One of our dialed TCP connections and the end our listener accepted: their sockets,
+    (dialed, accepted), closed on exit."""
     accepted: list = []
     got = trio.Event()
 
@@ -33,13 +36,21 @@ async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_i
         dialed = await TcpTransport().dial(listening)
         with trio.fail_after(10):
             await got.wait()
+        try:
+            yield dialed.stream.socket, accepted[0].stream.socket
+        finally:
+            await dialed.stream.aclose()
+            await accepted[0].stream.aclose()
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_THIN_LINEAR_TIMEOUTS is a Linux option")
+async def test_dialed_and_accepted_connections_retransmit_thin_flows_at_linear_intervals():
+    async with _both_ends() as (dialed, accepted):
         # without linear timeouts two back-to-back timeouts on a lossy 300 ms path doubled to
         # seconds, and held a training step for 5 to 10 s
-        assert _options(dialed.stream.socket) == (1, 1)
-        assert _options(accepted[0].stream.socket) == (1, 1)
-        await dialed.stream.aclose()
-        await accepted[0].stream.aclose()
-        nursery.cancel_scope.cancel()
+        assert _options(dialed) == (1, 1)
+        assert _options(accepted) == (1, 1)
 
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="TCP_NOTSENT_LOWAT is not on this platform")
@@ -48,21 +59,6 @@ async def test_dialed_and_accepted_connections_hold_few_unsent_bytes_in_the_kern
     16 KiB are queued unsent, instead of queueing seconds of a slow link ahead of a small reply."""
     from volunteer.net.transport.tcpstream import NOTSENT_LOWAT
 
-    accepted: list = []
-    got = trio.Event()
-
-    async def keep(conn) -> None:
-        accepted.append(conn)
-        got.set()
-        await trio.sleep_forever()
-
-    async with trio.open_nursery() as nursery:
-        [listening] = await nursery.start(TcpTransport().listen, Multiaddr("/ip4/127.0.0.1/tcp/0"), keep)
-        dialed = await TcpTransport().dial(listening)
-        with trio.fail_after(10):
-            await got.wait()
-        for conn in (dialed, accepted[0]):
-            assert conn.stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT
-        await dialed.stream.aclose()
-        await accepted[0].stream.aclose()
-        nursery.cancel_scope.cancel()
+    async with _both_ends() as ends:
+        for sock in ends:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT

@@ -53,6 +53,16 @@ def frames_of(write: bytes) -> list[tuple[int, int, int, int]]:
     return found
 
 
+async def _opened(client, server, first: bytes):
+    """A stream from ``client`` to ``server`` (both running) whose first bytes were read:
+    (outbound, inbound)."""
+    outbound = await client.open_stream()
+    await outbound.send_all(first)
+    inbound = await server.accept_stream()
+    assert await inbound.receive_some() == first
+    return outbound, inbound
+
+
 async def _pair():
     left, right = trio.testing.memory_stream_pair()
     recorded = RecordingStream(right)
@@ -65,10 +75,7 @@ async def test_the_ack_of_an_accepted_stream_rides_with_its_first_write():
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)
         await nursery.start(server.run)
-        outbound = await client.open_stream()
-        await outbound.send_all(b"request")
-        inbound = await server.accept_stream()
-        assert await inbound.receive_some() == b"request"
+        outbound, inbound = await _opened(client, server, b"request")
         await trio.testing.wait_all_tasks_blocked()
         before = len(recorded.writes)  # the keepalive's first ping and pong are behind us
         await trio.testing.wait_all_tasks_blocked()
@@ -90,10 +97,7 @@ async def test_send_all_then_eof_is_one_write_when_the_window_allows_and_correct
         await nursery.start(client.run)
         await nursery.start(server.run)
         for reply in (b"small reply", big):
-            outbound = await client.open_stream()
-            await outbound.send_all(b"call")
-            inbound = await server.accept_stream()
-            assert await inbound.receive_some() == b"call"
+            outbound, inbound = await _opened(client, server, b"call")
             await trio.testing.wait_all_tasks_blocked()
             before = len(recorded.writes)
             received = bytearray()
@@ -146,10 +150,7 @@ async def test_a_read_that_waited_for_data_is_not_rescheduled_again_before_it_re
     async with trio.open_nursery() as nursery:
         await nursery.start(client.run)
         await nursery.start(server.run)
-        outbound = await client.open_stream()
-        await outbound.send_all(b"first")
-        inbound = await server.accept_stream()
-        assert await inbound.receive_some() == b"first"
+        outbound, inbound = await _opened(client, server, b"first")
         steps = TaskSteps(trio.lowlevel.current_task())
         trio.lowlevel.add_instrument(steps)
         try:
