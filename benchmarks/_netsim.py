@@ -29,7 +29,7 @@ from volunteer.dht.grid import HostInfo, expert_key, make_declarations, make_tom
 from volunteer.dht.messages import (
     FindNode, FindValue, Ping, Store, Values, encode_request, encode_response,
 )
-from volunteer.dht.query import Lookup, ValueLookup
+from volunteer.dht.query import Lookup
 from volunteer.dht.records import sign
 from volunteer.dht.routing import Contact, key_id
 from volunteer.dht.state import NodeState
@@ -58,6 +58,23 @@ LOOPBACK_ONE_WAY = 0.0005
 
 def one_way(a: str, b: str) -> float:
     return _BASE.get((a, b)) or _BASE[(b, a)]
+
+
+def spread_regions(n: int, rng: random.Random) -> list[str]:
+    """``n`` regions drawn by systematic sampling over ``REGION_SHARE`` (one random offset, then
+    evenly spaced), in random order: each draw is still a region with its share's chance, but ten
+    of them hold three or four in each of the two big regions, not anything from none to seven.
+    Why: a lookup's time is mostly where its trainer sits, and ten independent draws made the
+    lookup p50 of benchmarks/scale.py a figure of that luck (1,000 peers, seeds 1-4: 146 to
+    over 200 ms, with seven trainers in North America or four in Asia)."""
+    offset = rng.random()
+    cumulative = list(itertools.accumulate(REGION_SHARE))
+    picked = []
+    for i in range(n):
+        point = (i + offset) / n * cumulative[-1]
+        picked.append(REGIONS[next(j for j, edge in enumerate(cumulative) if point < edge)])
+    rng.shuffle(picked)
+    return picked
 
 
 class Net:

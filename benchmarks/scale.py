@@ -16,9 +16,10 @@ Per size it prints:
   for strong connectivity, over ``--cold-runs`` runs;
 - steady state with churn of 10 % of peers an hour (half crash, half leave gracefully, each
   replaced by a joiner): every peer but the relays and trainers hosts one expert of a 64x64 grid
-  and heartbeats it (5 s period, 15 s expiration, as ``DHTConfig``); trainers run expert lookups
-  (a live host's uid, quorum ``EXPERT_QUORUM``), grid lookups (a prefix ``ffn.i.``) and beam
-  searches (beam 4) without caches: p50, p99 and success;
+  and heartbeats it (5 s period, 15 s expiration, as ``DHTConfig``); trainers (their regions
+  spread over the regions' shares: ``_netsim.spread_regions``) run expert lookups (a live host's
+  uid, quorum ``EXPERT_QUORUM``), grid lookups (a prefix ``ffn.i.``) and beam searches (beam 4)
+  without caches: p50, p99 and success, and expert lookups' p50 by the trainer's region;
 - how long a crashed volunteer's declarations take to vanish and a joiner's to appear (a trainer
   polls every second);
 - messages and bytes per peer per minute (mean, and the busiest peer: a holder of the grid's root);
@@ -37,7 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks._netsim import Net, SimNode  # noqa: E402
+from benchmarks._netsim import REGIONS, Net, SimNode, spread_regions  # noqa: E402
 from volunteer.dht.beam import BeamSearch  # noqa: E402
 from volunteer.dht.config import TRAINER_BUCKET_SIZE, TRAINER_CRAWL_LOOKUPS, TRAINER_JOIN_LOOKUPS, DHTConfig  # noqa: E402
 from volunteer.dht.grid import BEAM_QUORUM, EXPERT_QUORUM, expert_key, select_alive  # noqa: E402
@@ -73,6 +74,7 @@ class Swarm:
         self.volunteers: list[SimNode] = []
         self.size = size
         self.n_trainers = trainers
+        self.trainer_regions = spread_regions(trainers, self.rng)  # the cold start's trainers take these
         self.uid_of: dict = {}
         self.client_trainers = client_trainers  # the cold start's trainers in client mode
 
@@ -84,7 +86,9 @@ class Swarm:
         # Swarm.join's does (DHTConfig.for_trainer)
         config = dataclasses.replace(CONFIG, bucket_size=TRAINER_BUCKET_SIZE, join_lookups=JOIN_LOOKUPS,
                                      crawl_lookups=CRAWL_LOOKUPS) if trainer else None
-        node = SimNode(self.net, KeyPair.generate(), relayed=relayed, config=config, client_mode=client or None)
+        region = self.trainer_regions.pop() if trainer and self.trainer_regions else None
+        node = SimNode(self.net, KeyPair.generate(), relayed=relayed, region=region, config=config,
+                       client_mode=client or None)
         (self.trainers if trainer else self.volunteers).append(node)
         return node
 
@@ -187,6 +191,7 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     net.msgs.clear()
     net.bytes.clear()
     results = {"expert": [], "grid": [], "beam": [], "vanish": [], "appear": [], "stale": []}
+    by_region: dict[str, list[float]] = {}  # expert lookup seconds, by the trainer's region
     churn = {"crash": 0, "leave": 0}
     born: dict = {}  # joiner -> when it started declaring
     crashed_at: dict = {}  # crashed volunteer -> when it crashed
@@ -245,6 +250,8 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
             def done(found: dict) -> None:
                 alive = select_alive(found[key].values(), net.now, CONFIG)
                 results[kind].append((net.now - t0, any(d.peer == host.peer for d in alive)))
+                if kind == "expert":
+                    by_region.setdefault(trainer.region, []).append(net.now - t0)
                 note_stale(alive)
 
             trainer.get_many([key], EXPERT_QUORUM, done)
@@ -330,6 +337,8 @@ def steady(size: int, seed: int, nat_share: float, minutes: float, trainers: int
     return {
         "swarm": swarm,
         "results": results,
+        "by_region": by_region,
+        "trainer_regions": [t.region for t in swarm.trainers],
         "churn": churn,
         "splits_cold": splits_cold,
         "splits_end": swarm.splits(),
@@ -534,6 +543,9 @@ def main() -> None:
               f"{args.trainers} trainers  [{time.perf_counter() - wall:.0f} s wall]")
         for line in steady_lines(out):
             print(line)
+        print("  expert lookups by the trainer's region: " + ", ".join(
+            f"{region} ({out['trainer_regions'].count(region)} trainers) p50 {pct(out['by_region'][region], 0.5) * 1000:.0f} ms"
+            for region in REGIONS if region in out["by_region"]))
         print(f"  routing-table graph after the cold start / at the end: splits {out['splits_cold'][0]} / {out['splits_end'][0]}, "
               f"strongly connected {out['splits_cold'][1]:.1%} / {out['splits_end'][1]:.1%}", flush=True)
         last = (size, e, splits, out["msgs"])

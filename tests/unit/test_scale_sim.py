@@ -4,9 +4,12 @@ expert per grid cell. Virtual time only (seeded, no trio, no wall clock)."""
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
-from benchmarks._netsim import LOOPBACK_ONE_WAY, Net, SimNode
+from benchmarks._netsim import LOOPBACK_ONE_WAY, REGION_SHARE, REGIONS, Net, SimNode, spread_regions
 from benchmarks.scale import CONFIG, steady, steady_lines
 from volunteer.dht.messages import Ping
 from volunteer.net.identity import KeyPair
@@ -71,3 +74,17 @@ def test_a_heartbeat_reaches_the_tables_closest_peers_while_its_lookup_waits_on_
     assert all(node.state.storage.get(key, net.now) for node in live)
     net.run_until(CONFIG.request_timeout + 1.0)
     assert key not in host._closest or not any(c.peer in {d.peer for d in dead} for c in host._closest[key][1])
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 37])
+def test_trainers_regions_hold_each_regions_share_to_one_and_each_draw_keeps_its_odds(n):
+    rng = random.Random(5)
+    positions = Counter()
+    for _ in range(4000):
+        regions = spread_regions(n, rng)
+        counts = Counter(regions)
+        for region, share in zip(REGIONS, REGION_SHARE):
+            assert abs(counts[region] - n * share) < 1  # never none of the big regions, nor seven of ten
+        positions[regions[0]] += 1
+    for region, share in zip(REGIONS, REGION_SHARE):  # the first trainer's region: as likely as a peer's
+        assert abs(positions[region] / 4000 - share) < 0.03
