@@ -67,6 +67,8 @@ def spread_regions(n: int, rng: random.Random) -> list[str]:
     Why: a lookup's time is mostly where its trainer sits, and ten independent draws made the
     lookup p50 of benchmarks/scale.py a figure of that luck (1,000 peers, seeds 1-4: 146 to
     over 200 ms, with seven trainers in North America or four in Asia)."""
+    if n <= 0:
+        return []  # no draw: a swarm without trainers (the censor scenario) keeps its seed's peers
     offset = rng.random()
     cumulative = list(itertools.accumulate(REGION_SHARE))
     picked = []
