@@ -125,8 +125,9 @@ def _timed(fn, label: str):
     return timed
 
 
-def install(stages) -> None:
-    """Wrap each (module, "Class.attr" or "function", label) that exists in this tree."""
+def install(stages, wrap=_timed) -> None:
+    """Wrap each (module, "Class.attr" or "function", label) that exists in this tree with
+    ``wrap(fn, label)`` (``_timed``; ``call_timeline.py`` passes its own)."""
     for module_name, qualname, label in stages:
         owner = importlib.import_module(module_name)
         *path, name = qualname.split(".")
@@ -136,9 +137,9 @@ def install(stages) -> None:
             continue  # another tree's call path: nothing to time there
         raw = inspect.getattr_static(owner, name) if inspect.isclass(owner) else getattr(owner, name)
         if isinstance(raw, (staticmethod, classmethod)):
-            setattr(owner, name, type(raw)(_timed(raw.__func__, label)))
+            setattr(owner, name, type(raw)(wrap(raw.__func__, label)))
         else:
-            setattr(owner, name, _timed(raw, label))
+            setattr(owner, name, wrap(raw, label))
 
 
 def thread_cpu() -> collections.Counter:
