@@ -100,29 +100,42 @@ VOLUNTEER = [
 ]
 
 
-def _timed(fn, label: str):
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def timed_async(*args, **kwargs):
-            started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                TOTALS[label] += time.perf_counter_ns() - started
-                CPU[label] += time.thread_time_ns() - started_cpu  # other tasks' too, while it waited
-                COUNTS[label] += 1
-        return timed_async
+def wrapper(on_enter, on_exit):
+    """A wrapper for ``install``: around each call of a wrapped function (sync or async),
+    ``on_enter(label)`` before and ``on_exit(label, what on_enter returned)`` after."""
+    def wrap(fn, label: str):
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def wrapped_async(*args, **kwargs):
+                entered = on_enter(label)
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    on_exit(label, entered)
+            return wrapped_async
 
-    @functools.wraps(fn)
-    def timed(*args, **kwargs):
-        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            TOTALS[label] += time.perf_counter_ns() - started
-            CPU[label] += time.thread_time_ns() - started_cpu
-            COUNTS[label] += 1
-    return timed
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            entered = on_enter(label)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                on_exit(label, entered)
+        return wrapped
+    return wrap
+
+
+def _started(label: str) -> tuple[int, int]:
+    return time.perf_counter_ns(), time.thread_time_ns()
+
+
+def _ended(label: str, started: tuple[int, int]) -> None:
+    TOTALS[label] += time.perf_counter_ns() - started[0]
+    CPU[label] += time.thread_time_ns() - started[1]  # an async stage's: other tasks' too, while it waited
+    COUNTS[label] += 1
+
+
+_timed = wrapper(_started, _ended)
 
 
 def install(stages, wrap=_timed) -> None:

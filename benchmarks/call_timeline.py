@@ -20,8 +20,6 @@ load: compare stages within one run, and runs of one load.
 from __future__ import annotations
 
 import argparse
-import functools
-import inspect
 import json
 import os
 import statistics
@@ -33,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from call_stages import install  # noqa: E402  (puts the project on sys.path too)
+from call_stages import install, wrapper  # noqa: E402  (puts the project on sys.path too)
 
 STAMPS: list[tuple[str, int]] = []  # (label + "<" on entry or ">" on exit, ns)
 _TCP = "volunteer.net.transport.tcpstream"
@@ -74,25 +72,11 @@ STAGES = [
 ]
 
 
-def _stamped(fn, label: str):
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def stamped_async(*args, **kwargs):
-            STAMPS.append((label + "<", time.perf_counter_ns()))
-            try:
-                return await fn(*args, **kwargs)
-            finally:
-                STAMPS.append((label + ">", time.perf_counter_ns()))
-        return stamped_async
+def _stamp(label: str, mark: str = "<") -> None:
+    STAMPS.append((label + mark, time.perf_counter_ns()))
 
-    @functools.wraps(fn)
-    def stamped(*args, **kwargs):
-        STAMPS.append((label + "<", time.perf_counter_ns()))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            STAMPS.append((label + ">", time.perf_counter_ns()))
-    return stamped
+
+_stamped = wrapper(_stamp, lambda label, _: _stamp(label, ">"))
 
 
 def serve(hidden: int) -> None:
