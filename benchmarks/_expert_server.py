@@ -22,16 +22,22 @@ from volunteer.swarmfile import SwarmSpec  # noqa: E402
 SWARM = "bench"
 
 
-async def main(device: str, receipts: bool, inline_compute_limit: float | None = None) -> None:
-    config = ExpertsConfig(device=device, nan_check=False)
-    if inline_compute_limit is not None:
-        config = dataclasses.replace(config, inline_compute_limit=inline_compute_limit)
-    backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
+def open_bench_volunteer(config: ExpertsConfig, receipts: bool, hiddens: tuple[int, ...] = (256, 1024)):
+    """A volunteer on loopback TCP (no NAT, relay, hole punching or mDNS) serving an ffn expert
+    ``ffn{h}.0`` of each hidden size: what every expert benchmark's server runs."""
+    backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in hiddens]
     options = VolunteerOptions(
         listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
         nat=False, mdns=False, experts_config=config, backends=backends,
     )
-    async with open_volunteer(SwarmSpec(SWARM, SWARM, receipts=receipts), options) as node:
+    return open_volunteer(SwarmSpec(SWARM, SWARM, receipts=receipts), options)
+
+
+async def main(device: str, receipts: bool, inline_compute_limit: float | None = None) -> None:
+    config = ExpertsConfig(device=device, nan_check=False)
+    if inline_compute_limit is not None:
+        config = dataclasses.replace(config, inline_compute_limit=inline_compute_limit)
+    async with open_bench_volunteer(config, receipts) as node:
         print("READY", node.host.full_addrs()[0], flush=True)
         await trio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
 

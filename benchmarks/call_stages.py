@@ -199,18 +199,11 @@ async def serve(receipts: bool) -> None:
     """The volunteer side: serve ffn h256 and h1024; on stdin ``R`` resets the timers, ``D n
     title`` prints their table per call for ``n`` calls (to stderr)."""
     import trio
+    from _expert_server import open_bench_volunteer
 
     from volunteer.experts import ExpertsConfig
-    from volunteer.experts.backend import make_backend
-    from volunteer.net.stack import StackOptions
-    from volunteer.node import VolunteerOptions, open_volunteer
-    from volunteer.swarmfile import SwarmSpec
 
-    config = ExpertsConfig(device="cpu", nan_check=False)
-    backends = [make_backend(f"ffn{h}.0", "ffn", h, config=config) for h in (256, 1024)]
-    options = VolunteerOptions(listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
-                               nat=False, mdns=False, experts_config=config, backends=backends)
-    async with open_volunteer(SwarmSpec("bench", "bench", receipts=receipts), options) as node:
+    async with open_bench_volunteer(ExpertsConfig(device="cpu", nan_check=False), receipts) as node:
         print("READY", node.host.full_addrs()[0], flush=True)
         cpu = thread_cpu()
         while line := await trio.to_thread.run_sync(sys.stdin.readline):

@@ -20,6 +20,7 @@ load: compare stages within one run, and runs of one load.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -51,24 +52,25 @@ VOLUNTEER = [
     ("volunteer.experts.server", "serialize", "serialize"),
     ("volunteer.experts.server", "ExpertServer._receipt", "receipt"),
 ]
-# (stage, its start, its end): a stamp's label, "v." before the volunteer's; each point is the
-# first such stamp after the stage before it ended
+# Each stage ends at a stamp (its label; "v." before the volunteer's): the first such stamp after
+# the stage before ended. The first stage starts at the call, the last ends at its return.
 STAGES = [
-    ("caller hands the call to the trainer's loop", "call", "task<"),
-    ("request encoded, encrypted", "task<", "tx<"),
-    # from the write's start: a volunteer woken on the writer's core may read before it returns
-    ("request written, volunteer woken, at the header", "tx<", "v.header<"),
-    ("inputs read", "v.header<", "v.inputs>"),
-    ("to the runtime", "v.inputs>", "v.compute<"),
-    ("compute", "v.compute<", "v.compute>"),
-    ("reply serialized", "v.compute>", "v.serialize>"),
-    ("reply receipted (digests, signature)", "v.serialize>", "v.receipt>"),
-    ("reply encoded, encrypted", "v.receipt>", "v.tx<"),
-    ("reply written, the trainer's reader has it", "v.tx<", "rx>"),
-    ("reply decrypted, its header read", "rx>", "reply<"),
-    ("reply payload read", "reply<", "outputs>"),
-    ("reply checked, call bookkeeping", "outputs>", "task>"),
-    ("loop hands the outputs back to the caller", "task>", "returned"),
+    ("caller hands the call to the trainer's loop", "task<"),
+    ("request encoded, encrypted", "tx<"),
+    # to the volunteer's header from the write's start: woken on the writer's core, the volunteer
+    # may read before the write returns
+    ("request written, volunteer woken, at the header", "v.header<"),
+    ("inputs read", "v.inputs>"),
+    ("to the runtime", "v.compute<"),
+    ("compute", "v.compute>"),
+    ("reply serialized", "v.serialize>"),
+    ("reply receipted (digests, signature)", "v.receipt>"),
+    ("reply encoded, encrypted", "v.tx<"),
+    ("reply written, the trainer's reader has it", "rx>"),
+    ("reply decrypted, its header read", "reply<"),
+    ("reply payload read", "outputs>"),
+    ("reply checked, call bookkeeping", "task>"),
+    ("loop hands the outputs back to the caller", "returned"),
 ]
 
 
@@ -83,19 +85,12 @@ def serve(hidden: int) -> None:
     """The volunteer side: serve the expert, stamp its path; on stdin ``R`` forgets the stamps
     so far, ``D path`` writes them to ``path`` as JSON."""
     import trio
+    from _expert_server import open_bench_volunteer
 
     from volunteer.experts import ExpertsConfig
-    from volunteer.experts.backend import make_backend
-    from volunteer.net.stack import StackOptions
-    from volunteer.node import VolunteerOptions, open_volunteer
-    from volunteer.swarmfile import SwarmSpec
 
     async def main() -> None:
-        config = ExpertsConfig(device="cpu", nan_check=False)
-        options = VolunteerOptions(listen=["/ip4/127.0.0.1/tcp/0"], stack=StackOptions(relay_client=False, hole_punching=False),
-                                   nat=False, mdns=False, experts_config=config,
-                                   backends=[make_backend(f"ffn{hidden}.0", "ffn", hidden, config=config)])
-        async with open_volunteer(SwarmSpec("bench", "bench", receipts=True), options) as node:
+        async with open_bench_volunteer(ExpertsConfig(device="cpu", nan_check=False), True, (hidden,)) as node:
             print("READY", node.host.full_addrs()[0], flush=True)
             while line := await trio.to_thread.run_sync(sys.stdin.readline):
                 if line.startswith("R"):
@@ -108,28 +103,33 @@ def serve(hidden: int) -> None:
     trio.run(main)
 
 
-def _after(stamps: list[tuple[str, int]], label: str, since: int) -> int | None:
-    """The first stamp ``label`` at or after ``since``, or None."""
-    return next((t for name, t in stamps if name == label and t >= since), None)
+def _by_label(stamps: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """Each label's stamp times, in order."""
+    times: dict[str, list[int]] = {}
+    for label, t in stamps:
+        times.setdefault(label, []).append(t)
+    for found in times.values():
+        found.sort()  # a process's threads (the runtime's worker) stamp too
+    return times
 
 
 def join(calls: list[list[tuple[str, int]]], volunteer: list[tuple[str, int]]) -> list[dict[str, float]]:
     """Per call, each stage's microseconds (calls whose stamps do not all line up are left out)."""
+    theirs = _by_label(volunteer)
     rows = []
     for stamps in calls:
-        points: dict[str, int] = {"call": stamps[0][1], "returned": stamps[-1][1]}
-        cursor = points["call"]
-        for _, start, end in STAGES:
-            for point in (start, end):
-                if point in points:
-                    cursor = max(cursor, points[point])
-                    continue
-                found = _after(volunteer, point[2:], cursor) if point.startswith("v.") else _after(stamps, point, cursor)
-                if found is None or found > points["returned"]:
-                    break
-                points[point] = cursor = found
-        if len(points) == len({p for _, s, e in STAGES for p in (s, e)}):
-            rows.append({name: (points[end] - points[start]) / 1000 for name, start, end in STAGES})
+        ours = _by_label(stamps)
+        ends, reached = [], stamps[0][1]  # the call's first stamp: "call"
+        for _, point in STAGES:
+            times = theirs.get(point[2:], []) if point.startswith("v.") else ours.get(point, [])
+            at = bisect.bisect_left(times, reached)
+            if at == len(times) or times[at] > stamps[-1][1]:  # not within this call
+                break
+            reached = times[at]
+            ends.append(reached)
+        else:
+            rows.append({name: (end - start) / 1000
+                         for (name, _), start, end in zip(STAGES, [stamps[0][1], *ends], ends)})
     return rows
 
 
@@ -192,7 +192,7 @@ def main() -> None:
     rows = join(calls, volunteer)
     print(f"ffn h{args.hidden} b{args.batch} forward, {args.calls} calls, gap: {args.gap}; "
           f"{len(rows)} joined; medians (quartiles), us")
-    for name, _, _ in STAGES:
+    for name, _ in STAGES:
         spent = sorted(row[name] for row in rows)
         print(f"  {name:<50}{statistics.median(spent):>7.0f}   ({spent[len(spent) // 4]:.0f}-{spent[3 * len(spent) // 4]:.0f})")
     print(f"  {'the whole call':<50}{statistics.median(wholes):>7.0f}")
