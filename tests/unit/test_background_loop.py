@@ -1,8 +1,10 @@
-"""BackgroundLoop's hand-offs: a call from another thread is heard while one runs, a call cut off
+"""BackgroundLoop's hand-offs: a call from another thread is heard while one runs, a lone
+caller's call costs the loop one pass, calls from many threads at once all arrive, a call cut off
 by stop() says so however its coroutine raised the cancellation, and no bell is left open."""
 
 from __future__ import annotations
 
+import random
 import threading
 
 import pytest
@@ -12,8 +14,9 @@ from volunteer.experts.loop import BackgroundLoop
 
 
 def test_a_call_is_heard_while_another_one_waits_in_the_loop() -> None:
-    """The worker the bell woke runs its call; another listens meanwhile. Without that, the
-    second call would wait for the first, which waits for the second: both time out."""
+    """The worker the bell woke runs its call; a call from another thread meanwhile reaches
+    another worker. Without that, the second call would wait for the first, which waits for the
+    second: both time out."""
     with BackgroundLoop() as loop:
         opened = trio.Event()  # created and set on the loop's thread only
         waiting = threading.Event()
@@ -39,6 +42,68 @@ def test_a_call_is_heard_while_another_one_waits_in_the_loop() -> None:
         for _ in range(20):
             loop.run(trio.sleep, 0)
         assert loop._workers is not None and len(loop._workers.child_tasks) <= 3
+
+
+class _StepCounter(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps += 1
+
+
+def test_a_lone_callers_call_costs_the_loop_one_task_step() -> None:
+    """The bell wakes the listener, which runs the call and listens again: no other worker is
+    woken to listen meanwhile (a loop pass more per call, on the core the reply wakes on)."""
+    async def nothing() -> int:
+        return 1
+
+    with BackgroundLoop() as loop:
+        for _ in range(5):
+            loop.run(nothing)
+        counter = _StepCounter()
+        loop.run(_add_instrument, counter)
+        for _ in range(50):
+            assert loop.run(nothing) == 1
+        loop.run(_remove_instrument, counter)
+        # 50 calls, plus the two that installed and removed the counter
+        assert counter.steps <= 52, counter.steps
+
+
+async def _add_instrument(instrument: trio.abc.Instrument) -> None:
+    trio.lowlevel.add_instrument(instrument)
+
+
+async def _remove_instrument(instrument: trio.abc.Instrument) -> None:
+    trio.lowlevel.remove_instrument(instrument)
+
+
+def test_calls_from_many_threads_at_once_all_arrive() -> None:
+    """Eight threads call at once, with calls that finish at once and calls that wait in the
+    loop: each call is queued while a worker listens, or while none does (all run calls), and
+    every one gets its own answer; the workers stay as many as the calls at once."""
+    threads, calls = 8, 150
+    answers: dict[int, list[int]] = {n: [] for n in range(threads)}
+
+    async def echo(value: int, pause: float) -> int:
+        if pause:
+            await trio.sleep(pause)
+        return value
+
+    def caller(n: int) -> None:
+        rng = random.Random(n)
+        for i in range(calls):
+            answers[n].append(loop.run(echo, n * calls + i, rng.choice([0, 0, 0.0005]), timeout=10))
+
+    with BackgroundLoop() as loop:
+        workers = [threading.Thread(target=caller, args=(n,)) for n in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert not any(worker.is_alive() for worker in workers)
+        assert all(answers[n] == [n * calls + i for i in range(calls)] for n in range(threads))
+        assert loop._workers is not None and len(loop._workers.child_tasks) <= threads + 1
 
 
 def test_a_call_cut_off_by_stop_raises_run_finished_even_from_inside_a_nursery() -> None:

@@ -50,13 +50,16 @@ def _cancelled(exc: BaseException) -> bool:
 class BackgroundLoop:
     """Owns a daemon thread running ``trio.run`` until ``stop``.
 
-    Calls are run by worker tasks that stay alive between calls. One of them, the listener,
-    waits on a bell (a socket pair) that ``run`` rings after queueing its call; the bell wakes
-    it, and it runs the call itself in that same loop pass, after handing the bell to an idle
-    worker (or a new one) so that calls from other threads are heard meanwhile. trio's own
+    Calls are run by worker tasks that stay alive between calls. One of them at most, the
+    listener, waits on a bell (a socket pair) that ``run`` rings after queueing its call; the bell
+    wakes it and it runs the call itself, in that same loop pass, then listens again. trio's own
     ``from_thread`` and ``run_sync_soon`` wake its entry-queue task, which would then wake a
-    worker: a loop pass more before every call's first byte goes out, and a task spawned per
-    call on top for ``from_thread.run``. Calls from several threads at once get a worker each."""
+    worker: a loop pass more before every call's first byte goes out, and a task spawned per call
+    on top for ``from_thread.run``. While no worker listens (the last listener runs a call), a
+    call from another thread takes that slower road (``run_sync_soon``) to an idle worker or a new
+    one: handing the bell on to another worker before each call would cost every call a loop pass
+    of its own, on the core the called volunteer's reply wakes on. Calls from several threads at
+    once get a worker each."""
 
     def __init__(self, name: str = "volunteer-trio") -> None:
         self.name = name
@@ -69,8 +72,9 @@ class BackgroundLoop:
         self._jobs: deque[_Job] = deque()  # queued by callers' threads, taken by the listener
         self._bell: tuple[socket.socket, socket.socket] | None = None  # (the listener's end, callers')
         self._listener: trio.lowlevel.Task | None = None
+        self._listening = False  # a worker waits on the bell: read by callers' threads (see run)
         self._idle: list[trio.lowlevel.Task] = []  # workers parked until handed a call or the bell
-        self._handed: dict[trio.lowlevel.Task, _Job | None] = {}  # what woke a parked worker (None: the bell)
+        self._handed: dict[trio.lowlevel.Task, _Job] = {}  # the call that woke a parked worker
         self._closing = False
 
     def start(self) -> "BackgroundLoop":
@@ -100,9 +104,9 @@ class BackgroundLoop:
 
     async def _main(self) -> None:
         self._stop = trio.Event()
-        self.token = trio.lowlevel.current_trio_token()
         async with trio.open_nursery() as workers:
             self._workers = workers
+            self.token = trio.lowlevel.current_trio_token()  # callers may hand calls in from now on
             workers.start_soon(self._work, None)  # the first listener
             self._started.set()
             await self._stop.wait()
@@ -120,11 +124,16 @@ class BackgroundLoop:
             raise VolunteerError("the background event loop is not running (call start(), or it was stopped)")
         job = _Job(fn, args, timeout)
         self._jobs.append(job)
+        # Queued first, then the flag read; the listener sets the flag, then reads the queue: a
+        # call it misses was queued after it stopped listening, and takes the other road.
         try:
-            bell[1].send(b"\0")
+            if self._listening:
+                bell[1].send(b"\0")
+            else:
+                self.token.run_sync_soon(self._take_queued)
         except BlockingIOError:
             pass  # rings nobody has read yet: the listener wakes all the same, and takes every call
-        except OSError:
+        except (OSError, trio.RunFinishedError):
             raise trio.RunFinishedError("the background event loop stopped before the call ran") from None
         while not job.done.acquire(timeout=WAKE_CHECK):
             if not thread.is_alive():  # ended before our call reached a worker
@@ -141,53 +150,73 @@ class BackgroundLoop:
     async def _work(self, job: _Job | None) -> None:
         task = trio.lowlevel.current_task()
         while True:
-            if job is not None:
-                await self._perform(job)
-            job = await self._next_job(task)
+            if job is None:
+                listens = self._claim_bell(task)
+            else:
+                value, error = await self._perform(job)
+                # Claimed before the caller wakes: its next call (a backward after its forward)
+                # then rings the bell instead of taking the slower road.
+                listens = self._claim_bell(task)
+                job.finish(value, error)
+            job = await (self._listen() if listens else self._park(task))
 
-    async def _next_job(self, task: trio.lowlevel.Task) -> _Job:
-        """The next call for this worker: it listens to the bell if nobody does, else it parks
-        until the listener hands it a call or the bell."""
+    def _claim_bell(self, task: trio.lowlevel.Task) -> bool:
+        """Make ``task`` the listener if nobody listens; whether it did."""
+        if self._listener is not None:
+            return False
+        self._listener, self._listening = task, True
+        return True
+
+    async def _park(self, task: trio.lowlevel.Task) -> _Job:
+        """Wait until handed a call (``_take_queued``)."""
         def abort(_: object) -> trio.lowlevel.Abort:
             self._idle.remove(task)  # cancelled while parked: the loop is stopping
             return trio.lowlevel.Abort.SUCCEEDED
 
-        while True:
-            if self._listener is None:
-                self._listener = task
-                try:
-                    jobs = await self._listen()
-                finally:
-                    self._listener = None
-                self._hand(None)  # somebody listens while this worker runs its call
-                for extra in jobs[1:]:
-                    self._hand(extra)
-                return jobs[0]
-            self._idle.append(task)
-            await trio.lowlevel.wait_task_rescheduled(abort)
-            job = self._handed.pop(task)
-            if job is not None:
-                return job
+        self._idle.append(task)
+        await trio.lowlevel.wait_task_rescheduled(abort)
+        return self._handed.pop(task)
 
-    async def _listen(self) -> list[_Job]:
-        """Wait for the bell; the calls queued by then. The bell is emptied before the queue is
-        read: a call queued after that rings it again, so none waits for the next one's ring."""
+    async def _listen(self) -> _Job:
+        """As the listener: wait for the bell, take the calls queued by then, stop listening, run
+        the first (handing the others out). The bell is emptied before the queue is read: a call
+        queued after that rings it again, so none waits for the next one's ring."""
         assert self._bell is not None
         bell = self._bell[0]
-        while True:
-            try:
-                bell.recv(4096)  # one read: rings left over (more than 4096) wake the next wait at once
-            except BlockingIOError:
-                pass
-            if self._jobs:
-                jobs = [self._jobs.popleft()]
-                while self._jobs:
-                    jobs.append(self._jobs.popleft())
-                return jobs
-            await trio.lowlevel.wait_readable(bell)
+        try:
+            while True:
+                try:
+                    bell.recv(4096)  # one read: rings left over (more than 4096) wake the next wait at once
+                except BlockingIOError:
+                    pass
+                if self._jobs:
+                    self._listening = False  # before the queue is read: see run
+                    jobs = self._queued()
+                    break
+                await trio.lowlevel.wait_readable(bell)
+        finally:
+            self._listener, self._listening = None, False
+        for extra in jobs[1:]:
+            self._hand(extra)
+        return jobs[0]
 
-    def _hand(self, job: _Job | None) -> None:
-        """Give ``job`` (None: the bell) to a parked worker, or to a new one."""
+    def _queued(self) -> list[_Job]:
+        jobs = [self._jobs.popleft()]
+        while self._jobs:
+            jobs.append(self._jobs.popleft())
+        return jobs
+
+    def _take_queued(self) -> None:
+        """Hand the calls queued while nobody listened to idle workers or new ones (on the loop's
+        thread, from ``run_sync_soon``); the listener may have taken them already."""
+        if self._closing:
+            self._refuse_queued()
+        elif self._jobs:
+            for job in self._queued():
+                self._hand(job)
+
+    def _hand(self, job: _Job) -> None:
+        """Give ``job`` to a parked worker, or to a new one."""
         if self._idle:
             worker = self._idle.pop()
             self._handed[worker] = job
@@ -197,23 +226,23 @@ class BackgroundLoop:
             self._workers.start_soon(self._work, job)
 
     @staticmethod
-    async def _perform(job: _Job) -> None:
+    async def _perform(job: _Job) -> tuple[Any, BaseException | None]:
+        """The call's value or error, for the caller; if the loop stops meanwhile, the caller is
+        told so and the cancellation goes on."""
         try:
             if job.timeout is None:
+                return await job.fn(*job.args), None
+            with trio.move_on_after(job.timeout) as scope:
                 value = await job.fn(*job.args)
-            else:
-                with trio.move_on_after(job.timeout) as scope:
-                    value = await job.fn(*job.args)
-                if scope.cancelled_caught:
-                    name = getattr(job.fn, "__name__", "call")
-                    raise ExpertTimeoutError(f"{name} did not finish within {job.timeout} s")
+            if scope.cancelled_caught:
+                name = getattr(job.fn, "__name__", "call")
+                raise ExpertTimeoutError(f"{name} did not finish within {job.timeout} s")
+            return value, None
         except BaseException as exc:  # noqa: BLE001 - the caller gets what the call raised, as it was raised
             if _cancelled(exc):  # the loop is stopping: bare, or as a group from a nursery in the call
                 job.finish(error=trio.RunFinishedError("the background event loop stopped during the call"))
                 raise
-            job.finish(error=exc)
-        else:
-            job.finish(value)
+            return None, exc
 
     def stop(self) -> None:
         """End the loop (idempotent); tasks still running in it are cancelled."""
