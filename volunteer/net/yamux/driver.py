@@ -8,9 +8,9 @@ woke the task of one stream the peer opened (a handler, which reads again once i
 until that task has taken its data (it is *lent* the connection), and after a direct read until
 woken by it: so a server's handler that reads its next request right after sending its reply
 waits on the socket itself and is woken by the request, a loop pass before the reader would
-have woken it. A caller's task takes its reply and goes: the reader reads on at once for it. Only over a channel whose ``receive_some`` loses nothing when
-cancelled (``receive_cancel_safe``: Noise over TCP), since the stream's task may be cancelled
-while it waits there.
+have woken it. A caller's task takes its reply and goes: the reader reads on at once for it.
+Only over a channel whose ``receive_some`` loses nothing when cancelled (``receive_cancel_safe``:
+Noise over TCP), since the stream's task may be cancelled while it waits there.
 """
 
 from __future__ import annotations
