@@ -15,28 +15,11 @@ import pytest
 import trio
 import trio.testing
 
+from tests.integration.test_stream_contracts import noise_pair
 from volunteer.errors import StreamReset
-from volunteer.net.identity import KeyPair
-from volunteer.net.noise import secure_inbound, secure_outbound
 from volunteer.net.transport.tcpstream import FAIR_TURNS, TcpStream
 from volunteer.net.yamux import YamuxConnection
 from volunteer.net.yamux.frames import DATA, encode_header
-
-
-async def _noise_pair(left: trio.abc.Stream, right: trio.abc.Stream):
-    a, b = KeyPair.generate(), KeyPair.generate()
-    found = {}
-
-    async def outbound() -> None:
-        found["out"] = await secure_outbound(left, a, b.peer_id)
-
-    async def inbound() -> None:
-        found["in"] = await secure_inbound(right, b)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(outbound)
-        nursery.start_soon(inbound)
-    return found["out"], found["in"]
 
 
 @asynccontextmanager
@@ -45,7 +28,7 @@ async def _connections(fair_turns: int = FAIR_TURNS) -> AsyncIterator[tuple[Yamu
     the client's raw stream (to write past Noise). Closed on the way out."""
     left, right = (TcpStream(end, fair_turns=fair_turns) for end in socket.socketpair())
     try:
-        secure_client, secure_server = await _noise_pair(left, right)
+        secure_client, secure_server = await noise_pair(lambda: (left, right))
         client = YamuxConnection(secure_client, is_client=True)
         server = YamuxConnection(secure_server, is_client=False)
         assert server._direct and client._direct  # Noise over TCP loses nothing to a cancel: direct reads on
