@@ -115,9 +115,16 @@ async def test_a_direct_reader_cancelled_mid_frame_loses_no_byte() -> None:
         send_half = trio.Event()
         raw.send_all = send_in_halves  # type: ignore[method-assign]
         nursery.start_soon(outbound.send_all, message)
+        seen: list[bool] = []
+
+        async def look() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            seen.append(server._reading and len(server._reader_turn) == 1)  # the handler reads, the reader waits
+
+        nursery.start_soon(look)
         with trio.move_on_after(0.2) as waited:
             await inbound.receive_some()  # reads the first half directly, then waits for the rest
-        assert waited.cancelled_caught and sent
+        assert waited.cancelled_caught and sent and seen == [True]
         send_half.set()
         assert await _read_exactly(inbound, len(message)) == message
         assert server.direct_reads >= 1
@@ -172,6 +179,24 @@ async def test_a_protocol_violation_found_by_a_direct_read_ends_the_connection()
         with trio.fail_after(5):
             await server.closed.wait()
             await client.closed.wait()  # the GoAway reached it (or the socket closed)
+
+
+async def test_closing_the_connection_ends_a_direct_read_at_once() -> None:
+    """The connection closes under a handler that waits on the socket itself: its read ends with
+    the stream reset, as it would parked on the reader (the socket's close wakes its wait)."""
+    async with _connections() as (client, server, _), trio.open_nursery() as nursery:
+        _, inbound = await _handler_stream(client, server, nursery)
+        seen: list[bool] = []
+
+        async def close_under_it() -> None:
+            await trio.testing.wait_all_tasks_blocked()
+            seen.append(server._reading and len(server._reader_turn) == 1)  # the handler reads, the reader waits
+            await server.aclose()
+
+        nursery.start_soon(close_under_it)
+        with trio.fail_after(5), pytest.raises(StreamReset):
+            await inbound.receive_some()
+        assert seen == [True] and server.closed.is_set()
 
 
 async def test_the_stream_contract_holds_with_direct_reads() -> None:
