@@ -71,9 +71,8 @@ class BackgroundLoop:
         self._workers: trio.Nursery | None = None
         self._jobs: deque[_Job] = deque()  # queued by callers' threads, taken by the listener
         self._bell: tuple[socket.socket, socket.socket] | None = None  # (the listener's end, callers')
-        self._listener: trio.lowlevel.Task | None = None
-        self._listening = False  # a worker waits on the bell: read by callers' threads (see run)
-        self._idle: list[trio.lowlevel.Task] = []  # workers parked until handed a call or the bell
+        self._listener: trio.lowlevel.Task | None = None  # the worker on the bell: callers' threads read it (see run)
+        self._idle: list[trio.lowlevel.Task] = []  # workers parked until handed a call
         self._handed: dict[trio.lowlevel.Task, _Job] = {}  # the call that woke a parked worker
         self._closing = False
 
@@ -124,10 +123,11 @@ class BackgroundLoop:
             raise VolunteerError("the background event loop is not running (call start(), or it was stopped)")
         job = _Job(fn, args, timeout)
         self._jobs.append(job)
-        # Queued first, then the flag read; the listener sets the flag, then reads the queue: a
-        # call it misses was queued after it stopped listening, and takes the other road.
+        # Queued first, then the listener read; a worker becomes the listener, then reads the
+        # queue, and stops being it before taking the queue: a call it misses was queued after it
+        # stopped listening, and takes the other road.
         try:
-            if self._listening:
+            if self._listener is not None:
                 bell[1].send(b"\0")
             else:
                 self.token.run_sync_soon(self._take_queued)
@@ -164,7 +164,7 @@ class BackgroundLoop:
         """Make ``task`` the listener if nobody listens; whether it did."""
         if self._listener is not None:
             return False
-        self._listener, self._listening = task, True
+        self._listener = task
         return True
 
     async def _park(self, task: trio.lowlevel.Task) -> _Job:
@@ -190,12 +190,12 @@ class BackgroundLoop:
                 except BlockingIOError:
                     pass
                 if self._jobs:
-                    self._listening = False  # before the queue is read: see run
+                    self._listener = None  # before the queue is read: see run
                     jobs = self._queued()
                     break
                 await trio.lowlevel.wait_readable(bell)
         finally:
-            self._listener, self._listening = None, False
+            self._listener = None
         for extra in jobs[1:]:
             self._hand(extra)
         return jobs[0]
