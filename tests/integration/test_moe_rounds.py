@@ -5,6 +5,8 @@ answered raises; backward reaches only the experts that answered."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -107,7 +109,8 @@ def test_an_expert_whose_host_died_is_served_by_its_other_replica_in_the_same_fo
                                      forward_timeout=5, backward_timeout=5, timeout_after_k_min=0.5, refresh_period=60)
         live = moe.live_experts(refresh=True)
         assert sorted(live) == GRID and all(len(hosts) == 2 for hosts in live.values())
-        moe._latency = {str(first.host.peer_id): 1e-4, str(second.host.peer_id): 10.0}  # calls go to first
+        now = time.monotonic()  # calls go to first
+        moe._latency = {str(first.host.peer_id): (1e-4, now), str(second.host.peer_id): (10.0, now)}
         first.stop(crash=True)  # gone without tombstones: the trainer still sees both replicas
         before = {uid: second.runtime.backends[uid].updates for uid in GRID}
         x = torch.randn(16, 8)

@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 STALE_AFTER = 10  # refresh periods: a grid cache this old is looked up again before a forward uses it
 GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward that needed it
+# seconds a replica's measured latency steers picks: a replica measured slow once (its first call
+# under load) is picked as rarely as that says, so no later call would measure it again; past
+# this it counts as typical, is picked again and measured anew
+LATENCY_MEMORY = 10.0
 
 
 class RemoteMixtureOfExperts(nn.Module):
@@ -124,7 +128,8 @@ class RemoteMixtureOfExperts(nn.Module):
         self._strikes: dict[tuple[str, str], int] = {}  # consecutive failures per (uid, peer)
         self._refused_by: set[str] = set()  # volunteers that refused our backwards (told once each)
         self._failed_now: set[tuple[str, str]] = set()  # failed during the current forward
-        self._latency: dict[str, float] = {}  # peer -> moving average of forward call seconds
+        # peer -> (moving average of forward call seconds, when last measured, monotonic)
+        self._latency: dict[str, tuple[float, float]] = {}
         self._random = random.Random()
         self._counts = {"calls": 0, "failures": 0, "samples_short": 0, "rerouted": 0, "failed_over": 0, "rejected": 0,
                         "backward_retried": 0}
@@ -211,8 +216,8 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def _pick_host(self, uid: str, hosts: list):
         """One of the expert's replicas, drawn with weight 1 / ((1 + load) x latency): calls
-        spread over the replicas, most to the idle and near ones (a host never measured counts
-        as the median of those that were)."""
+        spread over the replicas, most to the idle and near ones (a host not measured within
+        ``LATENCY_MEMORY`` counts as the median of those that were)."""
         now = time.monotonic()
         eligible = [
             decl for decl in hosts
@@ -221,11 +226,12 @@ class RemoteMixtureOfExperts(nn.Module):
         ]
         if len(eligible) <= 1:
             return eligible[0] if eligible else None
-        known = sorted(self._latency.values())
+        latency = self._recent_latency(now)
+        known = sorted(latency.values())
         typical = known[len(known) // 2] if known else 0.05
         weights = [
             self.trust.pick_weight(uid, str(d.peer))
-            / ((1.0 + max(0.0, d.load)) * max(1e-3, self._latency.get(str(d.peer), typical)))
+            / ((1.0 + max(0.0, d.load)) * max(1e-3, latency.get(str(d.peer), typical)))
             for d in eligible
         ]
         return self._random.choices(eligible, weights)[0]
@@ -257,11 +263,17 @@ class RemoteMixtureOfExperts(nn.Module):
         if strikes >= 2:
             self._avoid[key] = time.monotonic() + min(self.backoff, 2.0 ** (strikes - 1))
 
+    def _recent_latency(self, now: float) -> dict[str, float]:
+        """Each peer's moving average of call seconds, if measured within ``LATENCY_MEMORY``."""
+        return {peer: seconds for peer, (seconds, at) in self._latency.items() if now - at <= LATENCY_MEMORY}
+
     def _answered(self, call: _Call, seconds: float | None = None) -> None:
         key = (call.uid, str(call.peer))
         if seconds is not None:
-            old = self._latency.get(str(call.peer))
-            self._latency[str(call.peer)] = seconds if old is None else 0.8 * old + 0.2 * seconds
+            now, last = time.monotonic(), self._latency.get(str(call.peer))
+            if last is not None and now - last[1] <= LATENCY_MEMORY:  # a forgotten average starts anew
+                seconds = 0.8 * last[0] + 0.2 * seconds
+            self._latency[str(call.peer)] = (seconds, now)
         if key in self._strikes:
             del self._strikes[key]
             self._avoid.pop(key, None)
