@@ -50,6 +50,12 @@ class BufferedStream(trio.abc.HalfCloseableStream):
         self._buffer = bytearray(initial)
 
     # --- reading ---------------------------------------------------------------------------
+    @property
+    def receive_cancel_safe(self) -> bool:
+        """Whether a cancelled ``receive_some`` loses no bytes: buffered bytes go out without a
+        wait, so it holds when it holds for the wrapped stream."""
+        return bool(getattr(self.stream, "receive_cancel_safe", False))
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """The buffered bytes first (at most ``max_bytes``), then the wrapped stream's."""
         check_max_bytes(max_bytes)

@@ -97,6 +97,12 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
             raise trio.BrokenResourceError(self._send_broken)
 
     # --- receiving -----------------------------------------------------------------------------
+    @property
+    def receive_cancel_safe(self) -> bool:
+        """Whether a cancelled ``receive_some`` loses no bytes: a partial frame stays in the
+        transport, so it holds when it holds for the raw stream (``TcpStream``)."""
+        return bool(getattr(self.raw, "receive_cancel_safe", False))
+
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         """Decrypted bytes (at most ``max_bytes``); b"" once the peer has closed cleanly.
 
@@ -136,8 +142,8 @@ class NoiseConnection(trio.abc.HalfCloseableStream):
                 return
             chunk: bytes | bytearray
             if self._initial:
+                await trio.lowlevel.checkpoint()  # before the bytes are taken: a cancel here loses none
                 chunk, self._initial = self._initial, b""
-                await trio.lowlevel.checkpoint()
             else:
                 chunk = await self.raw.receive_some(NOISE_READ_CHUNK)
             if not chunk:

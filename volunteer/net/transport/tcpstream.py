@@ -53,6 +53,10 @@ class TcpStream(trio.abc.HalfCloseableStream):
     every operation yield (``fair_turns=1``: what ``trio.testing``'s stream checks hold it to);
     the default trades that for a pass of the event loop less per message."""
 
+    # A receive_some cancelled loses no bytes: cancelled only before its recv (at its wait), never
+    # after (its turn is shielded). A yamux stream's own task may then read the connection itself.
+    receive_cancel_safe = True
+
     def __init__(self, sock: socket.socket, *, fair_turns: int = FAIR_TURNS) -> None:
         sock.setblocking(False)
         # what trio.SocketStream sets on every TCP socket (both fail harmlessly elsewhere)

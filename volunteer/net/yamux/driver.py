@@ -1,4 +1,17 @@
-"""trio driver for yamux: one reader task, one writer path under a lock, streams as trio streams."""
+"""trio driver for yamux: one reader task, one writer path under a lock, streams as trio streams.
+
+**Direct reads.** A stream's task that finds no data while nobody reads the connection reads it
+itself, once, and dispatches what came as the reader would (its own data, others', control
+frames), then goes on with its data in the same step, where the reader would have woken it for
+the next loop pass. For a task to find the connection unread, the reader waits after a read that
+woke the task of one stream the peer opened (a handler, which reads again once it has answered)
+until that task has taken its data (it is *lent* the connection), and after a direct read until
+woken by it: so a server's handler that reads its next request right after sending its reply
+waits on the socket itself and is woken by the request, a loop pass before the reader would
+have woken it. A caller's task takes its reply and goes: the reader reads on at once for it.
+Only over a channel whose ``receive_some`` loses nothing when cancelled (``receive_cancel_safe``:
+Noise over TCP), since the stream's task may be cancelled while it waits there.
+"""
 
 from __future__ import annotations
 
@@ -58,6 +71,7 @@ class YamuxStream(trio.abc.HalfCloseableStream):
         if self._receiving:  # trio's contract: a second concurrent reader is a bug, said at once
             raise trio.BusyResourceError("another task is already receiving on this yamux stream")
         self._receiving = True
+        conn = self._conn
         try:
             waited = False
             while not self._chunks:
@@ -68,7 +82,10 @@ class YamuxStream(trio.abc.HalfCloseableStream):
                 if self._eof or self._read_closed:
                     await trio.lowlevel.checkpoint()
                     return b""
-                await self._readable.park()
+                if conn._direct and not conn._reading and not conn.session.terminated:
+                    await conn._read_directly()  # a checkpoint too, as the raw stream's receive is
+                else:
+                    await self._readable.park()
                 waited = True
             head = self._chunks[0]
             start = self._head_offset
@@ -88,6 +105,8 @@ class YamuxStream(trio.abc.HalfCloseableStream):
             return chunk
         finally:
             self._receiving = False
+            if conn._lent_to is self:
+                conn._lend_back()
 
     # --- writing ----------------------------------------------------------------------------
     async def send_all(self, data) -> None:
@@ -243,6 +262,12 @@ class YamuxConnection:
         self.rtt: float | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._direct = bool(getattr(secure, "receive_cancel_safe", False))  # see "Direct reads"
+        self._reading = False  # a task (the reader, or a stream's) is inside secure.receive_some
+        self._reader_turn = trio.lowlevel.ParkingLot()  # the reader, while a stream's task reads
+        self._lent_to: YamuxStream | None = None  # whose task the reader's last read woke, alone
+        self._woken: list[YamuxStream] = []  # streams whose waiting task the current read woke
+        self.direct_reads = 0  # reads made by a stream's own task
 
     @property
     def num_streams(self) -> int:
@@ -261,32 +286,76 @@ class YamuxConnection:
                 nursery.cancel_scope.cancel()
 
     async def _reader(self) -> None:
-        session = self.session
         try:
             while not self.closed.is_set():
-                data = await self.secure.receive_some(READ_CHUNK)
-                if not data:
-                    self._terminate(None if session.remote_go_away or session.local_go_away else ConnectionClosed("peer closed the connection"))
+                if self._reading or self._lent_to is not None:  # woken by that stream's task
+                    await self._reader_turn.park()
+                    continue
+                if self.session.terminated:  # a stream's direct read found the peer broke the protocol
+                    await self._end_session()
                     return
-                self.bytes_received += len(data)
-                queued = session.queued_frames
-                events = session.receive_data(data, self.clock())
-                for event in events:
-                    self._dispatch(event)
-                if session.queued_frames > queued:
-                    # only what these frames asked for (pongs, window updates, RSTs): an ACK
-                    # already waiting rides with its stream's first write (see accept_stream)
-                    self._control_pending.set()
-                if session.terminated:
-                    # Try to say GoAway, but a peer that floods us and never reads would hold the
-                    # send lock forever: give it a bounded moment, then close the socket.
-                    with trio.move_on_after(YAMUX_GOAWAY_FLUSH_TIMEOUT):
-                        await self._flush_quietly()
-                    self._terminate(self.close_reason)
-                    await trio.aclose_forcefully(self.secure)
+                self._reading = True
+                try:
+                    data = await self.secure.receive_some(READ_CHUNK)
+                finally:
+                    self._reading = False
+                if not self._absorb(data):
+                    if not self.closed.is_set():
+                        await self._end_session()
                     return
+                if len(self._woken) == 1 and self._direct and not self.session.is_ours(self._woken[0].stream_id):
+                    self._lent_to = self._woken[0]
         except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError) as exc:
-            self._terminate(exc if not isinstance(exc, trio.ClosedResourceError) or not self.closed.is_set() else None)
+            self._read_failed(exc)
+
+    async def _read_directly(self) -> None:
+        """One read of the connection by a stream's task (see "Direct reads"); the reader reads
+        on after it. A broken connection ends here; a protocol error is the reader's to end."""
+        self._reading = True
+        try:
+            data = await self.secure.receive_some(READ_CHUNK)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, RemoteProtocolError) as exc:
+            self._read_failed(exc)
+            return
+        finally:
+            self._reading = False
+            self._reader_turn.unpark_all()
+        self.direct_reads += 1
+        self._absorb(data)
+
+    def _lend_back(self) -> None:
+        """The lent stream's task took its data (or gave up): the reader reads on."""
+        self._lent_to = None
+        self._reader_turn.unpark_all()
+
+    def _absorb(self, data) -> bool:
+        """What one read brought, frames to events, events to streams; False when the connection
+        is over: the peer closed it (terminated here) or broke the protocol (``_end_session``)."""
+        session = self.session
+        if not data:
+            self._terminate(None if session.remote_go_away or session.local_go_away else ConnectionClosed("peer closed the connection"))
+            return False
+        self.bytes_received += len(data)
+        queued = session.queued_frames
+        self._woken.clear()
+        for event in session.receive_data(data, self.clock()):
+            self._dispatch(event)
+        if session.queued_frames > queued:
+            # only what these frames asked for (pongs, window updates, RSTs): an ACK
+            # already waiting rides with its stream's first write (see accept_stream)
+            self._control_pending.set()
+        return not session.terminated
+
+    async def _end_session(self) -> None:
+        """After a protocol violation: try to say GoAway, but a peer that floods us and never reads
+        would hold the send lock forever: give it a bounded moment, then close the socket."""
+        with trio.move_on_after(YAMUX_GOAWAY_FLUSH_TIMEOUT):
+            await self._flush_quietly()
+        self._terminate(self.close_reason)
+        await trio.aclose_forcefully(self.secure)
+
+    def _read_failed(self, exc: BaseException) -> None:
+        self._terminate(exc if not isinstance(exc, trio.ClosedResourceError) or not self.closed.is_set() else None)
 
     def _dispatch(self, event) -> None:
         kind = type(event)
@@ -298,7 +367,9 @@ class YamuxConnection:
                 return
             stream._chunks.append(event.data)
             stream._buffered += len(event.data)
-            stream._readable.unpark_all()
+            if stream._readable:
+                self._woken.append(stream)
+                stream._readable.unpark_all()
         elif kind is WindowUpdated:
             stream = self.streams.get(event.stream_id)
             if stream is not None:
@@ -350,6 +421,7 @@ class YamuxConnection:
             stream._wake()
         self.streams.clear()
         self._open_waiters.unpark_all()
+        self._reader_turn.unpark_all()
         for waiter in self._ping_waiters:
             waiter.set()
         self._accept_send.close()

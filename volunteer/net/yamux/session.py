@@ -343,7 +343,8 @@ class Session:
         state = self.streams.get(stream_id)
         return state.budget if state is not None else None
 
-    def _is_ours(self, stream_id: int) -> bool:
+    def is_ours(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` is of our parity (a stream we open; the peer opens the others)."""
         return (stream_id % 2 == 1) == self.is_client
 
     # --- ping / go away ---------------------------------------------------------------------
@@ -453,7 +454,7 @@ class Session:
             raise RemoteProtocolError("yamux stream frame with stream id 0")
         state = self.streams.get(stream_id)
         if flags & SYN:
-            if state is not None or self._is_ours(stream_id):
+            if state is not None or self.is_ours(stream_id):
                 raise RemoteProtocolError(f"yamux SYN for stream {stream_id} which exists or has our parity")
             if self.local_go_away or self.remote_go_away or len(self.streams) >= self.config.max_streams or (
                 self._pending_accept >= self.config.accept_backlog
