@@ -172,7 +172,11 @@ class TcpTransport:
         return self._connected(sock)
 
     def _connected(self, sock: trio.socket.SocketType) -> RawConnection:
-        local, remote = sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername())
+        try:
+            local, remote = sockaddr_to_multiaddr(sock.getsockname()), sockaddr_to_multiaddr(sock.getpeername())
+        except BaseException:
+            sock.close()  # reset right after it connected (ENOTCONN): nothing owns it yet
+            raise
         return RawConnection(stream_of(sock), local, remote, self)
 
     def _bind_endpoint(self, family: int, local_port: int | None) -> tuple[str, int] | None:
