@@ -49,7 +49,7 @@ def test_a_replica_measured_slow_is_measured_again_once_its_latency_is_forgotten
     # one slow first call (under load) must not starve a replica for good: so picked, it would
     # never be measured again, and a liar measured slow would never be audited again
     clock = SimpleNamespace(now=1000.0)
-    monkeypatch.setattr(moe_module.time, "monotonic", lambda: clock.now)
+    monkeypatch.setattr(moe_module, "time", SimpleNamespace(monotonic=lambda: clock.now))  # the mixture's clock alone
     moe = mixture()
     a, b = (Declaration(KeyPair.generate().peer_id, (), 0.0, 1.0) for _ in range(2))
     moe._answered(answered(a), 2.0)
