@@ -61,6 +61,11 @@ async def _handler_stream(client: YamuxConnection, server: YamuxConnection, nurs
     return outbound, inbound
 
 
+def _handler_reads_the_socket(server: YamuxConnection) -> bool:
+    """A stream's task reads the connection directly while the reader task waits its turn."""
+    return server._reading and len(server._reader_turn) == 1
+
+
 async def _read_exactly(stream, count: int) -> bytes:
     data = bytearray()
     while len(data) < count:
@@ -119,7 +124,7 @@ async def test_a_direct_reader_cancelled_mid_frame_loses_no_byte() -> None:
 
         async def look() -> None:
             await trio.testing.wait_all_tasks_blocked()
-            seen.append(server._reading and len(server._reader_turn) == 1)  # the handler reads, the reader waits
+            seen.append(_handler_reads_the_socket(server))
 
         nursery.start_soon(look)
         with trio.move_on_after(0.2) as waited:
@@ -190,7 +195,7 @@ async def test_closing_the_connection_ends_a_direct_read_at_once() -> None:
 
         async def close_under_it() -> None:
             await trio.testing.wait_all_tasks_blocked()
-            seen.append(server._reading and len(server._reader_turn) == 1)  # the handler reads, the reader waits
+            seen.append(_handler_reads_the_socket(server))
             await server.aclose()
 
         nursery.start_soon(close_under_it)

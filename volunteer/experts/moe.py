@@ -68,6 +68,13 @@ GRID_LOOKUP_TIMEOUT = 30.0  # a grid lookup that takes longer fails the forward 
 LATENCY_MEMORY = 10.0
 
 
+def _recent(measured: tuple[float, float] | None, now: float) -> float | None:
+    """A (seconds, measured at) latency entry's seconds, if measured within ``LATENCY_MEMORY``."""
+    if measured is None or now - measured[1] > LATENCY_MEMORY:
+        return None
+    return measured[0]
+
+
 class RemoteMixtureOfExperts(nn.Module):
     """A mixture of the live experts ``uid_prefix.i.j…`` of a swarm, usable as a local layer.
 
@@ -265,14 +272,15 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def _recent_latency(self, now: float) -> dict[str, float]:
         """Each peer's moving average of call seconds, if measured within ``LATENCY_MEMORY``."""
-        return {peer: seconds for peer, (seconds, at) in self._latency.items() if now - at <= LATENCY_MEMORY}
+        return {peer: seconds for peer, measured in self._latency.items() if (seconds := _recent(measured, now)) is not None}
 
     def _answered(self, call: _Call, seconds: float | None = None) -> None:
         key = (call.uid, str(call.peer))
         if seconds is not None:
-            now, last = time.monotonic(), self._latency.get(str(call.peer))
-            if last is not None and now - last[1] <= LATENCY_MEMORY:  # a forgotten average starts anew
-                seconds = 0.8 * last[0] + 0.2 * seconds
+            now = time.monotonic()
+            last = _recent(self._latency.get(str(call.peer)), now)
+            if last is not None:  # a forgotten average starts anew
+                seconds = 0.8 * last + 0.2 * seconds
             self._latency[str(call.peer)] = (seconds, now)
         if key in self._strikes:
             del self._strikes[key]
