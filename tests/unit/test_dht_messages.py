@@ -311,8 +311,13 @@ def test_values_reply_fits_the_message_bound() -> None:
     for kp in signers:
         for key in (b"a", b"b"):
             server.storage.store(sign(kp, key, owned_subkey(kp.peer_id), b"v" * 400, NOW + 10), NOW)
-    for _ in range(40):
+    # 40 contacts in the table: a random ID past a full bucket is not kept, and 40 random ones
+    # left 30 or fewer (fewer than reply_contacts once) in 20 tables of 20,000, so add until 40 stay
+    for _ in range(400):
+        if len(server.table) >= 40:
+            break
         server.table.update(Contact(fake_peer(), (b"/x" * 20,)), NOW)
+    assert len(server.table) >= 40
     request = FindValue((b"a", b"b"))
     handled = server.handle(fake_peer(), body(encode_request(request, config)), NOW)
     assert len(handled.reply) <= config.max_message_size + 4
